@@ -1,0 +1,40 @@
+"""Dramatiq middlewares for jobs that must not run twice, must not run
+too many at once, and must not be lost."""
+
+from .api import get_job, setup
+from .config import Suite
+from .context import current_job
+from .errors import (
+    DatabaseUnavailable,
+    DependencyUnavailable,
+    DramatiqUniqueError,
+    DuplicateJob,
+    InvalidOption,
+    LockLost,
+    NotConfigured,
+    NotInJob,
+    RedisUnavailable,
+)
+from .middleware import JobTracking
+from .models import JobModel, JobStatus
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DatabaseUnavailable",
+    "DependencyUnavailable",
+    "DramatiqUniqueError",
+    "DuplicateJob",
+    "InvalidOption",
+    "JobModel",
+    "JobStatus",
+    "JobTracking",
+    "LockLost",
+    "NotConfigured",
+    "NotInJob",
+    "RedisUnavailable",
+    "Suite",
+    "current_job",
+    "get_job",
+    "setup",
+]

@@ -1,0 +1,38 @@
+"""Module-level functions of the public API."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import peewee as pw
+from dramatiq import Broker
+from dramatiq.middleware import Retries
+
+from . import config as _config
+from . import store
+from .config import RedisSpec, Suite
+from .middleware import JobTracking
+from .models import JobModel
+
+
+def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec, **settings: Any) -> Suite:
+    """Add the suite's middlewares to ``broker`` and create the job tables.
+
+    Declare actors after this call: Dramatiq checks actor options against
+    the middlewares present when an actor is declared.  Returns the
+    :class:`Suite`; the last call's suite is the one module-level
+    functions such as :func:`get_job` use.
+    """
+    suite = Suite(database=database, redis=redis, **settings)
+    suite.broker = broker
+    retries = any(isinstance(m, Retries) for m in broker.middleware)
+    # Before Retries: our after_process_message then runs after it has decided.
+    broker.add_middleware(JobTracking(suite=suite), **({"before": Retries} if retries else {}))
+    _config.set_current(suite)
+    return suite
+
+
+def get_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> Optional[JobModel]:
+    """A job's row by message id (any job table) or numeric id (``model``, the shared table by default)."""
+    suite = _config.current()
+    return store.find_job(suite.models, id_or_message_id, model)

@@ -1,0 +1,76 @@
+"""Per-attempt state: what the middlewares know about the message being processed.
+
+The context lives on the message proxy (so middlewares that run before
+the job row is loaded can leave state for it) and, while the actor
+runs, in a context variable read by :func:`current_job` and friends.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from typing import TYPE_CHECKING, Any, Optional
+
+from .errors import NotInJob
+
+if TYPE_CHECKING:
+    from dramatiq.broker import MessageProxy
+
+    from .config import ActorConfig, Suite
+    from .models import JobModel
+
+#: The key of the suite's bookkeeping in ``message.options``.
+MARKER = "dramatiq_unique"
+
+_ATTRIBUTE = "_dramatiq_unique_context"
+
+
+@dataclasses.dataclass
+class JobContext:
+    """One attempt of one tracked job."""
+
+    suite: "Suite"
+    config: "ActorConfig"
+    message: "MessageProxy"
+    #: The job's row once the attempt has started.
+    job: "Optional[JobModel]" = None
+    #: Set when Retries re-enqueued the message during this attempt.
+    retry_enqueued: bool = False
+    #: State other middlewares keep for the attempt (lock tokens, slots).
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+_current: contextvars.ContextVar[Optional[JobContext]] = contextvars.ContextVar("dramatiq_unique_job", default=None)
+
+
+def attach(message: "MessageProxy", suite: "Suite", config: "ActorConfig") -> JobContext:
+    """The message's context, made on first use."""
+    ctx = getattr(message, _ATTRIBUTE, None)
+    if ctx is None:
+        ctx = JobContext(suite, config, message)
+        setattr(message, _ATTRIBUTE, ctx)
+    return ctx
+
+
+def of(message: Any) -> Optional[JobContext]:
+    return getattr(message, _ATTRIBUTE, None)
+
+
+def activate(ctx: Optional[JobContext]) -> None:
+    _current.set(ctx)
+
+
+def active() -> Optional[JobContext]:
+    return _current.get()
+
+
+def require() -> JobContext:
+    ctx = _current.get()
+    if ctx is None or ctx.job is None:
+        raise NotInJob()
+    return ctx
+
+
+def current_job() -> "JobModel":
+    """Inside an actor: the current job's row."""
+    return require().job  # type: ignore[return-value]

@@ -1,0 +1,236 @@
+"""The enqueue side: recording a send, and uniqueness at enqueue.
+
+Order of operations, which the skip fast path relies on: a sender takes
+the Redis queue lock, then inserts the row holding the key; a worker
+clears the row's hold, then releases the Redis lock, then runs the
+actor.  So while the Redis lock names a holder, that holder has not yet
+started running, and a duplicate can be skipped on one Redis round
+trip.  The database's unique index stays the authority: a lost or
+expired Redis lock only sends the next sender down the slower path.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import peewee as pw
+from dramatiq.common import q_name
+
+from . import options as opt
+from . import store
+from .context import MARKER, active
+from .errors import DramatiqUniqueError, DuplicateJob
+from .keys import bind_arguments, derive_key
+from .models import JobStatus, after_ms, utcnow
+
+if TYPE_CHECKING:
+    from dramatiq import Broker, Message
+
+    from .config import ActorConfig, Suite
+    from .models import JobModel
+
+logger = logging.getLogger(__name__)
+
+#: Message options that belong to one delivery, not to the job.
+_TRANSIENT_OPTIONS = frozenset({"redis_message_id", "eta", "traceback", "requeue_timestamp"})
+
+
+class _Redirect(DramatiqUniqueError):
+    """Internal: the send resolves to an existing job"""
+
+    def __init__(self, message_id: str, *, resend: Optional[dict] = None) -> None:
+        super().__init__(message_id)
+        self.message_id = message_id
+        self.resend = resend
+
+
+# Rows created by the enqueue under way, undone if the broker then fails.
+_created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
+
+
+def install_enqueue(broker: "Broker") -> None:
+    """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
+    if getattr(broker.enqueue, "_dramatiq_unique", False):
+        return
+    original = broker.enqueue
+
+    @functools.wraps(original)
+    def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
+        created: list[Callable[[], None]] = []
+        token = _created.set(created)
+        try:
+            return original(message, delay=delay)
+        except _Redirect as redirect:
+            if redirect.resend is None:
+                return message.copy(message_id=redirect.message_id)
+            fields = redirect.resend
+            resent = message.copy(
+                message_id=redirect.message_id,
+                options={MARKER: fields["marker"]},
+            )
+            return original(resent, delay=delay)
+        except BaseException:
+            # Nothing was published (the broker or a later middleware
+            # failed): a row left behind would be a phantom job.
+            for undo in created:
+                try:
+                    undo()
+                except Exception:  # the original error matters more
+                    logger.exception("Could not undo a job row after a failed send.")
+            raise
+        finally:
+            _created.reset(token)
+
+    enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
+    broker.enqueue = enqueue  # type: ignore[method-assign]
+
+
+def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
+    now = utcnow()
+    options = {k: v for k, v in message.options.items() if k not in _TRANSIENT_OPTIONS}
+    fields: dict[str, Any] = {
+        "message_id": message.message_id,
+        "actor_name": message.actor_name,
+        "queue_name": q_name(message.queue_name),
+        "args": list(message.args),
+        "kwargs": dict(message.kwargs),
+        "options": options,
+        "status": JobStatus.QUEUED.value,
+        "created_at": now,
+        "enqueued_at": now,
+        "process_after": after_ms(delay, now),
+    }
+    if config.extra_fields:
+        bound = bind_arguments(config.fn, message.args, message.kwargs)
+        fields.update({name: bound.get(name) for name in config.extra_fields})
+    return fields
+
+
+def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
+    """``before_enqueue`` for a tracked actor."""
+    marker = message.options.get(MARKER)
+    if marker is not None and "id" in marker:
+        _known(config, message, delay)
+        return
+    opts = message.options
+    key = derive_key(config.actor_name, config.fn, config.get(opts, "unique_args"), message.args, message.kwargs)
+    fields = row_fields(config, message, delay)
+    fields["unique_key"] = key
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    model = config.model
+    if key is None or lock not in opt.QUEUE_LOCKS:
+        marker = {}
+        fields["options"][MARKER] = marker
+        try:
+            row = store.insert(model, fields)
+        except pw.IntegrityError:  # the same message sent again: the same job
+            row = store.get(model, message_id=message.message_id)
+            if row is None:
+                raise
+            marker.update(id=row.id, rev=row.revision)
+            opts[MARKER] = marker
+            return
+        _created_row(model, row.id, None, None, suite)
+    else:
+        row = _insert_unique(suite, config, message, delay, key, lock, fields)
+        marker = fields["options"][MARKER]
+    marker.update(id=row.id, rev=row.revision)
+    opts[MARKER] = marker
+
+
+def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optional[str], suite: "Suite") -> None:
+    created = _created.get()
+    if created is None:
+        return
+
+    def undo() -> None:
+        store.delete(model, row_id)
+        if lock_name and token:
+            suite.locks.release(lock_name, token)
+
+    created.append(undo)
+
+
+def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
+    """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
+    ctx = active()
+    if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
+        return  # promotion from a delay queue or a re-send by the suite: the row is current
+    # Retries re-enqueues the running message: the same job, due again later.
+    ctx.retry_enqueued = True
+    model = config.model
+    model.update(status=JobStatus.RETRYING.value, process_after=after_ms(delay), enqueued_at=utcnow()).where(
+        (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
+    ).execute()
+
+
+def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional[int]) -> float:
+    window = config.get(opts, "unique_window")
+    if lock == opt.UNTIL_EXPIRED and window is not None:
+        return float(window)
+    ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    if window is not None:
+        ttl = min(ttl, float(window))
+    return ttl + (delay or 0)
+
+
+def _insert_unique(
+    suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict
+) -> "JobModel":
+    opts = message.options
+    conflict = config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
+    window = config.get(opts, "unique_window")
+    if lock == opt.UNTIL_EXPIRED and window is None:
+        window = config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)
+    lock_name = suite.keys.queue_lock(key)
+    ttl = queue_lock_ttl(config, opts, lock, delay)
+    token, holder_token = suite.locks.acquire(lock_name, ttl, token=message.message_id)
+    if token is None and holder_token and holder_token != message.message_id and conflict == "skip":
+        raise _Redirect(holder_token)  # fast path: the lock names a job that has not started
+    fields["options"][MARKER] = {"qt": token or message.message_id}
+    for _ in range(store.MAX_INSERT_ROUNDS):
+        try:
+            row, holder = store.insert_holding(config.model, fields, key, window)
+        except BaseException:
+            if token is not None:
+                suite.locks.release(lock_name, token)
+            raise
+        if row is not None:
+            if token is None:
+                # The Redis lock outlived its holder's hold: it is ours now.
+                token = suite.locks.force(lock_name, message.message_id, ttl)
+            _created_row(config.model, row.id, lock_name, token, suite)
+            return row
+        assert holder is not None
+        if holder.message_id == message.message_id:
+            return holder  # this very message, sent again
+        if token is not None:
+            suite.locks.release(lock_name, token)
+            token = None
+        if not _conflict(config, message, delay, key, conflict, holder):
+            continue  # the holder started while we looked: the key is free again
+    raise store.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
+
+
+def _conflict(
+    config: "ActorConfig", message: "Message", delay: Optional[int], key: str, conflict: str, holder: "JobModel"
+) -> bool:
+    """Resolve a send that collided with ``holder``: raises, or False to try the insert again."""
+    if conflict == "raise":
+        raise DuplicateJob(f"{config.actor_name} job {holder.message_id} is {holder.status}", job=holder)
+    if conflict == "replace":
+        replaced = store.replace(
+            config.model, holder, key, list(message.args), dict(message.kwargs), after_ms(delay)
+        )
+        if replaced is not None:
+            marker = dict((replaced.options or {}).get(MARKER) or {})
+            marker.update(id=replaced.id, rev=replaced.revision)
+            raise _Redirect(replaced.message_id, resend={"marker": marker})
+        refreshed = store.get(config.model, id=holder.id)
+        if refreshed is None or refreshed.unique_hold != key:
+            return False
+        logger.info("Job %s is %s, not waiting: the new send is skipped.", holder.message_id, refreshed.status)
+    raise _Redirect(holder.message_id)

@@ -1,0 +1,63 @@
+"""The suite's exceptions.
+
+Every error derives from :class:`DramatiqUniqueError`, which is a
+:class:`dramatiq.middleware.MiddlewareError`: Dramatiq re-raises only
+``MiddlewareError`` from ``before_*`` hooks and merely logs anything
+else, which would let a send or a job go on unprotected.  Each error's
+docstring is its message.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from dramatiq.middleware import MiddlewareError
+
+if TYPE_CHECKING:
+    from .models import JobModel
+
+
+class DramatiqUniqueError(MiddlewareError):
+    """A dramatiq_unique error."""
+
+    def __init__(self, detail: str = "", **context: Any) -> None:
+        self.detail = detail
+        self.context = context
+        message = (self.__doc__ or "").strip()
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class InvalidOption(DramatiqUniqueError, ValueError):
+    """An actor option or setting has an invalid value"""
+
+
+class DuplicateJob(DramatiqUniqueError):
+    """A job with the same unique key is already waiting or running"""
+
+    def __init__(self, detail: str = "", *, job: "Optional[JobModel]" = None) -> None:
+        super().__init__(detail)
+        self.job = job
+
+
+class LockLost(DramatiqUniqueError):
+    """The job's lock is no longer held; the job must stop"""
+
+
+class DependencyUnavailable(DramatiqUniqueError):
+    """A service the suite needs could not be reached; nothing was sent or run unprotected"""
+
+
+class DatabaseUnavailable(DependencyUnavailable):
+    """The job table could not be reached"""
+
+
+class RedisUnavailable(DependencyUnavailable):
+    """Redis could not be reached for a lock"""
+
+
+class NotInJob(DramatiqUniqueError):
+    """This function can only be called inside a tracked actor"""
+
+
+class NotConfigured(DramatiqUniqueError):
+    """dramatiq_unique.setup() has not been called"""

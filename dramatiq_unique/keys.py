@@ -1,0 +1,102 @@
+"""Unique keys and every Redis key format the suite uses, in one place.
+
+A unique key is the actor's name and a hash of the selected arguments,
+bound through the actor's signature (so ``send(1)`` and
+``send(blog_id=1)`` agree) and canonicalised (dict order does not
+matter).  Only the hash reaches Redis: no user data sits raw in a key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from functools import lru_cache
+from typing import Any, Callable, Optional
+
+from .errors import InvalidOption
+from .options import ArgsSpec
+
+#: Default prefix of every Redis key the suite writes.
+DEFAULT_KEY_PREFIX = "dramatiq_unique"
+
+# pottery patches json.dumps to use its own encoder; naming the stock
+# encoder keeps our keys independent of whether pottery was imported.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=repr, ensure_ascii=False)
+
+
+@lru_cache(maxsize=1024)
+def _signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def bind_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults filled in."""
+    signature = _signature(fn)
+    if signature is None:
+        return {**{str(i): a for i, a in enumerate(args)}, **kwargs}
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+        raise InvalidOption(f"the arguments do not fit {getattr(fn, '__qualname__', fn)}(): {e}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def canonical(value: Any) -> str:
+    """A stable text form of ``value``: dict order and tuple/list do not matter."""
+    return _ENCODER.encode(value)
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
+
+
+def derive_key(actor_name: str, fn: Callable[..., Any], spec: ArgsSpec, args: tuple, kwargs: dict) -> Optional[str]:
+    """The key of one call under ``spec`` (``unique_args`` or ``concurrency_key``), or None if off."""
+    if spec is None or spec is False:
+        return None
+    if callable(spec) and not isinstance(spec, (list, tuple)):
+        selected: Any = spec(*args, **kwargs)
+        if not isinstance(selected, str):
+            raise InvalidOption(f"the key callable for {actor_name} must return a str, not {selected!r}")
+    else:
+        bound = bind_arguments(fn, args, kwargs)
+        selected = bound if spec is True else {name: bound.get(name) for name in spec}
+    return f"{actor_name}:{digest(canonical(selected))}"
+
+
+class RedisKeys:
+    """Formats of the suite's Redis keys under one prefix."""
+
+    def __init__(self, prefix: str = DEFAULT_KEY_PREFIX) -> None:
+        self.prefix = prefix
+
+    def queue_lock(self, unique_key: str) -> str:
+        """The lock a waiting job holds from enqueue (until it starts or finishes)."""
+        return f"{self.prefix}:queue:{unique_key}"
+
+    def execution_lock(self, unique_key: str) -> str:
+        """The lock a running job holds while it executes."""
+        return f"{self.prefix}:run:{unique_key}"
+
+    def fence(self, unique_key: str) -> str:
+        return f"{self.prefix}:fence:{unique_key}"
+
+    def slots(self, group: str) -> str:
+        return f"{self.prefix}:slots:{group}"
+
+    def parked(self, group: str) -> str:
+        return f"{self.prefix}:parked:{group}"
+
+    def limit(self, group: str) -> str:
+        return f"{self.prefix}:limit:{group}"
+
+    def wakeups(self) -> str:
+        return f"{self.prefix}:wakeups"
+
+    def redrive_lock(self) -> str:
+        return f"{self.prefix}:redrive"

@@ -1,0 +1,160 @@
+"""Redis locks: the only module that touches pottery.
+
+Everything here is in our units (milliseconds) and our tokens.  A lock
+is a Redis key ``redlock:<name>`` holding its holder's token with a
+TTL, as pottery's :class:`~pottery.Redlock` writes it:
+
+* with several masters, pottery's Redlock does the quorum work;
+* with one master, the same commands are issued directly: pottery runs
+  every call through a thread pool, which costs about four plain
+  round trips, and there is no quorum to gather.
+
+A token passes between processes (the enqueuing process takes a queue
+lock, a worker releases it): whoever knows the token may release or
+extend the lock, which is what :meth:`Locks.release` takes.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Optional, Sequence
+
+import redis
+
+from .errors import RedisUnavailable
+
+# pottery replaces json.dumps on import; put the original back so that
+# nothing else in the process (Dramatiq's encoder included) changes.
+_json_dumps = json.dumps
+import pottery  # noqa: E402
+from pottery.exceptions import PotteryError  # noqa: E402
+
+json.dumps = _json_dumps
+
+#: The prefix pottery gives lock keys.
+KEY_PREFIX = "redlock"
+#: pottery stops extending after this many extensions unless raised; ours never stop.
+_UNLIMITED_EXTENSIONS = 2**62
+
+# KEYS[1] lock; ARGV token, ttl.  Take the lock, or answer the holder's token.
+_ACQUIRE = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, ARGV[1]} end
+return {0, redis.call('get', KEYS[1])}
+"""
+# The release and extend scripts mirror pottery's: act only for the holder.
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+_EXTEND = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+_PTTL = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pttl', KEYS[1]) end
+return -3
+"""
+
+
+def new_token() -> str:
+    return str(uuid.uuid4())
+
+
+class Locks:
+    """Locks over one or several Redis masters.
+
+    Parameters:
+      masters: the Redis clients; with more than one, a lock needs a
+        majority of them (Redlock).
+    """
+
+    def __init__(self, masters: Sequence[redis.Redis]) -> None:
+        if not masters:
+            raise ValueError("at least one Redis master is needed")
+        self.masters = list(masters)
+        self.single = len(self.masters) == 1
+        if self.single:
+            client = self.masters[0]
+            self._acquire = client.register_script(_ACQUIRE)
+            self._release = client.register_script(_RELEASE)
+            self._extend = client.register_script(_EXTEND)
+            self._pttl = client.register_script(_PTTL)
+
+    def _redlock(self, name: str, ttl_ms: float = 10_000, token: str = "") -> "pottery.Redlock":
+        lock = pottery.Redlock(
+            key=name,
+            masters=set(self.masters),
+            raise_on_redis_errors=True,
+            auto_release_time=ttl_ms / 1000,
+            num_extensions=_UNLIMITED_EXTENSIONS,
+        )
+        lock._uuid = token  # pottery keeps the holder's token private
+        return lock
+
+    def acquire(self, name: str, ttl_ms: float, token: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
+        """Try once to take ``name``.
+
+        Returns ``(token, None)`` when taken, ``(None, holder)`` when
+        someone holds it; ``holder`` is their token where it can be known
+        (one master), else None.  Raises :class:`RedisUnavailable`.
+        """
+        try:
+            if self.single:
+                ok, value = self._acquire(keys=[f"{KEY_PREFIX}:{name}"], args=[token or new_token(), int(ttl_ms)])
+                value = value.decode() if isinstance(value, bytes) else value
+                return (value, None) if ok else (None, value)
+            lock = self._redlock(name, ttl_ms)
+            if lock.acquire(blocking=False):
+                return lock._uuid, None
+            return None, None
+        except (redis.RedisError, PotteryError) as e:
+            raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
+
+    def force(self, name: str, token: str, ttl_ms: float) -> Optional[str]:
+        """Take ``name`` for ``token`` whoever holds it (the caller knows the holder is stale).
+
+        With several masters a stale lock cannot be overwritten safely; it
+        is left to expire and None is returned.
+        """
+        if not self.single:
+            return None
+        try:
+            self.masters[0].set(f"{KEY_PREFIX}:{name}", token, px=int(ttl_ms))
+            return token
+        except redis.RedisError as e:
+            raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
+
+    def release(self, name: str, token: str) -> bool:
+        """Release ``name`` if ``token`` holds it; False if it did not."""
+        try:
+            if self.single:
+                return bool(self._release(keys=[f"{KEY_PREFIX}:{name}"], args=[token]))
+            self._redlock(name, token=token).release()
+            return True
+        except pottery.ReleaseUnlockedLock:
+            return False
+        except (redis.RedisError, PotteryError) as e:
+            raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
+
+    def extend(self, name: str, token: str, ttl_ms: float) -> bool:
+        """Renew ``name``'s lease to ``ttl_ms`` if ``token`` holds it; False if it does not."""
+        try:
+            if self.single:
+                return bool(self._extend(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
+            self._redlock(name, ttl_ms, token).extend()
+            return True
+        except pottery.ExtendUnlockedLock:
+            return False
+        except (redis.RedisError, PotteryError) as e:
+            raise RedisUnavailable(f"extending lock {name!r}: {e}") from e
+
+    def ttl(self, name: str, token: str) -> float:
+        """Milliseconds left on ``token``'s hold of ``name``; 0 if it does not hold it."""
+        try:
+            if self.single:
+                left = self._pttl(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
+                return float(max(left, 0))
+            return self._redlock(name, token=token).locked() * 1000
+        except (redis.RedisError, PotteryError) as e:
+            raise RedisUnavailable(f"reading lock {name!r}: {e}") from e

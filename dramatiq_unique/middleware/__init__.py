@@ -1,0 +1,5 @@
+"""The suite's Dramatiq middlewares."""
+
+from .tracking import JobTracking
+
+__all__ = ["JobTracking"]

@@ -1,0 +1,210 @@
+"""The job record: a row per tracked message, from send to outcome."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any, Optional
+
+import peewee as pw
+from dramatiq import Middleware
+from dramatiq.middleware import SkipMessage
+from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
+
+from .. import context
+from .. import options as opt
+from .. import store
+from ..config import Suite
+from ..context import MARKER
+from ..enqueue import install_enqueue, on_enqueue, row_fields
+from ..errors import DatabaseUnavailable, RedisUnavailable
+from ..models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
+
+logger = logging.getLogger(__name__)
+
+_DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
+
+
+def format_error(exception: BaseException) -> str:
+    """Type, message and traceback, bounded to ``MAX_ERROR_LENGTH`` (the tail kept)."""
+    head = f"{type(exception).__name__}: {exception}"
+    text = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
+    if len(head) + len(text) + 1 > MAX_ERROR_LENGTH:
+        text = "...\n" + text[-(MAX_ERROR_LENGTH - len(head) - 5) :]
+    return f"{head}\n{text}"[:MAX_ERROR_LENGTH]
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if it survives JSON, else None (a result that cannot be stored is dropped)."""
+    if value is None:
+        return None
+    try:
+        dumps(value)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+class JobTracking(Middleware):
+    """Keeps a job row for every message of a tracked actor.
+
+    An actor is tracked when it sets ``track=True`` or any other suite
+    option.  Untracked actors cost nothing: no database or Redis call.
+    Add it before :class:`~dramatiq.middleware.Retries` so that its
+    ``after_process_message`` sees what Retries decided.
+
+    Parameters:
+      suite: the configuration that :func:`dramatiq_unique.setup` returns.
+    """
+
+    def __init__(self, *, suite: Suite) -> None:
+        self.suite = suite
+
+    @property
+    def actor_options(self) -> set[str]:
+        return set(opt.SUITE_OPTIONS)
+
+    def before_declare_actor(self, broker, actor) -> None:
+        self.suite.broker = broker
+        if self.suite.configure_actor(actor) is not None:
+            install_enqueue(broker)
+
+    def before_enqueue(self, broker, message, delay) -> None:
+        config = self.suite.actor_config(message.actor_name)
+        if config is None:
+            return
+        try:
+            on_enqueue(self.suite, config, message, delay)
+        except _DB_ERRORS as e:
+            raise DatabaseUnavailable(f"recording {message.actor_name} job {message.message_id}: {e}") from e
+
+    # -- processing ---------------------------------------------------------
+
+    def before_process_message(self, broker, message) -> None:
+        config = self.suite.actor_config(message.actor_name)
+        if config is None:
+            return
+        ctx = context.attach(message, self.suite, config)
+        if message.failed:  # rejected by an earlier middleware (AgeLimit)
+            return
+        try:
+            job = self._start(config, message, ctx)
+        except _DB_ERRORS as e:
+            raise DatabaseUnavailable(f"starting {message.actor_name} job {message.message_id}: {e}") from e
+        ctx.job = job
+        context.activate(ctx)
+
+    def _start(self, config, message, ctx):
+        model = config.model
+        marker = message.options.get(MARKER) or {}
+        opts = message.options
+        lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+        release_hold = config.get(opts, "unique_args") is not None and lock in opt.RELEASED_AT_START
+        if "id" not in marker:
+            marker = self._adopt(config, message)
+        job = store.start(
+            model,
+            marker["id"],
+            revision=marker.get("rev", 0),
+            lease_ms=config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL),
+            worker=f"{self.suite.worker_id}:{threading.get_ident()}",
+            release_hold=release_hold,
+            fencing_token=ctx.extras.get("fencing_token"),
+        )
+        if job is None:
+            existing = store.get(model, id=marker["id"])
+            if existing is None:
+                logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
+                return self._start_adopted(config, message, ctx)
+            if existing.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+                raise SkipMessage(f"job {message.message_id} already {existing.status}")
+            raise SkipMessage(f"job {message.message_id} was replaced by revision {existing.revision}")
+        if release_hold and job.unique_key and marker.get("qt"):
+            # After the row's hold is cleared and before the actor runs: see enqueue.py.
+            try:
+                self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), marker["qt"])
+            except RedisUnavailable:
+                logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
+        return job
+
+    def _adopt(self, config, message) -> dict:
+        """A message sent without the suite (before set-up, another producer): give it a row."""
+        fields = row_fields(config, message, None)
+        try:
+            row = store.insert(config.model, fields)
+        except pw.IntegrityError:
+            row = store.get(config.model, message_id=message.message_id)
+        return {"id": row.id, "rev": row.revision}
+
+    def _start_adopted(self, config, message, ctx):
+        message.options.pop(MARKER, None)
+        return self._start(config, message, ctx)
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        ctx = context.of(message)
+        if ctx is None:
+            return
+        context.activate(None)
+        try:
+            self._record(broker, ctx, message, result, exception)
+        except Exception:
+            # Dramatiq swallows after-hook errors; say so loudly.  The
+            # row keeps its lease, and the re-drive settles it.
+            logger.exception("Could not record the outcome of job %s.", message.message_id)
+
+    def _record(self, broker, ctx, message, result, exception) -> None:
+        config, job = ctx.config, ctx.job
+        opts = message.options
+        lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+        unique = config.get(opts, "unique_args") is not None
+        release = unique and lock == opt.UNTIL_EXECUTED
+        now = utcnow()
+        if job is None:
+            if message.failed:  # rejected before it started
+                marker = opts.get(MARKER) or {}
+                if "id" in marker:
+                    config.model.update(
+                        status=JobStatus.FAILED.value, finished_at=now, last_error="rejected before it started"
+                    ).where(config.model.id == marker["id"]).execute()
+            return
+        if exception is None and not message.failed:
+            done = store.finish(
+                config.model, job, release_hold=release, status=JobStatus.SUCCEEDED.value,
+                finished_at=now, lease_until=None, result=jsonable(result), last_error=None,
+            )
+        elif message.failed or not any(isinstance(m, Retries) for m in broker.middleware):
+            done = store.finish(
+                config.model, job, release_hold=release, status=JobStatus.FAILED.value, finished_at=now,
+                lease_until=None, last_error=format_error(exception) if exception else "failed",
+            )
+        elif ctx.retry_enqueued:
+            done = store.finish(config.model, job, release_hold=False, lease_until=None, last_error=format_error(exception))
+            release = False
+        else:
+            # Retries decided to retry but could not enqueue (broker down):
+            # the row says when it is due, and the re-drive sends it then.
+            done = store.finish(
+                config.model, job, release_hold=False, status=JobStatus.RETRYING.value, lease_until=None,
+                process_after=after_ms(config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF), now),
+                last_error=format_error(exception),
+            )
+            release = False
+        if done and release and job.unique_key:
+            marker = opts.get(MARKER) or {}
+            if marker.get("qt"):
+                self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), marker["qt"])
+
+    def after_skip_message(self, broker, message) -> None:
+        context.activate(None)
+
+    # -- thread hygiene: peewee connections are per thread --------------------
+
+    def before_worker_thread_shutdown(self, broker, thread) -> None:
+        self.suite.close()
+
+    def before_consumer_thread_shutdown(self, broker, thread) -> None:
+        self.suite.close()
+
+    def after_worker_shutdown(self, broker, worker) -> None:
+        self.suite.close()

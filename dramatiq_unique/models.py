@@ -1,0 +1,152 @@
+"""The job record: :class:`JobModel`, :class:`JobStatus` and database set-up.
+
+Times are naive UTC datetimes.  ``unique_hold`` carries the unique key
+while a job holds queue-level uniqueness and is NULL otherwise; its
+plain unique index is what makes duplicates impossible (NULLs never
+collide, on SQLite and PostgreSQL alike, so no partial index is needed).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Optional, Union
+
+import peewee as pw
+from playhouse import db_url
+
+#: Default SQLite pragmas: WAL lets readers run beside the one writer, and
+#: the busy timeout makes concurrent writers wait instead of failing.
+DEFAULT_SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 30_000, "synchronous": "normal"}
+
+#: Longest ``last_error`` text kept, in characters.
+MAX_ERROR_LENGTH = 8_000
+
+# The stock encoder, named explicitly: importing pottery patches json.dumps.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+class JobStatus(str, enum.Enum):
+    """Where a job stands.  A ``str`` enum, so ``job.status == "queued"`` holds."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: States in which a job still waits for an attempt.
+WAITING = (JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RETRYING.value)
+#: States a job never leaves.
+FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def after_ms(ms: Optional[float], start: Optional[datetime] = None) -> datetime:
+    return (start or utcnow()) + timedelta(milliseconds=ms or 0)
+
+
+def dumps(value: Any) -> str:
+    return _ENCODER.encode(value)
+
+
+class JSONField(pw.TextField):
+    """JSON stored as text, so one schema serves SQLite and PostgreSQL."""
+
+    def db_value(self, value: Any) -> Optional[str]:
+        return None if value is None else dumps(value)
+
+    def python_value(self, value: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class StatusField(pw.CharField):
+    def python_value(self, value: Any) -> Any:
+        return None if value is None else JobStatus(value)
+
+    def db_value(self, value: Any) -> Any:
+        return None if value is None else str(value.value if isinstance(value, JobStatus) else value)
+
+
+class JobModel(pw.Model):
+    """A job's durable record.  Subclass it for an actor's own table (``job_model=``)."""
+
+    id = pw.BigAutoField()
+    message_id = pw.CharField(max_length=64, unique=True)
+    actor_name = pw.CharField(max_length=255)
+    queue_name = pw.CharField(max_length=255)
+    args = JSONField(default=list)
+    kwargs = JSONField(default=dict)
+    #: The message's options, so the re-drive can rebuild the message.
+    options = JSONField(default=dict)
+    unique_key = pw.CharField(max_length=300, null=True, index=True)
+    unique_hold = pw.CharField(max_length=300, null=True, unique=True)
+    status = StatusField(max_length=16, default=JobStatus.QUEUED.value)
+    attempts = pw.IntegerField(default=0)
+    #: Bumped when ``unique_on_conflict="replace"`` rewrites a waiting job.
+    revision = pw.IntegerField(default=0)
+    created_at = pw.DateTimeField(default=utcnow)
+    enqueued_at = pw.DateTimeField(null=True)
+    process_after = pw.DateTimeField(null=True)
+    started_at = pw.DateTimeField(null=True)
+    finished_at = pw.DateTimeField(null=True)
+    #: While running: when the current attempt's lease runs out.
+    lease_until = pw.DateTimeField(null=True)
+    last_error = pw.TextField(null=True)
+    result = JSONField(null=True)
+    idempotency_key = pw.CharField(max_length=255, null=True)
+    owner = pw.CharField(max_length=255, null=True)
+    idempotency_hold = pw.CharField(max_length=300, null=True, unique=True)
+    fencing_token = pw.BigIntegerField(default=0)
+    #: host:pid:thread of the worker running the current attempt.
+    worker = pw.CharField(max_length=255, null=True)
+
+    class Meta:
+        table_name = "dramatiq_unique_jobs"
+        indexes = (
+            (("status", "process_after"), False),
+            (("status", "lease_until"), False),
+            (("finished_at",), False),
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self.actor_name} {self.status} {self.message_id}>"
+
+
+def base_field_names() -> frozenset[str]:
+    return frozenset(JobModel._meta.fields)
+
+
+def open_database(database: Union[str, pw.Database]) -> pw.Database:
+    """A peewee Database from a URL (``sqlite:///path``, ``postgresql://...``) or as given."""
+    if isinstance(database, pw.Database):
+        return database
+    if not isinstance(database, str):
+        from .errors import InvalidOption
+
+        raise InvalidOption(f"database must be a URL or a peewee Database, not {database!r}")
+    if database.startswith("sqlite"):
+        parsed = db_url.parse(database)
+        # IMMEDIATE transactions take the write lock at BEGIN, so two
+        # writers queue on the busy timeout instead of one failing.
+        return pw.SqliteDatabase(
+            parsed["database"], pragmas=DEFAULT_SQLITE_PRAGMAS, lock_type="IMMEDIATE", timeout=30
+        )
+    return db_url.connect(database)
+
+
+def is_postgres(db: pw.Database) -> bool:
+    return isinstance(db, pw.PostgresqlDatabase)
+
+
+def create_tables(db: pw.Database, models: Iterable[type[JobModel]]) -> None:
+    db.create_tables(list(models), safe=True)

@@ -1,0 +1,154 @@
+"""Job-row operations shared by the middlewares.
+
+Every write that records an attempt's outcome is conditional on the
+attempt's ``fencing_token``: a worker whose lease ran out and whose job
+was started again cannot overwrite what the newer attempt wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any, Optional
+
+import peewee as pw
+
+from .errors import DatabaseUnavailable
+from .models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
+
+logger = logging.getLogger(__name__)
+
+#: How many times a unique insert retries when the holder it collided with vanished.
+MAX_INSERT_ROUNDS = 20
+
+
+def db_errors(action: str):
+    """Turn the database's operational errors into :class:`DatabaseUnavailable`."""
+    return _DbErrors(action)
+
+
+class _DbErrors:
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc is not None and isinstance(exc, (pw.OperationalError, pw.InterfaceError)):
+            raise DatabaseUnavailable(f"{self.action}: {exc}") from exc
+        return False
+
+
+def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
+    query = model.select()
+    for name, value in where.items():
+        query = query.where(getattr(model, name) == value)
+    return query.first()
+
+
+def insert(model: type[JobModel], fields: dict[str, Any]) -> JobModel:
+    """Insert a row that holds nothing; raises IntegrityError on a message_id clash."""
+    return model.create(**fields)
+
+
+def insert_holding(
+    model: type[JobModel], fields: dict[str, Any], hold: str, window_ms: Optional[float]
+) -> tuple[Optional[JobModel], Optional[JobModel]]:
+    """Insert a row holding ``hold``: ``(row, None)``, or ``(None, holder)`` on a conflict.
+
+    The unique index on ``unique_hold`` decides between racing senders.
+    A holder older than ``window_ms`` no longer counts: its hold is
+    cleared and the insert tried again.
+    """
+    for _ in range(MAX_INSERT_ROUNDS):
+        try:
+            with model._meta.database.atomic():
+                return model.create(**fields, unique_hold=hold), None
+        except pw.IntegrityError:
+            holder = get(model, unique_hold=hold)
+            if holder is None:
+                continue  # it released its hold meanwhile
+            if holder.message_id == fields["message_id"]:
+                return None, holder
+            if window_ms is not None and holder.created_at <= after_ms(-window_ms):
+                model.update(unique_hold=None).where(
+                    (model.id == holder.id) & (model.unique_hold == hold)
+                ).execute()
+                continue
+            return None, holder
+    raise DatabaseUnavailable(f"could not settle the unique hold {hold!r}")
+
+
+def replace(
+    model: type[JobModel], holder: JobModel, hold: str, args: list, kwargs: dict, process_after: datetime
+) -> Optional[JobModel]:
+    """Give a waiting holder new arguments and due time; None if it is no longer waiting."""
+    updated = (
+        model.update(args=args, kwargs=kwargs, process_after=process_after, revision=model.revision + 1)
+        .where((model.id == holder.id) & (model.unique_hold == hold) & model.status.in_(WAITING))
+        .returning(model)
+        .execute()
+    )
+    rows = list(updated)
+    return rows[0] if rows else None
+
+
+def start(
+    model: type[JobModel],
+    job_id: int,
+    *,
+    revision: int,
+    lease_ms: float,
+    worker: str,
+    release_hold: bool,
+    fencing_token: Optional[int] = None,
+) -> Optional[JobModel]:
+    """Mark an attempt running; None if the job finished or was replaced meanwhile."""
+    now = utcnow()
+    changes: dict[Any, Any] = {
+        model.status: JobStatus.RUNNING.value,
+        model.attempts: model.attempts + 1,
+        model.started_at: now,
+        model.lease_until: after_ms(lease_ms, now),
+        model.worker: worker,
+        model.fencing_token: model.fencing_token + 1 if fencing_token is None else fencing_token,
+    }
+    if release_hold:
+        changes[model.unique_hold] = None
+    rows = list(
+        model.update(changes)
+        .where((model.id == job_id) & (model.revision == revision) & model.status.not_in(FINISHED))
+        .returning(model)
+        .execute()
+    )
+    return rows[0] if rows else None
+
+
+def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
+    """Record an attempt's outcome, fenced by the attempt's token; False if a newer attempt owns the row."""
+    if release_hold:
+        fields["unique_hold"] = None
+    count = (
+        model.update(**fields)
+        .where((model.id == job.id) & (model.fencing_token == job.fencing_token))
+        .execute()
+    )
+    if not count:
+        logger.warning("Job %s was taken over by a newer attempt; not recording %s.", job.message_id, fields)
+    return bool(count)
+
+
+def delete(model: type[JobModel], job_id: int) -> None:
+    model.delete().where(model.id == job_id).execute()
+
+
+def find_job(models: list[type[JobModel]], id_or_message_id: Any, model: Optional[type[JobModel]] = None):
+    """A row by numeric id (in ``model``) or by message id (in any table)."""
+    if isinstance(id_or_message_id, int) or (isinstance(id_or_message_id, str) and id_or_message_id.isdigit()):
+        return get(model or models[0], id=int(id_or_message_id))
+    for candidate in [model] if model is not None else models:
+        row = get(candidate, message_id=str(id_or_message_id))
+        if row is not None:
+            return row
+    return None
