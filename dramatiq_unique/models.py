@@ -109,6 +109,9 @@ class JobModel(pw.Model):
     fencing_token = pw.BigIntegerField(default=0)
     #: host:pid:thread of the worker running the current attempt.
     worker = pw.CharField(max_length=255, null=True)
+    #: While a pending job waits for an execution lock or a concurrency
+    #: slot: the lock or slot group it waits on; NULL otherwise.
+    parked_on = pw.CharField(max_length=300, null=True, index=True)
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
