@@ -1,0 +1,314 @@
+"""Uniqueness at enqueue (dramatiq_unique.enqueue), on real Redis with SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import dramatiq
+import pytest
+
+import dramatiq_unique
+from dramatiq_unique import DatabaseUnavailable, DuplicateJob, InvalidOption, JobModel, RedisUnavailable
+from dramatiq_unique import store
+from dramatiq_unique.models import utcnow
+from tests.helpers import queue_size, wait_until
+
+QUEUE_LOCKS = ["until_executing", "until_executed", "until_and_while_executing", "until_expired"]
+
+
+def rows(actor_name: str) -> list[JobModel]:
+    return list(JobModel.select().where(JobModel.actor_name == actor_name).order_by(JobModel.id))
+
+
+@pytest.mark.parametrize("lock", QUEUE_LOCKS)
+def test_a_duplicate_send_is_skipped_and_resolves_to_the_waiting_job(suite, broker, lock):
+    """Given a waiting job, when the same key is sent again, then nothing new is
+    published and the returned message id resolves to the waiting job."""
+
+    @dramatiq.actor(unique_args=["report_id"], unique_lock=lock, unique_window=60_000)
+    def report(report_id, user=None):
+        pass
+
+    first = report.send(1, user="ann")
+    second = report.send(report_id=1, user="bob")
+
+    assert second.message_id == first.message_id
+    assert dramatiq_unique.get_job(second.message_id).message_id == first.message_id
+    assert len(rows("report")) == 1
+    assert queue_size(broker) == 1
+
+
+@pytest.mark.parametrize("lock", QUEUE_LOCKS)
+def test_a_duplicate_send_can_raise_with_the_existing_job(suite, broker, lock):
+    @dramatiq.actor(unique_args=["report_id"], unique_lock=lock, unique_on_conflict="raise", unique_window=60_000)
+    def report(report_id):
+        pass
+
+    first = report.send(1)
+    with pytest.raises(DuplicateJob) as error:
+        report.send(1)
+    assert error.value.job.message_id == first.message_id
+    assert error.value.job.status == "queued"
+    assert queue_size(broker) == 1
+    # Another key is not a duplicate.
+    report.send(2)
+    assert len(rows("report")) == 2
+
+
+def test_replace_gives_the_waiting_job_the_new_arguments_and_due_time(suite, broker, worker):
+    """Given a delayed waiting job, when a duplicate is sent with replace, then the
+    same job runs once, with the new arguments, at the new due time."""
+    ran = []
+
+    @dramatiq.actor(unique_args=["report_id"], unique_on_conflict="replace")
+    def report(report_id, version):
+        ran.append(version)
+        return version
+
+    first = report.send_with_options(args=(1, "old"), delay=60_000)
+    second = report.send_with_options(args=(1, "new"), delay=50)
+
+    assert second.message_id == first.message_id
+    job = dramatiq_unique.get_job(first.message_id)
+    assert job.args == [1, "new"] and job.revision == 1
+    assert (job.process_after - utcnow()).total_seconds() < 5
+    wait_until(lambda: dramatiq_unique.get_job(first.message_id).status == "succeeded", timeout=15)
+    assert ran == ["new"]
+    assert dramatiq_unique.get_job(first.message_id).result == "new"
+    assert len(rows("report")) == 1
+
+
+def test_replace_does_not_touch_a_running_job(suite, broker, worker):
+    started, release = threading.Event(), threading.Event()
+
+    @dramatiq.actor(unique_args=["report_id"], unique_lock="until_executed", unique_on_conflict="replace")
+    def report(report_id, version):
+        started.set()
+        release.wait(10)
+        return version
+
+    first = report.send(1, "old")
+    assert started.wait(10)
+    second = report.send(1, "new")  # the holder runs: nothing to replace
+    release.set()
+    assert second.message_id == first.message_id
+    wait_until(lambda: dramatiq_unique.get_job(first.message_id).status == "succeeded", timeout=10)
+    assert dramatiq_unique.get_job(first.message_id).result == "old"
+    assert len(rows("report")) == 1
+
+
+@pytest.mark.parametrize("lock, accepted_while_running", [("until_executing", True), ("until_executed", False)])
+def test_when_the_queue_lock_ends(suite, broker, worker, lock, accepted_while_running):
+    """until_executing frees the key when the job starts; until_executed when it ends."""
+    started, release = threading.Event(), threading.Event()
+
+    @dramatiq.actor(unique_args=["report_id"], unique_lock=lock)
+    def report(report_id):
+        started.set()
+        release.wait(10)
+
+    first = report.send(1)
+    assert started.wait(10)
+    second = report.send(1)
+    assert (second.message_id != first.message_id) is accepted_while_running
+    release.set()
+    wait_until(lambda: dramatiq_unique.get_job(first.message_id).status == "succeeded", timeout=10)
+    third = report.send(1)  # once finished, the key is free for every lock type
+    assert third.message_id != first.message_id
+
+
+def test_until_expired_holds_the_key_for_the_window_whatever_the_state(suite, broker, worker):
+    @dramatiq.actor(unique_args=True, unique_lock="until_expired", unique_window=600)
+    def ping(host):
+        pass
+
+    first = ping.send("a")
+    wait_until(lambda: dramatiq_unique.get_job(first.message_id).status == "succeeded", timeout=10)
+    assert ping.send("a").message_id == first.message_id  # finished, still inside the window
+    time.sleep(0.7)
+    assert ping.send("a").message_id != first.message_id
+
+
+def test_unique_window_lets_a_new_job_past_an_old_waiting_one(suite, broker):
+    @dramatiq.actor(unique_args=True, unique_lock="until_executing", unique_window=300)
+    def sync(account):
+        pass
+
+    first = sync.send("acme")
+    assert sync.send("acme").message_id == first.message_id
+    time.sleep(0.4)
+    assert sync.send("acme").message_id != first.message_id
+    holders = [row for row in rows("sync") if row.unique_hold is not None]
+    assert len(holders) == 1
+
+
+def test_while_executing_does_not_limit_waiting_jobs(suite, broker):
+    @dramatiq.actor(unique_args=True, unique_lock="while_executing")
+    def sync(account):
+        pass
+
+    assert sync.send("acme").message_id != sync.send("acme").message_id
+    assert queue_size(broker) == 2
+
+
+def test_the_database_decides_when_the_redis_lock_is_gone(suite, broker, redis_client):
+    """Given a waiting job whose Redis queue lock was lost, a duplicate is still skipped."""
+
+    @dramatiq.actor(unique_args=True)
+    def sync(account):
+        pass
+
+    first = sync.send("acme")
+    job = dramatiq_unique.get_job(first.message_id)
+    assert redis_client.delete(f"redlock:{suite.keys.queue_lock(job.unique_key)}") == 1
+    assert sync.send("acme").message_id == first.message_id
+    assert sync.send("acme").message_id == first.message_id
+    # The lock is not written back for the holder: it could start meanwhile,
+    # and a lock naming a started job would skip sends it should not.
+    assert redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}") is None
+    assert queue_size(broker) == 1
+
+
+def test_a_stale_redis_lock_does_not_block_a_new_job_on_the_db_path(suite, broker, redis_client):
+    @dramatiq.actor(unique_args=True, unique_on_conflict="raise")
+    def sync(account):
+        pass
+
+    first = sync.send("acme")
+    job = dramatiq_unique.get_job(first.message_id)
+    JobModel.update(unique_hold=None, status="succeeded").where(JobModel.id == job.id).execute()
+    second = sync.send("acme")  # the Redis lock still names the finished job
+    assert second.message_id != first.message_id
+    assert redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}").decode() == second.message_id
+
+
+def test_bad_options_fail_at_declaration(suite):
+    with pytest.raises(InvalidOption, match="unique_args names 'nope'"):
+
+        @dramatiq.actor(unique_args=["nope"])
+        def report(report_id):
+            pass
+
+    with pytest.raises(InvalidOption, match="unique_lock"):
+
+        @dramatiq.actor(unique_args=True, unique_lock="forever")
+        def other(report_id):
+            pass
+
+
+def test_an_unreachable_database_fails_the_send_and_publishes_nothing(suite, broker):
+    @dramatiq.actor(unique_args=True)
+    def sync(account):
+        pass
+
+    @dramatiq.actor
+    def plain(x):
+        pass
+
+    suite.db.close()
+    if suite.db.database.endswith(".db"):
+        suite.db.init("/nonexistent/dir/jobs.db", pragmas={"busy_timeout": 100})
+    else:
+        suite.db.init(suite.db.database, host="127.0.0.1", port=1, user="postgres")
+    with pytest.raises(DatabaseUnavailable):
+        sync.send("acme")
+    assert queue_size(broker) == 0
+    plain.send(1)  # an untracked actor pays nothing, needs nothing
+    assert queue_size(broker) == 1
+
+
+def test_an_unreachable_redis_fails_a_unique_send_and_leaves_no_row(broker, sqlite_url, key_prefix):
+    dramatiq_unique.setup(broker, database=sqlite_url, redis="redis://127.0.0.1:1/0", key_prefix=key_prefix)
+
+    @dramatiq.actor(unique_args=True)
+    def sync(account):
+        pass
+
+    with pytest.raises(RedisUnavailable):
+        sync.send("acme")
+    assert queue_size(broker) == 0
+    assert rows("sync") == []
+
+
+# -- zero slippage -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lock", ["until_executing", "until_executed", "until_expired"])
+def test_eight_threads_sending_one_key_at_once_make_one_job(suite, broker, lock):
+    @dramatiq.actor(unique_args=["report_id"], unique_lock=lock, unique_window=60_000)
+    def report(report_id, n):
+        pass
+
+    barrier = threading.Barrier(8)
+    ids, errors = [], []
+
+    def send(n: int) -> None:
+        try:
+            barrier.wait(10)
+            for i in range(5):
+                ids.append(report.send(1, n * 10 + i).message_id)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+        finally:
+            suite.close()
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert len(ids) == 40 and len(set(ids)) == 1
+    assert len(rows("report")) == 1
+    assert queue_size(broker) == 1
+
+
+def test_the_unique_index_alone_admits_one_holder(suite):
+    """Without Redis in the way: 8 threads inserting rows holding one key, one wins."""
+    barrier = threading.Barrier(8)
+    winners, holders = [], set()
+
+    def insert(n: int) -> None:
+        try:
+            barrier.wait(10)
+            row, holder = store.insert_holding(
+                JobModel,
+                {"message_id": f"m{n}", "actor_name": "race", "queue_name": "default", "unique_key": "race:k"},
+                "race:k",
+                None,
+            )
+            if row is not None:
+                winners.append(row.message_id)
+            else:
+                holders.add(holder.message_id)
+        finally:
+            suite.close()
+
+    threads = [threading.Thread(target=insert, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(winners) == 1
+    assert holders <= set(winners)
+
+
+def test_four_processes_sending_one_key_at_once_make_one_job(suite, broker, database_url, key_prefix):
+    import multiprocessing
+
+    from tests.conftest import REDIS_URL
+    from tests.procs import send_burst
+
+    @dramatiq.actor(actor_name="report", unique_args=["report_id"])
+    def report(report_id, n):
+        pass
+
+    start_at = time.time() + 3  # after every child has imported and set up
+    jobs = [(REDIS_URL, broker.namespace, database_url, key_prefix, "until_executing", start_at, 10)] * 4
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        results = pool.map_async(send_burst, jobs).get(60)
+    ids = {message_id for result in results for message_id in result}
+    assert len(ids) == 1
+    assert len(rows("report")) == 1
+    assert queue_size(broker) == 1
