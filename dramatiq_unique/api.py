@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Optional, Union
 
 import peewee as pw
@@ -28,8 +29,28 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     retries = any(isinstance(m, Retries) for m in broker.middleware)
     # Before Retries: our after_process_message then runs after it has decided.
     broker.add_middleware(JobTracking(suite=suite), **({"before": Retries} if retries else {}))
+    _ResultWarningFilter.install(suite)
     _config.set_current(suite)
     return suite
+
+
+class _ResultWarningFilter(logging.Filter):
+    """Drops Dramatiq's "value discarded" warning for tracked actors: their row keeps it."""
+
+    suites: list[Suite] = []
+
+    @classmethod
+    def install(cls, suite: Suite) -> None:
+        logger = logging.getLogger("dramatiq.worker.WorkerThread")
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
+        cls.suites = [*cls.suites[-7:], suite]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "returned a value that is not None" not in message:
+            return True
+        return not any(f"Actor '{name}' returned" in message for s in self.suites for name in s.actors)
 
 
 def get_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> Optional[JobModel]:

@@ -1,0 +1,24 @@
+"""Every script in examples/ runs to success, so the examples cannot rot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REDIS_URL
+
+EXAMPLES = sorted(p for p in (Path(__file__).parents[2] / "examples").glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_runs(script: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "REDIS_URL": REDIS_URL, "DATABASE_URL": f"sqlite:///{tmp_path / 'jobs.db'}"}
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    assert done.stdout.strip(), "an example should show what it does"
