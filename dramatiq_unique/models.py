@@ -112,6 +112,14 @@ class JobModel(pw.Model):
     #: While a pending job waits for an execution lock or a concurrency
     #: slot: the lock or slot group it waits on; NULL otherwise.
     parked_on = pw.CharField(max_length=300, null=True, index=True)
+    #: The broker's own id of the job's last published message (the Redis
+    #: broker's ``redis_message_id``), so the re-drive can look it up; NULL
+    #: where the broker has none or nothing was published yet.
+    broker_ref = pw.CharField(max_length=64, null=True)
+    #: When the re-drive last found the job's message in the broker.
+    checked_at = pw.DateTimeField(null=True)
+    #: When the re-drive first missed the job's message; a later miss confirms it lost.
+    missing_since = pw.DateTimeField(null=True)
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
