@@ -49,9 +49,11 @@ class _Redirect(DramatiqUniqueError):
 
 # Rows created by the enqueue under way, undone if the broker then fails.
 _created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
+# A queue lock the wrapper took before the broker's enqueue: (message id, key, token).
+_prelocked: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("dramatiq_unique_prelocked", default=None)
 
 
-def install_enqueue(broker: "Broker") -> None:
+def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
     if getattr(broker.enqueue, "_dramatiq_unique", False):
         return
@@ -61,16 +63,16 @@ def install_enqueue(broker: "Broker") -> None:
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
         created: list[Callable[[], None]] = []
         token = _created.set(created)
+        prelocked = _prelocked.set(None)
         try:
+            holder = _skip_early(suite, message, delay)
+            if holder is not None:
+                return message.copy(message_id=holder)
             return original(message, delay=delay)
         except _Redirect as redirect:
             if redirect.resend is None:
                 return message.copy(message_id=redirect.message_id)
-            fields = redirect.resend
-            resent = message.copy(
-                message_id=redirect.message_id,
-                options={MARKER: fields["marker"]},
-            )
+            resent = message.copy(message_id=redirect.message_id, options={MARKER: redirect.resend["marker"]})
             return original(resent, delay=delay)
         except BaseException:
             # Nothing was published (the broker or a later middleware
@@ -82,10 +84,36 @@ def install_enqueue(broker: "Broker") -> None:
                     logger.exception("Could not undo a job row after a failed send.")
             raise
         finally:
+            _prelocked.reset(prelocked)
             _created.reset(token)
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
     broker.enqueue = enqueue  # type: ignore[method-assign]
+
+
+def _skip_early(suite: "Suite", message: "Message", delay: Optional[int]) -> Optional[str]:
+    """The fast path of a duplicate send with ``skip``: one Redis round trip, before the
+    broker copies, encodes or announces the message.  Returns the holder's message id,
+    or None to go on (having taken the lock, if it was free)."""
+    config = suite.actor_config(message.actor_name)
+    if config is None or MARKER in message.options or not suite.locks.single:
+        return None
+    opts = message.options
+    spec = config.get(opts, "unique_args")
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    if spec is None or lock not in opt.QUEUE_LOCKS:
+        return None
+    if config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) != "skip":
+        return None
+    key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
+    lock_name = suite.keys.queue_lock(key)  # type: ignore[arg-type]
+    token, holder = suite.locks.acquire(lock_name, queue_lock_ttl(config, opts, lock, delay), message.message_id)
+    if token is not None:
+        _prelocked.set((message.message_id, key, token))
+        return None
+    if holder and holder != message.message_id:
+        return holder
+    return None
 
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
@@ -111,12 +139,16 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
 
 def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """``before_enqueue`` for a tracked actor."""
-    marker = message.options.get(MARKER)
+    opts = message.options
+    marker = opts.get(MARKER)
     if marker is not None and "id" in marker:
         _known(config, message, delay)
         return
-    opts = message.options
-    key = derive_key(config.actor_name, config.fn, config.get(opts, "unique_args"), message.args, message.kwargs)
+    prelocked = _prelocked.get()
+    if prelocked is not None and prelocked[0] == message.message_id:
+        key = prelocked[1]  # derived by the wrapper's fast path
+    else:
+        key = derive_key(config.actor_name, config.fn, config.get(opts, "unique_args"), message.args, message.kwargs)
     fields = row_fields(config, message, delay)
     fields["unique_key"] = key
     lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
@@ -125,19 +157,17 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         marker = {}
         fields["options"][MARKER] = marker
         try:
-            row = store.insert(model, fields)
+            row_id, revision = store.insert(model, fields), 0
+            _created_row(model, row_id, None, None, suite)
         except pw.IntegrityError:  # the same message sent again: the same job
             row = store.get(model, message_id=message.message_id)
             if row is None:
                 raise
-            marker.update(id=row.id, rev=row.revision)
-            opts[MARKER] = marker
-            return
-        _created_row(model, row.id, None, None, suite)
+            row_id, revision = row.id, row.revision
     else:
-        row = _insert_unique(suite, config, message, delay, key, lock, fields)
+        row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
         marker = fields["options"][MARKER]
-    marker.update(id=row.id, rev=row.revision)
+    marker.update(id=row_id, rev=revision)
     opts[MARKER] = marker
 
 
@@ -179,7 +209,8 @@ def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional
 
 def _insert_unique(
     suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict
-) -> "JobModel":
+) -> tuple[int, int]:
+    """Insert a row holding ``key``; returns (row id, revision), or raises to redirect."""
     opts = message.options
     conflict = config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
     window = config.get(opts, "unique_window")
@@ -187,26 +218,30 @@ def _insert_unique(
         window = config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)
     lock_name = suite.keys.queue_lock(key)
     ttl = queue_lock_ttl(config, opts, lock, delay)
-    token, holder_token = suite.locks.acquire(lock_name, ttl, token=message.message_id)
+    prelocked = _prelocked.get()
+    if prelocked is not None and prelocked[0] == message.message_id:
+        token, holder_token = prelocked[2], None  # taken by the wrapper's fast path
+    else:
+        token, holder_token = suite.locks.acquire(lock_name, ttl, token=message.message_id)
     if token is None and holder_token and holder_token != message.message_id and conflict == "skip":
         raise _Redirect(holder_token)  # fast path: the lock names a job that has not started
     fields["options"][MARKER] = {"qt": token or message.message_id}
     for _ in range(store.MAX_INSERT_ROUNDS):
         try:
-            row, holder = store.insert_holding(config.model, fields, key, window)
+            row_id, holder = store.insert_holding(config.model, fields, key, window)
         except BaseException:
             if token is not None:
                 suite.locks.release(lock_name, token)
             raise
-        if row is not None:
+        if row_id is not None:
             if token is None:
                 # The Redis lock outlived its holder's hold: it is ours now.
                 token = suite.locks.force(lock_name, message.message_id, ttl)
-            _created_row(config.model, row.id, lock_name, token, suite)
-            return row
+            _created_row(config.model, row_id, lock_name, token, suite)
+            return row_id, 0
         assert holder is not None
         if holder.message_id == message.message_id:
-            return holder  # this very message, sent again
+            return holder.id, holder.revision  # this very message, sent again
         if token is not None:
             suite.locks.release(lock_name, token)
             token = None

@@ -13,8 +13,9 @@ from typing import Any, Optional
 
 import peewee as pw
 
+from . import sql
 from .errors import DatabaseUnavailable
-from .models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
+from .models import WAITING, JobModel, after_ms, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -47,27 +48,34 @@ def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
     return query.first()
 
 
-def insert(model: type[JobModel], fields: dict[str, Any]) -> JobModel:
-    """Insert a row that holds nothing; raises IntegrityError on a message_id clash."""
-    return model.create(**fields)
+def insert(model: type[JobModel], fields: dict[str, Any]) -> int:
+    """Insert a row; returns its id.  Raises IntegrityError on a message_id or hold clash."""
+    return sql.insert(model, fields)
 
 
 def insert_holding(
     model: type[JobModel], fields: dict[str, Any], hold: str, window_ms: Optional[float]
-) -> tuple[Optional[JobModel], Optional[JobModel]]:
-    """Insert a row holding ``hold``: ``(row, None)``, or ``(None, holder)`` on a conflict.
+) -> tuple[Optional[int], Optional[JobModel]]:
+    """Insert a row holding ``hold``: ``(row id, None)``, or ``(None, holder)`` on a conflict.
 
     The unique index on ``unique_hold`` decides between racing senders.
     A holder older than ``window_ms`` no longer counts: its hold is
     cleared and the insert tried again.
     """
     for _ in range(MAX_INSERT_ROUNDS):
+        db = model._meta.database
         try:
-            with model._meta.database.atomic():
-                return model.create(**fields, unique_hold=hold), None
+            if db.in_transaction():
+                # A savepoint, so the clash does not abort the caller's transaction.
+                with db.atomic():
+                    return sql.insert(model, {**fields, "unique_hold": hold}), None
+            # In autocommit a failed INSERT leaves nothing to roll back.
+            return sql.insert(model, {**fields, "unique_hold": hold}), None
         except pw.IntegrityError:
             holder = get(model, unique_hold=hold)
             if holder is None:
+                if get(model, message_id=fields["message_id"]) is not None:
+                    raise  # not the hold: this message already has a row
                 continue  # it released its hold meanwhile
             if holder.message_id == fields["message_id"]:
                 return None, holder
@@ -106,34 +114,17 @@ def start(
 ) -> Optional[JobModel]:
     """Mark an attempt running; None if the job finished or was replaced meanwhile."""
     now = utcnow()
-    changes: dict[Any, Any] = {
-        model.status: JobStatus.RUNNING.value,
-        model.attempts: model.attempts + 1,
-        model.started_at: now,
-        model.lease_until: after_ms(lease_ms, now),
-        model.worker: worker,
-        model.fencing_token: model.fencing_token + 1 if fencing_token is None else fencing_token,
-    }
-    if release_hold:
-        changes[model.unique_hold] = None
-    rows = list(
-        model.update(changes)
-        .where((model.id == job_id) & (model.revision == revision) & model.status.not_in(FINISHED))
-        .returning(model)
-        .execute()
+    return sql.start(
+        model, job_id, revision=revision, started_at=now, lease_until=after_ms(lease_ms, now),
+        worker=worker, release_hold=release_hold, fencing_token=fencing_token,
     )
-    return rows[0] if rows else None
 
 
 def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
     """Record an attempt's outcome, fenced by the attempt's token; False if a newer attempt owns the row."""
     if release_hold:
         fields["unique_hold"] = None
-    count = (
-        model.update(**fields)
-        .where((model.id == job.id) & (model.fencing_token == job.fencing_token))
-        .execute()
-    )
+    count = sql.update_fenced(model, job.id, job.fencing_token, fields)
     if not count:
         logger.warning("Job %s was taken over by a newer attempt; not recording %s.", job.message_id, fields)
     return bool(count)

@@ -68,7 +68,7 @@ class JobTracking(Middleware):
     def before_declare_actor(self, broker, actor) -> None:
         self.suite.broker = broker
         if self.suite.configure_actor(actor) is not None:
-            install_enqueue(broker)
+            install_enqueue(broker, self.suite)
 
     def before_enqueue(self, broker, message, delay) -> None:
         config = self.suite.actor_config(message.actor_name)
@@ -132,10 +132,10 @@ class JobTracking(Middleware):
         """A message sent without the suite (before set-up, another producer): give it a row."""
         fields = row_fields(config, message, None)
         try:
-            row = store.insert(config.model, fields)
+            return {"id": store.insert(config.model, fields), "rev": 0}
         except pw.IntegrityError:
             row = store.get(config.model, message_id=message.message_id)
-        return {"id": row.id, "rev": row.revision}
+            return {"id": row.id, "rev": row.revision}
 
     def _start_adopted(self, config, message, ctx):
         message.options.pop(MARKER, None)

@@ -272,14 +272,14 @@ def test_the_unique_index_alone_admits_one_holder(suite):
     def insert(n: int) -> None:
         try:
             barrier.wait(10)
-            row, holder = store.insert_holding(
+            row_id, holder = store.insert_holding(
                 JobModel,
                 {"message_id": f"m{n}", "actor_name": "race", "queue_name": "default", "unique_key": "race:k"},
                 "race:k",
                 None,
             )
-            if row is not None:
-                winners.append(row.message_id)
+            if row_id is not None:
+                winners.append(f"m{n}")
             else:
                 holders.add(holder.message_id)
         finally:

@@ -1,0 +1,179 @@
+"""Throughput of plain, tracked and unique no-op jobs, as ratios to plain Dramatiq.
+
+    python tests/benchmarks/bench_throughput.py [--jobs 2000] [--threads 8] [--producers 4]
+
+Runs on the Redis broker with the job table on SQLite and on PostgreSQL
+(a fresh schema, dropped afterwards), all in one run, so the ratios
+compare like with like on the same machine at the same moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+
+import dramatiq
+import peewee as pw
+from dramatiq.brokers.redis import RedisBroker
+
+import dramatiq_unique
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+PG = dict(database="test", host="127.0.0.1", user="postgres")
+
+
+class Run:
+    """One broker + suite + three actors under a fresh namespace."""
+
+    def __init__(self, database: str) -> None:
+        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
+        self.broker = RedisBroker(url=REDIS_URL, namespace=self.ns)
+        dramatiq.set_broker(self.broker)
+        self.suite = dramatiq_unique.setup(
+            self.broker, database=database, redis=REDIS_URL, key_prefix=self.ns, redriver=False
+        )
+        self.done = 0
+        self.sent = 0
+        self.lock = threading.Lock()
+
+        def finish() -> None:
+            with self.lock:
+                self.done += 1
+
+        @dramatiq.actor(queue_name="plain")
+        def plain(i):
+            finish()
+
+        @dramatiq.actor(queue_name="tracked", track=True)
+        def tracked(i):
+            finish()
+
+        @dramatiq.actor(queue_name="unique", unique_args=["i"], unique_lock="until_executing")
+        def unique(i):
+            finish()
+
+        self.actors = {"plain": plain, "tracked": tracked, "unique": unique}
+
+    def enqueue(self, kind: str, n: int, producers: int) -> float:
+        """Seconds to send n new (distinct) messages from ``producers`` threads."""
+        actor = self.actors[kind]
+        per = n // producers
+        offset, self.sent = self.sent, self.sent + n
+
+        def produce(p: int) -> None:
+            for i in range(per):
+                actor.send(offset + p * per + i)
+            self.suite.close()
+
+        threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - start
+
+    def process(self, kind: str, n: int, threads: int) -> float:
+        """Seconds for a worker to run n queued messages of ``kind``."""
+        self.done = 0
+        worker = dramatiq.Worker(self.broker, queues={kind}, worker_timeout=20, worker_threads=threads)
+        start = time.perf_counter()
+        worker.start()
+        deadline = start + 300
+        while self.done < n and time.perf_counter() < deadline:
+            time.sleep(0.005)
+        elapsed = time.perf_counter() - start
+        worker.stop()
+        if self.done < n:
+            raise SystemExit(f"{kind}: only {self.done}/{n} jobs ran")
+        return elapsed
+
+    def skip_cost(self, n: int) -> tuple[float, float]:
+        """Seconds per plain send vs per skipped duplicate send."""
+        plain, unique = self.actors["plain"], self.actors["unique"]
+        unique.send(-1)
+        start = time.perf_counter()
+        for _ in range(n):
+            unique.send(-1)
+        skipped = (time.perf_counter() - start) / n
+        start = time.perf_counter()
+        for i in range(n):
+            plain.send(i)
+        sent = (time.perf_counter() - start) / n
+        return sent, skipped
+
+    def close(self) -> None:
+        self.broker.flush_all()
+        keys = list(self.broker.client.scan_iter(match=f"*{self.ns}*", count=1000))
+        if keys:
+            self.broker.client.delete(*keys)
+        self.suite.db.close()
+        self.broker.close()
+
+
+def bench(label: str, database: str, args: argparse.Namespace) -> None:
+    n = args.jobs
+    results = {}
+    run = Run(database)
+    try:
+        for producers in sorted({1, args.producers}):
+            for kind in ("plain", "tracked", "unique"):
+                # Best of the repeats: the machine is shared and noisy.
+                secs = min(run.enqueue(kind, n, producers) for _ in range(args.repeat))
+                results[("enqueue", producers, kind)] = n / secs
+        sent, skipped = run.skip_cost(min(n, 1000))
+    finally:
+        run.close()
+    for kind in ("plain", "tracked", "unique"):
+        times = []
+        for _ in range(args.repeat):
+            # A fresh broker each time: a stopped worker leaves its middleware behind.
+            run = Run(database)
+            try:
+                run.enqueue(kind, n, 1)
+                times.append(run.process(kind, n, args.threads))
+            finally:
+                run.close()
+        results[("process", args.threads, kind)] = n / min(times)
+
+    print(f"\n== {label}: {n} no-op jobs, Redis broker")
+    print(f"{'measure':<34}{'plain/s':>10}{'tracked/s':>11}{'unique/s':>10}{'tracked':>9}{'unique':>8}")
+    for (what, width, _k) in sorted({(w, c, None) for (w, c, _) in results}):
+        plain = results[(what, width, "plain")]
+        tracked = results[(what, width, "tracked")]
+        unique = results[(what, width, "unique")]
+        name = f"{what} ({width} {'producer' if what == 'enqueue' else 'worker thread'}{'s' if width > 1 else ''})"
+        print(f"{name:<34}{plain:>10.0f}{tracked:>11.0f}{unique:>10.0f}{tracked / plain:>9.2f}{unique / plain:>8.2f}")
+    print(f"skipped duplicate send: {skipped * 1e6:.0f} us vs plain send {sent * 1e6:.0f} us "
+          f"(ratio {skipped / sent:.2f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--only", choices=["sqlite", "postgres"])
+    args = parser.parse_args()
+    print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
+    if args.only != "postgres":
+        bench("SQLite", f"sqlite:///{tempfile.mkdtemp()}/bench.db", args)
+    if args.only != "sqlite":
+        schema = f"bench_{uuid.uuid4().hex[:8]}"
+        admin = pw.PostgresqlDatabase(**PG)
+        admin.execute_sql(f"CREATE SCHEMA {schema}")
+        try:
+            bench("PostgreSQL", f"postgresql://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}", args)
+        finally:
+            admin.execute_sql(f"DROP SCHEMA {schema} CASCADE")
+            admin.close()
+
+
+if __name__ == "__main__":
+    main()
