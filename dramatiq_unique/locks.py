@@ -55,6 +55,22 @@ _PTTL = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pttl', KEYS[1]) end
 return -3
 """
+# KEYS[1] lock; ARGV token, new token, ttl.  Re-issue a held lock under a new token.
+_TRANSFER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 end
+return 0
+"""
+# KEYS[1] lock, KEYS[2] a sorted set; ARGV token, member.  Release unless
+# the member is in the set (someone may be waiting): 1 released, 2 kept, 0 not held.
+_RELEASE_UNLESS = """
+if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
+if redis.call('zscore', KEYS[2], ARGV[2]) then return 2 end
+redis.call('del', KEYS[1])
+return 1
+"""
+
+#: Outcomes of :meth:`Locks.release_unless`.
+NOT_HELD, RELEASED, KEPT = 0, 1, 2
 
 
 def new_token() -> str:
@@ -80,6 +96,10 @@ class Locks:
             self._release = client.register_script(_RELEASE)
             self._extend = client.register_script(_EXTEND)
             self._pttl = client.register_script(_PTTL)
+            self._release_unless = client.register_script(_RELEASE_UNLESS)
+        # Transfers run the same script on every master (pottery has no such operation).
+        self._transfer = [client.register_script(_TRANSFER) for client in self.masters]
+        self.quorum = len(self.masters) // 2 + 1
 
     def _redlock(self, name: str, ttl_ms: float = 10_000, token: str = "") -> "pottery.Redlock":
         lock = pottery.Redlock(
@@ -158,3 +178,57 @@ class Locks:
             return self._redlock(name, token=token).locked() * 1000
         except (redis.RedisError, PotteryError) as e:
             raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
+
+    def transfer(self, name: str, token: str, new_token: str, ttl_ms: float) -> bool:
+        """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it.
+
+        A lock handed to another job gets a token of its own, so a stale
+        copy of an earlier holder's message can never pass for the holder.
+        """
+        done = failed = 0
+        error: Optional[Exception] = None
+        for script in self._transfer:
+            try:
+                done += bool(script(keys=[f"{KEY_PREFIX}:{name}"], args=[token, new_token, int(ttl_ms)]))
+            except redis.RedisError as e:
+                failed, error = failed + 1, e
+        if done >= self.quorum:
+            return True
+        if failed > len(self.masters) - self.quorum:
+            raise RedisUnavailable(f"handing over lock {name!r}: {error}") from error
+        return False
+
+    def pttl(self, name: str) -> float:
+        """Milliseconds until ``name`` frees itself, whoever holds it; 0 if it is free."""
+        left = []
+        error: Optional[Exception] = None
+        for client in self.masters:
+            try:
+                left.append(max(int(client.pttl(f"{KEY_PREFIX}:{name}")), 0))
+            except redis.RedisError as e:
+                error = e
+        if len(left) < self.quorum:
+            raise RedisUnavailable(f"reading lock {name!r}: {error}") from error
+        # Held while a majority still has it: the quorum-th longest lease.
+        return float(sorted(left, reverse=True)[self.quorum - 1])
+
+    def release_unless(self, name: str, token: str, flags: str, member: str) -> int:
+        """Release ``name`` unless ``member`` is in the sorted set ``flags``.
+
+        Returns :data:`RELEASED`, :data:`KEPT` (the member is flagged; the
+        caller still holds the lock) or :data:`NOT_HELD`.  Atomic on one
+        master; with several, the flag (on the first master) is read
+        first, so the caller must look at it again after a release.
+        """
+        if self.single:
+            try:
+                return int(self._release_unless(keys=[f"{KEY_PREFIX}:{name}", flags], args=[token, member]))
+            except redis.RedisError as e:
+                raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
+        try:
+            flagged = self.masters[0].zscore(flags, member) is not None
+        except redis.RedisError:
+            flagged = True  # cannot tell: assume someone waits, the caller asks the database
+        if flagged:
+            return KEPT if self.ttl(name, token) > 0 else NOT_HELD
+        return RELEASED if self.release(name, token) else NOT_HELD

@@ -1,0 +1,123 @@
+"""Fencing tokens: one counter per unique key, kept in the job database.
+
+Every execution-lock acquisition of a key draws the key's next token,
+and the attempt's row carries it (``fencing_token``).  The suite's
+writes of an outcome are conditional on the row still carrying the
+attempt's token, and drawing a token takes the rows of the same key
+that still run under an older one off their attempts (their token is
+advanced), so a worker that stalled past its lease can record nothing
+over, or beside, the attempt that replaced it.
+
+Why the database and not Redis: the tokens guard database writes, so
+the database is their natural authority.  A Redis counter would start
+again from zero after a flush or a fail-over, and a newer holder could
+then get a smaller token than a zombie still holds; a counter in the
+job database survives whatever happens to Redis.  ``INSERT ... ON
+CONFLICT DO UPDATE ... RETURNING`` makes each draw one statement on
+SQLite (3.35 and later) and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Optional
+
+import peewee as pw
+
+from .models import JobStatus
+
+if TYPE_CHECKING:
+    from .models import JobModel
+
+TABLE = "dramatiq_unique_fences"
+
+
+class FenceModel(pw.Model):
+    """The newest fencing token handed out for each key."""
+
+    key = pw.CharField(max_length=300, primary_key=True)
+    token = pw.BigIntegerField(default=0)
+
+    class Meta:
+        table_name = TABLE
+
+
+def create_table(db: pw.Database) -> None:
+    with db.bind_ctx([FenceModel], bind_refs=False, bind_backrefs=False):
+        db.create_tables([FenceModel], safe=True)
+
+
+_statements: dict[tuple, tuple[str, str, str]] = {}
+_statements_lock = threading.Lock()
+
+
+def _sql(model: type["JobModel"]) -> tuple[str, str, str]:
+    """The three statements for ``model``'s table, in its database's dialect (built once)."""
+    db = model._meta.database
+    # Keyed by what the text depends on (not by id(db), which a new database may reuse).
+    cache_key = (model._meta.table_name, model._meta.schema, db.param, tuple(db.quote))
+    found = _statements.get(cache_key)
+    if found is not None:
+        return found
+    left, right = db.quote
+    q = lambda name: f"{left}{name}{right}"  # noqa: E731
+    p = db.param
+    jobs = q(model._meta.table_name) if not model._meta.schema else f"{q(model._meta.schema)}.{q(model._meta.table_name)}"
+    draw = (
+        f"INSERT INTO {q(TABLE)} ({q('key')}, {q('token')}) VALUES ({p}, 1) "
+        f"ON CONFLICT ({q('key')}) DO UPDATE SET {q('token')} = {q(TABLE)}.{q('token')} + 1 "
+        f"RETURNING {q('token')}"
+    )
+    # Rows of the key still running under an older token lose their attempt;
+    # the drawing job's own row stops being parked (it runs now).
+    revoke_key = (
+        f"UPDATE {jobs} SET "
+        f"{q('fencing_token')} = CASE WHEN {q('id')} = {p} THEN {q('fencing_token')} ELSE {p} END, "
+        f"{q('parked_on')} = CASE WHEN {q('id')} = {p} THEN NULL ELSE {q('parked_on')} END "
+        f"WHERE {q('unique_key')} = {p} AND ("
+        f"({q('status')} = {p} AND {q('fencing_token')} < {p} AND {q('id')} <> {p}) "
+        f"OR ({q('id')} = {p} AND {q('parked_on')} IS NOT NULL))"
+    )
+    revoke_row = (
+        f"UPDATE {jobs} SET {q('fencing_token')} = {p} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
+    )
+    with _statements_lock:
+        _statements[cache_key] = (draw, revoke_key, revoke_row)
+    return draw, revoke_key, revoke_row
+
+
+def draw(model: type["JobModel"], key: str, job_id: Optional[int] = None) -> int:
+    """The key's next token, for job ``job_id`` about to run.
+
+    Rows of the key still running under an older token are fenced out:
+    their attempts lost the lock, and can record nothing any more.
+    """
+    db = model._meta.database
+    sql_draw, sql_revoke, _ = _sql(model)
+    own = -1 if job_id is None else int(job_id)
+    with db.atomic():
+        token = int(db.execute_sql(sql_draw, [key]).fetchone()[0])
+        db.execute_sql(sql_revoke, [own, token, own, key, JobStatus.RUNNING.value, token, own, own])
+    return token
+
+
+def revoke(model: type["JobModel"], job_id: int, token: int, key: Optional[str]) -> bool:
+    """Take one attempt off its row (it lost its lock): the row's token moves past ``token``.
+
+    Returns whether the row still carried ``token``.  The row keeps its
+    status and lease; the re-drive settles it once the lease runs out.
+    """
+    db = model._meta.database
+    sql_draw, _, sql_revoke_row = _sql(model)
+    with db.atomic():
+        newer = int(db.execute_sql(sql_draw, [key]).fetchone()[0]) if key else token + 1
+        return db.execute_sql(sql_revoke_row, [newer, job_id, token]).rowcount > 0
+
+
+def current(db: pw.Database, key: str) -> int:
+    """The newest token handed out for ``key`` (0 if none): for inspection and tests."""
+    left, right = db.quote
+    row = db.execute_sql(
+        f"SELECT {left}token{right} FROM {left}{TABLE}{right} WHERE {left}key{right} = {db.param}", [key]
+    ).fetchone()
+    return 0 if row is None else int(row[0])

@@ -1,0 +1,543 @@
+"""Parking: jobs that wait for a gate without holding a worker thread.
+
+A *gate* is something a job must hold to run: an execution lock
+(:class:`~dramatiq_unique.middleware.ExecutionLocks`), a concurrency
+slot.  Jobs queue for a gate by *group*, a name such as
+``lock:<unique key>`` (the part before the first colon names the
+gate's kind).  A message whose job cannot enter its gate is *parked*:
+
+* its row goes to ``status = "pending"`` with ``parked_on = group``, and
+  keeps the message's current options (retry count included);
+* the group is flagged in a Redis sorted set (``RedisKeys.wakeups``),
+  scored with the time the holder's lease runs out;
+* the message is acked without running (``SkipMessage``): it holds no
+  worker thread, burns no retry and nothing polls for it.
+
+A row is parked exactly when ``status = "pending"`` and ``parked_on`` is
+set.  When the holder leaves the gate it hands it over (:meth:`Parking.leave`):
+if the group is flagged, the next due parked row of the group (by
+``unique_order_by``: ``created_at`` or ``process_after``, then ``id``) is
+claimed with a compare-and-set (``parked_on = group`` and ``pending`` to
+``queued``, so exactly one waiter wakes per release and two wakers
+never claim the same row), the gate is re-issued to it under a new token
+(so no fresh message can barge in, and a stale copy of an older message
+can never pass for the holder), and its message is rebuilt from the row
+(same ``message_id``, arguments, options and marker, plus the
+reservation) and delivered.  With no one waiting the gate is simply
+released: on one Redis master the no-waiter release is one atomic
+script call.
+
+Race freedom.  The waiter writes the database (parks) and then Redis
+(flag), then tries the gate once more; the holder reads the flag with
+its release (atomically), and after clearing a flag reads the database
+again.  Whatever the interleaving, either the holder sees the waiter or
+the waiter's second try finds the gate free and wakes the head of the
+queue itself.
+
+Delivery.  A woken message goes straight to this process's own worker
+when it can (:meth:`Parking._deliver_locally`), not through a broker
+queue that an idle consumer polls with back-off up to ``worker_timeout``
+(a second by default): the releasing worker already consumes that queue.
+For the Redis broker the message is written exactly as the broker's
+``fetch`` would leave it (message body in the queue's ``.msgs`` hash, id
+in this worker's ack set) and put on the worker's work queue, so it is
+acked, requeued on shutdown and recovered after a crash by Dramatiq's
+own mechanisms.  Elsewhere (other brokers, a busy worker, no worker in
+this process) it is published with ``broker.enqueue``.
+
+Recovery.  A wake-up can be lost: the holder was killed (its lock frees
+itself after its lease), or a process died between claiming a row and
+delivering it.  Every worker process runs a small watchdog thread that
+reads the flags that came due (one Redis call per ``wake_interval``)
+and wakes the head of any group whose gate is free; so a killed
+holder's waiters start about one lease after it died.  A claimed row
+whose message was never delivered stays ``queued`` with no message and
+is the re-drive's to find, like any lost message.
+
+For the re-drive (issue 4): call :func:`wake_orphans` once per pass.
+It wakes the first parked job of every group whose gate has no live
+holder (and restores the Redis flags, in case Redis lost them).  The
+re-drive must not send parked rows itself: exclude ``parked_on IS NOT
+NULL`` from the pending rows it sends, or they would re-park at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import uuid
+import weakref
+from typing import TYPE_CHECKING, Any, Optional, Protocol
+
+import redis as redis_lib
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
+from dramatiq.common import current_millis
+
+from .context import MARKER
+from .errors import DependencyUnavailable
+from .models import WAITING, JobModel, JobStatus, utcnow
+
+try:  # Dramatiq 2.x; without it every wake-up goes through the broker.
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.worker import _WorkQueueItem
+except ImportError:  # pragma: no cover
+    RedisBroker = _WorkQueueItem = None  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    import dramatiq
+
+    from .config import Suite
+
+logger = logging.getLogger(__name__)
+
+#: ms between two looks of a worker's watchdog at the groups whose holder's lease ran out.
+DEFAULT_WAKE_INTERVAL = 500
+#: Flags looked at per watchdog pass, and groups per :func:`wake_orphans` call.
+DEFAULT_PAGE = 100
+#: Bound on compare-and-set rounds lost to other wakers.
+MAX_ROUNDS = 20
+#: ms before a group whose wake-up failed (or that no gate here knows) is looked at again.
+RETRY_DELAY = 5_000
+#: The key of a reservation in a woken message's marker: {"g": group, "t": token}.
+WAKE = "wake"
+
+#: Outcomes of :meth:`Gate.release_unless_flagged` (the same values as :mod:`dramatiq_unique.locks`).
+NOT_HELD, RELEASED, KEPT = 0, 1, 2
+
+# Message options that belong to one delivery, not to the job.
+_TRANSIENT = frozenset({"redis_message_id", "eta", "traceback", "requeue_timestamp"})
+# Set on a message proxy that was parked, for the log filter below.
+_PARKED = "_dramatiq_unique_parked"
+
+# KEYS[1] flags; ARGV member, delay ms.  Flag a group due in delay ms (an earlier score is kept).
+_FLAG = """
+local t = redis.call('time')
+local due = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])
+local score = redis.call('zscore', KEYS[1], ARGV[1])
+if not score or tonumber(score) > due then redis.call('zadd', KEYS[1], due, ARGV[1]) end
+return due
+"""
+# KEYS[1] flags; ARGV member, delay ms.  Look at a flagged group again later.
+_RESCORE = """
+local t = redis.call('time')
+return redis.call('zadd', KEYS[1], 'XX', t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2]), ARGV[1])
+"""
+# KEYS[1] flags; ARGV limit.  The groups that came due.
+_DUE = """
+local t = redis.call('time')
+return redis.call('zrangebyscore', KEYS[1], '-inf', t[1] * 1000 + math.floor(t[2] / 1000), 'LIMIT', 0, ARGV[1])
+"""
+# KEYS[1] queue's message hash, KEYS[2] this worker's ack set; ARGV id, body.
+# What the Redis broker's enqueue followed by this worker's fetch would leave.
+_CLAIM = """
+redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+redis.call('sadd', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupInfo:
+    """What waking a group's next job needs to know."""
+
+    model: type[JobModel]
+    #: "created_at" or "process_after".
+    order_by: str
+    #: Lease (ms) of a gate handed to a woken job, until it takes it up.
+    ttl_ms: float
+
+
+class Gate(Protocol):
+    """Something jobs park on.  Tokens are opaque strings; every call may raise
+    :class:`~dramatiq_unique.errors.DependencyUnavailable`."""
+
+    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``).
+    kind: str
+    #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
+    atomic_release: bool
+
+    def describe(self, group: str) -> Optional[GroupInfo]:
+        """The group's table and order; None if this process does not know it."""
+
+    def take(self, group: str, ttl_ms: float) -> Optional[str]:
+        """Enter the gate now, for a job about to be woken; None if it is not free."""
+
+    def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
+        """Re-issue a held gate under a new token; None if ``token`` no longer holds it."""
+
+    def release_unless_flagged(self, group: str, token: str) -> int:
+        """Release unless the group is flagged: RELEASED, KEPT or NOT_HELD."""
+
+    def release(self, group: str, token: str) -> None:
+        """Release if ``token`` holds it."""
+
+    def retry_in(self, group: str) -> float:
+        """ms until the current holder's lease runs out (0 if free)."""
+
+
+class Parking:
+    """Parking for one suite: gates, Redis flags, delivery and the watchdog.
+
+    Get it with :func:`of`.  Thread-safe: worker threads, the watchdog
+    and the re-drive call it at once.
+    """
+
+    def __init__(self, suite: "Suite") -> None:
+        self.suite = suite
+        self.gates: dict[str, Gate] = {}
+        self.flags = suite.keys.wakeups()
+        #: Deliver woken messages to this process's worker when possible.
+        self.local_handoff = True
+        self.wake_interval = DEFAULT_WAKE_INTERVAL
+        self._flag = suite.redis.register_script(_FLAG)
+        self._rescore = suite.redis.register_script(_RESCORE)
+        self._due = suite.redis.register_script(_DUE)
+        self._claim_script: Any = None
+        self._worker: "Optional[dramatiq.Worker]" = None
+        self._watchdog: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def register(self, gate: Gate) -> None:
+        self.gates[gate.kind] = gate
+
+    def gate_for(self, group: str) -> Optional[Gate]:
+        return self.gates.get(group.split(":", 1)[0])
+
+    # -- the waiter's side ---------------------------------------------------
+
+    def park(
+        self, gate: Gate, group: str, message: Any, model: type[JobModel], job_id: int, revision: int,
+        retry_in_ms: float,
+    ) -> bool:
+        """Park ``message``'s job on ``group``; False if the job is not waiting.
+
+        Not waiting means another delivery of the same job is running (a
+        duplicate), or it finished or was replaced: the caller drops the
+        message.  On True the caller acks the message without running it.
+        """
+        options = {k: v for k, v in message.options.items() if k not in _TRANSIENT}
+        marker = {k: v for k, v in (options.get(MARKER) or {}).items() if k != WAKE}
+        options[MARKER] = marker
+        now = utcnow()
+        parked = (
+            model.update(status=JobStatus.PENDING.value, parked_on=group, options=options)
+            .where(
+                (model.id == job_id)
+                & (model.revision == revision)
+                # A running row whose lease ran out is a crashed attempt of this job.
+                & (model.status.in_(WAITING) | ((model.status == JobStatus.RUNNING.value) & (model.lease_until < now)))
+            )
+            .execute()
+        )
+        if not parked:
+            return False
+        # This delivery ends here: Results must not store a None for it.
+        message.options["store_results"] = False
+        setattr(message, _PARKED, True)
+        logger.debug("Job %s parked on %s.", message.message_id, group)
+        try:
+            self.flag(group, retry_in_ms)
+            token = gate.take(group, gate_ttl(gate, group))
+        except (DependencyUnavailable, redis_lib.RedisError):
+            logger.warning("Parked job %s but could not flag %s; the re-drive wakes it.", message.message_id, group)
+            return True
+        if token is not None:  # the holder left meanwhile: wake the head of the queue ourselves
+            self.pass_on(gate, group, token)
+        return True
+
+    # -- the holder's side ---------------------------------------------------
+
+    def leave(self, gate: Gate, group: str, token: str) -> None:
+        """The holder of ``group``'s gate is done: hand the gate to the next waiter, or release it."""
+        try:
+            outcome = gate.release_unless_flagged(group, token)
+        except DependencyUnavailable:
+            logger.warning("Could not release %s; it frees itself when its lease runs out.", group, exc_info=True)
+            return
+        if outcome == KEPT:
+            self.pass_on(gate, group, token)
+        elif outcome == NOT_HELD or not gate.atomic_release:
+            # Lost (expired) meanwhile, or released without an atomic look at
+            # the flag: whoever parked must not be stranded.
+            self._wake_if_flagged(gate, group)
+
+    def pass_on(self, gate: Gate, group: str, token: str) -> Optional[JobModel]:
+        """Holding ``group``'s gate under ``token``: wake the next parked job, or release the gate.
+
+        Returns the woken row, or None if the gate was released (or lost).
+        Errors are logged, the gate released and the group left flagged
+        for the watchdog to try again.
+        """
+        info = gate.describe(group)
+        try:
+            if info is None:  # no actor of this group here: leave it to a process that has one
+                gate.release(group, token)
+                self.rescore(group, RETRY_DELAY)
+                return None
+            for _ in range(MAX_ROUNDS):
+                row = self._claim_next(info, group)
+                if row is not None:
+                    grant = gate.pass_to(group, token, info.ttl_ms)
+                    if grant is None:
+                        self._unclaim(info.model, row, group)
+                        return None
+                    token = grant
+                    try:
+                        self._deliver(row, group, grant)
+                    except BaseException:
+                        self._unclaim(info.model, row, group)
+                        raise
+                    return row
+                # Nobody left: clear the flag, then look again (a waiter flags after it parks).
+                self.suite.redis.zrem(self.flags, group)
+                if self._any_parked(info, group):
+                    self.flag(group, 0)
+                    continue
+                outcome = gate.release_unless_flagged(group, token)
+                if outcome == KEPT:
+                    continue
+                if outcome == RELEASED and not gate.atomic_release and self.is_flagged(group):
+                    again = gate.take(group, info.ttl_ms)
+                    if again is not None:
+                        token = again
+                        continue
+                return None
+            raise RuntimeError(f"no settled wake-up after {MAX_ROUNDS} rounds")
+        except Exception:
+            logger.exception("Could not wake the next job waiting on %s; the watchdog tries again.", group)
+            try:
+                gate.release(group, token)
+                self.flag(group, RETRY_DELAY)
+            except Exception:  # Redis is down too: the lock expires and the re-drive wakes
+                pass
+            return None
+
+    def _wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
+        try:
+            if not self.is_flagged(group):
+                return None
+            token = gate.take(group, gate_ttl(gate, group))
+        except (DependencyUnavailable, redis_lib.RedisError):
+            return None
+        return None if token is None else self.pass_on(gate, group, token)
+
+    # -- rows ------------------------------------------------------------------
+
+    @staticmethod
+    def _due_parked(model: type[JobModel], group: str, now: Any) -> Any:
+        # A parked row that "replace" gave a later due time waits for its own message.
+        return (
+            (model.parked_on == group)
+            & (model.status == JobStatus.PENDING.value)
+            & (model.process_after.is_null() | (model.process_after <= now))
+        )
+
+    def _claim_next(self, info: GroupInfo, group: str) -> Optional[JobModel]:
+        model = info.model
+        order = model.process_after if info.order_by == "process_after" else model.created_at
+        for _ in range(MAX_ROUNDS):
+            now = utcnow()
+            row = model.select().where(self._due_parked(model, group, now)).order_by(order, model.id).first()
+            if row is None:
+                return None
+            claimed = (
+                model.update(status=JobStatus.QUEUED.value, parked_on=None, enqueued_at=now)
+                .where((model.id == row.id) & (model.parked_on == group) & (model.status == JobStatus.PENDING.value))
+                .execute()
+            )
+            if claimed:
+                row.status, row.parked_on, row.enqueued_at = JobStatus.QUEUED, None, now
+                return row
+        return None
+
+    def _unclaim(self, model: type[JobModel], row: JobModel, group: str) -> None:
+        model.update(status=JobStatus.PENDING.value, parked_on=group).where(
+            (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
+        ).execute()
+
+    def _any_parked(self, info: GroupInfo, group: str) -> bool:
+        model = info.model
+        return model.select(model.id).where(self._due_parked(model, group, utcnow())).exists()
+
+    # -- flags -------------------------------------------------------------------
+
+    def flag(self, group: str, delay_ms: float) -> None:
+        """Flag ``group`` as having waiters, due for a look in ``delay_ms`` (an earlier look is kept)."""
+        self._flag(keys=[self.flags], args=[group, int(max(delay_ms, 0))])
+
+    def rescore(self, group: str, delay_ms: float) -> None:
+        self._rescore(keys=[self.flags], args=[group, int(max(delay_ms, 0))])
+
+    def is_flagged(self, group: str) -> bool:
+        return self.suite.redis.zscore(self.flags, group) is not None
+
+    # -- delivery ------------------------------------------------------------------
+
+    def _deliver(self, row: JobModel, group: str, token: str) -> None:
+        options = {k: v for k, v in (row.options or {}).items() if k not in _TRANSIENT}
+        marker = dict(options.get(MARKER) or {})
+        marker.update(id=row.id, rev=row.revision)
+        marker[WAKE] = {"g": group, "t": token}
+        options[MARKER] = marker
+        message = Message(
+            queue_name=row.queue_name,
+            actor_name=row.actor_name,
+            args=tuple(row.args or ()),
+            kwargs=dict(row.kwargs or {}),
+            options=options,
+            message_id=row.message_id,
+            message_timestamp=current_millis(),
+        )
+        if not self._deliver_locally(message):
+            broker = self.suite.broker
+            if broker is None:
+                raise RuntimeError("the suite has no broker to send woken jobs through")
+            broker.enqueue(message)
+        logger.debug("Woke job %s waiting on %s.", row.message_id, group)
+
+    def _deliver_locally(self, message: Message) -> bool:
+        """Hand ``message`` to this process's worker, as if its consumer had just fetched it."""
+        worker, broker = self._worker, self.suite.broker
+        if not self.local_handoff or worker is None or _WorkQueueItem is None or not isinstance(broker, RedisBroker):
+            return False
+        consumer = worker.consumers.get(message.queue_name)
+        if consumer is None or not consumer.running or worker.broker is not broker:
+            return False
+        # A busy worker would make the job wait behind its backlog; another process may be idle.
+        if worker.work_queue.qsize() >= worker.worker_threads:
+            return False
+        try:
+            actor = broker.get_actor(message.actor_name)
+        except Exception:
+            return False
+        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
+        broker.emit_before("enqueue", message, None)
+        if self._claim_script is None:
+            self._claim_script = broker.client.register_script(_CLAIM)
+        queue = message.queue_name
+        self._claim_script(
+            keys=[f"{broker.namespace}:{queue}.msgs", f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}"],
+            args=[message.options["redis_message_id"], message.encode()],
+        )
+        broker.emit_after("enqueue", message, None)
+        proxy = MessageProxy(Message.decode(message.encode()))
+        worker.work_queue.put(_WorkQueueItem(actor.priority, proxy))
+        return True
+
+    # -- the watchdog ----------------------------------------------------------------
+
+    def attach(self, worker: "dramatiq.Worker") -> None:
+        """Called at worker boot: deliver woken jobs locally, and start the watchdog."""
+        with self._lock:
+            self._worker = worker
+            if self._watchdog is None or not self._watchdog.is_alive():
+                self._stop.clear()
+                self._watchdog = threading.Thread(target=self._watch, name="dramatiq_unique-wakeups", daemon=True)
+                self._watchdog.start()
+
+    def detach(self, worker: "dramatiq.Worker") -> None:
+        """Called at worker shutdown: back to the broker for deliveries; stop the watchdog."""
+        with self._lock:
+            if self._worker is worker:
+                self._worker = None
+            watchdog, self._watchdog = self._watchdog, None
+        self._stop.set()
+        if watchdog is not None and watchdog is not threading.current_thread():
+            watchdog.join(timeout=5)
+
+    def _watch(self) -> None:
+        failures = 0
+        try:
+            while not self._stop.wait(self.wake_interval / 1000 * min(2**failures, 20)):
+                try:
+                    self.tick()
+                    failures = 0
+                except Exception:
+                    failures += 1
+                    logger.warning("Wake-up watchdog pass failed; trying again.", exc_info=failures == 1)
+        finally:
+            self.suite.close()
+
+    def tick(self, limit: int = DEFAULT_PAGE) -> int:
+        """One watchdog pass: wake the head of every flagged group whose holder's lease ran out."""
+        woken = 0
+        for raw in self._due(keys=[self.flags], args=[limit]):
+            group = raw.decode() if isinstance(raw, bytes) else raw
+            woken += self._wake_group(group) is not None
+        return woken
+
+    def _wake_group(self, group: str) -> Optional[JobModel]:
+        gate = self.gate_for(group)
+        info = gate.describe(group) if gate is not None else None
+        if gate is None or info is None:
+            self.rescore(group, RETRY_DELAY)
+            return None
+        token = gate.take(group, info.ttl_ms)
+        if token is None:  # still held: look again when that lease runs out
+            self.rescore(group, max(gate.retry_in(group), 50) + 10)
+            return None
+        return self.pass_on(gate, group, token)
+
+    def wake_orphans(self, limit: int = DEFAULT_PAGE) -> int:
+        """Wake the first parked job of every group whose gate is free; returns how many woke."""
+        woken = 0
+        for model in list(self.suite.models):
+            groups = (
+                model.select(model.parked_on)
+                .where(model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value))
+                .distinct()
+                .limit(limit)
+                .tuples()
+            )
+            for (group,) in list(groups):
+                if self.gate_for(group) is None:
+                    continue
+                self.flag(group, 0)  # Redis may have lost it
+                woken += self._wake_group(group) is not None
+        return woken
+
+
+def gate_ttl(gate: Gate, group: str) -> float:
+    info = gate.describe(group)
+    return info.ttl_ms if info is not None else 60_000
+
+
+_parkings: "weakref.WeakKeyDictionary[Suite, Parking]" = weakref.WeakKeyDictionary()
+_parkings_lock = threading.Lock()
+
+
+def of(suite: "Suite") -> Parking:
+    """The suite's :class:`Parking` (one per suite)."""
+    with _parkings_lock:
+        parking = _parkings.get(suite)
+        if parking is None:
+            parking = _parkings[suite] = Parking(suite)
+            _ParkedSkipFilter.install()
+        return parking
+
+
+def wake_orphans(suite: "Suite", *, limit: int = DEFAULT_PAGE) -> int:
+    """For the re-drive: wake parked jobs whose gate has no live holder (a lost wake-up).
+
+    Safe to call from any process at any time: a group whose gate is
+    held is left to its holder, and claims are compare-and-set.
+    Returns the number of jobs woken.
+    """
+    return of(suite).wake_orphans(limit)
+
+
+class _ParkedSkipFilter(logging.Filter):
+    """Drops Dramatiq's "Message ... was skipped." warning for parked messages (they wait, by design)."""
+
+    @classmethod
+    def install(cls) -> None:
+        worker_logger = logging.getLogger("dramatiq.worker.WorkerThread")
+        if not any(isinstance(f, cls) for f in worker_logger.filters):
+            worker_logger.addFilter(cls())
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (args and getattr(args[0], _PARKED, False) and "skipped" in str(record.msg))
