@@ -15,7 +15,8 @@ from .errors import (
     NotInJob,
     RedisUnavailable,
 )
-from .middleware import JobTracking
+from .heartbeat import heartbeat
+from .middleware import ExecutionLocks, JobTracking
 from .models import JobModel, JobStatus
 
 __version__ = "0.1.0"
@@ -25,6 +26,7 @@ __all__ = [
     "DependencyUnavailable",
     "DramatiqUniqueError",
     "DuplicateJob",
+    "ExecutionLocks",
     "InvalidOption",
     "JobModel",
     "JobStatus",
@@ -36,5 +38,6 @@ __all__ = [
     "Suite",
     "current_job",
     "get_job",
+    "heartbeat",
     "setup",
 ]

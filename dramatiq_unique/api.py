@@ -12,7 +12,7 @@ from dramatiq.middleware import Retries
 from . import config as _config
 from . import store
 from .config import RedisSpec, Suite
-from .middleware import JobTracking
+from .middleware import ExecutionLocks, JobTracking
 from .models import JobModel
 
 
@@ -29,6 +29,9 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     retries = any(isinstance(m, Retries) for m in broker.middleware)
     # Before Retries: our after_process_message then runs after it has decided.
     broker.add_middleware(JobTracking(suite=suite), **({"before": Retries} if retries else {}))
+    # Before JobTracking: the lock is taken before the row is marked running,
+    # and handed on after the outcome is recorded.
+    broker.add_middleware(ExecutionLocks(suite=suite), before=JobTracking)
     _ResultWarningFilter.install(suite)
     _config.set_current(suite)
     return suite

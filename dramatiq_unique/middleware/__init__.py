@@ -1,5 +1,6 @@
 """The suite's Dramatiq middlewares."""
 
+from .execution import ExecutionLocks
 from .tracking import JobTracking
 
-__all__ = ["JobTracking"]
+__all__ = ["ExecutionLocks", "JobTracking"]
