@@ -55,6 +55,18 @@ class RedisUnavailable(DependencyUnavailable):
     """Redis could not be reached for a lock"""
 
 
+class IdempotencyKeyReused(DramatiqUniqueError):
+    """The idempotency key was already used for a job with other arguments"""
+
+    def __init__(self, detail: str = "", *, job: "Optional[JobModel]" = None) -> None:
+        super().__init__(detail)
+        self.job = job
+
+
+class NotSerializable(DramatiqUniqueError, TypeError):
+    """A checkpoint's result must be JSON-serialisable"""
+
+
 class NotInJob(DramatiqUniqueError):
     """This function can only be called inside a tracked actor"""
 

@@ -69,6 +69,11 @@ def derive_key(actor_name: str, fn: Callable[..., Any], spec: ArgsSpec, args: tu
     return f"{actor_name}:{digest(canonical(selected))}"
 
 
+def idempotency_hold(actor_name: str, owner: Optional[str], idempotency_key: str) -> str:
+    """What a job holds for its ``(actor, owner, idempotency_key)``; hashed like unique keys."""
+    return f"{actor_name}:{digest(canonical([owner, idempotency_key]))}"
+
+
 class RedisKeys:
     """Formats of the suite's Redis keys under one prefix."""
 

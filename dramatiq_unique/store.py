@@ -53,6 +53,23 @@ def insert(model: type[JobModel], fields: dict[str, Any]) -> int:
     return sql.insert(model, fields)
 
 
+class IdempotencyHeld(Exception):
+    """Internal: another job already holds the row's idempotency key."""
+
+    def __init__(self, job: JobModel) -> None:
+        super().__init__(job.message_id)
+        self.job = job
+
+
+def check_idempotency(model: type[JobModel], fields: dict[str, Any]) -> None:
+    """After an insert clashed: raise IdempotencyHeld if the idempotency key was the cause."""
+    hold = fields.get("idempotency_hold")
+    if hold:
+        holder = get(model, idempotency_hold=hold)
+        if holder is not None and holder.message_id != fields["message_id"]:
+            raise IdempotencyHeld(holder)
+
+
 def insert_holding(
     model: type[JobModel], fields: dict[str, Any], hold: str, window_ms: Optional[float]
 ) -> tuple[Optional[int], Optional[JobModel]]:
@@ -72,6 +89,7 @@ def insert_holding(
             # In autocommit a failed INSERT leaves nothing to roll back.
             return sql.insert(model, {**fields, "unique_hold": hold}), None
         except pw.IntegrityError:
+            check_idempotency(model, fields)
             holder = get(model, unique_hold=hold)
             if holder is None:
                 if get(model, message_id=fields["message_id"]) is not None:

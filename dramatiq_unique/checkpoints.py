@@ -1,0 +1,65 @@
+"""Multi-step jobs whose finished steps a retry does not redo.
+
+Each step's result is stored on the job row (``checkpoints``, in step
+order) in one write fenced by the attempt's ``fencing_token``: a worker
+whose lease ran out and whose job was started again cannot record a step.
+
+What this does not do: if the worker dies after a step's side effect and
+before the write, the retry runs the step again.  Make the side effect
+idempotent downstream by passing :func:`step_key` as the provider's
+idempotency key (Stripe's ``Idempotency-Key``, a unique constraint in
+your own table...): it is the same on every attempt of the job.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, TypeVar
+
+from . import sql
+from .context import JobContext, require
+from .errors import LockLost, NotSerializable
+from .models import dumps
+
+T = TypeVar("T")
+
+
+def step_key(name: str) -> str:
+    """A key for step ``name`` of the current job, the same on every attempt."""
+    job = require().job
+    return f"{job.message_id}:{name}"  # type: ignore[union-attr]
+
+
+def _check_fence(ctx: JobContext) -> None:
+    job = ctx.job
+    model = type(job)
+    token = model.select(model.fencing_token).where(model.id == job.id).scalar()  # type: ignore[union-attr]
+    if token != job.fencing_token:  # type: ignore[union-attr]
+        raise LockLost(f"job {job.message_id} was started again by a newer attempt")  # type: ignore[union-attr]
+
+
+def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` once per job; on a retry return its stored result.
+
+    The result must be JSON-serialisable; what is returned is its JSON
+    form, the same on the first attempt and on retries (a tuple comes back
+    as a list).  Raises :class:`NotSerializable` before the step is
+    recorded as done, and :class:`LockLost` if a newer attempt owns the job.
+    """
+    ctx = require()
+    job = ctx.job
+    assert job is not None
+    done = dict(job.checkpoints or {})
+    if name in done:
+        return done[name]
+    _check_fence(ctx)  # a zombie should not even start the step's side effect
+    result = fn(*args, **kwargs)
+    try:
+        stored = json.loads(dumps(result))
+    except (TypeError, ValueError) as e:
+        raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
+    done[name] = stored
+    if not sql.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done}):
+        raise LockLost(f"job {job.message_id} was started again by a newer attempt; step {name!r} not recorded")
+    job.checkpoints = done
+    return stored

@@ -1,0 +1,82 @@
+"""Idempotency keys: :func:`submit` returns the same job for the same key.
+
+The key is held in the job row's ``idempotency_hold`` column, under a
+unique index, so concurrent submits with one key create exactly one job
+on SQLite and PostgreSQL alike.  A key is scoped to ``(actor, owner)``
+and lives for the idempotency window (setting ``idempotency_window``,
+or the actor option of the same name); after it, the key may make a new
+job.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Optional, Union
+
+import dramatiq
+
+from . import store
+from .config import current
+from .errors import IdempotencyKeyReused, InvalidOption
+from .keys import bind_arguments, canonical, idempotency_hold
+from .models import JobModel, after_ms
+
+
+def submit(
+    actor: dramatiq.Actor,
+    *args: Any,
+    idempotency_key: Optional[str] = None,
+    owner: Optional[str] = None,
+    delay: Optional[Union[int, timedelta]] = None,
+    **kwargs: Any,
+) -> tuple[JobModel, bool]:
+    """Send a job unless the key already made one; returns ``(job, created)``.
+
+    With ``idempotency_key``, a later call for the same actor with the same
+    ``(owner, idempotency_key)`` within the window returns the same job,
+    whatever its state, and sends nothing; reusing a key with other
+    arguments raises :class:`IdempotencyKeyReused`.  Without a key it
+    behaves like ``send()`` under the actor's unique options and tells
+    whether a new job was made (``created=False``: a duplicate was skipped).
+    Meant for HTTP producers: 201 when created, 202 when not.
+    """
+    suite = current()
+    config = suite.actor_config(actor.actor_name)
+    if config is None:
+        raise InvalidOption(f"submit() needs a tracked actor: give {actor.actor_name} track=True or a suite option")
+    if isinstance(delay, timedelta):
+        delay = int(delay.total_seconds() * 1000)
+    model = config.model
+    options: dict[str, Any] = {}
+    hold = None
+    if idempotency_key is not None:
+        if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 255:
+            raise InvalidOption(f"idempotency_key must be a non-empty str of at most 255 characters, not {idempotency_key!r}")
+        owner = None if owner is None else str(owner)
+        hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
+        existing = store.get(model, idempotency_hold=hold)
+        if existing is not None:
+            window = config.get({}, "idempotency_window", suite.settings.idempotency_window)
+            if existing.created_at > after_ms(-window):
+                return _same_request(config.fn, existing, args, kwargs), False
+            # The key outlived its window: it may make a new job.
+            model.update(idempotency_hold=None).where(
+                (model.id == existing.id) & (model.idempotency_hold == hold)
+            ).execute()
+        options = {"idempotency_key": idempotency_key, "owner": owner}
+    message = actor.message_with_options(args=args, kwargs=kwargs, **options)
+    sent = actor.broker.enqueue(message, delay=delay)
+    job = store.get(model, message_id=sent.message_id)
+    if job is None:  # pragma: no cover - the row is written before the message is published
+        raise LookupError(f"no job row for message {sent.message_id}")
+    created = sent.message_id == message.message_id
+    if not created and hold is not None and job.idempotency_hold == hold:
+        _same_request(config.fn, job, args, kwargs)  # a racing submit with this key won
+    return job, created
+
+
+def _same_request(fn: Any, job: JobModel, args: tuple, kwargs: dict) -> JobModel:
+    """``job`` if it was made with these arguments; else the key was reused: an error, as Stripe does."""
+    if canonical(bind_arguments(fn, tuple(job.args), job.kwargs)) != canonical(bind_arguments(fn, args, kwargs)):
+        raise IdempotencyKeyReused(f"key {job.idempotency_key!r} made job {job.message_id} with other arguments", job=job)
+    return job
