@@ -47,12 +47,12 @@ def create_table(db: pw.Database) -> None:
         db.create_tables([FenceModel], safe=True)
 
 
-_statements: dict[tuple, tuple[str, str, str]] = {}
+_statements: dict[tuple, tuple[str, str]] = {}
 _statements_lock = threading.Lock()
 
 
-def _sql(model: type["JobModel"]) -> tuple[str, str, str]:
-    """The three statements for ``model``'s table, in its database's dialect (built once)."""
+def _sql(model: type["JobModel"]) -> tuple[str, str]:
+    """The two statements for ``model``'s table, in its database's dialect (built once)."""
     db = model._meta.database
     # Keyed by what the text depends on (not by id(db), which a new database may reuse).
     cache_key = (model._meta.table_name, model._meta.schema, db.param, tuple(db.quote))
@@ -78,12 +78,9 @@ def _sql(model: type["JobModel"]) -> tuple[str, str, str]:
         f"({q('status')} = {p} AND {q('fencing_token')} < {p} AND {q('id')} <> {p}) "
         f"OR ({q('id')} = {p} AND {q('parked_on')} IS NOT NULL))"
     )
-    revoke_row = (
-        f"UPDATE {jobs} SET {q('fencing_token')} = {p} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
-    )
     with _statements_lock:
-        _statements[cache_key] = (draw, revoke_key, revoke_row)
-    return draw, revoke_key, revoke_row
+        _statements[cache_key] = (draw, revoke_key)
+    return draw, revoke_key
 
 
 def draw(model: type["JobModel"], key: str, job_id: Optional[int] = None) -> int:
@@ -93,25 +90,12 @@ def draw(model: type["JobModel"], key: str, job_id: Optional[int] = None) -> int
     their attempts lost the lock, and can record nothing any more.
     """
     db = model._meta.database
-    sql_draw, sql_revoke, _ = _sql(model)
+    sql_draw, sql_revoke = _sql(model)
     own = -1 if job_id is None else int(job_id)
     with db.atomic():
         token = int(db.execute_sql(sql_draw, [key]).fetchone()[0])
         db.execute_sql(sql_revoke, [own, token, own, key, JobStatus.RUNNING.value, token, own, own])
     return token
-
-
-def revoke(model: type["JobModel"], job_id: int, token: int, key: Optional[str]) -> bool:
-    """Take one attempt off its row (it lost its lock): the row's token moves past ``token``.
-
-    Returns whether the row still carried ``token``.  The row keeps its
-    status and lease; the re-drive settles it once the lease runs out.
-    """
-    db = model._meta.database
-    sql_draw, _, sql_revoke_row = _sql(model)
-    with db.atomic():
-        newer = int(db.execute_sql(sql_draw, [key]).fetchone()[0]) if key else token + 1
-        return db.execute_sql(sql_revoke_row, [newer, job_id, token]).rowcount > 0
 
 
 def current(db: pw.Database, key: str) -> int:

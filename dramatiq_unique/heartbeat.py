@@ -9,10 +9,11 @@ What a heartbeat renews lives in the attempt's context (``ctx.extras``):
   by the attempt's token (a newer attempt owns the row otherwise).
 
 A lost lease is remembered in the context (``LOST``): every later
-``heartbeat()`` raises at once, and the attempt's row is taken off it
-(its fencing token moves on), so the attempt records no outcome even if
-the actor swallows the exception and returns normally.  The row stays
-``running`` until its lease runs out and the re-drive settles it.
+``heartbeat()`` raises at once, and JobTracking does not record the
+attempt as succeeded even if the actor swallows the exception and
+returns: the row goes to ``retrying``, for the re-drive to send again.
+If another attempt took the key meanwhile, drawing its fencing token
+already took this attempt off its row, and nothing is recorded at all.
 
 Async actors: Dramatiq runs them on its event-loop thread.  asyncio
 copies the caller's context variables into the coroutine's task
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import peewee as pw
 from dramatiq.asyncio import async_to_sync
 
-from . import context, fencing
+from . import context
 from . import options as opt
 from .errors import DatabaseUnavailable, LockLost
 from .models import after_ms
@@ -104,24 +105,17 @@ def _renew_row(ctx: "JobContext") -> float:
         raise DatabaseUnavailable(f"renewing the lease of job {job.message_id}: {e}") from e
     if not renewed:
         error = LockLost(f"job {job.message_id} was taken over by a newer attempt")
-        give_up(ctx, error, revoke=False)
+        give_up(ctx, error)
         raise error
     ctx.extras[_LEASE_WRITTEN] = now
     return ttl / 1000
 
 
-def give_up(ctx: "JobContext", error: LockLost, *, revoke: bool = True) -> None:
-    """Remember that the attempt lost its hold, and take it off its row so it records nothing."""
+def give_up(ctx: "JobContext", error: LockLost) -> None:
+    """Remember that the attempt lost its hold: it must not be recorded as succeeded."""
     ctx.extras[LOST] = error
     job = ctx.job
-    if not revoke or job is None:
-        return
-    try:
-        fencing.revoke(type(job), job.id, job.fencing_token, job.unique_key)
-    except Exception:
-        # The fenced writes may still land; the lost lock is logged at least.
-        logger.exception("Could not fence out job %s after it lost its lock.", job.message_id)
-    logger.warning("Job %s lost its lock: %s", job.message_id, error.detail)
+    logger.warning("Job %s lost its lease: %s", job.message_id if job else "?", error.detail)
 
 
 def carry_context(actor: "dramatiq.Actor") -> None:

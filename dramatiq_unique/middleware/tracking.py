@@ -168,6 +168,10 @@ class JobTracking(Middleware):
                         status=JobStatus.FAILED.value, finished_at=now, last_error="rejected before it started"
                     ).where(config.model.id == marker["id"]).execute()
             return
+        if exception is None and ctx.extras.get("lock_lost") is not None:
+            # heartbeat() raised LockLost and the actor returned anyway: not a success.
+            # Nothing re-sends it (Retries saw no error): retrying, for the re-drive.
+            exception = ctx.extras["lock_lost"]
         if exception is None and not message.failed:
             done = store.finish(
                 config.model, job, release_hold=release, status=JobStatus.SUCCEEDED.value,
