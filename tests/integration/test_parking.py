@@ -1,0 +1,235 @@
+"""Parking (dramatiq_unique.parking) as a primitive: park, hand over, wake, recover.
+
+Uses a small gate of its own (a Redis lock per group, as a concurrency
+slot of one would be), on real Redis with SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Optional
+
+import dramatiq
+import pytest
+
+from dramatiq_unique import JobModel, parking
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.locks import new_token
+from dramatiq_unique.models import utcnow
+from dramatiq_unique.parking import GroupInfo
+
+ORDER = {"value": "created_at"}
+
+
+class TestGate:
+    """Groups ``t:<name>``, each a Redis lock; jobs in the shared table."""
+
+    __test__ = False
+    kind = "t"
+    atomic_release = True
+
+    def __init__(self, suite, flags: str, ttl_ms: float = 5_000) -> None:
+        self.suite, self.flags, self.ttl_ms = suite, flags, ttl_ms
+
+    def name(self, group: str) -> str:
+        return f"{self.suite.keys.prefix}:test-gate:{group}"
+
+    def describe(self, group: str) -> Optional[GroupInfo]:
+        return GroupInfo(JobModel, ORDER["value"], self.ttl_ms)
+
+    def take(self, group, ttl_ms):
+        return self.suite.locks.acquire(self.name(group), ttl_ms, new_token())[0]
+
+    def pass_to(self, group, token, ttl_ms):
+        fresh = new_token()
+        return fresh if self.suite.locks.transfer(self.name(group), token, fresh, ttl_ms) else None
+
+    def release_unless_flagged(self, group, token):
+        return self.suite.locks.release_unless(self.name(group), token, self.flags, group)
+
+    def release(self, group, token):
+        self.suite.locks.release(self.name(group), token)
+
+    def retry_in(self, group):
+        return self.suite.locks.pttl(self.name(group))
+
+
+class Delivery:
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
+        self.options = {MARKER: {"qt": f"queue-lock-of-{message_id}", "wake": {"g": "old"}}, "retries": 2}
+
+
+@pytest.fixture
+def park(suite):
+    ORDER["value"] = "created_at"
+    spot = parking.of(suite)
+    gate = TestGate(suite, spot.flags)
+    spot.register(gate)
+    return spot, gate
+
+
+def new_row(n: int, **fields) -> JobModel:
+    return JobModel.create(message_id=f"job-{n}", actor_name="parked_actor", queue_name="default",
+                           args=[n], options={MARKER: {"qt": "x"}}, **fields)
+
+
+def park_row(spot, gate, group, job: JobModel) -> bool:
+    return spot.park(gate, group, Delivery(job.message_id), JobModel, job.id, job.revision, retry_in_ms=60_000)
+
+
+def sent(broker) -> list[dramatiq.Message]:
+    """Messages the broker holds in the default queue, in queue order."""
+    ids = broker.client.lrange(f"{broker.namespace}:default", 0, -1)
+    return [dramatiq.Message.decode(broker.client.hget(f"{broker.namespace}:default.msgs", i)) for i in ids]
+
+
+def test_a_parked_job_waits_and_each_release_wakes_exactly_one_in_order(park, broker):
+    spot, gate = park
+    holder = gate.take("t:g", 5_000)
+    jobs = [new_row(n) for n in range(3)]
+    assert all(park_row(spot, gate, "t:g", job) for job in jobs)
+
+    row = JobModel.get_by_id(jobs[0].id)
+    assert (row.status, row.parked_on, row.options["retries"]) == ("pending", "t:g", 2)
+    assert spot.is_flagged("t:g") and sent(broker) == []
+
+    spot.leave(gate, "t:g", holder)
+    first = sent(broker)
+    assert [m.message_id for m in first] == ["job-0"], "one waiter per release"
+    message = first[0]
+    wake = message.options[MARKER].pop("wake")
+    assert message.options[MARKER] == {"qt": "queue-lock-of-job-0", "id": jobs[0].id, "rev": 0}
+    assert message.args == (0,) and message.options["retries"] == 2
+    assert (JobModel.get_by_id(jobs[0].id).status, JobModel.get_by_id(jobs[0].id).parked_on) == ("queued", None)
+    assert gate.take("t:g", 1000) is None, "the gate is reserved for the woken job"
+
+    spot.leave(gate, "t:g", wake["t"])  # the woken job ran and leaves
+    assert [m.message_id for m in sent(broker)] == ["job-0", "job-1"]
+    spot.leave(gate, "t:g", sent(broker)[1].options[MARKER]["wake"]["t"])
+    spot.leave(gate, "t:g", sent(broker)[2].options[MARKER]["wake"]["t"])
+    assert len(sent(broker)) == 3 and not spot.is_flagged("t:g")
+    assert gate.take("t:g", 1000) is not None, "released once nobody waits"
+
+
+def test_process_after_order_serves_the_first_ready(park, broker):
+    spot, gate = park
+    ORDER["value"] = "process_after"
+    holder = gate.take("t:g", 5_000)
+    now = utcnow()
+    late = new_row(0, process_after=now - timedelta(seconds=1))
+    early = new_row(1, process_after=now - timedelta(seconds=5))
+    for job in (late, early):
+        park_row(spot, gate, "t:g", job)
+    spot.leave(gate, "t:g", holder)
+    assert [m.message_id for m in sent(broker)] == ["job-1"]
+
+
+def test_a_waiter_that_parks_as_the_holder_leaves_wakes_itself(park, broker):
+    """Given a free gate (its holder left before the waiter parked), then the
+    waiter's own second look takes the gate and wakes the head of the queue."""
+    spot, gate = park
+    job = new_row(0)
+    assert park_row(spot, gate, "t:g", job)
+    assert [m.message_id for m in sent(broker)] == ["job-0"]
+    assert JobModel.get_by_id(job.id).status == "queued"
+
+
+def test_only_waiting_jobs_park(park):
+    spot, gate = park
+    gate.take("t:g", 5_000)
+    running = new_row(0, status="running", lease_until=utcnow() + timedelta(seconds=30))
+    crashed = new_row(1, status="running", lease_until=utcnow() - timedelta(seconds=1))
+    finished = new_row(2, status="succeeded")
+    replaced = new_row(3, revision=1)
+    assert not park_row(spot, gate, "t:g", running), "a live attempt: this is a duplicate delivery"
+    assert park_row(spot, gate, "t:g", crashed), "a crashed attempt of this job: it waits again"
+    assert not park_row(spot, gate, "t:g", finished)
+    assert not spot.park(gate, "t:g", Delivery("job-3"), JobModel, replaced.id, 0, retry_in_ms=1000)
+
+
+def test_a_parked_job_not_yet_due_is_not_woken(park, broker):
+    """A parked job given a later due time ("replace") waits for its own message."""
+    spot, gate = park
+    holder = gate.take("t:g", 5_000)
+    job = new_row(0)
+    park_row(spot, gate, "t:g", job)
+    JobModel.update(process_after=utcnow() + timedelta(minutes=5)).where(JobModel.id == job.id).execute()
+    spot.leave(gate, "t:g", holder)
+    assert sent(broker) == [] and JobModel.get_by_id(job.id).parked_on == "t:g"
+    assert gate.take("t:g", 1000) is not None
+
+
+def test_the_watchdog_wakes_the_waiters_of_a_dead_holder(park, broker):
+    """Given a holder that died (its lease of 300 ms runs out, nobody leaves),
+    then a watchdog pass before the expiry does nothing and one after wakes."""
+    spot, gate = park
+    gate.take("t:g", 300)
+    job = new_row(0)
+    spot.park(gate, "t:g", Delivery(job.message_id), JobModel, job.id, 0, retry_in_ms=gate.retry_in("t:g"))
+    assert spot.tick() == 0 and sent(broker) == []
+    threading.Event().wait(0.4)
+    assert spot.tick() == 1
+    assert [m.message_id for m in sent(broker)] == ["job-0"]
+
+
+def test_wake_orphans_recovers_from_lost_flags(park, broker, redis_client):
+    """Given parked jobs whose Redis flags were lost, then wake_orphans() wakes
+    those whose gate is free, and restores the flag of those whose gate is held."""
+    spot, gate = park
+    free, held = new_row(0), new_row(1)
+    gate.take("t:free", 300)
+    holder = gate.take("t:held", 5_000)
+    park_row(spot, gate, "t:free", free)
+    park_row(spot, gate, "t:held", held)
+    redis_client.delete(spot.flags)
+    threading.Event().wait(0.4)
+
+    assert parking.wake_orphans(spot.suite) == 1
+    assert [m.message_id for m in sent(broker)] == ["job-0"]
+    assert JobModel.get_by_id(held.id).parked_on == "t:held" and spot.is_flagged("t:held")
+    spot.leave(gate, "t:held", holder)
+    assert [m.message_id for m in sent(broker)] == ["job-0", "job-1"]
+
+
+def test_many_waiters_and_releases_at_once_strand_nobody(park, broker):
+    """Given 8 threads parking 40 jobs while holders come and go, then every job
+    is woken exactly once, without the watchdog."""
+    spot, gate = park
+    jobs = [new_row(n) for n in range(40)]
+    barrier = threading.Barrier(8)
+    errors = []
+
+    def waiter(chunk):
+        try:
+            barrier.wait(10)
+            for job in chunk:
+                token = gate.take("t:g", 5_000)
+                if token is not None:  # it got the gate: it "runs" and leaves
+                    JobModel.update(status="succeeded").where(JobModel.id == job.id).execute()
+                    spot.leave(gate, "t:g", token)
+                else:
+                    park_row(spot, gate, "t:g", job)
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    threads = [threading.Thread(target=waiter, args=(jobs[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    # Play the woken jobs: each runs and leaves, until nothing is left.
+    seen = set()
+    for _ in range(100):
+        fresh = [m for m in sent(broker) if m.message_id not in seen]
+        if not fresh:
+            break
+        for message in fresh:
+            seen.add(message.message_id)
+            JobModel.update(status="succeeded").where(JobModel.message_id == message.message_id).execute()
+            spot.leave(gate, "t:g", message.options[MARKER]["wake"]["t"])
+    statuses = [str(j.status) for j in JobModel.select().order_by(JobModel.id)]
+    assert statuses == ["succeeded"] * 40, "no waiter stranded"
+    assert len(seen) == len(sent(broker)), "none woken twice"

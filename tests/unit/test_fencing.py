@@ -1,0 +1,59 @@
+"""Unit tests of dramatiq_unique.fencing on a throw-away SQLite file (no services)."""
+
+from __future__ import annotations
+
+import peewee as pw
+import pytest
+
+from dramatiq_unique import JobModel, fencing
+from dramatiq_unique.models import open_database
+
+
+class Jobs(JobModel):
+    class Meta:
+        table_name = "fencing_unit_jobs"
+
+
+@pytest.fixture
+def db(tmp_path):
+    database = open_database(f"sqlite:///{tmp_path / 'fences.db'}")
+    Jobs.bind(database, bind_refs=False, bind_backrefs=False)
+    database.create_tables([Jobs])
+    fencing.create_table(database)
+    yield database
+    database.close()
+
+
+def job(**fields) -> Jobs:
+    n = Jobs.select().count()
+    return Jobs.create(message_id=f"m{n}", actor_name="a", queue_name="default", **fields)
+
+
+def test_tokens_grow_per_key_and_keys_are_independent(db):
+    assert [fencing.draw(Jobs, "a:k") for _ in range(3)] == [1, 2, 3]
+    assert fencing.draw(Jobs, "a:other") == 1
+    assert fencing.draw(Jobs, "a:k") == 4
+    assert fencing.current(db, "a:k") == 4 and fencing.current(db, "a:none") == 0
+
+
+def test_drawing_fences_out_older_running_attempts_of_the_key(db):
+    zombie = job(unique_key="a:k", status="running", fencing_token=fencing.draw(Jobs, "a:k"))
+    done = job(unique_key="a:k", status="succeeded", fencing_token=zombie.fencing_token)
+    other = job(unique_key="a:other", status="running", fencing_token=1)
+    parked = job(unique_key="a:k", status="pending", parked_on="lock:a:k")
+
+    token = fencing.draw(Jobs, "a:k", parked.id)
+
+    assert Jobs.get_by_id(zombie.id).fencing_token == token > zombie.fencing_token
+    assert Jobs.get_by_id(done.id).fencing_token == done.fencing_token, "finished rows keep their token"
+    assert Jobs.get_by_id(other.id).fencing_token == 1, "other keys are untouched"
+    mine = Jobs.get_by_id(parked.id)
+    assert mine.parked_on is None and mine.fencing_token == 0, "the drawing job's row is only unparked"
+
+
+def test_a_draw_is_one_transaction(db):
+    with pytest.raises(pw.IntegrityError):
+        with db.atomic():
+            fencing.draw(Jobs, "a:k")
+            raise pw.IntegrityError("roll it back")
+    assert fencing.current(db, "a:k") == 0
