@@ -28,9 +28,12 @@ from .errors import RedisUnavailable
 # nothing else in the process (Dramatiq's encoder included) changes.
 _json_dumps = json.dumps
 import pottery  # noqa: E402
-from pottery.exceptions import PotteryError  # noqa: E402
+from pottery.exceptions import PotteryError, PrimitiveError  # noqa: E402
 
 json.dumps = _json_dumps
+
+# pottery's quorum errors (QuorumIsImpossible, QuorumNotAchieved) are PrimitiveErrors, not PotteryErrors.
+_ERRORS = (redis.RedisError, PotteryError, PrimitiveError)
 
 #: The prefix pottery gives lock keys.
 KEY_PREFIX = "redlock"
@@ -128,7 +131,7 @@ class Locks:
             if lock.acquire(blocking=False):
                 return lock._uuid, None
             return None, None
-        except (redis.RedisError, PotteryError) as e:
+        except _ERRORS as e:
             raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
 
     def force(self, name: str, token: str, ttl_ms: float) -> Optional[str]:
@@ -154,7 +157,7 @@ class Locks:
             return True
         except pottery.ReleaseUnlockedLock:
             return False
-        except (redis.RedisError, PotteryError) as e:
+        except _ERRORS as e:
             raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
 
     def extend(self, name: str, token: str, ttl_ms: float) -> bool:
@@ -166,7 +169,7 @@ class Locks:
             return True
         except pottery.ExtendUnlockedLock:
             return False
-        except (redis.RedisError, PotteryError) as e:
+        except _ERRORS as e:
             raise RedisUnavailable(f"extending lock {name!r}: {e}") from e
 
     def ttl(self, name: str, token: str) -> float:
@@ -176,7 +179,7 @@ class Locks:
                 left = self._pttl(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
                 return float(max(left, 0))
             return self._redlock(name, token=token).locked() * 1000
-        except (redis.RedisError, PotteryError) as e:
+        except _ERRORS as e:
             raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
 
     def transfer(self, name: str, token: str, new_token: str, ttl_ms: float) -> bool:

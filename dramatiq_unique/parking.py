@@ -240,9 +240,14 @@ class Parking:
         logger.debug("Job %s parked on %s.", message.message_id, group)
         try:
             self.flag(group, retry_in_ms)
+        except redis_lib.RedisError:
+            logger.warning("Parked job %s but could not flag %s: the holder looks in the database.",
+                           message.message_id, group)
+        try:
             token = gate.take(group, gate_ttl(gate, group))
-        except (DependencyUnavailable, redis_lib.RedisError):
-            logger.warning("Parked job %s but could not flag %s; the re-drive wakes it.", message.message_id, group)
+        except DependencyUnavailable:
+            logger.warning("Parked job %s; could not look at %s again: the re-drive wakes it if need be.",
+                           message.message_id, group)
             return True
         if token is not None:  # the holder left meanwhile: wake the head of the queue ourselves
             self.pass_on(gate, group, token)
@@ -292,10 +297,18 @@ class Parking:
                         raise
                     return row
                 # Nobody left: clear the flag, then look again (a waiter flags after it parks).
-                self.suite.redis.zrem(self.flags, group)
+                try:
+                    self.suite.redis.zrem(self.flags, group)
+                    flags = True
+                except redis_lib.RedisError:  # the first master is down: go by the database alone
+                    flags = False
                 if self._any_parked(info, group):
-                    self.flag(group, 0)
+                    if flags:
+                        self.flag(group, 0)
                     continue
+                if not flags:
+                    gate.release(group, token)
+                    return None
                 outcome = gate.release_unless_flagged(group, token)
                 if outcome == KEPT:
                     continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import statistics
 import threading
 import time
@@ -332,7 +333,10 @@ def test_redis_unreachable_means_no_unlocked_run(broker, database_url, key_prefi
     """Given a suite whose Redis does not answer, then a while_executing job
     does not run: its message fails with RedisUnavailable and Retries sends
     it again later."""
-    suite = dramatiq_unique.setup(broker, database=database_url, redis="redis://127.0.0.1:6409/0",
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    suite = dramatiq_unique.setup(broker, database=database_url, redis=f"redis://127.0.0.1:{dead}/0",
                                   key_prefix=key_prefix, redriver=False)
     ran = []
 

@@ -1,0 +1,187 @@
+"""Locks over three Redis masters (dramatiq_unique.locks, pottery's Redlock), with masters stopped.
+
+Each test starts its own three ``redis-server`` processes on free loopback
+ports in 6401-6409 (nothing persisted) and stops them afterwards; the
+shared Redis only carries the broker.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+import time
+from typing import Iterator
+
+import dramatiq
+import pytest
+import redis
+
+import dramatiq_unique
+from dramatiq_unique import RedisUnavailable, current_job, heartbeat
+from dramatiq_unique.locks import KEPT, NOT_HELD, RELEASED, Locks, new_token
+from tests.helpers import wait_until
+
+PORTS = range(6401, 6410)
+
+
+class RedisServer:
+    """A throw-away redis-server on a free port of PORTS."""
+
+    def __init__(self, taken: set[int]) -> None:
+        for port in PORTS:
+            if port in taken or not _free(port):
+                continue
+            process = subprocess.Popen(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--daemonize", "no"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            client = redis.Redis(port=port, socket_timeout=1)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and process.poll() is None:
+                try:
+                    client.ping()
+                    self.port, self.process, self.url = port, process, f"redis://127.0.0.1:{port}/0"
+                    client.close()
+                    return
+                except redis.ConnectionError:
+                    time.sleep(0.02)
+            process.kill()
+            process.wait(5)
+        raise RuntimeError("no free port for a redis-server in 6401-6409")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as redis-server binds
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+@pytest.fixture
+def masters() -> Iterator[list[RedisServer]]:
+    servers: list[RedisServer] = []
+    try:
+        for _ in range(3):
+            servers.append(RedisServer({s.port for s in servers}))
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def clients(servers) -> list[redis.Redis]:
+    # Short timeouts: a stopped master must fail fast, not hang the lock.
+    return [redis.Redis.from_url(s.url, socket_timeout=0.5, socket_connect_timeout=0.5) for s in servers]
+
+
+def test_three_masters_lock_like_one(masters):
+    locks = Locks(clients(masters))
+    token, _ = locks.acquire("job", 2_000)
+    assert token is not None and locks.acquire("job", 2_000) == (None, None)
+    assert all(locks.extend("job", token, 2_000) for _ in range(20)), "no limit on extensions"
+    assert 1_500 < locks.ttl("job", token) <= 2_000 and 1_500 < locks.pttl("job") <= 2_000
+    fresh = new_token()
+    assert locks.transfer("job", token, fresh, 2_000)
+    assert not locks.extend("job", token, 2_000) and locks.extend("job", fresh, 2_000)
+    flags = clients(masters)[0]
+    flags.zadd("flags", {"lock:job": 1})
+    assert locks.release_unless("job", fresh, "flags", "lock:job") == KEPT
+    flags.zrem("flags", "lock:job")
+    assert locks.release_unless("job", fresh, "flags", "lock:job") == RELEASED
+    assert locks.release_unless("job", fresh, "flags", "lock:job") == NOT_HELD
+    assert locks.pttl("job") == 0 and locks.acquire("job", 1_000)[0] is not None
+
+
+@pytest.mark.slow
+def test_locks_work_with_one_master_of_three_stopped_and_refuse_with_two(masters):
+    locks = Locks(clients(masters))
+    masters[1].stop()
+    token, _ = locks.acquire("job", 2_000)
+    assert token is not None and locks.acquire("job", 2_000)[0] is None
+    assert locks.extend("job", token, 2_000) and locks.transfer("job", token, "next", 2_000)
+    assert locks.release("job", "next") and locks.pttl("job") == 0
+    masters[2].stop()
+    for attempt in (lambda: locks.acquire("job", 2_000), lambda: locks.extend("job", "next", 2_000),
+                    lambda: locks.transfer("job", "next", "other", 2_000), lambda: locks.pttl("job")):
+        with pytest.raises(RedisUnavailable):
+            attempt()
+
+
+def lock_suite(broker, database_url, key_prefix, masters):
+    return dramatiq_unique.setup(broker, database=database_url, redis=clients(masters), key_prefix=key_prefix,
+                                 redriver=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stopped", [0, 2])
+def test_jobs_keep_their_execution_locks_with_a_master_stopped(broker, database_url, key_prefix, masters, stopped):
+    """Given three masters of which one is stopped (the first one holds the
+    wake-up flags), then jobs of one key still run one at a time, heartbeat
+    renews their lock, and each waiting job is woken."""
+    suite = lock_suite(broker, database_url, key_prefix, masters)
+    spans = []
+    lock = threading.Lock()
+
+    @dramatiq.actor(unique_args=["key"], unique_lock="while_executing", unique_ttl=3_000)
+    def step(key, i):
+        start = time.monotonic()
+        time.sleep(0.05)
+        left = heartbeat()
+        with lock:
+            spans.append((start, time.monotonic(), i, current_job().fencing_token, left))
+
+    masters[stopped].stop()
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker.start()
+    try:
+        for i in range(5):
+            step.send("k", i)
+        wait_until(lambda: len(spans) == 5, timeout=30, what="five jobs")
+    finally:
+        worker.stop(timeout=10_000)
+        suite.db.close()
+    spans.sort()
+    for (s1, e1, *_), (s2, *_) in zip(spans, spans[1:]):
+        assert s2 >= e1
+    assert [t for *_, t, _ in spans] == sorted(t for *_, t, _ in spans)
+    assert all(2.0 < left <= 3.0 for *_, left in spans)
+
+
+@pytest.mark.slow
+def test_with_two_masters_of_three_stopped_no_job_runs_unlocked(broker, database_url, key_prefix, masters):
+    suite = lock_suite(broker, database_url, key_prefix, masters)
+    ran = []
+
+    @dramatiq.actor(unique_args=["key"], unique_lock="while_executing", min_backoff=60_000, max_backoff=60_000)
+    def guarded(key):
+        ran.append(key)
+
+    masters[1].stop()
+    masters[2].stop()
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        message = guarded.send("k")
+        delayed = f"{broker.namespace}:default.DQ.msgs"
+        wait_until(lambda: broker.client.hlen(delayed) == 1, timeout=15, what="the retry in the delay queue")
+    finally:
+        worker.stop(timeout=10_000)
+        suite.db.close()
+    assert ran == []
+    assert dramatiq_unique.get_job(message.message_id).status not in ("running", "succeeded")
+    retry = dramatiq.Message.decode(next(iter(broker.client.hvals(delayed))))
+    assert "RedisUnavailable" in retry.options["traceback"]
