@@ -1,7 +1,7 @@
 """Dramatiq middlewares for jobs that must not run twice, must not run
 too many at once, and must not be lost."""
 
-from .api import get_job, setup
+from .api import get_job, redrive, setup, start_redriver, transaction
 from .config import Suite
 from .context import current_job
 from .errors import (
@@ -16,8 +16,9 @@ from .errors import (
     RedisUnavailable,
 )
 from .heartbeat import heartbeat
-from .middleware import ExecutionLocks, JobTracking
+from .middleware import ExecutionLocks, JobTracking, Redriver
 from .models import JobModel, JobStatus
+from .redrive import RedriveCounts
 
 __version__ = "0.1.0"
 
@@ -35,9 +36,14 @@ __all__ = [
     "NotConfigured",
     "NotInJob",
     "RedisUnavailable",
+    "RedriveCounts",
+    "Redriver",
     "Suite",
     "current_job",
     "get_job",
     "heartbeat",
+    "redrive",
     "setup",
+    "start_redriver",
+    "transaction",
 ]

@@ -12,7 +12,10 @@ from dramatiq.middleware import Retries
 from . import config as _config
 from . import store
 from .config import RedisSpec, Suite
-from .middleware import ExecutionLocks, JobTracking
+from .middleware import ExecutionLocks, JobTracking, Redriver
+from .outbox import transaction  # noqa: F401  (public API)
+from .redrive import redrive  # noqa: F401  (public API)
+from .scheduler import start_redriver  # noqa: F401  (public API)
 from .models import JobModel
 
 
@@ -32,6 +35,7 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     # Before JobTracking: the lock is taken before the row is marked running,
     # and handed on after the outcome is recorded.
     broker.add_middleware(ExecutionLocks(suite=suite), before=JobTracking)
+    broker.add_middleware(Redriver(suite=suite))  # starts the re-drive after worker boot if `redriver`
     _ResultWarningFilter.install(suite)
     _config.set_current(suite)
     return suite

@@ -11,6 +11,7 @@ expired Redis lock only sends the next sender down the slower path.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import logging
@@ -20,7 +21,7 @@ import peewee as pw
 from dramatiq.common import q_name
 
 from . import options as opt
-from . import store
+from . import outbox, store
 from .context import MARKER, active
 from .errors import DramatiqUniqueError, DuplicateJob
 from .keys import bind_arguments, derive_key
@@ -51,6 +52,17 @@ class _Redirect(DramatiqUniqueError):
 _created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
 # A queue lock the wrapper took before the broker's enqueue: (message id, key, token).
 _prelocked: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("dramatiq_unique_prelocked", default=None)
+# Set while the suite re-sends a job (re-drive, outbox): it records the broker's id itself.
+_resending: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_resending", default=False)
+
+
+@contextlib.contextmanager
+def resending():
+    token = _resending.set(True)
+    try:
+        yield
+    finally:
+        _resending.reset(token)
 
 
 def install_enqueue(broker: "Broker", suite: "Suite") -> None:
@@ -73,7 +85,12 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
             if redirect.resend is None:
                 return message.copy(message_id=redirect.message_id)
             resent = message.copy(message_id=redirect.message_id, options={MARKER: redirect.resend["marker"]})
+            held = outbox.active()
+            if held is not None:
+                return held.defer(broker, resent, delay).message
             return original(resent, delay=delay)
+        except outbox.Deferred as deferred:  # inside transaction(): published after commit
+            return deferred.message
         except BaseException:
             # Nothing was published (the broker or a later middleware
             # failed): a row left behind would be a phantom job.
@@ -96,7 +113,7 @@ def _skip_early(suite: "Suite", message: "Message", delay: Optional[int]) -> Opt
     broker copies, encodes or announces the message.  Returns the holder's message id,
     or None to go on (having taken the lock, if it was free)."""
     config = suite.actor_config(message.actor_name)
-    if config is None or MARKER in message.options or not suite.locks.single:
+    if config is None or MARKER in message.options or not suite.locks.single or outbox.active() is not None:
         return None
     opts = message.options
     spec = config.get(opts, "unique_args")
@@ -130,6 +147,8 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
         "created_at": now,
         "enqueued_at": now,
         "process_after": after_ms(delay, now),
+        # The Redis broker's id for this delivery; other brokers have none: the message id says "published".
+        "broker_ref": message.options.get("redis_message_id") or message.message_id,
     }
     if config.extra_fields:
         bound = bind_arguments(config.fn, message.args, message.kwargs)
@@ -151,6 +170,9 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         key = derive_key(config.actor_name, config.fn, config.get(opts, "unique_args"), message.args, message.kwargs)
     fields = row_fields(config, message, delay)
     fields["unique_key"] = key
+    held = outbox.active()
+    if held is not None:  # not in the broker until the caller's transaction commits
+        fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
     lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
     model = config.model
     if key is None or lock not in opt.QUEUE_LOCKS:
@@ -169,6 +191,8 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         marker = fields["options"][MARKER]
     marker.update(id=row_id, rev=revision)
     opts[MARKER] = marker
+    if held is not None:
+        raise held.defer(suite.broker, message, delay, (model, row_id, revision))
 
 
 def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optional[str], suite: "Suite") -> None:
@@ -187,14 +211,24 @@ def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optio
 def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
+    model = config.model
+    ref = message.options.get("redis_message_id")
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
-        return  # promotion from a delay queue or a re-send by the suite: the row is current
+        # A promotion from a delay queue (the broker gives it a new id, which the
+        # lost-message check looks up) or a re-send by the suite (which records it).
+        if ref and not _resending.get():
+            model.update(broker_ref=ref, missing_since=None).where(model.id == message.options[MARKER]["id"]).execute()
+        return
     # Retries re-enqueues the running message: the same job, due again later.
     ctx.retry_enqueued = True
-    model = config.model
-    model.update(status=JobStatus.RETRYING.value, process_after=after_ms(delay), enqueued_at=utcnow()).where(
-        (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
-    ).execute()
+    model.update(
+        status=JobStatus.RETRYING.value, process_after=after_ms(delay), enqueued_at=utcnow(),
+        broker_ref=ref or message.message_id, missing_since=None,
+    ).where((model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)).execute()
+    created = _created.get()
+    if created is not None:
+        # If the publish fails, JobTracking records a retry that the re-drive must send.
+        created.append(lambda: setattr(ctx, "retry_enqueued", False))
 
 
 def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional[int]) -> float:
@@ -221,6 +255,9 @@ def _insert_unique(
     prelocked = _prelocked.get()
     if prelocked is not None and prelocked[0] == message.message_id:
         token, holder_token = prelocked[2], None  # taken by the wrapper's fast path
+    elif outbox.active() is not None:
+        # A lock taken for a send that is then rolled back would name no job: the index decides.
+        token, holder_token = None, None
     else:
         token, holder_token = suite.locks.acquire(lock_name, ttl, token=message.message_id)
     if token is None and holder_token and holder_token != message.message_id and conflict == "skip":
@@ -234,7 +271,7 @@ def _insert_unique(
                 suite.locks.release(lock_name, token)
             raise
         if row_id is not None:
-            if token is None:
+            if token is None and outbox.active() is None:
                 # The Redis lock outlived its holder's hold: it is ours now.
                 token = suite.locks.force(lock_name, message.message_id, ttl)
             _created_row(config.model, row_id, lock_name, token, suite)

@@ -14,7 +14,7 @@ from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
 
 from .. import context
 from .. import options as opt
-from .. import store
+from .. import outbox, store
 from ..config import Suite
 from ..context import MARKER
 from ..enqueue import install_enqueue, on_enqueue, row_fields
@@ -73,6 +73,9 @@ class JobTracking(Middleware):
     def before_enqueue(self, broker, message, delay) -> None:
         config = self.suite.actor_config(message.actor_name)
         if config is None:
+            held = outbox.active()
+            if held is not None and getattr(broker.enqueue, "_dramatiq_unique", False):
+                raise held.defer(broker, message, delay)  # untracked, inside transaction(): after commit
             return
         try:
             on_enqueue(self.suite, config, message, delay)
@@ -190,7 +193,7 @@ class JobTracking(Middleware):
             # the row says when it is due, and the re-drive sends it then.
             done = store.finish(
                 config.model, job, release_hold=False, status=JobStatus.RETRYING.value, lease_until=None,
-                process_after=after_ms(config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF), now),
+                enqueued_at=None, process_after=after_ms(config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF), now),
                 last_error=format_error(exception),
             )
             release = False

@@ -1,0 +1,107 @@
+"""Helpers for the durable-job tests: broker wipes, broker contents, re-drive passes, workers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from typing import Any, Iterator
+
+import dramatiq
+import redis
+
+from dramatiq_unique.redrive import CONFIRM_AFTER, RedriveCounts, redrive
+
+
+def wipe_broker(broker: Any) -> int:
+    """Delete every key of a Redis broker's namespace (its queues, delay queues, unacked sets)."""
+    keys = list(broker.client.scan_iter(match=f"{broker.namespace}:*", count=1000))
+    if keys:
+        broker.client.delete(*keys)
+    return len(keys)
+
+
+def broker_messages(broker: Any, queue_name: str = "default") -> list[dict]:
+    """Every message the Redis broker holds for a queue and its delay queue, decoded."""
+    out = []
+    for name in (queue_name, f"{queue_name}.DQ"):
+        for data in broker.client.hvals(f"{broker.namespace}:{name}.msgs"):
+            out.append(json.loads(data))
+    return out
+
+
+def passes(n: int = 2, **kwargs: Any) -> list[RedriveCounts]:
+    """``n`` re-drive passes, far enough apart for a miss in one to be confirmed by the next."""
+    out = []
+    for i in range(n):
+        if i:
+            time.sleep(CONFIRM_AFTER / 1000 + 0.05)
+        out.append(redrive(**kwargs))
+    return out
+
+
+def total(counts: list[RedriveCounts], name: str) -> int:
+    return sum(getattr(c, name) for c in counts)
+
+
+@contextlib.contextmanager
+def running_worker(broker: Any, threads: int = 2) -> Iterator[dramatiq.Worker]:
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=threads)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop(timeout=10_000)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A throwaway redis-server on a spare port, without persistence: stopping it loses everything."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is needed on PATH"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise AssertionError(f"redis-server on port {self.port} did not start")
+                time.sleep(0.02)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+def env_for_children(**values: str) -> dict[str, str]:
+    return {**os.environ, **values}

@@ -1,0 +1,380 @@
+"""The re-drive (dramatiq_unique.redrive): due jobs, lost messages, pruning, one pass at a time.
+
+Real Redis broker, SQLite and PostgreSQL.  "Redis lost the message" is
+simulated by deleting this test's own broker keys, never anyone else's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import dramatiq
+import pytest
+from dramatiq.brokers.redis import RedisBroker
+
+import dramatiq_unique
+from dramatiq_unique import JobModel, current_job
+from dramatiq_unique.models import utcnow
+from dramatiq_unique.redrive import run_pass
+from tests.conftest import REDIS_URL
+from tests.durable import broker_messages, passes, running_worker, total, wipe_broker
+from tests.helpers import wait_until
+
+LOST_AFTER = 100  # ms
+
+
+@pytest.fixture
+def fast(suite):
+    """The suite with short timings, so a message counts as lost within a second."""
+    suite.settings.lost_after = LOST_AFTER
+    return suite
+
+
+def job_of(message):
+    return dramatiq_unique.get_job(message.message_id)
+
+
+def overdue() -> None:
+    time.sleep(LOST_AFTER / 1000 + 0.05)
+
+
+def test_a_job_whose_message_redis_lost_is_sent_again_and_runs_once(fast, broker):
+    """Given a queued job whose message was wiped from Redis, when two passes miss it,
+    then the second sends it again, and a worker runs it once."""
+    runs = []
+
+    @dramatiq.actor(track=True)
+    def report(n):
+        runs.append(n)
+        return current_job().attempts
+
+    message = report.send(7)
+    assert wipe_broker(broker) > 0
+    overdue()
+    first, second = passes(2)
+    assert (first.missing, first.lost, first.sent) == (1, 0, 0)
+    assert (second.lost, second.redriven) == (1, 1)
+    job = job_of(message)
+    assert job.status == "queued" and job.revision == 1 and job.broker_ref
+    assert [m["message_id"] for m in broker_messages(broker)] == [message.message_id]
+
+    with running_worker(broker):
+        wait_until(lambda: job_of(message).status == "succeeded", timeout=10)
+    assert runs == [7] and job_of(message).result == 1  # it had never started: this is attempt 1
+    assert total(passes(2), "lost") == 0  # a finished job is left alone
+
+
+def test_with_on_lost_fail_a_lost_job_is_marked_failed_and_frees_its_key(fast, broker):
+    fast.settings.on_lost = "fail"
+
+    @dramatiq.actor(unique_args=["n"], unique_lock="until_executed")
+    def report(n):
+        pass
+
+    message = report.send(1)
+    assert report.send(1).message_id == message.message_id  # the key is held
+    wipe_broker(broker)
+    overdue()
+    counts = passes(2)
+    assert (total(counts, "lost"), total(counts, "failed"), total(counts, "redriven")) == (1, 1, 0)
+    job = job_of(message)
+    assert job.status == "failed" and "lost while waiting" in job.last_error and job.finished_at
+    assert report.send(1).message_id != message.message_id  # a person looks at the failed one; new sends go on
+
+
+def test_a_message_present_in_the_broker_is_never_redriven(fast, broker):
+    @dramatiq.actor(track=True)
+    def report():
+        pass
+
+    message = report.send()
+    overdue()
+    counts = passes(3)
+    assert total(counts, "missing") == 0 and total(counts, "redriven") == 0
+    job = job_of(message)
+    assert job.checked_at is not None and job.revision == 0
+    assert len(broker_messages(broker)) == 1
+
+
+def test_a_queued_delayed_job_is_never_redriven_early(fast, broker):
+    """Given a job delayed by 1.5 s whose message is gone, passes before it is due
+    plus lost_after do nothing; after that it is found and sent."""
+
+    @dramatiq.actor(track=True)
+    def later():
+        pass
+
+    message = later.send_with_options(delay=1500)
+    present = passes(2)
+    wipe_broker(broker)
+    early = passes(3)
+    assert all(c.missing == c.lost == c.sent == 0 for c in present + early)
+    assert job_of(message).revision == 0
+    deadline = job_of(message).process_after + timedelta(milliseconds=LOST_AFTER)
+    time.sleep(max(0.0, (deadline - utcnow()).total_seconds()) + 0.05)
+    assert total(passes(2), "redriven") == 1
+
+
+def test_a_delayed_job_in_the_delay_queue_is_present_after_it_is_due(fast, broker):
+    @dramatiq.actor(track=True)
+    def later():
+        pass
+
+    message = later.send_with_options(delay=50)
+    time.sleep(0.05 + LOST_AFTER / 1000 + 0.05)
+    counts = passes(2)  # due, overdue, no worker: still in the delay queue
+    assert total(counts, "missing") == 0 and job_of(message).checked_at is not None
+
+
+def test_a_lost_running_job_is_redriven_and_the_stale_attempt_cannot_record(fast, broker):
+    """Given a job running past its lease whose message Redis lost, when the re-drive
+    sends it again, then the new attempt runs, and the first one's outcome is fenced out."""
+    release = threading.Event()
+    attempts = []
+
+    @dramatiq.actor(track=True, unique_ttl=200, max_retries=3)
+    def slow():
+        attempt = current_job().attempts
+        attempts.append(attempt)
+        if attempt == 1:
+            release.wait(10)
+        return attempt
+
+    message = slow.send()
+    with running_worker(broker, threads=2):
+        wait_until(lambda: attempts == [1], timeout=10)
+        wipe_broker(broker)  # its message and the worker's unacked set
+        time.sleep(0.2 + LOST_AFTER / 1000 + 0.05)
+        counts = passes(2)
+        assert total(counts, "redriven") == 1
+        wait_until(lambda: job_of(message).status == "succeeded", timeout=10)
+        release.set()
+        time.sleep(0.2)
+    job = job_of(message)
+    assert attempts == [1, 2] and job.attempts == 2 and job.result == 2 and job.revision == 1
+
+
+def test_a_lost_running_job_out_of_retries_is_marked_failed(fast, broker):
+    release = threading.Event()
+    started = []
+
+    @dramatiq.actor(track=True, unique_ttl=200, max_retries=0)
+    def slow():
+        started.append(1)
+        release.wait(10)
+
+    message = slow.send()
+    with running_worker(broker):
+        wait_until(lambda: started, timeout=10)
+        wipe_broker(broker)
+        time.sleep(0.2 + LOST_AFTER / 1000 + 0.05)
+        counts = passes(2)
+        assert (total(counts, "lost"), total(counts, "failed"), total(counts, "redriven")) == (1, 1, 0)
+        job = job_of(message)
+        assert job.status == "failed" and "retries are exhausted" in job.last_error
+        # The attempt was alive after all: no newer attempt exists, so its outcome is the truth.
+        release.set()
+        wait_until(lambda: job_of(message).status == "succeeded", timeout=10)
+    assert started == [1]
+
+
+def test_a_running_job_whose_message_a_live_worker_holds_is_left_alone(fast, broker):
+    release = threading.Event()
+    started = []
+
+    @dramatiq.actor(track=True, unique_ttl=100)
+    def stuck():
+        started.append(1)
+        release.wait(10)
+
+    message = stuck.send()
+    with running_worker(broker):
+        wait_until(lambda: started, timeout=10)
+        time.sleep(0.1 + LOST_AFTER / 1000 + 0.05)
+        counts = passes(2)
+        release.set()
+        wait_until(lambda: job_of(message).status == "succeeded", timeout=10)
+    assert total(counts, "missing") == total(counts, "requeued") == 0 and started == [1]
+
+
+def test_a_message_held_by_a_dead_consumer_is_handed_back_to_its_queue(fast, broker):
+    """Given a consumer that fetched a message and died (no heartbeat), the pass runs
+    Dramatiq's own maintenance for that queue, and a live worker then runs the job."""
+
+    @dramatiq.actor(track=True)
+    def report():
+        return "done"
+
+    message = report.send()
+    dead = RedisBroker(url=REDIS_URL, namespace=broker.namespace)  # another process, in effect
+    consumer = dead.consume("default", prefetch=1, timeout=100)
+    wait_until(lambda: next(consumer), timeout=5)  # fetched: now in its unacked set
+    broker.client.zadd(f"{broker.namespace}:__heartbeats__", {dead.broker_id: 0})  # it died long ago
+    dead.close()
+    overdue()
+    counts = passes(1)
+    assert counts[0].requeued == 1 and counts[0].missing == 0
+    assert broker.client.llen(f"{broker.namespace}:default") == 1
+    with running_worker(broker):
+        wait_until(lambda: job_of(message).status == "succeeded", timeout=10)
+
+
+def test_a_dead_lettered_message_marks_its_job_failed(fast, broker):
+    @dramatiq.actor(track=True)
+    def report():
+        pass
+
+    message = report.send()
+    # A job whose outcome was never written (say the database was down) but
+    # whose message the broker dead-lettered: the broker's word is final.
+    consumer = broker.consume("default", prefetch=1, timeout=100)
+    proxy = wait_until(lambda: next(consumer), timeout=5)
+    consumer.nack(proxy)
+    overdue()
+    assert passes(1)[0].failed == 1
+    assert "dead-lettered" in job_of(message).last_error
+
+
+def test_due_pending_and_unsent_retrying_jobs_are_sent_in_pages(fast, broker):
+    fast.settings.redrive_page_size = 3
+
+    @dramatiq.actor(track=True)
+    def report(n):
+        pass
+
+    messages = [report.send(n) for n in range(10)]
+    wipe_broker(broker)
+    ids = [job_of(m).id for m in messages]
+    # As the outbox leaves them when the broker is down at commit, and as a
+    # retry that could not be enqueued is left: not in the broker, due.
+    JobModel.update(status="pending", enqueued_at=None).where(JobModel.id.in_(ids[:7])).execute()
+    JobModel.update(status="retrying", enqueued_at=None, attempts=1).where(JobModel.id.in_(ids[7:])).execute()
+    JobModel.update(parked_on="some-slot").where(JobModel.id == ids[0]).execute()  # waits for a slot: not sent
+    counts = passes(1)[0]
+    assert counts.sent == 9
+    sent = broker_messages(broker)
+    assert sorted(m["message_id"] for m in sent) == sorted(m.message_id for m in messages[1:])
+    retried = [m for m in sent if m["args"][0] >= 7]
+    assert all(m["options"]["retries"] == 1 for m in retried)  # Retries keeps counting
+    assert job_of(messages[0]).status == "pending"
+    assert all(job_of(m).status == "queued" and job_of(m).broker_ref for m in messages[1:])
+
+
+def test_pending_jobs_are_sent_in_created_at_order(fast, broker):
+    @dramatiq.actor(track=True)
+    def step(n):
+        pass
+
+    messages = [step.send(n) for n in range(5)]
+    wipe_broker(broker)
+    ids = [job_of(m).id for m in messages]
+    JobModel.update(status="pending", enqueued_at=None, process_after=utcnow()).where(JobModel.id.in_(ids)).execute()
+    passes(1)
+    queue = [broker.client.hget(f"{broker.namespace}:default.msgs", rid) for rid in
+             broker.client.lrange(f"{broker.namespace}:default", 0, -1)]
+    assert [dramatiq.Message.decode(q).args[0] for q in queue] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("contended", [False, True], ids=["lock-bypassed", "lock-contended"])
+def test_two_redrivers_at_once_never_send_a_job_twice(fast, broker, contended):
+    """Given 300 due jobs, when two passes run at the same instant (both bypassing the
+    pass lock, or both asking for it), then every job is sent exactly once."""
+    fast.settings.redrive_page_size = 25
+
+    @dramatiq.actor(track=True)
+    def report(n):
+        pass
+
+    messages = [report.send(n) for n in range(300)]
+    wipe_broker(broker)
+    JobModel.update(status="pending", enqueued_at=None).execute()
+    barrier = threading.Barrier(2)
+    results, errors = [], []
+
+    def redriver() -> None:
+        try:
+            barrier.wait(10)
+            for _ in range(3):
+                results.append(dramatiq_unique.redrive() if contended else run_pass(fast, broker))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+        finally:
+            fast.close()
+
+    threads = [threading.Thread(target=redriver) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    sent = [m["message_id"] for m in broker_messages(broker)]
+    assert len(sent) == len(set(sent)) == 300 == total(results, "sent")
+    assert set(sent) == {m.message_id for m in messages}
+    assert JobModel.select().where(JobModel.revision != 1).count() == 0
+
+
+def test_only_one_pass_runs_at_a_time(fast, broker):
+    token, _ = fast.locks.acquire(fast.keys.redrive_lock(), 5_000)
+    try:
+        assert dramatiq_unique.redrive().ran is False
+    finally:
+        fast.locks.release(fast.keys.redrive_lock(), token)
+    assert dramatiq_unique.redrive().ran is True
+
+
+def test_a_duplicate_delivery_of_a_finished_job_is_skipped(fast, broker):
+    """Given a job that succeeded, when its message is delivered again (a worker
+    crashed after the job but before the ack), then it is not run again."""
+    from dramatiq_unique.claims import build_message
+
+    runs = []
+
+    @dramatiq.actor(track=True)
+    def charge(amount):
+        runs.append(amount)
+
+    message = charge.send(10)
+    with running_worker(broker):
+        wait_until(lambda: job_of(message).status == "succeeded", timeout=10)
+        broker.enqueue(build_message(job_of(message)))  # the same job, delivered again
+        broker.join("default", timeout=10_000)
+        time.sleep(0.1)
+    job = job_of(message)
+    assert runs == [10] and job.status == "succeeded" and job.attempts == 1
+
+
+def test_finished_rows_are_pruned_after_the_retention(fast, broker):
+    fast.settings.retention = fast.settings.idempotency_window = 60_000
+    fast.settings.redrive_page_size = 2
+
+    @dramatiq.actor(track=True)
+    def report(n):
+        pass
+
+    messages = [report.send(n) for n in range(6)]
+    wipe_broker(broker)
+    old = utcnow() - timedelta(minutes=5)
+    ids = [job_of(m).id for m in messages]
+    JobModel.update(status="succeeded", finished_at=old).where(JobModel.id.in_(ids[:3])).execute()
+    JobModel.update(status="failed", finished_at=old).where(JobModel.id == ids[3]).execute()
+    JobModel.update(status="succeeded", finished_at=utcnow()).where(JobModel.id == ids[4]).execute()
+    JobModel.update(status="pending", enqueued_at=None, process_after=utcnow() + timedelta(hours=1)).where(
+        JobModel.id == ids[5]
+    ).execute()
+    assert passes(1)[0].pruned == 4
+    assert [row.id for row in JobModel.select().order_by(JobModel.id)] == ids[4:]
+
+
+def test_redrive_can_be_given_the_broker(fast, broker):
+    @dramatiq.actor(track=True)
+    def report():
+        pass
+
+    message = report.send()
+    wipe_broker(broker)
+    JobModel.update(status="pending", enqueued_at=None).execute()
+    counts = dramatiq_unique.redrive(broker)
+    assert counts.sent == 1 and counts.as_dict()["sent"] == 1
+    assert broker_messages(broker)[0]["message_id"] == message.message_id
