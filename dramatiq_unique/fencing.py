@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Optional
 
 import peewee as pw
 
-from .models import JobStatus
+from .models import JobStatus, is_postgres
 
 if TYPE_CHECKING:
     from .models import JobModel
@@ -47,15 +47,19 @@ def create_table(db: pw.Database) -> None:
         db.create_tables([FenceModel], safe=True)
 
 
-_statements: dict[tuple, tuple[str, str]] = {}
+_statements: dict[tuple, tuple[str, Optional[str]]] = {}
 _statements_lock = threading.Lock()
 
 
-def _sql(model: type["JobModel"]) -> tuple[str, str]:
-    """The two statements for ``model``'s table, in its database's dialect (built once)."""
+def _sql(model: type["JobModel"]) -> tuple[str, Optional[str]]:
+    """The statements of a draw for ``model``'s table, built once per dialect.
+
+    PostgreSQL: one statement (the revocation in a data-modifying CTE).
+    SQLite: the draw, then the revocation.
+    """
     db = model._meta.database
     # Keyed by what the text depends on (not by id(db), which a new database may reuse).
-    cache_key = (model._meta.table_name, model._meta.schema, db.param, tuple(db.quote))
+    cache_key = (model._meta.table_name, model._meta.schema, db.param, tuple(db.quote), is_postgres(db))
     found = _statements.get(cache_key)
     if found is not None:
         return found
@@ -68,33 +72,44 @@ def _sql(model: type["JobModel"]) -> tuple[str, str]:
         f"ON CONFLICT ({q('key')}) DO UPDATE SET {q('token')} = {q(TABLE)}.{q('token')} + 1 "
         f"RETURNING {q('token')}"
     )
+    token = f"(SELECT {q('token')} FROM drawn)" if is_postgres(db) else p
     # Rows of the key still running under an older token lose their attempt;
     # the drawing job's own row stops being parked (it runs now).
-    revoke_key = (
+    revoke = (
         f"UPDATE {jobs} SET "
-        f"{q('fencing_token')} = CASE WHEN {q('id')} = {p} THEN {q('fencing_token')} ELSE {p} END, "
+        f"{q('fencing_token')} = CASE WHEN {q('id')} = {p} THEN {q('fencing_token')} ELSE {token} END, "
         f"{q('parked_on')} = CASE WHEN {q('id')} = {p} THEN NULL ELSE {q('parked_on')} END "
         f"WHERE {q('unique_key')} = {p} AND ("
-        f"({q('status')} = {p} AND {q('fencing_token')} < {p} AND {q('id')} <> {p}) "
+        f"({q('status')} = {p} AND {q('fencing_token')} < {token} AND {q('id')} <> {p}) "
         f"OR ({q('id')} = {p} AND {q('parked_on')} IS NOT NULL))"
     )
+    statements: tuple[str, Optional[str]]
+    if is_postgres(db):
+        statements = (f"WITH drawn AS ({draw}), revoked AS ({revoke}) SELECT {q('token')} FROM drawn", None)
+    else:
+        statements = (draw, revoke)
     with _statements_lock:
-        _statements[cache_key] = (draw, revoke_key)
-    return draw, revoke_key
+        _statements[cache_key] = statements
+    return statements
 
 
 def draw(model: type["JobModel"], key: str, job_id: Optional[int] = None) -> int:
     """The key's next token, for job ``job_id`` about to run.
 
     Rows of the key still running under an older token are fenced out:
-    their attempts lost the lock, and can record nothing any more.
+    their attempts lost the lock, and can record nothing any more.  No
+    transaction is needed around the two steps on SQLite: a draw that
+    is not followed by its revocation (a crash, an error) runs no job,
+    and the next draw of the key revokes the same rows.
     """
     db = model._meta.database
-    sql_draw, sql_revoke = _sql(model)
+    first, then = _sql(model)
     own = -1 if job_id is None else int(job_id)
-    with db.atomic():
-        token = int(db.execute_sql(sql_draw, [key]).fetchone()[0])
-        db.execute_sql(sql_revoke, [own, token, own, key, JobStatus.RUNNING.value, token, own, own])
+    running = JobStatus.RUNNING.value
+    if then is None:
+        return int(db.execute_sql(first, [key, own, own, key, running, own, own]).fetchone()[0])
+    token = int(db.execute_sql(first, [key]).fetchone()[0])
+    db.execute_sql(then, [own, token, own, key, running, token, own, own])
     return token
 
 

@@ -51,7 +51,7 @@ def test_drawing_fences_out_older_running_attempts_of_the_key(db):
     assert mine.parked_on is None and mine.fencing_token == 0, "the drawing job's row is only unparked"
 
 
-def test_a_draw_is_one_transaction(db):
+def test_a_draw_inside_a_rolled_back_transaction_leaves_nothing(db):
     with pytest.raises(pw.IntegrityError):
         with db.atomic():
             fencing.draw(Jobs, "a:k")
