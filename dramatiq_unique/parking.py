@@ -35,15 +35,8 @@ the waiter's second try finds the gate free and wakes the head of the
 queue itself.
 
 Delivery.  A woken message goes straight to this process's own worker
-when it can (:meth:`Parking._deliver_locally`), not through a broker
-queue that an idle consumer polls with back-off up to ``worker_timeout``
-(a second by default): the releasing worker already consumes that queue.
-For the Redis broker the message is written exactly as the broker's
-``fetch`` would leave it (message body in the queue's ``.msgs`` hash, id
-in this worker's ack set) and put on the worker's work queue, so it is
-acked, requeued on shutdown and recovered after a crash by Dramatiq's
-own mechanisms.  Elsewhere (other brokers, a busy worker, no worker in
-this process) it is published with ``broker.enqueue``.
+when it can, not through a broker queue that an idle consumer polls
+with back-off (see :mod:`dramatiq_unique.delivery`).
 
 Recovery.  A wake-up can be lost: the holder was killed (its lock frees
 itself after its lease), or a process died between claiming a row and
@@ -66,24 +59,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 import redis as redis_lib
-from dramatiq import Message
-from dramatiq.broker import MessageProxy
-from dramatiq.common import current_millis
 
 from .context import MARKER
+from .delivery import Delivery, job_options, rebuild
 from .errors import DependencyUnavailable
 from .models import WAITING, JobModel, JobStatus, utcnow
-
-try:  # Dramatiq 2.x; without it every wake-up goes through the broker.
-    from dramatiq.brokers.redis import RedisBroker
-    from dramatiq.worker import _WorkQueueItem
-except ImportError:  # pragma: no cover
-    RedisBroker = _WorkQueueItem = None  # type: ignore[assignment,misc]
+from .wakeups import Flags, Watchdog
 
 if TYPE_CHECKING:
     import dramatiq
@@ -106,36 +91,8 @@ WAKE = "wake"
 #: Outcomes of :meth:`Gate.release_unless_flagged` (the same values as :mod:`dramatiq_unique.locks`).
 NOT_HELD, RELEASED, KEPT = 0, 1, 2
 
-# Message options that belong to one delivery, not to the job.
-_TRANSIENT = frozenset({"redis_message_id", "eta", "traceback", "requeue_timestamp"})
 # Set on a message proxy that was parked, for the log filter below.
 _PARKED = "_dramatiq_unique_parked"
-
-# KEYS[1] flags; ARGV member, delay ms.  Flag a group due in delay ms (an earlier score is kept).
-_FLAG = """
-local t = redis.call('time')
-local due = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])
-local score = redis.call('zscore', KEYS[1], ARGV[1])
-if not score or tonumber(score) > due then redis.call('zadd', KEYS[1], due, ARGV[1]) end
-return due
-"""
-# KEYS[1] flags; ARGV member, delay ms.  Look at a flagged group again later.
-_RESCORE = """
-local t = redis.call('time')
-return redis.call('zadd', KEYS[1], 'XX', t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2]), ARGV[1])
-"""
-# KEYS[1] flags; ARGV limit.  The groups that came due.
-_DUE = """
-local t = redis.call('time')
-return redis.call('zrangebyscore', KEYS[1], '-inf', t[1] * 1000 + math.floor(t[2] / 1000), 'LIMIT', 0, ARGV[1])
-"""
-# KEYS[1] queue's message hash, KEYS[2] this worker's ack set; ARGV id, body.
-# What the Redis broker's enqueue followed by this worker's fetch would leave.
-_CLAIM = """
-redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-redis.call('sadd', KEYS[2], ARGV[1])
-return 1
-"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,18 +144,22 @@ class Parking:
     def __init__(self, suite: "Suite") -> None:
         self.suite = suite
         self.gates: dict[str, Gate] = {}
-        self.flags = suite.keys.wakeups()
-        #: Deliver woken messages to this process's worker when possible.
-        self.local_handoff = True
+        self.wakeups = Flags(suite.redis, suite.keys.wakeups())
+        #: The Redis key of the wake-up flags.
+        self.flags = self.wakeups.key
+        self.delivery = Delivery(lambda: suite.broker)
         self.wake_interval = DEFAULT_WAKE_INTERVAL
-        self._flag = suite.redis.register_script(_FLAG)
-        self._rescore = suite.redis.register_script(_RESCORE)
-        self._due = suite.redis.register_script(_DUE)
-        self._claim_script: Any = None
-        self._worker: "Optional[dramatiq.Worker]" = None
-        self._watchdog: Optional[threading.Thread] = None
-        self._stop = threading.Event()
+        self._watchdog: Optional[Watchdog] = None
         self._lock = threading.Lock()
+
+    @property
+    def local_handoff(self) -> bool:
+        """Whether woken jobs go to this process's worker when possible (see :mod:`dramatiq_unique.delivery`)."""
+        return self.delivery.local
+
+    @local_handoff.setter
+    def local_handoff(self, value: bool) -> None:
+        self.delivery.local = value
 
     def register(self, gate: Gate) -> None:
         self.gates[gate.kind] = gate
@@ -218,9 +179,9 @@ class Parking:
         duplicate), or it finished or was replaced: the caller drops the
         message.  On True the caller acks the message without running it.
         """
-        options = {k: v for k, v in message.options.items() if k not in _TRANSIENT}
-        marker = {k: v for k, v in (options.get(MARKER) or {}).items() if k != WAKE}
-        options[MARKER] = marker
+        marker = dict(message.options.get(MARKER) or {})
+        reserved = marker.pop(WAKE, None)
+        options = job_options(message.options, marker)
         now = utcnow()
         parked = (
             model.update(status=JobStatus.PENDING.value, parked_on=group, options=options)
@@ -234,12 +195,14 @@ class Parking:
         )
         if not parked:
             return False
+        if isinstance(reserved, dict) and reserved.get("g") != group:
+            self._hand_on(reserved)  # woken for another gate, which it must not sit on while parked
         # This delivery ends here: Results must not store a None for it.
         message.options["store_results"] = False
         setattr(message, _PARKED, True)
         logger.debug("Job %s parked on %s.", message.message_id, group)
         try:
-            self.flag(group, retry_in_ms)
+            self.wakeups.flag(group, retry_in_ms)
         except redis_lib.RedisError:
             logger.warning("Parked job %s but could not flag %s: the holder looks in the database.",
                            message.message_id, group)
@@ -269,6 +232,14 @@ class Parking:
             # the flag: whoever parked must not be stranded.
             self._wake_if_flagged(gate, group)
 
+    def _hand_on(self, reserved: dict) -> None:
+        gate = self.gate_for(str(reserved.get("g", "")))
+        if gate is not None:
+            try:
+                self.leave(gate, reserved["g"], reserved["t"])
+            except Exception:
+                logger.exception("Could not hand on %s; it frees itself when its lease runs out.", reserved.get("g"))
+
     def pass_on(self, gate: Gate, group: str, token: str) -> Optional[JobModel]:
         """Holding ``group``'s gate under ``token``: wake the next parked job, or release the gate.
 
@@ -280,7 +251,7 @@ class Parking:
         try:
             if info is None:  # no actor of this group here: leave it to a process that has one
                 gate.release(group, token)
-                self.rescore(group, RETRY_DELAY)
+                self.wakeups.rescore(group, RETRY_DELAY)
                 return None
             for _ in range(MAX_ROUNDS):
                 row = self._claim_next(info, group)
@@ -291,20 +262,21 @@ class Parking:
                         return None
                     token = grant
                     try:
-                        self._deliver(row, group, grant)
+                        self.delivery.send(rebuild(row, {WAKE: {"g": group, "t": grant}}))
+                        logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
                         self._unclaim(info.model, row, group)
                         raise
                     return row
                 # Nobody left: clear the flag, then look again (a waiter flags after it parks).
                 try:
-                    self.suite.redis.zrem(self.flags, group)
+                    self.wakeups.clear(group)
                     flags = True
                 except redis_lib.RedisError:  # the first master is down: go by the database alone
                     flags = False
                 if self._any_parked(info, group):
                     if flags:
-                        self.flag(group, 0)
+                        self.wakeups.flag(group, 0)
                     continue
                 if not flags:
                     gate.release(group, token)
@@ -312,7 +284,7 @@ class Parking:
                 outcome = gate.release_unless_flagged(group, token)
                 if outcome == KEPT:
                     continue
-                if outcome == RELEASED and not gate.atomic_release and self.is_flagged(group):
+                if outcome == RELEASED and not gate.atomic_release and self.wakeups.is_flagged(group):
                     again = gate.take(group, info.ttl_ms)
                     if again is not None:
                         token = again
@@ -323,14 +295,14 @@ class Parking:
             logger.exception("Could not wake the next job waiting on %s; the watchdog tries again.", group)
             try:
                 gate.release(group, token)
-                self.flag(group, RETRY_DELAY)
+                self.wakeups.flag(group, RETRY_DELAY)
             except Exception:  # Redis is down too: the lock expires and the re-drive wakes
                 pass
             return None
 
     def _wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
         try:
-            if not self.is_flagged(group):
+            if not self.wakeups.is_flagged(group):
                 return None
             token = gate.take(group, gate_ttl(gate, group))
         except (DependencyUnavailable, redis_lib.RedisError):
@@ -375,110 +347,28 @@ class Parking:
         model = info.model
         return model.select(model.id).where(self._due_parked(model, group, utcnow())).exists()
 
-    # -- flags -------------------------------------------------------------------
-
-    def flag(self, group: str, delay_ms: float) -> None:
-        """Flag ``group`` as having waiters, due for a look in ``delay_ms`` (an earlier look is kept)."""
-        self._flag(keys=[self.flags], args=[group, int(max(delay_ms, 0))])
-
-    def rescore(self, group: str, delay_ms: float) -> None:
-        self._rescore(keys=[self.flags], args=[group, int(max(delay_ms, 0))])
-
-    def is_flagged(self, group: str) -> bool:
-        return self.suite.redis.zscore(self.flags, group) is not None
-
-    # -- delivery ------------------------------------------------------------------
-
-    def _deliver(self, row: JobModel, group: str, token: str) -> None:
-        options = {k: v for k, v in (row.options or {}).items() if k not in _TRANSIENT}
-        marker = dict(options.get(MARKER) or {})
-        marker.update(id=row.id, rev=row.revision)
-        marker[WAKE] = {"g": group, "t": token}
-        options[MARKER] = marker
-        message = Message(
-            queue_name=row.queue_name,
-            actor_name=row.actor_name,
-            args=tuple(row.args or ()),
-            kwargs=dict(row.kwargs or {}),
-            options=options,
-            message_id=row.message_id,
-            message_timestamp=current_millis(),
-        )
-        if not self._deliver_locally(message):
-            broker = self.suite.broker
-            if broker is None:
-                raise RuntimeError("the suite has no broker to send woken jobs through")
-            broker.enqueue(message)
-        logger.debug("Woke job %s waiting on %s.", row.message_id, group)
-
-    def _deliver_locally(self, message: Message) -> bool:
-        """Hand ``message`` to this process's worker, as if its consumer had just fetched it."""
-        worker, broker = self._worker, self.suite.broker
-        if not self.local_handoff or worker is None or _WorkQueueItem is None or not isinstance(broker, RedisBroker):
-            return False
-        consumer = worker.consumers.get(message.queue_name)
-        if consumer is None or not consumer.running or worker.broker is not broker:
-            return False
-        # A busy worker would make the job wait behind its backlog; another process may be idle.
-        if worker.work_queue.qsize() >= worker.worker_threads:
-            return False
-        try:
-            actor = broker.get_actor(message.actor_name)
-        except Exception:
-            return False
-        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
-        broker.emit_before("enqueue", message, None)
-        if self._claim_script is None:
-            self._claim_script = broker.client.register_script(_CLAIM)
-        queue = message.queue_name
-        self._claim_script(
-            keys=[f"{broker.namespace}:{queue}.msgs", f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}"],
-            args=[message.options["redis_message_id"], message.encode()],
-        )
-        broker.emit_after("enqueue", message, None)
-        proxy = MessageProxy(Message.decode(message.encode()))
-        worker.work_queue.put(_WorkQueueItem(actor.priority, proxy))
-        return True
-
     # -- the watchdog ----------------------------------------------------------------
 
     def attach(self, worker: "dramatiq.Worker") -> None:
         """Called at worker boot: deliver woken jobs locally, and start the watchdog."""
         with self._lock:
-            self._worker = worker
-            if self._watchdog is None or not self._watchdog.is_alive():
-                self._stop.clear()
-                self._watchdog = threading.Thread(target=self._watch, name="dramatiq_unique-wakeups", daemon=True)
-                self._watchdog.start()
+            self.delivery.worker = worker
+            if self._watchdog is None or not self._watchdog.alive():
+                self._watchdog = Watchdog(self.tick, lambda: self.wake_interval, self.suite.close)
 
     def detach(self, worker: "dramatiq.Worker") -> None:
         """Called at worker shutdown: back to the broker for deliveries; stop the watchdog."""
         with self._lock:
-            if self._worker is worker:
-                self._worker = None
+            if self.delivery.worker is worker:
+                self.delivery.worker = None
             watchdog, self._watchdog = self._watchdog, None
-        self._stop.set()
-        if watchdog is not None and watchdog is not threading.current_thread():
-            watchdog.join(timeout=5)
-
-    def _watch(self) -> None:
-        failures = 0
-        try:
-            while not self._stop.wait(self.wake_interval / 1000 * min(2**failures, 20)):
-                try:
-                    self.tick()
-                    failures = 0
-                except Exception:
-                    failures += 1
-                    logger.warning("Wake-up watchdog pass failed; trying again.", exc_info=failures == 1)
-        finally:
-            self.suite.close()
+        if watchdog is not None:
+            watchdog.stop()
 
     def tick(self, limit: int = DEFAULT_PAGE) -> int:
         """One watchdog pass: wake the head of every flagged group whose holder's lease ran out."""
         woken = 0
-        for raw in self._due(keys=[self.flags], args=[limit]):
-            group = raw.decode() if isinstance(raw, bytes) else raw
+        for group in self.wakeups.due(limit):
             woken += self._wake_group(group) is not None
         return woken
 
@@ -486,11 +376,11 @@ class Parking:
         gate = self.gate_for(group)
         info = gate.describe(group) if gate is not None else None
         if gate is None or info is None:
-            self.rescore(group, RETRY_DELAY)
+            self.wakeups.rescore(group, RETRY_DELAY)
             return None
         token = gate.take(group, info.ttl_ms)
         if token is None:  # still held: look again when that lease runs out
-            self.rescore(group, max(gate.retry_in(group), 50) + 10)
+            self.wakeups.rescore(group, max(gate.retry_in(group), 50) + 10)
             return None
         return self.pass_on(gate, group, token)
 
@@ -508,7 +398,7 @@ class Parking:
             for (group,) in list(groups):
                 if self.gate_for(group) is None:
                     continue
-                self.flag(group, 0)  # Redis may have lost it
+                self.wakeups.flag(group, 0)  # Redis may have lost it
                 woken += self._wake_group(group) is not None
         return woken
 

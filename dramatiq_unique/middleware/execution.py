@@ -155,7 +155,11 @@ class ExecutionLocks(Middleware):
         name = self.gate.name(group)
         ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
         marker = opts.get(MARKER)
-        wake = marker.pop(parking.WAKE, None) if isinstance(marker, dict) else None
+        wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None
+        if isinstance(wake, dict) and wake.get("g") == group:
+            del marker[parking.WAKE]  # woken for this lock: it was handed to us (another gate's stays)
+        else:
+            wake = None
         token = self._enter(name, group, ttl, wake)
         if token is None:
             self._park(config, message, key, group, ttl)

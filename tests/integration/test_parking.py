@@ -93,7 +93,7 @@ def test_a_parked_job_waits_and_each_release_wakes_exactly_one_in_order(park, br
 
     row = JobModel.get_by_id(jobs[0].id)
     assert (row.status, row.parked_on, row.options["retries"]) == ("pending", "t:g", 2)
-    assert spot.is_flagged("t:g") and sent(broker) == []
+    assert spot.wakeups.is_flagged("t:g") and sent(broker) == []
 
     spot.leave(gate, "t:g", holder)
     first = sent(broker)
@@ -109,7 +109,7 @@ def test_a_parked_job_waits_and_each_release_wakes_exactly_one_in_order(park, br
     assert [m.message_id for m in sent(broker)] == ["job-0", "job-1"]
     spot.leave(gate, "t:g", sent(broker)[1].options[MARKER]["wake"]["t"])
     spot.leave(gate, "t:g", sent(broker)[2].options[MARKER]["wake"]["t"])
-    assert len(sent(broker)) == 3 and not spot.is_flagged("t:g")
+    assert len(sent(broker)) == 3 and not spot.wakeups.is_flagged("t:g")
     assert gate.take("t:g", 1000) is not None, "released once nobody waits"
 
 
@@ -188,7 +188,7 @@ def test_wake_orphans_recovers_from_lost_flags(park, broker, redis_client):
 
     assert parking.wake_orphans(spot.suite) == 1
     assert [m.message_id for m in sent(broker)] == ["job-0"]
-    assert JobModel.get_by_id(held.id).parked_on == "t:held" and spot.is_flagged("t:held")
+    assert JobModel.get_by_id(held.id).parked_on == "t:held" and spot.wakeups.is_flagged("t:held")
     spot.leave(gate, "t:held", holder)
     assert [m.message_id for m in sent(broker)] == ["job-0", "job-1"]
 
@@ -233,3 +233,17 @@ def test_many_waiters_and_releases_at_once_strand_nobody(park, broker):
     statuses = [str(j.status) for j in JobModel.select().order_by(JobModel.id)]
     assert statuses == ["succeeded"] * 40, "no waiter stranded"
     assert len(seen) == len(sent(broker)), "none woken twice"
+
+
+def test_a_job_woken_for_one_gate_that_parks_on_another_hands_the_first_on(park, broker):
+    """Given a job woken for gate t:a (holding its reservation) that finds t:b
+    held, then parking on t:b hands t:a to t:a's next waiter (or frees it)."""
+    spot, gate = park
+    reservation = gate.take("t:a", 5_000)
+    gate.take("t:b", 5_000)
+    job = new_row(0)
+    delivery = Delivery(job.message_id)
+    delivery.options[MARKER]["wake"] = {"g": "t:a", "t": reservation}
+    assert spot.park(gate, "t:b", delivery, JobModel, job.id, 0, retry_in_ms=60_000)
+    assert gate.take("t:a", 1000) is not None, "the reservation of t:a was given back"
+    assert "wake" not in JobModel.get_by_id(job.id).options[MARKER]
