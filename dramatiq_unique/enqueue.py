@@ -24,7 +24,7 @@ from . import options as opt
 from . import outbox, store
 from .context import MARKER, active
 from .errors import DramatiqUniqueError, DuplicateJob
-from .keys import bind_arguments, derive_key
+from .keys import bind_arguments, derive_key, idempotency_hold
 from .models import JobStatus, after_ms, utcnow
 
 if TYPE_CHECKING:
@@ -150,6 +150,13 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
         # The Redis broker's id for this delivery; other brokers have none: the message id says "published".
         "broker_ref": message.options.get("redis_message_id") or message.message_id,
     }
+    idempotency_key = message.options.get("idempotency_key")
+    if idempotency_key is not None:  # set by submit()
+        owner = message.options.get("owner")
+        fields.update(
+            idempotency_key=idempotency_key, owner=owner,
+            idempotency_hold=idempotency_hold(message.actor_name, owner, idempotency_key),
+        )
     if config.extra_fields:
         bound = bind_arguments(config.fn, message.args, message.kwargs)
         fields.update({name: bound.get(name) for name in config.extra_fields})
@@ -182,17 +189,28 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
             row_id, revision = store.insert(model, fields), 0
             _created_row(model, row_id, None, None, suite)
         except pw.IntegrityError:  # the same message sent again: the same job
+            _check_idempotency(model, fields)
             row = store.get(model, message_id=message.message_id)
             if row is None:
                 raise
             row_id, revision = row.id, row.revision
     else:
-        row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
+        try:
+            row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
+        except store.IdempotencyHeld as held_by:
+            raise _Redirect(held_by.job.message_id) from None
         marker = fields["options"][MARKER]
     marker.update(id=row_id, rev=revision)
     opts[MARKER] = marker
     if held is not None:
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
+
+
+def _check_idempotency(model: Any, fields: dict) -> None:
+    try:
+        store.check_idempotency(model, fields)
+    except store.IdempotencyHeld as held_by:  # submit() with a key that a job already has
+        raise _Redirect(held_by.job.message_id) from None
 
 
 def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optional[str], suite: "Suite") -> None:

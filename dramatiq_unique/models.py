@@ -107,6 +107,8 @@ class JobModel(pw.Model):
     owner = pw.CharField(max_length=255, null=True)
     idempotency_hold = pw.CharField(max_length=300, null=True, unique=True)
     fencing_token = pw.BigIntegerField(default=0)
+    #: Finished steps of the job, in order: {step name: stored result} (checkpoint()).
+    checkpoints = JSONField(null=True)
     #: host:pid:thread of the worker running the current attempt.
     worker = pw.CharField(max_length=255, null=True)
     #: While a pending job waits for an execution lock or a concurrency
