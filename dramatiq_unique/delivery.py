@@ -17,10 +17,12 @@ Measured in tests/benchmarks/bench_execution.py: the next job of a key
 starts a few ms after the previous one ends, against tens of ms (up to
 ``worker_timeout``) through the queue.
 
-Where that is not possible (another broker, no worker in this process,
-the job's queue not consumed here, a backlog of local work that another
-idle process could beat) the message is published with
-``broker.enqueue``.
+The woken job goes ahead of the messages of its priority that this
+worker has prefetched (it was sent before them); if every thread of
+this worker is busy with long jobs, it waits for the first to finish,
+even if another process is idle.  Where a local delivery is not
+possible (another broker, no worker in this process, the job's queue
+not consumed here) the message is published with ``broker.enqueue``.
 """
 
 from __future__ import annotations
@@ -107,9 +109,6 @@ class Delivery:
         consumer = worker.consumers.get(message.queue_name)
         if consumer is None or not consumer.running or worker.broker is not broker:
             return False
-        # A backlog here would make the job wait behind it; another process may be idle.
-        if worker.work_queue.qsize() >= worker.worker_threads:
-            return False
         try:
             actor = broker.get_actor(message.actor_name)
         except Exception:
@@ -125,5 +124,11 @@ class Delivery:
             args=[message.options["redis_message_id"], message.encode()],
         )
         broker.emit_after("enqueue", message, None)
-        worker.work_queue.put(_WorkQueueItem(actor.priority, MessageProxy(Message.decode(message.encode()))))
+        proxy = MessageProxy(Message.decode(message.encode()))
+        try:
+            # Ahead of the prefetched messages of its priority: it was sent before them, and has waited.
+            item = _WorkQueueItem(actor.priority, proxy, _queued_time=0)
+        except TypeError:  # pragma: no cover  (a Dramatiq without the FIFO tie-break)
+            item = _WorkQueueItem(actor.priority, proxy)
+        worker.work_queue.put(item)
         return True

@@ -8,13 +8,14 @@ Runs on the Redis broker with the job table on SQLite and on PostgreSQL
 * throughput: n no-op jobs of n distinct keys, queued first, then run by
   one worker; plain, tracked, ``while_executing`` and
   ``until_and_while_executing`` actors, as jobs/s and ratios to plain;
-* hand-off latency: a chain of jobs of one key (each sleeps 2 ms), all
-  sent at once, so each but the first parks and is woken by the one
-  before; the gap from one job's end to the next one's start, measured
-  inside the actor.  The worker polls the broker with Dramatiq's default
-  ``worker_timeout`` (1 s), as ``dramatiq`` does; the run is repeated with
-  the local hand-off off (the woken job goes through the broker queue)
-  to show what the local hand-off saves.
+* hand-off latency: a chain of jobs of one key, all sent at once, so
+  each but the first parks and is woken by the one before; the gap from
+  one job's end to the next one's start, measured inside the actor.  A
+  busy chain (200 jobs of 2 ms: the consumer keeps fetching) and an idle
+  consumer (8 jobs of 400 ms: nothing to fetch while a job runs, so its
+  poll backs off towards ``worker_timeout``, 1 s as ``dramatiq`` runs
+  it).  Each is repeated with the local hand-off off (the woken job goes
+  through the broker queue) to show what the local hand-off saves.
 """
 
 from __future__ import annotations
@@ -74,9 +75,9 @@ class Run:
             finish()
 
         @dramatiq.actor(queue_name="chain", unique_args=["key"], unique_lock="while_executing")
-        def chain(key, i):
+        def chain(key, i, run_ms):
             start = time.perf_counter()
-            time.sleep(0.002)
+            time.sleep(run_ms / 1000)
             with self.lock:
                 self.spans.append((start, time.perf_counter()))
 
@@ -100,11 +101,11 @@ class Run:
             raise SystemExit(f"{kind}: only {self.done}/{n} jobs ran")
         return n / elapsed
 
-    def handoff(self, n: int, threads: int, local: bool) -> tuple[list[float], float]:
+    def handoff(self, n: int, run_ms: int, threads: int, local: bool) -> tuple[list[float], float]:
         """Gaps (ms) between one job of a key ending and the next one starting, and jobs/s of the chain."""
         parking.of(self.suite).local_handoff = local
         for i in range(n):
-            self.actors["chain"].send("k", i)
+            self.actors["chain"].send("k", i, run_ms)
         self.suite.close()
         worker = dramatiq.Worker(self.broker, queues={"chain"}, worker_timeout=1000, worker_threads=threads)
         worker.start()
@@ -153,13 +154,15 @@ def bench(label: str, database: str, args: argparse.Namespace) -> None:
     print(f"{'actor':<28}{'jobs/s':>8}{'ratio to plain':>16}")
     for kind in KINDS:
         print(f"{kind:<28}{rates[kind]:>8.0f}{rates[kind] / rates['plain']:>16.2f}")
-    print(f"\n{label}: hand-off latency, {args.chain} jobs of one key (2 ms each), worker_timeout 1000 ms")
-    print(f"{'delivery':<26}{'p50 ms':>8}{'p95 ms':>8}{'p99 ms':>8}{'max ms':>8}{'jobs/s':>8}")
-    for local in (True, False):
-        gaps, rate = fresh(database, lambda run: run.handoff(args.chain, args.threads, local))
-        name = "local hand-off (default)" if local else "through the broker queue"
-        print(f"{name:<26}{statistics.median(gaps):>8.1f}{percentile(gaps, 95):>8.1f}"
-              f"{percentile(gaps, 99):>8.1f}{max(gaps):>8.1f}{rate:>8.0f}")
+    for n_chain, run_ms, what in ((args.chain, 2, "a busy chain"), (args.idle_chain, 400, "an idle consumer")):
+        print(f"\n{label}: hand-off latency, {what}: {n_chain} jobs of one key ({run_ms} ms each), "
+              f"worker_timeout 1000 ms")
+        print(f"{'delivery':<26}{'p50 ms':>8}{'p95 ms':>8}{'p99 ms':>8}{'max ms':>8}{'jobs/s':>8}")
+        for local in (True, False):
+            gaps, rate = fresh(database, lambda run: run.handoff(n_chain, run_ms, args.threads, local))
+            name = "local hand-off (default)" if local else "through the broker queue"
+            print(f"{name:<26}{statistics.median(gaps):>8.1f}{percentile(gaps, 95):>8.1f}"
+                  f"{percentile(gaps, 99):>8.1f}{max(gaps):>8.1f}{rate:>8.1f}")
 
 
 def main() -> None:
@@ -167,6 +170,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--chain", type=int, default=200)
+    parser.add_argument("--idle-chain", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     args = parser.parse_args()
