@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 import threading
@@ -220,22 +221,36 @@ def test_no_overlap_under_eight_threads(suite, broker):
 
 
 def test_no_overlap_across_two_worker_processes(suite, broker, database_url, key_prefix, redis_client):
-    """Given a dramatiq worker subprocess running a long job of key a, and an
-    in-process worker joining as 4 keys x 6 more jobs are sent, then no two
-    jobs of a key overlap across the processes, and both processes run jobs."""
+    """Given a dramatiq worker subprocess running a long job of key a and an
+    in-process worker that alone consumes a "side" queue, then:
+    a job of key a that the in-process worker receives waits and runs after
+    the subprocess's job (the lock is handed across processes), a later one
+    runs in the in-process worker, and 3 keys x 6 jobs shared by both
+    processes never overlap within a key."""
     proc = WorkerProcess(redis_url=REDIS_URL, namespace=broker.namespace, database_url=database_url,
                          key_prefix=key_prefix, ttl=10_000)
     worker = None
+
+    def side(*args, **kwargs) -> None:  # only this process consumes "side"
+        broker.enqueue(job.message(*args, **kwargs).copy(queue_name="side"))
+
+    def ended(key, i) -> bool:
+        return any(e[:3] == ["end", key, i] for e in read_log(redis_client, key_prefix))
+
     try:
         job = declare(REDIS_URL, key_prefix, ttl=10_000)
-        job.send("a", 0, run_ms=400)
-        holder = wait_until(lambda: read_log(redis_client, key_prefix), timeout=30, what="the subprocess's job")[0]
+        job.send("a", 0, run_ms=600)
+        wait_until(lambda: read_log(redis_client, key_prefix), timeout=30, what="the subprocess's job")
+        broker.declare_queue("side")
         worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=4)
         worker.start()
-        for i in range(1, 7):
-            for key in "abcd":
+        side("a", 1, run_ms=10)
+        for i in range(6):
+            for key in "bcd":
                 job.send(key, i, run_ms=10)
-        wait_until(lambda: sum(e[0] == "end" for e in read_log(redis_client, key_prefix)) == 25, timeout=30)
+        wait_until(lambda: ended("a", 1), timeout=30, what="a1")
+        side("a", 2, run_ms=10)
+        wait_until(lambda: sum(e[0] == "end" for e in read_log(redis_client, key_prefix)) == 21, timeout=30)
     finally:
         if worker is not None:
             worker.stop(timeout=10_000)
@@ -243,13 +258,14 @@ def test_no_overlap_across_two_worker_processes(suite, broker, database_url, key
     by_key = defaultdict(dict)
     for event, key, i, at, pid, token in read_log(redis_client, key_prefix):
         by_key[key].setdefault(i, {})[event] = (at, pid, token)
-    pids = set()
     for key, jobs in by_key.items():
         spans = sorted((j["start"][0], j["end"][0], i, j["start"][2]) for i, j in jobs.items())
         assert_no_overlap(spans)
         assert [t for *_, t in spans] == sorted(t for *_, t in spans)
-        pids |= {j["start"][1] for j in jobs.values()}
-    assert holder[4] in pids and len(pids) == 2, f"both processes ran jobs ({pids}); stderr:\n{stderr[-2000:]}"
+    a = by_key["a"]
+    here = os.getpid()
+    assert a[0]["start"][1] != here and a[1]["start"][1] == here == a[2]["start"][1], stderr[-2000:]
+    assert a[1]["start"][0] >= a[0]["end"][0], "a1 waited for a0, across processes"
     assert set(statuses("exec_job")) == {"succeeded"}
 
 
