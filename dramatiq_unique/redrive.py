@@ -48,8 +48,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: ms the pass lock lasts unless extended (it is, after every page); a crashed pass frees it after this.
-PASS_LOCK_TTL = 60_000
+#: ms the pass lock lasts unless extended (it is, after every page): a process killed
+#: mid-pass holds up the cluster's re-drive for at most this long.
+PASS_LOCK_TTL = 10_000
 #: ms that must separate the first and the confirming miss of a message.
 CONFIRM_AFTER = 100
 #: Pages a pass handles at most per step and table; the rest waits for the next pass.

@@ -105,3 +105,40 @@ class RedisServer:
 
 def env_for_children(**values: str) -> dict[str, str]:
     return {**os.environ, **values}
+
+
+def bulk_insert_pg(model: Any, n: int, *, status: str, prefix: str, actor_name: str = "report") -> None:
+    """Insert ``n`` rows in one statement with PostgreSQL's generate_series (for benchmarks and plans).
+
+    Finished rows finished half an hour ago; waiting ones were due a second ago.
+    """
+    finished = status in ("succeeded", "failed")
+    now = "(now() at time zone 'utc')"
+    values = {
+        "message_id": f"'{prefix}-' || g",
+        "actor_name": f"'{actor_name}'",
+        "queue_name": "'default'",
+        "args": "'[]'",
+        "kwargs": "'{}'",
+        "options": "'{}'",
+        "status": f"'{status}'",
+        "attempts": "1" if finished else "0",
+        "revision": "0",
+        "fencing_token": "1" if finished else "0",
+        "created_at": f"{now} - interval '1 hour'",
+        "enqueued_at": f"{now} - interval '1 hour'" if status != "pending" else "NULL",
+        "process_after": f"{now} - interval '1 second'",
+        "started_at": f"{now} - interval '40 minutes'" if finished else "NULL",
+        "finished_at": f"{now} - interval '30 minutes'" if finished else "NULL",
+    }
+    for field in model._meta.sorted_fields:
+        if field.name in values or field.name == "id" or field.null:
+            continue
+        default = field.default
+        assert isinstance(default, (int, str)) and not isinstance(default, bool), f"no bulk value for {field.name}"
+        values[field.name] = str(default) if isinstance(default, int) else f"'{default}'"
+    columns = ", ".join(f'"{model._meta.fields[name].column_name}"' for name in values)
+    table = model._meta.table_name
+    model._meta.database.execute_sql(
+        f'INSERT INTO "{table}" ({columns}) SELECT {", ".join(values.values())} FROM generate_series(1, {int(n)}) AS g'
+    )

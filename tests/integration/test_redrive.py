@@ -6,9 +6,15 @@ simulated by deleting this test's own broker keys, never anyone else's.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import dramatiq
 import pytest
@@ -23,6 +29,7 @@ from tests.durable import broker_messages, passes, running_worker, total, wipe_b
 from tests.helpers import wait_until
 
 LOST_AFTER = 100  # ms
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture
@@ -378,3 +385,94 @@ def test_redrive_can_be_given_the_broker(fast, broker):
     counts = dramatiq_unique.redrive(broker)
     assert counts.sent == 1 and counts.as_dict()["sent"] == 1
     assert broker_messages(broker)[0]["message_id"] == message.message_id
+
+
+def worker_env(database_url: str, key_prefix: str) -> dict:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DU_REDIS_URL": REDIS_URL,
+        "DU_NAMESPACE": f"{key_prefix}-broker",
+        "DU_DATABASE_URL": database_url,
+        "DU_KEY_PREFIX": key_prefix,
+        "DU_REDRIVER": "1",
+        "DU_REDRIVE_INTERVAL": "200",
+        "DU_LOST_AFTER": "300",
+        "DU_UNIQUE_TTL": "1000",
+        # Idle consumers poll at least every second; 3 s without a heartbeat is a dead worker.
+        "DU_HEARTBEAT_TIMEOUT": "3000",
+    }
+
+
+def start_dramatiq(env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dramatiq", "tests.redrive_app", "--processes", "1", "--threads", "2"],
+        cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=15)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wiped", [False, True], ids=["message-orphaned", "redis-wiped"])
+def test_the_job_of_a_sigkilled_dramatiq_worker_is_recovered(fast, broker, database_url, key_prefix, wiped):
+    """Given a real `dramatiq` worker process SIGKILLed in the middle of a job (and,
+    in one case, Redis wiped as well), a second worker process's re-drive recovers the
+    job: Dramatiq's own maintenance is run for the dead worker's unacked message, or
+    the lost message is found missing twice and sent again.  The job succeeds once more."""
+
+    @dramatiq.actor(actor_name="slow_job", track=True)
+    def slow_job(seconds):  # the workers run tests.redrive_app's slow_job
+        pass
+
+    env = worker_env(database_url, key_prefix)
+    message = slow_job.send(60)
+    first = start_dramatiq(env)
+    second = None
+    try:
+        wait_until(lambda: job_of(message).status == "running", timeout=30, interval=0.1)
+        kill_group(first)
+        if wiped:
+            wipe_broker(broker)
+        second = start_dramatiq(env)
+        wait_until(lambda: job_of(message).status == "succeeded", timeout=60, interval=0.1)
+    finally:
+        kill_group(first)
+        if second is not None:
+            kill_group(second, signal.SIGTERM)
+    job = job_of(message)
+    assert (job.attempts, job.result) == (2, 2)
+    assert job.revision == (1 if wiped else 0)  # re-sent by the re-drive, or handed back by maintenance
+
+
+def test_the_pass_queries_use_indexes_on_postgresql(broker, pg_url, key_prefix):
+    """Given 50,000 finished rows beside a few waiting ones, every SELECT of a pass
+    starts from an index that leaves finished rows out: no sequential scan."""
+    from dramatiq_unique.claims import pass_queries
+    from tests.durable import bulk_insert_pg
+
+    suite = dramatiq_unique.setup(broker, database=pg_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+    try:
+        bulk_insert_pg(JobModel, 50_000, status="succeeded", prefix="done")
+        for status in ("pending", "queued", "retrying", "running"):
+            bulk_insert_pg(JobModel, 20, status=status, prefix=status)
+        suite.db.execute_sql(f'ANALYZE "{JobModel._meta.table_name}"')
+        settings = suite.settings
+        queries = pass_queries(JobModel, lost_after=settings.lost_after, retention=settings.retention)
+        assert set(queries) == {"due pending", "due retrying", "lost running", "lost queued", "lost retrying", "prune"}
+        for name, query in queries.items():
+            sql, params = query.sql()
+            plan = "\n".join(row[0] for row in suite.db.execute_sql("EXPLAIN " + sql, params).fetchall())
+            assert "Seq Scan" not in plan, f"{name}:\n{plan}"
+            assert "Index" in plan, f"{name}:\n{plan}"
+    finally:
+        suite.db.close()
