@@ -66,7 +66,8 @@ def _sql(model: type["JobModel"]) -> tuple[str, Optional[str]]:
     left, right = db.quote
     q = lambda name: f"{left}{name}{right}"  # noqa: E731
     p = db.param
-    jobs = q(model._meta.table_name) if not model._meta.schema else f"{q(model._meta.schema)}.{q(model._meta.table_name)}"
+    meta = model._meta
+    jobs = q(meta.table_name) if not meta.schema else f"{q(meta.schema)}.{q(meta.table_name)}"
     draw = (
         f"INSERT INTO {q(TABLE)} ({q('key')}, {q('token')}) VALUES ({p}, 1) "
         f"ON CONFLICT ({q('key')}) DO UPDATE SET {q('token')} = {q(TABLE)}.{q('token')} + 1 "

@@ -60,12 +60,16 @@ import dataclasses
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Optional, Protocol
 
+import peewee as pw
 import redis as redis_lib
+from dramatiq.middleware import SkipMessage
 
+from . import store
 from .context import MARKER
 from .delivery import Delivery, job_options, rebuild
+from .enqueue import row_fields
 from .errors import DependencyUnavailable
 from .models import WAITING, JobModel, JobStatus, utcnow
 from .wakeups import Flags, Watchdog
@@ -73,7 +77,7 @@ from .wakeups import Flags, Watchdog
 if TYPE_CHECKING:
     import dramatiq
 
-    from .config import Suite
+    from .config import ActorConfig, Suite
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +172,28 @@ class Parking:
         return self.gates.get(group.split(":", 1)[0])
 
     # -- the waiter's side ---------------------------------------------------
+
+    def park_message(
+        self, gate: Gate, group: str, config: "ActorConfig", message: Any, retry_in_ms: float,
+        unique_key: Optional[str] = None,
+    ) -> NoReturn:
+        """From ``before_process_message``: park the message's job on ``group``.  Always raises SkipMessage.
+
+        A message sent without the suite gets its row first (so does one
+        whose row was pruned).  A message whose job is not waiting (a
+        duplicate delivery of a running job, a finished or replaced one)
+        is dropped.
+        """
+        with store.db_errors(f"parking job {message.message_id}"):
+            job_id, revision = job_row(config, message, unique_key)
+            parked = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
+            if not parked and store.get(config.model, id=job_id) is None:
+                message.options.pop(MARKER, None)
+                job_id, revision = job_row(config, message, unique_key)
+                parked = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
+        if parked:
+            raise SkipMessage(f"job {message.message_id} waits for {group}")
+        raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
 
     def park(
         self, gate: Gate, group: str, message: Any, model: type[JobModel], job_id: int, revision: int,
@@ -401,6 +427,22 @@ class Parking:
                 self.wakeups.flag(group, 0)  # Redis may have lost it
                 woken += self._wake_group(group) is not None
         return woken
+
+
+def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = None) -> tuple[int, int]:
+    """The message's job row id and revision; a message sent without the suite gets a row."""
+    marker = message.options.get(MARKER) or {}
+    if "id" in marker:
+        return int(marker["id"]), int(marker.get("rev", 0))
+    fields = row_fields(config, message, None)
+    fields["unique_key"] = unique_key
+    model = config.model
+    try:
+        job_id = model.insert(fields).execute()
+    except pw.IntegrityError:  # the same message, delivered again
+        job_id = model.get(model.message_id == message.message_id).id
+    message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
+    return int(job_id), 0
 
 
 def gate_ttl(gate: Gate, group: str) -> float:

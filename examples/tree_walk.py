@@ -106,7 +106,8 @@ def main() -> int:
 
     for job, walk in zip(jobs, walks):
         print(f"walk {job.id}: {job.status}, {walk['nodes']} nodes in {walk['end'] - walk['start']:.1f}s "
-              f"with a 1.0s lease, heartbeat() left at least {walk['least_left']:.2f}s, fencing token {job.fencing_token}")
+              f"with a 1.0s lease, heartbeat() left at least {walk['least_left']:.2f}s, "
+              f"fencing token {job.fencing_token}")
     gap = walks[1]["start"] - walks[0]["end"]
     print(f"walk 2 started {gap * 1000:.0f} ms after walk 1 ended")
 

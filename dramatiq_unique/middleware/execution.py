@@ -9,15 +9,13 @@ from typing import Any, Optional
 
 import peewee as pw
 from dramatiq import Middleware
-from dramatiq.middleware import SkipMessage
 
 from .. import context, fencing, heartbeat, parking
 from .. import options as opt
 from .. import store
 from ..config import ActorConfig, Suite
 from ..context import MARKER
-from ..enqueue import row_fields
-from ..errors import DatabaseUnavailable, LockLost, RedisUnavailable
+from ..errors import LockLost, RedisUnavailable
 from ..keys import derive_key
 from ..locks import new_token
 from ..parking import GroupInfo
@@ -50,6 +48,11 @@ class Held:
         return self.ttl_ms / 1000 - (time.monotonic() - started)
 
 
+def unique_key_of(group: str) -> str:
+    """The unique key of a parking group ``lock:<unique key>``."""
+    return group.split(":", 1)[1]
+
+
 class _LockGate:
     """Execution locks as a parking :class:`~dramatiq_unique.parking.Gate`: group ``lock:<unique key>``."""
 
@@ -61,11 +64,11 @@ class _LockGate:
         self.atomic_release = suite.locks.single
 
     def name(self, group: str) -> str:
-        return self.suite.keys.execution_lock(group[len(KIND) + 1 :])
+        return self.suite.keys.execution_lock(unique_key_of(group))
 
     def describe(self, group: str) -> Optional[GroupInfo]:
         # A unique key is "<actor name>:<digest>".
-        config = self.suite.actor_config(group[len(KIND) + 1 :].rsplit(":", 1)[0])
+        config = self.suite.actor_config(unique_key_of(group).rsplit(":", 1)[0])
         if config is None:
             return None
         return GroupInfo(
@@ -176,7 +179,7 @@ class ExecutionLocks(Middleware):
     def _enter(self, name: str, group: str, ttl: float, wake: Optional[dict]) -> Optional[str]:
         """Take the lock: the one reserved for this message when it was woken, or a free one."""
         token = new_token()
-        if wake and wake.get("g") == group and self.suite.locks.transfer(name, wake["t"], token, ttl):
+        if wake and self.suite.locks.transfer(name, wake["t"], token, ttl):
             return token
         return self.suite.locks.acquire(name, ttl, token)[0]
 
@@ -186,34 +189,7 @@ class ExecutionLocks(Middleware):
             retry_in = self.gate.retry_in(group)
         except RedisUnavailable:
             retry_in = ttl
-        with store.db_errors(f"parking job {message.message_id}"):
-            job_id, revision = self._row(config, message, key)
-            parked = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
-            if not parked and store.get(config.model, id=job_id) is None:
-                # The row was pruned or deleted: record the job anew, then park it.
-                message.options.pop(MARKER, None)
-                job_id, revision = self._row(config, message, key)
-                parked = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
-        if parked:
-            raise SkipMessage(f"job {message.message_id} waits for {group}")
-        # Another delivery of the job runs, or it finished or was replaced.
-        raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
-
-    def _row(self, config: ActorConfig, message, key: str) -> tuple[int, int]:
-        """The job's row id and revision; a message sent without the suite gets a row."""
-        marker = message.options.get(MARKER) or {}
-        if "id" in marker:
-            return int(marker["id"]), int(marker.get("rev", 0))
-        fields = row_fields(config, message, None)
-        fields["unique_key"] = key
-        model = config.model
-        try:
-            job_id = model.insert(fields).execute()
-        except pw.IntegrityError:
-            job_id = model.get(model.message_id == message.message_id).id
-        marker = {**marker, "id": job_id, "rev": 0}
-        message.options[MARKER] = marker
-        return int(job_id), 0
+        self.parking.park_message(self.gate, group, config, message, retry_in, unique_key=key)
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         self._leave(message)

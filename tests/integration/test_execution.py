@@ -295,8 +295,9 @@ def test_the_next_job_starts_at_once_not_after_a_poll(suite, broker):
     assert statistics.median(gaps) < 50 and max(gaps) < 250, f"handoff gaps {gaps} ms"
 
 
-def test_fencing_tokens_grow_across_all_executions_and_survive_a_redis_flush(suite, broker, worker, redis_client,
-                                                                            key_prefix):
+def test_fencing_tokens_grow_across_all_executions_and_survive_a_redis_flush(
+    suite, broker, worker, redis_client, key_prefix
+):
     """Given jobs of one key run one after another, with the suite's Redis keys
     deleted in between, then each execution's token is larger than the last."""
     tokens = []
