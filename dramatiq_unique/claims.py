@@ -132,7 +132,8 @@ def unchanged(model: type[JobModel], row: JobModel) -> Any:
 
 
 def claim_one(model: type[JobModel], row: JobModel, **extra: Any) -> Optional[JobModel]:
-    claimed = list(model.update(claim_fields(model, **extra)).where(unchanged(model, row)).returning(model).execute())
+    update = model.update(claim_fields(model, **extra)).where(unchanged(model, row))
+    claimed = list(update.returning(*sending_fields(model)).execute())
     return claimed[0] if claimed else None
 
 

@@ -221,36 +221,35 @@ class _Pass:
             ).execute()
             if self.probe is not None and status in (RUNNING, QUEUED):
                 self.counts.requeued += self.probe.requeue_orphans(present)
+        claimed = []
         for row, answer in zip(rows, answers):
             if answer is Presence.DEAD:
                 self._fail(model, row, "the broker dead-lettered the job's message")
             elif answer is Presence.MISSING:
-                self._missing(model, row)
+                since = (row.started_at if row.status == RUNNING else row.enqueued_at) or row.created_at
+                if row.missing_since is not None and row.missing_since >= since:
+                    claimed += self._lost(model, row)  # missed in an earlier pass, in this same state
+                else:
+                    marked = model.update(missing_since=utcnow()).where(claims.unchanged(model, row)).execute()
+                    self.counts.missing += marked
+        if claimed:  # sent as one batch, so the broker ids are recorded in one statement
+            self.counts.redriven += self._publish(model, claimed, revert_to=PENDING if status == QUEUED else RETRYING)
 
-    def _missing(self, model: type[JobModel], row: JobModel) -> None:
-        since = (row.started_at if row.status == RUNNING else row.enqueued_at) or row.created_at
-        if row.missing_since is not None and row.missing_since >= since:
-            self._lost(model, row)  # missed in an earlier pass, in this same state: confirmed
-        else:
-            marked = model.update(missing_since=utcnow()).where(claims.unchanged(model, row)).execute()
-            self.counts.missing += marked
-
-    def _lost(self, model: type[JobModel], row: JobModel) -> None:
+    def _lost(self, model: type[JobModel], row: JobModel) -> list[JobModel]:
+        """Apply ``on_lost`` to a job confirmed lost; returns it claimed, if it is to be sent again."""
         self.counts.lost += 1
         where = "running" if row.status == RUNNING else "waiting"
         if self.suite.settings.on_lost == "fail":
             self._fail(model, row, f"lost while {where}: its message is in none of the broker's queues")
-            return
+            return []
         if row.status == RUNNING and self._exhausted(row):
             self._fail(model, row, "lost while running, and its retries are exhausted")
-            return
+            return []
         extra = {}
         if row.status == RUNNING:
             extra["last_error"] = f"attempt {row.attempts} lost: its worker or the broker dropped the message"
         claimed = claims.claim_one(model, row, **extra)
-        if claimed is not None:
-            revert = PENDING if row.status == QUEUED else RETRYING
-            self.counts.redriven += self._publish(model, [claimed], revert_to=revert)
+        return [] if claimed is None else [claimed]
 
     def _actor_options(self, actor_name: str) -> dict:
         config = self.suite.actor_config(actor_name)

@@ -107,10 +107,14 @@ def env_for_children(**values: str) -> dict[str, str]:
     return {**os.environ, **values}
 
 
-def bulk_insert_pg(model: Any, n: int, *, status: str, prefix: str, actor_name: str = "report") -> None:
+def bulk_insert_pg(
+    model: Any, n: int, *, status: str, prefix: str, actor_name: str = "report", due_ago: str = "1 second",
+    broker_ref: bool = False,
+) -> None:
     """Insert ``n`` rows in one statement with PostgreSQL's generate_series (for benchmarks and plans).
 
-    Finished rows finished half an hour ago; waiting ones were due a second ago.
+    Finished rows finished half an hour ago; waiting ones were due ``due_ago``; with
+    ``broker_ref`` each names a broker message that does not exist.
     """
     finished = status in ("succeeded", "failed")
     now = "(now() at time zone 'utc')"
@@ -127,10 +131,12 @@ def bulk_insert_pg(model: Any, n: int, *, status: str, prefix: str, actor_name: 
         "fencing_token": "1" if finished else "0",
         "created_at": f"{now} - interval '1 hour'",
         "enqueued_at": f"{now} - interval '1 hour'" if status != "pending" else "NULL",
-        "process_after": f"{now} - interval '1 second'",
+        "process_after": f"{now} - interval '{due_ago}'",
         "started_at": f"{now} - interval '40 minutes'" if finished else "NULL",
         "finished_at": f"{now} - interval '30 minutes'" if finished else "NULL",
     }
+    if broker_ref:
+        values["broker_ref"] = f"'{prefix}-gone-' || g"
     for field in model._meta.sorted_fields:
         if field.name in values or field.name == "id" or field.null:
             continue
