@@ -92,13 +92,19 @@ class RedisKeys:
         return f"{self.prefix}:fence:{unique_key}"
 
     def slots(self, group: str) -> str:
+        """A slot group's holders: a sorted set of tokens scored by lease end (slots.py)."""
         return f"{self.prefix}:slots:{group}"
 
     def parked(self, group: str) -> str:
         return f"{self.prefix}:parked:{group}"
 
     def limit(self, group: str) -> str:
+        """A slot group's run-time limit (``set_concurrency_limit(..., key=...)``)."""
         return f"{self.prefix}:limit:{group}"
+
+    def actor_limit(self, actor_name: str) -> str:
+        """The run-time limit of all an actor's slot groups (``set_concurrency_limit(..., key=None)``)."""
+        return f"{self.prefix}:actor-limit:{actor_name}"
 
     def wakeups(self) -> str:
         return f"{self.prefix}:wakeups"

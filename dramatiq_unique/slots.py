@@ -1,0 +1,268 @@
+"""Concurrency slots in Redis: at most ``limit`` holders per group, leased.
+
+A *group* is what a limit applies to: an actor, or an actor and one
+value of its ``concurrency_key`` (hashed like unique keys, so no user
+data sits raw in a Redis key).  Its parking name is ``slot:<group key>``
+and its group key ``<actor name>:<digest>``, or ``<actor name>:all``
+for an actor without ``concurrency_key``.
+
+Each group is a Redis sorted set of holder tokens scored with the
+moment their lease runs out (Redis server time, ms).  Every script
+first drops the members whose lease ran out, so a holder that died
+(SIGKILL) stops counting ``concurrency_ttl`` after its last renewal,
+whoever looks next.  The group's limit is read in the same script:
+
+1. the group's override (``set_concurrency_limit(actor, n, key=...)``),
+2. else the actor's override (``set_concurrency_limit(actor, n)``),
+3. else the declared ``concurrency_limit`` (passed in; -1: no limit).
+
+So a new limit applies to every worker's next decision at once.  A
+group over its limit (lowered, or halted with 0) keeps its running jobs
+and hands no freed slot on until it is under the limit again.
+
+Slots are a :class:`~dramatiq_unique.parking.Gate` with up to ``limit``
+holders: a job that finds its group full is parked, and a holder that
+leaves hands its own slot to the group's next parked job (one slot, one
+waiter: no herd).  They live on the suite's first Redis master (no
+Redlock quorum: a slot is a count, not a mutual exclusion).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+import redis as redis_lib
+
+from . import options as opt
+from . import parking
+from .errors import LockLost, RedisUnavailable
+from .keys import derive_key
+from .locks import new_token
+from .parking import GroupInfo
+
+if TYPE_CHECKING:
+    from .config import ActorConfig, Suite
+
+#: The kind (parking-name prefix) of slot groups.
+KIND = "slot"
+#: The group-key suffix of an actor without ``concurrency_key``: one group per actor.
+WHOLE_ACTOR = "all"
+#: The limit passed to the scripts for "no declared limit" (overrides still apply).
+UNLIMITED = -1
+#: ms before a halted group (limit 0) is looked at again by the wake-up watchdog.
+HALTED_RETRY = parking.RETRY_DELAY
+
+# Every script: KEYS[1] the group's sorted set, KEYS[2] its limit override,
+# KEYS[3] the actor's limit override; ARGV[1] the declared limit (-1: none).
+_PRELUDE = """
+local t = redis.call('time')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('zremrangebyscore', KEYS[1], '-inf', now)
+local limit = tonumber(redis.call('get', KEYS[2]) or redis.call('get', KEYS[3]) or ARGV[1])
+local held = redis.call('zcard', KEYS[1])
+local function full(n) return limit >= 0 and n >= limit end
+local function hold(token, ttl)
+  redis.call('zadd', KEYS[1], now + ttl, token)
+  if redis.call('pttl', KEYS[1]) < ttl then redis.call('pexpire', KEYS[1], ttl) end
+end
+local function wait()
+  if limit == 0 then return -1 end
+  local first = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
+  if #first == 0 then return 0 end
+  return math.max(tonumber(first[2]) - now, 0)
+end
+"""
+# ARGV token, ttl, reserved token or "".  Enter: take up a reservation, or a free slot.
+# Returns {1, 0} when entered, else {0, ms until a holder's lease runs out (-1: halted)}.
+_ENTER = _PRELUDE + """
+if ARGV[4] ~= '' and redis.call('zrem', KEYS[1], ARGV[4]) == 1 then held = held - 1 end
+if full(held) then return {0, wait()} end
+hold(ARGV[2], tonumber(ARGV[3]))
+return {1, 0}
+"""
+# ARGV token, new token, ttl.  Hand a held slot on, unless the group is over its limit
+# without it (then it is given up).  1 handed on, 0 not.
+_PASS = _PRELUDE + """
+if redis.call('zrem', KEYS[1], ARGV[2]) == 0 then return 0 end
+if full(held - 1) then return 0 end
+hold(ARGV[3], tonumber(ARGV[4]))
+return 1
+"""
+# KEYS[4] the parking flags; ARGV token, group.  Release unless someone waits and could
+# have the slot: 1 released, 2 kept (hand it on), 0 not held (its lease ran out).
+_LEAVE = _PRELUDE + """
+if not redis.call('zscore', KEYS[1], ARGV[2]) then return 0 end
+if redis.call('zscore', KEYS[4], ARGV[3]) and not full(held - 1) then return 2 end
+redis.call('zrem', KEYS[1], ARGV[2])
+return 1
+"""
+# ARGV token, ttl.  heartbeat(): renew the lease; a lapsed holder gets back in if there
+# is room.  1 renewed, 0 lost.
+_RENEW = _PRELUDE + """
+if redis.call('zscore', KEYS[1], ARGV[2]) or not full(held) then
+  hold(ARGV[2], tonumber(ARGV[3]))
+  return 1
+end
+return 0
+"""
+# {holders, effective limit, group override, actor override, ms until a lease runs out}
+_STATUS = _PRELUDE + """
+return {held, limit, redis.call('get', KEYS[2]), redis.call('get', KEYS[3]), wait()}
+"""
+
+
+def group_key(config: "ActorConfig", message_options: dict, args: tuple, kwargs: dict) -> str:
+    """The group key of one call: ``<actor>:<digest of the concurrency_key arguments>``."""
+    spec = config.get(message_options, "concurrency_key")
+    if spec is None:
+        return f"{config.actor_name}:{WHOLE_ACTOR}"
+    key = derive_key(config.actor_name, config.fn, spec, args, kwargs)
+    assert key is not None
+    return key
+
+
+def group_name(key: str) -> str:
+    """The parking name of a group key."""
+    return f"{KIND}:{key}"
+
+
+def actor_of(group: str) -> str:
+    """The actor name in a parking name ``slot:<actor>:<suffix>``."""
+    return group[len(KIND) + 1 :].rsplit(":", 1)[0]
+
+
+def declared_limit(config: "ActorConfig", message_options: Optional[dict] = None) -> int:
+    limit = config.get(message_options or {}, "concurrency_limit")
+    return UNLIMITED if limit is None else int(limit)
+
+
+def has_slots(config: "ActorConfig", message_options: Optional[dict] = None) -> bool:
+    """Whether the actor's jobs take slots: a limit or a key is declared (a key alone
+    means "no limit unless ``set_concurrency_limit`` sets one for that key")."""
+    opts = message_options or {}
+    return config.get(opts, "concurrency_limit") is not None or config.get(opts, "concurrency_key") is not None
+
+
+def ttl_of(config: "ActorConfig", message_options: Optional[dict] = None) -> float:
+    return float(config.get(message_options or {}, "concurrency_ttl", opt.DEFAULT_CONCURRENCY_TTL))
+
+
+class SlotGate:
+    """Concurrency slots as a parking :class:`~dramatiq_unique.parking.Gate`.
+
+    Get it with :func:`gate_of`.  Every method may raise
+    :class:`~dramatiq_unique.errors.RedisUnavailable`.
+    """
+
+    kind = KIND
+    #: The flag is read in the release script itself.
+    atomic_release = True
+
+    def __init__(self, suite: "Suite", flags: str) -> None:
+        self.suite = suite
+        self.flags = flags
+        client = suite.redis
+        self._enter = client.register_script(_ENTER)
+        self._pass = client.register_script(_PASS)
+        self._leave = client.register_script(_LEAVE)
+        self._renew = client.register_script(_RENEW)
+        self._status = client.register_script(_STATUS)
+
+    def _keys(self, group: str) -> list[str]:
+        key = group[len(KIND) + 1 :]
+        keys = self.suite.keys
+        return [keys.slots(key), keys.limit(key), keys.actor_limit(actor_of(group))]
+
+    def _config(self, group: str) -> "Optional[ActorConfig]":
+        return self.suite.actor_config(actor_of(group))
+
+    def _default(self, group: str) -> int:
+        config = self._config(group)
+        return UNLIMITED if config is None else declared_limit(config)
+
+    def _call(self, script: Any, group: str, args: list, extra_keys: tuple = ()) -> Any:
+        try:
+            return script(keys=[*self._keys(group), *extra_keys], args=args)
+        except redis_lib.RedisError as e:
+            raise RedisUnavailable(f"concurrency slots of {group!r}: {e}") from e
+
+    # -- for the middleware ---------------------------------------------------
+
+    def enter(self, group: str, token: str, ttl_ms: float, limit: int, reserved: Optional[str]) -> tuple[bool, float]:
+        """Take up ``reserved`` (a slot handed to this job when it was woken) or a free slot.
+
+        Returns ``(True, 0)``, or ``(False, ms until a holder's lease runs
+        out, -1 if the group is halted)``.
+        """
+        entered, wait = self._call(self._enter, group, [limit, token, int(ttl_ms), reserved or ""])
+        return bool(entered), float(wait)
+
+    def renew(self, group: str, token: str, ttl_ms: float, limit: int) -> bool:
+        return bool(self._call(self._renew, group, [limit, token, int(ttl_ms)]))
+
+    def status(self, group: str, limit: Optional[int] = None) -> tuple[int, int, Optional[int], Optional[int], float]:
+        """(holders, effective limit, group override, actor override, ms until a lease runs out)."""
+        default = self._default(group) if limit is None else limit
+        held, effective, own, actor, wait = self._call(self._status, group, [default])
+        as_int = lambda v: None if v is None else int(v)  # noqa: E731
+        return int(held), int(effective), as_int(own), as_int(actor), float(wait)
+
+    # -- the Gate protocol ------------------------------------------------------
+
+    def describe(self, group: str) -> Optional[GroupInfo]:
+        config = self._config(group)
+        if config is None or not has_slots(config):
+            return None
+        order_by = config.options.get("unique_order_by") or opt.DEFAULT_UNIQUE_ORDER_BY
+        return GroupInfo(config.model, order_by, ttl_of(config))
+
+    def take(self, group: str, ttl_ms: float) -> Optional[str]:
+        token = new_token()
+        entered, _ = self.enter(group, token, ttl_ms, self._default(group), None)
+        return token if entered else None
+
+    def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
+        fresh = new_token()
+        return fresh if self._call(self._pass, group, [self._default(group), token, fresh, int(ttl_ms)]) else None
+
+    def release_unless_flagged(self, group: str, token: str) -> int:
+        return int(self._call(self._leave, group, [self._default(group), token, group], (self.flags,)))
+
+    def release(self, group: str, token: str) -> None:
+        try:
+            self.suite.redis.zrem(self._keys(group)[0], token)
+        except redis_lib.RedisError as e:
+            raise RedisUnavailable(f"releasing a slot of {group!r}: {e}") from e
+
+    def retry_in(self, group: str) -> float:
+        wait = self.status(group)[4]
+        return HALTED_RETRY if wait < 0 else wait
+
+
+def gate_of(suite: "Suite") -> SlotGate:
+    """The suite's slot gate, registered with its parking (one per suite)."""
+    spot = parking.of(suite)
+    gate = spot.gates.get(KIND)
+    if not isinstance(gate, SlotGate):
+        gate = SlotGate(suite, spot.flags)
+        spot.register(gate)
+    return gate
+
+
+@dataclasses.dataclass
+class HeldSlot:
+    """A slot held by one attempt; :meth:`renew` is its ``heartbeat()`` renewer."""
+
+    gate: SlotGate
+    group: str
+    token: str
+    ttl_ms: float
+    limit: int
+
+    def renew(self) -> float:
+        started = time.monotonic()
+        if not self.gate.renew(self.group, self.token, self.ttl_ms, self.limit):
+            raise LockLost(f"the concurrency slot in {self.group} ran out and the group is full")
+        return self.ttl_ms / 1000 - (time.monotonic() - started)
