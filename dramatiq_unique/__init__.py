@@ -16,13 +16,16 @@ from .errors import (
     RedisUnavailable,
 )
 from .heartbeat import heartbeat
-from .middleware import ExecutionLocks, JobTracking, Redriver
+from .limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
+from .middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
 from .models import JobModel, JobStatus
 from .redrive import RedriveCounts
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConcurrencySlots",
+    "ConcurrencyStatus",
     "DatabaseUnavailable",
     "DependencyUnavailable",
     "DramatiqUniqueError",
@@ -39,10 +42,12 @@ __all__ = [
     "RedriveCounts",
     "Redriver",
     "Suite",
+    "concurrency_status",
     "current_job",
     "get_job",
     "heartbeat",
     "redrive",
+    "set_concurrency_limit",
     "setup",
     "start_redriver",
     "transaction",

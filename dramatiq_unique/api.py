@@ -12,7 +12,8 @@ from dramatiq.middleware import Retries
 from . import config as _config
 from . import store
 from .config import RedisSpec, Suite
-from .middleware import ExecutionLocks, JobTracking, Redriver
+from .limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
+from .middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
 from .outbox import transaction  # noqa: F401  (public API)
 from .redrive import redrive  # noqa: F401  (public API)
 from .scheduler import start_redriver  # noqa: F401  (public API)
@@ -35,6 +36,8 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     # Before JobTracking: the lock is taken before the row is marked running,
     # and handed on after the outcome is recorded.
     broker.add_middleware(ExecutionLocks(suite=suite), before=JobTracking)
+    # Before ExecutionLocks: a job takes its slot, then its lock; hands on the lock, then the slot.
+    broker.add_middleware(ConcurrencySlots(suite=suite), before=ExecutionLocks)
     broker.add_middleware(Redriver(suite=suite))  # starts the re-drive after worker boot if `redriver`
     _ResultWarningFilter.install(suite)
     _config.set_current(suite)

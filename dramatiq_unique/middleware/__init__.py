@@ -2,6 +2,7 @@
 
 from .execution import ExecutionLocks
 from .redriver import Redriver
+from .slots import ConcurrencySlots
 from .tracking import JobTracking
 
-__all__ = ["ExecutionLocks", "JobTracking", "Redriver"]
+__all__ = ["ConcurrencySlots", "ExecutionLocks", "JobTracking", "Redriver"]

@@ -1,0 +1,161 @@
+"""Concurrency slots: at most N jobs of a group at once, the rest parked."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import peewee as pw
+from dramatiq import Middleware
+from dramatiq.middleware import SkipMessage
+
+from .. import context, heartbeat, parking, store
+from ..config import ActorConfig, Suite
+from ..context import MARKER
+from ..enqueue import row_fields
+from ..errors import DramatiqUniqueError
+from ..locks import new_token
+from ..slots import HeldSlot, declared_limit, gate_of, group_key, group_name, has_slots, ttl_of
+
+logger = logging.getLogger(__name__)
+
+#: ``ctx.extras`` key of the slot an attempt holds.
+HELD = "concurrency_slot"
+
+
+class ConcurrencySlots(Middleware):
+    """Runs at most ``concurrency_limit`` jobs of an actor at once, per
+    value of its ``concurrency_key`` (or per actor without one), across
+    every worker sharing the Redis.
+
+    A job whose group is full is parked (see :mod:`dramatiq_unique.parking`):
+    acked without running, holding no thread and burning no retry, its
+    row ``pending``; a job that leaves its slot hands it to the group's
+    next parked job (``unique_order_by`` order, ``created_at`` by
+    default).  Slots are leased for ``concurrency_ttl``; ``heartbeat()``
+    renews the lease, and a holder that died loses its slot when the
+    lease runs out.  Limits can be changed at run time with
+    :func:`dramatiq_unique.set_concurrency_limit`.  If Redis cannot be
+    reached the message fails with
+    :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends it
+    again later: it never runs unlimited.
+
+    Add it before :class:`ExecutionLocks` (which goes before
+    :class:`JobTracking`): a job takes its slot first, then its execution
+    lock, then its row is marked running; on the way out, the outcome is
+    recorded, then the lock is handed on, then the slot.  A job that has
+    a slot but must wait for its execution lock gives the slot to the
+    next job of its group while it waits, and a job woken for its lock
+    that finds its group full hands the lock on while it waits for a slot.
+
+    Parameters:
+      suite: the configuration that :func:`dramatiq_unique.setup` returns.
+    """
+
+    def __init__(self, *, suite: Suite) -> None:
+        self.suite = suite
+        self.parking = parking.of(suite)
+        self.gate = gate_of(suite)
+
+    @property
+    def actor_options(self) -> set[str]:
+        return set()  # JobTracking declares the suite's options
+
+    def after_worker_boot(self, broker, worker) -> None:
+        self.parking.attach(worker)  # idempotent: ExecutionLocks shares this parking
+
+    def before_worker_shutdown(self, broker, worker) -> None:
+        self.parking.detach(worker)
+
+    # -- processing ---------------------------------------------------------
+
+    def before_process_message(self, broker, message) -> None:
+        config = self.suite.actor_config(message.actor_name)
+        if config is None or message.failed:
+            return
+        opts = message.options
+        if not has_slots(config, opts):
+            return
+        try:
+            self._enter(config, message)
+        except (SkipMessage, DramatiqUniqueError):
+            raise
+        except Exception as e:
+            # Dramatiq would log any other error and run the actor anyway: unlimited.
+            raise DramatiqUniqueError(f"could not take a concurrency slot for job {message.message_id}: {e!r}") from e
+
+    def _enter(self, config: ActorConfig, message) -> None:
+        opts = message.options
+        ctx = context.attach(message, self.suite, config)
+        group = group_name(group_key(config, opts, message.args, message.kwargs))
+        ttl, limit = ttl_of(config, opts), declared_limit(config, opts)
+        marker = opts.get(MARKER)
+        wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None
+        reserved = None
+        if isinstance(wake, dict) and wake.get("g") == group:
+            reserved = marker.pop(parking.WAKE)["t"]  # woken for this slot: it was handed to us
+        token = new_token()
+        entered, wait = self.gate.enter(group, token, ttl, limit, reserved)
+        if not entered:
+            self._park(config, message, group, ttl if wait < 0 else wait)
+        held = HeldSlot(self.gate, group, token, ttl, limit)
+        ctx.extras[HELD] = held
+        ctx.extras.setdefault(heartbeat.RENEWERS, []).append(held.renew)
+
+    def _park(self, config: ActorConfig, message, group: str, retry_in: float) -> None:
+        """The group is full: park the job until a holder hands it a slot.  Always raises SkipMessage.
+
+        A job woken for another gate (its execution lock) gives that gate
+        to its next waiter when it parks here (parking.park does), so it
+        does not sit on it while it waits for a slot.
+        """
+        with store.db_errors(f"parking job {message.message_id}"):
+            job_id, revision = self._row(config, message)
+            parked = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
+            if not parked and store.get(config.model, id=job_id) is None:
+                # The row was pruned or deleted: record the job anew, then park it.
+                message.options.pop(MARKER, None)
+                job_id, revision = self._row(config, message)
+                parked = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
+        if parked:
+            raise SkipMessage(f"job {message.message_id} waits for a slot in {group}")
+        self._give_back(message)
+        raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
+
+    def _give_back(self, message) -> None:
+        """A duplicate delivery woken for another gate must not keep it until its lease runs out."""
+        marker = message.options.get(MARKER)
+        wake = marker.pop(parking.WAKE, None) if isinstance(marker, dict) else None
+        gate = self.parking.gate_for(str(wake.get("g", ""))) if isinstance(wake, dict) else None
+        if gate is not None:
+            self.parking.leave(gate, wake["g"], wake["t"])
+
+    def _row(self, config: ActorConfig, message) -> tuple[int, int]:
+        """The job's row id and revision; a message sent without the suite gets a row."""
+        marker = message.options.get(MARKER) or {}
+        if "id" in marker:
+            return int(marker["id"]), int(marker.get("rev", 0))
+        fields = row_fields(config, message, None)
+        model = config.model
+        try:
+            job_id = model.insert(fields).execute()
+        except pw.IntegrityError:
+            job_id = model.get(model.message_id == message.message_id).id
+        message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
+        return int(job_id), 0
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        self._leave(message)
+
+    def after_skip_message(self, broker, message) -> None:
+        self._leave(message)  # a later middleware parked or skipped the job after we took its slot
+
+    def _leave(self, message: Any) -> None:
+        ctx = context.of(message)
+        held: Optional[HeldSlot] = ctx.extras.pop(HELD, None) if ctx is not None else None
+        if held is None:
+            return
+        try:
+            self.parking.leave(self.gate, held.group, held.token)
+        except Exception:
+            logger.exception("Could not hand on a slot of %s; it frees itself when its lease runs out.", held.group)
