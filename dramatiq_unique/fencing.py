@@ -94,6 +94,31 @@ def _sql(model: type["JobModel"]) -> tuple[str, Optional[str]]:
     return statements
 
 
+def start_clauses(model: type["JobModel"]) -> tuple[str, str]:
+    """PostgreSQL CTE bodies for :func:`dramatiq_unique.sql.start`: ``drawn`` (the draw;
+    parameter: key) and ``revoked`` (older running attempts of the key fenced out;
+    parameters: key, the starting job's id).  The starting row itself is left
+    to the main statement: PostgreSQL does not update one row twice in a statement."""
+    db = model._meta.database
+    left, right = db.quote
+    q = lambda name: f"{left}{name}{right}"  # noqa: E731
+    p = db.param
+    meta = model._meta
+    jobs = q(meta.table_name) if not meta.schema else f"{q(meta.schema)}.{q(meta.table_name)}"
+    draw = (
+        f"INSERT INTO {q(TABLE)} ({q('key')}, {q('token')}) VALUES ({p}, 1) "
+        f"ON CONFLICT ({q('key')}) DO UPDATE SET {q('token')} = {q(TABLE)}.{q('token')} + 1 "
+        f"RETURNING {q('token')}"
+    )
+    token = f"(SELECT {q('token')} FROM drawn)"
+    revoke = (
+        f"UPDATE {jobs} SET {q('fencing_token')} = {token} "
+        f"WHERE {q('unique_key')} = {p} AND {q('status')} = '{JobStatus.RUNNING.value}' "
+        f"AND {q('fencing_token')} < {token} AND {q('id')} <> {p}"
+    )
+    return draw, revoke
+
+
 def draw(model: type["JobModel"], key: str, job_id: Optional[int] = None) -> int:
     """The key's next token, for job ``job_id`` about to run.
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional, Sequence
 
-from .models import FINISHED, JobModel, JobStatus
+from . import fencing
+from .models import FINISHED, JobModel, JobStatus, is_postgres
 
 _cache: dict[tuple, str] = {}
 _cache_lock = threading.Lock()
@@ -90,35 +91,50 @@ def start(
     worker: str,
     release_hold: bool,
     fencing_token: Optional[int],
+    fence_key: Optional[str] = None,
 ) -> Optional[JobModel]:
-    """Mark an attempt running and return the row; None if it finished or was replaced."""
+    """Mark an attempt running and return the row; None if it finished or was replaced.
+
+    With ``fence_key`` (an execution lock was taken), the attempt draws the
+    key's next fencing token (:mod:`dramatiq_unique.fencing`).  On
+    PostgreSQL the draw, the fencing-out of older attempts and the start
+    are one statement, so one synchronous commit; SQLite draws first.
+    """
+    db = model._meta.database
+    merged = fence_key is not None and is_postgres(db)
+    if fence_key is not None and not merged:
+        fencing_token = fencing.draw(model, fence_key, job_id)
 
     def build() -> str:
         table, columns, p = _names(model)
         q = _quoter(model)
+        if merged:
+            draw, revoke = fencing.start_clauses(model)
+            prefix, token = f"WITH drawn AS ({draw}), revoked AS ({revoke}) ", "(SELECT token FROM drawn)"
+        else:
+            prefix, token = "", f"COALESCE({p}, {q('fencing_token')} + 1)"
         return (
-            f"UPDATE {table} SET {q('status')} = {p}, {q('attempts')} = {q('attempts')} + 1, "
+            f"{prefix}UPDATE {table} SET {q('status')} = {p}, {q('attempts')} = {q('attempts')} + 1, "
             f"{q('started_at')} = {p}, {q('lease_until')} = {p}, {q('worker')} = {p}, "
-            f"{q('fencing_token')} = COALESCE({p}, {q('fencing_token')} + 1), "
+            f"{q('fencing_token')} = {token}, {q('parked_on')} = NULL, "
             f"{q('unique_hold')} = CASE WHEN {p} = 1 THEN NULL ELSE {q('unique_hold')} END "
             f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND {q('status')} NOT IN ({p}, {p}) "
             f"RETURNING {', '.join(q(c) for c in columns)}"
         )
 
-    sql = _compiled(("start", model, id(model._meta.database)), build)
+    sql = _compiled(("start", model, merged, id(db)), build)
     fields = model._meta.fields
-    params = [
+    params: list[Any] = [fence_key, fence_key, job_id] if merged else []
+    params += [
         JobStatus.RUNNING.value,
         fields["started_at"].db_value(started_at),
         fields["lease_until"].db_value(lease_until),
         worker,
-        fencing_token,
-        1 if release_hold else 0,
-        job_id,
-        revision,
-        *FINISHED,
     ]
-    row = model._meta.database.execute_sql(sql, params).fetchone()
+    if not merged:
+        params.append(fencing_token)
+    params += [1 if release_hold else 0, job_id, revision, *FINISHED]
+    row = db.execute_sql(sql, params).fetchone()
     return None if row is None else to_model(model, row)
 
 

@@ -129,12 +129,16 @@ def start(
     worker: str,
     release_hold: bool,
     fencing_token: Optional[int] = None,
+    fence_key: Optional[str] = None,
 ) -> Optional[JobModel]:
-    """Mark an attempt running; None if the job finished or was replaced meanwhile."""
+    """Mark an attempt running; None if the job finished or was replaced meanwhile.
+
+    ``fence_key``: draw that key's next fencing token for the attempt (see sql.start).
+    """
     now = utcnow()
     return sql.start(
         model, job_id, revision=revision, started_at=now, lease_until=after_ms(lease_ms, now),
-        worker=worker, release_hold=release_hold, fencing_token=fencing_token,
+        worker=worker, release_hold=release_hold, fencing_token=fencing_token, fence_key=fence_key,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from typing import Any, Optional
+from typing import Any
 
 import peewee as pw
 from dramatiq import Middleware
@@ -114,6 +114,7 @@ class JobTracking(Middleware):
             worker=f"{self.suite.worker_id}:{threading.get_ident()}",
             release_hold=release_hold,
             fencing_token=ctx.extras.get("fencing_token"),
+            fence_key=ctx.extras.get("fence_key"),
         )
         if job is None:
             existing = store.get(model, id=marker["id"])
