@@ -72,7 +72,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     scheduler = start_redriver(args.interval, suite=suite, broker=broker)
-    logging.getLogger(__name__).info("Re-drive running every %s ms; Ctrl-C stops it.", args.interval or suite.redrive_interval)
+    interval = args.interval or suite.redrive_interval
+    logging.getLogger(__name__).info("Re-drive running every %s ms; Ctrl-C stops it.", interval)
     try:
         while not stop.wait(1):
             pass

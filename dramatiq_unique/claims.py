@@ -20,6 +20,9 @@ from .context import MARKER
 from .enqueue import _TRANSIENT_OPTIONS
 from .models import FINISHED, JobModel, JobStatus, after_ms, is_postgres, utcnow
 
+#: Broker ids recorded per statement (SQLite allows at most 32,766 parameters).
+REFS_PER_STATEMENT = 1_000
+
 PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
 RETRYING, FAILED = JobStatus.RETRYING.value, JobStatus.FAILED.value
 
@@ -138,11 +141,17 @@ def claim_one(model: type[JobModel], row: JobModel, **extra: Any) -> Optional[Jo
 
 
 def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
-    """Record the broker's ids of sent rows, in one statement; a ref set meanwhile is newer: kept.
+    """Record the broker's ids of sent rows, a statement per thousand; a ref set meanwhile is newer: kept.
 
     Written by hand: peewee takes longer to build a 500-branch CASE than the
     database takes to run it.  A CTE of VALUES works on PostgreSQL and SQLite.
     """
+    items = list(refs.items())
+    for start in range(0, len(items), REFS_PER_STATEMENT):
+        _record_refs(model, items[start:start + REFS_PER_STATEMENT])
+
+
+def _record_refs(model: type[JobModel], refs: list[tuple[int, str]]) -> None:
     if not refs:
         return
     db = model._meta.database
@@ -158,7 +167,7 @@ def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
         f"UPDATE {table} SET {q('broker_ref')} = (SELECT v.ref FROM v WHERE v.id = {table}.{q('id')}) "
         f"WHERE {q('id')} IN (SELECT v.id FROM v) AND {q('broker_ref')} IS NULL"
     )
-    db.execute_sql(sql, [value for pair in refs.items() for value in pair])
+    db.execute_sql(sql, [value for pair in refs for value in pair])
 
 
 def unclaim(model: type[JobModel], ids: list[int], status: str) -> None:

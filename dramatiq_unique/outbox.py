@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 class Deferred(DramatiqUniqueError):
     """Internal: the send is held until the transaction commits"""
 
@@ -93,9 +94,9 @@ class Outbox:
             try:
                 if item.row is not None and not self._claim(item):
                     continue  # a re-drive pass sent it already
-                delay = None
-                if item.delay is not None:
-                    delay = max(0, int((item.due - time.monotonic()) * 1000))
+                # What is left of the delay; none once due (straight to the queue).
+                left = int((item.due - time.monotonic()) * 1000) if item.delay is not None else 0
+                delay = left if left > 0 else None
                 with resending():
                     sent = item.broker.enqueue(item.message, delay=delay)
                 if item.row is not None:

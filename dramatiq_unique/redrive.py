@@ -89,6 +89,15 @@ class RedriveCounts:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    # Read like a dict too: counts["sent"], dict(counts).
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def keys(self) -> list[str]:
+        return list(self.__dataclass_fields__)
+
 
 def redrive(broker: Optional[dramatiq.Broker] = None, *, suite: Optional["Suite"] = None) -> RedriveCounts:
     """Run one re-drive pass, unless another process is running one; returns its counts."""

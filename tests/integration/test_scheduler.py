@@ -71,7 +71,9 @@ def test_a_bad_interval_is_refused(suite, interval):
 def test_workers_run_the_redriver_from_boot_to_shutdown(database_url, key_prefix):
     broker = RedisBroker(url=REDIS_URL, namespace=f"{key_prefix}-workers")
     dramatiq.set_broker(broker)
-    suite = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redrive_interval=100)
+    suite = dramatiq_unique.setup(
+        broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redrive_interval=100
+    )
     try:
 
         @dramatiq.actor(track=True)
