@@ -114,6 +114,8 @@ class Suite:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
         self.register_model(JobModel)
+        # Module-level functions (get_job, submit...) use the newest suite.
+        set_current(self)
 
     def __getattr__(self, name: str) -> Any:
         # Settings read as attributes of the suite: suite.lost_after.
