@@ -109,12 +109,14 @@ def make_worker(broker, suite) -> Iterator:
 
 
 def test_the_limit_holds_across_two_worker_processes_and_no_attempt_is_wasted(suite, broker, database_url, key_prefix):
-    """Given two ``dramatiq`` worker processes of 12 threads each, limit 2 per tenant and tenant "t0" raised to 3,
-    When 8 tenants send 10 jobs each (17 slots: more than one process has threads for),
-    Then at no moment do more than 2 (3) jobs of a tenant run, each limit is reached, both processes
-    run jobs, and every job ran exactly once."""
+    """Given two ``dramatiq`` worker processes of 12 threads each, limit 2 per tenant, tenant "t0" raised to 3
+    and tenant "t7" halted, When 8 tenants send 10 jobs each (more slots than one process has threads for),
+    Then at no moment do more than 2 (3) jobs of a tenant run, each limit is reached, both processes run
+    jobs, nothing of "t7" starts until this process (which runs no worker) resumes it, and every job ran
+    exactly once."""
     declare(REDIS_URL, key_prefix, limit=2, ttl=60_000)
     set_concurrency_limit("slot_job", 3, key="t0")
+    set_concurrency_limit("slot_job", 0, key="t7")
     job = broker.get_actor("slot_job")
     tenants = [f"t{n}" for n in range(8)]
     for i in range(10):  # sent first, so that both processes find work when they start
@@ -124,7 +126,11 @@ def test_the_limit_holds_across_two_worker_processes_and_no_attempt_is_wasted(su
     workers = WorkerProcess(redis_url=REDIS_URL, namespace=broker.namespace, database_url=database_url,
                             key_prefix=key_prefix, limit=2, processes=2, threads=12)
     try:
-        wait_until(lambda: tally.ended() == 80, timeout=45, interval=0.1, what="80 jobs to end")
+        wait_until(lambda: tally.ended() == 70, timeout=45, interval=0.1, what="70 jobs to end")
+        wait_until(lambda: concurrency_status("slot_job", key="t7").parked == 10, timeout=10, what="t7 parked")
+        assert "t7" not in tally.peaks()
+        assert set_concurrency_limit("slot_job", None, key="t7") == 2  # woken through the broker
+        wait_until(lambda: tally.ended() == 80, timeout=30, interval=0.1, what="t7's jobs to end")
     finally:
         err = workers.stop()
     assert tally.peaks() == {t: 3 if t == "t0" else 2 for t in tenants}, err[-3000:]
@@ -248,6 +254,29 @@ def test_a_key_without_a_declared_limit_is_unlimited_until_a_tenant_gets_one(sui
     wait_until(lambda: rec.ended() == 8, timeout=15, what="8 jobs to end")
     assert (rec.peak["noisy"], rec.peak["quiet"]) == (1, 4)
     assert concurrency_status("report", key="quiet").limit is None
+
+
+def test_an_actor_wide_limit_applies_to_every_tenant_without_its_own(suite, broker, make_worker):
+    """Given two tenants with parked jobs, When the actor-wide limit is raised, Then each tenant gets one more
+    job running at once, but not a tenant that has a limit of its own."""
+    rec = Recorder()
+
+    @dramatiq.actor(concurrency_limit=1, concurrency_key=["tenant"])
+    def sync(tenant: str, i: int) -> None:
+        rec.run(tenant, i, 400)
+
+    set_concurrency_limit("sync", 1, key="own")
+    for i in range(3):
+        for tenant in ("a", "b", "own"):
+            sync.send(tenant, i)
+    make_worker(8)
+    wait_until(lambda: concurrency_status("sync").parked == 6, timeout=10, what="6 parked jobs")
+    assert set_concurrency_limit("sync", 2) == 2
+    wait_until(lambda: rec.running["a"] == rec.running["b"] == 2, timeout=2, interval=0.005,
+               what="a second job of a and b")
+    assert rec.running["own"] == 1
+    wait_until(lambda: rec.ended() == 9, timeout=10, what="9 jobs to end")
+    assert (rec.peak["a"], rec.peak["b"], rec.peak["own"]) == (2, 2, 1)
 
 
 def test_halt_and_resume_lose_nothing(suite, broker, make_worker):
