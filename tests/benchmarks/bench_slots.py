@@ -16,7 +16,7 @@ makespan is the hot key's: 200 jobs x 20 ms / 2 slots = 2.0 s.
   again after a back-off.  Untracked, on plain Dramatiq, unlimited
   retries (the default 20 would fail jobs of the hot key).  Back-off
   ``min_backoff=20`` ms (one job) to ``max_backoff=500`` ms: short, to give
-  the limiter a fair chance (Dramatiq's defaults, 15 s to 5 min, would
+  the limiter a fair chance (Dramatiq's default back-off, from 15 s up, would
   stretch the run to minutes); and, to show the trade-off, an aggressive
   5 to 100 ms, which polls Redis more and wastes more attempts for a
   shorter makespan.
