@@ -210,7 +210,7 @@ def _all_holders(suite: "Suite", config: "ActorConfig") -> int:
     try:
         for raw in suite.redis.scan_iter(match=pattern, count=1000):
             name = raw.decode() if isinstance(raw, bytes) else raw
-            total += gate.status(group_name(name[len(slots_prefix) :]), declared_limit(config))[0]
+            total += gate.status(group_name(name[len(slots_prefix):]), declared_limit(config))[0]
     except redis_lib.RedisError as e:
         raise RedisUnavailable(f"reading the concurrency slots of {config.actor_name!r}: {e}") from e
     return total

@@ -130,7 +130,7 @@ def group_name(key: str) -> str:
 
 def actor_of(group: str) -> str:
     """The actor name in a parking name ``slot:<actor>:<suffix>``."""
-    return group[len(KIND) + 1 :].rsplit(":", 1)[0]
+    return group[len(KIND) + 1:].rsplit(":", 1)[0]
 
 
 def declared_limit(config: "ActorConfig", message_options: Optional[dict] = None) -> int:
@@ -171,7 +171,7 @@ class SlotGate:
         self._status = client.register_script(_STATUS)
 
     def _keys(self, group: str) -> list[str]:
-        key = group[len(KIND) + 1 :]
+        key = group[len(KIND) + 1:]
         keys = self.suite.keys
         return [keys.slots(key), keys.limit(key), keys.actor_limit(actor_of(group))]
 
