@@ -608,3 +608,53 @@ def test_bad_limits_and_unknown_actors_fail_at_the_call(sqlite_suite):
         set_concurrency_limit("keyed", 1, key={"tenant": "acme"})  # region missing
     set_concurrency_limit("keyed", 4, key={"tenant": "acme", "region": "eu"})
     assert concurrency_status("keyed", key=("acme", "eu")).limit == 4
+
+
+# -- the RabbitMQ broker -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rabbit_suite(sqlite_url, key_prefix):
+    from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    from dramatiq.common import dq_name, xq_name
+
+    from tests.conftest import RABBITMQ_URL
+
+    queue = f"du_{key_prefix[-10:]}"
+    rabbit = RabbitmqBroker(url=RABBITMQ_URL)
+    dramatiq.set_broker(rabbit)
+    suite = dramatiq_unique.setup(rabbit, database=sqlite_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+    yield rabbit, suite, queue
+    suite.db.close()
+    for name in (queue, dq_name(queue), xq_name(queue)):
+        rabbit.channel.queue_delete(queue=name)
+    rabbit.close()
+
+
+def test_slots_on_the_rabbitmq_broker(rabbit_suite):
+    """Given the RabbitMQ broker (woken jobs are published, not handed to the worker in-process),
+    When a group with limit 2 gets 8 jobs and is halted and resumed meanwhile, Then 2 run at most and all run once."""
+    rabbit, suite, queue = rabbit_suite
+    rec = Recorder()
+
+    @dramatiq.actor(queue_name=queue, concurrency_limit=2)
+    def sync(i: int) -> None:
+        rec.run("g", i, 80)
+
+    for i in range(8):
+        sync.send(i)
+    worker = dramatiq.Worker(rabbit, worker_timeout=50, worker_threads=6)
+    worker.start()
+    try:
+        wait_until(lambda: rec.started() >= 2, timeout=10, what="two jobs to start")
+        set_concurrency_limit("sync", 0)
+        wait_until(lambda: concurrency_status("sync").holders == 0, timeout=10, what="the running jobs to end")
+        halted_at = rec.started()
+        time.sleep(0.3)
+        assert rec.started() == halted_at
+        assert set_concurrency_limit("sync", None) == 2
+        wait_until(lambda: rec.ended() == 8, timeout=20, what="8 jobs to end")
+    finally:
+        worker.stop(timeout=10_000)
+    assert rec.peak["g"] == 2
+    assert_all_succeeded_once("sync", 8)
