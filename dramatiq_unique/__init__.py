@@ -2,6 +2,7 @@
 too many at once, and must not be lost."""
 
 from .api import get_job, redrive, setup, start_redriver, transaction
+from .checkpoints import checkpoint, step_key
 from .config import Suite
 from .context import current_job
 from .errors import (
@@ -9,13 +10,16 @@ from .errors import (
     DependencyUnavailable,
     DramatiqUniqueError,
     DuplicateJob,
+    IdempotencyKeyReused,
     InvalidOption,
     LockLost,
     NotConfigured,
     NotInJob,
+    NotSerializable,
     RedisUnavailable,
 )
 from .heartbeat import heartbeat
+from .idempotency import submit
 from .limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
 from .middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
 from .models import JobModel, JobStatus
@@ -31,6 +35,7 @@ __all__ = [
     "DramatiqUniqueError",
     "DuplicateJob",
     "ExecutionLocks",
+    "IdempotencyKeyReused",
     "InvalidOption",
     "JobModel",
     "JobStatus",
@@ -38,10 +43,12 @@ __all__ = [
     "LockLost",
     "NotConfigured",
     "NotInJob",
+    "NotSerializable",
     "RedisUnavailable",
     "RedriveCounts",
     "Redriver",
     "Suite",
+    "checkpoint",
     "concurrency_status",
     "current_job",
     "get_job",
@@ -49,6 +56,8 @@ __all__ = [
     "redrive",
     "set_concurrency_limit",
     "setup",
+    "step_key",
+    "submit",
     "start_redriver",
     "transaction",
 ]
