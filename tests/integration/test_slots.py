@@ -421,6 +421,26 @@ def test_slots_and_execution_locks_together(suite, broker, make_worker):
     assert concurrency_status("ship", key="c1").holders == 0
 
 
+def test_a_parked_unique_job_keeps_its_key_so_a_duplicate_send_is_skipped(suite, broker, make_worker):
+    """Given until_and_while_executing (the default) and limit 1, When a job waits parked for the slot and its
+    key is sent again, Then the second send resolves to the parked job, which runs once when the slot frees."""
+    rec = Recorder()
+
+    @dramatiq.actor(unique_args=["order"], concurrency_limit=1)
+    def ship(order: str) -> None:
+        rec.run("g", order, 300 if order == "blocker" else 10)
+
+    make_worker(4)
+    ship.send("blocker")
+    wait_until(lambda: rec.started() == 1, timeout=10, what="the blocker to start")
+    first = ship.send("x")
+    wait_until(lambda: concurrency_status("ship").parked == 1, timeout=10, what="x parked")
+    assert ship.send("x").message_id == first.message_id
+    wait_until(lambda: rec.ended() == 2, timeout=10, what="x to run")
+    assert rec.order("g") == ["blocker", "x"]
+    assert_all_succeeded_once("ship", 2)
+
+
 def test_heartbeat_renews_the_slot(suite, broker, make_worker):
     """Given a 300 ms slot lease, When a job runs 900 ms calling heartbeat(), Then it keeps its slot throughout."""
     rec = Recorder()
