@@ -102,6 +102,10 @@ class RedisKeys:
         """A slot group's run-time limit (``set_concurrency_limit(..., key=...)``)."""
         return f"{self.prefix}:limit:{group}"
 
+    def message_limit(self, group: str) -> str:
+        """A slot group's limit as the last message that brought its own ``concurrency_limit`` gave it."""
+        return f"{self.prefix}:message-limit:{group}"
+
     def actor_limit(self, actor_name: str) -> str:
         """The run-time limit of all an actor's slot groups (``set_concurrency_limit(..., key=None)``)."""
         return f"{self.prefix}:actor-limit:{actor_name}"

@@ -14,7 +14,9 @@ whoever looks next.  The group's limit is read in the same script:
 
 1. the group's override (``set_concurrency_limit(actor, n, key=...)``),
 2. else the actor's override (``set_concurrency_limit(actor, n)``),
-3. else the declared ``concurrency_limit`` (passed in; -1: no limit).
+3. else the limit the group's last message brought, if messages override
+   ``concurrency_limit`` (``send_with_options``; kept for a day),
+4. else the declared ``concurrency_limit`` (passed in; -1: no limit).
 
 So a new limit applies to every worker's next decision at once.  A
 group over its limit (lowered, or halted with 0) keeps its running jobs
@@ -54,13 +56,14 @@ UNLIMITED = -1
 #: ms before a halted group (limit 0) is looked at again by the wake-up watchdog.
 HALTED_RETRY = parking.RETRY_DELAY
 
-# Every script: KEYS[1] the group's sorted set, KEYS[2] its limit override,
-# KEYS[3] the actor's limit override; ARGV[1] the declared limit (-1: none).
+# Every script: KEYS[1] the group's sorted set, KEYS[2] its limit override, KEYS[3] the
+# actor's limit override, KEYS[4] the limit its messages brought; ARGV[1] the declared limit (-1: none).
 _PRELUDE = """
 local t = redis.call('time')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('zremrangebyscore', KEYS[1], '-inf', now)
-local limit = tonumber(redis.call('get', KEYS[2]) or redis.call('get', KEYS[3]) or ARGV[1])
+local limit = tonumber(redis.call('get', KEYS[2]) or redis.call('get', KEYS[3]) or redis.call('get', KEYS[4])
+  or ARGV[1])
 local held = redis.call('zcard', KEYS[1])
 local function full(n) return limit >= 0 and n >= limit end
 local function hold(token, ttl)
@@ -74,9 +77,12 @@ local function wait()
   return math.max(tonumber(first[2]) - now, 0)
 end
 """
-# ARGV token, ttl, reserved token or "".  Enter: take up a reservation, or a free slot.
-# Returns {1, 0} when entered, else {0, ms until a holder's lease runs out (-1: halted)}.
-_ENTER = _PRELUDE + """
+# ARGV token, ttl, reserved token or "", the message's own limit or "".  Enter: take up a
+# reservation, or a free slot.  Returns {1, 0} when entered, else {0, ms until a holder's lease
+# runs out (-1: halted)}.
+_ENTER = """
+if ARGV[5] ~= '' then redis.call('set', KEYS[4], ARGV[5], 'PX', 86400000) end
+""" + _PRELUDE + """
 if ARGV[4] ~= '' and redis.call('zrem', KEYS[1], ARGV[4]) == 1 then held = held - 1 end
 if full(held) then return {0, wait()} end
 hold(ARGV[2], tonumber(ARGV[3]))
@@ -90,11 +96,11 @@ if full(held - 1) then return 0 end
 hold(ARGV[3], tonumber(ARGV[4]))
 return 1
 """
-# KEYS[4] the parking flags; ARGV token, group.  Release unless someone waits and could
+# KEYS[5] the parking flags; ARGV token, group.  Release unless someone waits and could
 # have the slot: 1 released, 2 kept (hand it on), 0 not held (its lease ran out).
 _LEAVE = _PRELUDE + """
 if not redis.call('zscore', KEYS[1], ARGV[2]) then return 0 end
-if redis.call('zscore', KEYS[4], ARGV[3]) and not full(held - 1) then return 2 end
+if redis.call('zscore', KEYS[5], ARGV[3]) and not full(held - 1) then return 2 end
 redis.call('zrem', KEYS[1], ARGV[2])
 return 1
 """
@@ -173,7 +179,7 @@ class SlotGate:
     def _keys(self, group: str) -> list[str]:
         key = group[len(KIND) + 1:]
         keys = self.suite.keys
-        return [keys.slots(key), keys.limit(key), keys.actor_limit(actor_of(group))]
+        return [keys.slots(key), keys.limit(key), keys.actor_limit(actor_of(group)), keys.message_limit(key)]
 
     def _config(self, group: str) -> "Optional[ActorConfig]":
         return self.suite.actor_config(actor_of(group))
@@ -190,13 +196,17 @@ class SlotGate:
 
     # -- for the middleware ---------------------------------------------------
 
-    def enter(self, group: str, token: str, ttl_ms: float, limit: int, reserved: Optional[str]) -> tuple[bool, float]:
+    def enter(self, group: str, token: str, ttl_ms: float, limit: int, reserved: Optional[str],
+              own_limit: Optional[int] = None) -> tuple[bool, float]:
         """Take up ``reserved`` (a slot handed to this job when it was woken) or a free slot.
 
-        Returns ``(True, 0)``, or ``(False, ms until a holder's lease runs
-        out, -1 if the group is halted)``.
+        ``own_limit`` is a limit the message brought (``send_with_options``):
+        it becomes the group's default, for the decisions taken without the
+        message (hand-overs, wake-ups).  Returns ``(True, 0)``, or ``(False,
+        ms until a holder's lease runs out, -1 if the group is halted)``.
         """
-        entered, wait = self._call(self._enter, group, [limit, token, int(ttl_ms), reserved or ""])
+        args = [limit, token, int(ttl_ms), reserved or "", "" if own_limit is None else int(own_limit)]
+        entered, wait = self._call(self._enter, group, args)
         return bool(entered), float(wait)
 
     def renew(self, group: str, token: str, ttl_ms: float, limit: int) -> bool:
@@ -213,7 +223,7 @@ class SlotGate:
 
     def describe(self, group: str) -> Optional[GroupInfo]:
         config = self._config(group)
-        if config is None or not has_slots(config):
+        if config is None:  # a per-message concurrency_limit alone still makes groups: no has_slots() here
             return None
         order_by = config.options.get("unique_order_by") or opt.DEFAULT_UNIQUE_ORDER_BY
         return GroupInfo(config.model, order_by, ttl_of(config))

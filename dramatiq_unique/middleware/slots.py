@@ -95,7 +95,8 @@ class ConcurrencySlots(Middleware):
         if isinstance(wake, dict) and wake.get("g") == group:
             reserved = marker.pop(parking.WAKE)["t"]  # woken for this slot: it was handed to us
         token = new_token()
-        entered, wait = self.gate.enter(group, token, ttl, limit, reserved)
+        own = opts.get("concurrency_limit")  # a message's own limit: the gate must know it too
+        entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
         if not entered:
             self._park(config, message, group, ttl if wait < 0 else wait)
         held = HeldSlot(self.gate, group, token, ttl, limit)

@@ -3,6 +3,7 @@ on real Redis with the job table on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import statistics
 import threading
@@ -277,6 +278,25 @@ def test_an_actor_wide_limit_applies_to_every_tenant_without_its_own(suite, brok
     assert rec.running["own"] == 1
     wait_until(lambda: rec.ended() == 9, timeout=10, what="9 jobs to end")
     assert (rec.peak["a"], rec.peak["b"], rec.peak["own"]) == (2, 2, 1)
+
+
+def test_a_message_may_bring_its_own_limit(suite, broker, make_worker, caplog):
+    """Given a tracked actor without slot options, When messages are sent with concurrency_limit=1,
+    Then they run one at a time, each waiting job parked once (hand-overs know the message's limit)."""
+    rec = Recorder()
+    caplog.set_level(logging.DEBUG, logger="dramatiq_unique.parking")
+
+    @dramatiq.actor(track=True)
+    def sync(i: int) -> None:
+        rec.run("g", i, 60)
+
+    for i in range(4):
+        sync.send_with_options(args=(i,), concurrency_limit=1)
+    make_worker(4)
+    wait_until(lambda: rec.ended() == 4, timeout=10, what="4 jobs to end")
+    assert rec.peak["g"] == 1
+    assert_all_succeeded_once("sync", 4)
+    assert sum("parked on" in r.getMessage() for r in caplog.records) <= 3
 
 
 def test_halt_and_resume_lose_nothing(suite, broker, make_worker):
