@@ -94,15 +94,17 @@ class Delivery:
         self._claim: Any = None
         self._lock = threading.Lock()
 
-    def send(self, message: Message) -> None:
-        if self._deliver_locally(message):
+    def send(self, message: Message, broker_ref: Optional[str] = None) -> None:
+        """Deliver a woken job's message; ``broker_ref``, if given, is the id its row
+        already records for it (used by a local delivery)."""
+        if self._deliver_locally(message, broker_ref):
             return
         broker = self._broker_of()
         if broker is None:
             raise RuntimeError("the suite has no broker to send woken jobs through")
         broker.enqueue(message)
 
-    def _deliver_locally(self, message: Message) -> bool:
+    def _deliver_locally(self, message: Message, broker_ref: Optional[str] = None) -> bool:
         worker, broker = self.worker, self._broker_of()
         if not self.local or worker is None or _WorkQueueItem is None or not isinstance(broker, RedisBroker):
             return False
@@ -113,8 +115,11 @@ class Delivery:
             actor = broker.get_actor(message.actor_name)
         except Exception:
             return False
-        message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
-        broker.emit_before("enqueue", message, None)
+        from .enqueue import resending
+
+        message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
+        with resending():  # the claim recorded broker_ref: JobTracking need not write it again
+            broker.emit_before("enqueue", message, None)
         with self._lock:
             if self._claim is None or self._claim.registered_client is not broker.client:
                 self._claim = broker.client.register_script(_CLAIM)

@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, NoReturn, Optional, Protocol
 
@@ -66,12 +67,12 @@ import peewee as pw
 import redis as redis_lib
 from dramatiq.middleware import SkipMessage
 
-from . import store
+from . import sql, store
 from .context import MARKER
 from .delivery import Delivery, job_options, rebuild
 from .enqueue import row_fields
 from .errors import DependencyUnavailable
-from .models import WAITING, JobModel, JobStatus, utcnow
+from .models import JobModel, JobStatus, utcnow
 from .wakeups import Flags, Watchdog
 
 if TYPE_CHECKING:
@@ -208,17 +209,7 @@ class Parking:
         marker = dict(message.options.get(MARKER) or {})
         reserved = marker.pop(WAKE, None)
         options = job_options(message.options, marker)
-        now = utcnow()
-        parked = (
-            model.update(status=JobStatus.PENDING.value, parked_on=group, options=options)
-            .where(
-                (model.id == job_id)
-                & (model.revision == revision)
-                # A running row whose lease ran out is a crashed attempt of this job.
-                & (model.status.in_(WAITING) | ((model.status == JobStatus.RUNNING.value) & (model.lease_until < now)))
-            )
-            .execute()
-        )
+        parked = sql.park(model, job_id, revision, group, options, utcnow())
         if not parked:
             return False
         if isinstance(reserved, dict) and reserved.get("g") != group:
@@ -288,7 +279,7 @@ class Parking:
                         return None
                     token = grant
                     try:
-                        self.delivery.send(rebuild(row, {WAKE: {"g": group, "t": grant}}))
+                        self.delivery.send(rebuild(row, {WAKE: {"g": group, "t": grant}}), row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
                         self._unclaim(info.model, row, group)
@@ -347,22 +338,9 @@ class Parking:
         )
 
     def _claim_next(self, info: GroupInfo, group: str) -> Optional[JobModel]:
-        model = info.model
-        order = model.process_after if info.order_by == "process_after" else model.created_at
-        for _ in range(MAX_ROUNDS):
-            now = utcnow()
-            row = model.select().where(self._due_parked(model, group, now)).order_by(order, model.id).first()
-            if row is None:
-                return None
-            claimed = (
-                model.update(status=JobStatus.QUEUED.value, parked_on=None, enqueued_at=now)
-                .where((model.id == row.id) & (model.parked_on == group) & (model.status == JobStatus.PENDING.value))
-                .execute()
-            )
-            if claimed:
-                row.status, row.parked_on, row.enqueued_at = JobStatus.QUEUED, None, now
-                return row
-        return None
+        # The woken message's broker id is chosen here, so the claim records it
+        # and the delivery adds no write of its own.
+        return sql.claim_parked(info.model, group, info.order_by, utcnow(), str(uuid.uuid4()))
 
     def _unclaim(self, model: type[JobModel], row: JobModel, group: str) -> None:
         model.update(status=JobStatus.PENDING.value, parked_on=group).where(

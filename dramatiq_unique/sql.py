@@ -15,7 +15,7 @@ import threading
 from typing import Any, Optional, Sequence
 
 from . import fencing
-from .models import FINISHED, JobModel, JobStatus, is_postgres
+from .models import FINISHED, WAITING, JobModel, JobStatus, is_postgres
 
 _cache: dict[tuple, str] = {}
 _cache_lock = threading.Lock()
@@ -151,3 +151,62 @@ def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values
     sql = _compiled(("update_fenced", model, names, id(model._meta.database)), build)
     cursor = model._meta.database.execute_sql(sql, [*_params(model, values), job_id, fencing_token])
     return cursor.rowcount
+
+
+def claim_parked(model: type[JobModel], group: str, order_by: str, now: Any, broker_ref: str) -> Optional[JobModel]:
+    """Claim the next due job parked on ``group`` (status pending to queued) and return it; None if none.
+
+    One statement: the head of the group is chosen and claimed together
+    (on PostgreSQL skipping a head another waker has locked), so two
+    wakers never claim one row.  ``broker_ref`` is the id the woken
+    message is delivered under, recorded for the lost-message check.
+    """
+    db = model._meta.database
+
+    def build() -> str:
+        table, columns, p = _names(model)
+        q = _quoter(model)
+        order = q("process_after") if order_by == "process_after" else q("created_at")
+        lock = " FOR UPDATE SKIP LOCKED" if is_postgres(db) else ""
+        waiting = f"{q('parked_on')} = {p} AND {q('status')} = {p}"
+        return (
+            f"UPDATE {table} SET {q('status')} = {p}, {q('parked_on')} = NULL, {q('enqueued_at')} = {p}, "
+            f"{q('broker_ref')} = {p}, {q('missing_since')} = NULL "
+            f"WHERE {q('id')} = (SELECT {q('id')} FROM {table} WHERE {waiting} "
+            f"AND ({q('process_after')} IS NULL OR {q('process_after')} <= {p}) "
+            f"ORDER BY {order}, {q('id')} LIMIT 1{lock}) AND {waiting} "
+            f"RETURNING {', '.join(q(c) for c in columns)}"
+        )
+
+    sql = _compiled(("claim_parked", model, order_by, id(db)), build)
+    when = model._meta.fields["enqueued_at"].db_value(now)
+    pending = JobStatus.PENDING.value
+    params = [JobStatus.QUEUED.value, when, broker_ref, group, pending, when, group, pending]
+    row = db.execute_sql(sql, params).fetchone()
+    return None if row is None else to_model(model, row)
+
+
+def park(model: type[JobModel], job_id: int, revision: int, group: str, options: dict, now: Any) -> int:
+    """Park a waiting job on ``group`` (status pending, ``parked_on`` set); returns the row count.
+
+    A running row whose lease ran out counts as waiting: it is a crashed
+    attempt of this very job.
+    """
+    db = model._meta.database
+
+    def build() -> str:
+        table, _, p = _names(model)
+        q = _quoter(model)
+        return (
+            f"UPDATE {table} SET {q('status')} = {p}, {q('parked_on')} = {p}, {q('options')} = {p} "
+            f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND ({q('status')} IN ({p}, {p}, {p}) "
+            f"OR ({q('status')} = {p} AND {q('lease_until')} < {p}))"
+        )
+
+    sql = _compiled(("park", model, id(db)), build)
+    fields = model._meta.fields
+    params = [
+        JobStatus.PENDING.value, group, fields["options"].db_value(options), job_id, revision,
+        *WAITING, JobStatus.RUNNING.value, fields["lease_until"].db_value(now),
+    ]
+    return db.execute_sql(sql, params).rowcount
