@@ -9,15 +9,13 @@ their plans, a test checks them).
 
 from __future__ import annotations
 
-import calendar
 from datetime import datetime
 from typing import Any, Optional
 
 import peewee as pw
 from dramatiq import Message
 
-from .context import MARKER
-from .enqueue import _TRANSIENT_OPTIONS
+from .messages import epoch_ms, rebuild
 from .models import FINISHED, JobModel, JobStatus, after_ms, is_postgres, utcnow
 
 #: Broker ids recorded per statement (SQLite allows at most 32,766 parameters).
@@ -177,25 +175,10 @@ def unclaim(model: type[JobModel], ids: list[int], status: str) -> None:
     ).execute()
 
 
-def epoch_ms(moment: datetime) -> int:
-    return calendar.timegm(moment.utctimetuple()) * 1000 + moment.microsecond // 1000
-
-
 def build_message(row: JobModel) -> Message:
     """The job's message, rebuilt from its row, marked as the row's current revision."""
-    options = {k: v for k, v in (row.options or {}).items() if k not in _TRANSIENT_OPTIONS}
-    marker = dict(options.get(MARKER) or {})
-    marker.update(id=row.id, rev=row.revision)
-    options[MARKER] = marker
+    message = rebuild(row, timestamp=epoch_ms(row.created_at))
     if row.attempts:
         # Retries counts failed attempts in the message; every attempt so far failed.
-        options["retries"] = row.attempts
-    return Message(
-        queue_name=row.queue_name,
-        actor_name=row.actor_name,
-        args=tuple(row.args or ()),
-        kwargs=dict(row.kwargs or {}),
-        options=options,
-        message_id=row.message_id,
-        message_timestamp=epoch_ms(row.created_at),
-    )
+        message.options["retries"] = row.attempts
+    return message

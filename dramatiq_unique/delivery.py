@@ -33,9 +33,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
-from dramatiq.common import current_millis
 
-from .context import MARKER
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
     from dramatiq.brokers.redis import RedisBroker
@@ -46,40 +44,12 @@ except ImportError:  # pragma: no cover
 if TYPE_CHECKING:
     import dramatiq
 
-    from .models import JobModel
-
-#: Message options that belong to one delivery, not to the job.
-TRANSIENT_OPTIONS = frozenset({"redis_message_id", "eta", "traceback", "requeue_timestamp"})
-
 # KEYS[1] queue's message hash, KEYS[2] this worker's ack set; ARGV id, body.
 _CLAIM = """
 redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
 redis.call('sadd', KEYS[2], ARGV[1])
 return 1
 """
-
-
-def job_options(options: dict, marker: Optional[dict] = None) -> dict:
-    """A message's options as a job keeps them: no per-delivery ones; ``marker`` replaces the suite's."""
-    kept = {k: v for k, v in options.items() if k not in TRANSIENT_OPTIONS}
-    if marker is not None:
-        kept[MARKER] = marker
-    return kept
-
-
-def rebuild(row: "JobModel", marker: dict) -> Message:
-    """The job's message, from its row: same id, arguments and options, the given marker entries added."""
-    options = job_options(row.options or {})
-    options[MARKER] = {**(options.get(MARKER) or {}), "id": row.id, "rev": row.revision, **marker}
-    return Message(
-        queue_name=row.queue_name,
-        actor_name=row.actor_name,
-        args=tuple(row.args or ()),
-        kwargs=dict(row.kwargs or {}),
-        options=options,
-        message_id=row.message_id,
-        message_timestamp=current_millis(),
-    )
 
 
 class Delivery:

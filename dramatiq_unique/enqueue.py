@@ -25,6 +25,7 @@ from . import outbox, store
 from .context import MARKER, active
 from .errors import DramatiqUniqueError, DuplicateJob
 from .keys import bind_arguments, derive_key, idempotency_hold
+from .messages import job_options
 from .models import JobStatus, after_ms, utcnow
 
 if TYPE_CHECKING:
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Message options that belong to one delivery, not to the job.
-_TRANSIENT_OPTIONS = frozenset({"redis_message_id", "eta", "traceback", "requeue_timestamp"})
 
 
 class _Redirect(DramatiqUniqueError):
@@ -135,7 +134,7 @@ def _skip_early(suite: "Suite", message: "Message", delay: Optional[int]) -> Opt
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
     now = utcnow()
-    options = {k: v for k, v in message.options.items() if k not in _TRANSIENT_OPTIONS}
+    options = job_options(message.options)
     fields: dict[str, Any] = {
         "message_id": message.message_id,
         "actor_name": message.actor_name,

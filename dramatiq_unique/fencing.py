@@ -20,7 +20,7 @@ SQLite (3.35 and later) and PostgreSQL.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import peewee as pw
 
@@ -51,6 +51,23 @@ _statements: dict[tuple, tuple[str, Optional[str]]] = {}
 _statements_lock = threading.Lock()
 
 
+def _parts(model: type["JobModel"]) -> tuple[Callable[[str], str], str, str, str]:
+    """The quoting function, parameter mark, quoted job table, and the draw statement
+    (``INSERT ... ON CONFLICT DO UPDATE ... RETURNING token``; parameter: the key)."""
+    db = model._meta.database
+    left, right = db.quote
+    q = lambda name: f"{left}{name}{right}"  # noqa: E731
+    p = db.param
+    meta = model._meta
+    jobs = q(meta.table_name) if not meta.schema else f"{q(meta.schema)}.{q(meta.table_name)}"
+    draw = (
+        f"INSERT INTO {q(TABLE)} ({q('key')}, {q('token')}) VALUES ({p}, 1) "
+        f"ON CONFLICT ({q('key')}) DO UPDATE SET {q('token')} = {q(TABLE)}.{q('token')} + 1 "
+        f"RETURNING {q('token')}"
+    )
+    return q, p, jobs, draw
+
+
 def _sql(model: type["JobModel"]) -> tuple[str, Optional[str]]:
     """The statements of a draw for ``model``'s table, built once per dialect.
 
@@ -63,16 +80,7 @@ def _sql(model: type["JobModel"]) -> tuple[str, Optional[str]]:
     found = _statements.get(cache_key)
     if found is not None:
         return found
-    left, right = db.quote
-    q = lambda name: f"{left}{name}{right}"  # noqa: E731
-    p = db.param
-    meta = model._meta
-    jobs = q(meta.table_name) if not meta.schema else f"{q(meta.schema)}.{q(meta.table_name)}"
-    draw = (
-        f"INSERT INTO {q(TABLE)} ({q('key')}, {q('token')}) VALUES ({p}, 1) "
-        f"ON CONFLICT ({q('key')}) DO UPDATE SET {q('token')} = {q(TABLE)}.{q('token')} + 1 "
-        f"RETURNING {q('token')}"
-    )
+    q, p, jobs, draw = _parts(model)
     token = f"(SELECT {q('token')} FROM drawn)" if is_postgres(db) else p
     # Rows of the key still running under an older token lose their attempt;
     # the drawing job's own row stops being parked (it runs now).
@@ -99,17 +107,7 @@ def start_clauses(model: type["JobModel"]) -> tuple[str, str]:
     parameter: key) and ``revoked`` (older running attempts of the key fenced out;
     parameters: key, the starting job's id).  The starting row itself is left
     to the main statement: PostgreSQL does not update one row twice in a statement."""
-    db = model._meta.database
-    left, right = db.quote
-    q = lambda name: f"{left}{name}{right}"  # noqa: E731
-    p = db.param
-    meta = model._meta
-    jobs = q(meta.table_name) if not meta.schema else f"{q(meta.schema)}.{q(meta.table_name)}"
-    draw = (
-        f"INSERT INTO {q(TABLE)} ({q('key')}, {q('token')}) VALUES ({p}, 1) "
-        f"ON CONFLICT ({q('key')}) DO UPDATE SET {q('token')} = {q(TABLE)}.{q('token')} + 1 "
-        f"RETURNING {q('token')}"
-    )
+    q, p, jobs, draw = _parts(model)
     token = f"(SELECT {q('token')} FROM drawn)"
     revoke = (
         f"UPDATE {jobs} SET {q('fencing_token')} = {token} "

@@ -31,6 +31,7 @@ from dramatiq.common import q_name
 
 from . import config as _config
 from .errors import DramatiqUniqueError
+from .messages import job_options
 from .models import JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -73,13 +74,7 @@ class Outbox:
         self, broker: "Broker", message: "Message", delay: Optional[int], row: Optional[tuple] = None
     ) -> Deferred:
         """Hold ``message`` until commit; returns the exception that stops the broker's enqueue."""
-        from .enqueue import _TRANSIENT_OPTIONS
-
-        clean = dataclasses.replace(
-            message,
-            queue_name=q_name(message.queue_name),
-            options={k: v for k, v in message.options.items() if k not in _TRANSIENT_OPTIONS},
-        )
+        clean = dataclasses.replace(message, queue_name=q_name(message.queue_name), options=job_options(message.options))
         self.items.append(_Item(broker, clean, delay, time.monotonic() + (delay or 0) / 1000, row))
         return Deferred(clean)
 

@@ -69,7 +69,8 @@ from dramatiq.middleware import SkipMessage
 
 from . import sql, store
 from .context import MARKER
-from .delivery import Delivery, job_options, rebuild
+from .delivery import Delivery
+from .messages import job_options, rebuild
 from .enqueue import row_fields
 from .errors import DependencyUnavailable
 from .models import JobModel, JobStatus, utcnow

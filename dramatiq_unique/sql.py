@@ -21,6 +21,13 @@ _cache: dict[tuple, str] = {}
 _cache_lock = threading.Lock()
 
 
+def _dialect(model: type[JobModel]) -> tuple:
+    """What a statement's text depends on besides the model: not id(database), which a
+    new Database object may reuse after the old one is gone."""
+    db = model._meta.database
+    return (model._meta.table_name, model._meta.schema, db.param, tuple(db.quote), is_postgres(db))
+
+
 def _compiled(key: tuple, build: Any) -> str:
     sql = _cache.get(key)
     if sql is None:
@@ -77,7 +84,7 @@ def insert(model: type[JobModel], values: dict[str, Any]) -> int:
         cols = ", ".join(q(model._meta.fields[n].column_name) for n in names)
         return f"INSERT INTO {table} ({cols}) VALUES ({', '.join([p] * len(names))}) RETURNING id"
 
-    sql = _compiled(("insert", model, names, id(model._meta.database)), build)
+    sql = _compiled(("insert", model, names, _dialect(model)), build)
     return model._meta.database.execute_sql(sql, _params(model, values)).fetchone()[0]
 
 
@@ -122,7 +129,7 @@ def start(
             f"RETURNING {', '.join(q(c) for c in columns)}"
         )
 
-    sql = _compiled(("start", model, merged, id(db)), build)
+    sql = _compiled(("start", model, merged, _dialect(model)), build)
     fields = model._meta.fields
     params: list[Any] = [fence_key, fence_key, job_id] if merged else []
     params += [
@@ -148,7 +155,7 @@ def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values
         sets = ", ".join(f"{q(model._meta.fields[n].column_name)} = {p}" for n in names)
         return f"UPDATE {table} SET {sets} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
 
-    sql = _compiled(("update_fenced", model, names, id(model._meta.database)), build)
+    sql = _compiled(("update_fenced", model, names, _dialect(model)), build)
     cursor = model._meta.database.execute_sql(sql, [*_params(model, values), job_id, fencing_token])
     return cursor.rowcount
 
@@ -178,7 +185,7 @@ def claim_parked(model: type[JobModel], group: str, order_by: str, now: Any, bro
             f"RETURNING {', '.join(q(c) for c in columns)}"
         )
 
-    sql = _compiled(("claim_parked", model, order_by, id(db)), build)
+    sql = _compiled(("claim_parked", model, order_by, _dialect(model)), build)
     when = model._meta.fields["enqueued_at"].db_value(now)
     pending = JobStatus.PENDING.value
     params = [JobStatus.QUEUED.value, when, broker_ref, group, pending, when, group, pending]
@@ -203,7 +210,7 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
             f"OR ({q('status')} = {p} AND {q('lease_until')} < {p}))"
         )
 
-    sql = _compiled(("park", model, id(db)), build)
+    sql = _compiled(("park", model, _dialect(model)), build)
     fields = model._meta.fields
     params = [
         JobStatus.PENDING.value, group, fields["options"].db_value(options), job_id, revision,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.delivery import job_options, rebuild
+from dramatiq_unique.messages import job_options, rebuild
 from dramatiq_unique.middleware.execution import unique_key_of
 
 
