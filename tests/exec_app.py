@@ -19,6 +19,7 @@ import redis
 
 import dramatiq_unique
 from dramatiq_unique import current_job, heartbeat
+from tests.workers import CliWorker
 
 
 def log_key(key_prefix: str) -> str:
@@ -68,7 +69,7 @@ if os.environ.get("DU_DATABASE_URL"):
     declare(os.environ["DU_REDIS_URL"], os.environ["DU_KEY_PREFIX"], int(os.environ.get("DU_TTL", "60000")))
 
 
-class WorkerProcess:
+class WorkerProcess(CliWorker):
     """A ``dramatiq tests.exec_app`` worker subprocess (one worker process) with its own environment.
 
     Stop it with :meth:`stop`; :meth:`kill_child` SIGKILLs the worker process itself.
@@ -76,55 +77,10 @@ class WorkerProcess:
 
     def __init__(self, *, redis_url: str, namespace: str, database_url: str, key_prefix: str, ttl: int,
                  threads: int = 4) -> None:
-        import subprocess
-        import sys
-        from pathlib import Path
-
-        root = Path(__file__).resolve().parents[1]
-        env = {
-            **os.environ,
+        super().__init__("tests.exec_app", {
             "DU_REDIS_URL": redis_url,
             "DU_NAMESPACE": namespace,
             "DU_DATABASE_URL": database_url,
             "DU_KEY_PREFIX": key_prefix,
             "DU_TTL": str(ttl),
-            "PYTHONPATH": str(root),
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "tests.exec_app", "--processes", "1", "--threads", str(threads),
-             "--path", str(root), "--worker-shutdown-timeout", "5000"],
-            cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-
-    def children(self) -> list[int]:
-        try:
-            with open(f"/proc/{self.process.pid}/task/{self.process.pid}/children") as f:
-                return [int(pid) for pid in f.read().split()]
-        except OSError:
-            return []
-
-    def kill_child(self, pid: int) -> None:
-        import signal
-
-        if pid in self.children():  # only a worker process this object started
-            os.kill(pid, signal.SIGKILL)
-
-    def stop(self, timeout: float = 15.0) -> str:
-        """Stop the worker (SIGTERM, then SIGKILL); returns its stderr."""
-        import signal
-        import subprocess
-
-        children = self.children()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            _, err = self.process.communicate(timeout=5)
-        for pid in children:  # a worker process left behind by a killed parent
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return err or ""
+        }, threads=threads)

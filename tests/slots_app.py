@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import dramatiq
 import redis
 
 import dramatiq_unique
 from dramatiq_unique import heartbeat
+from tests.workers import CliWorker
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # KEYS[1] running counts, KEYS[2] peaks; ARGV tenant, +1/-1.
 _COUNT = """
@@ -106,7 +102,7 @@ if os.environ.get("DU_DATABASE_URL") and os.environ.get("DU_APP") == "slots":
             int(os.environ.get("DU_TTL", "60000")))
 
 
-class WorkerProcess:
+class WorkerProcess(CliWorker):
     """``dramatiq tests.slots_app`` worker subprocesses, configured through the environment.
 
     :meth:`stop` ends them (SIGTERM, then SIGKILL); :meth:`kill_child` SIGKILLs one worker process.
@@ -114,8 +110,7 @@ class WorkerProcess:
 
     def __init__(self, *, redis_url: str, namespace: str, database_url: str, key_prefix: str, limit: int = 2,
                  ttl: int = 60_000, processes: int = 1, threads: int = 4) -> None:
-        env = {
-            **os.environ,
+        super().__init__("tests.slots_app", {
             "DU_APP": "slots",
             "DU_REDIS_URL": redis_url,
             "DU_NAMESPACE": namespace,
@@ -123,38 +118,4 @@ class WorkerProcess:
             "DU_KEY_PREFIX": key_prefix,
             "DU_LIMIT": str(limit),
             "DU_TTL": str(ttl),
-            "PYTHONPATH": str(ROOT),
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "tests.slots_app", "--processes", str(processes),
-             "--threads", str(threads), "--path", str(ROOT), "--worker-shutdown-timeout", "5000"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )
-
-    def children(self) -> list[int]:
-        try:
-            with open(f"/proc/{self.process.pid}/task/{self.process.pid}/children") as f:
-                return [int(pid) for pid in f.read().split()]
-        except OSError:
-            return []
-
-    def kill_child(self, pid: int) -> None:
-        if pid in self.children():  # only a worker process this object started
-            os.kill(pid, signal.SIGKILL)
-
-    def stop(self, timeout: float = 15.0) -> str:
-        """Stop the workers; returns their stderr."""
-        children = self.children()
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            _, err = self.process.communicate(timeout=5)
-        for pid in children:  # a worker process left behind by a killed parent
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        return err or ""
+        }, processes=processes, threads=threads)

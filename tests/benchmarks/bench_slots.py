@@ -36,7 +36,6 @@ ideal; wasted attempts are actor calls beyond one per job.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import tempfile
@@ -46,16 +45,14 @@ import uuid
 from typing import Callable, Optional
 
 import dramatiq
-import peewee as pw
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.rate_limits import ConcurrentRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend
 
 import dramatiq_unique
+from common import REDIS_URL, pg_database
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-PG = dict(database="test", host="127.0.0.1", user="postgres")
 HOT_JOBS, COLD_KEYS, COLD_JOBS, LIMIT = 200, 9, 20, 2
 #: Retries' back-off for the ConcurrentRateLimiter (ms): the chosen setting, and an aggressive one.
 BACKOFFS = [(20, 500), (5, 100)]
@@ -215,18 +212,6 @@ def _drop_keys(prefix: str) -> None:
     client.close()
 
 
-def pg_schema() -> tuple[str, Callable[[], None]]:
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = pw.PostgresqlDatabase(**PG)
-    admin.execute_sql(f'CREATE SCHEMA "{schema}"')
-
-    def drop() -> None:
-        admin.execute_sql(f'DROP SCHEMA "{schema}" CASCADE')
-        admin.close()
-
-    return f"postgresql://{PG['user']}@{PG['host']}/{PG['database']}?options=-csearch_path%3D{schema}", drop
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -242,11 +227,8 @@ def main() -> None:
     for r in range(args.rounds):
         results.setdefault("slots, SQLite", []).append(
             run_slots(f"sqlite:///{tmp}/jobs-{r}.db", args.threads, args.job_ms))
-        url, drop = pg_schema()
-        try:
+        with pg_database() as url:
             results.setdefault("slots, PostgreSQL", []).append(run_slots(url, args.threads, args.job_ms))
-        finally:
-            drop()
         for low, high in BACKOFFS:
             results.setdefault(f"CRL, back-off {low}-{high} ms", []).append(
                 run_rate_limiter(args.threads, args.job_ms, low, high))

@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import tempfile
 import threading
 import time
 import uuid
 
 import dramatiq
-import peewee as pw
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
+from common import REDIS_URL, on_each_database
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-PG = dict(database="test", host="127.0.0.1", user="postgres")
 
 
 class Run:
@@ -162,18 +158,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     args = parser.parse_args()
     print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
-    if args.only != "postgres":
-        bench("SQLite", f"sqlite:///{tempfile.mkdtemp()}/bench.db", args)
-    if args.only != "sqlite":
-        schema = f"bench_{uuid.uuid4().hex[:8]}"
-        admin = pw.PostgresqlDatabase(**PG)
-        admin.execute_sql(f"CREATE SCHEMA {schema}")
-        try:
-            bench("PostgreSQL", f"postgresql://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}", args)
-        finally:
-            admin.execute_sql(f"DROP SCHEMA {schema} CASCADE")
-            admin.close()
-
+    on_each_database(lambda label, url: bench(label, url, args), args.only)
 
 if __name__ == "__main__":
     main()
