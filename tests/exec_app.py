@@ -17,9 +17,8 @@ import time
 import dramatiq
 import redis
 
-import dramatiq_unique
 from dramatiq_unique import current_job, heartbeat
-from tests.workers import CliWorker
+from tests.workers import CliWorker, setup_from_env
 
 
 def log_key(key_prefix: str) -> str:
@@ -55,17 +54,7 @@ def read_log(client: redis.Redis, key_prefix: str) -> list[list]:
 
 
 if os.environ.get("DU_DATABASE_URL"):
-    from dramatiq.brokers.redis import RedisBroker
-
-    _broker = RedisBroker(url=os.environ["DU_REDIS_URL"], namespace=os.environ["DU_NAMESPACE"])
-    dramatiq.set_broker(_broker)
-    dramatiq_unique.setup(
-        _broker,
-        database=os.environ["DU_DATABASE_URL"],
-        redis=os.environ["DU_REDIS_URL"],
-        key_prefix=os.environ["DU_KEY_PREFIX"],
-        redriver=False,
-    )
+    setup_from_env()
     declare(os.environ["DU_REDIS_URL"], os.environ["DU_KEY_PREFIX"], int(os.environ.get("DU_TTL", "60000")))
 
 

@@ -19,9 +19,8 @@ import time
 import dramatiq
 import redis
 
-import dramatiq_unique
 from dramatiq_unique import heartbeat
-from tests.workers import CliWorker
+from tests.workers import CliWorker, setup_from_env
 
 
 # KEYS[1] running counts, KEYS[2] peaks; ARGV tenant, +1/-1.
@@ -87,17 +86,7 @@ def declare(redis_url: str, key_prefix: str, limit: int, ttl: int) -> dramatiq.A
 
 
 if os.environ.get("DU_DATABASE_URL") and os.environ.get("DU_APP") == "slots":
-    from dramatiq.brokers.redis import RedisBroker
-
-    _broker = RedisBroker(url=os.environ["DU_REDIS_URL"], namespace=os.environ["DU_NAMESPACE"])
-    dramatiq.set_broker(_broker)
-    dramatiq_unique.setup(
-        _broker,
-        database=os.environ["DU_DATABASE_URL"],
-        redis=os.environ["DU_REDIS_URL"],
-        key_prefix=os.environ["DU_KEY_PREFIX"],
-        redriver=False,
-    )
+    setup_from_env()
     declare(os.environ["DU_REDIS_URL"], os.environ["DU_KEY_PREFIX"], int(os.environ.get("DU_LIMIT", "2")),
             int(os.environ.get("DU_TTL", "60000")))
 

@@ -54,3 +54,21 @@ class CliWorker:
             except ProcessLookupError:
                 pass
         return err or ""
+
+
+def setup_from_env() -> None:
+    """In a worker subprocess: the broker and suite that a :class:`CliWorker`'s ``DU_*`` variables describe."""
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+
+    import dramatiq_unique
+
+    broker = RedisBroker(url=os.environ["DU_REDIS_URL"], namespace=os.environ["DU_NAMESPACE"])
+    dramatiq.set_broker(broker)
+    dramatiq_unique.setup(
+        broker,
+        database=os.environ["DU_DATABASE_URL"],
+        redis=os.environ["DU_REDIS_URL"],
+        key_prefix=os.environ["DU_KEY_PREFIX"],
+        redriver=False,
+    )

@@ -160,5 +160,6 @@ def main() -> None:
     print(f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores")
     on_each_database(lambda label, url: bench(label, url, args), args.only)
 
+
 if __name__ == "__main__":
     main()

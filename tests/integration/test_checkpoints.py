@@ -6,7 +6,7 @@ import dramatiq
 import pytest
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, LockLost, NotInJob, NotSerializable, checkpoint, current_job, step_key
+from dramatiq_unique import JobModel, LockLost, NotInJob, checkpoint, current_job, step_key
 from tests.helpers import wait_until
 
 

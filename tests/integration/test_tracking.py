@@ -6,7 +6,6 @@ import threading
 
 import dramatiq
 import peewee as pw
-import pytest
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, JobStatus, current_job
