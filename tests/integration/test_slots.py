@@ -85,6 +85,10 @@ def rows(actor_name: str) -> list[JobModel]:
 
 
 def assert_all_succeeded_once(actor_name: str, count: int) -> None:
+    # An actor's end is seen before its outcome is written (after_process_message):
+    # let the last rows settle, within a bound, before judging them.
+    wait_until(lambda: all(r.status in ("succeeded", "failed") for r in rows(actor_name)), timeout=10,
+               what=f"the {actor_name} rows to record their outcome")
     found = rows(actor_name)
     assert len(found) == count
     assert {r.status for r in found} == {"succeeded"}, [(r.id, r.status, r.last_error) for r in found]
