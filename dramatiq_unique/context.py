@@ -12,6 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import NotInJob
+from .sql import PARTIAL
 
 if TYPE_CHECKING:
     from dramatiq.broker import MessageProxy
@@ -73,4 +74,13 @@ def require() -> JobContext:
 
 def current_job() -> "JobModel":
     """Inside an actor: the current job's row."""
-    return require().job  # type: ignore[return-value]
+    ctx = require()
+    job = ctx.job
+    if getattr(job, PARTIAL, False):
+        # The start returned only what the middlewares need; read the rest once.  This
+        # attempt's own columns (fencing token, checkpoints) stay as the attempt knows them.
+        full = ctx.config.model.get_or_none(ctx.config.model.id == job.id)  # type: ignore[union-attr]
+        if full is not None:
+            full.__data__.update(job.__data__)  # type: ignore[union-attr]
+            ctx.job = job = full
+    return job  # type: ignore[return-value]

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
+from . import scripts
+
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
     from dramatiq.brokers.redis import RedisBroker
@@ -91,8 +93,8 @@ class Delivery:
         with resending():  # the claim recorded broker_ref: JobTracking need not write it again
             broker.emit_before("enqueue", message, None)
         with self._lock:
-            if self._claim is None or self._claim.registered_client is not broker.client:
-                self._claim = broker.client.register_script(_CLAIM)
+            if self._claim is None or self._claim.client is not broker.client:
+                self._claim = scripts.register(broker.client, _CLAIM)
         queue = message.queue_name
         self._claim(
             keys=[f"{broker.namespace}:{queue}.msgs", f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}"],

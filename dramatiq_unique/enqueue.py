@@ -1,12 +1,15 @@
 """The enqueue side: recording a send, and uniqueness at enqueue.
 
 Order of operations, which the skip fast path relies on: a sender takes
-the Redis queue lock, then inserts the row holding the key; a worker
-clears the row's hold, then releases the Redis lock, then runs the
-actor.  So while the Redis lock names a holder, that holder has not yet
-started running, and a duplicate can be skipped on one Redis round
-trip.  The database's unique index stays the authority: a lost or
-expired Redis lock only sends the next sender down the slower path.
+the Redis queue lock, then inserts the row holding the key.  For a lock
+released at start, a worker clears the row's hold, then releases the
+Redis lock, then runs the actor: while the Redis lock names a holder,
+that holder has not yet started running, and a duplicate can be skipped
+on one Redis round trip.  For ``until_executed`` the worker releases the
+Redis lock first, then records the outcome, which clears the hold: once
+a reader sees the job finished, the key is free.  The database's unique
+index stays the authority: a lost or expired Redis lock only sends the
+next sender down the slower path.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Optional, Sequence
 
 import redis
 
+from . import scripts
 from .errors import RedisUnavailable
 
 # pottery replaces json.dumps on import; put the original back so that
@@ -95,13 +96,13 @@ class Locks:
         self.single = len(self.masters) == 1
         if self.single:
             client = self.masters[0]
-            self._acquire = client.register_script(_ACQUIRE)
-            self._release = client.register_script(_RELEASE)
-            self._extend = client.register_script(_EXTEND)
-            self._pttl = client.register_script(_PTTL)
-            self._release_unless = client.register_script(_RELEASE_UNLESS)
+            self._acquire = scripts.register(client, _ACQUIRE)
+            self._release = scripts.register(client, _RELEASE)
+            self._extend = scripts.register(client, _EXTEND)
+            self._pttl = scripts.register(client, _PTTL)
+            self._release_unless = scripts.register(client, _RELEASE_UNLESS)
         # Transfers run the same script on every master (pottery has no such operation).
-        self._transfer = [client.register_script(_TRANSFER) for client in self.masters]
+        self._transfer = [scripts.register(client, _TRANSFER) for client in self.masters]
         self.quorum = len(self.masters) // 2 + 1
 
     def _redlock(self, name: str, ttl_ms: float = 10_000, token: str = "") -> "pottery.Redlock":

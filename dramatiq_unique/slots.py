@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import redis as redis_lib
 
 from . import options as opt
-from . import parking
+from . import parking, scripts
 from .errors import LockLost, RedisUnavailable
 from .keys import derive_key
 from .locks import new_token
@@ -170,11 +170,11 @@ class SlotGate:
         self.suite = suite
         self.flags = flags
         client = suite.redis
-        self._enter = client.register_script(_ENTER)
-        self._pass = client.register_script(_PASS)
-        self._leave = client.register_script(_LEAVE)
-        self._renew = client.register_script(_RENEW)
-        self._status = client.register_script(_STATUS)
+        self._enter = scripts.register(client, _ENTER)
+        self._pass = scripts.register(client, _PASS)
+        self._leave = scripts.register(client, _LEAVE)
+        self._renew = scripts.register(client, _RENEW)
+        self._status = scripts.register(client, _STATUS)
 
     def _keys(self, group: str) -> list[str]:
         key = group[len(KIND) + 1:]

@@ -54,13 +54,25 @@ def _params(model: type[JobModel], values: dict[str, Any]) -> list[Any]:
     return [fields[name].db_value(value) for name, value in values.items()]
 
 
-def to_model(model: type[JobModel], row: Sequence[Any]) -> JobModel:
-    """A model instance from a row of all columns, in ``sorted_fields`` order."""
-    fields = model._meta.sorted_fields
-    data = {f.name: f.python_value(v) for f, v in zip(fields, row)}
-    job = model(__no_default__=1, **data)
-    job._dirty.clear()
+def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None) -> JobModel:
+    """A model instance from a row of ``names`` (all columns, in ``sorted_fields`` order, by default)."""
+    fields = model._meta.sorted_fields if names is None else [model._meta.fields[n] for n in names]
+    # Filled as peewee fills a row it selected, without Model.__init__'s setattr per field.
+    job = model.__new__(model)
+    job.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row)}
+    job._dirty = set()
+    job.__rel__ = {}
     return job
+
+
+#: The columns an attempt's start returns: what the middlewares use while it runs.  The
+#: rest (arguments, options, timestamps, extra columns) is read when current_job() asks.
+START_COLUMNS = (
+    "id", "message_id", "actor_name", "status", "attempts", "revision", "unique_key",
+    "fencing_token", "checkpoints", "started_at", "lease_until", "worker",
+)
+#: Set on a model instance that holds only START_COLUMNS.
+PARTIAL = "_dramatiq_unique_partial"
 
 
 def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +125,7 @@ def start(
         fencing_token = fencing.draw(model, fence_key, job_id)
 
     def build() -> str:
-        table, columns, p = _names(model)
+        table, _, p = _names(model)
         q = _quoter(model)
         if merged:
             draw, revoke = fencing.start_clauses(model)
@@ -126,7 +138,7 @@ def start(
             f"{q('fencing_token')} = {token}, {q('parked_on')} = NULL, "
             f"{q('unique_hold')} = CASE WHEN {p} = 1 THEN NULL ELSE {q('unique_hold')} END "
             f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND {q('status')} NOT IN ({p}, {p}) "
-            f"RETURNING {', '.join(q(c) for c in columns)}"
+            f"RETURNING {', '.join(q(model._meta.fields[n].column_name) for n in START_COLUMNS)}"
         )
 
     sql = _compiled(("start", model, merged, _dialect(model)), build)
@@ -142,7 +154,11 @@ def start(
         params.append(fencing_token)
     params += [1 if release_hold else 0, job_id, revision, *FINISHED]
     row = db.execute_sql(sql, params).fetchone()
-    return None if row is None else to_model(model, row)
+    if row is None:
+        return None
+    job = to_model(model, row, START_COLUMNS)
+    setattr(job, PARTIAL, True)
+    return job
 
 
 def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any]) -> int:

@@ -19,6 +19,8 @@ from typing import Callable
 
 import redis
 
+from . import scripts
+
 logger = logging.getLogger(__name__)
 
 # KEYS[1] flags; ARGV member, delay ms.  Flag a group due in delay ms (an earlier score is kept).
@@ -47,9 +49,9 @@ class Flags:
     def __init__(self, client: redis.Redis, key: str) -> None:
         self.client = client
         self.key = key
-        self._flag = client.register_script(_FLAG)
-        self._rescore = client.register_script(_RESCORE)
-        self._due = client.register_script(_DUE)
+        self._flag = scripts.register(client, _FLAG)
+        self._rescore = scripts.register(client, _RESCORE)
+        self._due = scripts.register(client, _DUE)
 
     def flag(self, group: str, delay_ms: float) -> None:
         """Flag ``group`` as having waiters, due for a look in ``delay_ms`` (an earlier look is kept)."""

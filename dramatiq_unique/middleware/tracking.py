@@ -177,31 +177,31 @@ class JobTracking(Middleware):
             # Nothing re-sends it (Retries saw no error): retrying, for the re-drive.
             exception = ctx.extras["lock_lost"]
         if exception is None and not message.failed:
-            done = store.finish(
-                config.model, job, release_hold=release, status=JobStatus.SUCCEEDED.value,
-                finished_at=now, lease_until=None, result=jsonable(result), last_error=None,
-            )
+            fields = dict(status=JobStatus.SUCCEEDED.value, finished_at=now, result=jsonable(result), last_error=None)
         elif message.failed or not any(isinstance(m, Retries) for m in broker.middleware):
-            done = store.finish(
-                config.model, job, release_hold=release, status=JobStatus.FAILED.value, finished_at=now,
-                lease_until=None, last_error=format_error(exception) if exception else "failed",
+            fields = dict(
+                status=JobStatus.FAILED.value, finished_at=now,
+                last_error=format_error(exception) if exception else "failed",
             )
         elif ctx.retry_enqueued:
-            done = store.finish(config.model, job, release_hold=False, lease_until=None, last_error=format_error(exception))
-            release = False
+            fields, release = dict(last_error=format_error(exception)), False
         else:
             # Retries decided to retry but could not enqueue (broker down):
             # the row says when it is due, and the re-drive sends it then.
-            done = store.finish(
-                config.model, job, release_hold=False, status=JobStatus.RETRYING.value, lease_until=None,
-                enqueued_at=None, process_after=after_ms(config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF), now),
-                last_error=format_error(exception),
+            fields = dict(
+                status=JobStatus.RETRYING.value, enqueued_at=None, last_error=format_error(exception),
+                process_after=after_ms(config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF), now),
             )
             release = False
-        if done and release and job.unique_key:
-            marker = opts.get(MARKER) or {}
-            if marker.get("qt"):
-                self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), marker["qt"])
+        if release and job.unique_key and (opts.get(MARKER) or {}).get("qt"):
+            # Before the row says it finished: once a reader sees it finished,
+            # the key is free in Redis too.  The row's hold stays the authority
+            # meanwhile, so a send in between is still resolved correctly.
+            try:
+                self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), opts[MARKER]["qt"])
+            except RedisUnavailable:
+                logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
+        store.finish(config.model, job, release_hold=release, lease_until=None, **fields)
 
     def after_skip_message(self, broker, message) -> None:
         context.activate(None)

@@ -184,7 +184,9 @@ def test_parked_jobs_start_in_fifo_order(suite, broker, make_worker):
     make_worker(4)
     wait_until(lambda: concurrency_status("sync", key="t").parked == 8, timeout=10, what="8 parked jobs")
     assert rec.started() == 0
-    assert set_concurrency_limit("sync", None, key="t") == 1  # one free slot: one woken
+    # One free slot: at most one woken here.  The worker thread that parked the
+    # eighth job may still be taking its second look at the gate, and start it first.
+    assert set_concurrency_limit("sync", None, key="t") <= 1
     wait_until(lambda: rec.ended() == 8, timeout=10, what="8 jobs to end")
     assert rec.order("t") == list(range(8))
     assert_all_succeeded_once("sync", 8)
