@@ -192,6 +192,29 @@ def test_an_actor_can_keep_its_jobs_in_its_own_table(suite, broker, worker):
     assert export.send(42).message_id != message.message_id  # finished: the key is free
 
 
+def test_current_job_is_the_whole_row_with_the_attempts_own_columns(suite, broker, worker):
+    """Given an actor with its own table, When it reads current_job(), Then every column is there,
+    and the attempt's columns (status, attempts, fencing token) are the running attempt's."""
+    seen = {}
+
+    @dramatiq.actor(job_model=Export, track=True)
+    def export(customer_id, fmt="csv"):
+        job = current_job()
+        seen.update(
+            args=job.args, kwargs=job.kwargs, customer_id=job.customer_id, queue=job.queue_name,
+            status=job.status, attempts=job.attempts, token=job.fencing_token, enqueued=job.enqueued_at,
+        )
+        assert current_job() is job  # read once per attempt
+
+    message = export.send(7, fmt="xlsx")
+    wait_until(lambda: finished(message), timeout=10)
+    row = dramatiq_unique.get_job(message.message_id)
+    assert seen == dict(
+        args=[7], kwargs={"fmt": "xlsx"}, customer_id=7, queue="default",
+        status="running", attempts=1, token=row.fencing_token, enqueued=row.enqueued_at,
+    )
+
+
 def test_a_message_sent_before_setup_gets_a_row_when_it_runs(broker, database_url, key_prefix):
     """Given a message enqueued before the suite was set up, it is tracked from its first attempt."""
 
