@@ -2,16 +2,20 @@
 
 Every lock, slot and wake-up operation of a job is one ``EVALSHA``.
 Through redis-py's client each costs about 80 us of Python time (the
-pool's check-out with a readiness poll, retries, metrics hooks), against
-about 30 us sent straight over a connection (measured on this project's
-2-core machine with redis-py 8): for a unique job that is more than the
-database write.  So each thread keeps one connection per client, made
-from the client's own connection settings, and sends the script itself.
+pool's check-out with a readiness poll, retries, metrics hooks, its
+general-purpose packer and parser), against about 20 us sent straight
+over a socket (measured on this project's 2-core machine with redis-py
+8): for a unique job that was more than its database write.  So each
+thread keeps one connection per client: redis-py opens it, with the
+client's own settings (address, TLS, password, database), and the
+requests and replies then go over its socket, in RESP2.  Our scripts
+reply with integers, strings, nil and flat arrays, which is all the
+reader below parses.
 
 What redis-py's client would do for us and we do here instead: load the
 script when the server does not know it (``NOSCRIPT``), and reconnect
-once when the connection broke (a restarted Redis).  All our scripts
-are safe to repeat: they take or free a named holder's token.
+when the connection broke (a restarted Redis).  All our scripts are
+safe to repeat: they take or free a named holder's token.
 """
 
 from __future__ import annotations
@@ -24,31 +28,111 @@ from typing import Any, Sequence
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 #: How many times a call is sent when the connection broke or the script was unknown.
 ATTEMPTS = 3
+_CRLF = b"\r\n"
 
 
-class _Connections(threading.local):
+def pack(*args: Any) -> bytes:
+    """A command in the Redis protocol."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+class _Link:
+    """One thread's connection to one Redis: opened by redis-py, then spoken to directly."""
+
+    def __init__(self, pool: Any) -> None:
+        kwargs = dict(pool.connection_kwargs, protocol=2)  # the reader below speaks RESP2
+        # Server push messages (redis-py 7+'s maintenance notifications) need RESP3: not on this link.
+        kwargs.pop("maint_notifications_config", None)
+        kwargs.pop("maint_notifications_pool_handler", None)
+        self.conn = pool.connection_class(**kwargs)
+        self.pid = os.getpid()
+        self.sock: Any = None
+        self.buf, self.pos = b"", 0
+
+    def call(self, command: bytes) -> Any:
+        try:
+            if self.sock is None:
+                self.conn.connect()
+                self.sock = self.conn._sock  # redis-py keeps the socket private
+            self.sock.sendall(command)
+            return self._read()
+        except OSError as e:  # socket.timeout included
+            self.close()
+            kind = RedisTimeoutError if isinstance(e, TimeoutError) else RedisConnectionError
+            raise kind(f"Redis call failed: {e}") from e
+        except RedisConnectionError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.sock, self.buf, self.pos = None, b"", 0
+        self.conn.disconnect()
+
+    def _fill(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise RedisConnectionError("Redis closed the connection")
+        self.buf, self.pos = self.buf[self.pos :] + data, 0
+
+    def _line(self) -> bytes:
+        while True:
+            end = self.buf.find(_CRLF, self.pos)
+            if end >= 0:
+                line, self.pos = self.buf[self.pos : end], end + 2
+                return line
+            self._fill()
+
+    def _read(self) -> Any:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            size = int(rest)
+            if size < 0:
+                return None
+            while len(self.buf) - self.pos < size + 2:
+                self._fill()
+            data, self.pos = self.buf[self.pos : self.pos + size], self.pos + size + 2
+            return data
+        if kind == b"*":
+            size = int(rest)
+            return None if size < 0 else [self._read() for _ in range(size)]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            message = rest.decode(errors="replace")
+            return (NoScriptError if message.startswith("NOSCRIPT") else ResponseError)(message)
+        self.close()  # out of step with the server: start afresh
+        raise RedisConnectionError(f"unexpected reply from Redis: {line[:50]!r}")
+
+
+class _Links(threading.local):
     def __init__(self) -> None:
         # Keyed by the pool itself, not id(pool): a new pool may reuse a dead one's id.
-        self.by_pool: weakref.WeakKeyDictionary[Any, tuple[int, Any]] = weakref.WeakKeyDictionary()
+        self.by_pool: weakref.WeakKeyDictionary[Any, _Link] = weakref.WeakKeyDictionary()
 
 
-_local = _Connections()
+_local = _Links()
 
 
-def _connection(client: redis.Redis) -> Any:
+def _link(client: redis.Redis) -> _Link:
     pool = client.connection_pool
-    pid, conn = _local.by_pool.get(pool, (None, None))
-    if conn is None or pid != os.getpid():  # a forked child must not share its parent's socket
-        # Not checked out of the pool: it belongs to this thread for good
-        # and is closed with the thread or the pool (its finaliser disconnects).
-        conn = pool.connection_class(**pool.connection_kwargs)
-        _local.by_pool[pool] = (os.getpid(), conn)
-    return conn
+    link = _local.by_pool.get(pool)
+    if link is None or link.pid != os.getpid():  # a forked child must not share its parent's socket
+        # Not checked out of the pool: it belongs to this thread and closes with
+        # the thread or the pool (the connection's finaliser disconnects).
+        link = _local.by_pool[pool] = _Link(pool)
+    return link
 
 
 class Script:
@@ -60,19 +144,24 @@ class Script:
         self.sha = hashlib.sha1(text.encode()).hexdigest()
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        conn = _connection(self.client)
+        link = _link(self.client)
+        command = pack("EVALSHA", self.sha, len(keys), *keys, *args)
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                conn.send_command("EVALSHA", self.sha, len(keys), *keys, *args)
-                return conn.read_response()
-            except NoScriptError:
-                # Redis restarted or flushed its scripts: load it, send again.
-                conn.send_command("SCRIPT", "LOAD", self.text)
-                conn.read_response()
+                reply = link.call(command)
             except (RedisConnectionError, RedisTimeoutError):
-                conn.disconnect()
                 if attempt == ATTEMPTS:
                     raise
+                continue
+            if isinstance(reply, NoScriptError):
+                # Redis restarted or flushed its scripts: load it, send again.
+                loaded = link.call(pack("SCRIPT", "LOAD", self.text))
+                if isinstance(loaded, ResponseError):
+                    raise loaded
+                continue
+            if isinstance(reply, ResponseError):
+                raise reply
+            return reply
         raise redis.RedisError(f"script {self.sha} could not be run")
 
 
