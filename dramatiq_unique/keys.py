@@ -33,17 +33,49 @@ def _signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
         return None
 
 
+@lru_cache(maxsize=1024)
+def _plain_parameters(fn: Callable[..., Any]) -> Optional[tuple[tuple[str, ...], dict[str, Any]]]:
+    """(names, defaults) when every parameter is plain positional-or-keyword, else None.
+
+    Such a signature binds as a zip of names and arguments: the common
+    case, about a third of the cost of ``Signature.bind`` on a send.
+    """
+    signature = _signature(fn)
+    if signature is None:
+        return None
+    params = list(signature.parameters.values())
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+    return tuple(p.name for p in params), defaults
+
+
 def bind_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
     """The call's arguments by parameter name, defaults filled in."""
+    plain = _plain_parameters(fn)
+    if plain is not None:
+        names, defaults = plain
+        if len(args) <= len(names):
+            bound = dict(zip(names, args))
+            if not kwargs or (kwargs.keys() <= set(names[len(args) :])):
+                bound.update(kwargs)
+                if len(bound) < len(names):
+                    for name in names:
+                        if name not in bound:
+                            if name not in defaults:
+                                break  # a missing argument: let inspect say which
+                            bound[name] = defaults[name]
+                if len(bound) == len(names):
+                    return {name: bound[name] for name in names}  # in declaration order, as inspect does
     signature = _signature(fn)
     if signature is None:
         return {**{str(i): a for i, a in enumerate(args)}, **kwargs}
     try:
-        bound = signature.bind(*args, **kwargs)
+        bound_args = signature.bind(*args, **kwargs)
     except TypeError as e:
         raise InvalidOption(f"the arguments do not fit {getattr(fn, '__qualname__', fn)}(): {e}") from None
-    bound.apply_defaults()
-    return dict(bound.arguments)
+    bound_args.apply_defaults()
+    return dict(bound_args.arguments)
 
 
 def canonical(value: Any) -> str:

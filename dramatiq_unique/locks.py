@@ -41,10 +41,11 @@ KEY_PREFIX = "redlock"
 #: pottery stops extending after this many extensions unless raised; ours never stop.
 _UNLIMITED_EXTENSIONS = 2**62
 
-# KEYS[1] lock; ARGV token, ttl.  Take the lock, or answer the holder's token.
+# KEYS[1] lock; ARGV token, ttl.  Take the lock (the integer 1), or answer the holder's
+# token (a string; nil if the lock expired meanwhile).  Flat replies: this is on every send.
 _ACQUIRE = """
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {1, ARGV[1]} end
-return {0, redis.call('get', KEYS[1])}
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return redis.call('get', KEYS[1])
 """
 # The release and extend scripts mirror pottery's: act only for the holder.
 _RELEASE = """
@@ -125,9 +126,11 @@ class Locks:
         """
         try:
             if self.single:
-                ok, value = self._acquire(keys=[f"{KEY_PREFIX}:{name}"], args=[token or new_token(), int(ttl_ms)])
-                value = value.decode() if isinstance(value, bytes) else value
-                return (value, None) if ok else (None, value)
+                token = token or new_token()
+                reply = self._acquire(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)])
+                if reply == 1:  # a holder token is bytes, never equal to 1
+                    return token, None
+                return None, (reply.decode() if isinstance(reply, bytes) else reply)
             lock = self._redlock(name, ttl_ms)
             if lock.acquire(blocking=False):
                 return lock._uuid, None

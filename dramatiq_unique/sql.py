@@ -65,12 +65,10 @@ def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence
     return job
 
 
-#: The columns an attempt's start returns: what the middlewares use while it runs.  The
-#: rest (arguments, options, timestamps, extra columns) is read when current_job() asks.
-START_COLUMNS = (
-    "id", "message_id", "actor_name", "status", "attempts", "revision", "unique_key",
-    "fencing_token", "checkpoints", "started_at", "lease_until", "worker",
-)
+#: The columns an attempt's start reads back: what the middlewares use while it runs and
+#: the statement does not already know.  The rest (arguments, options, extra columns) is
+#: read when current_job() asks.
+START_COLUMNS = ("message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints")
 #: Set on a model instance that holds only START_COLUMNS.
 PARTIAL = "_dramatiq_unique_partial"
 
@@ -87,7 +85,8 @@ def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, A
 
 def insert(model: type[JobModel], values: dict[str, Any]) -> int:
     """INSERT one row (field defaults filled in); returns its id."""
-    values = _with_defaults(model, values)
+    # NULLs are left to the columns (all nullable ones default to NULL): fewer parameters to send.
+    values = {name: value for name, value in _with_defaults(model, values).items() if value is not None}
     names = tuple(values)
 
     def build() -> str:
@@ -157,6 +156,10 @@ def start(
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
+    job.__data__.update(
+        id=job_id, revision=revision, status=JobStatus.RUNNING.value, started_at=started_at,
+        lease_until=lease_until, worker=worker,
+    )
     setattr(job, PARTIAL, True)
     return job
 
