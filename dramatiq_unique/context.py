@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import NotInJob
@@ -22,8 +23,13 @@ if TYPE_CHECKING:
 
 #: The key of the suite's bookkeeping in ``message.options``.
 MARKER = "dramatiq_unique"
+#: ``JobContext.extras`` key: callables JobTracking runs when the actor is done, before it
+#: records the outcome (a concurrency slot is handed on first: it needs no outcome).
+BEFORE_RECORD = "before_record"
 
 _ATTRIBUTE = "_dramatiq_unique_context"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -84,3 +90,12 @@ def current_job() -> "JobModel":
             full.__data__.update(job.__data__)  # type: ignore[union-attr]
             ctx.job = job = full
     return job  # type: ignore[return-value]
+
+
+def run_before_record(ctx: JobContext) -> None:
+    """Run (once) what other middlewares left to do before the outcome is recorded."""
+    for step in ctx.extras.pop(BEFORE_RECORD, ()):
+        try:
+            step()
+        except Exception:  # the outcome must still be written
+            logger.exception("A step before recording job %s failed.", ctx.message.message_id)

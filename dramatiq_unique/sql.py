@@ -49,6 +49,24 @@ def _names(model: type[JobModel]) -> tuple[str, list[str], str]:
     return table, columns, meta.database.param
 
 
+def _no_flush_wait(db: Any) -> str:
+    """A prefix that lets a PostgreSQL statement commit without waiting for the WAL flush.
+
+    Only for the parking moves (park, claim), which sit on the critical
+    path of every hand-over.  Safe because a later synchronous commit
+    (the woken attempt's start, any job's outcome) flushes the WAL up to
+    and past them; and if the server crashes first and loses one, the
+    row is back where the re-drive looks: a lost park leaves a queued row
+    whose message is gone (re-sent), a lost claim a parked row (woken).
+    Sent as one query string with the statement, it is one implicit
+    transaction in autocommit: one round trip.  Not inside the caller's
+    own transaction, which must keep its own commit rules.
+    """
+    if is_postgres(db) and not db.in_transaction():
+        return "SET LOCAL synchronous_commit TO OFF; "
+    return ""
+
+
 def _params(model: type[JobModel], values: dict[str, Any]) -> list[Any]:
     fields = model._meta.fields
     return [fields[name].db_value(value) for name, value in values.items()]
@@ -193,21 +211,36 @@ def claim_parked(model: type[JobModel], group: str, order_by: str, now: Any, bro
         table, columns, p = _names(model)
         q = _quoter(model)
         order = q("process_after") if order_by == "process_after" else q("created_at")
-        lock = " FOR UPDATE SKIP LOCKED" if is_postgres(db) else ""
         waiting = f"{q('parked_on')} = {p} AND {q('status')} = {p}"
-        return (
-            f"UPDATE {table} SET {q('status')} = {p}, {q('parked_on')} = NULL, {q('enqueued_at')} = {p}, "
+        sets = (
+            f"SET {q('status')} = {p}, {q('parked_on')} = NULL, {q('enqueued_at')} = {p}, "
             f"{q('broker_ref')} = {p}, {q('missing_since')} = NULL "
-            f"WHERE {q('id')} = (SELECT {q('id')} FROM {table} WHERE {waiting} "
+        )
+        head = (
+            f"SELECT {q('id')} FROM {table} WHERE {waiting} "
             f"AND ({q('process_after')} IS NULL OR {q('process_after')} <= {p}) "
-            f"ORDER BY {order}, {q('id')} LIMIT 1{lock}) AND {waiting} "
+            f"ORDER BY {order}, {q('id')} LIMIT 1"
+        )
+        if is_postgres(db):
+            # A join on the locked head, so the update finds its row by primary key (with
+            # ``id = (subquery)`` the planner may scan the status index for it instead).
+            return (
+                f"{_no_flush_wait(db)}UPDATE {table} {sets}FROM ({head} FOR UPDATE SKIP LOCKED) AS head "
+                f"WHERE {table}.{q('id')} = head.{q('id')} "
+                f"RETURNING {', '.join(f'{table}.{q(c)}' for c in columns)}"
+            )
+        # SQLite: no row locks; the head is checked again as it is updated.
+        return (
+            f"UPDATE {table} {sets}WHERE {q('id')} = ({head}) AND {waiting} "
             f"RETURNING {', '.join(q(c) for c in columns)}"
         )
 
-    sql = _compiled(("claim_parked", model, order_by, _dialect(model)), build)
+    sql = _compiled(("claim_parked", model, order_by, _no_flush_wait(db), _dialect(model)), build)
     when = model._meta.fields["enqueued_at"].db_value(now)
     pending = JobStatus.PENDING.value
-    params = [JobStatus.QUEUED.value, when, broker_ref, group, pending, when, group, pending]
+    params = [JobStatus.QUEUED.value, when, broker_ref, group, pending, when]
+    if not is_postgres(db):
+        params += [group, pending]
     row = db.execute_sql(sql, params).fetchone()
     return None if row is None else to_model(model, row)
 
@@ -224,12 +257,12 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
         table, _, p = _names(model)
         q = _quoter(model)
         return (
-            f"UPDATE {table} SET {q('status')} = {p}, {q('parked_on')} = {p}, {q('options')} = {p} "
+            f"{_no_flush_wait(db)}UPDATE {table} SET {q('status')} = {p}, {q('parked_on')} = {p}, {q('options')} = {p} "
             f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND ({q('status')} IN ({p}, {p}, {p}) "
             f"OR ({q('status')} = {p} AND {q('lease_until')} < {p}))"
         )
 
-    sql = _compiled(("park", model, _dialect(model)), build)
+    sql = _compiled(("park", model, _no_flush_wait(db), _dialect(model)), build)
     fields = model._meta.fields
     params = [
         JobStatus.PENDING.value, group, fields["options"].db_value(options), job_id, revision,

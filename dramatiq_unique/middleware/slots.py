@@ -42,8 +42,10 @@ class ConcurrencySlots(Middleware):
 
     Add it before :class:`ExecutionLocks` (which goes before
     :class:`JobTracking`): a job takes its slot first, then its execution
-    lock, then its row is marked running; on the way out, the outcome is
-    recorded, then the lock is handed on, then the slot.  A job that has
+    lock, then its row is marked running; on the way out, the slot is
+    handed on first (JobTracking does it before it writes the outcome: a
+    slot orders nothing, so the next job need not wait for that commit),
+    then the outcome is recorded, then the lock is handed on.  A job that has
     a slot but must wait for its execution lock gives the slot to the
     next job of its group while it waits, and a job woken for its lock
     that finds its group full hands the lock on while it waits for a slot.
@@ -102,6 +104,9 @@ class ConcurrencySlots(Middleware):
         held = HeldSlot(self.gate, group, token, ttl, limit)
         ctx.extras[HELD] = held
         ctx.extras.setdefault(heartbeat.RENEWERS, []).append(held.renew)
+        # The slot goes to the next job as soon as the actor is done, before the outcome
+        # is written: a slot orders nothing, so the next job need not wait for that commit.
+        ctx.extras.setdefault(context.BEFORE_RECORD, []).append(lambda: self._leave(message))
 
     def _park(self, config: ActorConfig, message, group: str, retry_in: float) -> None:
         """The group is full: park the job until a holder hands it a slot.  Always raises SkipMessage.

@@ -150,6 +150,7 @@ class JobTracking(Middleware):
         if ctx is None:
             return
         context.activate(None)
+        context.run_before_record(ctx)
         try:
             self._record(broker, ctx, message, result, exception)
         except Exception:

@@ -100,7 +100,8 @@ def test_a_lock_lost_that_propagates_is_retried(suite, broker, worker, redis_cli
         heartbeat()
 
     message = fragile.send("k")
-    wait_until(lambda: row(message).status == "retrying", timeout=10)
+    # Retries marks the row retrying as it sends the retry; the error is written just after.
+    wait_until(lambda: row(message).status == "retrying" and row(message).last_error, timeout=10)
     assert "LockLost" in row(message).last_error
 
 

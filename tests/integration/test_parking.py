@@ -247,3 +247,20 @@ def test_a_job_woken_for_one_gate_that_parks_on_another_hands_the_first_on(park,
     assert spot.park(gate, "t:b", delivery, JobModel, job.id, 0, retry_in_ms=60_000)
     assert gate.take("t:a", 1000) is not None, "the reservation of t:a was given back"
     assert "wake" not in JobModel.get_by_id(job.id).options[MARKER]
+
+
+def test_parking_moves_keep_the_callers_transaction_and_the_sessions_settings(park, suite):
+    """park and claim commit without waiting for the WAL flush on their own (PostgreSQL);
+    inside a caller's transaction they follow its rules, and nothing leaks into the session."""
+    spot, gate = park
+    db = suite.db
+    first, second = new_row(1), new_row(2)
+    assert gate.take("t:tx", 5_000) is not None  # held: parking does not wake anyone itself
+    with db.atomic():
+        assert park_row(spot, gate, "t:tx", first)
+        assert spot._claim_next(GroupInfo(JobModel, "created_at", 5_000), "t:tx").id == first.id
+    assert park_row(spot, gate, "t:tx", second)
+    assert spot._claim_next(GroupInfo(JobModel, "created_at", 5_000), "t:tx").id == second.id
+    if db.__class__.__name__.startswith("Postgres"):
+        assert db.execute_sql("SHOW synchronous_commit").fetchone()[0] == "on"
+    assert JobModel.get_by_id(second.id).status == "queued"

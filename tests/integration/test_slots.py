@@ -192,6 +192,34 @@ def test_parked_jobs_start_in_fifo_order(suite, broker, make_worker):
     assert_all_succeeded_once("sync", 8)
 
 
+def test_a_slot_is_handed_on_before_the_outcome_is_written(suite, broker, make_worker, monkeypatch):
+    """Given a limit of 1 and slow outcome writes, When a job ends, Then the next starts without
+    waiting for its predecessor's outcome to be committed: a slot orders nothing."""
+    from dramatiq_unique.middleware import tracking
+
+    finish = tracking.store.finish
+
+    def slow_finish(*args, **kwargs):
+        time.sleep(0.5)
+        return finish(*args, **kwargs)
+
+    monkeypatch.setattr(tracking.store, "finish", slow_finish)
+    rec = Recorder()
+
+    @dramatiq.actor(concurrency_limit=1)
+    def step(i: int) -> None:
+        rec.run("g", i, 5)
+
+    for i in range(3):
+        step.send(i)
+    make_worker(4)
+    wait_until(lambda: rec.ended() == 3, timeout=10, what="3 jobs to end")
+    spans = rec.intervals("g")
+    assert rec.peak["g"] == 1
+    assert max(handover_gaps(spans)) < 0.4  # not the 0.5 s outcome write
+    assert_all_succeeded_once("step", 3)
+
+
 def test_process_after_order_serves_the_first_ready(suite, broker, make_worker):
     """Given unique_order_by="process_after" and a halted group, When a delayed job is sent before two others,
     Then, resumed, the two that were due first run first."""
