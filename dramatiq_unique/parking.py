@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, NoReturn, Optional, Protocol
@@ -219,32 +220,41 @@ class Parking:
         message.options["store_results"] = False
         setattr(message, _PARKED, True)
         logger.debug("Job %s parked on %s.", message.message_id, group)
+        flag_and_take = getattr(gate, "flag_and_take", None)  # both steps in one call, where the gate can
+        if flag_and_take is None:
+            try:
+                self.wakeups.flag(group, retry_in_ms)
+            except redis_lib.RedisError:
+                logger.warning("Parked job %s but could not flag %s: the holder looks in the database.",
+                               message.message_id, group)
         try:
-            self.wakeups.flag(group, retry_in_ms)
-        except redis_lib.RedisError:
-            logger.warning("Parked job %s but could not flag %s: the holder looks in the database.",
-                           message.message_id, group)
-        try:
-            token = gate.take(group, gate_ttl(gate, group))
+            if flag_and_take is not None:
+                token = flag_and_take(group, gate_ttl(gate, group), retry_in_ms)
+            else:
+                token = gate.take(group, gate_ttl(gate, group))
         except DependencyUnavailable:
             logger.warning("Parked job %s; could not look at %s again: the re-drive wakes it if need be.",
                            message.message_id, group)
             return True
         if token is not None:  # the holder left meanwhile: wake the head of the queue ourselves
-            self.pass_on(gate, group, token)
+            self.pass_on(gate, group, token, fresh=True)
         return True
 
     # -- the holder's side ---------------------------------------------------
 
     def leave(self, gate: Gate, group: str, token: str) -> None:
         """The holder of ``group``'s gate is done: hand the gate to the next waiter, or release it."""
+        hand_over = getattr(gate, "hand_over", None)  # re-issues the gate for the woken job in the same call
         try:
-            outcome = gate.release_unless_flagged(group, token)
+            if hand_over is not None:
+                outcome, token = hand_over(group, token)
+            else:
+                outcome = gate.release_unless_flagged(group, token)
         except DependencyUnavailable:
             logger.warning("Could not release %s; it frees itself when its lease runs out.", group, exc_info=True)
             return
         if outcome == KEPT:
-            self.pass_on(gate, group, token)
+            self.pass_on(gate, group, token, fresh=hand_over is not None)
         elif outcome == NOT_HELD or not gate.atomic_release:
             # Lost (expired) meanwhile, or released without an atomic look at
             # the flag: whoever parked must not be stranded.
@@ -258,12 +268,14 @@ class Parking:
             except Exception:
                 logger.exception("Could not hand on %s; it frees itself when its lease runs out.", reserved.get("g"))
 
-    def pass_on(self, gate: Gate, group: str, token: str) -> Optional[JobModel]:
+    def pass_on(self, gate: Gate, group: str, token: str, fresh: bool = False) -> Optional[JobModel]:
         """Holding ``group``'s gate under ``token``: wake the next parked job, or release the gate.
 
-        Returns the woken row, or None if the gate was released (or lost).
-        Errors are logged, the gate released and the group left flagged
-        for the watchdog to try again.
+        ``fresh``: the token was just issued and is in no message yet, so
+        the woken job may have it as it is (no re-issue).  Returns the
+        woken row, or None if the gate was released (or lost).  Errors are
+        logged, the gate released and the group left flagged for the
+        watchdog to try again.
         """
         info = gate.describe(group)
         try:
@@ -274,13 +286,16 @@ class Parking:
             for _ in range(MAX_ROUNDS):
                 row = self._claim_next(info, group)
                 if row is not None:
-                    grant = gate.pass_to(group, token, info.ttl_ms)
+                    grant = token if fresh else gate.pass_to(group, token, info.ttl_ms)
                     if grant is None:
                         self._unclaim(info.model, row, group)
                         return None
                     token = grant
+                    # Who granted it and when (monotonic ms): a job woken in this process soon after
+                    # may take up its reservation without asking Redis again (ConcurrencySlots).
+                    wake = {"g": group, "t": grant, "w": self.suite.worker_id, "at": int(time.monotonic() * 1000)}
                     try:
-                        self.delivery.send(rebuild(row, {WAKE: {"g": group, "t": grant}}), row.broker_ref)
+                        self.delivery.send(rebuild(row, {WAKE: wake}), row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
                         self._unclaim(info.model, row, group)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Optional
 
 import peewee as pw
@@ -96,17 +97,30 @@ class ConcurrencySlots(Middleware):
         reserved = None
         if isinstance(wake, dict) and wake.get("g") == group:
             reserved = marker.pop(parking.WAKE)["t"]  # woken for this slot: it was handed to us
-        token = new_token()
-        own = opts.get("concurrency_limit")  # a message's own limit: the gate must know it too
-        entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
-        if not entered:
-            self._park(config, message, group, ttl if wait < 0 else wait)
+        if reserved is not None and self._fresh_here(wake, ttl):
+            # Granted by this process a moment ago, its lease barely begun: it is ours,
+            # without asking Redis again (one round trip off every local hand-over).
+            token = reserved
+        else:
+            token = new_token()
+            own = opts.get("concurrency_limit")  # a message's own limit: the gate must know it too
+            entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
+            if not entered:
+                self._park(config, message, group, ttl if wait < 0 else wait)
         held = HeldSlot(self.gate, group, token, ttl, limit)
         ctx.extras[HELD] = held
         ctx.extras.setdefault(heartbeat.RENEWERS, []).append(held.renew)
         # The slot goes to the next job as soon as the actor is done, before the outcome
         # is written: a slot orders nothing, so the next job need not wait for that commit.
         ctx.extras.setdefault(context.BEFORE_RECORD, []).append(lambda: self._leave(message))
+
+    def _fresh_here(self, wake: dict, ttl_ms: float) -> bool:
+        """Whether a reservation was granted by this very process (same host and pid, so the
+        same monotonic clock) within the first tenth of the slot's lease."""
+        granted = wake.get("at")
+        if wake.get("w") != self.suite.worker_id or not isinstance(granted, int):
+            return False
+        return 0 <= time.monotonic() * 1000 - granted < ttl_ms / 10
 
     def _park(self, config: ActorConfig, message, group: str, retry_in: float) -> None:
         """The group is full: park the job until a holder hands it a slot.  Always raises SkipMessage.
