@@ -26,6 +26,8 @@ MARKER = "dramatiq_unique"
 #: ``JobContext.extras`` key: callables JobTracking runs when the actor is done, before it
 #: records the outcome (a concurrency slot is handed on first: it needs no outcome).
 BEFORE_RECORD = "before_record"
+#: ``JobContext.extras`` key: the row a woken job's claim already started (prestart.py).
+STARTED = "started_row"
 
 _ATTRIBUTE = "_dramatiq_unique_context"
 

@@ -74,7 +74,8 @@ from .delivery import Delivery
 from .messages import job_options, rebuild
 from .enqueue import row_fields
 from .errors import DependencyUnavailable
-from .models import JobModel, JobStatus, utcnow
+from .models import JobModel, JobStatus, after_ms, utcnow
+from .prestart import Started, StartSpec
 from .wakeups import Flags, Watchdog
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ class GroupInfo:
     order_by: str
     #: Lease (ms) of a gate handed to a woken job, until it takes it up.
     ttl_ms: float
+    #: Set where a woken job needs nothing but this gate: its claim starts it (prestart.py).
+    start: Optional[StartSpec] = None
 
 
 class Gate(Protocol):
@@ -150,6 +153,8 @@ class Parking:
 
     def __init__(self, suite: "Suite") -> None:
         self.suite = suite
+        #: Woken rows their claim started, for the worker thread that picks them up.
+        self.started = Started()
         self.gates: dict[str, Gate] = {}
         self.wakeups = Flags(suite.redis, suite.keys.wakeups())
         #: The Redis key of the wake-up flags.
@@ -356,7 +361,14 @@ class Parking:
     def _claim_next(self, info: GroupInfo, group: str) -> Optional[JobModel]:
         # The woken message's broker id is chosen here, so the claim records it
         # and the delivery adds no write of its own.
-        return sql.claim_parked(info.model, group, info.order_by, utcnow(), str(uuid.uuid4()))
+        now, start = utcnow(), None
+        if info.start is not None and self.delivery.local and self.delivery.worker is not None:
+            # Delivered to this process's worker: the claim starts the attempt too.
+            start = (after_ms(info.start.lease_ms, now), f"{self.suite.worker_id}:woken", info.start.release_hold)
+        row = sql.claim_parked(info.model, group, info.order_by, now, str(uuid.uuid4()), start)
+        if row is not None and start is not None and row.status == JobStatus.RUNNING.value:
+            self.started.put(row)
+        return row
 
     def _unclaim(self, model: type[JobModel], row: JobModel, group: str) -> None:
         model.update(status=JobStatus.PENDING.value, parked_on=group).where(

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import redis as redis_lib
 
 from . import options as opt
-from . import parking, scripts
+from . import parking, prestart, scripts
 from .errors import LockLost, RedisUnavailable
 from .keys import derive_key
 from .locks import new_token
@@ -251,7 +251,7 @@ class SlotGate:
         if config is None:  # a per-message concurrency_limit alone still makes groups: no has_slots() here
             return None
         order_by = config.options.get("unique_order_by") or opt.DEFAULT_UNIQUE_ORDER_BY
-        return GroupInfo(config.model, order_by, ttl_of(config))
+        return GroupInfo(config.model, order_by, ttl_of(config), prestart.spec_for(config))
 
     def take(self, group: str, ttl_ms: float) -> Optional[str]:
         token = new_token()

@@ -197,25 +197,46 @@ def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values
     return cursor.rowcount
 
 
-def claim_parked(model: type[JobModel], group: str, order_by: str, now: Any, broker_ref: str) -> Optional[JobModel]:
+def claim_parked(
+    model: type[JobModel], group: str, order_by: str, now: Any, broker_ref: str,
+    start: Optional[tuple[Any, str, bool]] = None,
+) -> Optional[JobModel]:
     """Claim the next due job parked on ``group`` (status pending to queued) and return it; None if none.
 
     One statement: the head of the group is chosen and claimed together
     (on PostgreSQL skipping a head another waker has locked), so two
     wakers never claim one row.  ``broker_ref`` is the id the woken
     message is delivered under, recorded for the lost-message check.
+
+    ``start`` (lease end, worker, release the unique hold): start the
+    attempt in the same statement (see :mod:`dramatiq_unique.prestart`),
+    unless the row's own options name a unique option; the returned row
+    says ``running`` when it was started.  A start waits for its commit;
+    a plain claim does not (``_no_flush_wait``).
     """
     db = model._meta.database
+    prefix = "" if start is not None else _no_flush_wait(db)
 
     def build() -> str:
         table, columns, p = _names(model)
         q = _quoter(model)
         order = q("process_after") if order_by == "process_after" else q("created_at")
         waiting = f"{q('parked_on')} = {p} AND {q('status')} = {p}"
-        sets = (
-            f"SET {q('status')} = {p}, {q('parked_on')} = NULL, {q('enqueued_at')} = {p}, "
-            f"{q('broker_ref')} = {p}, {q('missing_since')} = NULL "
-        )
+        if start is None:
+            sets = f"SET {q('status')} = {p}, "
+        else:
+            find = "strpos" if is_postgres(db) else "instr"
+            own = f"COALESCE({find}({q('options')}, '\"unique_'), 0) = 0"  # no unique option of its own
+            sets = (
+                f"SET {q('status')} = CASE WHEN {own} THEN {p} ELSE {p} END, "
+                f"{q('attempts')} = {q('attempts')} + CASE WHEN {own} THEN 1 ELSE 0 END, "
+                f"{q('started_at')} = CASE WHEN {own} THEN {p} ELSE {q('started_at')} END, "
+                f"{q('lease_until')} = CASE WHEN {own} THEN {p} ELSE {q('lease_until')} END, "
+                f"{q('worker')} = CASE WHEN {own} THEN {p} ELSE {q('worker')} END, "
+                f"{q('fencing_token')} = {q('fencing_token')} + CASE WHEN {own} THEN 1 ELSE 0 END, "
+                f"{q('unique_hold')} = CASE WHEN {own} AND {p} = 1 THEN NULL ELSE {q('unique_hold')} END, "
+            )
+        sets += f"{q('parked_on')} = NULL, {q('enqueued_at')} = {p}, {q('broker_ref')} = {p}, {q('missing_since')} = NULL "
         head = (
             f"SELECT {q('id')} FROM {table} WHERE {waiting} "
             f"AND ({q('process_after')} IS NULL OR {q('process_after')} <= {p}) "
@@ -225,7 +246,7 @@ def claim_parked(model: type[JobModel], group: str, order_by: str, now: Any, bro
             # A join on the locked head, so the update finds its row by primary key (with
             # ``id = (subquery)`` the planner may scan the status index for it instead).
             return (
-                f"{_no_flush_wait(db)}UPDATE {table} {sets}FROM ({head} FOR UPDATE SKIP LOCKED) AS head "
+                f"{prefix}UPDATE {table} {sets}FROM ({head} FOR UPDATE SKIP LOCKED) AS head "
                 f"WHERE {table}.{q('id')} = head.{q('id')} "
                 f"RETURNING {', '.join(f'{table}.{q(c)}' for c in columns)}"
             )
@@ -235,10 +256,19 @@ def claim_parked(model: type[JobModel], group: str, order_by: str, now: Any, bro
             f"RETURNING {', '.join(q(c) for c in columns)}"
         )
 
-    sql = _compiled(("claim_parked", model, order_by, _no_flush_wait(db), _dialect(model)), build)
-    when = model._meta.fields["enqueued_at"].db_value(now)
-    pending = JobStatus.PENDING.value
-    params = [JobStatus.QUEUED.value, when, broker_ref, group, pending, when]
+    sql = _compiled(("claim_parked", model, order_by, prefix, start is not None, _dialect(model)), build)
+    fields = model._meta.fields
+    when = fields["enqueued_at"].db_value(now)
+    pending, queued = JobStatus.PENDING.value, JobStatus.QUEUED.value
+    if start is None:
+        params: list[Any] = [queued]
+    else:
+        lease_until, worker, release_hold = start
+        params = [
+            JobStatus.RUNNING.value, queued, when, fields["lease_until"].db_value(lease_until), worker,
+            1 if release_hold else 0,
+        ]
+    params += [when, broker_ref, group, pending, when]
     if not is_postgres(db):
         params += [group, pending]
     row = db.execute_sql(sql, params).fetchone()

@@ -101,6 +101,9 @@ class ConcurrencySlots(Middleware):
             # Granted by this process a moment ago, its lease barely begun: it is ours,
             # without asking Redis again (one round trip off every local hand-over).
             token = reserved
+            started = self.parking.started.take(message.message_id, int(marker.get("rev", 0)))
+            if started is not None:  # its claim started the attempt: JobTracking uses that row
+                ctx.extras[context.STARTED] = started
         else:
             token = new_token()
             own = opts.get("concurrency_limit")  # a message's own limit: the gate must know it too

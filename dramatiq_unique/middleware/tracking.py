@@ -99,14 +99,31 @@ class JobTracking(Middleware):
         context.activate(ctx)
 
     def _start(self, config, message, ctx):
-        model = config.model
         marker = message.options.get(MARKER) or {}
         opts = message.options
         lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
         release_hold = config.get(opts, "unique_args") is not None and lock in opt.RELEASED_AT_START
         if "id" not in marker:
             marker = self._adopt(config, message)
-        job = store.start(
+        started = ctx.extras.pop(context.STARTED, None)
+        if started is not None and started.id == marker["id"]:
+            job = started  # its claim started it (prestart.py)
+        else:
+            job = self._start_row(config, message, ctx, marker, release_hold)
+        if job is None:
+            return self._not_started(config, message, ctx, marker)
+        if release_hold and job.unique_key and marker.get("qt"):
+            # After the row's hold is cleared and before the actor runs: see enqueue.py.
+            try:
+                self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), marker["qt"])
+            except RedisUnavailable:
+                logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
+        return job
+
+    def _start_row(self, config, message, ctx, marker, release_hold):
+        opts = message.options
+        model = config.model
+        return store.start(
             model,
             marker["id"],
             revision=marker.get("rev", 0),
@@ -116,21 +133,16 @@ class JobTracking(Middleware):
             fencing_token=ctx.extras.get("fencing_token"),
             fence_key=ctx.extras.get("fence_key"),
         )
-        if job is None:
-            existing = store.get(model, id=marker["id"])
-            if existing is None:
-                logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
-                return self._start_adopted(config, message, ctx)
-            if existing.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-                raise SkipMessage(f"job {message.message_id} already {existing.status}")
-            raise SkipMessage(f"job {message.message_id} was replaced by revision {existing.revision}")
-        if release_hold and job.unique_key and marker.get("qt"):
-            # After the row's hold is cleared and before the actor runs: see enqueue.py.
-            try:
-                self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), marker["qt"])
-            except RedisUnavailable:
-                logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
-        return job
+
+    def _not_started(self, config, message, ctx, marker):
+        """The start found the job finished, replaced or gone: skip it, or record it anew."""
+        existing = store.get(config.model, id=marker["id"])
+        if existing is None:
+            logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
+            return self._start_adopted(config, message, ctx)
+        if existing.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+            raise SkipMessage(f"job {message.message_id} already {existing.status}")
+        raise SkipMessage(f"job {message.message_id} was replaced by revision {existing.revision}")
 
     def _adopt(self, config, message) -> dict:
         """A message sent without the suite (before set-up, another producer): give it a row."""

@@ -264,3 +264,23 @@ def test_parking_moves_keep_the_callers_transaction_and_the_sessions_settings(pa
     if db.__class__.__name__.startswith("Postgres"):
         assert db.execute_sql("SHOW synchronous_commit").fetchone()[0] == "on"
     assert JobModel.get_by_id(second.id).status == "queued"
+
+
+def test_a_claim_can_start_the_woken_attempt_unless_its_message_brought_unique_options(suite):
+    """Given two parked rows, one whose message brought its own unique_lock, When each is claimed
+    with a start (prestart.py), Then the plain one is running (attempt counted, fencing token drawn,
+    unique hold released) and the other is only claimed, left to start the ordinary way."""
+    from dramatiq_unique import sql
+    from dramatiq_unique.models import after_ms
+
+    plain = new_row(1, status="pending", parked_on="t:pre", unique_hold="k1", fencing_token=4)
+    own = new_row(2, status="pending", parked_on="t:pre", unique_hold="k2")
+    own.options = {**own.options, "unique_lock": "while_executing"}  # sent with an option of its own
+    own.save()
+    now = utcnow()
+    start = (after_ms(60_000, now), "host:1:woken", True)
+    first = sql.claim_parked(JobModel, "t:pre", "created_at", now, "ref-1", start)
+    second = sql.claim_parked(JobModel, "t:pre", "created_at", now, "ref-2", start)
+    assert (first.id, first.status, first.attempts, first.fencing_token) == (plain.id, "running", 1, 5)
+    assert (first.unique_hold, first.worker, first.broker_ref, first.parked_on) == (None, "host:1:woken", "ref-1", None)
+    assert (second.id, second.status, second.attempts, second.unique_hold) == (own.id, "queued", 0, "k2")

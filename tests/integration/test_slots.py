@@ -220,6 +220,32 @@ def test_a_slot_is_handed_on_before_the_outcome_is_written(suite, broker, make_w
     assert_all_succeeded_once("step", 3)
 
 
+def test_a_woken_job_is_started_by_its_claim_when_the_slot_is_all_it_waits_for(suite, broker, make_worker):
+    """Given a limit of 1 and jobs parked behind the first, When they are woken in this process,
+    Then each is started by the statement that claims it (one write fewer) and runs once;
+    an actor that also takes an execution lock still starts the ordinary way."""
+    rec = Recorder()
+
+    @dramatiq.actor(concurrency_limit=1)
+    def plain(i: int) -> None:
+        rec.run("plain", i, 5)
+
+    @dramatiq.actor(concurrency_limit=1, unique_args=["i"], unique_lock="while_executing")
+    def locked(i: int) -> None:
+        rec.run("locked", i, 5)
+
+    for i in range(4):
+        plain.send(i)
+        locked.send(i)
+    make_worker(4)
+    wait_until(lambda: rec.ended() == 8, timeout=10, what="8 jobs to end")
+    assert_all_succeeded_once("plain", 4)
+    assert_all_succeeded_once("locked", 4)
+    woken = lambda name: sum(r.worker.endswith(":woken") for r in JobModel.select().where(JobModel.actor_name == name))  # noqa: E731
+    assert woken("plain") >= 1
+    assert woken("locked") == 0
+
+
 def test_process_after_order_serves_the_first_ready(suite, broker, make_worker):
     """Given unique_order_by="process_after" and a halted group, When a delayed job is sent before two others,
     Then, resumed, the two that were due first run first."""
