@@ -214,7 +214,7 @@ def _drop_keys(prefix: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--job-ms", type=int, default=20)
     args = parser.parse_args()

@@ -1,0 +1,95 @@
+"""Our Lua script calls over each thread's own connection (dramatiq_unique.scripts), on real redis-servers."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterator
+
+import pytest
+import redis
+
+from dramatiq_unique import scripts
+from tests.durable import RedisServer
+
+ECHO = "return {1, ARGV[1], redis.call('get', KEYS[1]), tonumber(ARGV[2])}"
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, so it can be flushed and restarted."""
+    own = RedisServer().start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+def test_replies_come_back_as_redis_py_would_give_them(server):
+    """Given a script replying with an array of an int, a large string, nil and a number, Then all parse."""
+    client = redis.Redis.from_url(server.url)
+    echo = scripts.register(client, ECHO)
+    big = "x" * 200_000  # more than one socket read
+    assert echo(keys=["missing"], args=[big, 7]) == [1, big.encode(), None, 7]
+    assert echo(keys=["missing"], args=["é", 8]) == [1, "é".encode(), None, 8]
+
+
+def test_script_errors_raise_and_leave_the_connection_usable(server):
+    client = redis.Redis.from_url(server.url)
+    boom = scripts.register(client, "return redis.error_reply('boom')")
+    with pytest.raises(redis.ResponseError, match="boom"):
+        boom()
+    assert scripts.register(client, "return 5")() == 5
+
+
+def test_a_flushed_script_cache_and_a_restarted_server_are_recovered(server):
+    """Given a script called once, When Redis forgets its scripts, and then restarts on the same
+    port, Then the next calls load the script again and reconnect by themselves."""
+    client = redis.Redis.from_url(server.url)
+    echo = scripts.register(client, ECHO)
+    assert echo(keys=["k"], args=["a", 1])[1] == b"a"
+    client.script_flush()
+    assert echo(keys=["k"], args=["b", 2])[1] == b"b"
+    server.stop()
+    server.start()
+    assert echo(keys=["k"], args=["c", 3])[1] == b"c"
+
+
+def test_a_stopped_server_raises_a_connection_error(server):
+    client = redis.Redis.from_url(server.url, socket_connect_timeout=0.5)
+    echo = scripts.register(client, ECHO)
+    echo(keys=["k"], args=["a", 1])
+    server.stop()
+    with pytest.raises(redis.ConnectionError):
+        echo(keys=["k"], args=["b", 2])
+
+
+def test_each_thread_and_each_forked_child_has_its_own_connection(server):
+    """Given calls from two threads and a forked child, Then each speaks over its own socket
+    (a shared one would interleave replies)."""
+    client = redis.Redis.from_url(server.url)
+    echo = scripts.register(client, ECHO)
+    echo(keys=["k"], args=["parent", 0])
+    errors: list[BaseException] = []
+
+    def hammer(name: str) -> None:
+        try:
+            for i in range(300):
+                assert echo(keys=["k"], args=[f"{name}-{i}", i])[1:] == [f"{name}-{i}".encode(), None, i]
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=hammer, args=(f"t{n}",)) for n in range(2)]
+    for t in threads:
+        t.start()
+    pid = os.fork()
+    if pid == 0:  # the child: its calls must not use the parent's socket
+        try:
+            ok = all(echo(keys=["k"], args=[f"child-{i}", i])[1] == f"child-{i}".encode() for i in range(100))
+        finally:
+            os._exit(0 if ok else 1)
+    for t in threads:
+        t.join(timeout=30)
+    _, status = os.waitpid(pid, 0)
+    assert not errors and os.WEXITSTATUS(status) == 0
+    assert echo(keys=["k"], args=["parent again", 1])[1] == b"parent again"  # the child left it intact
