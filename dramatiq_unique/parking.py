@@ -56,13 +56,12 @@ NULL`` from the pending rows it sends, or they would re-park at once.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any, NoReturn, Optional, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 import peewee as pw
 import redis as redis_lib
@@ -73,9 +72,10 @@ from .context import MARKER
 from .delivery import Delivery
 from .messages import job_options, rebuild
 from .enqueue import row_fields
+from .gates import KEPT, NOT_HELD, RELEASED, WAKE, Gate, GroupInfo  # noqa: F401  (parking.WAKE etc. for users)
 from .errors import DependencyUnavailable
 from .models import JobModel, JobStatus, after_ms, utcnow
-from .prestart import Started, StartSpec
+from .prestart import Started
 from .wakeups import Flags, Watchdog
 
 if TYPE_CHECKING:
@@ -93,55 +93,9 @@ DEFAULT_PAGE = 100
 MAX_ROUNDS = 20
 #: ms before a group whose wake-up failed (or that no gate here knows) is looked at again.
 RETRY_DELAY = 5_000
-#: The key of a reservation in a woken message's marker: {"g": group, "t": token}.
-WAKE = "wake"
-
-#: Outcomes of :meth:`Gate.release_unless_flagged` (the same values as :mod:`dramatiq_unique.locks`).
-NOT_HELD, RELEASED, KEPT = 0, 1, 2
 
 # Set on a message proxy that was parked, for the log filter below.
 _PARKED = "_dramatiq_unique_parked"
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupInfo:
-    """What waking a group's next job needs to know."""
-
-    model: type[JobModel]
-    #: "created_at" or "process_after".
-    order_by: str
-    #: Lease (ms) of a gate handed to a woken job, until it takes it up.
-    ttl_ms: float
-    #: Set where a woken job needs nothing but this gate: its claim starts it (prestart.py).
-    start: Optional[StartSpec] = None
-
-
-class Gate(Protocol):
-    """Something jobs park on.  Tokens are opaque strings; every call may raise
-    :class:`~dramatiq_unique.errors.DependencyUnavailable`."""
-
-    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``).
-    kind: str
-    #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
-    atomic_release: bool
-
-    def describe(self, group: str) -> Optional[GroupInfo]:
-        """The group's table and order; None if this process does not know it."""
-
-    def take(self, group: str, ttl_ms: float) -> Optional[str]:
-        """Enter the gate now, for a job about to be woken; None if it is not free."""
-
-    def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
-        """Re-issue a held gate under a new token; None if ``token`` no longer holds it."""
-
-    def release_unless_flagged(self, group: str, token: str) -> int:
-        """Release unless the group is flagged: RELEASED, KEPT or NOT_HELD."""
-
-    def release(self, group: str, token: str) -> None:
-        """Release if ``token`` holds it."""
-
-    def retry_in(self, group: str) -> float:
-        """ms until the current holder's lease runs out (0 if free)."""
 
 
 class Parking:

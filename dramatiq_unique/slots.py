@@ -22,7 +22,7 @@ So a new limit applies to every worker's next decision at once.  A
 group over its limit (lowered, or halted with 0) keeps its running jobs
 and hands no freed slot on until it is under the limit again.
 
-Slots are a :class:`~dramatiq_unique.parking.Gate` with up to ``limit``
+Slots are a :class:`~dramatiq_unique.gates.Gate` with up to ``limit``
 holders: a job that finds its group full is parked, and a holder that
 leaves hands its own slot to the group's next parked job (one slot, one
 waiter: no herd).  They live on the suite's first Redis master (no
@@ -179,7 +179,7 @@ def ttl_of(config: "ActorConfig", message_options: Optional[dict] = None) -> flo
 
 
 class SlotGate:
-    """Concurrency slots as a parking :class:`~dramatiq_unique.parking.Gate`.
+    """Concurrency slots as a parking :class:`~dramatiq_unique.gates.Gate`.
 
     Get it with :func:`gate_of`.  Every method may raise
     :class:`~dramatiq_unique.errors.RedisUnavailable`.

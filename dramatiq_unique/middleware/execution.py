@@ -53,7 +53,7 @@ def unique_key_of(group: str) -> str:
 
 
 class _LockGate:
-    """Execution locks as a parking :class:`~dramatiq_unique.parking.Gate`: group ``lock:<unique key>``."""
+    """Execution locks as a parking :class:`~dramatiq_unique.gates.Gate`: group ``lock:<unique key>``."""
 
     kind = KIND
 
