@@ -1,6 +1,6 @@
 """Concurrency slots against Dramatiq's ConcurrentRateLimiter on a skewed load.
 
-    python tests/benchmarks/bench_slots.py [--rounds 3] [--threads 16] [--job-ms 20]
+    python tests/benchmarks/bench_slots.py [--rounds 5] [--threads 16] [--job-ms 20]
 
 The load (issue 5): one hot key with 200 jobs and 9 keys with 20 jobs
 each, at most 2 jobs per key at once, 16 worker threads, 20 ms jobs,
