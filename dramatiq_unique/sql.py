@@ -78,7 +78,7 @@ def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence
     # Filled as peewee fills a row it selected, without Model.__init__'s setattr per field.
     job = model.__new__(model)
     job.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row)}
-    job._dirty = set()
+    job._dirty = set()  # type: ignore[attr-defined]
     job.__rel__ = {}
     return job
 

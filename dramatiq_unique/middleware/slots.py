@@ -117,7 +117,7 @@ class ConcurrencySlots(Middleware):
         # is written: a slot orders nothing, so the next job need not wait for that commit.
         ctx.extras.setdefault(context.BEFORE_RECORD, []).append(lambda: self._leave(message))
 
-    def _fresh_here(self, wake: dict, ttl_ms: float) -> bool:
+    def _fresh_here(self, wake: Any, ttl_ms: float) -> bool:
         """Whether a reservation was granted by this very process (same host and pid, so the
         same monotonic clock) within the first tenth of the slot's lease."""
         granted = wake.get("at")
