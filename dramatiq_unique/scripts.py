@@ -69,7 +69,10 @@ class _Link:
             self.close()
             kind = RedisTimeoutError if isinstance(e, TimeoutError) else RedisConnectionError
             raise kind(f"Redis call failed: {e}") from e
-        except RedisConnectionError:
+        except BaseException:
+            # Anything else mid-call (an unparsable reply, or an exception raised into the
+            # thread, as Dramatiq's TimeLimit does) may leave a reply unread: a later call
+            # would take it for its own.  Start afresh, as redis-py does.
             self.close()
             raise
 

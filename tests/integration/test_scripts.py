@@ -93,3 +93,21 @@ def test_each_thread_and_each_forked_child_has_its_own_connection(server):
     _, status = os.waitpid(pid, 0)
     assert not errors and os.WEXITSTATUS(status) == 0
     assert echo(keys=["k"], args=["parent again", 1])[1] == b"parent again"  # the child left it intact
+
+
+def test_an_exception_between_request_and_reply_does_not_leave_a_reply_behind(server, monkeypatch):
+    """Given a call interrupted after its request was sent (as an exception raised into the
+    thread would), When the next call runs, Then it gets its own reply, not the stale one."""
+    client = redis.Redis.from_url(server.url)
+    echo = scripts.register(client, ECHO)
+    echo(keys=["k"], args=["warm", 0])
+    link = scripts._link(client)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(link, "_read", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        echo(keys=["k"], args=["lost", 1])
+    monkeypatch.undo()
+    assert echo(keys=["k"], args=["mine", 2])[1] == b"mine"
