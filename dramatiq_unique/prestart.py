@@ -18,6 +18,11 @@ soon after (ConcurrencySlots trusts only such a reservation).  Anything
 else takes the ordinary start, which also works on a row the claim
 already marked running: it counts a second attempt and draws a newer
 fencing token, so a late pick-up never runs under a stale token.
+
+If the delivery fails after such a claim (Redis down), the row is not
+put back in the queue as a plain claim is: it is a started attempt whose
+worker never ran it, like one whose worker died, and the re-drive finds
+it when its lease has run out and its message is missing.
 """
 
 from __future__ import annotations
