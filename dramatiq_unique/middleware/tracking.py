@@ -112,13 +112,19 @@ class JobTracking(Middleware):
             job = self._start_row(config, message, ctx, marker, release_hold)
         if job is None:
             return self._not_started(config, message, ctx, marker)
-        if release_hold and job.unique_key and marker.get("qt"):
+        if release_hold:
             # After the row's hold is cleared and before the actor runs: see enqueue.py.
-            try:
-                self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), marker["qt"])
-            except RedisUnavailable:
-                logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
+            self._release_queue_lock(job, marker)
         return job
+
+    def _release_queue_lock(self, job, marker: dict) -> None:
+        """Free the Redis queue lock the job's send took, if it took one."""
+        if not (job.unique_key and marker.get("qt")):
+            return
+        try:
+            self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), marker["qt"])
+        except RedisUnavailable:
+            logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
 
     def _start_row(self, config, message, ctx, marker, release_hold):
         opts = message.options
@@ -206,14 +212,11 @@ class JobTracking(Middleware):
                 process_after=after_ms(config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF), now),
             )
             release = False
-        if release and job.unique_key and (opts.get(MARKER) or {}).get("qt"):
+        if release:
             # Before the row says it finished: once a reader sees it finished,
             # the key is free in Redis too.  The row's hold stays the authority
             # meanwhile, so a send in between is still resolved correctly.
-            try:
-                self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), opts[MARKER]["qt"])
-            except RedisUnavailable:
-                logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
+            self._release_queue_lock(job, opts.get(MARKER) or {})
         store.finish(config.model, job, release_hold=release, lease_until=None, **fields)
 
     def after_skip_message(self, broker, message) -> None:
