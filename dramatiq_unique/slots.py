@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import redis as redis_lib
 
 from . import options as opt
-from . import parking, prestart, scripts
+from . import parking, prestart, scripts, wakeups
 from .errors import LockLost, RedisUnavailable
 from .keys import derive_key
 from .locks import new_token
@@ -96,33 +96,26 @@ if full(held - 1) then return 0 end
 hold(ARGV[3], tonumber(ARGV[4]))
 return 1
 """
-# KEYS[5] the parking flags; ARGV token, group.  Release unless someone waits and could
-# have the slot: 1 released, 2 kept (hand it on), 0 not held (its lease ran out).
+# KEYS[5] the parking flags; ARGV token, group, new token or "", ttl.  Leave, unless someone
+# waits and could have the slot: then keep it for them, re-issued at once to the new token if
+# one is given (the woken job's: one round trip fewer on every hand-over).  1 released, 2 kept
+# or handed on, 0 not held (its lease ran out).
 _LEAVE = _PRELUDE + """
 if not redis.call('zscore', KEYS[1], ARGV[2]) then return 0 end
-if redis.call('zscore', KEYS[5], ARGV[3]) and not full(held - 1) then return 2 end
-redis.call('zrem', KEYS[1], ARGV[2])
-return 1
-"""
-# KEYS[5] the parking flags; ARGV token, group, new token, ttl.  Leave, handing the slot on if
-# someone waits and could have it: then it is re-issued to the new token at once, for the job
-# the caller wakes (one round trip fewer on every hand-over).  2 handed on, 1 released, 0 not held.
-_HAND_OVER = _PRELUDE + """
-if not redis.call('zscore', KEYS[1], ARGV[2]) then return 0 end
-redis.call('zrem', KEYS[1], ARGV[2])
 if redis.call('zscore', KEYS[5], ARGV[3]) and not full(held - 1) then
-  hold(ARGV[4], tonumber(ARGV[5]))
+  if ARGV[4] ~= '' then
+    redis.call('zrem', KEYS[1], ARGV[2])
+    hold(ARGV[4], tonumber(ARGV[5]))
+  end
   return 2
 end
+redis.call('zrem', KEYS[1], ARGV[2])
 return 1
 """
 # KEYS[5] the parking flags; ARGV token, ttl, group, delay.  A job just parked: flag its group
-# (due in delay ms; an earlier due time is kept), then look at the slots once more and take
-# one if free.  1 taken, 0 not.
-_FLAG_AND_TAKE = _PRELUDE + """
-local due = now + tonumber(ARGV[5])
-local score = redis.call('zscore', KEYS[5], ARGV[4])
-if not score or tonumber(score) > due then redis.call('zadd', KEYS[5], due, ARGV[4]) end
+# (due in delay ms), then look at the slots once more and take one if free.  1 taken, 0 not.
+_FLAG_AND_TAKE = _PRELUDE + wakeups.FLAG_FUNCTION + """
+flag(KEYS[5], ARGV[4], now + tonumber(ARGV[5]))
 if full(held) then return 0 end
 hold(ARGV[2], tonumber(ARGV[3]))
 return 1
@@ -198,7 +191,6 @@ class SlotGate:
         self._leave = scripts.register(client, _LEAVE)
         self._renew = scripts.register(client, _RENEW)
         self._status = scripts.register(client, _STATUS)
-        self._hand_over = scripts.register(client, _HAND_OVER)
         self._flag_and_take = scripts.register(client, _FLAG_AND_TAKE)
 
     def _keys(self, group: str) -> list[str]:
@@ -263,7 +255,7 @@ class SlotGate:
         return fresh if self._call(self._pass, group, [self._default(group), token, fresh, int(ttl_ms)]) else None
 
     def release_unless_flagged(self, group: str, token: str) -> int:
-        return int(self._call(self._leave, group, [self._default(group), token, group], (self.flags,)))
+        return int(self._call(self._leave, group, [self._default(group), token, group, "", 0], (self.flags,)))
 
     # -- one round trip instead of two, where parking can use it -------------------
 
@@ -271,9 +263,8 @@ class SlotGate:
         """Leave, re-issuing the slot to a fresh token if someone waits: ``(KEPT, fresh)``,
         ``(RELEASED, token)`` or ``(NOT_HELD, token)``.  The fresh token is the woken job's."""
         fresh = new_token()
-        outcome = int(self._call(
-            self._hand_over, group, [self._default(group), token, group, fresh, int(self._ttl(group))], (self.flags,)
-        ))
+        args = [self._default(group), token, group, fresh, int(parking.gate_ttl(self, group))]
+        outcome = int(self._call(self._leave, group, args, (self.flags,)))
         return outcome, (fresh if outcome == parking.KEPT else token)
 
     def flag_and_take(self, group: str, ttl_ms: float, delay_ms: float) -> Optional[str]:
@@ -282,10 +273,6 @@ class SlotGate:
         token = new_token()
         args = [self._default(group), token, int(ttl_ms), group, int(max(delay_ms, 0))]
         return token if self._call(self._flag_and_take, group, args, (self.flags,)) else None
-
-    def _ttl(self, group: str) -> float:
-        config = self._config(group)
-        return opt.DEFAULT_CONCURRENCY_TTL if config is None else ttl_of(config)
 
     def release(self, group: str, token: str) -> None:
         try:

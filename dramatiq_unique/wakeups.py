@@ -23,12 +23,19 @@ from . import scripts
 
 logger = logging.getLogger(__name__)
 
-# KEYS[1] flags; ARGV member, delay ms.  Flag a group due in delay ms (an earlier score is kept).
-_FLAG = """
+#: Lua, for every script that flags a group: ``flag(flags key, group, due ms)``; an earlier
+#: due time is kept.
+FLAG_FUNCTION = """
+local function flag(key, member, due)
+  local score = redis.call('zscore', key, member)
+  if not score or tonumber(score) > due then redis.call('zadd', key, due, member) end
+end
+"""
+# KEYS[1] flags; ARGV member, delay ms.  Flag a group due in delay ms.
+_FLAG = FLAG_FUNCTION + """
 local t = redis.call('time')
 local due = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])
-local score = redis.call('zscore', KEYS[1], ARGV[1])
-if not score or tonumber(score) > due then redis.call('zadd', KEYS[1], due, ARGV[1]) end
+flag(KEYS[1], ARGV[1], due)
 return due
 """
 # KEYS[1] flags; ARGV member, delay ms.  Look at a flagged group again later.
