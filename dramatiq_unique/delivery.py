@@ -77,35 +77,59 @@ class Delivery:
         broker.enqueue(message)
 
     def _deliver_locally(self, message: Message, broker_ref: Optional[str] = None) -> bool:
+        plan = self.plan(message, broker_ref)
+        if plan is None:
+            return False
+        with self._lock:
+            if self._claim is None or self._claim.client is not plan.broker.client:
+                self._claim = scripts.register(plan.broker.client, _CLAIM)
+        self._claim(keys=plan.keys, args=plan.args)
+        plan.complete()
+        return True
+
+    def plan(self, message: Message, broker_ref: Optional[str] = None) -> "Optional[LocalDelivery]":
+        """A local delivery of ``message``, its Redis writes left to the caller (who may fold
+        them into a script of its own, see :mod:`dramatiq_unique.ondeck`); None where only
+        the broker can deliver it.  ``before_enqueue`` is emitted here."""
         worker, broker = self.worker, self._broker_of()
         if not self.local or worker is None or _WorkQueueItem is None or not isinstance(broker, RedisBroker):
-            return False
+            return None
         consumer = worker.consumers.get(message.queue_name)
         if consumer is None or not consumer.running or worker.broker is not broker:
-            return False
+            return None
         try:
             actor = broker.get_actor(message.actor_name)
         except Exception:
-            return False
+            return None
         from .enqueue import resending
 
         message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
         with resending():  # the claim recorded broker_ref: JobTracking need not write it again
             broker.emit_before("enqueue", message, None)
-        with self._lock:
-            if self._claim is None or self._claim.client is not broker.client:
-                self._claim = scripts.register(broker.client, _CLAIM)
         queue = message.queue_name
-        self._claim(
+        return LocalDelivery(
+            broker, worker, actor.priority, message,
             keys=[f"{broker.namespace}:{queue}.msgs", f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}"],
             args=[message.options["redis_message_id"], message.encode()],
         )
-        broker.emit_after("enqueue", message, None)
-        proxy = MessageProxy(Message.decode(message.encode()))
+
+
+class LocalDelivery:
+    """A message on its way to this process's worker: once ``keys``/``args`` are written as
+    ``_CLAIM`` writes them (body in the queue's message hash, id in this worker's ack set),
+    :meth:`complete` puts it on the work queue."""
+
+    def __init__(self, broker: Any, worker: Any, priority: int, message: Message, *, keys: list, args: list) -> None:
+        self.broker, self.worker, self.priority, self.message = broker, worker, priority, message
+        self.keys, self.args = keys, args
+
+    def complete(self) -> None:
+        self.broker.emit_after("enqueue", self.message, None)
+        # The message as written (its body was encoded from it): no need to decode it again.
+        proxy = MessageProxy(self.message)
         try:
             # Ahead of the prefetched messages of its priority: it was sent before them, and has waited.
-            item = _WorkQueueItem(actor.priority, proxy, _queued_time=0)
+            item = _WorkQueueItem(self.priority, proxy, _queued_time=0)
         except TypeError:  # pragma: no cover  (a Dramatiq without the FIFO tie-break)
-            item = _WorkQueueItem(actor.priority, proxy)
-        worker.work_queue.put(item)
-        return True
+            item = _WorkQueueItem(self.priority, proxy)
+        self.worker.work_queue.put(item)

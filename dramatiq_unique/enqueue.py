@@ -24,7 +24,7 @@ import peewee as pw
 from dramatiq.common import q_name
 
 from . import options as opt
-from . import outbox, store
+from . import outbox, prestart, store
 from .context import MARKER, active
 from .errors import DramatiqUniqueError, DuplicateJob
 from .keys import bind_arguments, derive_key, idempotency_hold
@@ -241,6 +241,7 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
         return
     # Retries re-enqueues the running message: the same job, due again later.
     ctx.retry_enqueued = True
+    prestart.wait_started(model, ctx.job.id, ctx.job.fencing_token)
     model.update(
         status=JobStatus.RETRYING.value, process_after=after_ms(delay), enqueued_at=utcnow(),
         broker_ref=ref or message.message_id, missing_since=None,

@@ -63,15 +63,14 @@ import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
-import peewee as pw
 import redis as redis_lib
 from dramatiq.middleware import SkipMessage
 
-from . import sql, store
+from . import parked, sql, store
 from .context import MARKER
 from .delivery import Delivery
 from .messages import job_options, rebuild
-from .enqueue import row_fields
+from .ondeck import OnDeck
 from .gates import KEPT, NOT_HELD, RELEASED, WAKE, Gate, GroupInfo  # noqa: F401  (parking.WAKE etc. for users)
 from .errors import DependencyUnavailable
 from .models import JobModel, JobStatus, after_ms, utcnow
@@ -114,6 +113,8 @@ class Parking:
         #: The Redis key of the wake-up flags.
         self.flags = self.wakeups.key
         self.delivery = Delivery(lambda: suite.broker)
+        #: The next job of busy slot groups, claimed ahead (see :mod:`dramatiq_unique.ondeck`).
+        self.ondeck = OnDeck(self)
         self.wake_interval = DEFAULT_WAKE_INTERVAL
         self._watchdog: Optional[Watchdog] = None
         self._lock = threading.Lock()
@@ -147,13 +148,13 @@ class Parking:
         is dropped.
         """
         with store.db_errors(f"parking job {message.message_id}"):
-            job_id, revision = job_row(config, message, unique_key)
-            parked = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
-            if not parked and store.get(config.model, id=job_id) is None:
+            job_id, revision = parked.job_row(config, message, unique_key)
+            waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
+            if not waiting and store.get(config.model, id=job_id) is None:
                 message.options.pop(MARKER, None)
-                job_id, revision = job_row(config, message, unique_key)
-                parked = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
-        if parked:
+                job_id, revision = parked.job_row(config, message, unique_key)
+                waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
+        if waiting:
             raise SkipMessage(f"job {message.message_id} waits for {group}")
         raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
 
@@ -170,8 +171,8 @@ class Parking:
         marker = dict(message.options.get(MARKER) or {})
         reserved = marker.pop(WAKE, None)
         options = job_options(message.options, marker)
-        parked = sql.park(model, job_id, revision, group, options, utcnow())
-        if not parked:
+        place = sql.park(model, job_id, revision, group, options, utcnow())
+        if place is None:
             return False
         if isinstance(reserved, dict) and reserved.get("g") != group:
             self._hand_on(reserved)  # woken for another gate, which it must not sit on while parked
@@ -197,12 +198,17 @@ class Parking:
             return True
         if token is not None:  # the holder left meanwhile: wake the head of the queue ourselves
             self.pass_on(gate, group, token, fresh=True)
+        else:  # full: a holder in this process may take the next job on deck (ondeck.py)
+            self.ondeck.fill(gate, group, place=(*place, job_id))
         return True
 
     # -- the holder's side ---------------------------------------------------
 
     def leave(self, gate: Gate, group: str, token: str) -> None:
         """The holder of ``group``'s gate is done: hand the gate to the next waiter, or release it."""
+        began = time.monotonic()
+        if self.ondeck.hand_over(gate, group, token, since=began) is not None:  # a job reserved here first
+            return
         hand_over = getattr(gate, "hand_over", None)  # re-issues the gate for the woken job in the same call
         try:
             if hand_over is not None:
@@ -213,11 +219,14 @@ class Parking:
             logger.warning("Could not release %s; it frees itself when its lease runs out.", group, exc_info=True)
             return
         if outcome == KEPT:
-            self.pass_on(gate, group, token, fresh=hand_over is not None)
+            if self.pass_on(gate, group, token, fresh=hand_over is not None) is not None:
+                self.ondeck.fill(gate, group, since=began)
+                return
         elif outcome == NOT_HELD or not gate.atomic_release:
             # Lost (expired) meanwhile, or released without an atomic look at
             # the flag: whoever parked must not be stranded.
-            self._wake_if_flagged(gate, group)
+            self.wake_if_flagged(gate, group)
+        self.ondeck.released(gate, group)
 
     def _hand_on(self, reserved: dict) -> None:
         gate = self.gate_for(str(reserved.get("g", "")))
@@ -236,6 +245,9 @@ class Parking:
         logged, the gate released and the group left flagged for the
         watchdog to try again.
         """
+        woken = self.ondeck.hand_over(gate, group, token)  # a job reserved here comes first
+        if woken is not None:
+            return woken
         info = gate.describe(group)
         try:
             if info is None:  # no actor of this group here: leave it to a process that has one
@@ -247,7 +259,7 @@ class Parking:
                 if row is not None:
                     grant = token if fresh else gate.pass_to(group, token, info.ttl_ms)
                     if grant is None:
-                        self._unclaim(info.model, row, group)
+                        parked.unclaim(info.model, row, group)
                         return None
                     token = grant
                     # Who granted it and when (monotonic ms): a job woken in this process soon after
@@ -257,7 +269,7 @@ class Parking:
                         self.delivery.send(rebuild(row, {WAKE: wake}), row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
-                        self._unclaim(info.model, row, group)
+                        parked.unclaim(info.model, row, group)
                         raise
                     return row
                 # Nobody left: clear the flag, then look again (a waiter flags after it parks).
@@ -266,10 +278,17 @@ class Parking:
                     flags = True
                 except redis_lib.RedisError:  # the first master is down: go by the database alone
                     flags = False
-                if self._any_parked(info, group):
+                waiting = parked.waiting_in(info, group)
+                if waiting == 0:
                     if flags:
                         self.wakeups.flag(group, 0)
                     continue
+                if waiting is not None and flags:
+                    # Reserved by another process for its deck (ondeck.py): it hands them a
+                    # slot; should it die, look again when their reservation has run out.
+                    gate.release(group, token)
+                    self.wakeups.flag(group, waiting + 50)
+                    return None
                 if not flags:
                     gate.release(group, token)
                     return None
@@ -292,25 +311,23 @@ class Parking:
                 pass
             return None
 
-    def _wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
+    def wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
         try:
             if not self.wakeups.is_flagged(group):
                 return None
+        except redis_lib.RedisError:
+            return None
+        return self.wake(gate, group)
+
+    def wake(self, gate: Gate, group: str) -> Optional[JobModel]:
+        """Take a free slot of ``group``'s gate, if there is one, for its next waiter."""
+        try:
             token = gate.take(group, gate_ttl(gate, group))
         except (DependencyUnavailable, redis_lib.RedisError):
             return None
         return None if token is None else self.pass_on(gate, group, token)
 
     # -- rows ------------------------------------------------------------------
-
-    @staticmethod
-    def _due_parked(model: type[JobModel], group: str, now: Any) -> Any:
-        # A parked row that "replace" gave a later due time waits for its own message.
-        return (
-            (model.parked_on == group)
-            & (model.status == JobStatus.PENDING.value)
-            & (model.process_after.is_null() | (model.process_after <= now))
-        )
 
     def _claim_next(self, info: GroupInfo, group: str) -> Optional[JobModel]:
         # The woken message's broker id is chosen here, so the claim records it
@@ -324,14 +341,6 @@ class Parking:
             self.started.put(row)
         return row
 
-    def _unclaim(self, model: type[JobModel], row: JobModel, group: str) -> None:
-        model.update(status=JobStatus.PENDING.value, parked_on=group).where(
-            (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
-        ).execute()
-
-    def _any_parked(self, info: GroupInfo, group: str) -> bool:
-        model = info.model
-        return model.select(model.id).where(self._due_parked(model, group, utcnow())).exists()
 
     # -- the watchdog ----------------------------------------------------------------
 
@@ -350,9 +359,11 @@ class Parking:
             watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None:
             watchdog.stop()
+        self.ondeck.sweep(0)  # no local worker to run them any more
 
     def tick(self, limit: int = DEFAULT_PAGE) -> int:
         """One watchdog pass: wake the head of every flagged group whose holder's lease ran out."""
+        self.ondeck.sweep()
         woken = 0
         for group in self.wakeups.due(limit):
             woken += self._wake_group(group) is not None
@@ -387,22 +398,6 @@ class Parking:
                 self.wakeups.flag(group, 0)  # Redis may have lost it
                 woken += self._wake_group(group) is not None
         return woken
-
-
-def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = None) -> tuple[int, int]:
-    """The message's job row id and revision; a message sent without the suite gets a row."""
-    marker = message.options.get(MARKER) or {}
-    if "id" in marker:
-        return int(marker["id"]), int(marker.get("rev", 0))
-    fields = row_fields(config, message, None)
-    fields["unique_key"] = unique_key
-    model = config.model
-    try:
-        job_id = model.insert(fields).execute()
-    except pw.IntegrityError:  # the same message, delivered again
-        job_id = model.get(model.message_id == message.message_id).id
-    message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
-    return int(job_id), 0
 
 
 def gate_ttl(gate: Gate, group: str) -> float:

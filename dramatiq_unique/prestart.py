@@ -88,3 +88,45 @@ class Started:
         if entry is None or time.monotonic() - entry[0] > KEEP_FOR or entry[1].revision != revision:
             return None
         return entry[1]
+
+
+# -- starts written after the job began (ondeck.py) ----------------------------------
+#
+# A job handed a slot from the deck runs at once; its row's start is written
+# a moment later by the thread that handed it over.  Until that commit, a
+# write fenced by the attempt's token would find the row still at the old
+# token: such writes wait for it here (:func:`wait_started`).
+
+#: Seconds a fenced write waits for its attempt's start to be committed.
+START_WAIT = 30.0
+
+_pending: dict[tuple, threading.Event] = {}
+_pending_lock = threading.Lock()
+
+
+def _key(model: type, job_id: int, token: int) -> tuple:
+    return (model._meta.table_name, int(job_id), int(token))
+
+
+def expect_start(model: type, job_id: int, token: int) -> None:
+    """The attempt ``(job_id, token)`` may run before its start is committed."""
+    with _pending_lock:
+        _pending[_key(model, job_id, token)] = threading.Event()
+
+
+def start_written(model: type, job_id: int, token: int) -> None:
+    """The start of ``(job_id, token)`` was committed (or will not be): let its writes go."""
+    with _pending_lock:
+        event = _pending.pop(_key(model, job_id, token), None)
+    if event is not None:
+        event.set()
+
+
+def wait_started(model: type, job_id: int, token: int) -> None:
+    """Before a write fenced by ``token``: wait until the attempt's start is committed."""
+    if not _pending:  # the common case: nothing under way, no lock taken
+        return
+    with _pending_lock:
+        event = _pending.get(_key(model, job_id, token))
+    if event is not None:
+        event.wait(START_WAIT)

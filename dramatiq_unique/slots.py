@@ -96,6 +96,16 @@ if full(held - 1) then return 0 end
 hold(ARGV[3], tonumber(ARGV[4]))
 return 1
 """
+# KEYS[5], KEYS[6] a woken message's hash and ack set (delivery._CLAIM); ARGV token, new token,
+# ttl, message id, body.  _PASS, and on success the local delivery's writes (ondeck.py).
+_PASS_AND_DELIVER = _PRELUDE + """
+if redis.call('zrem', KEYS[1], ARGV[2]) == 0 then return 0 end
+if full(held - 1) then return 0 end
+hold(ARGV[3], tonumber(ARGV[4]))
+redis.call('hset', KEYS[5], ARGV[5], ARGV[6])
+redis.call('sadd', KEYS[6], ARGV[5])
+return 1
+"""
 # KEYS[5] the parking flags; ARGV token, group, new token or "", ttl.  Leave, unless someone
 # waits and could have the slot: then keep it for them, re-issued at once to the new token if
 # one is given (the woken job's: one round trip fewer on every hand-over).  1 released, 2 kept
@@ -188,6 +198,7 @@ class SlotGate:
         client = suite.redis
         self._enter = scripts.register(client, _ENTER)
         self._pass = scripts.register(client, _PASS)
+        self._pass_and_deliver = scripts.register(client, _PASS_AND_DELIVER)
         self._leave = scripts.register(client, _LEAVE)
         self._renew = scripts.register(client, _RENEW)
         self._status = scripts.register(client, _STATUS)
@@ -266,6 +277,13 @@ class SlotGate:
         args = [self._default(group), token, group, fresh, int(parking.gate_ttl(self, group))]
         outcome = int(self._call(self._leave, group, args, (self.flags,)))
         return outcome, (fresh if outcome == parking.KEPT else token)
+
+    def pass_and_deliver(self, group: str, token: str, fresh: str, ttl_ms: float, keys: list, args: list) -> bool:
+        """Hand the slot held by ``token`` to ``fresh`` and write a local delivery's message
+        (``keys``/``args`` of :class:`~dramatiq_unique.delivery.LocalDelivery`), in one step;
+        False, with nothing written, if the slot was not held or the group is over its limit."""
+        script_args = [self._default(group), token, fresh, int(ttl_ms), *args]
+        return bool(self._call(self._pass_and_deliver, group, script_args, tuple(keys)))
 
     def flag_and_take(self, group: str, ttl_ms: float, delay_ms: float) -> Optional[str]:
         """Flag ``group`` (its waiters are due for a look in ``delay_ms``) and take a free slot

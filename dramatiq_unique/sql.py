@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional, Sequence
 
-from . import fencing
+from . import fencing, prestart
 from .models import FINISHED, WAITING, JobModel, JobStatus, is_postgres
 
 _cache: dict[tuple, str] = {}
@@ -184,6 +184,7 @@ def start(
 
 def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any]) -> int:
     """UPDATE one row only if its fencing token is still ``fencing_token``; returns the row count."""
+    prestart.wait_started(model, job_id, fencing_token)
     names = tuple(values)
 
     def build() -> str:
@@ -195,6 +196,24 @@ def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values
     sql = _compiled(("update_fenced", model, names, _dialect(model)), build)
     cursor = model._meta.database.execute_sql(sql, [*_params(model, values), job_id, fencing_token])
     return cursor.rowcount
+
+
+def queue_head(model: type[JobModel], order_by: str, limit: str = "1") -> str:
+    """The SELECT of a group's next due, unreserved parked rows, in serving order.
+
+    Parameters, in order: group, ``pending``, now (reservations, see
+    :mod:`dramatiq_unique.ondeck`), now (due time); then the limit if it is
+    a placeholder.  The one definition of "next" for claims and reservations.
+    """
+    table, _, p = _names(model)
+    q = _quoter(model)
+    order = q("process_after") if order_by == "process_after" else q("created_at")
+    return (
+        f"SELECT {q('id')} FROM {table} WHERE {q('parked_on')} = {p} AND {q('status')} = {p} "
+        f"AND ({q('lease_until')} IS NULL OR {q('lease_until')} <= {p}) "
+        f"AND ({q('process_after')} IS NULL OR {q('process_after')} <= {p}) "
+        f"ORDER BY {order}, {q('id')} LIMIT {limit}"
+    )
 
 
 def claim_parked(
@@ -220,7 +239,6 @@ def claim_parked(
     def build() -> str:
         table, columns, p = _names(model)
         q = _quoter(model)
-        order = q("process_after") if order_by == "process_after" else q("created_at")
         waiting = f"{q('parked_on')} = {p} AND {q('status')} = {p}"
         if start is None:
             sets = f"SET {q('status')} = {p}, "
@@ -237,11 +255,7 @@ def claim_parked(
                 f"{q('unique_hold')} = CASE WHEN {own} AND {p} = 1 THEN NULL ELSE {q('unique_hold')} END, "
             )
         sets += f"{q('parked_on')} = NULL, {q('enqueued_at')} = {p}, {q('broker_ref')} = {p}, {q('missing_since')} = NULL "
-        head = (
-            f"SELECT {q('id')} FROM {table} WHERE {waiting} "
-            f"AND ({q('process_after')} IS NULL OR {q('process_after')} <= {p}) "
-            f"ORDER BY {order}, {q('id')} LIMIT 1"
-        )
+        head = queue_head(model, order_by)
         if is_postgres(db):
             # A join on the locked head, so the update finds its row by primary key (with
             # ``id = (subquery)`` the planner may scan the status index for it instead).
@@ -268,15 +282,16 @@ def claim_parked(
             JobStatus.RUNNING.value, queued, when, fields["lease_until"].db_value(lease_until), worker,
             1 if release_hold else 0,
         ]
-    params += [when, broker_ref, group, pending, when]
+    params += [when, broker_ref, group, pending, when, when]
     if not is_postgres(db):
         params += [group, pending]
     row = db.execute_sql(sql, params).fetchone()
     return None if row is None else to_model(model, row)
 
 
-def park(model: type[JobModel], job_id: int, revision: int, group: str, options: dict, now: Any) -> int:
-    """Park a waiting job on ``group`` (status pending, ``parked_on`` set); returns the row count.
+def park(model: type[JobModel], job_id: int, revision: int, group: str, options: dict, now: Any) -> Optional[tuple]:
+    """Park a waiting job on ``group`` (status pending, ``parked_on`` set); returns its
+    ``(created_at, process_after)`` (its place in the queue), or None if it is not waiting.
 
     A running row whose lease ran out counts as waiting: it is a crashed
     attempt of this very job.
@@ -289,7 +304,7 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
         return (
             f"{_no_flush_wait(db)}UPDATE {table} SET {q('status')} = {p}, {q('parked_on')} = {p}, {q('options')} = {p} "
             f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND ({q('status')} IN ({p}, {p}, {p}) "
-            f"OR ({q('status')} = {p} AND {q('lease_until')} < {p}))"
+            f"OR ({q('status')} = {p} AND {q('lease_until')} < {p})) RETURNING {q('created_at')}, {q('process_after')}"
         )
 
     sql = _compiled(("park", model, _no_flush_wait(db), _dialect(model)), build)
@@ -298,4 +313,5 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
         JobStatus.PENDING.value, group, fields["options"].db_value(options), job_id, revision,
         *WAITING, JobStatus.RUNNING.value, fields["lease_until"].db_value(now),
     ]
-    return db.execute_sql(sql, params).rowcount
+    row = db.execute_sql(sql, params).fetchone()
+    return None if row is None else (fields["created_at"].python_value(row[0]), fields["process_after"].python_value(row[1]))

@@ -6,14 +6,12 @@ import logging
 import time
 from typing import Any, Optional
 
-import peewee as pw
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
 
-from .. import context, heartbeat, parking, store
+from .. import context, heartbeat, parked, parking, store
 from ..config import ActorConfig, Suite
 from ..context import MARKER
-from ..enqueue import row_fields
 from ..errors import DramatiqUniqueError
 from ..locks import new_token
 from ..slots import HeldSlot, declared_limit, gate_of, group_key, group_name, has_slots, ttl_of
@@ -107,11 +105,16 @@ class ConcurrencySlots(Middleware):
         else:
             token = new_token()
             own = opts.get("concurrency_limit")  # a message's own limit: the gate must know it too
+            if reserved is None and own is None and self.parking.ondeck.busy(group):
+                # Jobs of the group wait on deck here, so it is full: queue up behind them without
+                # asking first (parking looks at the slots once more, and wakes the head if one is free).
+                self._park(config, message, group, ttl)
             entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
             if not entered:
                 self._park(config, message, group, ttl if wait < 0 else wait)
         held = HeldSlot(self.gate, group, token, ttl, limit)
         ctx.extras[HELD] = held
+        self.parking.ondeck.holding(group, 1)
         ctx.extras.setdefault(heartbeat.RENEWERS, []).append(held.renew)
         # The slot goes to the next job as soon as the actor is done, before the outcome
         # is written: a slot orders nothing, so the next job need not wait for that commit.
@@ -133,14 +136,14 @@ class ConcurrencySlots(Middleware):
         does not sit on it while it waits for a slot.
         """
         with store.db_errors(f"parking job {message.message_id}"):
-            job_id, revision = self._row(config, message)
-            parked = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
-            if not parked and store.get(config.model, id=job_id) is None:
+            job_id, revision = parked.job_row(config, message)
+            waiting = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
+            if not waiting and store.get(config.model, id=job_id) is None:
                 # The row was pruned or deleted: record the job anew, then park it.
                 message.options.pop(MARKER, None)
-                job_id, revision = self._row(config, message)
-                parked = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
-        if parked:
+                job_id, revision = parked.job_row(config, message)
+                waiting = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
+        if waiting:
             raise SkipMessage(f"job {message.message_id} waits for a slot in {group}")
         self._give_back(message)
         raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
@@ -153,20 +156,6 @@ class ConcurrencySlots(Middleware):
         if gate is not None:
             self.parking.leave(gate, wake["g"], wake["t"])
 
-    def _row(self, config: ActorConfig, message) -> tuple[int, int]:
-        """The job's row id and revision; a message sent without the suite gets a row."""
-        marker = message.options.get(MARKER) or {}
-        if "id" in marker:
-            return int(marker["id"]), int(marker.get("rev", 0))
-        fields = row_fields(config, message, None)
-        model = config.model
-        try:
-            job_id = model.insert(fields).execute()
-        except pw.IntegrityError:
-            job_id = model.get(model.message_id == message.message_id).id
-        message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
-        return int(job_id), 0
-
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         self._leave(message)
 
@@ -178,6 +167,7 @@ class ConcurrencySlots(Middleware):
         held: Optional[HeldSlot] = ctx.extras.pop(HELD, None) if ctx is not None else None
         if held is None:
             return
+        self.parking.ondeck.holding(held.group, -1)
         try:
             self.parking.leave(self.gate, held.group, held.token)
         except Exception:
