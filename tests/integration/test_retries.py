@@ -156,7 +156,10 @@ def test_a_retry_the_broker_refused_is_sent_by_the_redrive(database_url, key_pre
 
         message = flaky.send()
         with running_worker(broker):
-            wait_until(lambda: job_of(message).status == "retrying", timeout=10)
+            # The retry's own write (retrying, enqueued) comes before its publish fails; the
+            # outcome then records that nothing was published: wait, with a bound, for that.
+            wait_until(lambda: job_of(message).status == "retrying" and job_of(message).enqueued_at is None,
+                       timeout=10)
             job = job_of(message)
             assert job.enqueued_at is None and job.last_error.startswith("OSError: first attempt")
             server.start()
