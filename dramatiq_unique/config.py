@@ -12,6 +12,7 @@ import peewee as pw
 import redis as redis_lib
 
 from . import options as opt
+from . import prepared
 from .errors import InvalidOption, NotConfigured
 from .keys import DEFAULT_KEY_PREFIX, RedisKeys
 from .locks import Locks
@@ -48,6 +49,9 @@ class Settings:
     redrive_interval: int = 5_000
     #: Rows a re-drive pass handles per page.
     redrive_page_size: int = 500
+    #: Whether the hot statements (send, start, outcome) are prepared once per PostgreSQL
+    #: connection (see :mod:`dramatiq_unique.prepared`); False behind a pooler in transaction mode.
+    prepared_statements: bool = True
 
     def __post_init__(self) -> None:
         for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size"):
@@ -103,6 +107,7 @@ class Suite:
             raise InvalidOption(f"unknown settings: {', '.join(sorted(unknown))}")
         self.settings = Settings(**settings)
         self.db = open_database(database)
+        prepared.enable(self.db, self.settings.prepared_statements)
         self.masters = _redis_clients(redis)
         #: The client for plain Redis state (slots, counters): the first master.
         self.redis = self.masters[0]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import peewee as pw
 
-from . import sql
+from . import prepared, sql
 from .context import MARKER
 from .enqueue import row_fields
 from .models import JobModel, JobStatus, after_ms, is_postgres, utcnow
@@ -136,7 +136,7 @@ def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float) -> Opti
               group, JobStatus.PENDING.value, when, when]
     if not is_postgres(db):
         params += [group, JobStatus.PENDING.value, when]
-    found = db.execute_sql(statement, params).fetchone()
+    found = prepared.execute(db, statement, params).fetchone()
     return None if found is None else sql.to_model(model, found, DECK_COLUMNS)
 
 
@@ -160,7 +160,7 @@ def start_reserved(
     # Compiled once per table: this runs right after the woken job was put on the work
     # queue, and the less Python it takes first, the sooner that job's thread gets going.
     statement = sql._compiled(("start_reserved", model, sql._dialect(model)), build)
-    ok = bool(db.execute_sql(statement, _start_params(model, row, started, marker)).rowcount)
+    ok = bool(prepared.execute(db, statement, _start_params(model, row, started, marker)).rowcount)
     rows = []
     for _ in range(count if info is not None else 0):
         found = reserve(info, group, marker, info.ttl_ms)
@@ -221,7 +221,7 @@ def _start_and_reserve(
         marker, fields["lease_until"].db_value(after_ms(info.ttl_ms, now)),
         group, JobStatus.PENDING.value, when, when, count,
     ]
-    found = db.execute_sql(statement, params).fetchall()
+    found = prepared.execute(db, statement, params).fetchall()
     ok = bool(found and found[0][0])
     rows = [sql.to_model(model, r[1:], DECK_COLUMNS) for r in found if r[1] is not None]
     return ok, rows

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional, Sequence
 
-from . import fencing, prestart
+from . import fencing, prepared, prestart
 from .models import FINISHED, WAITING, JobModel, JobStatus, is_postgres
 
 _cache: dict[tuple, str] = {}
@@ -114,7 +114,7 @@ def insert(model: type[JobModel], values: dict[str, Any]) -> int:
         return f"INSERT INTO {table} ({cols}) VALUES ({', '.join([p] * len(names))}) RETURNING id"
 
     sql = _compiled(("insert", model, names, _dialect(model)), build)
-    return model._meta.database.execute_sql(sql, _params(model, values)).fetchone()[0]
+    return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
 
 
 def start(
@@ -170,7 +170,7 @@ def start(
     if not merged:
         params.append(fencing_token)
     params += [1 if release_hold else 0, job_id, revision, *FINISHED]
-    row = db.execute_sql(sql, params).fetchone()
+    row = prepared.execute(db, sql, params).fetchone()
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
@@ -194,7 +194,7 @@ def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values
         return f"UPDATE {table} SET {sets} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
 
     sql = _compiled(("update_fenced", model, names, _dialect(model)), build)
-    cursor = model._meta.database.execute_sql(sql, [*_params(model, values), job_id, fencing_token])
+    cursor = prepared.execute(model._meta.database, sql, [*_params(model, values), job_id, fencing_token])
     return cursor.rowcount
 
 
@@ -285,7 +285,7 @@ def claim_parked(
     params += [when, broker_ref, group, pending, when, when]
     if not is_postgres(db):
         params += [group, pending]
-    row = db.execute_sql(sql, params).fetchone()
+    row = prepared.execute(db, sql, params).fetchone()
     return None if row is None else to_model(model, row)
 
 
@@ -313,5 +313,5 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
         JobStatus.PENDING.value, group, fields["options"].db_value(options), job_id, revision,
         *WAITING, JobStatus.RUNNING.value, fields["lease_until"].db_value(now),
     ]
-    row = db.execute_sql(sql, params).fetchone()
+    row = prepared.execute(db, sql, params).fetchone()
     return None if row is None else (fields["created_at"].python_value(row[0]), fields["process_after"].python_value(row[1]))

@@ -1,0 +1,102 @@
+"""The hot statements as PostgreSQL prepared statements: parsed and planned once per connection.
+
+Measured on this project's 2-core machine, an attempt's start (an
+``UPDATE ... WHERE id = ... RETURNING``) costs the server about 210 us of
+CPU sent as text and about 145 us as ``EXECUTE`` of a statement prepared
+on the connection.  A tracked job makes three such statements (send,
+start, outcome), on a machine whose cores the workers share with the
+database, so the saving shows in the jobs per second.
+
+Each connection (peewee keeps one per thread) prepares a statement the
+first time it runs it, outside a transaction of the caller's.  A
+statement the server will not prepare (a parameter whose type it cannot
+infer) is sent as text from then on.  A connection pooler that drops
+prepared statements (``DISCARD ALL``) is survived: an unknown statement
+is prepared again.  A pooler in *transaction* mode, which hands each
+transaction another server connection, needs ``prepared_statements=False``
+in :func:`dramatiq_unique.setup`.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from typing import Any, Sequence
+
+import peewee as pw
+
+from .models import is_postgres
+
+#: Set on a peewee Database whose statements are not to be prepared.
+_OFF = "_dramatiq_unique_no_prepare"
+#: The prefix some statements carry (sql._no_flush_wait): kept as text in front of EXECUTE.
+_PREFIX = "SET LOCAL synchronous_commit TO OFF; "
+
+_names: dict[str, str] = {}  # statement text: its prepared name
+_unpreparable: set[str] = set()
+_names_lock = threading.Lock()
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        # Per connection: the names prepared on it (a new connection starts empty).
+        self.done: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+_local = _Local()
+
+
+def enable(db: pw.Database, on: bool) -> None:
+    """Whether ``db``'s hot statements are prepared (the ``prepared_statements`` setting)."""
+    setattr(db, _OFF, not on)
+
+
+def execute(db: pw.Database, sql: str, params: Sequence[Any]) -> Any:
+    """``db.execute_sql(sql, params)``, as a prepared statement where it can be; returns the cursor."""
+    if getattr(db, _OFF, True) or not is_postgres(db):
+        return db.execute_sql(sql, params)
+    prefix, body = (_PREFIX, sql[len(_PREFIX):]) if sql.startswith(_PREFIX) else ("", sql)
+    name = _name(body)
+    if name is None:
+        return db.execute_sql(sql, params)
+    conn = db.connection()
+    done = _local.done.get(conn)
+    if done is None:
+        done = _local.done[conn] = set()
+    if name not in done:
+        if db.in_transaction() or not _prepare(db, name, body):
+            return db.execute_sql(sql, params)  # a failed PREPARE would abort the caller's transaction
+        done.add(name)
+    call = f"{prefix}EXECUTE {name}({', '.join(['%s'] * len(params))})" if params else f"{prefix}EXECUTE {name}"
+    try:
+        return db.execute_sql(call, params)
+    except pw.DatabaseError as e:
+        if "prepared statement" not in str(e) or db.in_transaction():
+            raise
+        done.discard(name)  # a pooler dropped it: prepare it again, once
+        if not _prepare(db, name, body):
+            return db.execute_sql(sql, params)
+        done.add(name)
+        return db.execute_sql(call, params)
+
+
+def _name(body: str) -> "str | None":
+    name = _names.get(body)
+    if name is None:
+        with _names_lock:
+            name = _names.setdefault(body, f"dramatiq_unique_{len(_names) + 1}")
+    return None if name in _unpreparable else name
+
+
+def _prepare(db: pw.Database, name: str, body: str) -> bool:
+    count = iter(range(1, body.count("%s") + 1))
+    text = re.sub(r"%s", lambda _: f"${next(count)}", body)
+    try:
+        db.execute_sql(f"PREPARE {name} AS {text}")
+        return True
+    except pw.DatabaseError as e:
+        if "already exists" in str(e):
+            return True
+        _unpreparable.add(name)
+        return False
