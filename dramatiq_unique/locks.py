@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import redis
 
@@ -127,10 +127,7 @@ class Locks:
         try:
             if self.single:
                 token = token or new_token()
-                reply = self._acquire(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)])
-                if reply == 1:  # a holder token is bytes, never equal to 1
-                    return token, None
-                return None, (reply.decode() if isinstance(reply, bytes) else reply)
+                return _taken(token, self._acquire(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
             lock = self._redlock(name, ttl_ms)
             if lock.acquire(blocking=False):
                 return lock._uuid, None
@@ -161,6 +158,17 @@ class Locks:
             return True
         except pottery.ReleaseUnlockedLock:
             return False
+        except _ERRORS as e:
+            raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
+
+    def release_later(self, name: str, token: str) -> None:
+        """Release ``name`` if ``token`` holds it, without waiting for Redis's reply (one master;
+        with several, as :meth:`release`).  This thread's later Redis calls come after it."""
+        if not self.single:
+            self.release(name, token)
+            return
+        try:
+            self._release.post(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
         except _ERRORS as e:
             raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
 
@@ -239,3 +247,10 @@ class Locks:
         if flagged:
             return KEPT if self.ttl(name, token) > 0 else NOT_HELD
         return RELEASED if self.release(name, token) else NOT_HELD
+
+
+def _taken(token: str, reply: Any) -> tuple[Optional[str], Optional[str]]:
+    """The acquire script's reply as ``(token, None)`` or ``(None, holder)``."""
+    if reply == 1:  # a holder token is bytes, never equal to 1
+        return token, None
+    return None, (reply.decode() if isinstance(reply, bytes) else reply)

@@ -16,12 +16,25 @@ What redis-py's client would do for us and we do here instead: load the
 script when the server does not know it (``NOSCRIPT``), and reconnect
 when the connection broke (a restarted Redis).  All our scripts are
 safe to repeat: they take or free a named holder's token.
+
+A call may also be *posted* (:meth:`Script.post`): sent without waiting
+for its reply, which is read before the link's next call, or by a later
+post if it is already there.  A thread that waits for a reply gives up
+the GIL, and under load gets it back only after another thread's turn:
+measured here, 150 to 250 us of CPU per wait, against 30 to 50 us in an
+idle process.  A unique job's queue lock is freed at its start this way
+(the thread's own later calls come after it on the same connection, so a
+send from inside the job finds it free).
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import logging
 import os
+import select
+import socket
 import threading
 import weakref
 from typing import Any, Sequence
@@ -31,8 +44,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+logger = logging.getLogger(__name__)
+
 #: How many times a call is sent when the connection broke or the script was unknown.
 ATTEMPTS = 3
+#: Posted calls whose replies a link leaves unread before it waits for them.
+MAX_UNREAD = 64
 _CRLF = b"\r\n"
 
 
@@ -57,26 +74,97 @@ class _Link:
         self.pid = os.getpid()
         self.sock: Any = None
         self.buf, self.pos = b"", 0
+        #: Posted calls whose replies are still to be read, oldest first: (command, script text).
+        self.unread: collections.deque[tuple[bytes, str]] = collections.deque()
 
     def call(self, command: bytes) -> Any:
+        redo: list[tuple[bytes, str]] = []
         try:
-            if self.sock is None:
-                self.conn.connect()
-                self.sock = self.conn._sock  # redis-py keeps the socket private
+            self._connect()
             self.sock.sendall(command)
-            return self._read()
+            if self.unread:  # their replies come first
+                redo = self._settle(block=True)
+            reply = self._read()
         except OSError as e:  # socket.timeout included
-            self.close()
-            kind = RedisTimeoutError if isinstance(e, TimeoutError) else RedisConnectionError
-            raise kind(f"Redis call failed: {e}") from e
+            self._failed(e)
         except BaseException:
             # Anything else mid-call (an unparsable reply, or an exception raised into the
             # thread, as Dramatiq's TimeLimit does) may leave a reply unread: a later call
             # would take it for its own.  Start afresh, as redis-py does.
             self.close()
             raise
+        self._redo(redo)
+        return reply
+
+    def post(self, command: bytes, text: str) -> None:
+        """Send ``command`` (an EVALSHA of ``text``) without waiting for its reply."""
+        redo: list[tuple[bytes, str]] = []
+        try:
+            self._connect()
+            if self.unread:
+                redo = self._settle(block=len(self.unread) >= MAX_UNREAD)
+            self.sock.sendall(command)
+            self.unread.append((command, text))
+        except OSError as e:
+            self._failed(e)
+        except BaseException:
+            self.close()
+            raise
+        self._redo(redo)
+
+    def _connect(self) -> None:
+        if self.sock is None:
+            self.conn.connect()
+            self.sock = self.conn._sock  # redis-py keeps the socket private
+
+    def _failed(self, e: OSError) -> None:
+        self.close()
+        kind = RedisTimeoutError if isinstance(e, TimeoutError) else RedisConnectionError
+        raise kind(f"Redis call failed: {e}") from e
+
+    def _settle(self, block: bool) -> list[tuple[bytes, str]]:
+        """Read the replies of posted calls (without ``block``: those already here); returns
+        the calls the server did not run for want of their script."""
+        redo: list[tuple[bytes, str]] = []
+        if not block:
+            try:
+                if self.sock.gettimeout() is None:
+                    data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+                elif select.select([self.sock], [], [], 0)[0]:  # a timeout would make recv wait
+                    data = self.sock.recv(65536)
+                else:
+                    return redo
+            except BlockingIOError:
+                return redo
+            if not data:
+                raise RedisConnectionError("Redis closed the connection")
+            self.buf, self.pos = self.buf[self.pos :] + data, 0
+        while self.unread and (block or self._complete()):
+            command, text = self.unread.popleft()
+            value = self._read()
+            if isinstance(value, NoScriptError):
+                redo.append((command, text))
+            elif isinstance(value, ResponseError):
+                logger.warning("A Redis script posted without waiting failed: %s", value)
+        return redo
+
+    def _complete(self) -> bool:
+        """Whether the buffer holds a whole reply of one line or one string (no array)."""
+        end = self.buf.find(_CRLF, self.pos)
+        if end < 0 or self.buf[self.pos : self.pos + 1] == b"*":
+            return False
+        if self.buf[self.pos : self.pos + 1] == b"$":
+            size = int(self.buf[self.pos + 1 : end])
+            return size < 0 or len(self.buf) >= end + 2 + size + 2
+        return True
+
+    def _redo(self, redo: list[tuple[bytes, str]]) -> None:
+        for command, text in redo:  # Redis restarted or flushed its scripts: load, run now
+            self.call(pack("SCRIPT", "LOAD", text))
+            self.call(command)
 
     def close(self) -> None:
+        self.unread.clear()
         self.sock, self.buf, self.pos = None, b"", 0
         self.conn.disconnect()
 
@@ -166,6 +254,11 @@ class Script:
                 raise reply
             return reply
         raise redis.RedisError(f"script {self.sha} could not be run")
+
+    def post(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
+        """Run the script without waiting for its reply (see the module's docs); a script
+        unknown to the server is loaded and run before the link's next call returns."""
+        _link(self.client).post(pack("EVALSHA", self.sha, len(keys), *keys, *args), self.text)
 
 
 def register(client: redis.Redis, text: str) -> Script:

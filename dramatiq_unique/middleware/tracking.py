@@ -113,16 +113,22 @@ class JobTracking(Middleware):
         if job is None:
             return self._not_started(config, message, ctx, marker)
         if release_hold:
-            # After the row's hold is cleared and before the actor runs: see enqueue.py.
-            self._release_queue_lock(job, marker)
+            # After the row's hold is cleared and before the actor runs: see enqueue.py.  Not
+            # waited for (scripts.py: a wait costs a worker thread its turn at the GIL); a send
+            # from inside the job comes after it on this thread's connection.
+            self._release_queue_lock(job, marker, wait=False)
         return job
 
-    def _release_queue_lock(self, job, marker: dict) -> None:
+    def _release_queue_lock(self, job, marker: dict, wait: bool = True) -> None:
         """Free the Redis queue lock the job's send took, if it took one."""
         if not (job.unique_key and marker.get("qt")):
             return
+        name, locks = self.suite.keys.queue_lock(job.unique_key), self.suite.locks
         try:
-            self.suite.locks.release(self.suite.keys.queue_lock(job.unique_key), marker["qt"])
+            if wait:
+                locks.release(name, marker["qt"])
+            else:
+                locks.release_later(name, marker["qt"])
         except RedisUnavailable:
             logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
 

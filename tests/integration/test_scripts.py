@@ -111,3 +111,48 @@ def test_an_exception_between_request_and_reply_does_not_leave_a_reply_behind(se
         echo(keys=["k"], args=["lost", 1])
     monkeypatch.undo()
     assert echo(keys=["k"], args=["mine", 2])[1] == b"mine"
+
+
+INCR_BY = "return redis.call('incrby', KEYS[1], ARGV[1])"
+
+
+def test_posted_calls_run_in_order_before_the_threads_next_call(server):
+    """Given calls posted without waiting, When the thread calls again, Then the posted ones ran
+    first and in order, and their replies are not taken for the new call's."""
+    client = redis.Redis.from_url(server.url)
+    incr = scripts.register(client, INCR_BY)
+    for step in (1, 10, 100):
+        incr.post(keys=["n"], args=[step])
+    assert incr(keys=["n"], args=[1000]) == 1111
+    for _ in range(scripts.MAX_UNREAD * 3):  # more than a link leaves unread: it reads as it goes
+        incr.post(keys=["n"], args=[1])
+    assert incr(keys=["n"], args=[0]) == 1111 + scripts.MAX_UNREAD * 3
+
+
+def test_a_posted_call_the_server_did_not_know_runs_once_loaded(server):
+    """Given a posted call of a script Redis forgot, When the thread next calls, Then the posted
+    one is loaded and run before that call returns; a posted call that fails is logged."""
+    client = redis.Redis.from_url(server.url)
+    incr = scripts.register(client, INCR_BY)
+    assert incr(keys=["n"], args=[1]) == 1
+    client.script_flush()
+    incr.post(keys=["n"], args=[5])
+    assert client.get("n") == b"1", "not run: Redis did not know the script"
+    assert scripts.register(client, "return 0")() == 0
+    assert client.get("n") == b"6"
+    boom = scripts.register(client, "return redis.error_reply('boom')")
+    boom.post()
+    assert incr(keys=["n"], args=[1]) == 7, "the failed post's reply was not taken for this call's"
+
+
+def test_a_posted_call_on_a_stopped_server_raises_a_connection_error(server):
+    client = redis.Redis.from_url(server.url, socket_connect_timeout=0.5)
+    incr = scripts.register(client, INCR_BY)
+    incr(keys=["n"], args=[1])
+    server.stop()
+    with pytest.raises(redis.ConnectionError):
+        for _ in range(3):  # the first send may still reach the kernel's buffer
+            incr.post(keys=["n"], args=[1])
+            incr(keys=["n"], args=[0])
+    server.start()
+    assert incr(keys=["n"], args=[0]) == 0, "a new server: the link reconnects"
