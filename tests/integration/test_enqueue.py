@@ -118,6 +118,54 @@ def test_when_the_queue_lock_ends(suite, broker, worker, lock, accepted_while_ru
     assert third.message_id != first.message_id
 
 
+def test_an_until_executing_job_may_send_its_own_key_again_from_inside(suite, broker, worker):
+    """Given an until_executing job that sends its own key again while it runs (a poller that
+    re-schedules itself), Then each send is a new job: the queue lock was freed at the start,
+    before the job's code ran, though the start does not wait for Redis's reply."""
+    runs: list[str] = []
+
+    @dramatiq.actor(unique_args=["feed"], unique_lock="until_executing")
+    def poll(feed, n):
+        runs.append(dramatiq_unique.current_job().message_id)
+        if n < 5:
+            again = poll.send(feed, n + 1)
+            assert again.message_id != runs[-1], "skipped as a duplicate of the running job"
+
+    poll.send("news", 1)
+    wait_until(lambda: len(runs) == 5 and dramatiq_unique.get_job(runs[-1]).status == "succeeded", timeout=20)
+    assert len(set(runs)) == 5
+    assert all(dramatiq_unique.get_job(m).status == "succeeded" for m in runs)
+
+
+def test_a_send_refused_before_its_row_is_written_leaves_the_key_free(suite, broker):
+    """Given a middleware ahead of ours that refuses a unique send (after the fast path asked
+    for the queue lock), When the key is sent again, Then it is a new job, not skipped in
+    favour of the refused one."""
+    from dramatiq.middleware import MiddlewareError
+
+    from dramatiq_unique.middleware import JobTracking
+
+    class Refuse(dramatiq.Middleware):
+        on = True
+
+        def before_enqueue(self, broker, message, delay):
+            if self.on:
+                raise MiddlewareError("refused")
+
+    @dramatiq.actor(unique_args=["report_id"])
+    def report(report_id):
+        pass
+
+    refuse = Refuse()
+    broker.add_middleware(refuse, before=JobTracking)
+    with pytest.raises(MiddlewareError):
+        report.send(1)
+    refuse.on = False
+    second = report.send(1)
+    assert dramatiq_unique.get_job(second.message_id) is not None
+    assert queue_size(broker) == 1
+
+
 def test_until_expired_holds_the_key_for_the_window_whatever_the_state(suite, broker, worker):
     @dramatiq.actor(unique_args=True, unique_lock="until_expired", unique_window=600)
     def ping(host):
