@@ -59,7 +59,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
@@ -69,12 +68,13 @@ from dramatiq.middleware import SkipMessage
 from . import parked, sql, store
 from .context import MARKER
 from .delivery import Delivery
-from .messages import job_options, rebuild
+from .messages import job_options
 from .ondeck import OnDeck
 from .gates import KEPT, NOT_HELD, RELEASED, WAKE, Gate, GroupInfo  # noqa: F401  (parking.WAKE etc. for users)
 from .errors import DependencyUnavailable
-from .models import JobModel, JobStatus, after_ms, utcnow
+from .models import JobModel, utcnow
 from .prestart import Started
+from .waking import DEFAULT_PAGE, MAX_ROUNDS, RETRY_DELAY, Waking, gate_ttl  # noqa: F401  (parking.RETRY_DELAY etc.)
 from .wakeups import Flags, Watchdog
 
 if TYPE_CHECKING:
@@ -86,19 +86,13 @@ logger = logging.getLogger(__name__)
 
 #: ms between two looks of a worker's watchdog at the groups whose holder's lease ran out.
 DEFAULT_WAKE_INTERVAL = 500
-#: Flags looked at per watchdog pass, and groups per :func:`wake_orphans` call.
-DEFAULT_PAGE = 100
-#: Bound on compare-and-set rounds lost to other wakers.
-MAX_ROUNDS = 20
-#: ms before a group whose wake-up failed (or that no gate here knows) is looked at again.
-RETRY_DELAY = 5_000
 
 # Set on a message proxy that was parked, for the log filter below.
 _PARKED = "_dramatiq_unique_parked"
 
 
-class Parking:
-    """Parking for one suite: gates, Redis flags, delivery and the watchdog.
+class Parking(Waking):
+    """Parking for one suite: gates, Redis flags, delivery and the watchdog (waking: :class:`Waking`).
 
     Get it with :func:`of`.  Thread-safe: worker threads, the watchdog
     and the re-drive call it at once.
@@ -236,112 +230,6 @@ class Parking:
             except Exception:
                 logger.exception("Could not hand on %s; it frees itself when its lease runs out.", reserved.get("g"))
 
-    def pass_on(self, gate: Gate, group: str, token: str, fresh: bool = False) -> Optional[JobModel]:
-        """Holding ``group``'s gate under ``token``: wake the next parked job, or release the gate.
-
-        ``fresh``: the token was just issued and is in no message yet, so
-        the woken job may have it as it is (no re-issue).  Returns the
-        woken row, or None if the gate was released (or lost).  Errors are
-        logged, the gate released and the group left flagged for the
-        watchdog to try again.
-        """
-        woken = self.ondeck.hand_over(gate, group, token)  # a job reserved here comes first
-        if woken is not None:
-            return woken
-        info = gate.describe(group)
-        try:
-            if info is None:  # no actor of this group here: leave it to a process that has one
-                gate.release(group, token)
-                self.wakeups.rescore(group, RETRY_DELAY)
-                return None
-            for _ in range(MAX_ROUNDS):
-                row = self._claim_next(info, group)
-                if row is not None:
-                    grant = token if fresh else gate.pass_to(group, token, info.ttl_ms)
-                    if grant is None:
-                        parked.unclaim(info.model, row, group)
-                        return None
-                    token = grant
-                    # Who granted it and when (monotonic ms): a job woken in this process soon after
-                    # may take up its reservation without asking Redis again (ConcurrencySlots).
-                    wake = {"g": group, "t": grant, "w": self.suite.worker_id, "at": int(time.monotonic() * 1000)}
-                    try:
-                        self.delivery.send(rebuild(row, {WAKE: wake}), row.broker_ref)
-                        logger.debug("Woke job %s waiting on %s.", row.message_id, group)
-                    except BaseException:
-                        parked.unclaim(info.model, row, group)
-                        raise
-                    return row
-                # Nobody left: clear the flag, then look again (a waiter flags after it parks).
-                try:
-                    self.wakeups.clear(group)
-                    flags = True
-                except redis_lib.RedisError:  # the first master is down: go by the database alone
-                    flags = False
-                waiting = parked.waiting_in(info, group)
-                if waiting == 0:
-                    if flags:
-                        self.wakeups.flag(group, 0)
-                    continue
-                if waiting is not None and flags:
-                    # Reserved by another process for its deck (ondeck.py): it hands them a
-                    # slot; should it die, look again when their reservation has run out.
-                    gate.release(group, token)
-                    self.wakeups.flag(group, waiting + 50)
-                    return None
-                if not flags:
-                    gate.release(group, token)
-                    return None
-                outcome = gate.release_unless_flagged(group, token)
-                if outcome == KEPT:
-                    continue
-                if outcome == RELEASED and not gate.atomic_release and self.wakeups.is_flagged(group):
-                    again = gate.take(group, info.ttl_ms)
-                    if again is not None:
-                        token = again
-                        continue
-                return None
-            raise RuntimeError(f"no settled wake-up after {MAX_ROUNDS} rounds")
-        except Exception:
-            logger.exception("Could not wake the next job waiting on %s; the watchdog tries again.", group)
-            try:
-                gate.release(group, token)
-                self.wakeups.flag(group, RETRY_DELAY)
-            except Exception:  # Redis is down too: the lock expires and the re-drive wakes
-                pass
-            return None
-
-    def wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
-        try:
-            if not self.wakeups.is_flagged(group):
-                return None
-        except redis_lib.RedisError:
-            return None
-        return self.wake(gate, group)
-
-    def wake(self, gate: Gate, group: str) -> Optional[JobModel]:
-        """Take a free slot of ``group``'s gate, if there is one, for its next waiter."""
-        try:
-            token = gate.take(group, gate_ttl(gate, group))
-        except (DependencyUnavailable, redis_lib.RedisError):
-            return None
-        return None if token is None else self.pass_on(gate, group, token)
-
-    # -- rows ------------------------------------------------------------------
-
-    def _claim_next(self, info: GroupInfo, group: str) -> Optional[JobModel]:
-        # The woken message's broker id is chosen here, so the claim records it
-        # and the delivery adds no write of its own.
-        now, start = utcnow(), None
-        if info.start is not None and self.delivery.local and self.delivery.worker is not None:
-            # Delivered to this process's worker: the claim starts the attempt too.
-            start = (after_ms(info.start.lease_ms, now), f"{self.suite.worker_id}:woken", info.start.release_hold)
-        row = sql.claim_parked(info.model, group, info.order_by, now, str(uuid.uuid4()), start)
-        if row is not None and start is not None and row.status == JobStatus.RUNNING.value:
-            self.started.put(row)
-        return row
-
-
     # -- the watchdog ----------------------------------------------------------------
 
     def attach(self, worker: "dramatiq.Worker") -> None:
@@ -360,49 +248,6 @@ class Parking:
         if watchdog is not None:
             watchdog.stop()
         self.ondeck.sweep(0)  # no local worker to run them any more
-
-    def tick(self, limit: int = DEFAULT_PAGE) -> int:
-        """One watchdog pass: wake the head of every flagged group whose holder's lease ran out."""
-        self.ondeck.sweep()
-        woken = 0
-        for group in self.wakeups.due(limit):
-            woken += self._wake_group(group) is not None
-        return woken
-
-    def _wake_group(self, group: str) -> Optional[JobModel]:
-        gate = self.gate_for(group)
-        info = gate.describe(group) if gate is not None else None
-        if gate is None or info is None:
-            self.wakeups.rescore(group, RETRY_DELAY)
-            return None
-        token = gate.take(group, info.ttl_ms)
-        if token is None:  # still held: look again when that lease runs out
-            self.wakeups.rescore(group, max(gate.retry_in(group), 50) + 10)
-            return None
-        return self.pass_on(gate, group, token)
-
-    def wake_orphans(self, limit: int = DEFAULT_PAGE) -> int:
-        """Wake the first parked job of every group whose gate is free; returns how many woke."""
-        woken = 0
-        for model in list(self.suite.models):
-            groups = (
-                model.select(model.parked_on)
-                .where(model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value))
-                .distinct()
-                .limit(limit)
-                .tuples()
-            )
-            for (group,) in list(groups):
-                if self.gate_for(group) is None:
-                    continue
-                self.wakeups.flag(group, 0)  # Redis may have lost it
-                woken += self._wake_group(group) is not None
-        return woken
-
-
-def gate_ttl(gate: Gate, group: str) -> float:
-    info = gate.describe(group)
-    return info.ttl_ms if info is not None else 60_000
 
 
 _parkings: "weakref.WeakKeyDictionary[Suite, Parking]" = weakref.WeakKeyDictionary()
