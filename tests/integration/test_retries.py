@@ -60,7 +60,9 @@ def test_a_job_waiting_for_its_retry_is_retrying_until_due(suite, broker, worker
             raise ValueError("not yet")
 
     message = flaky.send()
-    wait_until(lambda: job_of(message).status == "retrying", timeout=10)
+    # Settled: Retries' own write ("retrying", due later) comes a moment before the outcome's
+    # (the error, the attempt's lease cleared).
+    wait_until(lambda: (lambda j: j.status == "retrying" and j.last_error)(job_of(message)), timeout=10)
     job = job_of(message)
     assert job.process_after > utcnow() and job.attempts == 1 and job.lease_until is None
     assert job.broker_ref and job.enqueued_at  # its retry message is in the broker's delay queue
