@@ -52,8 +52,8 @@ class _Redirect(DramatiqUniqueError):
 
 # Rows created by the enqueue under way, undone if the broker then fails.
 _created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
-# A queue lock the wrapper took before the broker's enqueue: (message id, key, token), plus
-# "kept" once the job's row holds it (its undo frees it then).
+# A queue lock the wrapper took before the broker's enqueue: (message id, key, token); cleared
+# once the job's row holds it (the row's undo frees it then).
 _prelocked: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("dramatiq_unique_prelocked", default=None)
 # Set while the suite re-sends a job (re-drive, outbox): it records the broker's id itself.
 _resending: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_resending", default=False)
@@ -140,7 +140,7 @@ def _skip_early(suite: "Suite", message: "Message", delay: Optional[int]) -> Opt
 def _give_back(suite: "Suite", prelocked: Optional[tuple]) -> None:
     """A send that failed before its row took the queue lock the fast path took: free it
     (once the row has it, the row's undo does)."""
-    if prelocked is None or len(prelocked) > 3:
+    if prelocked is None:
         return
     try:
         suite.locks.release(suite.keys.queue_lock(prelocked[1]), prelocked[2])
@@ -289,7 +289,7 @@ def _insert_unique(
     prelocked = _prelocked.get()
     if prelocked is not None and prelocked[0] == message.message_id:
         token, holder_token = prelocked[2], None  # taken by the wrapper's fast path
-        _prelocked.set((*prelocked, "kept"))  # from here on, the row's undo (or this function) frees it
+        _prelocked.set(None)  # from here on, the row's undo (or this function) frees it
     elif outbox.active() is not None:
         # A lock taken for a send that is then rolled back would name no job: the index decides.
         token, holder_token = None, None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import redis
 
@@ -127,7 +127,10 @@ class Locks:
         try:
             if self.single:
                 token = token or new_token()
-                return _taken(token, self._acquire(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
+                reply = self._acquire(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)])
+                if reply == 1:  # a holder token is bytes, never equal to 1
+                    return token, None
+                return None, (reply.decode() if isinstance(reply, bytes) else reply)
             lock = self._redlock(name, ttl_ms)
             if lock.acquire(blocking=False):
                 return lock._uuid, None
@@ -248,9 +251,3 @@ class Locks:
             return KEPT if self.ttl(name, token) > 0 else NOT_HELD
         return RELEASED if self.release(name, token) else NOT_HELD
 
-
-def _taken(token: str, reply: Any) -> tuple[Optional[str], Optional[str]]:
-    """The acquire script's reply as ``(token, None)`` or ``(None, holder)``."""
-    if reply == 1:  # a holder token is bytes, never equal to 1
-        return token, None
-    return None, (reply.decode() if isinstance(reply, bytes) else reply)
