@@ -30,10 +30,12 @@ from .models import is_postgres
 
 #: Set on a peewee Database whose statements are not to be prepared.
 _OFF = "_dramatiq_unique_no_prepare"
-#: The prefix some statements carry (sql._no_flush_wait): kept as text in front of EXECUTE.
-_PREFIX = "SET LOCAL synchronous_commit TO OFF; "
+#: The prefix of statements that commit without waiting for the WAL flush (sql._no_flush_wait),
+#: kept as text in front of EXECUTE.
+NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO OFF; "
 
 _names: dict[str, str] = {}  # statement text: its prepared name
+_calls: dict[tuple, str] = {}  # (prefix, name, parameters): the EXECUTE text
 _unpreparable: set[str] = set()
 _names_lock = threading.Lock()
 
@@ -56,7 +58,7 @@ def execute(db: pw.Database, sql: str, params: Sequence[Any]) -> Any:
     """``db.execute_sql(sql, params)``, as a prepared statement where it can be; returns the cursor."""
     if getattr(db, _OFF, True) or not is_postgres(db):
         return db.execute_sql(sql, params)
-    prefix, body = (_PREFIX, sql[len(_PREFIX):]) if sql.startswith(_PREFIX) else ("", sql)
+    prefix, body = (NO_FLUSH_WAIT, sql[len(NO_FLUSH_WAIT):]) if sql.startswith(NO_FLUSH_WAIT) else ("", sql)
     name = _name(body)
     if name is None:
         return db.execute_sql(sql, params)
@@ -68,7 +70,10 @@ def execute(db: pw.Database, sql: str, params: Sequence[Any]) -> Any:
         if db.in_transaction() or not _prepare(db, name, body):
             return db.execute_sql(sql, params)  # a failed PREPARE would abort the caller's transaction
         done.add(name)
-    call = f"{prefix}EXECUTE {name}({', '.join(['%s'] * len(params))})" if params else f"{prefix}EXECUTE {name}"
+    call = _calls.get((prefix, name, len(params)))
+    if call is None:
+        args = f"({', '.join(['%s'] * len(params))})" if params else ""
+        call = _calls.setdefault((prefix, name, len(params)), f"{prefix}EXECUTE {name}{args}")
     try:
         return db.execute_sql(call, params)
     except pw.DatabaseError as e:
@@ -98,5 +103,6 @@ def _prepare(db: pw.Database, name: str, body: str) -> bool:
     except pw.DatabaseError as e:
         if "already exists" in str(e):
             return True
-        _unpreparable.add(name)
+        if isinstance(e, pw.ProgrammingError):  # the statement itself (not the connection): for good
+            _unpreparable.add(name)
         return False

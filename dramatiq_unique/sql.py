@@ -63,7 +63,7 @@ def _no_flush_wait(db: Any) -> str:
     own transaction, which must keep its own commit rules.
     """
     if is_postgres(db) and not db.in_transaction():
-        return "SET LOCAL synchronous_commit TO OFF; "
+        return prepared.NO_FLUSH_WAIT
     return ""
 
 
