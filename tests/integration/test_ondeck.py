@@ -13,7 +13,9 @@ from dramatiq_unique import JobModel, concurrency_status, ondeck, parked, sql
 from dramatiq_unique.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.slots import gate_of
 from tests.helpers import wait_until
-from tests.integration.test_slots import Recorder, assert_all_succeeded_once, make_worker, rows  # noqa: F401
+from tests.integration.test_slots import (  # noqa: F401  (make_worker: a fixture)
+    Recorder, assert_all_succeeded_once, make_worker, queue_behind_a_holder, rows,
+)
 
 
 def reserved(actor_name: str) -> list[JobModel]:
@@ -32,10 +34,7 @@ def test_reserved_jobs_stay_parked_and_start_in_order_once_each(suite, broker, m
         rec.run("g", i, 300 if i == 0 else 30)
 
     make_worker(4)
-    step.send(0)
-    wait_until(lambda: rec.started() == 1, timeout=10, what="the first job to start")
-    for i in range(1, 5):
-        step.send(i)
+    queue_behind_a_holder(step, rec, 5)
     wait_until(lambda: len(reserved("step")) == ondeck.DEPTH, timeout=10, what="rows on deck")
     assert concurrency_status("step").parked == 4
     assert {r.status for r in reserved("step")} == {"pending"}
@@ -70,9 +69,7 @@ def test_a_job_that_ends_before_its_start_is_written_records_its_outcome(suite, 
         rec.run("g", i, 150 if i == 0 else 1)
 
     make_worker(4)
-    quick.send(0)
-    wait_until(lambda: rec.started() == 1, timeout=10, what="the first job to start")
-    quick.send(1)
+    queue_behind_a_holder(quick, rec, 2)
     wait_until(lambda: len(reserved("quick")) == 1, timeout=10, what="a row on deck")
     wait_until(lambda: rec.ended() == 2, timeout=10, what="2 jobs to end")
     assert_all_succeeded_once("quick", 2)
@@ -88,10 +85,7 @@ def test_stopping_the_worker_gives_reserved_jobs_back(suite, broker, make_worker
         rec.run("g", i, 400 if i == 0 else 10)
 
     first = make_worker(4)
-    slow.send(0)
-    wait_until(lambda: rec.started() == 1, timeout=10, what="the first job to start")
-    for i in range(1, 4):
-        slow.send(i)
+    queue_behind_a_holder(slow, rec, 4)
     wait_until(lambda: len(reserved("slow")) == ondeck.DEPTH, timeout=10, what="rows on deck")
     first.stop(timeout=10_000)  # lets the running job finish
     assert reserved("slow") == []
@@ -136,10 +130,7 @@ def test_a_row_kept_on_deck_too_long_goes_back_to_the_queue(suite, broker, make_
         rec.run("g", i, 1_500 if i == 0 else 10)
 
     make_worker(4)
-    long.send(0)
-    wait_until(lambda: rec.started() == 1, timeout=10, what="the first job to start")
-    for i in range(1, 3):
-        long.send(i)
+    queue_behind_a_holder(long, rec, 3)
     wait_until(lambda: len(reserved("long")) == 2, timeout=10, what="rows on deck")
     wait_until(lambda: reserved("long") == [], timeout=5, what="the watchdog to put them back")
     assert rec.started() == 1
@@ -182,10 +173,7 @@ def test_current_job_of_a_job_from_the_deck_is_its_whole_row(suite, broker, make
         rec.run("g", i, 250 if i == 0 else 5)
 
     make_worker(4)
-    look.send(0)
-    wait_until(lambda: rec.started() == 1, timeout=10, what="the first job to start")
-    look.send(1)
-    look.send(2)
+    queue_behind_a_holder(look, rec, 3)
     wait_until(lambda: rec.ended() == 3, timeout=10, what="3 jobs to end")
     for i in (1, 2):
         status, attempts, worker, enqueued_at, kwargs = seen[i]

@@ -22,6 +22,14 @@ from tests.helpers import wait_until
 from tests.slots_app import Tally, WorkerProcess, declare
 
 
+def queue_behind_a_holder(actor, rec: "Recorder", jobs: int) -> None:
+    """Send job 0, wait for it to start (it holds the group's slot), then send jobs 1 to ``jobs - 1``."""
+    actor.send(0)
+    wait_until(lambda: rec.started() == 1, timeout=10, what="the first job to start")
+    for i in range(1, jobs):
+        actor.send(i)
+
+
 class Recorder:
     """Start and end times (perf_counter) of jobs by group, from any worker thread."""
 
@@ -566,10 +574,7 @@ def test_parking_list_loss_is_recovered_by_the_redrive(suite, broker, make_worke
         rec.run("g", i, 400 if i == 0 else 20)
 
     make_worker(4)
-    sync.send(0)
-    wait_until(lambda: rec.started() == 1, timeout=10, what="the first job to start")
-    for i in range(1, 4):
-        sync.send(i)
+    queue_behind_a_holder(sync, rec, 4)
     wait_until(lambda: concurrency_status("sync").parked == 3, timeout=10, what="3 parked jobs")
     lost = [k for k in redis_client.scan_iter(match=f"{key_prefix}:*", count=1000)
             if b":slots:" in k or b":limit" in k or k.endswith(b":wakeups")]
