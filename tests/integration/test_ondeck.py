@@ -31,12 +31,14 @@ def test_reserved_jobs_stay_parked_and_start_in_order_once_each(suite, broker, m
 
     @dramatiq.actor(concurrency_limit=1)
     def step(i: int) -> None:
-        rec.run("g", i, 300 if i == 0 else 30)
+        rec.run("g", i, 1_000 if i == 0 else 30)  # long enough for all four to park behind it
 
     make_worker(4)
     queue_behind_a_holder(step, rec, 5)
     wait_until(lambda: len(reserved("step")) == ondeck.DEPTH, timeout=10, what="rows on deck")
-    assert concurrency_status("step").parked == 4
+    # The last two may still be on their way to parking when the deck is full.
+    wait_until(lambda: concurrency_status("step").parked == 4, timeout=5, what="4 parked jobs")
+    assert rec.started() == 1
     assert {r.status for r in reserved("step")} == {"pending"}
     wait_until(lambda: rec.ended() == 5, timeout=10, what="5 jobs to end")
     assert rec.order("g") == [0, 1, 2, 3, 4]
