@@ -80,7 +80,9 @@ def test_a_failed_attempt_waiting_for_its_retry_is_retrying(suite, broker, worke
         raise ValueError("downstream said no")
 
     message = flaky.send()
-    wait_until(lambda: status_of(message) == "retrying", timeout=10)
+    # Retries writes "retrying" as it re-sends, before the attempt's outcome (the error) is
+    # recorded: wait for the settled row.
+    wait_until(lambda: (j := dramatiq_unique.get_job(message.message_id)).status == "retrying" and j.last_error, timeout=10)
     job = dramatiq_unique.get_job(message.message_id)
     assert job.attempts == 1
     assert (job.process_after - utcnow()).total_seconds() > 20
