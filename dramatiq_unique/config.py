@@ -114,6 +114,10 @@ class Suite:
         self.locks = Locks(self.masters)
         self.keys = RedisKeys(self.settings.key_prefix)
         self.broker: Optional[dramatiq.Broker] = None
+        #: Publishes tracked sends, unique ones with their queue locks (publish.py), once the broker is wrapped.
+        self.publisher: Optional[Any] = None
+        #: Acks tracked messages on a Redis broker (acks.py), once the broker is wrapped.
+        self.acks: Optional[Any] = None
         self.models: list[type[JobModel]] = []
         self.actors: dict[str, ActorConfig] = {}
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"

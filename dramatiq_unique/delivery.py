@@ -35,6 +35,7 @@ from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
 from . import scripts
+from .keys import BrokerKeys
 
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
@@ -106,10 +107,10 @@ class Delivery:
         message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
         with resending():  # the claim recorded broker_ref: JobTracking need not write it again
             broker.emit_before("enqueue", message, None)
-        queue = message.queue_name
+        queue, keys = message.queue_name, BrokerKeys(broker.namespace)
         return LocalDelivery(
             broker, worker, actor.priority, message,
-            keys=[f"{broker.namespace}:{queue}.msgs", f"{broker.namespace}:__acks__.{broker.broker_id}.{queue}"],
+            keys=[keys.messages(queue), keys.acks(broker.broker_id, queue)],
             args=[message.options["redis_message_id"], message.encode()],
         )
 

@@ -1,15 +1,16 @@
 """The enqueue side: recording a send, and uniqueness at enqueue.
 
-Order of operations, which the skip fast path relies on: a sender takes
-the Redis queue lock, then inserts the row holding the key.  For a lock
-released at start, a worker clears the row's hold, then releases the
-Redis lock, then runs the actor: while the Redis lock names a holder,
-that holder has not yet started running, and a duplicate can be skipped
-on one Redis round trip.  For ``until_executed`` the worker releases the
-Redis lock first, then records the outcome, which clears the hold: once
-a reader sees the job finished, the key is free.  The database's unique
-index stays the authority: a lost or expired Redis lock only sends the
-next sender down the slower path.
+Order of operations.  The database decides: a unique send inserts its row
+holding the key, and a unique index refuses it if a job holds the key,
+which is then looked up (a burst of duplicates is answered earlier, see
+:mod:`dramatiq_unique.duplicates`).  A send that won the key then takes
+the Redis queue lock, which names the waiting job; on the Redis broker in
+the same round trip as its publish (:mod:`dramatiq_unique.publish`).  A
+worker clears the row's hold, then releases the Redis lock, then runs the
+actor; with ``until_executed`` it releases the lock first and records the
+outcome after, which clears the hold: once a reader sees the job finished,
+the key is free.  The lock never turns a send away, so a stale one (a crash
+between the two steps) costs nothing but its memory until it expires.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ import peewee as pw
 from dramatiq.common import q_name
 
 from . import options as opt
-from . import outbox, prestart, store
+from . import duplicates, outbox, prestart, publish, store
+from .acks import Acks
 from .context import MARKER, active
-from .errors import DramatiqUniqueError, DuplicateJob
-from .keys import bind_arguments, derive_key, idempotency_hold
+from .errors import DramatiqUniqueError, DuplicateJob, RedisUnavailable
+from .keys import bind_arguments, idempotency_hold
 from .messages import job_options
 from .models import JobStatus, after_ms, utcnow
 
@@ -52,9 +54,6 @@ class _Redirect(DramatiqUniqueError):
 
 # Rows created by the enqueue under way, undone if the broker then fails.
 _created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
-# A queue lock the wrapper took before the broker's enqueue: (message id, key, token); cleared
-# once the job's row holds it (the row's undo frees it then).
-_prelocked: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("dramatiq_unique_prelocked", default=None)
 # Set while the suite re-sends a job (re-drive, outbox): it records the broker's id itself.
 _resending: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_resending", default=False)
 
@@ -73,17 +72,21 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     if getattr(broker.enqueue, "_dramatiq_unique", False):
         return
     original = broker.enqueue
+    suite.publisher = publish.Publisher.install(broker, suite)
+    suite.acks = Acks.install(broker)
 
     @functools.wraps(original)
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
         created: list[Callable[[], None]] = []
         token = _created.set(created)
-        prelocked = _prelocked.set(None)
+        pending = publish.forget()
         try:
-            holder = _skip_early(suite, message, delay)
+            holder = duplicates.skip_early(suite, message)
             if holder is not None:
                 return message.copy(message_id=holder)
-            return original(message, delay=delay)
+            sent = original(message, delay=delay)
+            publish.settle(suite)
+            return sent
         except _Redirect as redirect:
             if redirect.resend is None:
                 return message.copy(message_id=redirect.message_id)
@@ -97,7 +100,6 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         except BaseException:
             # Nothing was published (the broker or a later middleware
             # failed): a row left behind would be a phantom job.
-            _give_back(suite, _prelocked.get())
             for undo in created:
                 try:
                     undo()
@@ -105,47 +107,11 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
                     logger.exception("Could not undo a job row after a failed send.")
             raise
         finally:
-            _prelocked.reset(prelocked)
+            publish.restore(pending)
             _created.reset(token)
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
     broker.enqueue = enqueue  # type: ignore[method-assign]
-
-
-def _skip_early(suite: "Suite", message: "Message", delay: Optional[int]) -> Optional[str]:
-    """The fast path of a duplicate send with ``skip``: one Redis round trip, before the
-    broker copies, encodes or announces the message.  Returns the holder's message id,
-    or None to go on (having taken the lock, if it was free)."""
-    config = suite.actor_config(message.actor_name)
-    if config is None or MARKER in message.options or not suite.locks.single or outbox.active() is not None:
-        return None
-    opts = message.options
-    spec = config.get(opts, "unique_args")
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-    if spec is None or lock not in opt.QUEUE_LOCKS:
-        return None
-    if config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) != "skip":
-        return None
-    key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
-    lock_name = suite.keys.queue_lock(key)  # type: ignore[arg-type]
-    token, holder = suite.locks.acquire(lock_name, queue_lock_ttl(config, opts, lock, delay), message.message_id)
-    if token is not None:
-        _prelocked.set((message.message_id, key, token))
-        return None
-    if holder and holder != message.message_id:
-        return holder
-    return None
-
-
-def _give_back(suite: "Suite", prelocked: Optional[tuple]) -> None:
-    """A send that failed before its row took the queue lock the fast path took: free it
-    (once the row has it, the row's undo does)."""
-    if prelocked is None:
-        return
-    try:
-        suite.locks.release(suite.keys.queue_lock(prelocked[1]), prelocked[2])
-    except Exception:
-        logger.warning("Could not free the queue lock of %s; it expires by itself.", prelocked[1])
 
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
@@ -185,11 +151,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     if marker is not None and "id" in marker:
         _known(config, message, delay)
         return
-    prelocked = _prelocked.get()
-    if prelocked is not None and prelocked[0] == message.message_id:
-        key = prelocked[1]  # derived by the wrapper's fast path
-    else:
-        key = derive_key(config.actor_name, config.fn, config.get(opts, "unique_args"), message.args, message.kwargs)
+    key = duplicates.key_of(config, message)
     fields = row_fields(config, message, delay)
     fields["unique_key"] = key
     held = outbox.active()
@@ -219,6 +181,9 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     opts[MARKER] = marker
     if held is not None:
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
+    ref = opts.get("redis_message_id")
+    if suite.publisher is not None and ref and not publish.expected(ref):
+        suite.publisher.expect(ref)  # a tracked message: published over our own connection
 
 
 def _check_idempotency(model: Any, fields: dict) -> None:
@@ -236,7 +201,10 @@ def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optio
     def undo() -> None:
         store.delete(model, row_id)
         if lock_name and token:
-            suite.locks.release(lock_name, token)
+            try:
+                suite.locks.release(lock_name, token)
+            except RedisUnavailable:  # often the very failure being undone
+                logger.warning("Could not free the queue lock %r; it expires by itself.", lock_name)
 
     created.append(undo)
 
@@ -278,48 +246,44 @@ def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional
 def _insert_unique(
     suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict
 ) -> tuple[int, int]:
-    """Insert a row holding ``key``; returns (row id, revision), or raises to redirect."""
+    """Insert a row holding ``key``, then take its queue lock; returns (row id, revision), or
+    raises to redirect."""
     opts = message.options
     conflict = config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
-    window = config.get(opts, "unique_window")
-    if lock == opt.UNTIL_EXPIRED and window is None:
-        window = config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)
-    lock_name = suite.keys.queue_lock(key)
-    ttl = queue_lock_ttl(config, opts, lock, delay)
-    prelocked = _prelocked.get()
-    if prelocked is not None and prelocked[0] == message.message_id:
-        token, holder_token = prelocked[2], None  # taken by the wrapper's fast path
-        _prelocked.set(None)  # from here on, the row's undo (or this function) frees it
-    elif outbox.active() is not None:
-        # A lock taken for a send that is then rolled back would name no job: the index decides.
-        token, holder_token = None, None
-    else:
-        token, holder_token = suite.locks.acquire(lock_name, ttl, token=message.message_id)
-    if token is None and holder_token and holder_token != message.message_id and conflict == "skip":
-        raise _Redirect(holder_token)  # fast path: the lock names a job that has not started
-    fields["options"][MARKER] = {"qt": token or message.message_id}
+    window = duplicates.window(config, opts, lock)
+    # The lock's token is the message id: a worker releases it with the one its message carries.
+    fields["options"][MARKER] = {"qt": message.message_id}
     for _ in range(store.MAX_INSERT_ROUNDS):
-        try:
-            row_id, holder = store.insert_holding(config.model, fields, key, window)
-        except BaseException:
-            if token is not None:
-                suite.locks.release(lock_name, token)
-            raise
+        row_id, holder = store.insert_holding(config.model, fields, key, window, full=conflict != "skip")
         if row_id is not None:
-            if token is None and outbox.active() is None:
-                # The Redis lock outlived its holder's hold: it is ours now.
-                token = suite.locks.force(lock_name, message.message_id, ttl)
-            _created_row(config.model, row_id, lock_name, token, suite)
+            lock_name = suite.keys.queue_lock(key)
+            # Inside transaction() the send is published at the caller's commit, or rolled
+            # back: the lock is left out (the index decides either way).
+            locked = outbox.active() is None
+            _created_row(config.model, row_id, lock_name, message.message_id if locked else None, suite)
+            if locked:
+                _take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
         assert holder is not None
         if holder.message_id == message.message_id:
             return holder.id, holder.revision  # this very message, sent again
-        if token is not None:
-            suite.locks.release(lock_name, token)
-            token = None
         if not _conflict(config, message, delay, key, conflict, holder):
             continue  # the holder started while we looked: the key is free again
     raise store.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
+
+
+def _take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
+    """The queue lock of a send that holds its key: whoever held the lock held it for a job
+    that no longer waits, so it is overwritten (on one master; with several, taken if free).
+    On the Redis broker it is written with the publish."""
+    token = message.message_id
+    ref = message.options.get("redis_message_id")
+    if suite.publisher is not None and ref and suite.publisher.expect(ref, (lock_name, token, ttl)):
+        return
+    if suite.locks.single:
+        suite.locks.force(lock_name, token, ttl)
+    else:
+        suite.locks.acquire(lock_name, ttl, token=token)
 
 
 def _conflict(

@@ -60,6 +60,10 @@ _PTTL = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pttl', KEYS[1]) end
 return -3
 """
+# KEYS[1] lock; ARGV token, ttl.  Take the lock whoever holds it.
+_FORCE = """
+return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1
+"""
 # KEYS[1] lock; ARGV token, new token, ttl.  Re-issue a held lock under a new token.
 _TRANSFER = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 end
@@ -102,6 +106,7 @@ class Locks:
             self._extend = scripts.register(client, _EXTEND)
             self._pttl = scripts.register(client, _PTTL)
             self._release_unless = scripts.register(client, _RELEASE_UNLESS)
+            self._force = scripts.register(client, _FORCE)
         # Transfers run the same script on every master (pottery has no such operation).
         self._transfer = [scripts.register(client, _TRANSFER) for client in self.masters]
         self.quorum = len(self.masters) // 2 + 1
@@ -147,7 +152,7 @@ class Locks:
         if not self.single:
             return None
         try:
-            self.masters[0].set(f"{KEY_PREFIX}:{name}", token, px=int(ttl_ms))
+            self._force(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)])
             return token
         except redis.RedisError as e:
             raise RedisUnavailable(f"taking lock {name!r}: {e}") from e

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import peewee as pw
 
-from . import prepared, sql
+from . import prepared, sql, sql_parking
 from .context import MARKER
 from .enqueue import row_fields
 from .models import JobModel, JobStatus, after_ms, is_postgres, utcnow
@@ -120,15 +120,15 @@ def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float) -> Opti
         free = f"({q('lease_until')} IS NULL OR {q('lease_until')} <= {p})"
         waiting = f"{q('parked_on')} = {p} AND {q('status')} = {p} AND {free}"  # SQLite checks the head again
         sets = f"SET {q('worker')} = {p}, {q('lease_until')} = {p}, {q('broker_ref')} = {p} "
-        head = sql.queue_head(model, info.order_by)
+        head = sql_parking.queue_head(model, info.order_by)
         if is_postgres(db):
             return (
-                f"{sql._no_flush_wait(db)}UPDATE {table} {sets}FROM ({head} FOR UPDATE SKIP LOCKED) AS head "
+                f"{sql_parking.no_flush_wait(db)}UPDATE {table} {sets}FROM ({head} FOR UPDATE SKIP LOCKED) AS head "
                 f"WHERE {table}.{q('id')} = head.{q('id')} RETURNING {', '.join(f'{table}.{q(c)}' for c in columns)}"
             )
         return f"UPDATE {table} {sets}WHERE {q('id')} = ({head}) AND {waiting} RETURNING {', '.join(map(q, columns))}"
 
-    key = ("reserve", model, info.order_by, sql._no_flush_wait(db), sql._dialect(model))
+    key = ("reserve", model, info.order_by, sql_parking.no_flush_wait(db), sql._dialect(model))
     statement = sql._compiled(key, build)
     fields = model._meta.fields
     when = fields["lease_until"].db_value(now)
@@ -204,7 +204,7 @@ def _start_and_reserve(
         table, _, p = sql._names(model)
         q = sql._quoter(model)
         columns = [model._meta.fields[n].column_name for n in DECK_COLUMNS]
-        head = f"{sql.queue_head(model, info.order_by, limit=p)} FOR UPDATE SKIP LOCKED"
+        head = f"{sql_parking.queue_head(model, info.order_by, limit=p)} FOR UPDATE SKIP LOCKED"
         return (
             f"WITH started AS (UPDATE {table} SET {_start_sets(q, p)} WHERE {_start_where(q, p)} RETURNING 1), "
             f"reserved AS (UPDATE {table} SET {q('worker')} = {p}, {q('lease_until')} = {p}, "

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Optional
 import redis as redis_lib
 from dramatiq.middleware import SkipMessage
 
-from . import parked, sql, store
+from . import parked, sql_parking, store
 from .context import MARKER
 from .delivery import Delivery
 from .messages import job_options
@@ -165,7 +165,7 @@ class Parking(Waking):
         marker = dict(message.options.get(MARKER) or {})
         reserved = marker.pop(WAKE, None)
         options = job_options(message.options, marker)
-        place = sql.park(model, job_id, revision, group, options, utcnow())
+        place = sql_parking.park(model, job_id, revision, group, options, utcnow())
         if place is None:
             return False
         if isinstance(reserved, dict) and reserved.get("g") != group:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from dramatiq.common import current_millis, dq_name, xq_name
 
+from .keys import BrokerKeys
+
 if TYPE_CHECKING:
     from dramatiq import Broker
 
@@ -52,9 +54,7 @@ class RedisProbe:
         self.broker = broker
         self.client = broker.client  # type: ignore[attr-defined]
         self.namespace: str = broker.namespace  # type: ignore[attr-defined]
-
-    def _hash(self, queue_name: str) -> str:
-        return f"{self.namespace}:{queue_name}.msgs"
+        self.keys = BrokerKeys(self.namespace)
 
     def check(self, rows: "Iterable[JobModel]") -> list[Presence]:
         """Where each row's last published message is; a row without ``broker_ref`` is missing."""
@@ -63,7 +63,7 @@ class RedisProbe:
         for row in rows:
             if row.broker_ref:
                 for name in (row.queue_name, dq_name(row.queue_name), xq_name(row.queue_name)):
-                    pipe.hexists(self._hash(name), row.broker_ref)
+                    pipe.hexists(self.keys.messages(name), row.broker_ref)
         answers = iter(pipe.execute()) if len(pipe) else iter(())
         out = []
         for row in rows:
@@ -89,7 +89,7 @@ class RedisProbe:
         if not rows or heartbeat_timeout is None or script is None:
             return 0
         dead = self.client.zrangebyscore(
-            f"{self.namespace}:__heartbeats__", 0, current_millis() - heartbeat_timeout
+            self.keys.heartbeats(), 0, current_millis() - heartbeat_timeout
         )
         if not dead:
             return 0
@@ -99,7 +99,7 @@ class RedisProbe:
             for queue_name in (row.queue_name, dq_name(row.queue_name)):
                 for worker in dead:
                     worker_id = worker.decode() if isinstance(worker, bytes) else worker
-                    pipe.sismember(f"{self.namespace}:__acks__.{worker_id}.{queue_name}", row.broker_ref)
+                    pipe.sismember(self.keys.acks(worker_id, queue_name), row.broker_ref)
                     probes.append(queue_name)
         queues = {name for name, held in zip(probes, pipe.execute()) if held}
         for queue_name in sorted(queues):

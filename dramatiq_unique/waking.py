@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional
 
 import redis as redis_lib
 
-from . import parked, sql
+from . import parked, sql_parking
 from .errors import DependencyUnavailable
 from .gates import KEPT, RELEASED, WAKE, Gate, GroupInfo
 from .messages import rebuild
@@ -152,7 +152,7 @@ class Waking:
         if info.start is not None and self.delivery.local and self.delivery.worker is not None:
             # Delivered to this process's worker: the claim starts the attempt too.
             start = (after_ms(info.start.lease_ms, now), f"{self.suite.worker_id}:woken", info.start.release_hold)
-        row = sql.claim_parked(info.model, group, info.order_by, now, str(uuid.uuid4()), start)
+        row = sql_parking.claim_parked(info.model, group, info.order_by, now, str(uuid.uuid4()), start)
         if row is not None and start is not None and row.status == JobStatus.RUNNING.value:
             self.started.put(row)
         return row

@@ -228,6 +228,11 @@ class JobTracking(Middleware):
     def after_skip_message(self, broker, message) -> None:
         context.activate(None)
 
+    def before_ack(self, broker, message) -> None:
+        acks = self.suite.acks
+        if acks is not None and self.suite.actor_config(message.actor_name) is not None:
+            acks.announce(message)  # acked over this thread's own connection (acks.py)
+
     # -- thread hygiene: peewee connections are per thread --------------------
 
     def before_worker_thread_shutdown(self, broker, thread) -> None:

@@ -138,9 +138,9 @@ def test_an_until_executing_job_may_send_its_own_key_again_from_inside(suite, br
 
 
 def test_a_send_refused_before_its_row_is_written_leaves_the_key_free(suite, broker):
-    """Given a middleware ahead of ours that refuses a unique send (after the fast path asked
-    for the queue lock), When the key is sent again, Then it is a new job, not skipped in
-    favour of the refused one."""
+    """Given a middleware ahead of ours that refuses a unique send (after the early look for a
+    holder), When the key is sent again, Then it is a new job, not skipped in favour of the
+    refused one."""
     from dramatiq.middleware import MiddlewareError
 
     from dramatiq_unique.middleware import JobTracking
@@ -216,6 +216,45 @@ def test_the_database_decides_when_the_redis_lock_is_gone(suite, broker, redis_c
     # and a lock naming a started job would skip sends it should not.
     assert redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}") is None
     assert queue_size(broker) == 1
+
+
+def test_a_duplicate_is_skipped_alike_whether_the_process_sent_its_key_lately_or_not(suite, broker):
+    """Given a waiting job, When its key is sent again by a process that did not send it
+    (its insert clashes) and then again (asked early, before the broker builds the message),
+    Then every duplicate resolves to the waiting job, and none left a row or a message."""
+    from dramatiq_unique import duplicates
+
+    @dramatiq.actor(unique_args=True, unique_lock="until_executing")
+    def sync(account):
+        pass
+
+    first = sync.send("acme")
+    for _ in range(2):
+        duplicates._recent.keys.clear()  # as if another process sent the duplicates
+        assert sync.send("acme").message_id == first.message_id
+        assert sync.send("acme").message_id == first.message_id
+    sync.send("globex")
+    assert [j.unique_key.split(":")[0] for j in rows("sync")] == ["sync", "sync"]
+    assert queue_size(broker) == 2
+
+
+def test_a_queue_lock_naming_another_job_does_not_turn_a_send_away(suite, broker, redis_client):
+    """The database decides: a queue lock left by a crash (naming a job that no longer holds
+    the key) is overwritten by the next send's."""
+
+    @dramatiq.actor(unique_args=True, unique_lock="until_executing")
+    def sync(account):
+        pass
+
+    first = sync.send("acme")
+    job = dramatiq_unique.get_job(first.message_id)
+    lock = f"redlock:{suite.keys.queue_lock(job.unique_key)}"
+    JobModel.update(unique_hold=None, status="succeeded").where(JobModel.id == job.id).execute()
+    assert redis_client.get(lock).decode() == first.message_id  # as after a crash at the start
+    second = sync.send("acme")
+    assert second.message_id != first.message_id
+    assert redis_client.get(lock).decode() == second.message_id
+    assert sync.send("acme").message_id == second.message_id
 
 
 def test_a_stale_redis_lock_does_not_block_a_new_job_on_the_db_path(suite, broker, redis_client):

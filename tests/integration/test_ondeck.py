@@ -9,7 +9,7 @@ import uuid
 import dramatiq
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, concurrency_status, ondeck, parked, sql
+from dramatiq_unique import JobModel, concurrency_status, ondeck, parked, sql_parking
 from dramatiq_unique.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.slots import gate_of
 from tests.helpers import wait_until
@@ -113,11 +113,11 @@ def test_other_wakers_skip_a_reserved_row_until_its_reservation_ends(suite, brok
     info = gate_of(suite).describe(group)
     first = parked.reserve(info, group, "elsewhere:1:deck", 200)
     assert first is not None and first.args == [0]
-    claimed = sql.claim_parked(JobModel, group, "created_at", utcnow(), "ref")
+    claimed = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref")
     assert claimed is not None and claimed.args == [1]
-    assert sql.claim_parked(JobModel, group, "created_at", utcnow(), "ref") is None
+    assert sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref") is None
     time.sleep(0.25)
-    again = sql.claim_parked(JobModel, group, "created_at", utcnow(), "ref")
+    again = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref")
     assert again is not None and again.args == [0]
 
 
