@@ -73,7 +73,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         return
     original = broker.enqueue
     suite.publisher = publish.Publisher.install(broker, suite)
-    suite.acks = Acks.install(broker)
+    suite.acks = Acks.install(broker, locks=suite.publisher is not None and suite.publisher.locks)
 
     @functools.wraps(original)
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":

@@ -24,6 +24,8 @@ from ..models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
 logger = logging.getLogger(__name__)
 
 _DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
+#: ``ctx.extras`` key: the queue lock (name, token) that the message's ack releases.
+RELEASE_AT_ACK = "release_at_ack"
 
 
 def format_error(exception: BaseException) -> str:
@@ -113,24 +115,31 @@ class JobTracking(Middleware):
         if job is None:
             return self._not_started(config, message, ctx, marker)
         if release_hold:
-            # After the row's hold is cleared and before the actor runs: see enqueue.py.  Not
-            # waited for (scripts.py: a wait costs a worker thread its turn at the GIL); a send
-            # from inside the job comes after it on this thread's connection.
-            self._release_queue_lock(job, marker, wait=False)
+            acks = self.suite.acks
+            at_ack = lock == opt.UNTIL_EXECUTING and acks is not None and acks.locks
+            if at_ack and job.unique_key and marker.get("qt"):
+                # Released with the message's ack, in the same script (acks.py says why it may wait).
+                ctx.extras[RELEASE_AT_ACK] = (self.suite.keys.queue_lock(job.unique_key), marker["qt"])
+            else:
+                # After the row's hold is cleared and before the actor runs.  Not waited for
+                # (scripts.py: a wait costs a worker thread its turn at the GIL); a send from
+                # inside the job comes after it on this thread's connection.
+                self._release_queue_lock(job, marker, wait=False)
         return job
 
     def _release_queue_lock(self, job, marker: dict, wait: bool = True) -> None:
         """Free the Redis queue lock the job's send took, if it took one."""
-        if not (job.unique_key and marker.get("qt")):
-            return
-        name, locks = self.suite.keys.queue_lock(job.unique_key), self.suite.locks
+        if job.unique_key and marker.get("qt"):
+            self._free((self.suite.keys.queue_lock(job.unique_key), marker["qt"]), job.message_id, wait)
+
+    def _free(self, lock: tuple, message_id: str, wait: bool) -> None:
         try:
             if wait:
-                locks.release(name, marker["qt"])
+                self.suite.locks.release(*lock)
             else:
-                locks.release_later(name, marker["qt"])
+                self.suite.locks.release_later(*lock)
         except RedisUnavailable:
-            logger.warning("Could not release the queue lock of job %s; it expires by itself.", job.message_id)
+            logger.warning("Could not release the queue lock of job %s; it expires by itself.", message_id)
 
     def _start_row(self, config, message, ctx, marker, release_hold):
         opts = message.options
@@ -231,7 +240,15 @@ class JobTracking(Middleware):
     def before_ack(self, broker, message) -> None:
         acks = self.suite.acks
         if acks is not None and self.suite.actor_config(message.actor_name) is not None:
-            acks.announce(message)  # acked over this thread's own connection (acks.py)
+            ctx = context.of(message)
+            lock = ctx.extras.get(RELEASE_AT_ACK) if ctx is not None else None
+            acks.announce(message, lock)  # acked over this thread's own connection (acks.py)
+
+    def before_nack(self, broker, message) -> None:
+        ctx = context.of(message)
+        lock = ctx.extras.pop(RELEASE_AT_ACK, None) if ctx is not None else None
+        if lock is not None:  # no ack to release it with
+            self._free(lock, message.message_id, wait=False)
 
     # -- thread hygiene: peewee connections are per thread --------------------
 

@@ -3,6 +3,8 @@ with real Redis, SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import threading
+
 import dramatiq
 
 import dramatiq_unique
@@ -59,3 +61,48 @@ def test_a_tracked_job_that_failed_for_good_is_nacked_by_the_broker_as_usual(sui
     ns = broker.namespace
     wait_until(lambda: broker.client.hlen(f"{ns}:default.msgs") == 0, timeout=10)
     assert broker.client.hlen(f"{ns}:default.XQ.msgs") == 1
+
+
+def queue_lock(suite, redis_client, message_id: str):
+    job = dramatiq_unique.get_job(message_id)
+    return redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}")
+
+
+def test_an_until_executing_queue_lock_is_released_with_the_ack(suite, broker, worker, redis_client):
+    """Given a running until_executing job, its key is free at once (the row's hold is cleared
+    at the start) while its Redis queue lock, a mirror of the hold, still names it; a send of
+    the key meanwhile is accepted and its lock survives the first job's ack; once the second
+    job is acked too, no lock is left."""
+    go, started = threading.Event(), []
+
+    @dramatiq.actor(unique_args=["key"], unique_lock="until_executing")
+    def sync(key, n):
+        started.append(n)
+        if n == 1:
+            assert go.wait(10)
+
+    first = sync.send("k", 1)
+    assert queue_lock(suite, redis_client, first.message_id).decode() == first.message_id
+    wait_until(lambda: started == [1], timeout=10)
+    wait_until(lambda: dramatiq_unique.get_job(first.message_id).status == "running", timeout=10)
+    assert queue_lock(suite, redis_client, first.message_id).decode() == first.message_id
+    second = sync.send("k", 2)
+    assert second.message_id != first.message_id, "accepted: the first job has started"
+    assert queue_lock(suite, redis_client, second.message_id).decode() == second.message_id
+    go.set()
+    wait_until(lambda: dramatiq_unique.get_job(second.message_id).status == "succeeded", timeout=10)
+    wait_until(lambda: queue_lock(suite, redis_client, second.message_id) is None, timeout=10)
+    assert started == [1, 2]
+
+
+def test_an_until_executing_queue_lock_is_released_when_the_message_is_rejected(suite, broker, worker, redis_client):
+    """A message that failed for good is nacked, not acked: its queue lock is released all the same."""
+
+    @dramatiq.actor(unique_args=True, unique_lock="until_executing", max_retries=0)
+    def broken(key):
+        raise RuntimeError("no")
+
+    sent = broken.send("k")
+    assert queue_lock(suite, redis_client, sent.message_id) is not None
+    wait_until(lambda: dramatiq_unique.get_job(sent.message_id).status == "failed", timeout=10)
+    wait_until(lambda: queue_lock(suite, redis_client, sent.message_id) is None, timeout=10)
