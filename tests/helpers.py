@@ -1,4 +1,4 @@
-"""Small helpers shared by the tests: bounded waits, queue sizes."""
+"""Small helpers shared by the tests: bounded waits, queue sizes, queue locks."""
 
 from __future__ import annotations
 
@@ -23,3 +23,11 @@ def queue_size(broker: Any, queue_name: str = "default") -> int:
     client = broker.client
     ns = broker.namespace
     return int(client.llen(f"{ns}:{queue_name}") + client.llen(f"{ns}:{queue_name}.DQ"))
+
+
+def queue_lock_of(suite: Any, redis_client: Any, message_id: str) -> Any:
+    """The token in the Redis queue lock of the key that job ``message_id`` was sent with (None if none)."""
+    import dramatiq_unique
+
+    job = dramatiq_unique.get_job(message_id)
+    return redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}")

@@ -8,7 +8,7 @@ import threading
 import dramatiq
 
 import dramatiq_unique
-from tests.helpers import wait_until
+from tests.helpers import queue_lock_of, wait_until
 
 
 def test_a_tracked_message_is_acked_by_our_script_and_an_untracked_one_by_the_broker(suite, broker, worker, monkeypatch):
@@ -63,11 +63,6 @@ def test_a_tracked_job_that_failed_for_good_is_nacked_by_the_broker_as_usual(sui
     assert broker.client.hlen(f"{ns}:default.XQ.msgs") == 1
 
 
-def queue_lock(suite, redis_client, message_id: str):
-    job = dramatiq_unique.get_job(message_id)
-    return redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}")
-
-
 def test_an_until_executing_queue_lock_is_released_with_the_ack(suite, broker, worker, redis_client):
     """Given a running until_executing job, its key is free at once (the row's hold is cleared
     at the start) while its Redis queue lock, a mirror of the hold, still names it; a send of
@@ -82,16 +77,16 @@ def test_an_until_executing_queue_lock_is_released_with_the_ack(suite, broker, w
             assert go.wait(10)
 
     first = sync.send("k", 1)
-    assert queue_lock(suite, redis_client, first.message_id).decode() == first.message_id
+    assert queue_lock_of(suite, redis_client, first.message_id).decode() == first.message_id
     wait_until(lambda: started == [1], timeout=10)
     wait_until(lambda: dramatiq_unique.get_job(first.message_id).status == "running", timeout=10)
-    assert queue_lock(suite, redis_client, first.message_id).decode() == first.message_id
+    assert queue_lock_of(suite, redis_client, first.message_id).decode() == first.message_id
     second = sync.send("k", 2)
     assert second.message_id != first.message_id, "accepted: the first job has started"
-    assert queue_lock(suite, redis_client, second.message_id).decode() == second.message_id
+    assert queue_lock_of(suite, redis_client, second.message_id).decode() == second.message_id
     go.set()
     wait_until(lambda: dramatiq_unique.get_job(second.message_id).status == "succeeded", timeout=10)
-    wait_until(lambda: queue_lock(suite, redis_client, second.message_id) is None, timeout=10)
+    wait_until(lambda: queue_lock_of(suite, redis_client, second.message_id) is None, timeout=10)
     assert started == [1, 2]
 
 
@@ -103,6 +98,6 @@ def test_an_until_executing_queue_lock_is_released_when_the_message_is_rejected(
         raise RuntimeError("no")
 
     sent = broken.send("k")
-    assert queue_lock(suite, redis_client, sent.message_id) is not None
+    assert queue_lock_of(suite, redis_client, sent.message_id) is not None
     wait_until(lambda: dramatiq_unique.get_job(sent.message_id).status == "failed", timeout=10)
-    wait_until(lambda: queue_lock(suite, redis_client, sent.message_id) is None, timeout=10)
+    wait_until(lambda: queue_lock_of(suite, redis_client, sent.message_id) is None, timeout=10)

@@ -9,12 +9,7 @@ import redis
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
-from tests.helpers import queue_size, wait_until
-
-
-def lock_of(suite, redis_client, message_id: str):
-    job = dramatiq_unique.get_job(message_id)
-    return redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}")
+from tests.helpers import queue_lock_of, queue_size, wait_until
 
 
 def count_script_calls(suite, monkeypatch) -> list:
@@ -63,7 +58,7 @@ def test_a_unique_send_writes_its_queue_lock_with_its_message(suite, broker, red
     calls = count_script_calls(suite, monkeypatch)
     sent = sync.send("acme")
     assert len(calls) == 1 and calls[0][3].startswith("redlock:")
-    assert lock_of(suite, redis_client, sent.message_id).decode() == sent.message_id
+    assert queue_lock_of(suite, redis_client, sent.message_id).decode() == sent.message_id
     assert 0 < redis_client.pttl(calls[0][3]) <= 60_000
     assert queue_size(broker) == 1
 
@@ -82,7 +77,7 @@ def test_when_the_broker_does_its_maintenance_it_publishes_after_the_lock_is_wri
 
     sent = sync.send("acme")
     assert calls == []
-    assert lock_of(suite, redis_client, sent.message_id).decode() == sent.message_id
+    assert queue_lock_of(suite, redis_client, sent.message_id).decode() == sent.message_id
     assert queue_size(broker) == 1
     assert sync.send("acme").message_id == sent.message_id
 
