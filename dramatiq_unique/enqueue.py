@@ -7,9 +7,11 @@ which is then looked up (a burst of duplicates is answered earlier, see
 the Redis queue lock, which names the waiting job; on the Redis broker in
 the same round trip as its publish (:mod:`dramatiq_unique.publish`).  A
 worker clears the row's hold, then releases the Redis lock, then runs the
-actor; with ``until_executed`` it releases the lock first and records the
-outcome after, which clears the hold: once a reader sees the job finished,
-the key is free.  The lock never turns a send away, so a stale one (a crash
+actor (an ``until_executing`` lock on the broker's Redis is released with
+the message's ack instead, :mod:`dramatiq_unique.acks`); with
+``until_executed`` it releases the lock first and records the outcome
+after, which clears the hold: once a reader sees the job finished, the key
+is free.  The lock never turns a send away, so a stale one (a crash
 between the two steps) costs nothing but its memory until it expires.
 """
 
