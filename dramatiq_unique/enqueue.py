@@ -31,6 +31,7 @@ from . import duplicates, outbox, prestart, publish, store
 from .acks import Acks
 from .context import MARKER, active
 from .errors import DramatiqUniqueError, DuplicateJob, RedisUnavailable
+from .guard import describe, guarded
 from .keys import bind_arguments, idempotency_hold
 from .messages import job_options
 from .models import JobStatus, after_ms, utcnow
@@ -83,7 +84,8 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         token = _created.set(created)
         pending = publish.forget()
         try:
-            holder = duplicates.skip_early(suite, message)
+            with guarded(f"checking {describe(message)} for a duplicate"):
+                holder = duplicates.skip_early(suite, message)
             if holder is not None:
                 return message.copy(message_id=holder)
             sent = original(message, delay=delay)

@@ -15,6 +15,7 @@ from .. import options as opt
 from ..config import ActorConfig, Suite
 from ..context import MARKER
 from ..errors import LockLost, RedisUnavailable
+from ..guard import hook
 from ..keys import derive_key
 from ..locks import new_token
 from ..parking import GroupInfo
@@ -142,6 +143,7 @@ class ExecutionLocks(Middleware):
 
     # -- processing ---------------------------------------------------------
 
+    @hook
     def before_process_message(self, broker, message) -> None:
         config = self.suite.actor_config(message.actor_name)
         if config is None or message.failed:
