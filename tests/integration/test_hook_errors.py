@@ -5,6 +5,7 @@ unprotected.  On SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import datetime
+import json
 import threading
 import time
 
@@ -210,3 +211,74 @@ def test_a_value_its_column_cannot_hold_is_a_job_rejected(suite, broker, databas
     else:  # SQLite does not enforce lengths
         regional.send("much-too-long")
         assert queue_size(broker) == 1 and NarrowJob.select().count() == 1
+
+
+# -- the guard and the row encoding, without services ----------------------------------------
+
+from decimal import Decimal  # noqa: E402
+
+import redis  # noqa: E402
+from dramatiq.middleware import SkipMessage  # noqa: E402
+
+from dramatiq_unique import DatabaseUnavailable, RedisUnavailable  # noqa: E402
+from dramatiq_unique.guard import hook  # noqa: E402
+from dramatiq_unique.messages import ENCODED, args_from_row, args_to_row  # noqa: E402
+from dramatiq_unique.models import dumps  # noqa: E402
+
+
+class _Message:
+    actor_name, message_id = "a", "m-1"
+
+
+@pytest.mark.parametrize(
+    "raised, expected",
+    [
+        (pw.OperationalError("server closed the connection"), DatabaseUnavailable),
+        (pw.InterfaceError("connection already closed"), DatabaseUnavailable),
+        (pw.DataError("value too long"), JobRejected),
+        (redis.ConnectionError("refused"), RedisUnavailable),
+        (redis.TimeoutError("timed out"), RedisUnavailable),
+        (redis.ResponseError("ERR invalid expire time"), HookFailed),
+        (TypeError("Object of type date is not JSON serializable"), HookFailed),
+        (LookupError("no row"), HookFailed),
+    ],
+)
+def test_the_guard_turns_every_error_into_a_suite_error_keeping_the_cause(raised, expected):
+    class M:
+        @hook
+        def before_process_message(self, broker, message):
+            raise raised
+
+    with pytest.raises(expected) as error:
+        M().before_process_message(None, _Message())
+    assert error.value.__cause__ is raised
+    assert type(raised).__name__ in str(error.value) and "M.before_process_message of a job m-1" in str(error.value)
+
+
+@pytest.mark.parametrize("raised", [SkipMessage("parked"), DuplicateJob("taken"), InvalidOption("bad"), KeyboardInterrupt()])
+def test_the_guard_lets_skips_our_errors_and_interrupts_through_untouched(raised):
+    class M:
+        @hook
+        def before_enqueue(self, broker, message, delay):
+            raise raised
+
+    with pytest.raises(type(raised)) as error:
+        M().before_enqueue(None, _Message(), None)
+    assert error.value is raised
+
+
+def test_arguments_json_cannot_hold_survive_the_row_with_a_pickle_encoder(pickle_encoder):
+    args = (datetime.date(2024, 2, 29), {1: "a"}, (1, 2), Decimal("1.5"), {"x"}, "plain", [1, {"k": None}])
+    kwargs = {"when": datetime.datetime(2024, 1, 1, 12), "n": 3}
+    row_args, row_kwargs = args_to_row(args, kwargs)
+    text_args, text_kwargs = dumps(row_args), dumps(row_kwargs)  # what the JSON columns hold
+    assert "datetime.date(2024, 2, 29)" in text_args  # readable by a person
+    assert row_args[5:] == ["plain", [1, {"k": None}]] and row_kwargs["n"] == 3
+    assert args_from_row(json.loads(text_args), json.loads(text_kwargs)) == (args, kwargs)
+
+
+def test_with_the_json_encoder_plain_arguments_are_stored_as_they_are_and_others_refused():
+    assert args_to_row((1, (2, 3), {1: "a"}), {"k": [None]}) == ([1, (2, 3), {1: "a"}], {"k": [None]})
+    with pytest.raises(JobRejected, match="argument 0 \\(date\\) cannot be stored"):
+        args_to_row((datetime.date(2024, 2, 29),), {})
+    assert ENCODED == "__dramatiq_unique_encoded__"
