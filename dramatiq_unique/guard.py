@@ -69,11 +69,17 @@ class guarded:
 
 
 def describe(message: Any) -> str:
-    return f"{getattr(message, 'actor_name', '?')} job {getattr(message, 'message_id', '?')}"
+    """``<actor> job <message id>`` for a message, ``actor <name>`` for an actor being declared."""
+    message_id = getattr(message, "message_id", None)
+    if message_id is None:
+        return f"actor {getattr(message, 'actor_name', '?')}"
+    return f"{getattr(message, 'actor_name', '?')} job {message_id}"
 
 
 def hook(fn: F) -> F:
-    """Decorate a middleware's ``before_enqueue``/``before_process_message(self, broker, message, ...)``."""
+    """Decorate a middleware's ``before_enqueue``/``before_process_message(self, broker, message, ...)``
+    (or ``before_declare_actor(self, broker, actor)``: a table that cannot be created must not
+    leave the actor declared untracked)."""
 
     @functools.wraps(fn)
     def wrapper(self: Any, broker: Any, message: Any, *args: Any, **kwargs: Any) -> Any:

@@ -131,6 +131,7 @@ class ExecutionLocks(Middleware):
     def actor_options(self) -> set[str]:
         return set()  # JobTracking declares the suite's options
 
+    @hook
     def before_declare_actor(self, broker, actor) -> None:
         if opt.is_tracked(actor.options):
             heartbeat.carry_context(actor)

@@ -68,6 +68,7 @@ class JobTracking(Middleware):
     def actor_options(self) -> set[str]:
         return set(opt.SUITE_OPTIONS)
 
+    @hook
     def before_declare_actor(self, broker, actor) -> None:
         self.suite.broker = broker
         if self.suite.configure_actor(actor) is not None:

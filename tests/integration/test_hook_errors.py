@@ -282,3 +282,22 @@ def test_with_the_json_encoder_plain_arguments_are_stored_as_they_are_and_others
     with pytest.raises(JobRejected, match="argument 0 \\(date\\) cannot be stored"):
         args_to_row((datetime.date(2024, 2, 29),), {})
     assert ENCODED == "__dramatiq_unique_encoded__"
+
+
+def test_an_error_declaring_a_tracked_actor_is_raised_not_logged(suite, monkeypatch):
+    """Dramatiq would log it and declare the actor untracked: its sends unprotected."""
+
+    def broken(model):
+        raise pw.OperationalError("could not create the job table")
+
+    monkeypatch.setattr(suite, "register_model", broken)
+
+    class OwnTable(JobModel):
+        class Meta:
+            table_name = "own_table_jobs"
+
+    with pytest.raises(DatabaseUnavailable, match="JobTracking.before_declare_actor of actor declared_badly"):
+
+        @dramatiq.actor(unique_args=True, job_model=OwnTable)
+        def declared_badly(x):
+            pass
