@@ -85,7 +85,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         pending = publish.forget()
         try:
             with guarded(f"checking {describe(message)} for a duplicate"):
-                check_options(suite, message)
+                check_options(suite, message, delay)
                 holder = duplicates.skip_early(suite, message)
             if holder is not None:
                 return message.copy(message_id=holder)
@@ -150,14 +150,15 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
     return fields
 
 
-def check_options(suite: "Suite", message: "Message") -> None:
-    """A send's own suite options, checked as the actor's were at declaration, before
+def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
+    """A send's own suite options and delay, checked as the actor's were at declaration, before
     anything is written or published (a retry or re-send carries the ones checked at its send)."""
     opts = message.options
     if MARKER in opts:
         return
     config = suite.actor_config(message.actor_name)
     if config is not None:
+        opt.check_delay(delay)
         opt.validate_message(opts, config.options, config.fn)
         return
     given = opts.keys() & opt.SUITE_OPTIONS

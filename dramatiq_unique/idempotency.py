@@ -20,7 +20,7 @@ from .config import current
 from .errors import IdempotencyKeyReused, InvalidOption
 from .keys import bind_arguments, canonical, idempotency_hold
 from .messages import args_from_row
-from .options import MAX_KEY_LENGTH, show
+from .options import MAX_KEY_LENGTH, check_delay, show
 from .models import JobModel, after_ms
 
 
@@ -48,6 +48,7 @@ def submit(
         raise InvalidOption(f"submit() needs a tracked actor: give {actor.actor_name} track=True or a suite option")
     if isinstance(delay, timedelta):
         delay = int(delay.total_seconds() * 1000)
+    check_delay(delay)
     model = config.model
     options: dict[str, Any] = {}
     hold = None

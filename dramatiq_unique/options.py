@@ -64,6 +64,10 @@ ArgsSpec = Union[None, bool, list, tuple, Callable[..., Any]]
 #: a value with such a repr has no stable form across processes, so it cannot make a key.
 ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
+#: The longest time an option may give (ms): ten years.  Past it a lease or window only
+#: overflows a date (``unique_window=10**15``) or Redis' expiry, and is surely a unit mistake.
+MAX_MS = 10 * 365 * 24 * 3600 * 1000
+
 #: Message options that ``submit()`` sets; checked at send like the suite's options.
 SUBMIT_OPTIONS = frozenset({"idempotency_key", "owner"})
 #: The longest ``idempotency_key`` or ``owner``: the width of their columns.
@@ -103,6 +107,18 @@ def _check_ms(name: str, value: Any, *, positive: bool) -> None:
         raise InvalidOption(f"{name} must be a whole number of milliseconds, not {show(value)}")
     if value < 0 or (positive and value < 1):
         raise InvalidOption(f"{name} must be {'positive' if positive else 'zero or more'}, not {show(value)}")
+    if value > MAX_MS:
+        raise InvalidOption(f"{name} must be at most {MAX_MS} ms (ten years), not {show(value)}")
+
+
+def check_delay(delay: Any) -> None:
+    """A send's ``delay`` (ms): a finite number; negative means "now", as Dramatiq takes it."""
+    if delay is None:
+        return
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
+        raise InvalidOption(f"delay must be a number of milliseconds, not {show(delay)}")
+    if delay > MAX_MS:
+        raise InvalidOption(f"delay must be at most {MAX_MS} ms (ten years), not {show(delay)}")
 
 
 def _choice(name: str, value: Any, allowed: frozenset) -> None:
@@ -188,6 +204,14 @@ def validate_message(message_options: dict, actor_options: dict, fn: Callable[..
         return  # the common send: nothing of its own to check
     if message_options.get("job_model") is not None:
         raise InvalidOption("job_model cannot be set per message: it names the actor's job table")
+    for name in ("unique_args", "concurrency_key"):
+        spec = message_options.get(name)
+        if callable(spec) and not isinstance(spec, (list, tuple)):
+            # The job's row keeps its options (JSON) to send it again (re-drive, parking).
+            raise InvalidOption(
+                f"{name} cannot be a callable on one message: the job's row could not keep it; "
+                f"declare the callable on the actor, or give the message a list of parameter names"
+            )
     key = message_options.get("idempotency_key")
     if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH):
         raise InvalidOption(f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}")

@@ -165,3 +165,27 @@ def test_submit_refuses_bad_keys_and_owners_before_sending(suite, broker, unique
     with pytest.raises(InvalidOption, match=fragment):
         submit(unique, 1, **kwargs)
     assert queue_size(broker) == 0 and rows() == 0
+
+
+@pytest.mark.parametrize("delay", ["5", float("nan"), float("inf"), True, [5], 10**15])
+def test_a_bad_delay_is_refused_before_anything_is_sent(suite, broker, unique, delay):
+    with pytest.raises(InvalidOption, match="delay must be"):
+        unique.send_with_options(args=(1,), delay=delay)
+    with pytest.raises(InvalidOption, match="delay must be"):
+        submit(unique, 2, idempotency_key="k", delay=delay)
+    assert queue_size(broker) == 0 and rows() == 0
+
+
+@pytest.mark.parametrize("name, value", [("unique_window", 10**15), ("unique_ttl", 10**30), ("concurrency_ttl", 10**13)])
+def test_a_time_past_ten_years_is_a_unit_mistake(suite, broker, unique, limited, name, value):
+    actor = limited if name == "concurrency_ttl" else unique
+    with pytest.raises(InvalidOption, match="at most"):
+        actor.send_with_options(args=(1,), **{name: value})
+    assert queue_size(broker) == 0 and rows() == 0
+
+
+@pytest.mark.parametrize("name", ["unique_args", "concurrency_key"])
+def test_a_callable_key_on_one_message_is_refused_clearly(suite, broker, unique, name):
+    with pytest.raises(InvalidOption, match="cannot be a callable on one message"):
+        unique.send_with_options(args=(1,), **{name: lambda report_id, user=None: str(report_id)})
+    assert queue_size(broker) == 0 and rows() == 0
