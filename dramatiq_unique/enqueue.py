@@ -33,7 +33,7 @@ from .context import MARKER, active
 from .errors import DramatiqUniqueError, DuplicateJob, InvalidOption, RedisUnavailable
 from .guard import describe, guarded
 from .keys import bind_arguments, idempotency_hold
-from .messages import args_to_row, job_options
+from .messages import args_to_row, job_options, options_to_row
 from .models import JobStatus, after_ms, utcnow
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
     now = utcnow()
-    options = job_options(message.options)
+    options = options_to_row(job_options(message.options))
     args, kwargs = args_to_row(message.args, message.kwargs)
     fields: dict[str, Any] = {
         "message_id": message.message_id,

@@ -6,7 +6,8 @@ one delivery (and is dropped) and what belongs to the job (and is kept).
 
 Arguments the job table's JSON columns cannot hold.  An app with another
 encoder (``PickleEncoder``) may send a ``datetime.date``, a ``Decimal``, a
-set or a dict with int keys.  Such an argument is stored as
+set or a dict with int keys (or an option: a module-level function as one
+message's ``unique_args``).  Such an argument or option value is stored as
 ``{"__dramatiq_unique_encoded__": <base64 of the app's encoder's bytes>,
 "repr": <its repr, for a reader>}`` (:func:`args_to_row`), and a message rebuilt
 from the row gets the very value back (:func:`args_from_row`): a parked or
@@ -85,6 +86,14 @@ def _decode(value: Any) -> Any:
     return value
 
 
+def options_to_row(options: dict) -> dict:
+    """A job's options (:func:`job_options`) as the row's JSON column holds them."""
+    strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
+    if all(_fits(v, strict) for v in options.values()):
+        return options  # the common case: nothing to copy
+    return {k: v if _fits(v, strict) else _encode(v, f"option {k}") for k, v in options.items()}
+
+
 def args_from_row(args: Any, kwargs: Any) -> tuple[tuple, dict]:
     """The arguments a row's JSON columns hold, as the job's message carries them."""
     return tuple(_decode(a) for a in args or ()), {k: _decode(v) for k, v in (kwargs or {}).items()}
@@ -106,7 +115,7 @@ def epoch_ms(moment: datetime) -> int:
 def rebuild(row: "JobModel", marker: Optional[dict] = None, *, timestamp: Optional[int] = None) -> Message:
     """The job's message from its row: same id, arguments and options, marked as the row's
     current revision, with ``marker``'s entries added.  ``timestamp`` defaults to now."""
-    options = job_options(row.options or {})
+    options = {k: _decode(v) for k, v in job_options(row.options or {}).items()}
     options[MARKER] = {**(options.get(MARKER) or {}), "id": row.id, "rev": row.revision, **(marker or {})}
     args, kwargs = args_from_row(row.args, row.kwargs)
     return Message(

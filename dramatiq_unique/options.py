@@ -204,14 +204,6 @@ def validate_message(message_options: dict, actor_options: dict, fn: Callable[..
         return  # the common send: nothing of its own to check
     if message_options.get("job_model") is not None:
         raise InvalidOption("job_model cannot be set per message: it names the actor's job table")
-    for name in ("unique_args", "concurrency_key"):
-        spec = message_options.get(name)
-        if callable(spec) and not isinstance(spec, (list, tuple)):
-            # The job's row keeps its options (JSON) to send it again (re-drive, parking).
-            raise InvalidOption(
-                f"{name} cannot be a callable on one message: the job's row could not keep it; "
-                f"declare the callable on the actor, or give the message a list of parameter names"
-            )
     key = message_options.get("idempotency_key")
     if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH):
         raise InvalidOption(f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}")

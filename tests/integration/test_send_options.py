@@ -7,7 +7,9 @@ import dramatiq
 import pytest
 from dramatiq.encoder import PickleEncoder
 
-from dramatiq_unique import InvalidOption, JobModel, submit
+import dramatiq_unique
+from dramatiq_unique import InvalidOption, JobModel, JobRejected, submit
+from dramatiq_unique.messages import rebuild
 from tests.helpers import queue_size
 
 HUGE = "x" * 100_000
@@ -184,8 +186,20 @@ def test_a_time_past_ten_years_is_a_unit_mistake(suite, broker, unique, limited,
     assert queue_size(broker) == 0 and rows() == 0
 
 
-@pytest.mark.parametrize("name", ["unique_args", "concurrency_key"])
-def test_a_callable_key_on_one_message_is_refused_clearly(suite, broker, unique, name):
-    with pytest.raises(InvalidOption, match="cannot be a callable on one message"):
-        unique.send_with_options(args=(1,), **{name: lambda report_id, user=None: str(report_id)})
+def by_report(report_id, user=None):
+    return f"report-{report_id}"
+
+
+def test_a_callable_key_on_one_message_needs_an_encoder_that_can_carry_it(suite, broker, unique):
+    """The JSON encoder cannot carry a function: a clear JobRejected, nothing sent."""
+    with pytest.raises(JobRejected, match="option unique_args \\(function\\) cannot be stored"):
+        unique.send_with_options(args=(1,), unique_args=by_report)
     assert queue_size(broker) == 0 and rows() == 0
+
+
+def test_a_callable_key_on_one_message_works_with_pickle_and_its_row_keeps_it(pickle_encoder, suite, broker, unique):
+    first = unique.send_with_options(args=(1, "ann"), unique_args=by_report)
+    again = unique.send_with_options(args=(1, "bob"), unique_args=by_report)
+    assert again.message_id == first.message_id and queue_size(broker) == 1 and rows() == 1
+    rebuilt = rebuild(dramatiq_unique.get_job(first.message_id))
+    assert rebuilt.options["unique_args"] is by_report and rebuilt.args == (1, "ann")
