@@ -30,9 +30,10 @@ from . import options as opt
 from . import duplicates, outbox, prestart, publish, store
 from .acks import Acks
 from .context import MARKER, active
-from .errors import DramatiqUniqueError, DuplicateJob, RedisUnavailable
+from .errors import DramatiqUniqueError, DuplicateJob, InvalidOption, RedisUnavailable
+from .guard import describe, guarded
 from .keys import bind_arguments, idempotency_hold
-from .messages import job_options
+from .messages import args_to_row, job_options, options_to_row
 from .models import JobStatus, after_ms, utcnow
 
 if TYPE_CHECKING:
@@ -83,7 +84,9 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         token = _created.set(created)
         pending = publish.forget()
         try:
-            holder = duplicates.skip_early(suite, message)
+            with guarded(f"checking {describe(message)} for a duplicate"):
+                check_options(suite, message, delay)
+                holder = duplicates.skip_early(suite, message)
             if holder is not None:
                 return message.copy(message_id=holder)
             sent = original(message, delay=delay)
@@ -118,13 +121,14 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
     now = utcnow()
-    options = job_options(message.options)
+    options = options_to_row(job_options(message.options))
+    args, kwargs = args_to_row(message.args, message.kwargs)
     fields: dict[str, Any] = {
         "message_id": message.message_id,
         "actor_name": message.actor_name,
         "queue_name": q_name(message.queue_name),
-        "args": list(message.args),
-        "kwargs": dict(message.kwargs),
+        "args": args,
+        "kwargs": kwargs,
         "options": options,
         "status": JobStatus.QUEUED.value,
         "created_at": now,
@@ -146,6 +150,25 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
     return fields
 
 
+def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
+    """A send's own suite options and delay, checked as the actor's were at declaration, before
+    anything is written or published (a retry or re-send carries the ones checked at its send)."""
+    opts = message.options
+    if MARKER in opts:
+        return
+    config = suite.actor_config(message.actor_name)
+    if config is not None:
+        opt.check_delay(delay)
+        opt.validate_message(opts, config.options, config.fn)
+        return
+    given = opts.keys() & opt.SUITE_OPTIONS
+    if given:
+        raise InvalidOption(
+            f"{', '.join(sorted(given))} on a message of {message.actor_name}, which the suite does not track, "
+            f"would do nothing: declare the actor with track=True or a suite option"
+        )
+
+
 def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """``before_enqueue`` for a tracked actor."""
     opts = message.options
@@ -153,6 +176,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     if marker is not None and "id" in marker:
         _known(config, message, delay)
         return
+    opt.validate_message(opts, config.options, config.fn)
     key = duplicates.key_of(config, message)
     fields = row_fields(config, message, delay)
     fields["unique_key"] = key
@@ -295,9 +319,8 @@ def _conflict(
     if conflict == "raise":
         raise DuplicateJob(f"{config.actor_name} job {holder.message_id} is {holder.status}", job=holder)
     if conflict == "replace":
-        replaced = store.replace(
-            config.model, holder, key, list(message.args), dict(message.kwargs), after_ms(delay)
-        )
+        args, kwargs = args_to_row(message.args, message.kwargs)
+        replaced = store.replace(config.model, holder, key, args, kwargs, after_ms(delay))
         if replaced is not None:
             marker = dict((replaced.options or {}).get(MARKER) or {})
             marker.update(id=replaced.id, rev=replaced.revision)

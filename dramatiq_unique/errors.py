@@ -31,6 +31,14 @@ class InvalidOption(DramatiqUniqueError, ValueError):
     """An actor option or setting has an invalid value"""
 
 
+class JobRejected(DramatiqUniqueError, ValueError):
+    """The job's data does not fit its job table; nothing was sent or run"""
+
+
+class HookFailed(DramatiqUniqueError):
+    """An unexpected error stopped a dramatiq_unique hook; nothing was sent or run unprotected"""
+
+
 class DuplicateJob(DramatiqUniqueError):
     """A job with the same unique key is already waiting or running"""
 

@@ -19,6 +19,8 @@ from . import store
 from .config import current
 from .errors import IdempotencyKeyReused, InvalidOption
 from .keys import bind_arguments, canonical, idempotency_hold
+from .messages import args_from_row
+from .options import MAX_KEY_LENGTH, check_delay, show
 from .models import JobModel, after_ms
 
 
@@ -46,13 +48,18 @@ def submit(
         raise InvalidOption(f"submit() needs a tracked actor: give {actor.actor_name} track=True or a suite option")
     if isinstance(delay, timedelta):
         delay = int(delay.total_seconds() * 1000)
+    check_delay(delay)
     model = config.model
     options: dict[str, Any] = {}
     hold = None
     if idempotency_key is not None:
         if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 255:
-            raise InvalidOption(f"idempotency_key must be a non-empty str of at most 255 characters, not {idempotency_key!r}")
+            raise InvalidOption(
+                f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(idempotency_key)}"
+            )
         owner = None if owner is None else str(owner)
+        if owner is not None and len(owner) > MAX_KEY_LENGTH:
+            raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
         hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
         existing = store.get(model, idempotency_hold=hold)
         if existing is not None:
@@ -77,6 +84,7 @@ def submit(
 
 def _same_request(fn: Any, job: JobModel, args: tuple, kwargs: dict) -> JobModel:
     """``job`` if it was made with these arguments; else the key was reused: an error, as Stripe does."""
-    if canonical(bind_arguments(fn, tuple(job.args), job.kwargs)) != canonical(bind_arguments(fn, args, kwargs)):
+    sent_args, sent_kwargs = args_from_row(job.args, job.kwargs)
+    if canonical(bind_arguments(fn, sent_args, sent_kwargs)) != canonical(bind_arguments(fn, args, kwargs)):
         raise IdempotencyKeyReused(f"key {job.idempotency_key!r} made job {job.message_id} with other arguments", job=job)
     return job

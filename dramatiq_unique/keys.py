@@ -4,6 +4,15 @@ A unique key is the actor's name and a hash of the selected arguments,
 bound through the actor's signature (so ``send(1)`` and
 ``send(blog_id=1)`` agree) and canonicalised (dict order does not
 matter).  Only the hash reaches Redis: no user data sits raw in a key.
+
+The canonical form must be the same in every process.  A value JSON has no
+form for is written as its repr (a ``datetime.date`` sent with
+``PickleEncoder``: ``datetime.date(2024, 2, 29)``); a set as its sorted
+members; a dict whose keys are not all str (``{1: "a", "b": 2}``, which
+``sort_keys`` cannot order) as its items sorted by each key's canonical
+text.  A value whose repr holds a memory address (an ``object()``, a class
+without ``__repr__``) has no such form: it is an :class:`InvalidOption`,
+at declaration for a default (options.py) and at send for an argument.
 """
 
 from __future__ import annotations
@@ -15,14 +24,30 @@ from functools import lru_cache
 from typing import Any, Callable, Optional
 
 from .errors import InvalidOption
-from .options import ArgsSpec
+from .options import ADDRESS, ArgsSpec, show
 
 #: Default prefix of every Redis key the suite writes.
 DEFAULT_KEY_PREFIX = "dramatiq_unique"
 
+
+
+def _default(value: Any) -> Any:
+    """The canonical stand-in of a value JSON cannot write (see the module's docstring)."""
+    if isinstance(value, (set, frozenset)):
+        return {"__set__": sorted(canonical(item) for item in value)}
+    text = repr(value)
+    if ADDRESS.search(text):
+        raise InvalidOption(
+            f"an argument of type {type(value).__name__} ({show(value)}) cannot make a unique key: its repr "
+            f"holds a memory address, so each process would make another key; give the type a __repr__, "
+            f"or choose the key's arguments with unique_args/concurrency_key (a list or a callable)"
+        )
+    return text
+
+
 # pottery patches json.dumps to use its own encoder; naming the stock
 # encoder keeps our keys independent of whether pottery was imported.
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=repr, ensure_ascii=False)
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False)
 
 
 @lru_cache(maxsize=1024)
@@ -80,7 +105,23 @@ def bind_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[st
 
 def canonical(value: Any) -> str:
     """A stable text form of ``value``: dict order and tuple/list do not matter."""
-    return _ENCODER.encode(value)
+    try:
+        return _ENCODER.encode(value)
+    except TypeError:
+        # A dict whose keys sort_keys cannot order (mixed types) or JSON cannot write (tuples).
+        return _ENCODER.encode(_ordered(value))
+
+
+def _ordered(value: Any) -> Any:
+    """``value`` with every dict whose keys are not all str as its items, sorted by key text."""
+    if isinstance(value, dict):
+        if all(type(k) is str for k in value):
+            return {k: _ordered(v) for k, v in value.items()}
+        # Keys of a dict are distinct, and so are their canonical texts: the sort never compares values.
+        return {"__items__": sorted([canonical(k), _ordered(v)] for k, v in value.items())}
+    if isinstance(value, (list, tuple)):
+        return [_ordered(item) for item in value]
+    return value
 
 
 def digest(text: str) -> str:

@@ -8,6 +8,8 @@ with ``is None`` so that a falsy value such as ``0`` is kept.
 from __future__ import annotations
 
 import inspect
+import math
+import re
 from typing import Any, Callable, Optional, Union
 
 from .errors import InvalidOption
@@ -58,6 +60,25 @@ _MISSING: Any = object()
 
 ArgsSpec = Union[None, bool, list, tuple, Callable[..., Any]]
 
+#: What a repr holds when it names a memory address (``<object object at 0x7f...>``):
+#: a value with such a repr has no stable form across processes, so it cannot make a key.
+ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+#: The longest time an option may give (ms): ten years.  Past it a lease or window only
+#: overflows a date (``unique_window=10**15``) or Redis' expiry, and is surely a unit mistake.
+MAX_MS = 10 * 365 * 24 * 3600 * 1000
+
+#: Message options that ``submit()`` sets; checked at send like the suite's options.
+SUBMIT_OPTIONS = frozenset({"idempotency_key", "owner"})
+#: The longest ``idempotency_key`` or ``owner``: the width of their columns.
+MAX_KEY_LENGTH = 255
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut short: an error message must stay readable whatever was passed."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+
 
 def lookup(message_options: dict, actor_options: dict, name: str, default: Any = None) -> Any:
     """The option's value: the message's, else the actor's, else ``default``."""
@@ -75,12 +96,35 @@ def is_tracked(actor_options: dict) -> bool:
 
 
 def _check_ms(name: str, value: Any, *, positive: bool) -> None:
+    """Times are whole milliseconds: an int, or a float with no fraction (``1500.0``); at least 1
+    when ``positive``.  ``0.5`` or ``1.5`` is refused rather than rounded: Redis and the row's
+    lease count whole milliseconds, and a rounding would hide a unit mistake (seconds for ms)."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidOption(f"{name} must be a number of milliseconds, not {value!r}")
-    if value < 0 or (positive and value == 0):
-        raise InvalidOption(f"{name} must be {'positive' if positive else 'zero or more'}, not {value!r}")
+        raise InvalidOption(f"{name} must be a whole number of milliseconds, not {show(value)}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise InvalidOption(f"{name} must be a whole number of milliseconds, not {show(value)}")
+    if value < 0 or (positive and value < 1):
+        raise InvalidOption(f"{name} must be {'positive' if positive else 'zero or more'}, not {show(value)}")
+    if value > MAX_MS:
+        raise InvalidOption(f"{name} must be at most {MAX_MS} ms (ten years), not {show(value)}")
+
+
+def check_delay(delay: Any) -> None:
+    """A send's ``delay`` (ms): a finite number; negative means "now", as Dramatiq takes it."""
+    if delay is None:
+        return
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
+        raise InvalidOption(f"delay must be a number of milliseconds, not {show(delay)}")
+    if delay > MAX_MS:
+        raise InvalidOption(f"delay must be at most {MAX_MS} ms (ten years), not {show(delay)}")
+
+
+def _choice(name: str, value: Any, allowed: frozenset) -> None:
+    # isinstance first: an unhashable value (a list) must not raise TypeError in the look-up.
+    if value is not None and (not isinstance(value, str) or value not in allowed):
+        raise InvalidOption(f"{name} must be one of {sorted(allowed)}, not {show(value)}")
 
 
 def _parameters(fn: Callable[..., Any]) -> Optional[dict[str, inspect.Parameter]]:
@@ -92,48 +136,80 @@ def _parameters(fn: Callable[..., Any]) -> Optional[dict[str, inspect.Parameter]
 
 def check_args_spec(name: str, spec: ArgsSpec, fn: Callable[..., Any]) -> None:
     """Validate a ``unique_args``/``concurrency_key`` value against the actor's function."""
-    if spec is None or spec is True or callable(spec):
+    if spec is None or callable(spec):
+        return
+    if spec is True:
+        _check_defaults(name, fn, None)
         return
     if spec is False:
         raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not False")
     if isinstance(spec, str) or not isinstance(spec, (list, tuple)):
-        raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not {spec!r}")
+        raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not {show(spec)}")
+    for arg in spec:
+        if not isinstance(arg, str):
+            raise InvalidOption(f"{name} entries must be parameter names, not {show(arg)}")
     params = _parameters(fn)
     if params is None:
         return
     for arg in spec:
-        if not isinstance(arg, str):
-            raise InvalidOption(f"{name} entries must be parameter names, not {arg!r}")
         if arg not in params:
-            raise InvalidOption(f"{name} names {arg!r}, which {fn.__qualname__}() has no parameter for")
+            raise InvalidOption(f"{name} names {show(arg)}, which {fn.__qualname__}() has no parameter for")
+    _check_defaults(name, fn, spec)
+
+
+def _check_defaults(name: str, fn: Callable[..., Any], selected: Optional[Any]) -> None:
+    """A default that makes the key must have the same form in every process: a sentinel
+    ``object()`` has a memory address in its repr, so each process would make another key."""
+    for param in (_parameters(fn) or {}).values():
+        if param.default is inspect.Parameter.empty or (selected is not None and param.name not in selected):
+            continue
+        if ADDRESS.search(repr(param.default)):
+            raise InvalidOption(
+                f"{name} uses parameter {param.name!r}, whose default {show(param.default)} has no stable "
+                f"form across processes (its repr holds a memory address): use None or a plain value "
+                f"as the default, or give {name} a callable"
+            )
 
 
 def validate(options: dict, fn: Callable[..., Any]) -> None:
     """Raise :class:`InvalidOption` for any bad suite option value (at declaration or send)."""
     check_args_spec("unique_args", options.get("unique_args"), fn)
     check_args_spec("concurrency_key", options.get("concurrency_key"), fn)
-    lock = options.get("unique_lock")
-    if lock is not None and lock not in LOCK_TYPES:
-        raise InvalidOption(f"unique_lock must be one of {sorted(LOCK_TYPES)}, not {lock!r}")
-    conflict = options.get("unique_on_conflict")
-    if conflict is not None and conflict not in CONFLICT_STRATEGIES:
-        raise InvalidOption(f"unique_on_conflict must be one of {sorted(CONFLICT_STRATEGIES)}, not {conflict!r}")
-    order = options.get("unique_order_by")
-    if order is not None and order not in ORDER_BY:
-        raise InvalidOption(f"unique_order_by must be one of {sorted(ORDER_BY)}, not {order!r}")
+    _choice("unique_lock", options.get("unique_lock"), LOCK_TYPES)
+    _choice("unique_on_conflict", options.get("unique_on_conflict"), CONFLICT_STRATEGIES)
+    _choice("unique_order_by", options.get("unique_order_by"), ORDER_BY)
     _check_ms("unique_ttl", options.get("unique_ttl"), positive=True)
     _check_ms("unique_window", options.get("unique_window"), positive=True)
     _check_ms("concurrency_ttl", options.get("concurrency_ttl"), positive=True)
     _check_ms("idempotency_window", options.get("idempotency_window"), positive=True)
     limit = options.get("concurrency_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise InvalidOption(f"concurrency_limit must be a whole number, 0 or more, not {limit!r}")
+        raise InvalidOption(f"concurrency_limit must be a whole number, 0 or more, not {show(limit)}")
     track = options.get("track")
     if track is not None and not isinstance(track, bool):
-        raise InvalidOption(f"track must be True or False, not {track!r}")
+        raise InvalidOption(f"track must be True or False, not {show(track)}")
     if options.get("unique_args") is None:
         # unique_ttl (the row lease) and unique_order_by (who runs next)
         # also serve tracked and slot-limited actors without uniqueness.
         for name in ("unique_lock", "unique_on_conflict", "unique_window"):
             if options.get(name) is not None:
                 raise InvalidOption(f"{name} has no effect without unique_args")
+
+
+def validate_message(message_options: dict, actor_options: dict, fn: Callable[..., Any]) -> None:
+    """Check a send's own options (``send_with_options``) as the actor's were checked at
+    declaration, with the same errors: before anything is written or published."""
+    given = message_options.keys() & (SUITE_OPTIONS | SUBMIT_OPTIONS)
+    if not given:
+        return  # the common send: nothing of its own to check
+    if message_options.get("job_model") is not None:
+        raise InvalidOption("job_model cannot be set per message: it names the actor's job table")
+    key = message_options.get("idempotency_key")
+    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH):
+        raise InvalidOption(f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}")
+    owner = message_options.get("owner")
+    if owner is not None and (not isinstance(owner, str) or len(owner) > MAX_KEY_LENGTH):
+        raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
+    if given & SUITE_OPTIONS:
+        # What the send will run with: its own options over the actor's, as lookup() resolves them.
+        validate({name: lookup(message_options, actor_options, name) for name in SUITE_OPTIONS}, fn)

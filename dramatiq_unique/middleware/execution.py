@@ -15,6 +15,7 @@ from .. import options as opt
 from ..config import ActorConfig, Suite
 from ..context import MARKER
 from ..errors import LockLost, RedisUnavailable
+from ..guard import hook
 from ..keys import derive_key
 from ..locks import new_token
 from ..parking import GroupInfo
@@ -130,6 +131,7 @@ class ExecutionLocks(Middleware):
     def actor_options(self) -> set[str]:
         return set()  # JobTracking declares the suite's options
 
+    @hook
     def before_declare_actor(self, broker, actor) -> None:
         if opt.is_tracked(actor.options):
             heartbeat.carry_context(actor)
@@ -142,6 +144,7 @@ class ExecutionLocks(Middleware):
 
     # -- processing ---------------------------------------------------------
 
+    @hook
     def before_process_message(self, broker, message) -> None:
         config = self.suite.actor_config(message.actor_name)
         if config is None or message.failed:

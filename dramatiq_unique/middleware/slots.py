@@ -12,7 +12,7 @@ from dramatiq.middleware import SkipMessage
 from .. import context, heartbeat, parked, parking, store
 from ..config import ActorConfig, Suite
 from ..context import MARKER
-from ..errors import DramatiqUniqueError
+from ..guard import hook
 from ..locks import new_token
 from ..slots import HeldSlot, declared_limit, gate_of, group_key, group_name, has_slots, ttl_of
 
@@ -70,6 +70,7 @@ class ConcurrencySlots(Middleware):
 
     # -- processing ---------------------------------------------------------
 
+    @hook
     def before_process_message(self, broker, message) -> None:
         config = self.suite.actor_config(message.actor_name)
         if config is None or message.failed:
@@ -77,13 +78,7 @@ class ConcurrencySlots(Middleware):
         opts = message.options
         if not has_slots(config, opts):
             return
-        try:
-            self._enter(config, message)
-        except (SkipMessage, DramatiqUniqueError):
-            raise
-        except Exception as e:
-            # Dramatiq would log any other error and run the actor anyway: unlimited.
-            raise DramatiqUniqueError(f"could not take a concurrency slot for job {message.message_id}: {e!r}") from e
+        self._enter(config, message)
 
     def _enter(self, config: ActorConfig, message) -> None:
         opts = message.options

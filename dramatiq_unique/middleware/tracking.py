@@ -19,6 +19,7 @@ from ..config import Suite
 from ..context import MARKER
 from ..enqueue import install_enqueue, on_enqueue, row_fields
 from ..errors import DatabaseUnavailable, RedisUnavailable
+from ..guard import hook
 from ..models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
 
 logger = logging.getLogger(__name__)
@@ -67,11 +68,13 @@ class JobTracking(Middleware):
     def actor_options(self) -> set[str]:
         return set(opt.SUITE_OPTIONS)
 
+    @hook
     def before_declare_actor(self, broker, actor) -> None:
         self.suite.broker = broker
         if self.suite.configure_actor(actor) is not None:
             install_enqueue(broker, self.suite)
 
+    @hook
     def before_enqueue(self, broker, message, delay) -> None:
         config = self.suite.actor_config(message.actor_name)
         if config is None:
@@ -86,6 +89,7 @@ class JobTracking(Middleware):
 
     # -- processing ---------------------------------------------------------
 
+    @hook
     def before_process_message(self, broker, message) -> None:
         config = self.suite.actor_config(message.actor_name)
         if config is None:

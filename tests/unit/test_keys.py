@@ -61,3 +61,48 @@ def test_redis_keys_share_one_prefix():
     keys = RedisKeys("p")
     assert keys.queue_lock("k") == "p:queue:k"
     assert keys.execution_lock("k").startswith("p:")
+
+
+# -- issue 12: keys that are the same in every process -----------------------------------------
+
+import datetime  # noqa: E402
+import pathlib  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from dramatiq_unique.keys import canonical  # noqa: E402
+
+
+def test_a_dict_with_mixed_key_types_has_one_key_whatever_its_order():
+    a = derive_key("report", report, True, (1,), {"options": {1: "a", "b": 2, (3, 4): None}})
+    b = derive_key("report", report, True, (1,), {"options": {(3, 4): None, "b": 2, 1: "a"}})
+    assert a == b
+    assert a != derive_key("report", report, True, (1,), {"options": {"1": "a", "b": 2, (3, 4): None}})
+
+
+def test_a_str_keyed_dict_keeps_the_key_it_always_had():
+    assert canonical({"b": 2, "a": [1, (2, 3)]}) == '{"a":[1,[2,3]],"b":2}'
+
+
+def test_an_argument_with_a_memory_address_in_its_repr_is_an_invalid_option():
+    with pytest.raises(InvalidOption, match="memory address"):
+        derive_key("report", report, True, (object(),), {})
+
+
+def test_dates_sets_and_mixed_dicts_give_the_same_key_in_another_process():
+    """Hash randomisation changes set order and object addresses from process to process."""
+    code = (
+        "import datetime\n"
+        "from tests.unit.test_keys import report\n"
+        "from dramatiq_unique.keys import derive_key\n"
+        "print(derive_key('report', report, True, (datetime.date(2024, 2, 29),),"
+        " {'options': {'tags': {'x', 'y', 'z', 'w'}, 1: 'a', 'b': 2}}))\n"
+    )
+    keys = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       cwd=pathlib.Path(__file__).parents[2], env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout.strip()
+        for seed in (1, 2, 3)
+    }
+    here = derive_key("report", report, True, (datetime.date(2024, 2, 29),),
+                      {"options": {"tags": {"w", "z", "y", "x"}, "b": 2, 1: "a"}})
+    assert keys == {here}

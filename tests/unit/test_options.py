@@ -69,3 +69,80 @@ def test_any_suite_option_implies_tracking():
     assert is_tracked({"unique_args": ["a"]})
     assert is_tracked({"concurrency_limit": 2})
     assert is_tracked({"track": False, "unique_args": ["a"]})
+
+
+# -- issue 12, item 8: times, choices and keys that cannot be stable ---------------------------
+
+from dramatiq_unique.options import validate_message  # noqa: E402
+
+_SENTINEL = object()
+
+
+def with_sentinel(report_id, since=_SENTINEL):
+    pass
+
+
+@pytest.mark.parametrize("name", ["unique_ttl", "unique_window", "concurrency_ttl", "idempotency_window"])
+@pytest.mark.parametrize("value", [0.5, 0.999, 1.5, float("nan"), float("inf"), "1000", True, [1000], {"ms": 1}, 10**12])
+def test_times_are_whole_milliseconds_of_at_least_one(name, value):
+    options = {"unique_args": True, name: value}
+    with pytest.raises(InvalidOption, match=name):
+        validate(options, report)
+
+
+@pytest.mark.parametrize("value", [1, 1000, 60_000.0])
+def test_whole_milliseconds_pass_even_as_a_float_with_no_fraction(value):
+    validate({"unique_args": True, "unique_ttl": value, "unique_window": value}, report)
+
+
+@pytest.mark.parametrize("name", ["unique_lock", "unique_on_conflict", "unique_order_by"])
+@pytest.mark.parametrize("value", [["until_executed"], {"a": 1}, 3, "x" * 10_000])
+def test_a_choice_of_any_type_is_an_invalid_option_with_a_short_message(name, value):
+    with pytest.raises(InvalidOption, match=f"{name} must be one of") as error:
+        validate({"unique_args": True, name: value}, report)
+    assert len(str(error.value)) < 400
+
+
+@pytest.mark.parametrize("spec", [True, ["since"]])
+def test_a_key_default_with_a_memory_address_is_refused_at_declaration(spec):
+    with pytest.raises(InvalidOption, match="memory address"):
+        validate({"unique_args": spec}, with_sentinel)
+    with pytest.raises(InvalidOption, match="memory address"):
+        validate({"concurrency_key": spec}, with_sentinel)
+
+
+def test_a_key_that_leaves_out_the_sentinel_is_fine():
+    validate({"unique_args": ["report_id"]}, with_sentinel)
+    validate({"unique_args": lambda report_id, since=None: str(report_id)}, with_sentinel)
+
+
+@pytest.mark.parametrize(
+    "message_options, fragment",
+    [
+        ({"unique_lock": "bogus"}, "unique_lock must be one of"),
+        ({"unique_args": ["nope"]}, "names 'nope'"),
+        ({"concurrency_limit": -1}, "concurrency_limit must be a whole number"),
+        ({"concurrency_limit": "3"}, "concurrency_limit must be a whole number"),
+        ({"concurrency_limit": True}, "concurrency_limit must be a whole number"),
+        ({"unique_ttl": -5}, "unique_ttl must be positive"),
+        ({"unique_ttl": 0.5}, "whole number of milliseconds"),
+        ({"unique_window": "5s"}, "whole number of milliseconds"),
+        ({"unique_on_conflict": ["raise"]}, "unique_on_conflict must be one of"),
+        ({"job_model": object}, "job_model cannot be set per message"),
+        ({"idempotency_key": ""}, "idempotency_key must be"),
+        ({"owner": "o" * 300}, "owner must be a str of at most 255"),
+        ({"owner": 5}, "owner must be a str"),
+    ],
+)
+def test_a_message_option_is_checked_as_at_declaration(message_options, fragment):
+    with pytest.raises(InvalidOption, match=fragment):
+        validate_message(message_options, {"unique_args": ["report_id"]}, report)
+
+
+def test_message_options_resolve_over_the_actor_before_the_check():
+    # The actor's unique_args makes the message's unique_lock meaningful...
+    validate_message({"unique_lock": "until_executed"}, {"unique_args": ["report_id"]}, report)
+    # ...and a message's own unique_lock on an actor without unique_args does nothing.
+    with pytest.raises(InvalidOption, match="no effect without unique_args"):
+        validate_message({"unique_lock": "until_executed"}, {"track": True}, report)
+    validate_message({"max_retries": 3, "unique_ttl": None}, {"track": True}, report)

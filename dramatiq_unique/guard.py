@@ -1,0 +1,94 @@
+"""One guard for every ``before_*`` hook: no error lets a send or a job go on unprotected.
+
+Dramatiq stops a send or a job only for a :class:`~dramatiq.middleware.MiddlewareError`
+raised in a ``before_*`` hook; it logs anything else and goes on, so a job would be
+published or run with no row and no lock.  :func:`hook` wraps each of the suite's
+``before_enqueue`` and ``before_process_message`` (and :func:`guarded` the enqueue
+wrapper's own steps), turning every other error into a :class:`DramatiqUniqueError`
+that keeps the original as ``__cause__``:
+
+- ``MiddlewareError`` (``SkipMessage``, which parks and skips, and our own errors) passes untouched;
+- peewee's operational and interface errors become :class:`DatabaseUnavailable`, and
+  Redis connection errors and timeouts :class:`RedisUnavailable`: Retries tries again later;
+- peewee's ``DataError`` (a value too long for its column...) becomes :class:`JobRejected`;
+- anything else becomes :class:`HookFailed`, naming the hook, the job, and the error's type and message.
+
+On a send the caller gets the error and nothing is published; on a delivery the actor
+does not run and ``Retries`` decides, as for any failed job.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Optional, TypeVar
+
+import peewee as pw
+import redis
+from dramatiq.middleware import MiddlewareError
+
+from .errors import DatabaseUnavailable, HookFailed, JobRejected, RedisUnavailable
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
+_REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
+    """The error to raise instead of ``error`` (None: raise ``error`` itself)."""
+    if isinstance(error, MiddlewareError):
+        return None
+    detail = f"{where}: {type(error).__name__}: {error}"
+    if isinstance(error, _DB_ERRORS):
+        return DatabaseUnavailable(detail)
+    if isinstance(error, pw.DataError):
+        return JobRejected(detail)
+    if isinstance(error, _REDIS_ERRORS):
+        return RedisUnavailable(detail)
+    return HookFailed(detail)
+
+
+class guarded:
+    """Context manager: errors inside become the suite's errors (see :func:`translate`)."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, Exception):
+            return False  # no error, or KeyboardInterrupt and friends: as they are
+        replacement = translate(exc, self.where)
+        if replacement is None:
+            return False
+        raise replacement from exc
+
+
+def describe(message: Any) -> str:
+    """``<actor> job <message id>`` for a message, ``actor <name>`` for an actor being declared."""
+    message_id = getattr(message, "message_id", None)
+    if message_id is None:
+        return f"actor {getattr(message, 'actor_name', '?')}"
+    return f"{getattr(message, 'actor_name', '?')} job {message_id}"
+
+
+def hook(fn: F) -> F:
+    """Decorate a middleware's ``before_enqueue``/``before_process_message(self, broker, message, ...)``
+    (or ``before_declare_actor(self, broker, actor)``: a table that cannot be created must not
+    leave the actor declared untracked)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, broker: Any, message: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, broker, message, *args, **kwargs)
+        except MiddlewareError:
+            raise
+        except Exception as error:
+            where = f"{type(self).__name__}.{fn.__name__} of {describe(message)}"
+            raise translate(error, where) from error  # type: ignore[misc]
+
+    return wrapper  # type: ignore[return-value]
