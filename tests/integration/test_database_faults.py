@@ -287,3 +287,39 @@ def test_a_crash_under_load_hangs_nothing_and_every_sent_job_runs(private_suite,
                                for m in sent.values()), timeout=30, what="every sent job to run")
     assert refused, "the outage was seen"
     assert set(runs) >= set(sent), "every sent job ran"
+
+
+def test_a_cut_inside_a_transaction_is_not_retried_and_the_next_call_works(private_suite, cluster):
+    """Given a transaction whose session is cut after a write, Then its next statement fails (no
+    silent retry on a new connection, which would commit half of it), nothing of it is kept,
+    and the thread's next call, outside it, reconnects."""
+    db = private_suite.db
+    JobModel.create(message_id="before", actor_name="a", queue_name="default")
+    with pytest.raises((pw.OperationalError, pw.InterfaceError)):
+        with db.atomic():
+            JobModel.create(message_id="inside-1", actor_name="a", queue_name="default")
+            cluster.terminate_backends()
+            JobModel.create(message_id="inside-2", actor_name="a", queue_name="default")
+    assert not db.in_transaction()
+    assert sorted(j.message_id for j in JobModel.select()) == ["before"]
+
+
+def test_prepared_statements_are_prepared_again_on_the_new_connection(private_suite, broker, cluster):
+    """Given tracked sends prepared on a connection, When the session is cut, Then the next send
+    reconnects, prepares its statement on the new session and records it there."""
+    from dramatiq_unique import prepared
+
+    @dramatiq.actor(track=True)
+    def prepared_send(n):
+        pass
+
+    def names_here() -> set:
+        return {n for (n,) in private_suite.db.execute_sql("SELECT name FROM pg_prepared_statements").fetchall()}
+
+    prepared_send.send(1)
+    names = names_here()
+    assert names
+    cluster.terminate_backends()
+    assert status(prepared_send.send(2).message_id) == "queued"
+    assert names_here() == names, "prepared again on the new session"
+    assert prepared._done(private_suite.db) == names, "and known there, so it is not prepared a third time"
