@@ -115,7 +115,11 @@ class Suite:
     """Holds the suite's configuration; :func:`dramatiq_unique.setup` returns one.
 
     Parameters:
-      database: a URL (``sqlite:///jobs.db``, ``postgresql://...``) or a peewee Database.
+      database: a URL (``sqlite:///jobs.db``, ``postgresql://...``) or a peewee Database.  A
+        PostgreSQL URL opens a :class:`~dramatiq_unique.database.ReconnectingPostgresqlDatabase`
+        bounded by the ``database_connect_timeout`` and ``database_timeout`` settings; a given
+        ``PostgresqlDatabase`` is made to reconnect in place and keeps its own timeouts (a missing
+        ``connect_timeout`` is added).  See :mod:`dramatiq_unique.database`.
       redis: a URL, a ``redis.Redis``, or a list of them (Redlock masters).
       **settings: see :class:`Settings`.
     """
