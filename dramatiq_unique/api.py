@@ -33,14 +33,17 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     tables) and each Redis server, the broker's too, raising
     :class:`DependencyUnavailable` (``DatabaseUnavailable``,
     ``RedisUnavailable``) naming the one that did not answer, within the
-    ``database_connect_timeout`` and ``check_timeout`` settings.
+    ``database_connect_timeout`` and ``check_timeout`` settings (with
+    several Redlock masters, a majority must answer; ``check_redis=False``
+    skips the Redis check).
     """
     suite = Suite(database=database, redis=redis, **settings)
-    try:
-        check_redis(suite.masters, getattr(broker, "client", None), suite.settings.check_timeout)
-    except BaseException:
-        suite.close()
-        raise
+    if suite.settings.check_redis:
+        try:
+            check_redis(suite.masters, getattr(broker, "client", None), suite.settings.check_timeout)
+        except BaseException:
+            suite.close()
+            raise
     suite.broker = broker
     retries = any(isinstance(m, Retries) for m in broker.middleware)
     # Before Retries: our after_process_message then runs after it has decided.

@@ -6,18 +6,23 @@ from the client's connection settings with socket timeouts of
 and retry policy the user's client carries, and leaves the client's own
 pool untouched.  A server that is down or does not answer raises
 :class:`~dramatiq_unique.errors.RedisUnavailable` naming it (never its
-password), before any actor is declared or worker started.
+password), before any actor is declared or worker started.  The
+``check_redis`` setting turns the check off (an app that starts before its
+Redis, or a test of a Redis that is down).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+import logging
+from typing import Any, Optional, Sequence
 
 import redis as redis_lib
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .errors import RedisUnavailable
+
+logger = logging.getLogger(__name__)
 
 
 def address(client: redis_lib.Redis) -> str:
@@ -59,11 +64,22 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
             conn.disconnect()
 
 
-def check_redis(masters: Iterable[redis_lib.Redis], broker_client: Optional[Any], timeout_ms: float) -> None:
-    """PING each Redis master of the suite, and the broker's Redis if it is another server."""
-    seen = set()
+def check_redis(masters: Sequence[redis_lib.Redis], broker_client: Optional[Any], timeout_ms: float) -> None:
+    """PING each Redis master of the suite, and the broker's Redis if it is another server.
+
+    One master must answer; of several (Redlock), a majority, as a lock needs: a master of
+    three that is down is only logged.
+    """
+    seen, down = set(), []
     for client in masters:
         seen.add(address(client))
-        ping(client, timeout_ms, "Redis (the suite's locks and slots)")
+        try:
+            ping(client, timeout_ms, "Redis (the suite's locks and slots)")
+        except RedisUnavailable as e:
+            down.append(e)
+    if len(down) > (len(masters) - 1) // 2:  # the quorum (a majority) of masters is not there
+        raise down[0]
+    for e in down:
+        logger.warning("%s; a lock needs a majority of the %d masters.", e, len(masters))
     if isinstance(broker_client, redis_lib.Redis) and address(broker_client) not in seen:
         ping(broker_client, timeout_ms, "Redis (the broker's)")

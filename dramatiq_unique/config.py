@@ -68,6 +68,9 @@ class Settings:
     #: unnoticed under an open connection (TCP keepalives and ``tcp_user_timeout``).  Both apply to a
     #: database given as a URL; a URL parameter of the same name wins.  SQLite keeps its 30 s busy timeout.
     database_timeout: int = DEFAULT_DATABASE_TIMEOUT
+    #: Whether :func:`dramatiq_unique.setup` checks each Redis server once (a PING) and raises
+    #: ``RedisUnavailable`` if one is down; False for an app that may start before its Redis.
+    check_redis: bool = True
     #: ms each Redis server may take to answer the one-time check of :func:`dramatiq_unique.setup`.
     check_timeout: int = DEFAULT_CHECK_TIMEOUT
 

@@ -146,3 +146,19 @@ def test_sqlite_opens_as_before(broker, sqlite_url, key_prefix):
         assert suite.db.execute_sql("PRAGMA busy_timeout").fetchone() == (30_000,)
     finally:
         suite.close()
+
+
+def test_of_three_redlock_masters_a_majority_must_answer(broker, sqlite_url, key_prefix, caplog):
+    dead = [f"redis://127.0.0.1:{free_port()}/0" for _ in range(2)]
+    suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=[REDIS_URL, REDIS_URL, dead[0]],
+                                  key_prefix=key_prefix, redriver=False)
+    suite.close()
+    assert dead[0].split("//")[1] in caplog.text, "the master that is down is logged"
+    with pytest.raises(RedisUnavailable, match=dead[0].split("//")[1]):
+        dramatiq_unique.setup(broker, database=sqlite_url, redis=[REDIS_URL, *dead], key_prefix=key_prefix)
+
+
+def test_the_redis_check_can_be_turned_off(broker, sqlite_url, key_prefix):
+    suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=f"redis://127.0.0.1:{free_port()}/0",
+                                  key_prefix=key_prefix, redriver=False, check_redis=False)
+    suite.close()
