@@ -11,6 +11,7 @@ from dramatiq.middleware import Retries
 
 from . import config as _config
 from . import store
+from .checks import check_redis
 from .config import RedisSpec, Suite
 from .limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
 from .middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
@@ -27,8 +28,22 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     the middlewares present when an actor is declared.  Returns the
     :class:`Suite`; the last call's suite is the one module-level
     functions such as :func:`get_job` use.
+
+    Checks its services once: the database (connecting, creating the
+    tables) and each Redis server, the broker's too, raising
+    :class:`DependencyUnavailable` (``DatabaseUnavailable``,
+    ``RedisUnavailable``) naming the one that did not answer, within the
+    ``database_connect_timeout`` and ``check_timeout`` settings (with
+    several Redlock masters, a majority must answer; ``check_redis=False``
+    skips the Redis check).
     """
     suite = Suite(database=database, redis=redis, **settings)
+    if suite.settings.check_redis:
+        try:
+            check_redis(suite.masters, getattr(broker, "client", None), suite.settings.check_timeout)
+        except BaseException:
+            suite.close()
+            raise
     suite.broker = broker
     retries = any(isinstance(m, Retries) for m in broker.middleware)
     # Before Retries: our after_process_message then runs after it has decided.
@@ -66,4 +81,5 @@ class _ResultWarningFilter(logging.Filter):
 def get_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> Optional[JobModel]:
     """A job's row by message id (any job table) or numeric id (``model``, the shared table by default)."""
     suite = _config.current()
-    return store.find_job(suite.models, id_or_message_id, model)
+    with store.db_errors(f"reading job {id_or_message_id}"):
+        return store.find_job(suite.models, id_or_message_id, model)

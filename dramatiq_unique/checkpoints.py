@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, TypeVar
 
-from . import sql
+from . import sql, store
 from .context import JobContext, require
 from .errors import LockLost, NotSerializable
 from .models import dumps
@@ -33,7 +33,8 @@ def step_key(name: str) -> str:
 def _check_fence(ctx: JobContext) -> None:
     job = ctx.job
     model = type(job)
-    token = model.select(model.fencing_token).where(model.id == job.id).scalar()  # type: ignore[union-attr]
+    with store.db_errors(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
+        token = model.select(model.fencing_token).where(model.id == job.id).scalar()  # type: ignore[union-attr]
     if token != job.fencing_token:  # type: ignore[union-attr]
         raise LockLost(f"job {job.message_id} was started again by a newer attempt")  # type: ignore[union-attr]
 
@@ -44,7 +45,8 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     The result must be JSON-serialisable; what is returned is its JSON
     form, the same on the first attempt and on retries (a tuple comes back
     as a list).  Raises :class:`NotSerializable` before the step is
-    recorded as done, and :class:`LockLost` if a newer attempt owns the job.
+    recorded as done, :class:`LockLost` if a newer attempt owns the job, and
+    :class:`DatabaseUnavailable` if the step cannot be checked or recorded.
     """
     ctx = require()
     job = ctx.job
@@ -59,7 +61,9 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     except (TypeError, ValueError) as e:
         raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
     done[name] = stored
-    if not sql.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done}):
+    with store.db_errors(f"recording step {name!r} of job {job.message_id}"):
+        recorded = sql.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
+    if not recorded:
         raise LockLost(f"job {job.message_id} was started again by a newer attempt; step {name!r} not recorded")
     job.checkpoints = done
     return stored

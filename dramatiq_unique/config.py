@@ -13,7 +13,9 @@ import redis as redis_lib
 
 from . import options as opt
 from . import prepared
-from .errors import InvalidOption, NotConfigured
+from .database import check as check_database
+from .database import describe
+from .errors import DatabaseUnavailable, InvalidOption, NotConfigured
 from .keys import DEFAULT_KEY_PREFIX, RedisKeys
 from .locks import Locks
 from .models import JobModel, base_field_names, create_tables, open_database
@@ -29,6 +31,13 @@ DEFAULT_ON_LOST = "redrive"
 DEFAULT_RETENTION = 7 * 24 * 3600 * 1000
 #: How long (ms) an idempotency key returns the same job: 24 hours.
 DEFAULT_IDEMPOTENCY_WINDOW = 24 * 3600 * 1000
+
+#: ms a new PostgreSQL connection may take.
+DEFAULT_DATABASE_CONNECT_TIMEOUT = 5_000
+#: ms a PostgreSQL statement may take, and a dead connection may go unnoticed.
+DEFAULT_DATABASE_TIMEOUT = 30_000
+#: ms each Redis server may take to answer setup()'s check.
+DEFAULT_CHECK_TIMEOUT = 2_000
 
 RedisSpec = Union[str, redis_lib.Redis, Sequence[Union[str, redis_lib.Redis]]]
 
@@ -52,9 +61,22 @@ class Settings:
     #: Whether the hot statements (send, start, outcome) are prepared once per PostgreSQL
     #: connection (see :mod:`dramatiq_unique.prepared`); False behind a pooler in transaction mode.
     prepared_statements: bool = True
+    #: ms a new PostgreSQL connection may take (libpq's ``connect_timeout``, in whole seconds, at least 2):
+    #: bounds a server that takes the connection but never answers.
+    database_connect_timeout: int = DEFAULT_DATABASE_CONNECT_TIMEOUT
+    #: ms a PostgreSQL statement may run (``statement_timeout``), and a dead server or network may go
+    #: unnoticed under an open connection (TCP keepalives and ``tcp_user_timeout``).  Both apply to a
+    #: database given as a URL; a URL parameter of the same name wins.  SQLite keeps its 30 s busy timeout.
+    database_timeout: int = DEFAULT_DATABASE_TIMEOUT
+    #: Whether :func:`dramatiq_unique.setup` checks each Redis server once (a PING) and raises
+    #: ``RedisUnavailable`` if one is down; False for an app that may start before its Redis.
+    check_redis: bool = True
+    #: ms each Redis server may take to answer the one-time check of :func:`dramatiq_unique.setup`.
+    check_timeout: int = DEFAULT_CHECK_TIMEOUT
 
     def __post_init__(self) -> None:
-        for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size"):
+        for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size",
+                     "database_connect_timeout", "database_timeout", "check_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")
@@ -96,7 +118,11 @@ class Suite:
     """Holds the suite's configuration; :func:`dramatiq_unique.setup` returns one.
 
     Parameters:
-      database: a URL (``sqlite:///jobs.db``, ``postgresql://...``) or a peewee Database.
+      database: a URL (``sqlite:///jobs.db``, ``postgresql://...``) or a peewee Database.  A
+        PostgreSQL URL opens a :class:`~dramatiq_unique.database.ReconnectingPostgresqlDatabase`
+        bounded by the ``database_connect_timeout`` and ``database_timeout`` settings; a given
+        ``PostgresqlDatabase`` is made to reconnect in place and keeps its own timeouts (a missing
+        ``connect_timeout`` is added).  See :mod:`dramatiq_unique.database`.
       redis: a URL, a ``redis.Redis``, or a list of them (Redlock masters).
       **settings: see :class:`Settings`.
     """
@@ -106,8 +132,11 @@ class Suite:
         if unknown:
             raise InvalidOption(f"unknown settings: {', '.join(sorted(unknown))}")
         self.settings = Settings(**settings)
-        self.db = open_database(database)
+        self.db = open_database(
+            database, connect_timeout=self.settings.database_connect_timeout, timeout=self.settings.database_timeout
+        )
         prepared.enable(self.db, self.settings.prepared_statements)
+        check_database(self.db)  # fail fast, naming the server
         self.masters = _redis_clients(redis)
         #: The client for plain Redis state (slots, counters): the first master.
         self.redis = self.masters[0]
@@ -137,7 +166,10 @@ class Suite:
         with self._lock:
             if model not in self.models:
                 model.bind(self.db, bind_refs=False, bind_backrefs=False)
-                create_tables(self.db, [model])
+                try:
+                    create_tables(self.db, [model])
+                except (pw.OperationalError, pw.InterfaceError) as e:
+                    raise DatabaseUnavailable(f"creating {model._meta.table_name} in {describe(self.db)}: {e}") from e
                 self.models.append(model)
 
     def configure_actor(self, actor: "dramatiq.Actor") -> Optional[ActorConfig]:

@@ -244,7 +244,13 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
         # A promotion from a delay queue (the broker gives it a new id, which the
         # lost-message check looks up) or a re-send by the suite (which records it).
         if ref and not _resending.get():
-            model.update(broker_ref=ref, missing_since=None).where(model.id == message.options[MARKER]["id"]).execute()
+            row_id = message.options[MARKER]["id"]
+            try:
+                model.update(broker_ref=ref, missing_since=None).where(model.id == row_id).execute()
+            except (pw.OperationalError, pw.InterfaceError):
+                # The database is down (Retries re-sending a start that failed on it): the message matters more.
+                logger.warning("Sending job %s with its row's broker id not updated: the database is down; "
+                               "the re-drive may send it again, a duplicate its start drops.", message.message_id)
         return
     # Retries re-enqueues the running message: the same job, due again later.
     ctx.retry_enqueued = True

@@ -11,14 +11,11 @@ from __future__ import annotations
 import enum
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Iterable, Optional
 
 import peewee as pw
-from playhouse import db_url
 
-#: Default SQLite pragmas: WAL lets readers run beside the one writer, and
-#: the busy timeout makes concurrent writers wait instead of failing.
-DEFAULT_SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 30_000, "synchronous": "normal"}
+from .database import DEFAULT_SQLITE_PRAGMAS, open_database  # noqa: F401  (models.open_database for callers)
 
 #: Longest ``last_error`` text kept, in characters.
 MAX_ERROR_LENGTH = 8_000
@@ -137,24 +134,6 @@ class JobModel(pw.Model):
 
 def base_field_names() -> frozenset[str]:
     return frozenset(JobModel._meta.fields)
-
-
-def open_database(database: Union[str, pw.Database]) -> pw.Database:
-    """A peewee Database from a URL (``sqlite:///path``, ``postgresql://...``) or as given."""
-    if isinstance(database, pw.Database):
-        return database
-    if not isinstance(database, str):
-        from .errors import InvalidOption
-
-        raise InvalidOption(f"database must be a URL or a peewee Database, not {database!r}")
-    if database.startswith("sqlite"):
-        parsed = db_url.parse(database)
-        # IMMEDIATE transactions take the write lock at BEGIN, so two
-        # writers queue on the busy timeout instead of one failing.
-        return pw.SqliteDatabase(
-            parsed["database"], pragmas=DEFAULT_SQLITE_PRAGMAS, lock_type="IMMEDIATE", timeout=30
-        )
-    return db_url.connect(database)
 
 
 def is_postgres(db: pw.Database) -> bool:

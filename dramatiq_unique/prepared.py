@@ -15,6 +15,11 @@ prepared statements (``DISCARD ALL``) is survived: an unknown statement
 is prepared again.  A pooler in *transaction* mode, which hands each
 transaction another server connection, needs ``prepared_statements=False``
 in :func:`dramatiq_unique.setup`.
+
+Reconnects (:mod:`dramatiq_unique.database`): the names are kept per
+connection object, so a connection that replaced a dead one starts with
+none prepared; an ``EXECUTE`` that a reconnect re-ran on the new session
+fails with "prepared statement ... does not exist" and is prepared there.
 """
 
 from __future__ import annotations
@@ -62,14 +67,10 @@ def execute(db: pw.Database, sql: str, params: Sequence[Any]) -> Any:
     name = _name(body)
     if name is None:
         return db.execute_sql(sql, params)
-    conn = db.connection()
-    done = _local.done.get(conn)
-    if done is None:
-        done = _local.done[conn] = set()
-    if name not in done:
+    if name not in _done(db):
         if db.in_transaction() or not _prepare(db, name, body):
             return db.execute_sql(sql, params)  # a failed PREPARE would abort the caller's transaction
-        done.add(name)
+        _done(db).add(name)  # on the connection it ran on: a reconnect may have replaced the one above
     call = _calls.get((prefix, name, len(params)))
     if call is None:
         args = f"({', '.join(['%s'] * len(params))})" if params else ""
@@ -79,11 +80,22 @@ def execute(db: pw.Database, sql: str, params: Sequence[Any]) -> Any:
     except pw.DatabaseError as e:
         if "prepared statement" not in str(e) or db.in_transaction():
             raise
-        done.discard(name)  # a pooler dropped it: prepare it again, once
+        # A pooler dropped it, or the database reconnected (a new session has no
+        # prepared statements): prepare it again, once, on the connection now in use.
+        _done(db).discard(name)
         if not _prepare(db, name, body):
             return db.execute_sql(sql, params)
-        done.add(name)
+        _done(db).add(name)
         return db.execute_sql(call, params)
+
+
+def _done(db: pw.Database) -> "set[str]":
+    """The names prepared on this thread's current connection of ``db`` (a new connection has none)."""
+    conn = db.connection()
+    done = _local.done.get(conn)
+    if done is None:
+        done = _local.done[conn] = set()
+    return done
 
 
 def _name(body: str) -> "str | None":

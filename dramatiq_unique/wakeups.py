@@ -80,11 +80,16 @@ class Flags:
 
 
 class Watchdog:
-    """A daemon thread calling ``tick`` every ``interval_ms()`` (backing off while it fails)."""
+    """A daemon thread calling ``tick`` every ``interval_ms()`` (backing off while it fails).
+
+    ``release`` frees the thread's resources (its database connection): at
+    exit, and after a failed pass, so a connection that died with its server
+    is not kept: the next pass opens a new one (or fails again, and backs off).
+    """
 
     def __init__(self, tick: Callable[[], object], interval_ms: Callable[[], float],
-                 on_exit: Callable[[], None]) -> None:
-        self._tick, self._interval_ms, self._on_exit = tick, interval_ms, on_exit
+                 release: Callable[[], None]) -> None:
+        self._tick, self._interval_ms, self._on_exit = tick, interval_ms, release
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dramatiq_unique-wakeups", daemon=True)
         self._thread.start()
@@ -107,5 +112,9 @@ class Watchdog:
                 except Exception:
                     failures += 1
                     logger.warning("Wake-up watchdog pass failed; trying again.", exc_info=failures == 1)
+                    try:
+                        self._on_exit()
+                    except Exception:
+                        logger.debug("Could not release the watchdog's connection.", exc_info=True)
         finally:
             self._on_exit()
