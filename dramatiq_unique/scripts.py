@@ -76,6 +76,10 @@ class _Link:
         self.buf, self.pos = b"", 0
         #: Posted calls whose replies are still to be read, oldest first: (command, script text).
         self.unread: collections.deque[tuple[bytes, str]] = collections.deque()
+        #: Scripts this connection has seen the server run: only those are posted (a posted
+        #: call the server does not know is run again only at the link's next call, which a
+        #: thread that goes idle may never make).
+        self.known: set[str] = set()
 
     def call(self, command: bytes) -> Any:
         redo: list[tuple[bytes, str]] = []
@@ -165,6 +169,7 @@ class _Link:
 
     def close(self) -> None:
         self.unread.clear()
+        self.known.clear()  # the next server (a restarted Redis) may not know them
         self.sock, self.buf, self.pos = None, b"", 0
         self.conn.disconnect()
 
@@ -250,6 +255,7 @@ class Script:
                 if isinstance(loaded, ResponseError):
                     raise loaded
                 continue
+            link.known.add(self.sha)  # an error reply too: the server ran it
             if isinstance(reply, ResponseError):
                 raise reply
             return reply
@@ -258,7 +264,11 @@ class Script:
     def post(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
         """Run the script without waiting for its reply (see the module's docs); a script
         unknown to the server is loaded and run before the link's next call returns."""
-        _link(self.client).post(pack("EVALSHA", self.sha, len(keys), *keys, *args), self.text)
+        link = _link(self.client)
+        if self.sha not in link.known:  # first use on this connection: wait, loading it if need be
+            self(keys, args)
+            return
+        link.post(pack("EVALSHA", self.sha, len(keys), *keys, *args), self.text)
 
 
 def register(client: redis.Redis, text: str) -> Script:

@@ -141,8 +141,19 @@ def test_a_posted_call_the_server_did_not_know_runs_once_loaded(server):
     assert scripts.register(client, "return 0")() == 0
     assert client.get("n") == b"6"
     boom = scripts.register(client, "return redis.error_reply('boom')")
+    with pytest.raises(redis.ResponseError):
+        boom()  # the first call of a script on a connection waits for its reply
     boom.post()
     assert incr(keys=["n"], args=[1]) == 7, "the failed post's reply was not taken for this call's"
+
+
+def test_a_script_is_posted_only_once_the_connection_has_seen_it_run(server):
+    """Given a fresh server that never ran the script, When the thread posts a call and makes no
+    other, Then the call ran all the same (a posted NOSCRIPT would wait for a next call)."""
+    client = redis.Redis.from_url(server.url)
+    client.script_flush()
+    scripts.register(client, INCR_BY).post(keys=["first"], args=[3])
+    assert client.get("first") == b"3"
 
 
 def test_a_posted_call_on_a_stopped_server_raises_a_connection_error(server):
