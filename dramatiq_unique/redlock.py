@@ -1,0 +1,129 @@
+"""The Redlock masters: each one bounded, so that a master down or stalled costs little.
+
+The Redlock algorithm asks each master with a timeout small next to the
+lock's TTL, and never waits for a master that does not answer: a majority
+decides.  The clients the user passes carry their own settings, made for
+other work (redis-py 8 gives a client built with ``redis.Redis(...)`` 5 s
+socket timeouts and ten retries with back-off), under which one master
+down made every lock operation wait seconds.  So the suite asks each master
+over a client of its own, made from the user's with the same connection
+settings (address, database, password, TLS) but with socket timeouts of
+``lock_timeout`` and no retries: a master that refuses costs a refused
+connection; one that is stalled (SIGSTOP, a network partition) costs
+``lock_timeout`` at most.
+
+A master that failed is then skipped, as if it had failed again, for
+:data:`PAUSE` ms before it is asked again: a stalled master costs one
+timeout per pause and thread, not one per lock operation.  Skipping a
+master never weakens a lock: the quorum is counted over all of them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from . import scripts
+
+#: ms each Redlock master may take to connect or to answer (the ``lock_timeout`` setting).
+DEFAULT_LOCK_TIMEOUT = 100
+#: ms a master that failed is skipped before it is asked again.
+PAUSE = 1_000
+#: pottery's (and the Redlock paper's) allowance for clock drift: 1% of the TTL, plus 2 ms.
+CLOCK_DRIFT_FACTOR = 0.01
+
+# Connection settings that belong to the user's pool itself (redis-py 7+'s maintenance
+# notifications) or that redis-py derives again: not copied to the derived pool.
+_POOL_OWN = ("maint_notifications_pool_handler", "maint_notifications_config", "himport_registry",
+             "orig_host_address", "orig_socket_timeout", "orig_socket_connect_timeout")
+
+
+class MasterSkipped(RedisConnectionError):
+    """A master that failed a moment ago is not asked again yet."""
+
+
+def bounded_client(client: redis.Redis, timeout_ms: float) -> redis.Redis:
+    """A client of the same server as ``client``, with socket timeouts of ``timeout_ms`` and no retries.
+
+    A pool of an unusual kind (Sentinel...) that cannot be copied is used as it is.
+    """
+    pool = client.connection_pool
+    seconds = timeout_ms / 1000
+    kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
+    kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds, retry=Retry(NoBackoff(), 0),
+                  retry_on_error=[], retry_on_timeout=False)
+    try:
+        pool.connection_class(**kwargs)  # the settings fit the connection class (nothing connects yet)
+        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
+    except Exception:  # pragma: no cover  (a pool that takes other settings)
+        return client
+
+
+def drift(ttl_ms: float) -> float:
+    """The clock-drift allowance of a lease of ``ttl_ms``."""
+    return ttl_ms * CLOCK_DRIFT_FACTOR + 2
+
+
+class Master:
+    """One Redlock master, asked over a bounded client (:func:`bounded_client`), skipped a while after it failed."""
+
+    def __init__(self, client: redis.Redis, timeout_ms: float) -> None:
+        self.user_client = client
+        self.client = bounded_client(client, timeout_ms)
+        #: time.monotonic() until which the master is skipped.
+        self.down_until = 0.0
+        self._scripts: dict[str, scripts.Script] = {}
+        self._lock = threading.Lock()
+
+    def run(self, text: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run one of our scripts on this master (registered on first use)."""
+        script = self._scripts.get(text)
+        if script is None:
+            with self._lock:
+                script = self._scripts.setdefault(text, scripts.register(self.client, text))
+        return self.call(lambda: script(keys=keys, args=args))
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` against this master, unless it failed within the last :data:`PAUSE` ms."""
+        left = self.down_until - time.monotonic()
+        if left > 0:
+            raise MasterSkipped(f"master {_where(self.client)} failed; asked again in {left * 1000:.0f} ms")
+        try:
+            return fn()
+        except (RedisConnectionError, RedisTimeoutError):
+            self.down_until = time.monotonic() + PAUSE / 1000
+            raise
+
+
+def _where(client: redis.Redis) -> str:
+    kwargs = client.connection_pool.connection_kwargs
+    return kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+class Replies:
+    """What the masters answered to one operation: their replies, and the errors of those that failed."""
+
+    def __init__(self) -> None:
+        self.replies: list[Any] = []
+        self.errors: list[Exception] = []
+
+    def count(self, predicate: Callable[[Any], bool]) -> int:
+        return sum(1 for reply in self.replies if predicate(reply))
+
+
+def ask_all(masters: Sequence[Master], call: Callable[[Master], Any]) -> Replies:
+    """``call`` on every master in turn; each costs at most its bounded client's timeout."""
+    out = Replies()
+    for master in masters:
+        try:
+            out.replies.append(call(master))
+        except redis.RedisError as e:
+            out.errors.append(e)
+    return out
