@@ -32,7 +32,7 @@ import redis
 
 from . import scripts
 from .errors import RedisUnavailable
-from .redlock import DEFAULT_LOCK_TIMEOUT, Master, Replies, ask_all, drift
+from .redlock import DEFAULT_LOCK_TIMEOUT, Master, MasterSkipped, Replies, ask_all, drift
 
 #: The prefix pottery gives lock keys.
 KEY_PREFIX = "redlock"
@@ -129,7 +129,7 @@ class Locks:
 
     def _each(self, text: str, name: str, args: list) -> Replies:
         keys = [f"{KEY_PREFIX}:{name}"]
-        return ask_all(self.nodes, lambda master: master.run(text, keys, args))
+        return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum)
 
     def _check(self, replies: Replies, doing: str, name: str) -> None:
         """Raise if too many masters failed for a majority to be reached (pottery's QuorumIsImpossible)."""
@@ -269,7 +269,7 @@ class Locks:
                 return float(max(int(self.masters[0].pttl(key)), 0))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
-        replies = ask_all(self.nodes, lambda master: master.call(lambda: master.client.pttl(key)))
+        replies = ask_all(self.nodes, lambda master: master.client.pttl(key), self.quorum)
         self._check(replies, "reading", name)
         # Held while a majority still has it: the quorum-th longest lease.
         left = sorted((max(int(r), 0) for r in replies.replies), reverse=True)
@@ -290,7 +290,9 @@ class Locks:
                 raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
         first = self.nodes[0]
         try:
-            flagged = first.call(lambda: first.client.zscore(flags, member)) is not None
+            if first.skipped():
+                raise MasterSkipped("the first master failed a moment ago")
+            flagged = first.call(lambda master: master.client.zscore(flags, member)) is not None
         except redis.RedisError:
             flagged = True  # cannot tell: assume someone waits, the caller asks the database
         if flagged:

@@ -88,18 +88,31 @@ class Master:
         if script is None:
             with self._lock:
                 script = self._scripts.setdefault(text, scripts.register(self.client, text))
-        return self.call(lambda: script(keys=keys, args=args))
+        return script(keys=keys, args=args)
 
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` against this master, unless it failed within the last :data:`PAUSE` ms."""
-        left = self.down_until - time.monotonic()
-        if left > 0:
-            raise MasterSkipped(f"master {_where(self.client)} failed; asked again in {left * 1000:.0f} ms")
+    def skipped(self) -> bool:
+        """Whether the master failed within the last :data:`PAUSE` ms.  Once the pause is over, one
+        thread asks it again while the others keep skipping it until that one knows."""
+        if not self.down_until:
+            return False
+        now = time.monotonic()
+        if self.down_until > now:
+            return True
+        with self._lock:
+            if self.down_until > now:
+                return True
+            self.down_until = now + PAUSE / 1000  # this thread probes; should it fail, the pause goes on
+            return False
+
+    def call(self, fn: Callable[["Master"], Any]) -> Any:
+        """``fn(self)``; a connection error or a timeout has the master skipped for a while."""
         try:
-            return fn()
+            reply = fn(self)
         except (RedisConnectionError, RedisTimeoutError):
             self.down_until = time.monotonic() + PAUSE / 1000
             raise
+        self.down_until = 0.0
+        return reply
 
 
 def _where(client: redis.Redis) -> str:
@@ -118,12 +131,29 @@ class Replies:
         return sum(1 for reply in self.replies if predicate(reply))
 
 
-def ask_all(masters: Sequence[Master], call: Callable[[Master], Any]) -> Replies:
-    """``call`` on every master in turn; each costs at most its bounded client's timeout."""
+def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int) -> Replies:
+    """``fn(master)`` on every master in turn; each costs at most its bounded client's timeout.
+
+    A master that failed a moment ago is skipped, counted as failed,
+    unless the others cannot reach ``quorum`` without it: then it is asked
+    too (it may be back).
+    """
     out = Replies()
+    skipped = []
     for master in masters:
+        if master.skipped():
+            skipped.append(master)
+            continue
         try:
-            out.replies.append(call(master))
+            out.replies.append(master.call(fn))
         except redis.RedisError as e:
             out.errors.append(e)
+    if skipped and len(out.errors) + len(skipped) > len(masters) - quorum:
+        for master in skipped:
+            try:
+                out.replies.append(master.call(fn))
+            except redis.RedisError as e:
+                out.errors.append(e)
+    else:
+        out.errors += [MasterSkipped(f"master {_where(m.client)} failed a moment ago") for m in skipped]
     return out

@@ -185,3 +185,59 @@ def test_with_two_masters_of_three_stopped_no_job_runs_unlocked(broker, database
     assert dramatiq_unique.get_job(message.message_id).status not in ("running", "succeeded")
     retry = dramatiq.Message.decode(next(iter(broker.client.hvals(delayed))))
     assert "RedisUnavailable" in retry.options["traceback"]
+
+
+def test_with_three_masters_the_queue_lock_carries_the_message_id_and_is_freed_at_start(broker, sqlite_url,
+                                                                                      key_prefix, masters):
+    """Given three masters, When a unique job is sent, Then its queue lock on each master holds the
+    message id (as with one master, so the worker that starts it can free it), and is gone once it ran."""
+    suite = lock_suite(broker, sqlite_url, key_prefix, masters)
+    ran = []
+
+    @dramatiq.actor(unique_args=["key"], unique_lock="until_executing")
+    def once(key):
+        ran.append(key)
+
+    message = once.send("k")
+    job = dramatiq_unique.get_job(message.message_id)
+    lock_key = f"redlock:{suite.keys.queue_lock(job.unique_key)}"
+    assert [c.get(lock_key) for c in clients(masters)] == [message.message_id.encode()] * 3
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        wait_until(lambda: ran == ["k"], timeout=10, what="the job")
+        wait_until(lambda: not any(c.exists(lock_key) for c in clients(masters)), timeout=10,
+                   what="the queue lock freed")
+    finally:
+        worker.stop(timeout=10_000)
+        suite.db.close()
+
+
+def test_a_dead_or_stalled_master_is_asked_over_a_bounded_client_and_then_skipped(masters):
+    """Given clients with redis-py's own defaults (5 s timeouts, retries with back-off), When one master
+    of three is stalled (SIGSTOP), Then locks still work, the stalled master is asked with lock_timeout
+    and no retries, and is skipped for a while after it failed, whatever client was given."""
+    import os
+    import signal
+
+    from dramatiq_unique import redlock
+
+    given = [redis.Redis(host="127.0.0.1", port=s.port) for s in masters]
+    locks = Locks(given, timeout_ms=50)
+    for node in locks.nodes:
+        kwargs = node.client.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (0.05, 0.05)
+        assert kwargs["retry"].get_retries() == 0 and kwargs["port"] == node.user_client.connection_pool.connection_kwargs["port"]
+    token, _ = locks.acquire("job", 5_000)
+    os.kill(masters[1].process.pid, signal.SIGSTOP)
+    try:
+        assert locks.extend("job", token, 5_000)
+        assert locks.nodes[1].down_until > time.monotonic(), "the stalled master failed, and is skipped"
+        assert locks.nodes[1].skipped()
+        replies = redlock.ask_all(locks.nodes, lambda master: master.run("return 1", [], []), locks.quorum)
+        assert replies.replies == [1, 1] and isinstance(replies.errors[0], redlock.MasterSkipped)
+        fresh = new_token()
+        assert locks.transfer("job", token, fresh, 5_000) and locks.release("job", fresh)
+        assert locks.acquire("job", 5_000)[0] is not None
+    finally:
+        os.kill(masters[1].process.pid, signal.SIGCONT)
