@@ -166,8 +166,8 @@ class Locks:
         validity = ttl_ms - (time.monotonic() - started) * 1000 - drift(ttl_ms)
         if replies.count(lambda r: r == 1) >= self.quorum and validity > 0:
             return token, None
-        if replies.errors or replies.count(lambda r: r == 1):
-            # Not taken: free what was taken (on every master: one whose reply was lost may hold it).
+        if replies.count(lambda r: r == 1) or any(not isinstance(e, MasterSkipped) for e in replies.errors):
+            # Not taken: free what was taken (on every master asked: one whose reply was lost may hold it).
             self._each(_RELEASE, name, [token])
         self._check(replies, "taking", name)
         holders = [r for r in replies.replies if isinstance(r, bytes)]
@@ -290,11 +290,16 @@ class Locks:
                 raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
         first = self.nodes[0]
         try:
-            if first.skipped():
-                raise MasterSkipped("the first master failed a moment ago")
+            if first.timed_out and first.skipped():  # stalled: do not wait for it again
+                raise MasterSkipped("the first master timed out a moment ago")
             flagged = first.call(lambda master: master.client.zscore(flags, member)) is not None
         except redis.RedisError:
             flagged = True  # cannot tell: assume someone waits, the caller asks the database
         if flagged:
-            return KEPT if self.ttl(name, token) > 0 else NOT_HELD
+            if self.ttl(name, token) > 0:
+                return KEPT
+            # Not held by a majority any more: free what is left of it (a minority's hold would
+            # otherwise stand in the next holder's way until it expires).
+            self.release(name, token)
+            return NOT_HELD
         return RELEASED if self.release(name, token) else NOT_HELD

@@ -8,14 +8,18 @@ socket timeouts and ten retries with back-off), under which one master
 down made every lock operation wait seconds.  So the suite asks each master
 over a client of its own, made from the user's with the same connection
 settings (address, database, password, TLS) but with socket timeouts of
-``lock_timeout`` and no retries: a master that refuses costs a refused
+``lock_timeout``, no retry after a timeout and one at once after a broken
+connection (a restarted server): a master that refuses costs a refused
 connection; one that is stalled (SIGSTOP, a network partition) costs
 ``lock_timeout`` at most.
 
 A master that failed is then skipped, as if it had failed again, for
-:data:`PAUSE` ms before it is asked again: a stalled master costs one
-timeout per pause and thread, not one per lock operation.  Skipping a
-master never weakens a lock: the quorum is counted over all of them.
+:data:`PAUSE` ms before one thread asks it again: a stalled master costs
+one timeout per pause, not one per lock operation, and a dead one a
+refused connection per pause (under load, even that costs its thread a
+turn at the GIL per system call).  Skipping a master never
+weakens a lock: the quorum is counted over all of them, and a skipped
+master is asked anyway when the others cannot make a majority.
 """
 
 from __future__ import annotations
@@ -57,8 +61,10 @@ def bounded_client(client: redis.Redis, timeout_ms: float) -> redis.Redis:
     pool = client.connection_pool
     seconds = timeout_ms / 1000
     kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
-    kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds, retry=Retry(NoBackoff(), 0),
-                  retry_on_error=[], retry_on_timeout=False)
+    # Sent again once after a connection error (a connection the server closed when it restarted:
+    # our plain commands are safe to repeat), never after a timeout (a stalled server).
+    kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_error=[], retry_on_timeout=False,
+                  retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
     try:
         pool.connection_class(**kwargs)  # the settings fit the connection class (nothing connects yet)
         return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
@@ -79,6 +85,8 @@ class Master:
         self.client = bounded_client(client, timeout_ms)
         #: time.monotonic() until which the master is skipped.
         self.down_until = 0.0
+        #: Whether its last failure was a timeout (a stalled master), not a refused connection.
+        self.timed_out = False
         self._scripts: dict[str, scripts.Script] = {}
         self._lock = threading.Lock()
 
@@ -105,10 +113,15 @@ class Master:
             return False
 
     def call(self, fn: Callable[["Master"], Any]) -> Any:
-        """``fn(self)``; a connection error or a timeout has the master skipped for a while."""
+        """``fn(self)``; a connection error or a timeout has the master skipped for a while.
+
+        Even a refused connection is worth skipping: under load each failed call costs its
+        thread a turn at the GIL per system call, several times the call itself.
+        """
         try:
             reply = fn(self)
-        except (RedisConnectionError, RedisTimeoutError):
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            self.timed_out = isinstance(e, RedisTimeoutError)
             self.down_until = time.monotonic() + PAUSE / 1000
             raise
         self.down_until = 0.0
