@@ -290,8 +290,6 @@ class Locks:
                 raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
         first = self.nodes[0]
         try:
-            if first.timed_out and first.skipped():  # stalled: do not wait for it again
-                raise MasterSkipped("the first master timed out a moment ago")
             flagged = first.call(lambda master: master.client.zscore(flags, member)) is not None
         except redis.RedisError:
             flagged = True  # cannot tell: assume someone waits, the caller asks the database

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import redis
 from redis.backoff import NoBackoff
@@ -53,50 +53,16 @@ class MasterSkipped(RedisConnectionError):
     """A master that failed a moment ago is not asked again yet."""
 
 
-def bounded_client(client: redis.Redis, timeout_ms: float) -> redis.Redis:
-    """A client of the same server as ``client``, with socket timeouts of ``timeout_ms`` and no retries.
+class Health:
+    """Whether a master failed a moment ago, shared by its :class:`Master` and its connections."""
 
-    A pool of an unusual kind (Sentinel...) that cannot be copied is used as it is.
-    """
-    pool = client.connection_pool
-    seconds = timeout_ms / 1000
-    kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
-    # Sent again once after a connection error (a connection the server closed when it restarted:
-    # our plain commands are safe to repeat), never after a timeout (a stalled server).
-    kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_error=[], retry_on_timeout=False,
-                  retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
-    try:
-        pool.connection_class(**kwargs)  # the settings fit the connection class (nothing connects yet)
-        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **kwargs))
-    except Exception:  # pragma: no cover  (a pool that takes other settings)
-        return client
-
-
-def drift(ttl_ms: float) -> float:
-    """The clock-drift allowance of a lease of ``ttl_ms``."""
-    return ttl_ms * CLOCK_DRIFT_FACTOR + 2
-
-
-class Master:
-    """One Redlock master, asked over a bounded client (:func:`bounded_client`), skipped a while after it failed."""
-
-    def __init__(self, client: redis.Redis, timeout_ms: float) -> None:
-        self.user_client = client
-        self.client = bounded_client(client, timeout_ms)
+    def __init__(self, where: str) -> None:
+        self.where = where
         #: time.monotonic() until which the master is skipped.
         self.down_until = 0.0
         #: Whether its last failure was a timeout (a stalled master), not a refused connection.
         self.timed_out = False
-        self._scripts: dict[str, scripts.Script] = {}
         self._lock = threading.Lock()
-
-    def run(self, text: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run one of our scripts on this master (registered on first use)."""
-        script = self._scripts.get(text)
-        if script is None:
-            with self._lock:
-                script = self._scripts.setdefault(text, scripts.register(self.client, text))
-        return script(keys=keys, args=args)
 
     def skipped(self) -> bool:
         """Whether the master failed within the last :data:`PAUSE` ms.  Once the pause is over, one
@@ -112,6 +78,102 @@ class Master:
             self.down_until = now + PAUSE / 1000  # this thread probes; should it fail, the pause goes on
             return False
 
+    def failed(self, error: Exception) -> None:
+        self.timed_out = isinstance(error, RedisTimeoutError)
+        self.down_until = time.monotonic() + PAUSE / 1000
+
+    def answered(self) -> None:
+        if self.down_until:
+            self.down_until = 0.0
+
+
+class _Forcing(threading.local):
+    on = False
+
+
+#: Set while this thread asks masters it would skip (their answers are needed for a majority).
+_forcing = _Forcing()
+
+
+def _guarded(connection_class: type, health: Health) -> type:
+    """``connection_class``, its connections failing at once while ``health`` says skip, and
+    telling ``health`` of their failures: a master down costs the suite's plain commands (wake-up
+    flags, on the first master) no system call while it is skipped."""
+
+    class Guarded(connection_class):  # type: ignore[misc,valid-type]
+        def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+            if self._sock is None and not _forcing.on and health.skipped():
+                raise MasterSkipped(f"master {health.where} failed a moment ago")
+            try:
+                return super().connect_check_health(*args, **kwargs)
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                health.failed(e)
+                raise
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                reply = super().read_response(*args, **kwargs)
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                health.failed(e)
+                raise
+            health.answered()
+            return reply
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{connection_class.__name__}"
+    return Guarded
+
+
+def bounded_client(client: redis.Redis, timeout_ms: float, health: Optional[Health] = None) -> redis.Redis:
+    """A client of the same server as ``client``, with socket timeouts of ``timeout_ms``, no retry
+    after a timeout and one after a broken connection; with ``health``, skipped while it says so.
+
+    A pool of an unusual kind (Sentinel...) that cannot be copied is used as it is.
+    """
+    pool = client.connection_pool
+    seconds = timeout_ms / 1000
+    kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
+    # Sent again once after a connection error (a connection the server closed when it restarted:
+    # our plain commands are safe to repeat), never after a timeout (a stalled server).
+    kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_error=[], retry_on_timeout=False,
+                  retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
+    try:
+        pool.connection_class(**kwargs)  # the settings fit the connection class (nothing connects yet)
+        cls = pool.connection_class if health is None else _guarded(pool.connection_class, health)
+        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=cls, **kwargs))
+    except Exception:  # pragma: no cover  (a pool that takes other settings)
+        return client
+
+
+def drift(ttl_ms: float) -> float:
+    """The clock-drift allowance of a lease of ``ttl_ms``."""
+    return ttl_ms * CLOCK_DRIFT_FACTOR + 2
+
+
+class Master:
+    """One Redlock master, asked over a bounded client (:func:`bounded_client`), skipped a while after it failed."""
+
+    def __init__(self, client: redis.Redis, timeout_ms: float) -> None:
+        self.user_client = client
+        self.health = Health(_where(client))
+        self.client = bounded_client(client, timeout_ms, self.health)
+        self._scripts: dict[str, scripts.Script] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def timed_out(self) -> bool:
+        return self.health.timed_out
+
+    def run(self, text: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run one of our scripts on this master (registered on first use)."""
+        script = self._scripts.get(text)
+        if script is None:
+            with self._lock:
+                script = self._scripts.setdefault(text, scripts.register(self.client, text))
+        return script(keys=keys, args=args)
+
+    def skipped(self) -> bool:
+        return self.health.skipped()
+
     def call(self, fn: Callable[["Master"], Any]) -> Any:
         """``fn(self)``; a connection error or a timeout has the master skipped for a while.
 
@@ -120,11 +182,12 @@ class Master:
         """
         try:
             reply = fn(self)
-        except (RedisConnectionError, RedisTimeoutError) as e:
-            self.timed_out = isinstance(e, RedisTimeoutError)
-            self.down_until = time.monotonic() + PAUSE / 1000
+        except MasterSkipped:
             raise
-        self.down_until = 0.0
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            self.health.failed(e)
+            raise
+        self.health.answered()
         return reply
 
 
@@ -153,20 +216,24 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int)
     """
     out = Replies()
     skipped = []
-    for master in masters:
-        if master.skipped():
-            skipped.append(master)
-            continue
-        try:
-            out.replies.append(master.call(fn))
-        except redis.RedisError as e:
-            out.errors.append(e)
-    if skipped and len(out.errors) + len(skipped) > len(masters) - quorum:
-        for master in skipped:
+    _forcing.on = True  # the skipping is done here: the connections' own check would skip a probe
+    try:
+        for master in masters:
+            if master.skipped():
+                skipped.append(master)
+                continue
             try:
                 out.replies.append(master.call(fn))
             except redis.RedisError as e:
                 out.errors.append(e)
-    else:
-        out.errors += [MasterSkipped(f"master {_where(m.client)} failed a moment ago") for m in skipped]
+        if skipped and len(out.errors) + len(skipped) > len(masters) - quorum:
+            for master in skipped:
+                try:
+                    out.replies.append(master.call(fn))
+                except redis.RedisError as e:
+                    out.errors.append(e)
+        else:
+            out.errors += [MasterSkipped(f"master {m.health.where} failed a moment ago") for m in skipped]
+    finally:
+        _forcing.on = False
     return out

@@ -13,7 +13,8 @@ from the first start to the last end.  Measures take turns within each round:
 * master 2 killed (a refused connection), then started again;
 * master 0 killed: it also holds the wake-up flags;
 * master 2 stalled with SIGSTOP (a master that takes connections and never
-  answers: each call waits ``lock_timeout``), then SIGCONT.
+  answers: each call waits ``lock_timeout``), then SIGCONT;
+* master 0 stalled, the same way.
 
 Each fault's measure is paired with an all-up measure taken just before it;
 prints jobs/s and the median of the per-pair ratios (the target: >= 0.8).
@@ -141,6 +142,7 @@ def main() -> None:
         "master 2 killed": lambda: bench.killed(2),
         "master 0 killed": lambda: bench.killed(0),
         "master 2 stalled (SIGSTOP)": lambda: bench.stalled(2),
+        "master 0 stalled (SIGSTOP)": lambda: bench.stalled(0),
     }
     # Each fault's measure is paired with an all-up measure just before it, and the ratio taken
     # per pair: the machine is shared, and its load drifts more between rounds than within a pair.
