@@ -258,6 +258,10 @@ class Locks:
         replies = self._each(_TRANSFER, name, args)
         if replies.count(bool) >= self.quorum:
             return True
+        # Lost: free what is left of it under either token (a minority's hold would otherwise
+        # stand in the next holder's way until it expires).
+        self._each(_RELEASE, name, [new_token])
+        self._each(_RELEASE, name, [token])
         self._check(replies, "handing over", name)
         return False
 
@@ -292,7 +296,9 @@ class Locks:
         try:
             flagged = first.call(lambda master: master.client.zscore(flags, member)) is not None
         except redis.RedisError:
-            flagged = True  # cannot tell: assume someone waits, the caller asks the database
+            # Cannot tell: assume someone waits (the caller asks the database), and that the lock
+            # is still held: if it is not, handing it on fails (transfer), as asking would have.
+            return KEPT
         if flagged:
             if self.ttl(name, token) > 0:
                 return KEPT

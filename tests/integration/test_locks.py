@@ -243,3 +243,23 @@ def test_a_dead_or_stalled_master_is_asked_over_a_bounded_client_and_then_skippe
         assert locks.acquire("job", 5_000)[0] is not None
     finally:
         os.kill(masters[1].process.pid, signal.SIGCONT)
+
+
+def test_a_lock_held_by_a_minority_is_freed_there_when_its_holder_finds_it_lost(masters):
+    """Given a holder whose lock survives on one master of three only (the others lost it: expired,
+    restarted), When it hands the lock on or releases it with a waiter flagged, Then the hand-over
+    fails and the minority's copy is freed at once, not left in the next holder's way until it expires."""
+    given = clients(masters)
+    locks = Locks(given)
+    token, _ = locks.acquire("job", 30_000)
+    for client in given[1:]:
+        client.delete("redlock:job")
+    assert not locks.transfer("job", token, new_token(), 30_000)
+    assert given[0].get("redlock:job") is None
+    assert locks.acquire("job", 30_000)[0] is not None
+    token, _ = locks.acquire("other", 30_000)
+    for client in given[1:]:
+        client.delete("redlock:other")
+    given[0].zadd("flags", {"lock:other": 1})
+    assert locks.release_unless("other", token, "flags", "lock:other") == NOT_HELD
+    assert given[0].get("redlock:other") is None
