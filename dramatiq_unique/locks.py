@@ -127,9 +127,11 @@ class Locks:
 
     # -- several masters: run a script on each, count the answers ----------------------
 
-    def _each(self, text: str, name: str, args: list) -> Replies:
+    def _each(self, text: str, name: str, args: list, force: bool = True) -> Replies:
+        """``text`` on every master; ``force=False`` for a clean-up, which skips a master that failed
+        a moment ago even if the others make no majority (it decides nothing)."""
         keys = [f"{KEY_PREFIX}:{name}"]
-        return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum)
+        return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum, force)
 
     def _check(self, replies: Replies, doing: str, name: str) -> None:
         """Raise if too many masters failed for a majority to be reached (pottery's QuorumIsImpossible)."""
@@ -168,7 +170,7 @@ class Locks:
             return token, None
         if replies.count(lambda r: r == 1) or any(not isinstance(e, MasterSkipped) for e in replies.errors):
             # Not taken: free what was taken (on every master asked: one whose reply was lost may hold it).
-            self._each(_RELEASE, name, [token])
+            self._each(_RELEASE, name, [token], force=False)
         self._check(replies, "taking", name)
         holders = [r for r in replies.replies if isinstance(r, bytes)]
         holder = max(set(holders), key=holders.count) if holders else None
@@ -260,8 +262,8 @@ class Locks:
             return True
         # Lost: free what is left of it under either token (a minority's hold would otherwise
         # stand in the next holder's way until it expires).
-        self._each(_RELEASE, name, [new_token])
-        self._each(_RELEASE, name, [token])
+        self._each(_RELEASE, name, [new_token], force=False)
+        self._each(_RELEASE, name, [token], force=False)
         self._check(replies, "handing over", name)
         return False
 

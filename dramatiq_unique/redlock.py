@@ -207,12 +207,13 @@ class Replies:
         return sum(1 for reply in self.replies if predicate(reply))
 
 
-def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int) -> Replies:
+def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int, force: bool = True) -> Replies:
     """``fn(master)`` on every master in turn; each costs at most its bounded client's timeout.
 
     A master that failed a moment ago is skipped, counted as failed,
-    unless the others cannot reach ``quorum`` without it: then it is asked
-    too (it may be back).
+    unless the others cannot reach ``quorum`` without it and ``force``:
+    then it is asked too (it may be back), if it refused (fast to fail)
+    rather than timed out.
     """
     out = Replies()
     skipped = []
@@ -226,14 +227,16 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int)
                 out.replies.append(master.call(fn))
             except redis.RedisError as e:
                 out.errors.append(e)
-        if skipped and len(out.errors) + len(skipped) > len(masters) - quorum:
-            for master in skipped:
-                try:
-                    out.replies.append(master.call(fn))
-                except redis.RedisError as e:
-                    out.errors.append(e)
-        else:
-            out.errors += [MasterSkipped(f"master {m.health.where} failed a moment ago") for m in skipped]
+        if not (force and len(out.errors) + len(skipped) > len(masters) - quorum):
+            skipped, left_out = [], skipped
+        else:  # a stalled master is not waited for again before its pause is over: it fails slowly
+            skipped, left_out = [m for m in skipped if not m.timed_out], [m for m in skipped if m.timed_out]
+        for master in skipped:
+            try:
+                out.replies.append(master.call(fn))
+            except redis.RedisError as e:
+                out.errors.append(e)
+        out.errors += [MasterSkipped(f"master {m.health.where} failed a moment ago") for m in left_out]
     finally:
         _forcing.on = False
     return out
