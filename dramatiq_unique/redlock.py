@@ -17,9 +17,12 @@ A master that failed is then skipped, as if it had failed again, for
 :data:`PAUSE` ms before one thread asks it again: a stalled master costs
 one timeout per pause, not one per lock operation, and a dead one a
 refused connection per pause (under load, even that costs its thread a
-turn at the GIL per system call).  Skipping a master never
-weakens a lock: the quorum is counted over all of them, and a skipped
-master is asked anyway when the others cannot make a majority.
+turn at the GIL per system call).  The skip guards the bounded client's
+own connections too, so the suite's plain commands on the first master
+(wake-up flags, slots) skip it as well.  Skipping a master never weakens
+a lock: the quorum is counted over all of them, and a skipped master that
+had refused (a restarted one may be back) is asked anyway when the others
+cannot make a majority.
 """
 
 from __future__ import annotations
