@@ -263,3 +263,27 @@ def test_a_lock_held_by_a_minority_is_freed_there_when_its_holder_finds_it_lost(
     given[0].zadd("flags", {"lock:other": 1})
     assert locks.release_unless("other", token, "flags", "lock:other") == NOT_HELD
     assert given[0].get("redlock:other") is None
+
+
+def test_lock_timeout_bounds_the_masters_and_the_first_masters_plain_state(broker, sqlite_url, key_prefix, masters):
+    """Given three masters and lock_timeout=250, Then each master and the suite's plain Redis state (the
+    first master: slots, wake-up flags) go over bounded clients; with one server, the client given is used."""
+    suite = dramatiq_unique.setup(broker, database=sqlite_url, key_prefix=key_prefix, redriver=False,
+                                  redis=[s.url for s in masters], lock_timeout=250)
+    try:
+        assert suite.redis is suite.locks.nodes[0].client
+        for node in suite.locks.nodes:
+            assert node.client.connection_pool.connection_kwargs["socket_timeout"] == 0.25
+        assert suite.redis.ping()
+    finally:
+        suite.db.close()
+    for bad in (0, -1, "100"):
+        with pytest.raises(dramatiq_unique.InvalidOption, match="lock_timeout"):
+            dramatiq_unique.setup(broker, database=sqlite_url, key_prefix=key_prefix, redriver=False,
+                                  redis=[s.url for s in masters], lock_timeout=bad)
+    given = redis.Redis.from_url(masters[0].url)
+    one = dramatiq_unique.setup(broker, database=sqlite_url, key_prefix=key_prefix, redriver=False, redis=given)
+    try:
+        assert one.redis is given and one.locks.single
+    finally:
+        one.db.close()
