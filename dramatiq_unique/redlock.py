@@ -20,9 +20,9 @@ refused connection per pause (under load, even that costs its thread a
 turn at the GIL per system call).  The skip guards the bounded client's
 own connections too, so the suite's plain commands on the first master
 (wake-up flags, slots) skip it as well.  Skipping a master never weakens
-a lock: the quorum is counted over all of them, and a skipped master that
-had refused (a restarted one may be back) is asked anyway when the others
-cannot make a majority.
+a lock: the quorum is counted over all of them, and a skipped master is
+asked anyway (it may be back) when the others cannot make a majority (a
+stalled one by one thread at a time).
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ class Health:
         self.down_until = 0.0
         #: Whether its last failure was a timeout (a stalled master), not a refused connection.
         self.timed_out = False
+        #: Whether a thread is asking it again while it is skipped (one at a time).
+        self.probing = False
         self._lock = threading.Lock()
 
     def skipped(self) -> bool:
@@ -80,6 +82,14 @@ class Health:
                 return True
             self.down_until = now + PAUSE / 1000  # this thread probes; should it fail, the pause goes on
             return False
+
+    def probe(self) -> bool:
+        """Claim the one probe of a stalled master allowed at a time (see :func:`ask_all`)."""
+        with self._lock:
+            if self.probing:
+                return False
+            self.probing = True
+            return True
 
     def failed(self, error: Exception) -> None:
         self.timed_out = isinstance(error, RedisTimeoutError)
@@ -215,8 +225,8 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int,
 
     A master that failed a moment ago is skipped, counted as failed,
     unless the others cannot reach ``quorum`` without it and ``force``:
-    then it is asked too (it may be back), if it refused (fast to fail)
-    rather than timed out.
+    then it is asked too (it may be back); one that timed out (slow to
+    fail) by one thread at a time, the others counting it as failed.
     """
     out = Replies()
     skipped = []
@@ -232,13 +242,16 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int,
                 out.errors.append(e)
         if not (force and len(out.errors) + len(skipped) > len(masters) - quorum):
             skipped, left_out = [], skipped
-        else:  # a stalled master is not waited for again before its pause is over: it fails slowly
-            skipped, left_out = [m for m in skipped if not m.timed_out], [m for m in skipped if m.timed_out]
+        else:  # a master that timed out fails slowly: one thread at a time asks it (it may have resumed)
+            left_out = [m for m in skipped if m.timed_out and not m.health.probe()]
+            skipped = [m for m in skipped if m not in left_out]
         for master in skipped:
             try:
                 out.replies.append(master.call(fn))
             except redis.RedisError as e:
                 out.errors.append(e)
+            finally:
+                master.health.probing = False
         out.errors += [MasterSkipped(f"master {m.health.where} failed a moment ago") for m in left_out]
     finally:
         _forcing.on = False
