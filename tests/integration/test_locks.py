@@ -1,4 +1,4 @@
-"""Locks over three Redis masters (dramatiq_unique.locks, pottery's Redlock), with masters stopped.
+"""Locks over three Redis masters (dramatiq_unique.locks and redlock: Redlock), with masters stopped or stalled.
 
 Each test starts its own three ``redis-server`` processes on free loopback
 ports in 6401-6409 (nothing persisted) and stops them afterwards; the
@@ -7,6 +7,8 @@ shared Redis only carries the broker.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -18,7 +20,7 @@ import pytest
 import redis
 
 import dramatiq_unique
-from dramatiq_unique import RedisUnavailable, current_job, heartbeat
+from dramatiq_unique import RedisUnavailable, current_job, heartbeat, redlock
 from dramatiq_unique.locks import KEPT, NOT_HELD, RELEASED, Locks, new_token
 from tests.helpers import wait_until
 
@@ -217,11 +219,6 @@ def test_a_dead_or_stalled_master_is_asked_over_a_bounded_client_and_then_skippe
     """Given clients with redis-py's own defaults (5 s timeouts, retries with back-off), When one master
     of three is stalled (SIGSTOP), Then locks still work, the stalled master is asked with lock_timeout
     and no retry after a timeout, and is skipped for a while after it failed, whatever client was given."""
-    import os
-    import signal
-
-    from dramatiq_unique import redlock
-
     given = [redis.Redis(host="127.0.0.1", port=s.port) for s in masters]
     locks = Locks(given, timeout_ms=50)
     for node in locks.nodes:
