@@ -5,13 +5,16 @@ the first send may have run, its reply lost.  Each script must then
 recognise its caller's token and answer as the first send would have.
 
 Two kinds of test: each script called twice with the same token (on the
-shared Redis under the test's own key prefix), and the lost reply itself,
+shared Redis under the test's own key prefix), and the lost reply itself:
 made by a link that reads the server's reply and then breaks as a reset
-connection would (the server ran the call; the caller never heard).
+connection would (the server ran the call; the caller never heard), and
+over the network, by a proxy that drops a reply and closes the connection.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 from typing import Any, Iterator
 
 import pytest
@@ -193,3 +196,90 @@ def test_a_script_is_not_sent_again_over_a_connection_that_never_opened(monkeypa
         script()
     assert len(connects) == 1
 
+
+
+class LossyProxy:
+    """A TCP proxy to a redis-server that, once armed, drops the next reply and closes the client's
+    connection: the server ran the call, the reply never arrived."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.armed = False
+        self.lost = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if replies and self.armed:
+                    self.armed, self.lost = False, self.lost + 1
+                    break  # the reply is dropped with the connection
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def proxy() -> Iterator[tuple[LossyProxy, RedisServer]]:
+    server = RedisServer().start()
+    lossy = LossyProxy(server.port)
+    try:
+        yield lossy, server
+    finally:
+        lossy.close()
+        server.stop()
+
+
+def test_over_the_network_a_lost_acquire_reply_is_sent_again_and_the_lock_is_its_own(proxy):
+    lossy, server = proxy
+    locks = Locks([redis.Redis(port=lossy.port)])
+    direct = redis.Redis(port=server.port)
+    assert locks.acquire("warm", 1_000)[0]  # the connection is open: a break on it is resent
+    token = new_token()
+    lossy.armed = True
+    assert locks.acquire("job", 5_000, token) == (token, None)
+    assert lossy.lost == 1 and direct.get(f"{KEY_PREFIX}:job") == token.encode()
+    fresh = new_token()
+    lossy.armed = True
+    assert locks.transfer("job", token, fresh, 5_000), "a lost transfer's repeat finds the new token"
+    assert lossy.lost == 2 and direct.get(f"{KEY_PREFIX}:job") == fresh.encode()
+
+
+def test_over_the_network_a_lost_slot_enter_reply_takes_one_slot(broker, sqlite_url, key_prefix, proxy):
+    lossy, _ = proxy
+    suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=f"redis://127.0.0.1:{lossy.port}/0",
+                                  key_prefix=key_prefix, redriver=False)
+    try:
+        gate, group = gate_of(suite), "slot:network:all"
+        # The connection is open and the server knows the script (a lost NOSCRIPT would prove nothing).
+        assert gate.enter("slot:warm:all", new_token(), 1_000, 1, None)[0]
+        lossy.armed = True
+        assert gate.enter(group, new_token(), 5_000, 1, None) == (True, 0)
+        assert lossy.lost == 1 and gate.status(group, 1)[0] == 1, "one slot, not two"
+        assert gate.enter(group, new_token(), 5_000, 1, None)[0] is False
+    finally:
+        suite.db.close()
