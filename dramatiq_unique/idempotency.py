@@ -1,8 +1,10 @@
 """Idempotency keys: :func:`submit` returns the same job for the same key.
 
 The key is held in the job row's ``idempotency_hold`` column, under a
-unique index, so concurrent submits with one key create exactly one job
-on SQLite and PostgreSQL alike.  A key is scoped to ``(actor, owner)``
+unique index on ``(app, idempotency_hold)``, so concurrent submits with
+one key create exactly one job on SQLite and PostgreSQL alike, and two
+apps that share the database never see each other's keys.  A key is
+scoped to ``(app, actor, owner)``
 and lives for the idempotency window (setting ``idempotency_window``,
 or the actor option of the same name); after it, the key may make a new
 job.
@@ -61,7 +63,7 @@ def submit(
         if owner is not None and len(owner) > MAX_KEY_LENGTH:
             raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
         hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
-        existing = store.get(model, idempotency_hold=hold)
+        existing = store.get(model, app=config.app, idempotency_hold=hold)  # another app's key is not ours
         if existing is not None:
             window = config.get({}, "idempotency_window", suite.settings.idempotency_window)
             if existing.created_at > after_ms(-window):
