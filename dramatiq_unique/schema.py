@@ -16,8 +16,10 @@ declaration):
    otherwise keep both up to date).
 
 Rows with ``app = ''`` are adopted by the first re-drive pass of the app
-that declares their actor (scope.py).  Each step is idempotent and safe
-when several processes open the table at once.  On a large PostgreSQL
+that declares their actor (scope.py).  Each step is idempotent, and the
+steps run in one transaction, under an advisory lock on PostgreSQL (its
+``IF NOT EXISTS`` is not safe against a concurrent creation) and under
+SQLite's write lock: several processes starting at once take turns.  On a large PostgreSQL
 table, step 2 holds writes back while it builds the indexes (a plain
 ``CREATE INDEX``): create them beforehand with ``CREATE INDEX
 CONCURRENTLY`` under the same names to avoid that.
@@ -25,6 +27,7 @@ CONCURRENTLY`` under the same names to avoid that.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -47,8 +50,20 @@ OLD_INDEXES = (
 )
 
 
+#: The PostgreSQL advisory lock that set-ups of the job tables take turns on.
+LOCK_ID = int.from_bytes(hashlib.sha256(b"dramatiq_unique.schema").digest()[:8], "big", signed=True)
+
+
 def create_or_migrate(model: type["JobModel"]) -> None:
     """Create ``model``'s table and indexes if missing; migrate a table of an earlier version."""
+    db = model._meta.database
+    with db.atomic():
+        if isinstance(db, pw.PostgresqlDatabase):
+            db.execute_sql("SELECT pg_advisory_xact_lock(%s)", [LOCK_ID])
+        _create_or_migrate(model)
+
+
+def _create_or_migrate(model: type["JobModel"]) -> None:
     db = model._meta.database
     model._schema.create_table(safe=True)
     added = _add_app_column(model)
@@ -72,12 +87,8 @@ def _add_app_column(model: type["JobModel"]) -> bool:
     table = _quoted(db, model._meta.table_name, model._meta.schema)
     column = _quoted(db, APP_COLUMN)
     if_missing = "IF NOT EXISTS " if isinstance(db, pw.PostgresqlDatabase) else ""
-    try:
-        db.execute_sql(f"ALTER TABLE {table} ADD COLUMN {if_missing}{column} VARCHAR(255) NOT NULL DEFAULT ''")
-    except pw.OperationalError:
-        if APP_COLUMN in _columns(model):
-            return False  # another process added it meanwhile (SQLite: "duplicate column name")
-        raise
+    # Under the lock of create_or_migrate: nobody adds it meanwhile.
+    db.execute_sql(f"ALTER TABLE {table} ADD COLUMN {if_missing}{column} VARCHAR(255) NOT NULL DEFAULT ''")
     return True
 
 
