@@ -138,7 +138,8 @@ class _Pass:
             for _ in range(MAX_PAGES):
                 if self.broker_down:
                     return
-                rows = claims.claim_page(model, claims.due(model, status, utcnow()) & self.scope.where(model), self.page)
+                cond = claims.due(model, status, utcnow()) & self.scope.where(model)
+                rows = claims.claim_page(model, cond, self.page)
                 if rows:
                     self.counts.sent += self._publish(model, rows, revert_to=status)
                     self._keep_lock()

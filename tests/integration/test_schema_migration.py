@@ -1,4 +1,4 @@
-"""A job table made by an earlier version (no ``app`` column) brought up to date by setup(), on SQLite and PostgreSQL."""
+"""A job table of an earlier version (no ``app`` column) brought up to date by setup(), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def insert_legacy(db, actor_name: str, status: str = "pending", hold: str | None
     now = utcnow()
     db.execute_sql(
         'INSERT INTO "dramatiq_unique_jobs" ("message_id", "actor_name", "queue_name", "args", "kwargs", "options", '
-        '"unique_key", "unique_hold", "status", "attempts", "revision", "created_at", "process_after", "fencing_token") '
+        '"unique_key", "unique_hold", "status", "attempts", "revision", "created_at", "process_after", '
+        '"fencing_token") '
         f"VALUES ({', '.join([db.param] * 14)})",
         [message_id, actor_name, "default", "[1]", "{}", "{}", hold, hold, status, 0, 0, now, now, 0],
     )
@@ -116,6 +117,31 @@ def test_setup_migrates_a_table_of_the_earlier_version(legacy_db, database_url, 
                                       redriver=False)
         assert index_names(again.db) == names
         again.db.close()
+    finally:
+        broker.flush_all()
+        broker.close()
+        suite.db.close()
+
+
+def test_an_idempotency_key_of_the_earlier_version_returns_its_job(legacy_db, database_url, key_prefix):
+    """A client retrying across the upgrade gets the job the earlier version made, before
+    any pass adopted it."""
+    from dramatiq_unique.keys import idempotency_hold
+
+    message_id = insert_legacy(legacy_db, "job", status="queued")
+    hold = idempotency_hold("job", "alice", "req-1")
+    legacy_db.execute_sql(
+        'UPDATE "dramatiq_unique_jobs" SET "idempotency_key" = {p}, "owner" = {p}, "idempotency_hold" = {p} '
+        'WHERE "message_id" = {p}'.format(p=legacy_db.param),
+        ["req-1", "alice", hold, message_id],
+    )
+    broker = RedisBroker(url=REDIS_URL, namespace=f"{key_prefix}-broker")
+    suite = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+    try:
+        job = dramatiq.actor(lambda n: n, broker=broker, actor_name="job", track=True)
+        found, created = dramatiq_unique.submit(job, 1, idempotency_key="req-1", owner="alice")
+        assert (found.message_id, created) == (message_id, False)
+        assert broker_messages(broker) == []
     finally:
         broker.flush_all()
         broker.close()
