@@ -101,6 +101,7 @@ class _Pass:
         self.broker = broker
         self.lock_token = lock_token
         self.scope = scope
+        self.lock_name = scope.lock_name()
         self.counts = RedriveCounts()
         self.started = utcnow()
         self.page = int(suite.settings.redrive_page_size)
@@ -119,7 +120,7 @@ class _Pass:
     def _keep_lock(self) -> None:
         if self.lock_token is None:
             return
-        if not self.suite.locks.extend(self.scope.lock_name(), self.lock_token, PASS_LOCK_TTL):
+        if not self.suite.locks.extend(self.lock_name, self.lock_token, PASS_LOCK_TTL):
             # Harmless for correctness (claims are conditional); another pass may start.
             logger.warning("The re-drive lock expired during a pass.")
 

@@ -88,6 +88,9 @@ class Scope:
         digest = hashlib.sha256("\n".join(names).encode("utf-8")).hexdigest()[:16]
         return f"{self.suite.keys.redrive_lock()}:{digest}"
 
+    def __repr__(self) -> str:
+        return f"<Scope app={self.app!r} actors={sum(len(n) for n in self.actors.values())}>"
+
     def adopt(self, model: type[JobModel], page: int, max_pages: int) -> int:
         """Give rows without an app (``app = ''``) of this scope's actors this app; returns how many.
 
