@@ -98,7 +98,7 @@ class Scope:
         ones, at most ``max_pages`` pages of each per pass.
         """
         names = self.actors.get(model, ())
-        if not names:
+        if not names or self.app == NO_APP:  # key_prefix "": such rows are this app's already
             return 0
         adopted = 0
         legacy = (model.app == NO_APP) & model.actor_name.in_(names)
