@@ -12,8 +12,9 @@ the Redis-side sequence, never a clock.
   or ``end`` after it resumed, that event stretches its hold over the newer attempt and the
   overlap is found.
 - A run is **cut** if a fault could have ended it before its outcome was recorded: its process was
-  killed or stopped while it was open (no ``done`` yet), or a global fault (``fault`` event: the
-  database or the broker's Redis going down) happened while it was open.
+  killed or stopped while it was open (no ``done`` yet), or it was open at some point of a global
+  fault's window (from a ``fault`` event, the database or the broker's Redis going down, to the
+  next ``back`` event).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def parse(events: Iterable[dict]) -> Log:
     runs: list[Run] = []
     open_runs: dict[tuple, Run] = {}  # (pid, tid, job) -> run without its done yet
     faults = []
+    window = False  # between a fault and its back: every run that starts is exposed to it
     for e in events:
         kind = e["event"]
         if kind == "start":
@@ -87,6 +89,8 @@ def parse(events: Iterable[dict]) -> Log:
             run = Run(pid=e["pid"], tid=e["tid"], job=e["job"], kind=e["kind"], key=e["key"], token=e["token"],
                       attempt=e["attempt"], start=e["seq"], t_start=e["t"])
             assert key not in open_runs, f"a thread started a job it was running: {e} beside {open_runs[key]}"
+            if window:
+                run.faulted = e["seq"]
             open_runs[key] = run
             runs.append(run)
         elif kind in ("beat", "lost", "end"):
@@ -110,11 +114,14 @@ def parse(events: Iterable[dict]) -> Log:
                     run.stopped = e["seq"]
         elif kind == "fault":
             faults.append(e)
+            window = True
             for run in open_runs.values():
                 if run.faulted is None:
                     run.faulted = e["seq"]
         else:
             faults.append(e)
+            if kind == "back":
+                window = False
     return Log(events, runs, faults)
 
 
