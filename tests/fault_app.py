@@ -11,6 +11,8 @@ Configured by ``DU_*`` variables (the test passes the same values to its own :fu
 ``DU_TTL``                  ``unique_ttl`` and ``concurrency_ttl`` (ms)
 ``DU_LIMIT``                the slot actor's ``concurrency_limit``
 ``DU_HEARTBEAT_TIMEOUT``    the broker's ``heartbeat_timeout`` (ms): how soon a killed worker counts as dead
+``DU_MAINTENANCE_CHANCE``   the broker's ``maintenance_chance`` (per million commands; Dramatiq's default 1000):
+                            how soon some consumer hands a dead worker's messages back, as in a busy cluster
 
 Every run writes events to one Redis list, ``<key prefix>:events``, in one
 server-side order (a Lua script draws a sequence number with INCR and appends
@@ -138,6 +140,7 @@ def build(env: Mapping[str, str]) -> App:
     limit = int(env.get("DU_LIMIT", "2"))
     broker = RedisBroker(url=broker_url, namespace=env["DU_NAMESPACE"],
                          heartbeat_timeout=int(env.get("DU_HEARTBEAT_TIMEOUT", "3000")),
+                         maintenance_chance=int(env.get("DU_MAINTENANCE_CHANCE", "1000")),
                          socket_timeout=5, socket_connect_timeout=5)
     dramatiq.set_broker(broker)
     suite = dramatiq_unique.setup(broker, database=env["DU_DATABASE_URL"], redis=lock_url,

@@ -28,7 +28,7 @@ def prefix() -> str:
 
 def fault_env(*, broker_url: str, database_url: str, key_prefix: str, lock_url: Optional[str] = None,
               log_url: Optional[str] = None, ttl: int = 1_000, limit: int = 2, heartbeat_timeout: int = 3_000,
-              lost_after: int = 300) -> dict[str, str]:
+              lost_after: int = 300, maintenance_chance: int = 1_000) -> dict[str, str]:
     """The ``DU_*`` variables of tests/fault_app.py, for the test's own build() and its workers."""
     env = {
         "DU_REDIS_URL": broker_url,
@@ -41,6 +41,7 @@ def fault_env(*, broker_url: str, database_url: str, key_prefix: str, lock_url: 
         # is a dead worker, whose unacknowledged messages go back to the queue.
         "DU_HEARTBEAT_TIMEOUT": str(heartbeat_timeout),
         "DU_LOST_AFTER": str(lost_after),
+        "DU_MAINTENANCE_CHANCE": str(maintenance_chance),
     }
     if lock_url:
         env["DU_LOCK_REDIS_URL"] = lock_url
@@ -212,6 +213,15 @@ def open_runs_by_pid(log: fault_app.EventLog, pids: list[int], kind: Optional[st
                 and (kind is None or run.kind == kind):
             out[run.pid].append(run)
     return out
+
+
+def read_events(app: fault_app.App, directory: Path) -> list[dict]:
+    """The event log, also written to ``directory/events.txt`` (one event a line) for a post-mortem."""
+    events = app.log.read()
+    with open(directory / "events.txt", "w") as f:
+        for e in events:
+            f.write(" ".join(f"{k}={v}" for k, v in e.items()) + "\n")
+    return events
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:

@@ -23,7 +23,7 @@ import pytest
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import Fleet, Redriver, fault_env, prefix, report, wait_all_succeeded, wait_for
+from tests.faults.harness import Fleet, Redriver, fault_env, prefix, read_events, report, wait_all_succeeded, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_the_brokers_redis_crashes_under_load_and_comes_back_empty(tmp_path):
         rows = wait_all_succeeded(app, timeout=60)
         time.sleep(1.0)
         fleet.close()
-        log = ev.parse(app.log.read())
+        log = ev.parse(read_events(app, tmp_path))
         redriven = redriver.counts.get("redriven", 0)
 
     for e in refused:

@@ -20,7 +20,7 @@ import pytest
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (Fleet, Redriver, fault_env, open_runs_by_pid, prefix, report, wait_all_succeeded,
+from tests.faults.harness import (Fleet, Redriver, fault_env, open_runs_by_pid, prefix, read_events, report, wait_all_succeeded,
                                   wait_for)
 
 pytestmark = pytest.mark.slow
@@ -82,7 +82,7 @@ def test_workers_sigkilled_again_and_again_under_load(name, tmp_path):
         rows = wait_all_succeeded(app, timeout=60)
         time.sleep(1.0)  # a job that would run again after it succeeded has the time to show it
         fleet.close()
-        log = ev.parse(app.log.read())
+        log = ev.parse(read_events(app, tmp_path))
     jobs = {r.message_id for r in rows}
     ev.check_holders(log, {kind: allowed})
     figures = ev.check_reruns(log, jobs)

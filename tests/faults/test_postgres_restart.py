@@ -25,7 +25,7 @@ from dramatiq_unique import DatabaseUnavailable
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import Fleet, Redriver, fault_env, prefix, report, wait_all_succeeded, wait_for
+from tests.faults.harness import Fleet, Redriver, fault_env, prefix, read_events, report, wait_all_succeeded, wait_for
 from tests.servers import PostgresCluster
 
 pytestmark = pytest.mark.slow
@@ -88,7 +88,7 @@ def test_postgresql_restarts_under_load(tmp_path):
         rows = wait_all_succeeded(app, timeout=60)
         time.sleep(1.0)
         fleet.close()
-        log = ev.parse(app.log.read())
+        log = ev.parse(read_events(app, tmp_path))
 
     assert not failed, f"a send raised something else than DatabaseUnavailable: {failed[0]!r}"
     assert set(sent) <= {r.message_id for r in rows}, "every send that returned has its row"
