@@ -1,7 +1,7 @@
 """The broker's Redis crashing under load, and coming back empty.
 
-The broker runs on a redis-server of the test's own, without persistence; locks, slots, parking
-and the event log on a second one that stays up.  A producer sends tracked and while_executing
+The broker runs on a redis-server of the test's own, without persistence; the event log on a
+second one that stays up, and the suite's locks, slots and parking on either (two cases).  A producer sends tracked and while_executing
 jobs while two `dramatiq` worker groups run them; when a third of them ran, the test SIGKILLs the
 broker's redis-server and starts it again, empty, on the same port, a second later.  Every
 message it held is gone: queued, delayed, prefetched and unacknowledged alike.  Re-drive passes
@@ -32,7 +32,11 @@ SENDS = 30  # sent one by one across the crash
 KEYS = 6
 
 
-def test_the_brokers_redis_crashes_under_load_and_comes_back_empty(tmp_path):
+@pytest.mark.parametrize("locks", ["apart", "on-the-broker"])
+def test_the_brokers_redis_crashes_under_load_and_comes_back_empty(locks, tmp_path):
+    """``apart``: the suite's locks on the Redis that stays up.  ``on-the-broker``: one Redis for
+    the broker and the suite (the usual set-up), so the crash loses the held execution locks too;
+    the event log stays on the other server."""
     sent: list[str] = []
     refused: list[BaseException] = []
     with contextlib.ExitStack() as cleanup:
@@ -40,7 +44,8 @@ def test_the_brokers_redis_crashes_under_load_and_comes_back_empty(tmp_path):
         cleanup.callback(broker_server.stop)
         lock_server = RedisServer().start()
         cleanup.callback(lock_server.stop)
-        env = fault_env(broker_url=broker_server.url, lock_url=lock_server.url,
+        env = fault_env(broker_url=broker_server.url,
+                        lock_url=lock_server.url if locks == "apart" else broker_server.url, log_url=lock_server.url,
                         database_url=f"sqlite:///{tmp_path / 'jobs.db'}", key_prefix=prefix())
         app = fault_app.build(env)
         cleanup.callback(app.close)
@@ -92,6 +97,6 @@ def test_the_brokers_redis_crashes_under_load_and_comes_back_empty(tmp_path):
     figures = ev.check_reruns(log, {r.message_id for r in rows})
     ev.check_no_run_after_success(log)
     last_done = max(r.t_done for r in log.runs if r.t_done is not None)
-    report(figures.line("broker-redis-crash", 1, last_done - log.seq_time(crash), refused=len(refused),
+    report(figures.line(f"broker-redis-crash-locks-{locks}", 1, last_done - log.seq_time(crash), refused=len(refused),
                         refused_as="/".join(sorted({type(e).__name__ for e in refused})) or "-",
                         redriven=redriven, down_s=round(log.seq_time(back) - log.seq_time(crash), 1)))
