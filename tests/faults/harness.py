@@ -11,7 +11,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
@@ -242,13 +242,3 @@ def report(line: str) -> None:
     if path:
         with open(path, "a") as f:
             f.write(line + "\n")
-
-
-@contextlib.contextmanager
-def closing_all(*closers: Callable[[], Any]) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        for close in closers:
-            with contextlib.suppress(Exception):
-                close()

@@ -1,9 +1,10 @@
 """The broker's Redis crashing under load, and coming back empty.
 
 The broker runs on a redis-server of the test's own, without persistence; the event log on a
-second one that stays up, and the suite's locks, slots and parking on either (two cases).  A producer sends tracked and while_executing
-jobs while two `dramatiq` worker groups run them; when a third of them ran, the test SIGKILLs the
-broker's redis-server and starts it again, empty, on the same port, a second later.  Every
+second one that stays up, and the suite's locks, slots and parking on either (two cases).  Forty
+tracked and while_executing jobs are sent at once, and a producer sends thirty more one by one,
+while two `dramatiq` worker groups run them; when ten ran, the test SIGKILLs the broker's
+redis-server and starts it again, empty, on the same port, a second later.  Every
 message it held is gone: queued, delayed, prefetched and unacknowledged alike.  Re-drive passes
 (``lost_after`` 300 ms) run in the test process.
 
@@ -23,7 +24,8 @@ import pytest
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import Fleet, Redriver, fault_env, prefix, read_events, report, wait_all_succeeded, wait_for
+from tests.faults.harness import (Fleet, Redriver, fault_env, prefix, read_events, report, wait_all_succeeded,
+                                  wait_for)
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,8 @@ import dramatiq_unique
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (Fleet, Redriver, fault_env, open_runs_by_pid, prefix, read_events, report, rows as rows_of,
-                                  wait_all_succeeded, wait_for)
+from tests.faults.harness import (Fleet, Redriver, fault_env, open_runs_by_pid, prefix, read_events, report,
+                                  rows as rows_of, wait_all_succeeded, wait_for)
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ import pytest
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (Fleet, Redriver, fault_env, open_runs_by_pid, prefix, read_events, report, wait_all_succeeded,
-                                  wait_for)
+from tests.faults.harness import (Fleet, Redriver, fault_env, open_runs_by_pid, prefix, read_events, report,
+                                  wait_all_succeeded, wait_for)
 
 pytestmark = pytest.mark.slow
 

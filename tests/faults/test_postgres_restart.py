@@ -25,7 +25,8 @@ from dramatiq_unique import DatabaseUnavailable
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import Fleet, Redriver, fault_env, prefix, read_events, report, wait_all_succeeded, wait_for
+from tests.faults.harness import (Fleet, Redriver, fault_env, prefix, read_events, report, wait_all_succeeded,
+                                  wait_for)
 from tests.servers import PostgresCluster
 
 pytestmark = pytest.mark.slow
