@@ -1,7 +1,7 @@
 """Worker processes SIGKILLed again and again under load, for unique, while_executing and slot actors.
 
 Two `dramatiq` worker groups (one process, three threads each) run jobs of a few keys (tenants, for
-the slot actor) while a producer sends them; the test SIGKILLs a worker process that is running a
+the slot actor; the unique actor's job table on PostgreSQL, the others' on SQLite) while a producer sends them; the test SIGKILLs a worker process that is running a
 job, four times, and starts a replacement each time.  Re-drive passes run in the test process.
 
 Asserted from the event log: every job's row succeeded; no key ever had more runs holding it than
@@ -32,24 +32,25 @@ KILLS = 4
 TTL = 1_000
 
 #: actor attribute of the app, its kind in the log, how many runs may hold one key at once, keys
-#: (until_and_while_executing accepts one waiting job per key: more keys, so that most sends are jobs)
+#: (until_and_while_executing accepts one waiting job per key: more keys, so that most sends are
+#: jobs), and the job table: PostgreSQL (a schema of the test's own) for one, SQLite for the others
 KINDS = {
-    "unique": ("unique", "unique", 1, 16),
-    "while_executing": ("while_executing", "while", 1, KEYS),
-    "slot": ("slot", "slot", LIMIT, KEYS),
+    "unique": ("unique", "unique", 1, 16, "postgres"),
+    "while_executing": ("while_executing", "while", 1, KEYS, "sqlite"),
+    "slot": ("slot", "slot", LIMIT, KEYS, "sqlite"),
 }
 
 
 @pytest.mark.parametrize("name", list(KINDS))
-def test_workers_sigkilled_again_and_again_under_load(name, tmp_path):
-    attr, kind, allowed, keys = KINDS[name]
+def test_workers_sigkilled_again_and_again_under_load(name, tmp_path, request):
+    attr, kind, allowed, keys, database = KINDS[name]
+    database_url = request.getfixturevalue("pg_url") if database == "postgres" else f"sqlite:///{tmp_path / 'jobs.db'}"
     sent: list[str] = []
     errors: list[BaseException] = []
     with contextlib.ExitStack() as cleanup:
         server = RedisServer().start()
         cleanup.callback(server.stop)
-        env = fault_env(broker_url=server.url, database_url=f"sqlite:///{tmp_path / 'jobs.db'}",
-                        key_prefix=prefix(), ttl=TTL, limit=LIMIT)
+        env = fault_env(broker_url=server.url, database_url=database_url, key_prefix=prefix(), ttl=TTL, limit=LIMIT)
         app = fault_app.build(env)
         cleanup.callback(app.close)
         actor = getattr(app, attr)
@@ -88,4 +89,5 @@ def test_workers_sigkilled_again_and_again_under_load(name, tmp_path):
     figures = ev.check_reruns(log, jobs)
     ev.check_no_run_after_success(log)
     last_done = max(r.t_done for r in log.runs if r.t_done is not None)
-    report(figures.line(f"sigkill-{name}", len(kills), last_done - log.seq_time(kills[-1]), sends=len(sent)))
+    report(figures.line(f"sigkill-{name}", len(kills), last_done - log.seq_time(kills[-1]), sends=len(sent),
+                        db=database))
