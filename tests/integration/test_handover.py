@@ -1,0 +1,150 @@
+"""The deck hand-over verifies before it delivers (issue 12, item 4).
+
+A row reserved on deck (ondeck.py) is started in the database, by a compare-and-set on
+what the reservation read (revision, reservation owner, broker id, fencing token),
+before its message is delivered: a row replaced, or taken by another process, while it
+waited on deck is not delivered from the deck, and no fencing token goes to two attempts.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import dramatiq
+
+import dramatiq_unique
+from dramatiq_unique import JobModel, ondeck, parked, sql_parking
+from dramatiq_unique.models import after_ms, utcnow
+from tests.helpers import wait_until
+from tests.integration.test_ondeck import reserved
+from tests.integration.test_slots import make_worker, rows  # noqa: F401  (make_worker: a fixture)
+
+
+class Runs:
+    """Every actor call: (label, row id, fencing token), from any worker thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[Any, int, int]] = []
+
+    def add(self, label: Any) -> None:
+        job = dramatiq_unique.current_job()
+        with self.lock:
+            self.calls.append((label, job.id, job.fencing_token))
+
+    def labels(self) -> list[Any]:
+        with self.lock:
+            return [c[0] for c in self.calls]
+
+    def assert_tokens_distinct(self) -> None:
+        with self.lock:
+            attempts = [(row_id, token) for _, row_id, token in self.calls]
+        assert len(set(attempts)) == len(attempts), f"a fencing token went to two attempts: {self.calls}"
+
+
+def test_a_job_replaced_on_deck_runs_its_new_arguments_once(suite, broker, make_worker):
+    """Given a holder running and two jobs reserved on deck behind it (limit 1, ``replace``), When the first
+    is replaced while on deck, Then it runs once, with the new arguments, and records their result; the
+    replaced arguments never run; each attempt has its own fencing token."""
+    runs, release = Runs(), threading.Event()
+
+    @dramatiq.actor(concurrency_limit=1, unique_args=["key"], unique_lock="until_executed",
+                    unique_on_conflict="replace", max_retries=0)
+    def edit(key: str, version: int) -> int:
+        runs.add((key, version))
+        if key == "holder":
+            release.wait(20)
+        return version
+
+    make_worker(4)
+    edit.send("holder", 0)
+    wait_until(lambda: runs.labels() == [("holder", 0)], timeout=10, what="the holder to start")
+    edit.send("a", 1)
+    edit.send("b", 1)
+    wait_until(lambda: len(reserved("edit")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+    edit.send("a", 2)  # replaces a's arguments while a waits on deck
+    wait_until(lambda: [r.args for r in rows("edit") if r.unique_key and r.args[0] == "a"] == [["a", 2]],
+               timeout=5, what="the replace")
+    release.set()
+    wait_until(lambda: {("a", 2), ("b", 1)} <= set(runs.labels()), timeout=15, what="a and b to run")
+    wait_until(lambda: all(r.status == "succeeded" for r in rows("edit")), timeout=10, what="outcomes")
+    assert sorted(runs.labels()) == [("a", 2), ("b", 1), ("holder", 0)], runs.calls
+    runs.assert_tokens_distinct()
+    found = {r.args[0]: r for r in rows("edit")}
+    assert len(found) == 3 == len(rows("edit"))
+    assert (found["a"].result, found["a"].attempts) == (2, 1)
+
+
+def test_a_reserved_row_another_process_took_is_not_delivered_from_the_deck(suite, broker, make_worker):
+    """Given two jobs reserved on deck behind a holder, When another process takes the first (as after this
+    one stalled past the reservation, or with its clock ahead) and starts it, Then this process, when its
+    holder ends, does not run that job from its deck, leaves its row to the other attempt, and runs the
+    next one; no fencing token goes to two attempts."""
+    runs, release = Runs(), threading.Event()
+
+    @dramatiq.actor(concurrency_limit=1, max_retries=0)
+    def step(i: int) -> None:
+        runs.add(i)
+        if i == 0:
+            release.wait(20)
+
+    make_worker(4)
+    step.send(0)
+    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
+    step.send(1)
+    step.send(2)
+    wait_until(lambda: len(reserved("step")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+    first = min(reserved("step"), key=lambda r: r.id)
+    assert first.args == [1]
+    # The reservation ran out (as the other process sees it), and the other process claims and starts it.
+    JobModel.update(lease_until=after_ms(-60_000)).where(JobModel.id == first.id).execute()
+    group = first.parked_on
+    other = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "other-ref",
+                                     (after_ms(60_000), "elsewhere:1:woken", False))
+    assert other is not None and other.id == first.id and other.status == "running"
+    release.set()
+    wait_until(lambda: 2 in runs.labels(), timeout=15, what="job 2 to run")
+    wait_until(lambda: JobModel.get_by_id(rows("step")[2].id).status == "succeeded", timeout=10, what="job 2's outcome")
+    assert sorted(runs.labels()) == [0, 2], runs.calls
+    runs.assert_tokens_distinct()
+    row = JobModel.get_by_id(first.id)
+    assert (row.status, row.worker, row.fencing_token, row.attempts) == (
+        "running", "elsewhere:1:woken", other.fencing_token, 1)
+
+
+def test_a_hand_over_whose_slot_cannot_pass_gives_the_row_back_unstarted(suite, broker, make_worker, monkeypatch):
+    """Given a row on deck, When its start is written but the slot cannot be passed (the holder's slot ran out),
+    Then the start is undone (parked again, no attempt counted) and the job still runs once, later."""
+    runs, release = Runs(), threading.Event()
+    from dramatiq_unique.slots import SlotGate
+
+    passed = SlotGate.pass_and_deliver
+    refused: list[int] = []
+
+    def refuse_once(self, *args, **kwargs):
+        if not refused:
+            refused.append(1)
+            return False
+        return passed(self, *args, **kwargs)
+
+    monkeypatch.setattr(SlotGate, "pass_and_deliver", refuse_once)
+
+    @dramatiq.actor(concurrency_limit=1, max_retries=0)
+    def once(i: int) -> None:
+        runs.add(i)
+        if i == 0:
+            release.wait(20)
+
+    make_worker(4)
+    once.send(0)
+    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
+    once.send(1)
+    wait_until(lambda: len(reserved("once")) == 1, timeout=10, what="a row on deck")
+    release.set()
+    wait_until(lambda: sorted(runs.labels()) == [0, 1], timeout=15, what="job 1 to run")
+    wait_until(lambda: all(r.status == "succeeded" for r in rows("once")), timeout=10, what="outcomes")
+    assert refused == [1]
+    runs.assert_tokens_distinct()
+    assert [r.attempts for r in rows("once")] == [1, 1]
+    assert parked  # the module under test
