@@ -8,6 +8,8 @@ waited on deck is not delivered from the deck, and no fencing token goes to two 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from typing import Any
 
@@ -148,3 +150,49 @@ def test_a_hand_over_whose_slot_cannot_pass_gives_the_row_back_unstarted(suite, 
     runs.assert_tokens_distinct()
     assert [r.attempts for r in rows("once")] == [1, 1]
     assert parked  # the module under test
+
+
+def test_a_worker_stopped_with_rows_on_deck_does_not_run_them_when_it_resumes(suite, broker, database_url, key_prefix):
+    """Given a worker process holding a group's slot (limit 1) with two rows reserved on its deck, When it is
+    SIGSTOPped past its slot's and its reservations' leases, another process takes the group over and runs
+    every waiting job, and the first is SIGCONTed, Then the first does not run the rows it had reserved: every
+    job ran exactly once, and every row records one successful attempt."""
+    from tests.conftest import REDIS_URL
+    from tests.slots_app import Tally, WorkerProcess, declare
+
+    declare(REDIS_URL, key_prefix, limit=1, ttl=3_000)
+    job = broker.get_actor("slot_job")
+    tally = Tally(REDIS_URL, key_prefix)
+    env = dict(redis_url=REDIS_URL, namespace=broker.namespace, database_url=database_url, key_prefix=key_prefix,
+               limit=1, ttl=3_000, threads=4)
+    first = WorkerProcess(**env)
+    second = None
+    stopped: list[int] = []
+    try:
+        job.send("t", 0, run_ms=1_500)
+        wait_until(lambda: tally.log(), timeout=30, interval=0.05, what="the holder to start")
+        for i in range(1, 5):
+            job.send("t", i, run_ms=50)
+        wait_until(lambda: len(reserved("slot_job")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+        on_deck = {r.args[1] for r in reserved("slot_job")}
+        (pid,) = first.children()
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+        second = WorkerProcess(**env)
+        wait_until(lambda: {e[2] for e in tally.log() if e[0] == "end"} >= {1, 2, 3, 4}, timeout=30, interval=0.1,
+                   what="the second process to run the waiting jobs")
+        os.kill(pid, signal.SIGCONT)
+        stopped.clear()
+        wait_until(lambda: tally.ended() == 5, timeout=15, interval=0.1, what="the holder to end")
+        wait_until(lambda: all(r.status == "succeeded" for r in rows("slot_job")), timeout=15, interval=0.1,
+                   what="every outcome")
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        err = first.stop()
+        if second is not None:
+            err += second.stop()
+    starts = sorted(e[2] for e in tally.log() if e[0] == "start")
+    assert starts == [0, 1, 2, 3, 4], err[-3000:]
+    assert all(e[4] != pid for e in tally.log() if e[0] == "start" and e[2] in on_deck)
+    assert [r.attempts for r in rows("slot_job")] == [1] * 5
