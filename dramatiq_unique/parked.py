@@ -135,7 +135,9 @@ def reserve_many(info: "GroupInfo", group: str, marker: str, count: int) -> list
     return rows
 
 
-def start_reserved(model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float) -> Optional[JobModel]:
+def start_reserved(
+    model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float,
+) -> Optional[JobModel]:
     """Start a row this process reserved (``row`` as its reservation read it), before its
     message is delivered; returns the started row as the database now holds it, or None if
     it is no longer ours as reserved: replaced (revision), claimed or reserved by another
