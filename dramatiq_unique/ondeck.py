@@ -212,6 +212,7 @@ class OnDeck:
             except Exception:
                 logger.exception("Could not start job %s, on deck.", row.message_id)
         if started is None:
+            logger.debug("Job %s, on deck, changed, was taken or waited too long: not handed over.", row.message_id)
             self._settle(gate, group, info, [], began, booked)
             self.put_back(info, row, group)  # cleared if still ours (replaced, say), the group flagged
             return None

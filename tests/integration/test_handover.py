@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 import dramatiq
@@ -195,3 +196,36 @@ def test_a_worker_stopped_with_rows_on_deck_does_not_run_them_when_it_resumes(su
     assert starts == [0, 1, 2, 3, 4], err[-3000:]
     assert all(e[4] != pid for e in tally.log() if e[0] == "start" and e[2] in on_deck)
     assert [r.attempts for r in rows("slot_job")] == [1] * 5
+
+
+def test_replaces_racing_hand_overs_never_run_stale_arguments(suite, broker, make_worker):
+    """Given one slot (limit 1) and ten keys (``replace``), When jobs are sent and replaced over and over while
+    jobs pass the slot on, many through the deck, Then every job row runs exactly once, with the arguments
+    its row holds (the last replace it took before it started), and each attempt has its own fencing token."""
+    runs = Runs()
+
+    @dramatiq.actor(concurrency_limit=1, unique_args=["key"], unique_lock="until_executed",
+                    unique_on_conflict="replace", max_retries=0)
+    def churn(key: str, version: int) -> int:
+        runs.add((key, version))
+        time.sleep(0.003)
+        return version
+
+    make_worker(4)
+    version = 0
+    for _ in range(12):
+        for k in range(10):
+            version += 1
+            churn.send(f"k{k}", version)
+        time.sleep(0.01)
+    wait_until(lambda: all(r.status == "succeeded" for r in rows("churn")), timeout=30, interval=0.1,
+               what="every job to run")
+    found = rows("churn")
+    by_row: dict[int, list] = {}
+    for label, row_id, _ in runs.calls:
+        by_row.setdefault(row_id, []).append(label)
+    assert sorted(by_row) == [r.id for r in found], "a job ran twice, or not at all"
+    for r in found:
+        assert by_row[r.id] == [(r.args[0], r.args[1])], (r.id, r.args, by_row[r.id])
+        assert (r.result, r.attempts) == (r.args[1], 1)
+    runs.assert_tokens_distinct()
