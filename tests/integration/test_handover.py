@@ -17,8 +17,9 @@ from typing import Any
 import dramatiq
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, ondeck, sql_parking
+from dramatiq_unique import JobModel, ondeck, parked, sql_parking
 from dramatiq_unique.models import after_ms, utcnow
+from dramatiq_unique.slots import gate_of
 from tests.helpers import wait_until
 from tests.integration.test_ondeck import reserved
 from tests.integration.test_slots import make_worker, rows  # noqa: F401  (make_worker: a fixture)
@@ -229,3 +230,22 @@ def test_replaces_racing_hand_overs_never_run_stale_arguments(suite, broker, mak
         assert by_row[r.id] == [(r.args[0], r.args[1])], (r.id, r.args, by_row[r.id])
         assert (r.result, r.attempts) == (r.args[1], 1)
     runs.assert_tokens_distinct()
+
+
+def test_reservations_run_by_the_database_clock_not_by_a_skewed_waker(suite, broker):
+    """Given a row reserved by another process for a minute, When a waker whose clock runs two minutes ahead
+    looks for the group's next job, Then it does not take the reserved row (a reservation is judged by the
+    database's clock, not by each process's), and its "ms until a reservation runs out" is about a minute."""
+
+    @dramatiq.actor(concurrency_limit=1)
+    def job(i: int) -> None:
+        pass
+
+    group = "slot:job:all"
+    JobModel.create(message_id="m0", actor_name="job", queue_name="default", args=[0], status="pending",
+                    parked_on=group, created_at=after_ms(-10_000))
+    info = gate_of(suite).describe(group)
+    assert parked.reserve(info, group, "elsewhere:1:deck", 60_000) is not None
+    ahead = after_ms(120_000)
+    assert sql_parking.claim_parked(JobModel, group, "created_at", ahead, "ref") is None
+    assert 50_000 < parked.waiting_in(info, group) <= 60_000
