@@ -249,3 +249,73 @@ def test_reservations_run_by_the_database_clock_not_by_a_skewed_waker(suite, bro
     ahead = after_ms(120_000)
     assert sql_parking.claim_parked(JobModel, group, "created_at", ahead, "ref") is None
     assert 50_000 < parked.waiting_in(info, group) <= 60_000
+
+
+def test_a_job_started_ahead_and_picked_up_late_runs_under_that_start(suite, broker, make_worker, monkeypatch):
+    """Given jobs started ahead of their delivery (from the deck, or by their claim), When their pick-up comes
+    late (the slot reservation no longer counts as fresh), Then each runs under the start written for it, once
+    its row shows no other attempt took over: one attempt each, one token per attempt, all succeeded."""
+    from dramatiq_unique.middleware import slots as slots_middleware
+
+    monkeypatch.setattr(slots_middleware.ConcurrencySlots, "_fresh_here", lambda self, wake, ttl: False)
+    runs, release = Runs(), threading.Event()
+
+    @dramatiq.actor(concurrency_limit=1, max_retries=0)
+    def late(i: int) -> None:
+        runs.add(i)
+        if i == 0:
+            release.wait(20)
+
+    make_worker(4)
+    late.send(0)
+    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
+    for i in range(1, 5):
+        late.send(i)
+    wait_until(lambda: len(reserved("late")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+    release.set()
+    wait_until(lambda: sorted(runs.labels()) == [0, 1, 2, 3, 4], timeout=15, what="every job to run")
+    wait_until(lambda: all(r.status == "succeeded" for r in rows("late")), timeout=10, what="outcomes")
+    assert [r.attempts for r in rows("late")] == [1] * 5
+    runs.assert_tokens_distinct()
+    assert all(r.worker.endswith(":woken") for r in rows("late")[1:])
+
+
+def test_a_job_taken_over_before_its_late_pick_up_is_not_run(suite, broker, make_worker, monkeypatch):
+    """Given a job started ahead of its delivery and picked up late, When another attempt took the job over in
+    between (a newer token on its row), Then the late pick-up does not run it and writes nothing; the slot goes
+    on to the next job, which runs."""
+    from dramatiq_unique.middleware import slots as slots_middleware
+
+    cls = slots_middleware.ConcurrencySlots
+    monkeypatch.setattr(cls, "_fresh_here", lambda self, wake, ttl: False)
+    still_ours = cls._still_ours
+    taken: list[int] = []
+
+    def overtaken(self, config, message, group, token, started):
+        if message.args == (1,):  # another attempt starts job 1 meanwhile
+            JobModel.update(fencing_token=JobModel.fencing_token + 1, worker="elsewhere:1:1").where(
+                JobModel.id == started.id).execute()
+            taken.append(started.id)
+        return still_ours(self, config, message, group, token, started)
+
+    monkeypatch.setattr(cls, "_still_ours", overtaken)
+    runs, release = Runs(), threading.Event()
+
+    @dramatiq.actor(concurrency_limit=1, max_retries=0)
+    def late(i: int) -> None:
+        runs.add(i)
+        if i == 0:
+            release.wait(20)
+
+    make_worker(4)
+    late.send(0)
+    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
+    late.send(1)
+    late.send(2)
+    wait_until(lambda: len(reserved("late")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+    release.set()
+    wait_until(lambda: 2 in runs.labels(), timeout=15, what="job 2 to run")
+    wait_until(lambda: JobModel.get_by_id(rows("late")[2].id).status == "succeeded", timeout=10, what="job 2's outcome")
+    assert sorted(runs.labels()) == [0, 2] and len(taken) == 1
+    row = JobModel.get_by_id(taken[0])
+    assert (row.status, row.worker) == ("running", "elsewhere:1:1")
