@@ -108,7 +108,8 @@ class ConcurrencySlots(Middleware):
             entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
             if not entered:
                 if started is not None:  # its start is undone: it waits parked, as not started
-                    parked.unstart(config.model, started, group)
+                    with store.db_errors(f"parking job {message.message_id}"):
+                        parked.unstart(config.model, started, group)
                 self._park(config, message, group, ttl if wait < 0 else wait)
             if started is not None:
                 started = self._still_ours(config, message, group, token, started)
