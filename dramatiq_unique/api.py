@@ -19,6 +19,7 @@ from .outbox import transaction  # noqa: F401  (public API)
 from .redrive import redrive  # noqa: F401  (public API)
 from .scheduler import start_redriver  # noqa: F401  (public API)
 from .models import JobModel
+from .scope import NO_APP
 
 
 def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec, **settings: Any) -> Suite:
@@ -79,7 +80,12 @@ class _ResultWarningFilter(logging.Filter):
 
 
 def get_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> Optional[JobModel]:
-    """A job's row by message id (any job table) or numeric id (``model``, the shared table by default)."""
+    """A job's row by message id (any job table) or numeric id (``model``, the shared table by default).
+
+    Only a job of this suite's app (or one written before rows had an app): in a database
+    that several apps share, another app's job is None, as a job that does not exist.
+    """
     suite = _config.current()
     with store.db_errors(f"reading job {id_or_message_id}"):
-        return store.find_job(suite.models, id_or_message_id, model)
+        job = store.find_job(suite.models, id_or_message_id, model)
+    return job if job is None or job.app in (suite.app, NO_APP) else None

@@ -1,8 +1,10 @@
 """The re-drive's queries and claims, and the message it rebuilds from a row.
 
 Every query here starts from an index that excludes finished rows
-(``(status, process_after)``, ``(status, lease_until)``, ``(finished_at)``),
-so a pass costs the same beside a million finished rows as beside none;
+(``(app, status, process_after)``, ``(app, status, lease_until)``,
+``(app, finished_at)``; a pass adds its app and actors, scope.py), so a
+pass costs the same beside a million finished rows, or another app's
+backlog, as beside none;
 :func:`pass_queries` lists them for ``EXPLAIN`` (the benchmark prints
 their plans, a test checks them).
 """
@@ -69,15 +71,21 @@ def prune_query(model: type[JobModel], cutoff: datetime, page: int) -> pw.Select
 
 
 def pass_queries(
-    model: type[JobModel], *, lost_after: float, retention: float, page: int = 500, can_probe: bool = True
+    model: type[JobModel], *, lost_after: float, retention: float, page: int = 500, can_probe: bool = True,
+    scope: Any = None,
 ) -> dict[str, pw.Select]:
-    """The SELECTs a pass runs on ``model``, by name, as of now."""
+    """The SELECTs a pass runs on ``model``, by name, as of now; ``scope``: the condition
+    that keeps them to one app's rows of its declared actors (:meth:`Scope.where`)."""
     now = utcnow()
     cutoff = after_ms(-lost_after, now)
-    queries = {f"due {status}": due_query(model, due(model, status, now), page) for status in (PENDING, RETRYING)}
+    scoped = (lambda cond: cond & scope) if scope is not None else (lambda cond: cond)  # noqa: E731
+    queries = {
+        f"due {status}": due_query(model, scoped(due(model, status, now)), page) for status in (PENDING, RETRYING)
+    }
     for status, cond, order in suspects(model, cutoff, now, can_probe=can_probe):
-        queries[f"lost {status}"] = suspect_query(model, cond, order, page)
-    queries["prune"] = prune_query(model, after_ms(-retention, now), page)
+        queries[f"lost {status}"] = suspect_query(model, scoped(cond), order, page)
+    prune = prune_query(model, after_ms(-retention, now), page)
+    queries["prune"] = prune.where(scope) if scope is not None else prune
     return queries
 
 

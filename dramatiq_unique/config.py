@@ -20,6 +20,7 @@ from .keys import DEFAULT_KEY_PREFIX, RedisKeys
 from .locks import Locks
 from .redlock import DEFAULT_LOCK_TIMEOUT
 from .models import JobModel, base_field_names, create_tables, open_database
+from .scope import app_name
 
 if TYPE_CHECKING:
     import dramatiq
@@ -101,6 +102,8 @@ class ActorConfig:
     model: type[JobModel]
     #: The actor's parameters that ``job_model`` has columns for.
     extra_fields: tuple[str, ...]
+    #: The app its rows belong to (the suite's ``key_prefix``; see scope.py).
+    app: str = ""
 
     def get(self, message_options: dict, name: str, default: Any = None) -> Any:
         return opt.lookup(message_options, self.options, name, default)
@@ -151,6 +154,8 @@ class Suite:
         #: down costs the flags, which the suite can do without, ``lock_timeout`` at most.
         self.redis = self.masters[0] if self.locks.single else self.locks.nodes[0].client
         self.keys = RedisKeys(self.settings.key_prefix)
+        #: The app this suite's job rows belong to, in a database several apps share (scope.py).
+        self.app = app_name(self.settings.key_prefix)
         self.broker: Optional[dramatiq.Broker] = None
         #: Publishes tracked sends, unique ones with their queue locks (publish.py), once the broker is wrapped.
         self.publisher: Optional[Any] = None
@@ -194,7 +199,7 @@ class Suite:
         self.register_model(model)
         params = opt._parameters(actor.fn) or {}
         extra = tuple(name for name in model._meta.fields if name not in base_field_names() and name in params)
-        config = ActorConfig(actor.actor_name, actor.fn, options, model, extra)
+        config = ActorConfig(actor.actor_name, actor.fn, options, model, extra, self.app)
         self.actors[actor.actor_name] = config
         return config
 

@@ -86,7 +86,7 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
     if not _recent.seen(key):
         return None  # a key new to this process: most likely free, the insert will tell
     with store.db_errors(f"recording {message.actor_name} job {message.message_id}"):
-        holder = store.holder(config.model, key, window(config, opts, lock))
+        holder = store.holder(config.model, key, window(config, opts, lock), config.app)
     if holder is None or holder.message_id == message.message_id:
         return None
     return holder.message_id

@@ -124,6 +124,7 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
     options = options_to_row(job_options(message.options))
     args, kwargs = args_to_row(message.args, message.kwargs)
     fields: dict[str, Any] = {
+        "app": config.app,
         "message_id": message.message_id,
         "actor_name": message.actor_name,
         "queue_name": q_name(message.queue_name),

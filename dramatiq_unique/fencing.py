@@ -90,7 +90,9 @@ def _sql(model: type["JobModel"]) -> tuple[str, Optional[str]]:
         f"{q('parked_on')} = CASE WHEN {q('id')} = {p} THEN NULL ELSE {q('parked_on')} END "
         f"WHERE {q('unique_key')} = {p} AND ("
         f"({q('status')} = {p} AND {q('fencing_token')} < {token} AND {q('id')} <> {p}) "
-        f"OR ({q('id')} = {p} AND {q('parked_on')} IS NOT NULL))"
+        f"OR ({q('id')} = {p} AND {q('parked_on')} IS NOT NULL)) "
+        # Only rows of the drawing job's app: another app's job of the same key is not ours to fence.
+        f"AND {q('app')} = COALESCE((SELECT me.{q('app')} FROM {jobs} AS me WHERE me.{q('id')} = {p}), {q('app')})"
     )
     statements: tuple[str, Optional[str]]
     if is_postgres(db):
@@ -109,10 +111,13 @@ def start_clauses(model: type["JobModel"]) -> tuple[str, str]:
     to the main statement: PostgreSQL does not update one row twice in a statement."""
     q, p, jobs, draw = _parts(model)
     token = f"(SELECT {q('token')} FROM drawn)"
+    # Joined to the starting row ("me") to keep to its app's rows (another app's job of the
+    # same key is not ours to fence) without another parameter.
     revoke = (
-        f"UPDATE {jobs} SET {q('fencing_token')} = {token} "
-        f"WHERE {q('unique_key')} = {p} AND {q('status')} = '{JobStatus.RUNNING.value}' "
-        f"AND {q('fencing_token')} < {token} AND {q('id')} <> {p}"
+        f"UPDATE {jobs} SET {q('fencing_token')} = {token} FROM {jobs} AS me "
+        f"WHERE {jobs}.{q('unique_key')} = {p} AND {jobs}.{q('status')} = '{JobStatus.RUNNING.value}' "
+        f"AND {jobs}.{q('fencing_token')} < {token} AND me.{q('id')} = {p} AND {jobs}.{q('id')} <> me.{q('id')} "
+        f"AND {jobs}.{q('app')} = me.{q('app')}"
     )
     return draw, revoke
 
@@ -131,9 +136,9 @@ def draw(model: type["JobModel"], key: str, job_id: Optional[int] = None) -> int
     own = -1 if job_id is None else int(job_id)
     running = JobStatus.RUNNING.value
     if then is None:
-        return int(db.execute_sql(first, [key, own, own, key, running, own, own]).fetchone()[0])
+        return int(db.execute_sql(first, [key, own, own, key, running, own, own, own]).fetchone()[0])
     token = int(db.execute_sql(first, [key]).fetchone()[0])
-    db.execute_sql(then, [own, token, own, key, running, token, own, own])
+    db.execute_sql(then, [own, token, own, key, running, token, own, own, own])
     return token
 
 

@@ -2,8 +2,15 @@
 
 Times are naive UTC datetimes.  ``unique_hold`` carries the unique key
 while a job holds queue-level uniqueness and is NULL otherwise; its
-plain unique index is what makes duplicates impossible (NULLs never
-collide, on SQLite and PostgreSQL alike, so no partial index is needed).
+unique index, on ``(app, unique_hold)``, is what makes duplicates
+impossible within an app (NULLs never collide, on SQLite and PostgreSQL
+alike, so no partial index is needed).
+
+``app`` names the app a row belongs to (the suite's ``key_prefix``), so
+that several apps can share one database: every index the re-drive and
+the holds use starts with it (see :mod:`dramatiq_unique.scope`).  Tables
+made by earlier versions get the column and the indexes when the suite
+opens them (:mod:`dramatiq_unique.schema`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any, Iterable, Optional
 
 import peewee as pw
 
+from . import schema
 from .database import DEFAULT_SQLITE_PRAGMAS, open_database  # noqa: F401  (models.open_database for callers)
 
 #: Longest ``last_error`` text kept, in characters.
@@ -78,6 +86,9 @@ class JobModel(pw.Model):
     """A job's durable record.  Subclass it for an actor's own table (``job_model=``)."""
 
     id = pw.BigAutoField()
+    #: The app the job belongs to: the ``key_prefix`` of the suite that sent it.  Rows written
+    #: by a version without the column get '' from the database's default (see scope.py).
+    app = pw.CharField(max_length=255, default="", constraints=[pw.SQL("DEFAULT ''")])
     message_id = pw.CharField(max_length=64, unique=True)
     actor_name = pw.CharField(max_length=255)
     queue_name = pw.CharField(max_length=255)
@@ -86,7 +97,8 @@ class JobModel(pw.Model):
     #: The message's options, so the re-drive can rebuild the message.
     options = JSONField(default=dict)
     unique_key = pw.CharField(max_length=300, null=True, index=True)
-    unique_hold = pw.CharField(max_length=300, null=True, unique=True)
+    #: Unique per app: see Meta.indexes.
+    unique_hold = pw.CharField(max_length=300, null=True)
     status = StatusField(max_length=16, default=JobStatus.QUEUED.value)
     attempts = pw.IntegerField(default=0)
     #: Bumped when ``unique_on_conflict="replace"`` rewrites a waiting job.
@@ -102,7 +114,8 @@ class JobModel(pw.Model):
     result = JSONField(null=True)
     idempotency_key = pw.CharField(max_length=255, null=True)
     owner = pw.CharField(max_length=255, null=True)
-    idempotency_hold = pw.CharField(max_length=300, null=True, unique=True)
+    #: Unique per app: see Meta.indexes.
+    idempotency_hold = pw.CharField(max_length=300, null=True)
     fencing_token = pw.BigIntegerField(default=0)
     #: Finished steps of the job, in order: {step name: stored result} (checkpoint()).
     checkpoints = JSONField(null=True)
@@ -122,10 +135,14 @@ class JobModel(pw.Model):
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
+        # Each starts with app: a pass reads its own app's rows only, and the holds of two
+        # apps never collide (see scope.py; schema.py replaces the indexes of older tables).
         indexes = (
-            (("status", "process_after"), False),
-            (("status", "lease_until"), False),
-            (("finished_at",), False),
+            (("app", "status", "process_after"), False),
+            (("app", "status", "lease_until"), False),
+            (("app", "finished_at"), False),
+            (("app", "unique_hold"), True),
+            (("app", "idempotency_hold"), True),
         )
 
     def __repr__(self) -> str:
@@ -141,4 +158,6 @@ def is_postgres(db: pw.Database) -> bool:
 
 
 def create_tables(db: pw.Database, models: Iterable[type[JobModel]]) -> None:
-    db.create_tables(list(models), safe=True)
+    """Create each model's table and indexes if missing; bring a table of an earlier version up to date."""
+    for model in models:
+        schema.create_or_migrate(model)

@@ -1,28 +1,27 @@
 """The next jobs of a busy slot group, reserved ahead of time ("on deck").
 
-A hand-over used to cost three round trips on its critical path: the
-leaving holder's slot script, the claim of the next parked row (which
-starts it: a synchronous commit, see :mod:`dramatiq_unique.prestart`)
-and the woken message's delivery.  On a group whose jobs follow one
-another, the next rows are *reserved* early instead: after a hand-over
-that woke a job here, or after a job parked while a holder of its group
-runs here, the row at the head of the group's queue is marked as
-reserved by this process (``worker`` = ``<host>:<pid>:deck``,
-``lease_until`` = the end of the reservation), up to :data:`DEPTH` rows
-per group.  A reserved row stays parked (``pending``, ``parked_on`` set,
-counted by :func:`~dramatiq_unique.concurrency_status`); other wakers skip
-it while its reservation lasts.
+While a holder of a group runs here, the rows at the head of the group's
+queue are *reserved* by this process, up to :data:`DEPTH` per group
+(``worker`` = ``<host>:<pid>:deck``, ``lease_until`` = the end of the
+reservation by the database's clock, a fresh ``broker_ref``).  A reserved
+row stays parked (``pending``, counted by ``concurrency_status()``);
+other wakers skip it while its reservation lasts.
 
-When a holder of the group here leaves, its slot passes to the first
-reserved row and that row's message is written for this worker in the
-*same* Redis script (``slots._PASS_AND_DELIVER``), so the next job
-starts one round trip after the previous one ended.  Its start (running,
-one more attempt, the next fencing token) is then written by the
-leaving thread, with a synchronous commit (on PostgreSQL in the same
-statement that reserves the group's next rows), while the job already runs
-with the row as that start makes it; a write of the new attempt fenced
-by its token (outcome, checkpoint, lease renewal, retry) waits for that
-commit (:func:`dramatiq_unique.prestart.wait_started`).
+When a holder here leaves, the first row on deck is *started* in the
+database by a compare-and-set on what its reservation read
+(:func:`dramatiq_unique.parked.start_reserved`: still pending, reserved
+by us under the same broker id, revision and fencing token; the start
+draws the next token).  Only then are the slot passed to it and its
+message, rebuilt from the row the start returned, written for this
+worker, in one Redis script (``slots._PASS_AND_DELIVER``).  A row
+replaced while on deck (``unique_on_conflict="replace"``) or taken by
+another process (this one stalled past the reservation, or the other's
+clock runs ahead) fails the compare-and-set: nothing is delivered from
+the deck, the row goes back to the queue the usual way, and no fencing
+token goes to two attempts.  A start whose slot cannot be passed is
+undone (:func:`~dramatiq_unique.parked.unstart`).  The next rows are
+reserved after the delivery: one synchronous commit and one Redis call
+on the critical path of a hand-over.
 
 What stays bounded:
 
@@ -30,21 +29,16 @@ What stays bounded:
   holder in another process that leaves meanwhile wakes the next
   unreserved row.  At most :data:`DEPTH` jobs per group and process are
   overtaken so.
-* A row reserved for longer than :data:`MAX_WAIT_MS` (its holder runs a
+* A row on deck for longer than :data:`MAX_WAIT_MS` (its holder runs a
   long job) goes back to the queue (the watchdog looks), as do all rows
-  on deck when the worker stops, and one whose slot cannot be passed (the
-  holder's lease ran out, or the limit was lowered): reservation cleared,
-  group flagged.
-* A process killed with rows on deck leaves them parked under a
-  reservation as long as the group's slot lease (``concurrency_ttl``):
-  a waker that finds only reserved rows flags the group for a look when
-  the first reservation runs out, about when the dead holder's slot
-  frees itself.
+  on deck when the worker stops, and one that cannot be handed over.
+* A process killed with rows on deck leaves them reserved as long as the
+  group's slot lease (``concurrency_ttl``): a waker that finds only
+  reserved rows flags the group for a look when the first runs out.
 
-Only where the start may be written this way: an actor without an
-execution lock, whose start releases no unique hold, and a row whose
-message brought no unique options of its own; and only while the woken
-jobs go to this process's own worker.
+Only for an actor without an execution lock whose start releases no
+unique hold, a row whose message brought no unique options of its own,
+and while the woken jobs go to this process's own worker.
 """
 
 from __future__ import annotations
@@ -55,7 +49,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import parked, prestart
+from . import parked
 from .gates import WAKE
 from .locks import new_token
 from .messages import rebuild
@@ -123,11 +117,10 @@ class OnDeck:
         when the hand-over began), or after a job parked on the group (then
         only while a holder of the group runs here; ``place`` is that job's
         ``(created_at, process_after, id)``: if the deck is full of jobs that
-        come after it in the queue, it takes the last one's place, so the
-        deck keeps the queue's order).  A holder here that
-        let its slot go after ``since`` (:meth:`released`) may have looked
-        at the deck before the new row was on it, and nobody might hand that
-        row a slot: it is put back and the group woken instead.
+        come after it in the queue, it takes the last one's place, so the deck
+        keeps the queue's order).  A holder here that let its slot go after
+        ``since`` (:meth:`released`) may have looked at the deck before the new
+        row was on it: that row is put back and the group woken instead.
         """
         if not self.enabled or getattr(gate, "pass_and_deliver", None) is None:
             return
@@ -192,10 +185,11 @@ class OnDeck:
 
     def hand_over(self, gate: "Gate", group: str, token: str, since: Optional[float] = None) -> Optional[JobModel]:
         """Holding ``group``'s slot under ``token`` (a holder leaving, or a slot taken for the
-        group's next job): pass it to the first row on deck and deliver it, in one Redis call,
-        then write its start.  Returns the started row; None if there is none on deck, or the
-        slot could not be passed (the row is then back in the queue and the caller goes on the
-        usual way).  The deck is filled again in the statement that writes the start."""
+        group's next job): start the first row on deck in the database, then pass it the slot
+        and deliver it, in one Redis call; then reserve the group's next rows.  Returns the
+        started row; None if there is none on deck, it is no longer ours as reserved (replaced,
+        taken by another process), or the slot could not be passed (the row is then back in
+        the queue, unstarted) and the caller goes on the usual way."""
         began = time.monotonic() if since is None else since
         with self._lock:
             decks = self._decks.get(group)
@@ -210,18 +204,25 @@ class OnDeck:
                 self._coming[group] = self._coming.get(group, 0) + booked
         parking, row, info = self.parking, deck.row, deck.info
         assert info.start is not None
-        if (time.monotonic() - deck.since) * 1000 >= _max_wait(info):
+        started = None
+        if (time.monotonic() - deck.since) * 1000 < _max_wait(info):  # else its reservation may be running out
+            try:  # verified and started before anything is delivered: a stale reservation starts nothing
+                started = parked.start_reserved(info.model, row, self.marker, f"{parking.suite.worker_id}:woken",
+                                                info.start.lease_ms)
+            except Exception:
+                logger.exception("Could not start job %s, on deck.", row.message_id)
+        if started is None:
+            logger.debug("Job %s, on deck, changed, was taken or waited too long: not handed over.", row.message_id)
             self._settle(gate, group, info, [], began, booked)
-            self.put_back(info, row, group)  # its reservation may be about to run out
+            self.put_back(info, row, group)  # cleared if still ours (replaced, say), the group flagged
             return None
         fresh = new_token()
         wake = {"g": group, "t": fresh, "w": parking.suite.worker_id, "at": int(time.monotonic() * 1000)}
-        started = parked.as_started(row, info.start.lease_ms, f"{parking.suite.worker_id}:woken")
         passed, plan = False, None
         try:
-            plan = parking.delivery.plan(rebuild(row, {WAKE: wake}), row.broker_ref)
+            # Built from the row as the start returned it: the database's arguments, not the deck's copy.
+            plan = parking.delivery.plan(rebuild(started, {WAKE: wake}), started.broker_ref)
             if plan is not None:
-                prestart.expect_start(info.model, row.id, started.fencing_token)
                 parking.started.put(started)
                 passed = gate.pass_and_deliver(  # type: ignore[attr-defined]
                     group, token, fresh, info.ttl_ms, plan.keys, plan.args
@@ -229,24 +230,18 @@ class OnDeck:
         except Exception:
             logger.exception("Could not hand %s to job %s, on deck.", group, row.message_id)
         if not passed or plan is None:
-            parking.started.take(row.message_id, row.revision)
-            prestart.start_written(info.model, row.id, started.fencing_token)
+            parking.started.take(started.message_id, started.revision)
             self._settle(gate, group, info, [], began, booked)
-            self.put_back(info, row, group)
+            self.put_back(info, row, group, started)
             return None
         plan.complete()
-        time.sleep(0)  # yield the GIL: the woken job's thread goes first, the start write after
+        time.sleep(0)  # yield the GIL: the woken job's thread goes first, the next reservations after
         refilled: list[JobModel] = []
         try:
-            ok, refilled = parked.start_reserved(info.model, row, started, self.marker, (info, group, booked))
-            if not ok:
-                logger.error("Job %s, handed a slot from the deck, had changed: its start was not recorded.",
-                             row.message_id)
+            refilled = parked.reserve_many(info, group, self.marker, booked)
         except Exception:
-            logger.exception("Could not record the start of job %s; it runs, and its outcome will not be "
-                             "recorded: the re-drive runs it again once its reservation ends.", row.message_id)
+            logger.exception("Could not reserve the next jobs of %s.", group)
         finally:
-            prestart.start_written(info.model, row.id, started.fencing_token)
             self._settle(gate, group, info, refilled, began, booked)
         logger.debug("Handed %s to job %s, on deck.", group, row.message_id)
         return started
@@ -268,10 +263,13 @@ class OnDeck:
 
     # -- giving back -----------------------------------------------------------
 
-    def put_back(self, info: "GroupInfo", row: JobModel, group: str) -> None:
-        """Clear a reservation: the row is an ordinary parked job again, and its group flagged."""
+    def put_back(self, info: "GroupInfo", row: JobModel, group: str, started: Optional[JobModel] = None) -> None:
+        """Clear a reservation (undo the row's start first: ``started``, not delivered): the row
+        is an ordinary parked job again, and its group flagged."""
         model = info.model
         try:
+            if started is not None:
+                parked.unstart(model, started, group)
             model.update(worker=None, lease_until=None).where(
                 (model.id == row.id) & (model.status == JobStatus.PENDING.value) & (model.worker == self.marker)
             ).execute()

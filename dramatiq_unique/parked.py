@@ -24,17 +24,6 @@ if TYPE_CHECKING:
     from .gates import GroupInfo
 
 
-def due(model: type[JobModel], group: str, now: Any) -> Any:
-    """The rows of ``group`` a waker may claim now."""
-    # A parked row that "replace" gave a later due time waits for its own message.
-    return (
-        (model.parked_on == group)
-        & (model.status == JobStatus.PENDING.value)
-        & (model.process_after.is_null() | (model.process_after <= now))
-        & (model.lease_until.is_null() | (model.lease_until <= now))  # not reserved
-    )
-
-
 def waiting_in(info: "GroupInfo", group: str) -> Optional[float]:
     """ms until a row parked on ``group`` may be claimed: 0 if one may be now, else until the
     first reservation runs out (:mod:`~dramatiq_unique.ondeck`); None if none waits.
@@ -43,9 +32,11 @@ def waiting_in(info: "GroupInfo", group: str) -> Optional[float]:
     that ran out between them looked neither due nor reserved, and its row was stranded.
     """
     model, now = info.model, utcnow()
-    free = model.lease_until.is_null() | (model.lease_until <= now)
-    free_rows, until = model.select(
+    clock = pw.SQL(sql_parking.db_now(model._meta.database))  # reservations run by the database's clock
+    free = model.lease_until.is_null() | (model.lease_until <= clock)
+    free_rows, until, db_time = model.select(
         pw.fn.COUNT(pw.Case(None, [(free, 1)], None)), pw.fn.MIN(pw.Case(None, [(free, None)], model.lease_until)),
+        clock,
     ).where(
         (model.parked_on == group) & (model.status == JobStatus.PENDING.value)
         & (model.process_after.is_null() | (model.process_after <= now))
@@ -54,9 +45,9 @@ def waiting_in(info: "GroupInfo", group: str) -> Optional[float]:
         return 0.0
     if until is None:
         return None
-    if isinstance(until, str):  # SQLite hands back text for an aggregate
-        until = model.lease_until.python_value(until)
-    return max((until - now).total_seconds() * 1000, 0)
+    # SQLite hands back text for an aggregate and for its clock.
+    until, db_time = (model.lease_until.python_value(v) if isinstance(v, str) else v for v in (until, db_time))
+    return max((until - db_time).total_seconds() * 1000, 0)
 
 
 def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
@@ -83,6 +74,12 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
 
 
 # -- reservations (ondeck.py) ---------------------------------------------------------
+#
+# A reservation's lease is written and read by the database's clock
+# (sql_parking.db_now), so processes whose clocks disagree agree on when it ends.
+# Safety does not rest on any clock: a reserved row is started by a compare-and-set
+# on what its reservation read (start_reserved), which fails once anyone else has
+# claimed, started, re-parked or replaced it.
 
 
 #: The columns a reservation reads back: what the woken message and its attempt's start need;
@@ -93,33 +90,22 @@ DECK_COLUMNS = (
 )
 
 
-def as_started(row: JobModel, lease_ms: float, worker: str) -> JobModel:
-    """The row as :func:`start_reserved` will make it."""
-    now = utcnow()
-    started = sql.to_model(type(row), (), ())
-    started.__data__ = {
-        **row.__data__, "status": JobStatus.RUNNING.value, "attempts": row.attempts + 1,
-        "fencing_token": row.fencing_token + 1, "started_at": now, "lease_until": after_ms(lease_ms, now),
-        "worker": worker, "parked_on": None,
-    }
-    setattr(started, sql.PARTIAL, True)
-    return started
-
-
 def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float) -> Optional[JobModel]:
     """Reserve the first due, unreserved row parked on ``group`` for this process, for
-    ``lease_ms``; None if there is none."""
+    ``lease_ms`` (by the database's clock); None if there is none.  The reservation gets a
+    fresh ``broker_ref``: the id its message will be delivered under, and its identity
+    (any claim by another waker writes its own)."""
     model = info.model
     db = model._meta.database
-    now = utcnow()
 
     def build() -> str:
         table, _, p = sql._names(model)
         q = sql._quoter(model)
         columns = [model._meta.fields[n].column_name for n in DECK_COLUMNS]
-        free = f"({q('lease_until')} IS NULL OR {q('lease_until')} <= {p})"
+        now = sql_parking.db_now(db)
+        free = f"({q('lease_until')} IS NULL OR {q('lease_until')} <= {now})"
         waiting = f"{q('parked_on')} = {p} AND {q('status')} = {p} AND {free}"  # SQLite checks the head again
-        sets = f"SET {q('worker')} = {p}, {q('lease_until')} = {p}, {q('broker_ref')} = {p} "
+        sets = f"SET {q('worker')} = {p}, {q('lease_until')} = {sql_parking.db_now(db, p)}, {q('broker_ref')} = {p} "
         head = sql_parking.queue_head(model, info.order_by)
         if is_postgres(db):
             return (
@@ -130,98 +116,82 @@ def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float) -> Opti
 
     key = ("reserve", model, info.order_by, sql_parking.no_flush_wait(db), sql._dialect(model))
     statement = sql._compiled(key, build)
-    fields = model._meta.fields
-    when = fields["lease_until"].db_value(now)
-    params = [marker, fields["lease_until"].db_value(after_ms(lease_ms, now)), str(uuid.uuid4()),
-              group, JobStatus.PENDING.value, when, when]
+    when = model._meta.fields["process_after"].db_value(utcnow())
+    params = [marker, float(lease_ms), str(uuid.uuid4()), group, JobStatus.PENDING.value, when]
     if not is_postgres(db):
-        params += [group, JobStatus.PENDING.value, when]
+        params += [group, JobStatus.PENDING.value]
     found = prepared.execute(db, statement, params).fetchone()
     return None if found is None else sql.to_model(model, found, DECK_COLUMNS)
 
 
-def start_reserved(
-    model: type[JobModel], row: JobModel, started: JobModel, marker: str,
-    next_rows: Optional[tuple["GroupInfo", str, int]] = None,
-) -> tuple[bool, list[JobModel]]:
-    """Write the start of a reserved row as ``started`` shows it, and (``next_rows``: group
-    info, group, how many) reserve the group's next rows; returns whether the row was
-    started (False: it had changed) and the rows reserved.  On PostgreSQL one statement."""
-    db = model._meta.database
-    info, group, count = next_rows if next_rows is not None else (None, "", 0)
-    if count and info is not None and is_postgres(db):
-        return _start_and_reserve(model, row, started, marker, info, group, count)
-
-    def build() -> str:
-        table, _, p = sql._names(model)
-        q = sql._quoter(model)
-        return f"UPDATE {table} SET {_start_sets(q, p)} WHERE {_start_where(q, p)}"
-
-    # Compiled once per table: this runs right after the woken job was put on the work
-    # queue, and the less Python it takes first, the sooner that job's thread gets going.
-    statement = sql._compiled(("start_reserved", model, sql._dialect(model)), build)
-    ok = bool(prepared.execute(db, statement, _start_params(model, row, started, marker)).rowcount)
-    rows = []
-    for _ in range(count if info is not None else 0):
+def reserve_many(info: "GroupInfo", group: str, marker: str, count: int) -> list[JobModel]:
+    """Up to ``count`` rows reserved with :func:`reserve`, for the group's slot lease."""
+    rows: list[JobModel] = []
+    for _ in range(count):
         found = reserve(info, group, marker, info.ttl_ms)
         if found is None:
             break
         rows.append(found)
-    return ok, rows
+    return rows
 
 
-def _start_sets(q: Any, p: str) -> str:
-    return (
-        f"{q('status')} = {p}, {q('attempts')} = {q('attempts')} + 1, "
-        f"{q('fencing_token')} = {q('fencing_token')} + 1, {q('started_at')} = {p}, {q('lease_until')} = {p}, "
-        f"{q('worker')} = {p}, {q('parked_on')} = NULL, {q('enqueued_at')} = {p}, {q('missing_since')} = NULL"
-    )
+def start_reserved(
+    model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float,
+) -> Optional[JobModel]:
+    """Start a row this process reserved (``row`` as its reservation read it), before its
+    message is delivered; returns the started row as the database now holds it, or None if
+    it is no longer ours as reserved: replaced (revision), claimed or reserved by another
+    process (status, ``worker``, ``broker_ref``), started by anyone (``fencing_token``).
 
-
-def _start_where(q: Any, p: str) -> str:
-    return (
-        f"{q('id')} = {p} AND {q('status')} = {p} AND {q('worker')} = {p} "
-        f"AND {q('fencing_token')} = {p} AND {q('revision')} = {p}"
-    )
-
-
-def _start_params(model: type[JobModel], row: JobModel, started: JobModel, marker: str) -> list:
-    fields = model._meta.fields
-    when = fields["started_at"].db_value(started.started_at)
-    return [
-        JobStatus.RUNNING.value, when, fields["lease_until"].db_value(started.lease_until), started.worker, when,
-        row.id, JobStatus.PENDING.value, marker, row.fencing_token, row.revision,
-    ]
-
-
-def _start_and_reserve(
-    model: type[JobModel], row: JobModel, started: JobModel, marker: str, info: "GroupInfo", group: str, count: int,
-) -> tuple[bool, list[JobModel]]:
-    """PostgreSQL: the start and the next reservations in one statement (one commit, one round trip)."""
+    A compare-and-set that reads no clock, so a reservation that ran out while this process
+    stalled, or that a process with a faster clock took early, is never started here.  The
+    attempt's token is the row's next one, drawn in the same statement: no attempt gets it
+    twice.  A synchronous commit (a lost start could hand its token out again).
+    """
     db = model._meta.database
 
     def build() -> str:
         table, _, p = sql._names(model)
         q = sql._quoter(model)
         columns = [model._meta.fields[n].column_name for n in DECK_COLUMNS]
-        head = f"{sql_parking.queue_head(model, info.order_by, limit=p)} FOR UPDATE SKIP LOCKED"
         return (
-            f"WITH started AS (UPDATE {table} SET {_start_sets(q, p)} WHERE {_start_where(q, p)} RETURNING 1), "
-            f"reserved AS (UPDATE {table} SET {q('worker')} = {p}, {q('lease_until')} = {p}, "
-            f"{q('broker_ref')} = gen_random_uuid()::text FROM ({head}) AS head WHERE {table}.{q('id')} = head.{q('id')} "
-            f"RETURNING {', '.join(f'{table}.{q(c)}' for c in columns)}) "
-            f"SELECT (SELECT count(*) FROM started), reserved.* FROM (SELECT 1) AS one LEFT JOIN reserved ON true"
+            f"UPDATE {table} SET {q('status')} = {p}, {q('attempts')} = {q('attempts')} + 1, "
+            f"{q('fencing_token')} = {q('fencing_token')} + 1, {q('started_at')} = {p}, {q('lease_until')} = {p}, "
+            f"{q('worker')} = {p}, {q('parked_on')} = NULL, {q('enqueued_at')} = {p}, {q('missing_since')} = NULL "
+            f"WHERE {q('id')} = {p} AND {q('status')} = {p} AND {q('worker')} = {p} AND {q('revision')} = {p} "
+            f"AND {q('fencing_token')} = {p} AND {q('broker_ref')} = {p} "
+            f"RETURNING {', '.join(q(c) for c in columns)}"
         )
 
-    statement = sql._compiled(("start_and_reserve", model, info.order_by), build)
+    # Compiled once per table: it runs on the hand-over's critical path.
+    statement = sql._compiled(("start_reserved", model, sql._dialect(model)), build)
     fields = model._meta.fields
     now = utcnow()
-    when = fields["lease_until"].db_value(now)
-    params = _start_params(model, row, started, marker) + [
-        marker, fields["lease_until"].db_value(after_ms(info.ttl_ms, now)),
-        group, JobStatus.PENDING.value, when, when, count,
+    lease_until = after_ms(lease_ms, now)
+    when = fields["started_at"].db_value(now)
+    params = [
+        JobStatus.RUNNING.value, when, fields["lease_until"].db_value(lease_until), worker, when,
+        row.id, JobStatus.PENDING.value, marker, row.revision, row.fencing_token, row.broker_ref,
     ]
-    found = prepared.execute(db, statement, params).fetchall()
-    ok = bool(found and found[0][0])
-    rows = [sql.to_model(model, r[1:], DECK_COLUMNS) for r in found if r[1] is not None]
-    return ok, rows
+    found = prepared.execute(db, statement, params).fetchone()
+    if found is None:
+        return None
+    started = sql.to_model(model, found, DECK_COLUMNS)
+    started.__data__.update(started_at=now, lease_until=lease_until, worker=worker, parked_on=None)
+    setattr(started, sql.PARTIAL, True)
+    return started
+
+
+def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
+    """Undo :func:`start_reserved` (or a claim's start) whose message was not delivered: the row
+    is parked on ``group`` again, unreserved, its attempt not counted.  Its fencing token stays
+    drawn (tokens never go back).  False if the attempt no longer owns the row."""
+    return bool(
+        model.update(
+            status=JobStatus.PENDING.value, parked_on=group, attempts=model.attempts - 1, worker=None,
+            lease_until=None,
+        ).where(
+            (model.id == started.id) & (model.status == JobStatus.RUNNING.value)
+            & (model.fencing_token == started.fencing_token) & (model.worker == started.worker)
+        ).execute()
+    )

@@ -23,6 +23,12 @@ If the delivery fails after such a claim (Redis down), the row is not
 put back in the queue as a plain claim is: it is a started attempt whose
 worker never ran it, like one whose worker died, and the re-drive finds
 it when its lease has run out and its message is missing.
+
+A started row is used by the woken message's pick-up in this process
+(ConcurrencySlots): at once if it comes soon; if it comes late, only once
+a write fenced by the start's token (its lease renewed) shows that no
+other attempt took the job over meanwhile.  So the claim's token is only
+ever the one attempt's.
 """
 
 from __future__ import annotations
@@ -90,12 +96,13 @@ class Started:
         return entry[1]
 
 
-# -- starts written after the job began (ondeck.py) ----------------------------------
+# -- starts written after the job began ---------------------------------------------
 #
-# A job handed a slot from the deck runs at once; its row's start is written
-# a moment later by the thread that handed it over.  Until that commit, a
-# write fenced by the attempt's token would find the row still at the old
-# token: such writes wait for it here (:func:`wait_started`).
+# A fenced write of an attempt whose start may not be committed yet waits for
+# it here (:func:`wait_started`).  The deck (ondeck.py) used to deliver a job
+# before writing its start; it now starts the row first (a stale reservation
+# must start nothing), so nothing registers a start here today: the calls in
+# the write paths cost a dict lookup, and stay for a start that may come later.
 
 #: Seconds a fenced write waits for its attempt's start to be committed.
 START_WAIT = 30.0

@@ -13,6 +13,10 @@ A pass, for every job table:
    ``on_lost`` applies;
 4. deletes finished rows older than ``retention``.
 
+Every step acts only on rows of this process's app, of actors it declares
+on ``broker`` (scope.py): apps that share the database never touch each
+other's jobs, and a row is never sent into a broker that cannot run it.
+
 Correctness does not rest on the pass lock, which only saves work: rows
 are claimed by conditional UPDATEs (after ``SELECT ... FOR UPDATE SKIP
 LOCKED`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise the
@@ -23,7 +27,6 @@ older copy of a re-sent message is skipped, never run beside the new one.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -38,10 +41,12 @@ from . import options as opt
 from . import parking, store
 from .claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
 from .context import MARKER
+from .counts import RedriveCounts
 from .enqueue import resending
 from .errors import DramatiqUniqueError, RedisUnavailable
 from .models import JobModel, after_ms, utcnow
 from .presence import Presence, probe_for
+from .scope import Scope
 
 if TYPE_CHECKING:
     from .config import Suite
@@ -61,54 +66,17 @@ class JobLost(DramatiqUniqueError):
     """The job's message is in none of the broker's queues"""
 
 
-@dataclasses.dataclass
-class RedriveCounts:
-    """What one pass did."""
-
-    #: False when another process held the pass lock and this call did nothing.
-    ran: bool = True
-    #: Due pending and retrying jobs sent.
-    sent: int = 0
-    #: Parked jobs woken because their lock or slot holder was gone.
-    woken: int = 0
-    #: Jobs whose message was missed for the first time (checked again next pass).
-    missing: int = 0
-    #: Jobs confirmed lost.
-    lost: int = 0
-    #: Lost jobs sent again (``on_lost="redrive"``).
-    redriven: int = 0
-    #: Jobs marked failed: lost with ``on_lost="fail"`` or retries exhausted, or dead-lettered.
-    failed: int = 0
-    #: Queues whose messages held by dead workers were handed back (Redis broker).
-    requeued: int = 0
-    #: Finished rows deleted after ``retention``.
-    pruned: int = 0
-    #: Sends that failed (broker down); those jobs wait for the next pass.
-    errors: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    # Read like a dict too: counts["sent"], dict(counts).
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.__dataclass_fields__:
-            raise KeyError(name)
-        return getattr(self, name)
-
-    def keys(self) -> list[str]:
-        return list(self.__dataclass_fields__)
-
-
 def redrive(broker: Optional[dramatiq.Broker] = None, *, suite: Optional["Suite"] = None) -> RedriveCounts:
     """Run one re-drive pass, unless another process is running one; returns its counts."""
     suite = suite or _config.current()
     broker = broker or suite.broker or dramatiq.get_broker()
-    name = suite.keys.redrive_lock()
+    scope = Scope(suite, broker)
+    name = scope.lock_name()
     token, _ = suite.locks.acquire(name, PASS_LOCK_TTL)
     if token is None:
         return RedriveCounts(ran=False)
     try:
-        return run_pass(suite, broker, lock_token=token)
+        return run_pass(suite, broker, lock_token=token, scope=scope)
     finally:
         try:
             suite.locks.release(name, token)
@@ -116,20 +84,24 @@ def redrive(broker: Optional[dramatiq.Broker] = None, *, suite: Optional["Suite"
             logger.warning("Could not release the re-drive lock; it expires in %d ms.", PASS_LOCK_TTL)
 
 
-def run_pass(suite: "Suite", broker: dramatiq.Broker, *, lock_token: Optional[str] = None) -> RedriveCounts:
+def run_pass(
+    suite: "Suite", broker: dramatiq.Broker, *, lock_token: Optional[str] = None, scope: Optional[Scope] = None
+) -> RedriveCounts:
     """One pass, without taking the pass lock (``redrive()`` takes it)."""
     try:
         with store.db_errors("re-drive pass"):
-            return _Pass(suite, broker, lock_token).run()
+            return _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
     except redis.RedisError as e:
         raise RedisUnavailable(f"re-drive pass: {e}") from e
 
 
 class _Pass:
-    def __init__(self, suite: "Suite", broker: dramatiq.Broker, lock_token: Optional[str]) -> None:
+    def __init__(self, suite: "Suite", broker: dramatiq.Broker, lock_token: Optional[str], scope: Scope) -> None:
         self.suite = suite
         self.broker = broker
         self.lock_token = lock_token
+        self.scope = scope
+        self.lock_name = scope.lock_name()
         self.counts = RedriveCounts()
         self.started = utcnow()
         self.page = int(suite.settings.redrive_page_size)
@@ -138,7 +110,8 @@ class _Pass:
 
     def run(self) -> RedriveCounts:
         self._wake_parked()
-        for model in list(self.suite.models):
+        for model in self.scope.models():  # only tables with rows of actors this process declares
+            self.counts.adopted += self.scope.adopt(model, self.page, MAX_PAGES)
             self._send_due(model)
             self._check_lost(model)
             self._prune(model)
@@ -147,7 +120,7 @@ class _Pass:
     def _keep_lock(self) -> None:
         if self.lock_token is None:
             return
-        if not self.suite.locks.extend(self.suite.keys.redrive_lock(), self.lock_token, PASS_LOCK_TTL):
+        if not self.suite.locks.extend(self.lock_name, self.lock_token, PASS_LOCK_TTL):
             # Harmless for correctness (claims are conditional); another pass may start.
             logger.warning("The re-drive lock expired during a pass.")
 
@@ -166,7 +139,8 @@ class _Pass:
             for _ in range(MAX_PAGES):
                 if self.broker_down:
                     return
-                rows = claims.claim_page(model, claims.due(model, status, utcnow()), self.page)
+                cond = claims.due(model, status, utcnow()) & self.scope.where(model)
+                rows = claims.claim_page(model, cond, self.page)
                 if rows:
                     self.counts.sent += self._publish(model, rows, revert_to=status)
                     self._keep_lock()
@@ -209,7 +183,7 @@ class _Pass:
             for _ in range(MAX_PAGES):
                 if self.broker_down:
                     return
-                rows = list(claims.suspect_query(model, cond, order, self.page))
+                rows = list(claims.suspect_query(model, cond & self.scope.where(model), order, self.page))
                 if rows:
                     self._judge(model, status, rows)
                     self._keep_lock()
@@ -306,7 +280,8 @@ class _Pass:
         # Rows hold idempotency keys for their window: keep them at least that long.
         cutoff = after_ms(-max(settings.retention, settings.idempotency_window))
         for _ in range(MAX_PAGES):
-            ids = [row_id for (row_id,) in claims.prune_query(model, cutoff, self.page).tuples()]
+            query = claims.prune_query(model, cutoff, self.page).where(self.scope.where(model))
+            ids = [row_id for (row_id,) in query.tuples()]
             if ids:
                 self.counts.pruned += model.delete().where(model.id.in_(ids)).execute()
                 self._keep_lock()

@@ -103,17 +103,18 @@ def insert(model: type[JobModel], values: dict[str, Any]) -> int:
 HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
 
 
-def holder(model: type[JobModel], hold: str) -> Optional[JobModel]:
-    """The HOLDER_COLUMNS of the row holding ``hold``, if any: one small query, which a burst
-    of duplicate sends makes often (:mod:`dramatiq_unique.duplicates`)."""
+def holder(model: type[JobModel], hold: str, app: str = "") -> Optional[JobModel]:
+    """The HOLDER_COLUMNS of the row of ``app`` holding ``hold``, if any: one small query, which a burst
+    of duplicate sends makes often (:mod:`dramatiq_unique.duplicates`).  Holds are unique per app."""
 
     def build() -> str:
         table, _, p = _names(model)
         q = _quoter(model)
-        return f"SELECT {', '.join(q(c) for c in HOLDER_COLUMNS)} FROM {table} WHERE {q('unique_hold')} = {p}"
+        where = f"{q('app')} = {p} AND {q('unique_hold')} = {p}"
+        return f"SELECT {', '.join(q(c) for c in HOLDER_COLUMNS)} FROM {table} WHERE {where}"
 
     sql = _compiled(("holder", model, _dialect(model)), build)
-    row = prepared.execute(model._meta.database, sql, [hold]).fetchone()
+    row = prepared.execute(model._meta.database, sql, [app, hold]).fetchone()
     return None if row is None else to_model(model, row, HOLDER_COLUMNS)
 
 

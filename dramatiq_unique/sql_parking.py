@@ -33,19 +33,36 @@ def no_flush_wait(db: Any) -> str:
     return ""
 
 
+def db_now(db: Any, plus_ms: Optional[str] = None) -> str:
+    """The database's clock as an SQL expression in the job table's time format (naive UTC),
+    ``plus_ms`` (a placeholder: ms) later if given.
+
+    Reservations (:mod:`dramatiq_unique.ondeck`) are written and read by it, so one
+    process's wall clock is never compared with a lease another process's clock wrote.
+    SQLite's clock is the machine's: its processes share it.
+    """
+    if is_postgres(db):
+        now = "(statement_timestamp() AT TIME ZONE 'UTC')"
+        return now if plus_ms is None else f"({now} + CAST({plus_ms} AS double precision) * INTERVAL '1 millisecond')"
+    if plus_ms is None:
+        return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
+    return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || (CAST({plus_ms} AS REAL) / 1000.0) || ' seconds')"
+
+
 def queue_head(model: type[JobModel], order_by: str, limit: str = "1") -> str:
     """The SELECT of a group's next due, unreserved parked rows, in serving order.
 
-    Parameters, in order: group, ``pending``, now (reservations, see
-    :mod:`dramatiq_unique.ondeck`), now (due time); then the limit if it is
-    a placeholder.  The one definition of "next" for claims and reservations.
+    Parameters, in order: group, ``pending``, now (due time); then the limit
+    if it is a placeholder.  Reservations (see :mod:`dramatiq_unique.ondeck`)
+    are judged by the database's clock (:func:`db_now`).  The one definition
+    of "next" for claims and reservations.
     """
     table, _, p = _names(model)
     q = _quoter(model)
     order = q("process_after") if order_by == "process_after" else q("created_at")
     return (
         f"SELECT {q('id')} FROM {table} WHERE {q('parked_on')} = {p} AND {q('status')} = {p} "
-        f"AND ({q('lease_until')} IS NULL OR {q('lease_until')} <= {p}) "
+        f"AND ({q('lease_until')} IS NULL OR {q('lease_until')} <= {db_now(model._meta.database)}) "
         f"AND ({q('process_after')} IS NULL OR {q('process_after')} <= {p}) "
         f"ORDER BY {order}, {q('id')} LIMIT {limit}"
     )
@@ -117,7 +134,7 @@ def claim_parked(
             JobStatus.RUNNING.value, queued, when, fields["lease_until"].db_value(lease_until), worker,
             1 if release_hold else 0,
         ]
-    params += [when, broker_ref, group, pending, when, when]
+    params += [when, broker_ref, group, pending, when]
     if not is_postgres(db):
         params += [group, pending]
     row = prepared.execute(db, sql, params).fetchone()

@@ -65,7 +65,7 @@ def check_idempotency(model: type[JobModel], fields: dict[str, Any]) -> None:
     """After an insert clashed: raise IdempotencyHeld if the idempotency key was the cause."""
     hold = fields.get("idempotency_hold")
     if hold:
-        holder = get(model, idempotency_hold=hold)
+        holder = get(model, app=fields.get("app", ""), idempotency_hold=hold)  # keys are per app
         if holder is not None and holder.message_id != fields["message_id"]:
             raise IdempotencyHeld(holder)
 
@@ -97,7 +97,7 @@ def insert_holding(
             return sql.insert(model, {**fields, "unique_hold": hold}), None
         except pw.IntegrityError:
             check_idempotency(model, fields)
-            found = sql.holder(model, hold)
+            found = sql.holder(model, hold, fields.get("app", ""))
             if found is None:
                 if get(model, message_id=fields["message_id"]) is not None:
                     raise  # not the hold: this message already has a row
@@ -113,10 +113,10 @@ def insert_holding(
     raise DatabaseUnavailable(f"could not settle the unique hold {hold!r}")
 
 
-def holder(model: type[JobModel], hold: str, window_ms: Optional[float]) -> Optional[JobModel]:
-    """The job holding ``hold`` (:data:`sql.HOLDER_COLUMNS` of it), if one does and, with
+def holder(model: type[JobModel], hold: str, window_ms: Optional[float], app: str = "") -> Optional[JobModel]:
+    """The job of ``app`` holding ``hold`` (:data:`sql.HOLDER_COLUMNS` of it), if one does and, with
     ``window_ms``, was sent less than that long ago."""
-    job = sql.holder(model, hold)
+    job = sql.holder(model, hold, app)
     return None if job is None or _outlived(job, window_ms) else job
 
 

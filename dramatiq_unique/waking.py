@@ -74,7 +74,10 @@ class Waking:
                 row = self._claim_next(info, group)
                 if row is not None:
                     grant = token if fresh else gate.pass_to(group, token, info.ttl_ms)
-                    if grant is None:
+                    if grant is None:  # nothing was sent: a start the claim wrote is undone too
+                        if row.status == JobStatus.RUNNING.value:
+                            self.started.take(row.message_id, row.revision)
+                            parked.unstart(info.model, row, group)
                         parked.unclaim(info.model, row, group)
                         return None
                     token = grant

@@ -19,12 +19,18 @@ class CliWorker:
     SIGKILLs one worker process.
     """
 
-    def __init__(self, module: str, env: dict[str, str], *, processes: int = 1, threads: int = 4) -> None:
+    def __init__(self, module: str, env: dict[str, str], *, processes: int = 1, threads: int = 4,
+                 stderr_path: "str | os.PathLike[str] | None" = None) -> None:
+        # A pipe nobody reads until stop() fills up and blocks a worker that logs much (a fault
+        # test's workers do): with ``stderr_path`` the log goes to that file instead.
+        self.stderr_path = stderr_path
+        self._stderr_file = open(stderr_path, "a") if stderr_path is not None else None
         self.process = subprocess.Popen(
             [sys.executable, "-m", "dramatiq", module, "--processes", str(processes), "--threads", str(threads),
              "--path", str(ROOT), "--worker-shutdown-timeout", "5000"],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=self._stderr_file if self._stderr_file is not None else subprocess.PIPE, text=True,
         )
 
     def children(self) -> list[int]:
@@ -35,8 +41,14 @@ class CliWorker:
             return []
 
     def kill_child(self, pid: int) -> None:
-        if pid in self.children():  # only a worker process this object started
-            os.kill(pid, signal.SIGKILL)
+        self.signal_child(pid, signal.SIGKILL)
+
+    def signal_child(self, pid: int, sig: int) -> bool:
+        """Send ``sig`` to worker process ``pid`` if it is one this object started; True if sent."""
+        if pid in self.children():
+            os.kill(pid, sig)
+            return True
+        return False
 
     def stop(self, timeout: float = 15.0) -> str:
         """Stop the workers; returns their stderr."""
@@ -53,6 +65,10 @@ class CliWorker:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if self._stderr_file is not None:
+            self._stderr_file.close()
+            with open(self.stderr_path) as f:
+                err = f.read()
         return err or ""
 
 

@@ -9,11 +9,13 @@ from typing import Any, Optional
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
 
-from .. import context, heartbeat, parked, parking, store
+from .. import context, heartbeat, parked, parking, sql, store
+from .. import options as opt
 from ..config import ActorConfig, Suite
 from ..context import MARKER
 from ..guard import hook
 from ..locks import new_token
+from ..models import after_ms
 from ..slots import HeldSlot, declared_limit, gate_of, group_key, group_name, has_slots, ttl_of
 
 logger = logging.getLogger(__name__)
@@ -87,16 +89,15 @@ class ConcurrencySlots(Middleware):
         ttl, limit = ttl_of(config, opts), declared_limit(config, opts)
         marker = opts.get(MARKER)
         wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None
-        reserved = None
+        reserved, started = None, None
         if isinstance(wake, dict) and wake.get("g") == group:
             reserved = marker.pop(parking.WAKE)["t"]  # woken for this slot: it was handed to us
+            if wake.get("w") == self.suite.worker_id:  # woken here: its claim (or the deck) may have started it
+                started = self.parking.started.take(message.message_id, int(marker.get("rev", 0)))
         if reserved is not None and self._fresh_here(wake, ttl):
             # Granted by this process a moment ago, its lease barely begun: it is ours,
             # without asking Redis again (one round trip off every local hand-over).
             token = reserved
-            started = self.parking.started.take(message.message_id, int(marker.get("rev", 0)))
-            if started is not None:  # its claim started the attempt: JobTracking uses that row
-                ctx.extras[context.STARTED] = started
         else:
             token = new_token()
             own = opts.get("concurrency_limit")  # a message's own limit: the gate must know it too
@@ -106,7 +107,14 @@ class ConcurrencySlots(Middleware):
                 self._park(config, message, group, ttl)
             entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
             if not entered:
+                if started is not None:  # its start is undone: it waits parked, as not started
+                    with store.db_errors(f"parking job {message.message_id}"):
+                        parked.unstart(config.model, started, group)
                 self._park(config, message, group, ttl if wait < 0 else wait)
+            if started is not None:
+                started = self._still_ours(config, message, group, token, started)
+        if started is not None:  # its claim started the attempt: JobTracking uses that row
+            ctx.extras[context.STARTED] = started
         held = HeldSlot(self.gate, group, token, ttl, limit)
         ctx.extras[HELD] = held
         self.parking.ondeck.holding(group, 1)
@@ -114,6 +122,20 @@ class ConcurrencySlots(Middleware):
         # The slot goes to the next job as soon as the actor is done, before the outcome
         # is written: a slot orders nothing, so the next job need not wait for that commit.
         ctx.extras.setdefault(context.BEFORE_RECORD, []).append(lambda: self._leave(message))
+
+    def _still_ours(self, config: ActorConfig, message, group: str, token: str, started: Any) -> Any:
+        """A job started by its claim (or the deck) and picked up late, in the slot ``token``: it
+        runs under that start only if its row still carries the start's fencing token (its lease
+        renewed, by a fenced write); else another attempt took the job over (this process stalled
+        past the lease): the message is dropped and the slot handed on."""
+        lease = after_ms(float(config.get(message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)))
+        with store.db_errors(f"starting job {message.message_id}"):
+            renewed = sql.update_fenced(config.model, started.id, started.fencing_token, {"lease_until": lease})
+        if renewed:
+            started.__data__["lease_until"] = lease
+            return started
+        self.parking.leave(self.gate, group, token)
+        raise SkipMessage(f"job {message.message_id} was taken over by another attempt while it waited")
 
     def _fresh_here(self, wake: Any, ttl_ms: float) -> bool:
         """Whether a reservation was granted by this very process (same host and pid, so the

@@ -54,9 +54,10 @@ def test_reserved_jobs_stay_parked_and_start_in_order_once_each(suite, broker, m
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
-def test_a_job_that_ends_before_its_start_is_written_records_its_outcome(suite, broker, make_worker, monkeypatch):
-    """Given the start of a job from the deck written late (slow), When the job itself is over first,
-    Then its outcome waits for that start and is recorded: one attempt, succeeded."""
+def test_a_job_from_the_deck_runs_only_once_its_start_is_in_the_database(suite, broker, make_worker, monkeypatch):
+    """Given the start of a job from the deck written slowly, When the job runs, Then its row already says
+    running, under the attempt's own fencing token and worker (the start is written before the delivery);
+    its outcome is recorded: one attempt, succeeded."""
     written = parked.start_reserved
 
     def slow_start(*args, **kwargs):
@@ -64,16 +65,19 @@ def test_a_job_that_ends_before_its_start_is_written_records_its_outcome(suite, 
         return written(*args, **kwargs)
 
     monkeypatch.setattr(parked, "start_reserved", slow_start)
-    rec = Recorder()
+    rec, seen = Recorder(), {}
 
     @dramatiq.actor(concurrency_limit=1)
     def quick(i: int) -> None:
+        job, row = dramatiq_unique.current_job(), JobModel.get_by_id(dramatiq_unique.current_job().id)
+        seen[i] = (row.status, row.fencing_token == job.fencing_token, row.worker == job.worker)
         rec.run("g", i, 150 if i == 0 else 1)
 
     make_worker(4)
     queue_behind_a_holder(quick, rec, 2)
     wait_until(lambda: len(reserved("quick")) == 1, timeout=10, what="a row on deck")
     wait_until(lambda: rec.ended() == 2, timeout=10, what="2 jobs to end")
+    assert seen[1] == ("running", True, True)
     assert_all_succeeded_once("quick", 2)
 
 

@@ -1,0 +1,46 @@
+"""What a re-drive pass did: :class:`RedriveCounts`, which :func:`dramatiq_unique.redrive` returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class RedriveCounts:
+    """What one pass did."""
+
+    #: False when another process held the pass lock and this call did nothing.
+    ran: bool = True
+    #: Due pending and retrying jobs sent.
+    sent: int = 0
+    #: Parked jobs woken because their lock or slot holder was gone.
+    woken: int = 0
+    #: Jobs whose message was missed for the first time (checked again next pass).
+    missing: int = 0
+    #: Jobs confirmed lost.
+    lost: int = 0
+    #: Lost jobs sent again (``on_lost="redrive"``).
+    redriven: int = 0
+    #: Jobs marked failed: lost with ``on_lost="fail"`` or retries exhausted, or dead-lettered.
+    failed: int = 0
+    #: Queues whose messages held by dead workers were handed back (Redis broker).
+    requeued: int = 0
+    #: Finished rows deleted after ``retention``.
+    pruned: int = 0
+    #: Sends that failed (broker down); those jobs wait for the next pass.
+    errors: int = 0
+    #: Rows written without an app (an earlier version) that this app took (scope.py).
+    adopted: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # Read like a dict too: counts["sent"], dict(counts).
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def keys(self) -> list[str]:
+        return list(self.__dataclass_fields__)
