@@ -196,7 +196,10 @@ def test_one_master_down_jobs_flow_two_down_none_runs_both_back_all_finish(broke
         back = events.record("quorum back")
         for index in (0, 1):
             masters[index] = RedisServer(masters[index].port).start()
+        restored = time.monotonic()
         wait_until(lambda: events.ended(waiting) == len(waiting), timeout=30, what="the jobs that waited")
+        print(f"FAULT redlock-masters jobs={len(sent)} waited={len(waiting)} refused_sends=1 "
+              f"recover_s={time.monotonic() - restored:.1f}")
     finally:
         worker.stop(timeout=10_000)
         suite.db.close()
