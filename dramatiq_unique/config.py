@@ -18,6 +18,7 @@ from .database import describe
 from .errors import DatabaseUnavailable, InvalidOption, NotConfigured
 from .keys import DEFAULT_KEY_PREFIX, RedisKeys
 from .locks import Locks
+from .redlock import DEFAULT_LOCK_TIMEOUT
 from .models import JobModel, base_field_names, create_tables, open_database
 from .scope import app_name
 
@@ -74,10 +75,16 @@ class Settings:
     check_redis: bool = True
     #: ms each Redis server may take to answer the one-time check of :func:`dramatiq_unique.setup`.
     check_timeout: int = DEFAULT_CHECK_TIMEOUT
+    #: With several Redis servers (Redlock masters): ms each master may take to connect or to answer
+    #: a lock operation, asked over a client of the suite's own made from the one given (same address,
+    #: password, TLS) with this timeout and no retries.  A master down or stalled then costs a lock
+    #: operation this long at most, and is skipped for a second after it failed.  Keep it well below
+    #: ``unique_ttl`` (a lease is only valid for its TTL less the time taken to take it).
+    lock_timeout: int = DEFAULT_LOCK_TIMEOUT
 
     def __post_init__(self) -> None:
         for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size",
-                     "database_connect_timeout", "database_timeout", "check_timeout"):
+                     "database_connect_timeout", "database_timeout", "check_timeout", "lock_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")
@@ -141,9 +148,11 @@ class Suite:
         prepared.enable(self.db, self.settings.prepared_statements)
         check_database(self.db)  # fail fast, naming the server
         self.masters = _redis_clients(redis)
-        #: The client for plain Redis state (slots, counters): the first master.
-        self.redis = self.masters[0]
-        self.locks = Locks(self.masters)
+        self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
+        #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
+        #: several Redlock masters, over its bounded client (redlock.py), so that the first master
+        #: down costs the flags, which the suite can do without, ``lock_timeout`` at most.
+        self.redis = self.masters[0] if self.locks.single else self.locks.nodes[0].client
         self.keys = RedisKeys(self.settings.key_prefix)
         #: The app this suite's job rows belong to, in a database several apps share (scope.py).
         self.app = app_name(self.settings.key_prefix)

@@ -1,22 +1,30 @@
-"""Redis locks: the only module that touches pottery.
+"""Redis locks, in our units (milliseconds) and our tokens.
 
-Everything here is in our units (milliseconds) and our tokens.  A lock
-is a Redis key ``redlock:<name>`` holding its holder's token with a
-TTL, as pottery's :class:`~pottery.Redlock` writes it:
+A lock is a Redis key ``redlock:<name>`` holding its holder's token with a
+TTL, as pottery's :class:`~pottery.Redlock` writes it (so a pottery Redlock
+and ours exclude each other):
 
-* with several masters, pottery's Redlock does the quorum work;
-* with one master, the same commands are issued directly: pottery runs
-  every call through a thread pool, which costs about four plain
-  round trips, and there is no quorum to gather.
+* with one master, one script per operation, over the client given;
+* with several, the Redlock algorithm as pottery runs it (a majority of
+  the masters, a lease shortened by the time taken and the clock drift),
+  over the same scripts, with each master asked over a bounded client of
+  the suite's own (:mod:`dramatiq_unique.redlock`): a master down or
+  stalled costs an operation ``lock_timeout`` at most.  pottery's own
+  Redlock cannot serve here: its acquire draws a random token of its own
+  (a queue lock's token is its message id), and it asks the masters over
+  the user's clients, with their retries and back-off.
 
 A token passes between processes (the enqueuing process takes a queue
 lock, a worker releases it): whoever knows the token may release or
 extend the lock, which is what :meth:`Locks.release` takes.
+
+Every script is safe to send again after a lost reply (see
+:mod:`dramatiq_unique.scripts`): each recognises its caller's token.
 """
 
 from __future__ import annotations
 
-import json
+import time
 import uuid
 from typing import Optional, Sequence
 
@@ -24,38 +32,33 @@ import redis
 
 from . import scripts
 from .errors import RedisUnavailable
-
-# pottery replaces json.dumps on import; put the original back so that
-# nothing else in the process (Dramatiq's encoder included) changes.
-_json_dumps = json.dumps
-import pottery  # noqa: E402
-from pottery.exceptions import PotteryError, PrimitiveError  # noqa: E402
-
-json.dumps = _json_dumps
-
-# pottery's quorum errors (QuorumIsImpossible, QuorumNotAchieved) are PrimitiveErrors, not PotteryErrors.
-_ERRORS = (redis.RedisError, PotteryError, PrimitiveError)
+from .redlock import DEFAULT_LOCK_TIMEOUT, Master, MasterSkipped, Replies, ask_all, drift
 
 #: The prefix pottery gives lock keys.
 KEY_PREFIX = "redlock"
-#: pottery stops extending after this many extensions unless raised; ours never stop.
-_UNLIMITED_EXTENSIONS = 2**62
 
-# KEYS[1] lock; ARGV token, ttl.  Take the lock (the integer 1), or answer the holder's
-# token (a string; nil if the lock expired meanwhile).  Flat replies: this is on every send.
+# KEYS[1] lock; ARGV token, ttl.  Take the lock (the integer 1), or answer the holder's token
+# (a string).  A lock that already holds the token is ours (a call sent again after its reply
+# was lost): its lease is renewed and it counts as taken.  Flat replies: this is on every send.
 _ACQUIRE = """
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return redis.call('get', KEYS[1])
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1 end
+if holder then return holder end
+redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 """
-# The release and extend scripts mirror pottery's: act only for the holder.
+# KEYS[1] lock; ARGV token.  Release if the token holds it: 1, else 0 (a repeat answers 0,
+# "not held", which its callers take as "look whether someone waits": harmless).
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
+# KEYS[1] lock; ARGV token, ttl.  Renew the lease if the token holds it (a repeat renews again).
 _EXTEND = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0
 """
+# KEYS[1] lock; ARGV token.  ms left on the token's hold; -3 if it does not hold the lock.
 _PTTL = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pttl', KEYS[1]) end
 return -3
@@ -64,13 +67,16 @@ return -3
 _FORCE = """
 return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1
 """
-# KEYS[1] lock; ARGV token, new token, ttl.  Re-issue a held lock under a new token.
+# KEYS[1] lock; ARGV token, new token, ttl.  Re-issue a held lock under a new token: 1, else 0.
+# A repeat finds the new token already there: done (its lease renewed).
 _TRANSFER = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 end
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] or holder == ARGV[2] then return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 end
 return 0
 """
 # KEYS[1] lock, KEYS[2] a sorted set; ARGV token, member.  Release unless
-# the member is in the set (someone may be waiting): 1 released, 2 kept, 0 not held.
+# the member is in the set (someone may be waiting): 1 released, 2 kept, 0 not held
+# (a repeat after a release: harmless, as for _RELEASE).
 _RELEASE_UNLESS = """
 if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
 if redis.call('zscore', KEYS[2], ARGV[2]) then return 2 end
@@ -91,14 +97,22 @@ class Locks:
 
     Parameters:
       masters: the Redis clients; with more than one, a lock needs a
-        majority of them (Redlock).
+        majority of them (Redlock), each asked over a bounded client of
+        the suite's own.
+      timeout_ms: with several masters, how long each may take to connect
+        or answer (the ``lock_timeout`` setting).  One master is asked over
+        the client given, with its own timeouts.
     """
 
-    def __init__(self, masters: Sequence[redis.Redis]) -> None:
+    def __init__(self, masters: Sequence[redis.Redis], *, timeout_ms: float = DEFAULT_LOCK_TIMEOUT) -> None:
         if not masters:
             raise ValueError("at least one Redis master is needed")
         self.masters = list(masters)
         self.single = len(self.masters) == 1
+        self.quorum = len(self.masters) // 2 + 1
+        self.timeout_ms = timeout_ms
+        #: With several masters, each master's bounded client and state (redlock.py).
+        self.nodes: list[Master] = []
         if self.single:
             client = self.masters[0]
             self._acquire = scripts.register(client, _ACQUIRE)
@@ -107,41 +121,60 @@ class Locks:
             self._pttl = scripts.register(client, _PTTL)
             self._release_unless = scripts.register(client, _RELEASE_UNLESS)
             self._force = scripts.register(client, _FORCE)
-        # Transfers run the same script on every master (pottery has no such operation).
-        self._transfer = [scripts.register(client, _TRANSFER) for client in self.masters]
-        self.quorum = len(self.masters) // 2 + 1
+            self._transfer = scripts.register(client, _TRANSFER)
+        else:
+            self.nodes = [Master(client, timeout_ms) for client in self.masters]
 
-    def _redlock(self, name: str, ttl_ms: float = 10_000, token: str = "") -> "pottery.Redlock":
-        lock = pottery.Redlock(
-            key=name,
-            masters=set(self.masters),
-            raise_on_redis_errors=True,
-            auto_release_time=ttl_ms / 1000,
-            num_extensions=_UNLIMITED_EXTENSIONS,
-        )
-        lock._uuid = token  # pottery keeps the holder's token private
-        return lock
+    # -- several masters: run a script on each, count the answers ----------------------
+
+    def _each(self, text: str, name: str, args: list, force: bool = True) -> Replies:
+        """``text`` on every master; ``force=False`` for a clean-up, which skips a master that failed
+        a moment ago even if the others make no majority (it decides nothing)."""
+        keys = [f"{KEY_PREFIX}:{name}"]
+        return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum, force)
+
+    def _check(self, replies: Replies, doing: str, name: str) -> None:
+        """Raise if too many masters failed for a majority to be reached (pottery's QuorumIsImpossible)."""
+        if len(replies.errors) > len(self.nodes) - self.quorum:
+            error = replies.errors[0]
+            raise RedisUnavailable(
+                f"{doing} lock {name!r}: {len(replies.errors)} of {len(self.nodes)} Redis masters failed "
+                f"(a majority must answer): {error}"
+            ) from error
+
+    # -- the operations ---------------------------------------------------------------
 
     def acquire(self, name: str, ttl_ms: float, token: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
-        """Try once to take ``name``.
+        """Try once to take ``name`` for ``token`` (a new one if not given).
 
         Returns ``(token, None)`` when taken, ``(None, holder)`` when
         someone holds it; ``holder`` is their token where it can be known
-        (one master), else None.  Raises :class:`RedisUnavailable`.
+        (one master; several, where a majority agrees), else None.  Raises
+        :class:`RedisUnavailable`.
         """
-        try:
-            if self.single:
-                token = token or new_token()
-                reply = self._acquire(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)])
-                if reply == 1:  # a holder token is bytes, never equal to 1
-                    return token, None
-                return None, (reply.decode() if isinstance(reply, bytes) else reply)
-            lock = self._redlock(name, ttl_ms)
-            if lock.acquire(blocking=False):
-                return lock._uuid, None
-            return None, None
-        except _ERRORS as e:
-            raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
+        token = token or new_token()
+        key = f"{KEY_PREFIX}:{name}"
+        if self.single:
+            try:
+                reply = self._acquire(keys=[key], args=[token, int(ttl_ms)])
+            except redis.RedisError as e:
+                raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
+            if reply == 1:  # a holder token is bytes, never equal to 1
+                return token, None
+            return None, (reply.decode() if isinstance(reply, bytes) else reply)
+        started = time.monotonic()
+        replies = self._each(_ACQUIRE, name, [token, int(ttl_ms)])
+        # The lease is only as good as what is left of it once a majority said yes.
+        validity = ttl_ms - (time.monotonic() - started) * 1000 - drift(ttl_ms)
+        if replies.count(lambda r: r == 1) >= self.quorum and validity > 0:
+            return token, None
+        if replies.count(lambda r: r == 1) or any(not isinstance(e, MasterSkipped) for e in replies.errors):
+            # Not taken: free what was taken (on every master asked: one whose reply was lost may hold it).
+            self._each(_RELEASE, name, [token], force=False)
+        self._check(replies, "taking", name)
+        holders = [r for r in replies.replies if isinstance(r, bytes)]
+        holder = max(set(holders), key=holders.count) if holders else None
+        return None, (holder.decode() if holder is not None and holders.count(holder) >= self.quorum else None)
 
     def force(self, name: str, token: str, ttl_ms: float) -> Optional[str]:
         """Take ``name`` for ``token`` whoever holds it (the caller knows the holder is stale).
@@ -159,15 +192,16 @@ class Locks:
 
     def release(self, name: str, token: str) -> bool:
         """Release ``name`` if ``token`` holds it; False if it did not."""
-        try:
-            if self.single:
+        if self.single:
+            try:
                 return bool(self._release(keys=[f"{KEY_PREFIX}:{name}"], args=[token]))
-            self._redlock(name, token=token).release()
+            except redis.RedisError as e:
+                raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
+        replies = self._each(_RELEASE, name, [token])
+        if replies.count(bool) >= self.quorum:
             return True
-        except pottery.ReleaseUnlockedLock:
-            return False
-        except _ERRORS as e:
-            raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
+        self._check(replies, "releasing", name)
+        return False
 
     def release_later(self, name: str, token: str) -> None:
         """Release ``name`` if ``token`` holds it, without waiting for Redis's reply (one master;
@@ -177,30 +211,39 @@ class Locks:
             return
         try:
             self._release.post(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
-        except _ERRORS as e:
+        except redis.RedisError as e:
             raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
 
     def extend(self, name: str, token: str, ttl_ms: float) -> bool:
         """Renew ``name``'s lease to ``ttl_ms`` if ``token`` holds it; False if it does not."""
-        try:
-            if self.single:
+        if self.single:
+            try:
                 return bool(self._extend(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
-            self._redlock(name, ttl_ms, token).extend()
+            except redis.RedisError as e:
+                raise RedisUnavailable(f"extending lock {name!r}: {e}") from e
+        replies = self._each(_EXTEND, name, [token, int(ttl_ms)])
+        if replies.count(bool) >= self.quorum:
             return True
-        except pottery.ExtendUnlockedLock:
-            return False
-        except _ERRORS as e:
-            raise RedisUnavailable(f"extending lock {name!r}: {e}") from e
+        self._check(replies, "extending", name)
+        return False
 
     def ttl(self, name: str, token: str) -> float:
         """Milliseconds left on ``token``'s hold of ``name``; 0 if it does not hold it."""
-        try:
-            if self.single:
+        if self.single:
+            try:
                 left = self._pttl(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
-                return float(max(left, 0))
-            return self._redlock(name, token=token).locked() * 1000
-        except _ERRORS as e:
-            raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
+            except redis.RedisError as e:
+                raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
+            return float(max(left, 0))
+        started = time.monotonic()
+        replies = self._each(_PTTL, name, [token])
+        left = sorted((int(r) for r in replies.replies if int(r) > 0), reverse=True)
+        if len(left) >= self.quorum:
+            # Held while a majority still has it, less the time taken and the drift.
+            quorum_left = left[self.quorum - 1]
+            return float(max(quorum_left - (time.monotonic() - started) * 1000 - drift(quorum_left), 0))
+        self._check(replies, "reading", name)
+        return 0.0
 
     def transfer(self, name: str, token: str, new_token: str, ttl_ms: float) -> bool:
         """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it.
@@ -208,32 +251,35 @@ class Locks:
         A lock handed to another job gets a token of its own, so a stale
         copy of an earlier holder's message can never pass for the holder.
         """
-        done = failed = 0
-        error: Optional[Exception] = None
-        for script in self._transfer:
+        args = [token, new_token, int(ttl_ms)]
+        if self.single:
             try:
-                done += bool(script(keys=[f"{KEY_PREFIX}:{name}"], args=[token, new_token, int(ttl_ms)]))
+                return bool(self._transfer(keys=[f"{KEY_PREFIX}:{name}"], args=args))
             except redis.RedisError as e:
-                failed, error = failed + 1, e
-        if done >= self.quorum:
+                raise RedisUnavailable(f"handing over lock {name!r}: {e}") from e
+        replies = self._each(_TRANSFER, name, args)
+        if replies.count(bool) >= self.quorum:
             return True
-        if failed > len(self.masters) - self.quorum:
-            raise RedisUnavailable(f"handing over lock {name!r}: {error}") from error
+        # Lost: free what is left of it under either token (a minority's hold would otherwise
+        # stand in the next holder's way until it expires).
+        self._each(_RELEASE, name, [new_token], force=False)
+        self._each(_RELEASE, name, [token], force=False)
+        self._check(replies, "handing over", name)
         return False
 
     def pttl(self, name: str) -> float:
         """Milliseconds until ``name`` frees itself, whoever holds it; 0 if it is free."""
-        left = []
-        error: Optional[Exception] = None
-        for client in self.masters:
+        key = f"{KEY_PREFIX}:{name}"
+        if self.single:
             try:
-                left.append(max(int(client.pttl(f"{KEY_PREFIX}:{name}")), 0))
+                return float(max(int(self.masters[0].pttl(key)), 0))
             except redis.RedisError as e:
-                error = e
-        if len(left) < self.quorum:
-            raise RedisUnavailable(f"reading lock {name!r}: {error}") from error
+                raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
+        replies = ask_all(self.nodes, lambda master: master.client.pttl(key), self.quorum)
+        self._check(replies, "reading", name)
         # Held while a majority still has it: the quorum-th longest lease.
-        return float(sorted(left, reverse=True)[self.quorum - 1])
+        left = sorted((max(int(r), 0) for r in replies.replies), reverse=True)
+        return float(left[self.quorum - 1])
 
     def release_unless(self, name: str, token: str, flags: str, member: str) -> int:
         """Release ``name`` unless ``member`` is in the sorted set ``flags``.
@@ -248,11 +294,18 @@ class Locks:
                 return int(self._release_unless(keys=[f"{KEY_PREFIX}:{name}", flags], args=[token, member]))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
+        first = self.nodes[0]
         try:
-            flagged = self.masters[0].zscore(flags, member) is not None
+            flagged = first.call(lambda master: master.client.zscore(flags, member)) is not None
         except redis.RedisError:
-            flagged = True  # cannot tell: assume someone waits, the caller asks the database
+            # Cannot tell: assume someone waits (the caller asks the database), and that the lock
+            # is still held: if it is not, handing it on fails (transfer), as asking would have.
+            return KEPT
         if flagged:
-            return KEPT if self.ttl(name, token) > 0 else NOT_HELD
+            if self.ttl(name, token) > 0:
+                return KEPT
+            # Not held by a majority any more: free what is left of it (a minority's hold would
+            # otherwise stand in the next holder's way until it expires).
+            self.release(name, token)
+            return NOT_HELD
         return RELEASED if self.release(name, token) else NOT_HELD
-

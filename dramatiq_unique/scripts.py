@@ -14,8 +14,15 @@ reader below parses.
 
 What redis-py's client would do for us and we do here instead: load the
 script when the server does not know it (``NOSCRIPT``), and reconnect
-when the connection broke (a restarted Redis).  All our scripts are
-safe to repeat: they take or free a named holder's token.
+when the connection broke (a restarted Redis).  A call is sent again only
+when a connection that had worked broke under it: the first send may have
+run with its reply lost, so every script of ours is safe to repeat (it
+recognises its caller's token: a repeated acquire finds the lock already
+its own, a repeated slot enter its slot already held).  A connection that
+could not be opened, or a call that timed out, is not sent again: the
+server is down or stalled, and another send would only wait as long
+again (against a Redlock master that is down, that wait is the whole
+cost of the outage; see :mod:`dramatiq_unique.locks`).
 
 A call may also be *posted* (:meth:`Script.post`): sent without waiting
 for its reply, which is read before the link's next call, or by a later
@@ -46,7 +53,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 logger = logging.getLogger(__name__)
 
-#: How many times a call is sent when the connection broke or the script was unknown.
+#: How many times a call is sent at most: once more after an open connection broke, and once
+#: more after the server did not know the script (``NOSCRIPT``).
 ATTEMPTS = 3
 #: Posted calls whose replies a link leaves unread before it waits for them.
 MAX_UNREAD = 64
@@ -242,12 +250,18 @@ class Script:
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
         link = _link(self.client)
         command = pack("EVALSHA", self.sha, len(keys), *keys, *args)
+        resent = False
         for attempt in range(1, ATTEMPTS + 1):
+            fresh = link.sock is None
             try:
                 reply = link.call(command)
-            except (RedisConnectionError, RedisTimeoutError):
-                if attempt == ATTEMPTS:
+            except RedisConnectionError:
+                # Sent again only over a connection that had worked (a restarted Redis, a
+                # connection killed while idle), and once: a fresh one that failed means the
+                # server is down.  The first send may have run: our scripts are safe to repeat.
+                if fresh or resent or attempt == ATTEMPTS:
                     raise
+                resent = True
                 continue
             if isinstance(reply, NoScriptError):
                 # Redis restarted or flushed its scripts: load it, send again.

@@ -79,26 +79,31 @@ end
 """
 # ARGV token, ttl, reserved token or "", the message's own limit or "".  Enter: take up a
 # reservation, or a free slot.  Returns {1, 0} when entered, else {0, ms until a holder's lease
-# runs out (-1: halted)}.
+# runs out (-1: halted)}.  A token that already holds a slot entered before (a call sent again
+# after its reply was lost, scripts.py): it is in, with no second slot.
 _ENTER = """
 if ARGV[5] ~= '' then redis.call('set', KEYS[4], ARGV[5], 'PX', 86400000) end
 """ + _PRELUDE + """
+if redis.call('zscore', KEYS[1], ARGV[2]) then hold(ARGV[2], tonumber(ARGV[3])) return {1, 0} end
 if ARGV[4] ~= '' and redis.call('zrem', KEYS[1], ARGV[4]) == 1 then held = held - 1 end
 if full(held) then return {0, wait()} end
 hold(ARGV[2], tonumber(ARGV[3]))
 return {1, 0}
 """
 # ARGV token, new token, ttl.  Hand a held slot on, unless the group is over its limit
-# without it (then it is given up).  1 handed on, 0 not.
+# without it (then it is given up).  1 handed on, 0 not.  A repeat finds the new token in: 1.
 _PASS = _PRELUDE + """
+if redis.call('zscore', KEYS[1], ARGV[3]) then return 1 end
 if redis.call('zrem', KEYS[1], ARGV[2]) == 0 then return 0 end
 if full(held - 1) then return 0 end
 hold(ARGV[3], tonumber(ARGV[4]))
 return 1
 """
 # KEYS[5], KEYS[6] a woken message's hash and ack set (delivery._CLAIM); ARGV token, new token,
-# ttl, message id, body.  _PASS, and on success the local delivery's writes (ondeck.py).
+# ttl, message id, body.  _PASS, and on success the local delivery's writes (ondeck.py).  A
+# repeat finds the new token in: 1, nothing written again (the message may be taken by now).
 _PASS_AND_DELIVER = _PRELUDE + """
+if redis.call('zscore', KEYS[1], ARGV[3]) then return 1 end
 if redis.call('zrem', KEYS[1], ARGV[2]) == 0 then return 0 end
 if full(held - 1) then return 0 end
 hold(ARGV[3], tonumber(ARGV[4]))
@@ -109,8 +114,10 @@ return 1
 # KEYS[5] the parking flags; ARGV token, group, new token or "", ttl.  Leave, unless someone
 # waits and could have the slot: then keep it for them, re-issued at once to the new token if
 # one is given (the woken job's: one round trip fewer on every hand-over).  1 released, 2 kept
-# or handed on, 0 not held (its lease ran out).
+# or handed on, 0 not held (its lease ran out, or a repeat after a release: harmless, the
+# caller only looks whether someone waits).  A repeat that finds the new token in: 2.
 _LEAVE = _PRELUDE + """
+if ARGV[4] ~= '' and redis.call('zscore', KEYS[1], ARGV[4]) then return 2 end
 if not redis.call('zscore', KEYS[1], ARGV[2]) then return 0 end
 if redis.call('zscore', KEYS[5], ARGV[3]) and not full(held - 1) then
   if ARGV[4] ~= '' then
@@ -124,14 +131,16 @@ return 1
 """
 # KEYS[5] the parking flags; ARGV token, ttl, group, delay.  A job just parked: flag its group
 # (due in delay ms), then look at the slots once more and take one if free.  1 taken, 0 not.
+# A repeat finds its token in: 1.
 _FLAG_AND_TAKE = _PRELUDE + wakeups.FLAG_FUNCTION + """
 flag(KEYS[5], ARGV[4], now + tonumber(ARGV[5]))
+if redis.call('zscore', KEYS[1], ARGV[2]) then return 1 end
 if full(held) then return 0 end
 hold(ARGV[2], tonumber(ARGV[3]))
 return 1
 """
 # ARGV token, ttl.  heartbeat(): renew the lease; a lapsed holder gets back in if there
-# is room.  1 renewed, 0 lost.
+# is room.  1 renewed, 0 lost.  A repeat renews again.
 _RENEW = _PRELUDE + """
 if redis.call('zscore', KEYS[1], ARGV[2]) or not full(held) then
   hold(ARGV[2], tonumber(ARGV[3]))

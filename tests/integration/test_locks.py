@@ -1,4 +1,4 @@
-"""Locks over three Redis masters (dramatiq_unique.locks, pottery's Redlock), with masters stopped.
+"""Locks over three Redis masters (dramatiq_unique.locks and redlock: Redlock), with masters stopped or stalled.
 
 Each test starts its own three ``redis-server`` processes on free loopback
 ports in 6401-6409 (nothing persisted) and stops them afterwards; the
@@ -7,6 +7,8 @@ shared Redis only carries the broker.
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -18,7 +20,7 @@ import pytest
 import redis
 
 import dramatiq_unique
-from dramatiq_unique import RedisUnavailable, current_job, heartbeat
+from dramatiq_unique import RedisUnavailable, current_job, heartbeat, redlock
 from dramatiq_unique.locks import KEPT, NOT_HELD, RELEASED, Locks, new_token
 from tests.helpers import wait_until
 
@@ -91,7 +93,7 @@ def clients(servers) -> list[redis.Redis]:
 def test_three_masters_lock_like_one(masters):
     locks = Locks(clients(masters))
     token, _ = locks.acquire("job", 2_000)
-    assert token is not None and locks.acquire("job", 2_000) == (None, None)
+    assert token is not None and locks.acquire("job", 2_000) == (None, token), "a majority names the holder"
     assert all(locks.extend("job", token, 2_000) for _ in range(20)), "no limit on extensions"
     assert 1_500 < locks.ttl("job", token) <= 2_000 and 1_500 < locks.pttl("job") <= 2_000
     fresh = new_token()
@@ -185,3 +187,100 @@ def test_with_two_masters_of_three_stopped_no_job_runs_unlocked(broker, database
     assert dramatiq_unique.get_job(message.message_id).status not in ("running", "succeeded")
     retry = dramatiq.Message.decode(next(iter(broker.client.hvals(delayed))))
     assert "RedisUnavailable" in retry.options["traceback"]
+
+
+def test_with_three_masters_the_queue_lock_carries_the_message_id_and_is_freed_at_start(broker, sqlite_url,
+                                                                                      key_prefix, masters):
+    """Given three masters, When a unique job is sent, Then its queue lock on each master holds the
+    message id (as with one master, so the worker that starts it can free it), and is gone once it ran."""
+    suite = lock_suite(broker, sqlite_url, key_prefix, masters)
+    ran = []
+
+    @dramatiq.actor(unique_args=["key"], unique_lock="until_executing")
+    def once(key):
+        ran.append(key)
+
+    message = once.send("k")
+    job = dramatiq_unique.get_job(message.message_id)
+    lock_key = f"redlock:{suite.keys.queue_lock(job.unique_key)}"
+    assert [c.get(lock_key) for c in clients(masters)] == [message.message_id.encode()] * 3
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        wait_until(lambda: ran == ["k"], timeout=10, what="the job")
+        wait_until(lambda: not any(c.exists(lock_key) for c in clients(masters)), timeout=10,
+                   what="the queue lock freed")
+    finally:
+        worker.stop(timeout=10_000)
+        suite.db.close()
+
+
+def test_a_dead_or_stalled_master_is_asked_over_a_bounded_client_and_then_skipped(masters):
+    """Given clients with redis-py's own defaults (5 s timeouts, retries with back-off), When one master
+    of three is stalled (SIGSTOP), Then locks still work, the stalled master is asked with lock_timeout
+    and no retry after a timeout, and is skipped for a while after it failed, whatever client was given."""
+    given = [redis.Redis(host="127.0.0.1", port=s.port) for s in masters]
+    locks = Locks(given, timeout_ms=50)
+    for node in locks.nodes:
+        kwargs = node.client.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (0.05, 0.05)
+        retry = kwargs["retry"]  # once after a broken connection, never after a timeout
+        assert retry.get_retries() == 1 and retry._supported_errors == (redis.ConnectionError,)
+        assert kwargs["port"] == node.user_client.connection_pool.connection_kwargs["port"]
+    token, _ = locks.acquire("job", 5_000)
+    os.kill(masters[1].process.pid, signal.SIGSTOP)
+    try:
+        assert locks.extend("job", token, 5_000)
+        assert locks.nodes[1].health.down_until > time.monotonic(), "the stalled master failed, and is skipped"
+        assert locks.nodes[1].skipped()
+        replies = redlock.ask_all(locks.nodes, lambda master: master.run("return 1", [], []), locks.quorum)
+        assert replies.replies == [1, 1] and isinstance(replies.errors[0], redlock.MasterSkipped)
+        fresh = new_token()
+        assert locks.transfer("job", token, fresh, 5_000) and locks.release("job", fresh)
+        assert locks.acquire("job", 5_000)[0] is not None
+    finally:
+        os.kill(masters[1].process.pid, signal.SIGCONT)
+
+
+def test_a_lock_held_by_a_minority_is_freed_there_when_its_holder_finds_it_lost(masters):
+    """Given a holder whose lock survives on one master of three only (the others lost it: expired,
+    restarted), When it hands the lock on or releases it with a waiter flagged, Then the hand-over
+    fails and the minority's copy is freed at once, not left in the next holder's way until it expires."""
+    given = clients(masters)
+    locks = Locks(given)
+    token, _ = locks.acquire("job", 30_000)
+    for client in given[1:]:
+        client.delete("redlock:job")
+    assert not locks.transfer("job", token, new_token(), 30_000)
+    assert given[0].get("redlock:job") is None
+    assert locks.acquire("job", 30_000)[0] is not None
+    token, _ = locks.acquire("other", 30_000)
+    for client in given[1:]:
+        client.delete("redlock:other")
+    given[0].zadd("flags", {"lock:other": 1})
+    assert locks.release_unless("other", token, "flags", "lock:other") == NOT_HELD
+    assert given[0].get("redlock:other") is None
+
+
+def test_lock_timeout_bounds_the_masters_and_the_first_masters_plain_state(broker, sqlite_url, key_prefix, masters):
+    """Given three masters and lock_timeout=250, Then each master and the suite's plain Redis state (the
+    first master: slots, wake-up flags) go over bounded clients; with one server, the client given is used."""
+    suite = dramatiq_unique.setup(broker, database=sqlite_url, key_prefix=key_prefix, redriver=False,
+                                  redis=[s.url for s in masters], lock_timeout=250)
+    try:
+        assert suite.redis is suite.locks.nodes[0].client
+        for node in suite.locks.nodes:
+            assert node.client.connection_pool.connection_kwargs["socket_timeout"] == 0.25
+        assert suite.redis.ping()
+    finally:
+        suite.db.close()
+    for bad in (0, -1, "100"):
+        with pytest.raises(dramatiq_unique.InvalidOption, match="lock_timeout"):
+            dramatiq_unique.setup(broker, database=sqlite_url, key_prefix=key_prefix, redriver=False,
+                                  redis=[s.url for s in masters], lock_timeout=bad)
+    given = redis.Redis.from_url(masters[0].url)
+    one = dramatiq_unique.setup(broker, database=sqlite_url, key_prefix=key_prefix, redriver=False, redis=given)
+    try:
+        assert one.redis is given and one.locks.single
+    finally:
+        one.db.close()
