@@ -55,8 +55,8 @@ def queue_head(model: type[JobModel], order_by: str, limit: str = "1") -> str:
     Parameters, in order: app, group, ``pending``, now (due time); then the
     limit if it is a placeholder.  The app, because apps that share the table
     share group names (an actor of the same name, the same key): a row of
-    another app is never its job to wake (guarantee 7; ``(app, parked_on)``
-    is the index).  Reservations (see :mod:`dramatiq_unique.ondeck`) are
+    another app is never its job to wake (guarantee 7; the index is
+    ``(app, parked_on, created_at)``).  Reservations (see :mod:`dramatiq_unique.ondeck`) are
     judged by the database's clock (:func:`db_now`).  The one definition of
     "next" for claims and reservations.
     """
