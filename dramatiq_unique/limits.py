@@ -114,7 +114,7 @@ def _parked_groups(config: "ActorConfig") -> list[str]:
     query = (
         model.select(model.parked_on)
         .where(
-            (model.status == JobStatus.PENDING.value)
+            (model.app == config.app) & (model.status == JobStatus.PENDING.value)
             & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)
         )
         .distinct()
@@ -181,7 +181,7 @@ def concurrency_status(actor_name: str, key: Any = None) -> ConcurrencyStatus:
     declared = config.options.get("concurrency_limit")
     _, group = _target(suite, config, key)
     model = config.model
-    waiting = (model.status == JobStatus.PENDING.value)
+    waiting = (model.app == suite.app) & (model.status == JobStatus.PENDING.value)  # another app's are not ours
     if group is not None:
         holders, limit, own, actor_wide, _ = gate.status(group, declared_limit(config))
         override = own if key is not None else actor_wide

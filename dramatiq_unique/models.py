@@ -123,7 +123,7 @@ class JobModel(pw.Model):
     worker = pw.CharField(max_length=255, null=True)
     #: While a pending job waits for an execution lock or a concurrency
     #: slot: the lock or slot group it waits on; NULL otherwise.
-    parked_on = pw.CharField(max_length=300, null=True, index=True)
+    parked_on = pw.CharField(max_length=300, null=True)  # indexed with app: see Meta.indexes
     #: The broker's own id of the job's last published message (the Redis
     #: broker's ``redis_message_id``), so the re-drive can look it up; NULL
     #: where the broker has none or nothing was published yet.
@@ -135,14 +135,19 @@ class JobModel(pw.Model):
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
-        # Each starts with app: a pass reads its own app's rows only, and the holds of two
-        # apps never collide (see scope.py; schema.py replaces the indexes of older tables).
+        # Each starts with app: a pass reads its own app's rows only, a waker its own app's
+        # parked rows (sql_parking.py), and the holds of two apps never collide (see scope.py;
+        # schema.py replaces the indexes of older tables).
         indexes = (
             (("app", "status", "process_after"), False),
             (("app", "status", "lease_until"), False),
             (("app", "finished_at"), False),
             (("app", "unique_hold"), True),
             (("app", "idempotency_hold"), True),
+            # With created_at: a group's next job (sql_parking.queue_head) is read in order and
+            # the scan stops at the first due one; without it, PostgreSQL's generic plan of the
+            # prepared claim scanned all the app's pending rows for the sort (measured).
+            (("app", "parked_on", "created_at"), False),
         )
 
     def __repr__(self) -> str:

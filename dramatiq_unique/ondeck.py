@@ -146,7 +146,7 @@ class OnDeck:
                 self._coming[group] = coming + 1
             rows: list[JobModel] = []
             try:
-                row = parked.reserve(info, group, self.marker, info.ttl_ms)
+                row = parked.reserve(info, group, self.marker, info.ttl_ms, app=self.parking.suite.app)
                 rows = [] if row is None else [row]
             finally:
                 kept = self._settle(gate, group, info, rows, began, booked=1)
@@ -238,7 +238,7 @@ class OnDeck:
         time.sleep(0)  # yield the GIL: the woken job's thread goes first, the next reservations after
         refilled: list[JobModel] = []
         try:
-            refilled = parked.reserve_many(info, group, self.marker, booked)
+            refilled = parked.reserve_many(info, group, self.marker, booked, app=parking.suite.app)
         except Exception:
             logger.exception("Could not reserve the next jobs of %s.", group)
         finally:

@@ -24,9 +24,9 @@ if TYPE_CHECKING:
     from .gates import GroupInfo
 
 
-def waiting_in(info: "GroupInfo", group: str) -> Optional[float]:
-    """ms until a row parked on ``group`` may be claimed: 0 if one may be now, else until the
-    first reservation runs out (:mod:`~dramatiq_unique.ondeck`); None if none waits.
+def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
+    """ms until a row of ``app`` parked on ``group`` may be claimed: 0 if one may be now, else
+    until the first reservation runs out (:mod:`~dramatiq_unique.ondeck`); None if none waits.
 
     One query, one clock: asked as two ("any due?", then "reserved until?"), a reservation
     that ran out between them looked neither due nor reserved, and its row was stranded.
@@ -38,7 +38,7 @@ def waiting_in(info: "GroupInfo", group: str) -> Optional[float]:
         pw.fn.COUNT(pw.Case(None, [(free, 1)], None)), pw.fn.MIN(pw.Case(None, [(free, None)], model.lease_until)),
         clock,
     ).where(
-        (model.parked_on == group) & (model.status == JobStatus.PENDING.value)
+        (model.app == app) & (model.parked_on == group) & (model.status == JobStatus.PENDING.value)
         & (model.process_after.is_null() | (model.process_after <= now))
     ).tuples().get()
     if free_rows:
@@ -90,8 +90,8 @@ DECK_COLUMNS = (
 )
 
 
-def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float) -> Optional[JobModel]:
-    """Reserve the first due, unreserved row parked on ``group`` for this process, for
+def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float, *, app: str) -> Optional[JobModel]:
+    """Reserve the first due, unreserved row of ``app`` parked on ``group`` for this process, for
     ``lease_ms`` (by the database's clock); None if there is none.  The reservation gets a
     fresh ``broker_ref``: the id its message will be delivered under, and its identity
     (any claim by another waker writes its own)."""
@@ -117,18 +117,18 @@ def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float) -> Opti
     key = ("reserve", model, info.order_by, sql_parking.no_flush_wait(db), sql._dialect(model))
     statement = sql._compiled(key, build)
     when = model._meta.fields["process_after"].db_value(utcnow())
-    params = [marker, float(lease_ms), str(uuid.uuid4()), group, JobStatus.PENDING.value, when]
+    params = [marker, float(lease_ms), str(uuid.uuid4()), app, group, JobStatus.PENDING.value, when]
     if not is_postgres(db):
         params += [group, JobStatus.PENDING.value]
     found = prepared.execute(db, statement, params).fetchone()
     return None if found is None else sql.to_model(model, found, DECK_COLUMNS)
 
 
-def reserve_many(info: "GroupInfo", group: str, marker: str, count: int) -> list[JobModel]:
+def reserve_many(info: "GroupInfo", group: str, marker: str, count: int, *, app: str) -> list[JobModel]:
     """Up to ``count`` rows reserved with :func:`reserve`, for the group's slot lease."""
     rows: list[JobModel] = []
     for _ in range(count):
-        found = reserve(info, group, marker, info.ttl_ms)
+        found = reserve(info, group, marker, info.ttl_ms, app=app)
         if found is None:
             break
         rows.append(found)

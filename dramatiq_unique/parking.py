@@ -15,8 +15,9 @@ gate's kind).  A message whose job cannot enter its gate is *parked*:
 
 A row is parked exactly when ``status = "pending"`` and ``parked_on`` is
 set.  When the holder leaves the gate it hands it over (:meth:`Parking.leave`):
-if the group is flagged, the next due parked row of the group (by
-``unique_order_by``: ``created_at`` or ``process_after``, then ``id``) is
+if the group is flagged, the next due parked row of the group and of
+this app (``app = key_prefix``: apps that share the table share group
+names; by ``unique_order_by``: ``created_at`` or ``process_after``, then ``id``) is
 claimed with a compare-and-set (``parked_on = group`` and ``pending`` to
 ``queued``, so exactly one waiter wakes per release and two wakers
 never claim the same row), the gate is re-issued to it under a new token
@@ -48,8 +49,8 @@ whose message was never delivered stays ``queued`` with no message and
 is the re-drive's to find, like any lost message.
 
 For the re-drive (issue 4): call :func:`wake_orphans` once per pass.
-It wakes the first parked job of every group whose gate has no live
-holder (and restores the Redis flags, in case Redis lost them).  The
+It wakes the first parked job of every group of this app whose gate has
+no live holder (and restores the Redis flags, in case Redis lost them).  The
 re-drive must not send parked rows itself: exclude ``parked_on IS NOT
 NULL`` from the pending rows it sends, or they would re-park at once.
 """

@@ -2,7 +2,8 @@
 
 Earlier versions had no ``app`` column, and indexes that did not start
 with it: ``(status, process_after)``, ``(status, lease_until)``,
-``(finished_at)`` and unique ``unique_hold`` and ``idempotency_hold``.
+``(finished_at)``, ``(parked_on)`` and unique ``unique_hold`` and
+``idempotency_hold``.
 Opening such a table (``setup()``, or an actor's ``job_model`` at
 declaration):
 
@@ -47,6 +48,8 @@ OLD_INDEXES = (
     (("finished_at",), False),
     (("unique_hold",), True),
     (("idempotency_hold",), True),
+    # Parked rows are looked up by app and group (sql_parking.py): (app, parked_on, created_at) replaces it.
+    (("parked_on",), False),
 )
 
 

@@ -50,18 +50,21 @@ def db_now(db: Any, plus_ms: Optional[str] = None) -> str:
 
 
 def queue_head(model: type[JobModel], order_by: str, limit: str = "1") -> str:
-    """The SELECT of a group's next due, unreserved parked rows, in serving order.
+    """The SELECT of a group's next due, unreserved parked rows of one app, in serving order.
 
-    Parameters, in order: group, ``pending``, now (due time); then the limit
-    if it is a placeholder.  Reservations (see :mod:`dramatiq_unique.ondeck`)
-    are judged by the database's clock (:func:`db_now`).  The one definition
-    of "next" for claims and reservations.
+    Parameters, in order: app, group, ``pending``, now (due time); then the
+    limit if it is a placeholder.  The app, because apps that share the table
+    share group names (an actor of the same name, the same key): a row of
+    another app is never its job to wake (guarantee 7; the index is
+    ``(app, parked_on, created_at)``).  Reservations (see :mod:`dramatiq_unique.ondeck`) are
+    judged by the database's clock (:func:`db_now`).  The one definition of
+    "next" for claims and reservations.
     """
     table, _, p = _names(model)
     q = _quoter(model)
     order = q("process_after") if order_by == "process_after" else q("created_at")
     return (
-        f"SELECT {q('id')} FROM {table} WHERE {q('parked_on')} = {p} AND {q('status')} = {p} "
+        f"SELECT {q('id')} FROM {table} WHERE {q('app')} = {p} AND {q('parked_on')} = {p} AND {q('status')} = {p} "
         f"AND ({q('lease_until')} IS NULL OR {q('lease_until')} <= {db_now(model._meta.database)}) "
         f"AND ({q('process_after')} IS NULL OR {q('process_after')} <= {p}) "
         f"ORDER BY {order}, {q('id')} LIMIT {limit}"
@@ -70,9 +73,10 @@ def queue_head(model: type[JobModel], order_by: str, limit: str = "1") -> str:
 
 def claim_parked(
     model: type[JobModel], group: str, order_by: str, now: Any, broker_ref: str,
-    start: Optional[tuple[Any, str, bool]] = None,
+    start: Optional[tuple[Any, str, bool]] = None, *, app: str,
 ) -> Optional[JobModel]:
-    """Claim the next due job parked on ``group`` (status pending to queued) and return it; None if none.
+    """Claim the next due job of ``app`` parked on ``group`` (status pending to queued) and return
+    it; None if none.
 
     One statement: the head of the group is chosen and claimed together
     (on PostgreSQL skipping a head another waker has locked), so two
@@ -134,7 +138,7 @@ def claim_parked(
             JobStatus.RUNNING.value, queued, when, fields["lease_until"].db_value(lease_until), worker,
             1 if release_hold else 0,
         ]
-    params += [when, broker_ref, group, pending, when]
+    params += [when, broker_ref, app, group, pending, when]
     if not is_postgres(db):
         params += [group, pending]
     row = prepared.execute(db, sql, params).fetchone()

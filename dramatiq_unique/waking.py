@@ -97,7 +97,7 @@ class Waking:
                     flags = True
                 except redis_lib.RedisError:  # the first master is down: go by the database alone
                     flags = False
-                waiting = parked.waiting_in(info, group)
+                waiting = parked.waiting_in(info, group, app=self.suite.app)
                 if waiting == 0:
                     if flags:
                         self.wakeups.flag(group, 0)
@@ -155,7 +155,9 @@ class Waking:
         if info.start is not None and self.delivery.local and self.delivery.worker is not None:
             # Delivered to this process's worker: the claim starts the attempt too.
             start = (after_ms(info.start.lease_ms, now), f"{self.suite.worker_id}:woken", info.start.release_hold)
-        row = sql_parking.claim_parked(info.model, group, info.order_by, now, str(uuid.uuid4()), start)
+        row = sql_parking.claim_parked(
+            info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app
+        )
         if row is not None and start is not None and row.status == JobStatus.RUNNING.value:
             self.started.put(row)
         return row
@@ -183,12 +185,15 @@ class Waking:
         return self.pass_on(gate, group, token)
 
     def wake_orphans(self, limit: int = DEFAULT_PAGE) -> int:
-        """Wake the first parked job of every group whose gate is free; returns how many woke."""
+        """Wake the first parked job of every group of this app whose gate is free; returns how many woke."""
         woken = 0
         for model in list(self.suite.models):
+            # This app's groups only: another app's, of the same name, is free in this app's Redis
+            # but not this app's to wake (and the claims would find none of its rows).
+            parked_here = (model.app == self.suite.app) & model.parked_on.is_null(False)
             groups = (
                 model.select(model.parked_on)
-                .where(model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value))
+                .where(parked_here & (model.status == JobStatus.PENDING.value))
                 .distinct()
                 .limit(limit)
                 .tuples()

@@ -105,7 +105,7 @@ def test_a_reserved_row_another_process_took_is_not_delivered_from_the_deck(suit
     JobModel.update(lease_until=after_ms(-60_000)).where(JobModel.id == first.id).execute()
     group = first.parked_on
     other = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "other-ref",
-                                     (after_ms(60_000), "elsewhere:1:woken", False))
+                                     (after_ms(60_000), "elsewhere:1:woken", False), app=suite.app)
     assert other is not None and other.id == first.id and other.status == "running"
     release.set()
     wait_until(lambda: 2 in runs.labels(), timeout=15, what="job 2 to run")
@@ -243,12 +243,12 @@ def test_reservations_run_by_the_database_clock_not_by_a_skewed_waker(suite, bro
 
     group = "slot:job:all"
     JobModel.create(message_id="m0", actor_name="job", queue_name="default", args=[0], status="pending",
-                    parked_on=group, created_at=after_ms(-10_000))
+                    parked_on=group, created_at=after_ms(-10_000), app=suite.app)
     info = gate_of(suite).describe(group)
-    assert parked.reserve(info, group, "elsewhere:1:deck", 60_000) is not None
+    assert parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=suite.app) is not None
     ahead = after_ms(120_000)
-    assert sql_parking.claim_parked(JobModel, group, "created_at", ahead, "ref") is None
-    assert 50_000 < parked.waiting_in(info, group) <= 60_000
+    assert sql_parking.claim_parked(JobModel, group, "created_at", ahead, "ref", app=suite.app) is None
+    assert 50_000 < parked.waiting_in(info, group, app=suite.app) <= 60_000
 
 
 def test_a_job_started_ahead_and_picked_up_late_runs_under_that_start(suite, broker, make_worker, monkeypatch):

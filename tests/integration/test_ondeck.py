@@ -113,15 +113,16 @@ def test_other_wakers_skip_a_reserved_row_until_its_reservation_ends(suite, brok
     group = "slot:job:all"
     for i in range(2):
         JobModel.create(message_id=str(uuid.uuid4()), actor_name="job", queue_name="default", args=[i],
-                        status=JobStatus.PENDING.value, parked_on=group, created_at=after_ms(i - 10_000))
+                        status=JobStatus.PENDING.value, parked_on=group, created_at=after_ms(i - 10_000),
+                        app=suite.app)
     info = gate_of(suite).describe(group)
-    first = parked.reserve(info, group, "elsewhere:1:deck", 200)
+    first = parked.reserve(info, group, "elsewhere:1:deck", 200, app=suite.app)
     assert first is not None and first.args == [0]
-    claimed = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref")
+    claimed = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
     assert claimed is not None and claimed.args == [1]
-    assert sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref") is None
+    assert sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app) is None
     time.sleep(0.25)
-    again = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref")
+    again = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
     assert again is not None and again.args == [0]
 
 

@@ -14,6 +14,7 @@ import dramatiq
 import pytest
 
 from dramatiq_unique import JobModel, parking
+from dramatiq_unique.config import current
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.locks import new_token
 from dramatiq_unique.models import utcnow
@@ -71,6 +72,8 @@ def park(suite):
 
 
 def new_row(n: int, **fields) -> JobModel:
+    """A job row of the suite's app (``app=`` for another's)."""
+    fields.setdefault("app", current().app)
     return JobModel.create(message_id=f"job-{n}", actor_name="parked_actor", queue_name="default",
                            args=[n], options={MARKER: {"qt": "x"}}, **fields)
 
@@ -193,6 +196,26 @@ def test_wake_orphans_recovers_from_lost_flags(park, broker, redis_client):
     assert [m.message_id for m in sent(broker)] == ["job-0", "job-1"]
 
 
+def test_another_apps_rows_on_the_same_group_are_never_woken(park, broker):
+    """Given a row of another app parked on the group first (apps that share the table share group
+    names), When the holder leaves and the re-drive looks for orphans, Then only this app's parked
+    job is woken, the gate is released once it is done, and the other app's rows stay parked."""
+    spot, gate = park
+    holder = gate.take("t:g", 5_000)
+    theirs = [new_row(0, app="another-app", status="pending", parked_on="t:g"),
+              new_row(2, app="another-app", status="pending", parked_on="t:alone")]
+    mine = new_row(1)
+    assert park_row(spot, gate, "t:g", mine)
+    spot.leave(gate, "t:g", holder)
+    assert [m.message_id for m in sent(broker)] == ["job-1"]
+    spot.leave(gate, "t:g", sent(broker)[0].options[MARKER]["wake"]["t"])
+    assert gate.take("t:g", 1000) is not None, "released: nobody of this app waits"
+    assert parking.wake_orphans(spot.suite) == 0 and not spot.wakeups.is_flagged("t:alone")
+    assert len(sent(broker)) == 1
+    assert [(r.status, r.parked_on, r.broker_ref) for r in map(JobModel.get_by_id, [t.id for t in theirs])] == [
+        ("pending", "t:g", None), ("pending", "t:alone", None)]
+
+
 def test_many_waiters_and_releases_at_once_strand_nobody(park, broker):
     """Given 8 threads parking 40 jobs while holders come and go, then every job
     is woken exactly once, without the watchdog."""
@@ -279,8 +302,8 @@ def test_a_claim_can_start_the_woken_attempt_unless_its_message_brought_unique_o
     own.save()
     now = utcnow()
     start = (after_ms(60_000, now), "host:1:woken", True)
-    first = sql_parking.claim_parked(JobModel, "t:pre", "created_at", now, "ref-1", start)
-    second = sql_parking.claim_parked(JobModel, "t:pre", "created_at", now, "ref-2", start)
+    first = sql_parking.claim_parked(JobModel, "t:pre", "created_at", now, "ref-1", start, app=suite.app)
+    second = sql_parking.claim_parked(JobModel, "t:pre", "created_at", now, "ref-2", start, app=suite.app)
     assert (first.id, first.status, first.attempts, first.fencing_token) == (plain.id, "running", 1, 5)
     assert (first.unique_hold, first.worker, first.broker_ref, first.parked_on) == (None, "host:1:woken", "ref-1", None)
     assert (second.id, second.status, second.attempts, second.unique_hold) == (own.id, "queued", 0, "k2")

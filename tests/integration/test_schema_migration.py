@@ -38,7 +38,7 @@ LEGACY_INDEXES = {
     "jobmodel_finished_at": (False, ("finished_at",)),
 }
 REPLACED = {"jobmodel_unique_hold", "jobmodel_idempotency_hold", "jobmodel_status_process_after",
-            "jobmodel_status_lease_until", "jobmodel_finished_at"}
+            "jobmodel_status_lease_until", "jobmodel_finished_at", "jobmodel_parked_on"}
 
 
 def create_legacy_table(db) -> None:
@@ -99,7 +99,8 @@ def test_setup_migrates_a_table_of_the_earlier_version(legacy_db, database_url, 
         names = index_names(suite.db)
         assert not names & REPLACED, names
         assert {"jobmodel_app_status_process_after", "jobmodel_app_unique_hold", "jobmodel_app_idempotency_hold",
-                "jobmodel_app_status_lease_until", "jobmodel_app_finished_at"} <= names
+                "jobmodel_app_status_lease_until", "jobmodel_app_finished_at",
+                "jobmodel_app_parked_on_created_at"} <= names
         # A process of the earlier version, still running during the upgrade, can still insert.
         late = insert_legacy(db, "job")
         assert {JobModel.get(message_id=m).app for m in (due, held, foreign, late)} == {""}

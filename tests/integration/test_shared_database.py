@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from typing import Iterator
+from typing import Iterator, Optional
 
 import dramatiq
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, submit
+from dramatiq_unique import JobModel, concurrency_status, parked, parking, prepared, sql_parking, submit
 from dramatiq_unique.config import set_current
-from dramatiq_unique.models import utcnow
+from dramatiq_unique.models import after_ms, utcnow
 from dramatiq_unique.redrive import redrive
 from dramatiq_unique.scope import Scope
+from dramatiq_unique.slots import gate_of
 from tests.conftest import REDIS_URL
-from tests.durable import CONFIRM_AFTER, RedisServer, broker_messages, wipe_broker
+from tests.durable import CONFIRM_AFTER, RedisServer, broker_messages, bulk_insert_pg, wipe_broker
 from tests.helpers import wait_until
 
 LOST_AFTER = 100  # ms
@@ -31,17 +32,26 @@ LOST_AFTER = 100  # ms
 class App:
     """One app: its broker (own namespace), its suite (own key_prefix) and its actors."""
 
-    def __init__(self, name: str, database_url: str, *, redis_url: str = REDIS_URL, unique: bool = False) -> None:
+    def __init__(
+        self, name: str, database_url: str, *, redis_url: str = REDIS_URL, unique: bool = False,
+        options: Optional[dict] = None,
+    ) -> None:
         self.broker = RedisBroker(url=redis_url, namespace=f"{name}-broker")
         self.suite = dramatiq_unique.setup(
             self.broker, database=database_url, redis=REDIS_URL, key_prefix=name, redriver=False,
             lost_after=LOST_AFTER,
         )
-        options = {"unique_args": ["n"]} if unique else {"track": True}
-        self.runs: list[int] = []
+        if options is None:
+            options = {"unique_args": ["n"]} if unique else {"track": True}
+        self.runs: list = []
+        #: A job sent with ``hold=True`` sets ``holding`` and runs until ``release`` is set.
+        self.holding, self.release = threading.Event(), threading.Event()
 
-        def job(n: int) -> int:
-            self.runs.append(n)
+        def job(n: int, tag: str = "", hold: bool = False) -> int:
+            if hold:
+                self.holding.set()
+                self.release.wait(30)
+            self.runs.append(tag or n)
             return n
 
         self.job = dramatiq.actor(job, broker=self.broker, actor_name="job", **options)
@@ -281,3 +291,193 @@ def test_a_pass_runs_while_the_other_apps_broker_is_down(database_url, key_prefi
         server.stop()
         a.close()
         b.close()
+
+
+# -- parked jobs (execution locks, concurrency slots) ----------------------------------------
+
+PARKING_OPTIONS = {
+    "while_executing": {"unique_args": ["n"], "unique_lock": "while_executing"},
+    "concurrency_limit": {"concurrency_limit": 1},
+}
+
+
+def parked_row(message_id: str) -> Optional[JobModel]:
+    row = JobModel.get_or_none(JobModel.message_id == message_id)
+    return row if row is not None and row.parked_on else None
+
+
+def untouched(row: JobModel) -> tuple:
+    """What no other app may change in a parked row: a claim, a start or a deck reservation writes some."""
+    return (row.app, row.status, row.parked_on, row.revision, row.attempts, row.fencing_token, row.started_at,
+            row.worker, row.lease_until, row.broker_ref)
+
+
+@pytest.mark.parametrize("kind", sorted(PARKING_OPTIONS))
+def test_parked_jobs_are_woken_only_by_their_own_app(database_url, key_prefix, kind):
+    """Given two apps whose actor ``job`` (the same name, the same arguments: the same group
+    name) has a job running and one parked behind it in each app, app B's parked first, When
+    app A's holder finishes (a hand-over, through the deck for a slot) and A's re-drive
+    looks for orphaned groups (A's gate is free), Then A wakes, claims, reserves and runs
+    only its own parked job, and B's stays parked and untouched; When B's holder finishes,
+    Then B's parked job runs, in B.  B's deck is off, as if B's holder ran longer than a row
+    may wait on deck (or ran in another process): B's parked row is not reserved, so only its
+    app keeps it from A's claims and A's deck."""
+    a = App(f"{key_prefix}-pa", database_url, options=PARKING_OPTIONS[kind])
+    b = App(f"{key_prefix}-pb", database_url, options=PARKING_OPTIONS[kind])
+    workers = {app: dramatiq.Worker(app.broker, worker_timeout=50, worker_threads=2) for app in (a, b)}
+    try:
+        b.use()
+        parking.of(b.suite).ondeck.enabled = False
+        workers[b].start()
+        b.job.send(1, tag="b-hold", hold=True)
+        wait_until(b.holding.is_set, timeout=10, what="B's holder to start")
+        waiting_b = b.job.send(1, tag="b-parked")
+        row_b = wait_until(lambda: parked_row(waiting_b.message_id), timeout=10, what="B's job parked")
+        before = untouched(row_b)
+
+        a.use()
+        workers[a].start()
+        a.job.send(1, tag="a-hold", hold=True)
+        wait_until(a.holding.is_set, timeout=10, what="A's holder to start")
+        waiting_a = a.job.send(1, tag="a-parked")
+        row_a = wait_until(lambda: parked_row(waiting_a.message_id), timeout=10, what="A's job parked")
+        assert row_a.parked_on == row_b.parked_on, "the same group name in both apps"
+        a.release.set()
+        wait_until(lambda: JobModel.get_by_id(row_a.id).status == "succeeded", timeout=15, what="A's parked job")
+        assert a.runs == ["a-hold", "a-parked"]
+        assert untouched(JobModel.get_by_id(row_b.id)) == before
+
+        counts = a.passes(1)  # A's gate of the group is free: only B's row is parked on it
+        assert counts[0].ran and counts[0].woken == 0
+        assert untouched(JobModel.get_by_id(row_b.id)) == before
+        assert a.runs == ["a-hold", "a-parked"] and b.runs == []
+
+        b.use()
+        b.release.set()
+        wait_until(lambda: JobModel.get_by_id(row_b.id).status == "succeeded", timeout=15, what="B's parked job")
+        assert b.runs == ["b-hold", "b-parked"] and a.runs == ["a-hold", "a-parked"]
+        assert {r.status for r in a.rows() + b.rows()} == {"succeeded"}
+        assert [r.attempts for r in a.rows() + b.rows()] == [1, 1, 1, 1]
+    finally:
+        a.release.set()
+        b.release.set()
+        for worker in workers.values():
+            worker.stop(timeout=10_000)
+        a.close()
+        b.close()
+
+
+def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
+    """Given rows of two apps parked on one slot group, app B's first in the queue: A's
+    orphan wake-up, claim, deck reservation, "anyone waiting?" and concurrency_status()
+    see only A's rows; B's are left as they were."""
+    a = App(f"{key_prefix}-sa", database_url, options=PARKING_OPTIONS["concurrency_limit"])
+    b = App(f"{key_prefix}-sb", database_url, options=PARKING_OPTIONS["concurrency_limit"])
+    try:
+        group = "slot:job:all"
+
+        def park(app: App, n: int, age_ms: int) -> JobModel:
+            message = app.job.message(n)
+            return JobModel.create(message_id=message.message_id, app=app.suite.app, actor_name="job",
+                                   queue_name="default", args=[n], status="pending", parked_on=group,
+                                   created_at=after_ms(-age_ms))
+
+        b_rows = [park(b, n, 60_000 - n) for n in range(3)]
+        before = [untouched(r) for r in b_rows]
+
+        def b_untouched() -> bool:
+            return [untouched(JobModel.get_by_id(r.id)) for r in b_rows] == before
+
+        a.use()
+        info = gate_of(a.suite).describe(group)
+        assert parking.wake_orphans(a.suite) == 0 and broker_messages(a.broker) == []
+        assert sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app) is None
+        assert parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=a.suite.app) is None
+        assert parked.waiting_in(info, group, app=a.suite.app) is None
+        assert concurrency_status("job").parked == 0
+        assert b_untouched()
+
+        a_rows = [park(a, n, 1_000 - n) for n in range(10, 13)]
+        assert concurrency_status("job").parked == 3
+        assert parked.waiting_in(info, group, app=a.suite.app) == 0
+        reserved = parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=a.suite.app)
+        assert reserved is not None and reserved.id == a_rows[0].id
+        claimed = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app)
+        assert claimed is not None and claimed.id == a_rows[1].id
+        assert parking.wake_orphans(a.suite) == 1  # the last of A's: its slot is free
+        assert [m["message_id"] for m in broker_messages(a.broker)] == [a_rows[2].message_id]
+        assert b_untouched()
+        b.use()
+        assert concurrency_status("job").parked == 3
+    finally:
+        a.close()
+        b.close()
+
+
+def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, key_prefix, monkeypatch):
+    """Given another app's backlog of 20,000 jobs parked on the same group, 5,000 of this app's
+    parked on another group and 30,000 finished ones, every statement of a hand-over, a deck
+    reservation, an orphan wake-up and concurrency_status() starts from an index, the group's
+    ones from ``(app, parked_on, created_at)``: neither another app's queue nor another group's
+    costs a hand-over anything.  The claim and the reservation are prepared statements: their
+    generic plan (the one a connection may keep) is checked."""
+    app = App(f"{key_prefix}-ix", pg_url, options=PARKING_OPTIONS["concurrency_limit"])
+    db = app.suite.db
+    group, table = "slot:job:all", JobModel._meta.table_name
+    try:
+        bulk_insert_pg(JobModel, 20_000, status="pending", prefix="theirs", actor_name="job")
+        db.execute_sql(f'UPDATE "{table}" SET "app" = %s, "parked_on" = %s', ["another-app", group])
+        bulk_insert_pg(JobModel, 5_000, status="pending", prefix="hot", actor_name="job")
+        db.execute_sql(f'UPDATE "{table}" SET "parked_on" = %s WHERE "app" = %s', ["slot:job:hot", ""])
+        bulk_insert_pg(JobModel, 30_000, status="succeeded", prefix="done", actor_name="job")
+        db.execute_sql(f'UPDATE "{table}" SET "app" = %s WHERE "app" = %s', [app.suite.app, ""])
+        for n in range(3):
+            JobModel.create(message_id=f"mine-{n}", app=app.suite.app, actor_name="job", queue_name="default",
+                            args=[n], status="pending", parked_on=group)
+        db.execute_sql(f'ANALYZE "{table}"')
+        app.use()
+
+        statements: list[tuple[str, list]] = []
+        run_prepared, run_sql = prepared.execute, db.execute_sql
+
+        def recording_prepared(database, sql, params):
+            statements.append((sql, list(params)))
+            return run_prepared(database, sql, params)
+
+        def recording_sql(sql, params=None, *args, **kwargs):
+            if sql.lstrip().upper().startswith("SELECT"):
+                statements.append((sql, list(params or ())))
+            return run_sql(sql, params, *args, **kwargs)
+
+        monkeypatch.setattr(prepared, "execute", recording_prepared)
+        monkeypatch.setattr(db, "execute_sql", recording_sql)
+        info = gate_of(app.suite).describe(group)
+        assert parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=app.suite.app).message_id == "mine-0"
+        assert sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=app.suite.app) is not None
+        assert parked.waiting_in(info, group, app=app.suite.app) == 0
+        assert concurrency_status("job").parked == 2
+        assert parking.wake_orphans(app.suite) == 2  # the last of the group, and the head of the hot one
+        monkeypatch.undo()
+
+        explained, generic = 0, 0
+        db.execute_sql("SET plan_cache_mode = force_generic_plan")
+        try:
+            for sql, params in statements:
+                body = sql[len(prepared.NO_FLUSH_WAIT):] if sql.startswith(prepared.NO_FLUSH_WAIT) else sql
+                name = prepared._names.get(body)
+                if name is not None:  # as the connection runs it: EXECUTE of its prepared statement
+                    args = ", ".join(["%s"] * len(params))
+                    plan_rows = db.execute_sql(f"EXPLAIN EXECUTE {name}({args})", params).fetchall()
+                    generic += 1
+                else:
+                    plan_rows = db.execute_sql("EXPLAIN " + body, params).fetchall()
+                plan = "\n".join(row[0] for row in plan_rows)
+                assert "Seq Scan" not in plan, f"{body}\n{plan}"
+                if '"parked_on" = ' in body:
+                    assert "jobmodel_app_parked_on_created_at" in plan, f"{body}\n{plan}"
+                explained += 1
+        finally:
+            db.execute_sql("RESET plan_cache_mode")
+        assert explained >= 5 and generic >= 3  # the reservation, the claim, the orphans' claims
+    finally:
+        app.close()
