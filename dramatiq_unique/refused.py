@@ -26,16 +26,17 @@ stays small:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import options as opt
 from . import store
-from .context import MARKER
+from .context import MARKER, RETRY_FIELDS
 from .errors import RedisUnavailable
-from .models import FINISHED, MAX_ERROR_LENGTH, WAITING, JobStatus, utcnow
+from .models import MAX_ERROR_LENGTH, WAITING, JobStatus, utcnow
 
 if TYPE_CHECKING:
     from .config import ActorConfig, Suite
+    from .context import JobContext
     from .models import JobModel
 
 logger = logging.getLogger(__name__)
@@ -113,5 +114,32 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
                 message.message_id, delay)
 
 
-def finished(job: Optional["JobModel"]) -> bool:
-    return job is not None and job.status in FINISHED
+def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], None]) -> None:
+    """A started attempt that a later middleware skipped: the job is over, failed, its key freed."""
+    config, job, opts = ctx.config, ctx.job, message.options
+    assert job is not None
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    release = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
+    if release:
+        free_queue_lock()  # first: once a reader sees the job finished, its key is free in Redis too
+    store.finish(config.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
+                 finished_at=utcnow(), last_error=skip_reason(message))
+
+
+def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: dict) -> None:
+    """An attempt's outcome whose fenced write was refused: recorded anyway if another job of
+    the key took the token (its execution lock ran out under this attempt) and no newer
+    attempt of this job started.  Nobody else would ever write the row: left ``running``,
+    the re-drive would report a job that did finish as lost, or dead-lettered, and run it
+    again.  (:func:`dramatiq_unique.store.finish_revoked` says how the attempt is recognised.)"""
+    if "fence_key" not in ctx.extras:
+        return  # only an execution lock's draw revokes another job's token
+    fields = dict(fields)
+    if fields.get("status") is None and ctx.retry_enqueued:
+        # Retries sent the retry, whose own write (enqueue.py) was fenced out as well.
+        fields.update(status=JobStatus.RETRYING.value, **ctx.extras.get(RETRY_FIELDS, {}))
+    if fields.get("status") == JobStatus.SUCCEEDED.value:
+        # Succeeded, but say why another job of its key may have run beside it.
+        fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"
+    if store.finish_revoked(ctx.config.model, job, release_hold=release, lease_until=None, **fields):
+        logger.warning("Job %s ended after its execution lock ran out; its outcome is recorded.", job.message_id)

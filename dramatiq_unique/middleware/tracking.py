@@ -27,9 +27,6 @@ logger = logging.getLogger(__name__)
 _DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
 #: ``ctx.extras`` key: the queue lock (name, token) that the message's ack releases.
 RELEASE_AT_ACK = "release_at_ack"
-#: ``ctx.extras`` key: the row fields a retry's send meant to write (enqueue.py), kept in
-#: case that write was fenced out.
-RETRY_FIELDS = context.RETRY_FIELDS
 
 
 def format_error(exception: BaseException) -> str:
@@ -247,23 +244,7 @@ class JobTracking(Middleware):
             # meanwhile, so a send in between is still resolved correctly.
             self._release_queue_lock(job, opts.get(MARKER) or {})
         if not store.finish(config.model, job, release_hold=release, lease_until=None, **fields):
-            self._record_revoked(ctx, job, release, fields)
-
-    def _record_revoked(self, ctx, job, release: bool, fields: dict) -> None:
-        """The outcome's write was fenced out.  If another job of the key took the token
-        (its execution lock ran out under this attempt) and no newer attempt of this job
-        started, nobody else will ever write this row: the outcome is still the truth."""
-        if "fence_key" not in ctx.extras:
-            return  # only an execution lock's draw revokes another job's token
-        fields = dict(fields)
-        if fields.get("status") is None and ctx.retry_enqueued:
-            # Retries sent the retry, whose own write (enqueue.py) was fenced out as well.
-            fields.update(status=JobStatus.RETRYING.value, **ctx.extras.get(RETRY_FIELDS, {}))
-        if fields.get("status") == JobStatus.SUCCEEDED.value:
-            fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"
-        if store.finish_revoked(ctx.config.model, job, release_hold=release, lease_until=None, **fields):
-            logger.warning("Job %s finished after its execution lock ran out; its outcome is recorded.",
-                           job.message_id)
+            refused.record_revoked(ctx, job, release, fields)
 
     def _refused(self, message, exception) -> None:
         """A delivery Dramatiq gave up on before the job started: failed, its key freed."""
@@ -287,21 +268,12 @@ class JobTracking(Middleware):
         try:
             if ctx is not None and ctx.job is not None:  # skipped after its start (a later middleware)
                 context.run_before_record(ctx)
-                self._skipped_running(ctx, message)
+                refused.fail_started(ctx, message, lambda: self._release_queue_lock(
+                    ctx.job, message.options.get(MARKER) or {}))
             else:
                 refused.fail_unstarted(self.suite, config, message, refused.skip_reason(message))
         except Exception:
             logger.exception("Could not record skipped job %s; the re-drive settles it.", message.message_id)
-
-    def _skipped_running(self, ctx, message) -> None:
-        """A started attempt that another middleware skipped: over, failed, its key freed."""
-        config, job, opts = ctx.config, ctx.job, message.options
-        lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-        release = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
-        if release:
-            self._release_queue_lock(job, opts.get(MARKER) or {})
-        store.finish(config.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
-                     finished_at=utcnow(), last_error=refused.skip_reason(message))
 
     def before_ack(self, broker, message) -> None:
         acks = self.suite.acks

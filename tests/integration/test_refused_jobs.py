@@ -110,9 +110,10 @@ def test_the_suites_own_skips_neither_fail_a_job_nor_free_its_key(suite, broker)
         if n == 1:
             release.wait(10)
 
-    first = work.send("k", 1)
-    second = work.send("k", 2)
     with running_worker(broker, threads=2):
+        first = work.send("k", 1)
+        wait_until(lambda: runs == [1], timeout=10)
+        second = work.send("k", 2)
         wait_until(lambda: job_of(second).parked_on is not None, timeout=15, what="the second job parks")
         assert job_of(second).status == "pending"
         release.set()
