@@ -156,3 +156,36 @@ def test_a_retry_of_the_same_job_still_runs(suite, broker, worker):
     message = flaky.send()
     wait_until(lambda: dramatiq_unique.get_job(message.message_id).status == "succeeded", timeout=20)
     assert dramatiq_unique.get_job(message.message_id).attempts == 3 and len(attempts) == 3
+
+
+def test_a_refused_copy_that_took_the_lost_lock_revokes_nothing(suite, broker, worker, redis_client):
+    """Given Redis lost a running job's execution lock, a duplicate delivery takes the lock; its
+    start is still refused (the row's lease is live), and the live attempt keeps its token and
+    records its outcome."""
+    seen = Deliveries()
+    broker.add_middleware(seen)
+    runs = Runs()
+
+    @dramatiq.actor(unique_args=["key"], unique_lock="while_executing", unique_ttl=60_000, max_retries=0)
+    def work(key):
+        runs.started.set()
+        with runs.lock:
+            runs.active += 1
+            runs.most = max(runs.most, runs.active)
+        runs.release.wait(15)
+        with runs.lock:
+            runs.active -= 1
+            runs.done += 1
+        return "done"
+
+    message = work.send("k")
+    assert runs.started.wait(10)
+    job = dramatiq_unique.get_job(message.message_id)
+    redis_client.delete(f"redlock:{suite.keys.execution_lock(job.unique_key)}")  # Redis lost it
+    deliver_again(broker, message)
+    wait_until(lambda: seen.skipped.get(message.message_id), timeout=15, what="the duplicate is refused")
+    assert dramatiq_unique.get_job(message.message_id).fencing_token == job.fencing_token
+    runs.release.set()
+    wait_until(lambda: dramatiq_unique.get_job(message.message_id).status == "succeeded", timeout=15)
+    job = dramatiq_unique.get_job(message.message_id)
+    assert (runs.most, runs.done, job.attempts, job.result) == (1, 1, 1, "done")
