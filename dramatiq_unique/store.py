@@ -199,7 +199,8 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
         fields["unique_hold"] = None
     other = model.alias()
     taken = other.select(other.id).where(
-        (other.unique_key == model.unique_key) & (other.id != model.id) & (other.fencing_token >= model.fencing_token)
+        (other.unique_key == model.unique_key) & (other.app == model.app) & (other.id != model.id)
+        & (other.fencing_token >= model.fencing_token)
     )
     cond = (
         (model.id == job.id) & (model.worker == job.worker) & (model.attempts == job.attempts)
