@@ -96,6 +96,22 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     return True
 
 
+def note_refusal(config: "ActorConfig", message: Any, reason: str) -> None:
+    """A delivery refused before the job started, which Retries sends again: the waiting
+    row's ``last_error`` says why (an operator sees ``RedisUnavailable: ...``, not nothing)."""
+    marker = message.options.get(MARKER) or {}
+    if "id" not in marker:
+        return
+    model = config.model
+    try:
+        model.update(last_error=reason[:MAX_ERROR_LENGTH]).where(
+            (model.id == int(marker["id"])) & (model.revision == int(marker.get("rev", 0)))
+            & model.status.in_(WAITING) & model.parked_on.is_null()
+        ).execute()
+    except Exception as e:  # often the very outage that refused it: the row is only a report
+        logger.debug("Could not note why job %s was refused: %s", message.message_id, e)
+
+
 def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
     """Send a duplicate delivery of a running job again, due when the attempt's lease runs out."""
     lease = running.lease_until

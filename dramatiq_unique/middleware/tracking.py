@@ -216,6 +216,8 @@ class JobTracking(Middleware):
         if job is None:
             if message.failed:  # refused before it started, and Dramatiq gave up on it
                 self._refused(message, exception)
+            elif exception is not None:  # refused, and Retries sends it again: say why it waits
+                refused.note_refusal(config, message, format_error(exception))
             return
         if exception is None and ctx.extras.get("lock_lost") is not None:
             # heartbeat() raised LockLost and the actor returned anyway: not a success.

@@ -151,3 +151,27 @@ def test_a_start_refused_until_retries_ran_out_fails_with_the_cause_and_frees_it
         suite.db.close()
     finally:
         server.stop()
+
+
+def test_a_refused_start_that_retries_will_send_again_notes_the_cause(broker, database_url, key_prefix):
+    """While Retries keeps sending it again, the waiting row's last_error says why it waits."""
+    server = RedisServer().start()
+    try:
+        suite = dramatiq_unique.setup(broker, database=database_url, redis=server.url, key_prefix=key_prefix,
+                                      redriver=False)
+
+        @dramatiq.actor(unique_args=["key"], unique_lock="while_executing", max_retries=5,
+                        min_backoff=60_000, max_backoff=60_000)
+        def work(key):
+            pass
+
+        first = work.send("k")
+        server.stop()
+        with running_worker(broker):
+            wait_until(lambda: job_of(first).last_error, timeout=20)
+            job = job_of(first)
+            assert job.status == "queued" and job.last_error.startswith("RedisUnavailable: "), job.last_error
+        suite.db.close()
+    finally:
+        server.stop()
+
