@@ -45,14 +45,14 @@ logger = logging.getLogger(__name__)
 RESEND_MARGIN = 50
 
 
-def skip_reason(message: Any) -> str:
-    """``last_error`` of a job another middleware skipped: the ``SkipMessage`` and its text."""
+def skip_reason(message: Any, started: bool = False) -> str:
+    """``last_error`` of a job another middleware (or its actor) skipped: the ``SkipMessage``
+    and its text."""
     # Dramatiq keeps the SkipMessage on the proxy when the middleware also failed the
     # message (AgeLimit does); a plain skip leaves nothing to quote.
     error = getattr(message, "_exception", None)
-    if error is not None:
-        return f"{type(error).__name__}: {error} (skipped by a middleware; the job did not run)"
-    return "SkipMessage: a middleware skipped the job's message (the job did not run)"
+    head = f"{type(error).__name__}: {error}" if error is not None else "SkipMessage: its message was skipped"
+    return f"{head} ({'skipped after its attempt started' if started else 'skipped before it ran'})"
 
 
 def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> bool:
@@ -139,7 +139,7 @@ def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], 
     if release:
         free_queue_lock()  # first: once a reader sees the job finished, its key is free in Redis too
     store.finish(config.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
-                 finished_at=utcnow(), last_error=skip_reason(message))
+                 finished_at=utcnow(), last_error=skip_reason(message, started=True))
 
 
 def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: dict) -> None:
