@@ -138,10 +138,12 @@ def start(
     Another attempt runs while the row is ``running`` and its ``lease_until`` is after
     ``live_after`` (None: now); this delivery is then a duplicate (a dead-worker requeue,
     a broker redelivery, a stale copy) and must not run beside it.  A row whose lease
-    ran out is a crashed attempt's, which the new one replaces.  ``woken_by`` is the
-    ``worker`` that a waker's claim writes on a row it started for this process
-    (``<worker id>:woken``, :mod:`dramatiq_unique.prestart`): such a row is this very
-    delivery's, started ahead, and its worker thread may start it again.
+    ran out is a crashed attempt's, which the new one replaces.  ``woken_by`` is a LIKE
+    pattern of the ``worker`` that a waker's claim writes on a row it starts ahead of its
+    delivery (``<worker id>:woken``, :mod:`dramatiq_unique.prestart`): such a row is the
+    woken delivery's own, which its worker thread may start again (the start then
+    writes its own ``worker``, so only once).  Any process's: a woken message that could
+    not be delivered locally goes through the broker, to any worker.
 
     With ``fence_key`` (an execution lock was taken), the attempt draws the
     key's next fencing token (:mod:`dramatiq_unique.fencing`).  On
@@ -174,7 +176,7 @@ def start(
             f"{q('unique_hold')} = CASE WHEN {p} = 1 THEN NULL ELSE {q('unique_hold')} END "
             f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND {q('status')} NOT IN ({p}, {p}) "
             f"AND ({q('status')} <> {p} OR {q('lease_until')} IS NULL OR {q('lease_until')} <= {p} "
-            f"OR {q('worker')} = {p}) "
+            f"OR {q('worker')} LIKE {p}) "
             f"RETURNING {', '.join(q(model._meta.fields[n].column_name) for n in START_COLUMNS)}"
         )
 
@@ -216,7 +218,7 @@ def startable(model: type[JobModel], job_id: int, revision: int, live_after: Any
         return (
             f"SELECT 1 FROM {table} WHERE {q('id')} = {p} AND {q('revision')} = {p} "
             f"AND {q('status')} NOT IN ({p}, {p}) AND ({q('status')} <> {p} OR {q('lease_until')} IS NULL "
-            f"OR {q('lease_until')} <= {p} OR {q('worker')} = {p})"
+            f"OR {q('lease_until')} <= {p} OR {q('worker')} LIKE {p})"
         )
 
     sql = _compiled(("startable", model, _dialect(model)), build)

@@ -145,6 +145,9 @@ def replace(
 #: its own.  Hosts kept in step by NTP differ by a few ms; this covers a second of skew,
 #: at the cost of a crashed attempt's redelivery waiting that much longer.
 LEASE_SKEW_MS = 1_000
+#: The ``worker`` of a row a waker's claim started ahead of its delivery (waking.py, ondeck.py
+#: write ``<worker id>:woken``), as a LIKE pattern.
+WOKEN = "%:woken"
 
 
 def start(
@@ -163,8 +166,8 @@ def start(
     another attempt of it is running under a live lease (this delivery is a duplicate).
 
     ``fence_key``: draw that key's next fencing token for the attempt (see sql.start).
-    ``woken_by``: the ``worker`` a waker's claim writes on a row it started for this
-    process (prestart.py), which this delivery may start again.
+    ``woken_by``: a LIKE pattern of the ``worker`` a waker's claim writes on a row it
+    started ahead of its delivery (prestart.py), which this delivery may start again.
     """
     now = utcnow()
     return sql.start(

@@ -97,6 +97,10 @@ class JobTracking(Middleware):
         ctx = context.attach(message, self.suite, config)
         if message.failed:  # rejected by an earlier middleware: after_process_message records it
             return
+        if ctx.job is not None:
+            # Started by another JobTracking of this broker (setup() called on it again): the
+            # same delivery, not a duplicate, which a second start would refuse and skip.
+            return
         try:
             job = self._start(config, message, ctx)
         except _DB_ERRORS as e:
@@ -157,7 +161,7 @@ class JobTracking(Middleware):
             release_hold=release_hold,
             fencing_token=ctx.extras.get("fencing_token"),
             fence_key=ctx.extras.get("fence_key"),
-            woken_by=f"{self.suite.worker_id}:woken",
+            woken_by=store.WOKEN,
         )
 
     def _not_started(self, config, message, ctx, marker):

@@ -118,20 +118,23 @@ def test_a_copy_of_a_running_job_runs_it_if_the_attempt_dies(suite, broker, work
     seen = Deliveries()
     broker.add_middleware(seen)
     attempts = []
-    hang = threading.Event()
+    refused, hang = threading.Event(), threading.Event()
 
     @dramatiq.actor(track=True, unique_ttl=1000, max_retries=0)
     def work():
         attempt = dramatiq_unique.current_job().attempts
         attempts.append(attempt)
         if attempt == 1:
-            hang.wait(20)  # no heartbeat: as good as dead once its lease runs out
+            while not refused.wait(0.05):
+                heartbeat()  # alive until the duplicate was refused...
+            hang.wait(20)  # ...then no heartbeat: as good as dead once its lease runs out
         return attempt
 
     message = work.send()
     wait_until(lambda: attempts == [1], timeout=10)
     deliver_again(broker, message)
     wait_until(lambda: seen.skipped.get(message.message_id), timeout=15, what="the duplicate waits")
+    refused.set()
     assert attempts == [1]
     wait_until(lambda: dramatiq_unique.get_job(message.message_id).status == "succeeded", timeout=20)
     job = dramatiq_unique.get_job(message.message_id)
