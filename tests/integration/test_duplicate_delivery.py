@@ -89,7 +89,7 @@ def test_a_second_delivery_of_a_running_job_never_runs_beside_it(suite, broker, 
     broker.add_middleware(seen)
     runs = Runs()
 
-    @dramatiq.actor(unique_ttl=3000, max_retries=0, **CASES[case])
+    @dramatiq.actor(unique_ttl=2000, max_retries=0, **CASES[case])
     def work(key):
         runs.run()
         return "done"
@@ -192,3 +192,29 @@ def test_a_refused_copy_that_took_the_lost_lock_revokes_nothing(suite, broker, w
     wait_until(lambda: dramatiq_unique.get_job(message.message_id).status == "succeeded", timeout=15)
     job = dramatiq_unique.get_job(message.message_id)
     assert (runs.most, runs.done, job.attempts, job.result) == (1, 1, 1, "done")
+
+
+@pytest.mark.parametrize("case", ["track", "until_executed", "slots"])
+def test_a_burst_of_jobs_each_delivered_three_times_runs_each_once(suite, broker, worker, case):
+    runs: dict[int, int] = {}
+    lock = threading.Lock()
+
+    @dramatiq.actor(unique_ttl=2000, max_retries=0, **CASES[case])
+    def work(key):
+        with lock:
+            runs[key] = runs.get(key, 0) + 1
+        for _ in range(4):
+            heartbeat()
+            threading.Event().wait(0.05)
+        return key
+
+    messages = []
+    for n in range(12):  # each job's copies side by side in the queue: taken by threads at once
+        messages.append(work.send(n))
+        deliver_again(broker, messages[-1])
+        deliver_again(broker, messages[-1])
+    wait_until(lambda: all(dramatiq_unique.get_job(m.message_id).status == "succeeded" for m in messages),
+               timeout=30)
+    settle(broker, worker)
+    assert runs == {n: 1 for n in range(12)}
+    assert [dramatiq_unique.get_job(m.message_id).attempts for m in messages] == [1] * 12
