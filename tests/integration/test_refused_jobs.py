@@ -121,6 +121,7 @@ def test_the_suites_own_skips_neither_fail_a_job_nor_free_its_key(suite, broker)
     assert runs == [1, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lock", ["until_executed", "until_and_while_executing"])
 def test_a_start_refused_until_retries_ran_out_fails_with_the_cause_and_frees_its_key(
     broker, database_url, key_prefix, lock
@@ -153,6 +154,7 @@ def test_a_start_refused_until_retries_ran_out_fails_with_the_cause_and_frees_it
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_refused_start_that_retries_will_send_again_notes_the_cause(broker, database_url, key_prefix):
     """While Retries keeps sending it again, the waiting row's last_error says why it waits."""
     server = RedisServer().start()
