@@ -28,6 +28,8 @@ MARKER = "dramatiq_unique"
 BEFORE_RECORD = "before_record"
 #: ``JobContext.extras`` key: the row a woken job's claim already started (prestart.py).
 STARTED = "started_row"
+#: ``JobContext.extras`` key: the fields a retry's send wrote (or meant to write) on the row.
+RETRY_FIELDS = "retry_fields"
 
 _ATTRIBUTE = "_dramatiq_unique_context"
 

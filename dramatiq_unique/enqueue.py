@@ -29,7 +29,7 @@ from dramatiq.common import q_name
 from . import options as opt
 from . import duplicates, outbox, prestart, publish, store
 from .acks import Acks
-from .context import MARKER, active
+from .context import MARKER, RETRY_FIELDS, active
 from .errors import DramatiqUniqueError, DuplicateJob, InvalidOption, RedisUnavailable
 from .guard import describe, guarded
 from .keys import bind_arguments, idempotency_hold
@@ -256,10 +256,12 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     # Retries re-enqueues the running message: the same job, due again later.
     ctx.retry_enqueued = True
     prestart.wait_started(model, ctx.job.id, ctx.job.fencing_token)
-    model.update(
-        status=JobStatus.RETRYING.value, process_after=after_ms(delay), enqueued_at=utcnow(),
-        broker_ref=ref or message.message_id, missing_since=None,
-    ).where((model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)).execute()
+    retry = dict(process_after=after_ms(delay), enqueued_at=utcnow(), broker_ref=ref or message.message_id)
+    # Kept for JobTracking, should this write be fenced out (tracking.py, _record_revoked).
+    ctx.extras[RETRY_FIELDS] = retry
+    model.update(status=JobStatus.RETRYING.value, missing_since=None, **retry).where(
+        (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
+    ).execute()
     created = _created.get()
     if created is not None:
         # If the publish fails, JobTracking records a retry that the re-drive must send.

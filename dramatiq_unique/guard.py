@@ -8,6 +8,7 @@ wrapper's own steps), turning every other error into a :class:`DramatiqUniqueErr
 that keeps the original as ``__cause__``:
 
 - ``MiddlewareError`` (``SkipMessage``, which parks and skips, and our own errors) passes untouched;
+  a ``SkipMessage`` marks the message as skipped by the suite itself (:func:`own_skip`);
 - peewee's operational and interface errors become :class:`DatabaseUnavailable`, and
   Redis connection errors and timeouts :class:`RedisUnavailable`: Retries tries again later;
 - peewee's ``DataError`` (a value too long for its column...) becomes :class:`JobRejected`;
@@ -24,7 +25,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import peewee as pw
 import redis
-from dramatiq.middleware import MiddlewareError
+from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from .errors import DatabaseUnavailable, HookFailed, JobRejected, RedisUnavailable
 
@@ -32,6 +33,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+# Set on a message proxy whose SkipMessage one of the suite's own hooks raised.
+_OWN_SKIP = "_dramatiq_unique_own_skip"
+
+
+def own_skip(message: Any) -> bool:
+    """Whether the suite itself skipped ``message`` (it parked it, or dropped a duplicate,
+    finished or replaced copy), as opposed to another middleware (``AgeLimit``, a user's)."""
+    return bool(getattr(message, _OWN_SKIP, False))
 
 
 def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
@@ -85,6 +94,14 @@ def hook(fn: F) -> F:
     def wrapper(self: Any, broker: Any, message: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(self, broker, message, *args, **kwargs)
+        except SkipMessage:
+            # Ours: a park or a dropped copy, which must neither fail the job nor free its
+            # key (JobTracking.after_skip_message does that for other middlewares' skips).
+            try:
+                setattr(message, _OWN_SKIP, True)
+            except AttributeError:  # not a message proxy (a declared actor): nothing to mark
+                pass
+            raise
         except MiddlewareError:
             raise
         except Exception as error:

@@ -44,7 +44,7 @@ from .context import MARKER
 from .counts import RedriveCounts
 from .enqueue import resending
 from .errors import DramatiqUniqueError, RedisUnavailable
-from .models import JobModel, after_ms, utcnow
+from .models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 from .presence import Presence, probe_for
 from .scope import Scope
 
@@ -259,6 +259,8 @@ class _Pass:
     def _fail(self, model: type[JobModel], row: JobModel, reason: str) -> None:
         options = row.options or {}
         lock = opt.lookup(options, self._actor_options(row.actor_name), "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+        if row.last_error:  # the re-drive only saw the message go; keep the cause an attempt recorded
+            reason = f"{reason}; the last error recorded before: {row.last_error}"[:MAX_ERROR_LENGTH]
         fields: dict[str, Any] = {"status": FAILED, "finished_at": utcnow(), "lease_until": None, "last_error": reason}
         if lock != opt.UNTIL_EXPIRED:
             fields["unique_hold"] = None  # a failed job no longer blocks its key

@@ -129,8 +129,21 @@ def start(
     release_hold: bool,
     fencing_token: Optional[int],
     fence_key: Optional[str] = None,
+    live_after: Any = None,
+    woken_by: Optional[str] = None,
 ) -> Optional[JobModel]:
-    """Mark an attempt running and return the row; None if it finished or was replaced.
+    """Mark an attempt running and return the row; None if it finished, was replaced, or
+    another attempt of it is running.
+
+    Another attempt runs while the row is ``running`` and its ``lease_until`` is after
+    ``live_after`` (None: now); this delivery is then a duplicate (a dead-worker requeue,
+    a broker redelivery, a stale copy) and must not run beside it.  A row whose lease
+    ran out is a crashed attempt's, which the new one replaces.  ``woken_by`` is a LIKE
+    pattern of the ``worker`` that a waker's claim writes on a row it starts ahead of its
+    delivery (``<worker id>:woken``, :mod:`dramatiq_unique.prestart`): such a row is the
+    woken delivery's own, which its worker thread may start again (the start then
+    writes its own ``worker``, so only once).  Any process's: a woken message that could
+    not be delivered locally goes through the broker, to any worker.
 
     With ``fence_key`` (an execution lock was taken), the attempt draws the
     key's next fencing token (:mod:`dramatiq_unique.fencing`).  On
@@ -139,7 +152,13 @@ def start(
     """
     db = model._meta.database
     merged = fence_key is not None and is_postgres(db)
+    now_or_after = started_at if live_after is None else live_after
     if fence_key is not None and not merged:
+        # SQLite draws in a statement of its own: look first, so that a refused start (a
+        # duplicate delivery) draws no token.  A race past this look costs only a gap in the
+        # key's counter; the start below still refuses, and revokes nothing of this job.
+        if not startable(model, job_id, revision, now_or_after, woken_by):
+            return None
         fencing_token = fencing.draw(model, fence_key, job_id)
 
     def build() -> str:
@@ -156,6 +175,8 @@ def start(
             f"{q('fencing_token')} = {token}, {q('parked_on')} = NULL, "
             f"{q('unique_hold')} = CASE WHEN {p} = 1 THEN NULL ELSE {q('unique_hold')} END "
             f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND {q('status')} NOT IN ({p}, {p}) "
+            f"AND ({q('status')} <> {p} OR {q('lease_until')} IS NULL OR {q('lease_until')} <= {p} "
+            f"OR {q('worker')} LIKE {p}) "
             f"RETURNING {', '.join(q(model._meta.fields[n].column_name) for n in START_COLUMNS)}"
         )
 
@@ -171,6 +192,11 @@ def start(
     if not merged:
         params.append(fencing_token)
     params += [1 if release_hold else 0, job_id, revision, *FINISHED]
+    params += [
+        JobStatus.RUNNING.value,
+        fields["lease_until"].db_value(now_or_after),
+        woken_by or "",
+    ]
     row = prepared.execute(db, sql, params).fetchone()
     if row is None:
         return None
@@ -181,6 +207,24 @@ def start(
     )
     setattr(job, PARTIAL, True)
     return job
+
+
+def startable(model: type[JobModel], job_id: int, revision: int, live_after: Any, woken_by: Optional[str]) -> bool:
+    """Whether :func:`start` would take the row now (same conditions, read only)."""
+    q = _quoter(model)
+
+    def build() -> str:
+        table, _, p = _names(model)
+        return (
+            f"SELECT 1 FROM {table} WHERE {q('id')} = {p} AND {q('revision')} = {p} "
+            f"AND {q('status')} NOT IN ({p}, {p}) AND ({q('status')} <> {p} OR {q('lease_until')} IS NULL "
+            f"OR {q('lease_until')} <= {p} OR {q('worker')} LIKE {p})"
+        )
+
+    sql = _compiled(("startable", model, _dialect(model)), build)
+    params = [job_id, revision, *FINISHED, JobStatus.RUNNING.value,
+              model._meta.fields["lease_until"].db_value(live_after), woken_by or ""]
+    return prepared.execute(model._meta.database, sql, params).fetchone() is not None
 
 
 def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any]) -> int:

@@ -15,7 +15,7 @@ import peewee as pw
 
 from . import sql
 from .errors import DatabaseUnavailable
-from .models import WAITING, JobModel, after_ms, utcnow
+from .models import FINISHED, WAITING, JobModel, after_ms, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +139,17 @@ def replace(
     return rows[0] if rows else None
 
 
+#: ms a running row's lease is still honoured after it ran out by this process's clock,
+#: before a new delivery of the job may replace its attempt.  Leases are written with
+#: the clock of the process that runs the attempt; a duplicate delivery judges them with
+#: its own.  Hosts kept in step by NTP differ by a few ms; this covers a second of skew,
+#: at the cost of a crashed attempt's redelivery waiting that much longer.
+LEASE_SKEW_MS = 1_000
+#: The ``worker`` of a row a waker's claim started ahead of its delivery (waking.py, ondeck.py
+#: write ``<worker id>:woken``), as a LIKE pattern.
+WOKEN = "%:woken"
+
+
 def start(
     model: type[JobModel],
     job_id: int,
@@ -149,15 +160,20 @@ def start(
     release_hold: bool,
     fencing_token: Optional[int] = None,
     fence_key: Optional[str] = None,
+    woken_by: Optional[str] = None,
 ) -> Optional[JobModel]:
-    """Mark an attempt running; None if the job finished or was replaced meanwhile.
+    """Mark an attempt running; None if the job finished or was replaced meanwhile, or if
+    another attempt of it is running under a live lease (this delivery is a duplicate).
 
     ``fence_key``: draw that key's next fencing token for the attempt (see sql.start).
+    ``woken_by``: a LIKE pattern of the ``worker`` a waker's claim writes on a row it
+    started ahead of its delivery (prestart.py), which this delivery may start again.
     """
     now = utcnow()
     return sql.start(
         model, job_id, revision=revision, started_at=now, lease_until=after_ms(lease_ms, now),
         worker=worker, release_hold=release_hold, fencing_token=fencing_token, fence_key=fence_key,
+        live_after=after_ms(-LEASE_SKEW_MS, now), woken_by=woken_by,
     )
 
 
@@ -169,6 +185,32 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
     if not count:
         logger.warning("Job %s was taken over by a newer attempt; not recording %s.", job.message_id, fields)
     return bool(count)
+
+
+def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
+    """Record the outcome of an attempt whose token another job of its key took, if no newer
+    attempt of this job started since; False otherwise.
+
+    Drawing a fencing token takes the key's other running rows off their attempts
+    (fencing.py) by moving their token on, to the drawing job's.  Such a row has no
+    attempt left to write it: without this, it would stay ``running`` until the
+    re-drive reported a job that did finish as lost, and ran it again.  The attempt
+    is recognised by what only its own start wrote (``worker``, ``attempts``); a newer
+    attempt of the same job rewrites both, and then owns the row.
+    """
+    if release_hold:
+        fields["unique_hold"] = None
+    other = model.alias()
+    taken = other.select(other.id).where(
+        (other.unique_key == model.unique_key) & (other.app == model.app) & (other.id != model.id)
+        & (other.fencing_token >= model.fencing_token)
+    )
+    cond = (
+        (model.id == job.id) & (model.worker == job.worker) & (model.attempts == job.attempts)
+        & (model.fencing_token > job.fencing_token) & model.unique_key.is_null(False)
+        & model.status.not_in(FINISHED) & pw.fn.EXISTS(taken)
+    )
+    return bool(model.update(**fields).where(cond).execute())
 
 
 def delete(model: type[JobModel], job_id: int) -> None:

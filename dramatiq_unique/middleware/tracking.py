@@ -14,12 +14,12 @@ from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
 
 from .. import context
 from .. import options as opt
-from .. import outbox, store
+from .. import outbox, refused, store
 from ..config import Suite
 from ..context import MARKER
 from ..enqueue import install_enqueue, on_enqueue, row_fields
 from ..errors import DatabaseUnavailable, RedisUnavailable
-from ..guard import hook
+from ..guard import hook, own_skip
 from ..models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,11 @@ class JobTracking(Middleware):
         if config is None:
             return
         ctx = context.attach(message, self.suite, config)
-        if message.failed:  # rejected by an earlier middleware (AgeLimit)
+        if message.failed:  # rejected by an earlier middleware: after_process_message records it
+            return
+        if ctx.job is not None:
+            # Started by another JobTracking of this broker (setup() called on it again): the
+            # same delivery, not a duplicate, which a second start would refuse and skip.
             return
         try:
             job = self._start(config, message, ctx)
@@ -157,16 +161,25 @@ class JobTracking(Middleware):
             release_hold=release_hold,
             fencing_token=ctx.extras.get("fencing_token"),
             fence_key=ctx.extras.get("fence_key"),
+            woken_by=store.WOKEN,
         )
 
     def _not_started(self, config, message, ctx, marker):
-        """The start found the job finished, replaced or gone: skip it, or record it anew."""
+        """The start found the job finished, replaced, gone or running: skip it (a running
+        job's copy waits for the attempt, refused.py), or record it anew."""
         existing = store.get(config.model, id=marker["id"])
         if existing is None:
             logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
             return self._start_adopted(config, message, ctx)
         if existing.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
             raise SkipMessage(f"job {message.message_id} already {existing.status}")
+        if existing.revision == marker.get("rev", 0) and existing.status == JobStatus.RUNNING:
+            # A second delivery of a running job: it must not run beside the attempt.
+            refused.wait_for_attempt(self.suite, message, existing)
+            raise SkipMessage(f"job {message.message_id} is running in another attempt; this copy waits")
+        if existing.revision == marker.get("rev", 0):
+            # Left running a moment ago (a retry is due, or it was woken): its own message carries it.
+            raise SkipMessage(f"job {message.message_id} is {existing.status}: a superseded copy")
         raise SkipMessage(f"job {message.message_id} was replaced by revision {existing.revision}")
 
     def _adopt(self, config, message) -> dict:
@@ -185,6 +198,8 @@ class JobTracking(Middleware):
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         ctx = context.of(message)
         if ctx is None:
+            if message.failed:  # refused by a middleware before ours could look at it
+                self._refused(message, exception)
             return
         context.activate(None)
         context.run_before_record(ctx)
@@ -203,12 +218,10 @@ class JobTracking(Middleware):
         release = unique and lock == opt.UNTIL_EXECUTED
         now = utcnow()
         if job is None:
-            if message.failed:  # rejected before it started
-                marker = opts.get(MARKER) or {}
-                if "id" in marker:
-                    config.model.update(
-                        status=JobStatus.FAILED.value, finished_at=now, last_error="rejected before it started"
-                    ).where(config.model.id == marker["id"]).execute()
+            if message.failed:  # refused before it started, and Dramatiq gave up on it
+                self._refused(message, exception)
+            elif exception is not None:  # refused, and Retries sends it again: say why it waits
+                refused.note_refusal(config, message, format_error(exception))
             return
         if exception is None and ctx.extras.get("lock_lost") is not None:
             # heartbeat() raised LockLost and the actor returned anyway: not a success.
@@ -236,10 +249,37 @@ class JobTracking(Middleware):
             # the key is free in Redis too.  The row's hold stays the authority
             # meanwhile, so a send in between is still resolved correctly.
             self._release_queue_lock(job, opts.get(MARKER) or {})
-        store.finish(config.model, job, release_hold=release, lease_until=None, **fields)
+        if not store.finish(config.model, job, release_hold=release, lease_until=None, **fields):
+            refused.record_revoked(ctx, job, release, fields)
+
+    def _refused(self, message, exception) -> None:
+        """A delivery Dramatiq gave up on before the job started: failed, its key freed."""
+        config = self.suite.actor_config(message.actor_name)
+        if config is None:
+            return
+        reason = format_error(exception) if exception is not None else "rejected before it started"
+        try:
+            refused.fail_unstarted(self.suite, config, message, reason)
+        except Exception:
+            logger.exception("Could not record job %s as failed; the re-drive settles it.", message.message_id)
 
     def after_skip_message(self, broker, message) -> None:
         context.activate(None)
+        if own_skip(message):
+            return  # parked, or a finished, replaced or running job's copy dropped: not a failure
+        config = self.suite.actor_config(message.actor_name)
+        if config is None:
+            return
+        ctx = context.of(message)
+        try:
+            if ctx is not None and ctx.job is not None:  # skipped after its start (a later middleware)
+                context.run_before_record(ctx)
+                refused.fail_started(ctx, message, lambda: self._release_queue_lock(
+                    ctx.job, message.options.get(MARKER) or {}))
+            else:
+                refused.fail_unstarted(self.suite, config, message, refused.skip_reason(message))
+        except Exception:
+            logger.exception("Could not record skipped job %s; the re-drive settles it.", message.message_id)
 
     def before_ack(self, broker, message) -> None:
         acks = self.suite.acks
