@@ -150,7 +150,7 @@ def test_the_wakeup_watchdog_recovers(private_suite, broker, cluster, kind):
                 fault(cluster, kind)
             gate.take("t:g", 200)  # a holder that dies: its lease runs out, nobody leaves
             job = JobModel.create(message_id=f"job-{n}", actor_name="parked_actor", queue_name="default",
-                                  args=[n], options={})
+                                  args=[n], options={}, app=private_suite.app)
             assert spot.park(gate, "t:g", Delivery(job.message_id), JobModel, job.id, 0, retry_in_ms=250)
             token = wait_until(lambda: _wake_token(broker, job.message_id), timeout=15,
                                what=f"the watchdog to wake job-{n}")
