@@ -70,6 +70,14 @@ def pack(*args: Any) -> bytes:
     return b"".join(out)
 
 
+def _readable(sock: socket.socket) -> bool:
+    """Whether ``sock`` has data now.  poll(), not select(): select() refuses a descriptor
+    above 1023, which a busy process (or a long test run) reaches."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class _Link:
     """One thread's connection to one Redis: opened by redis-py, then spoken to directly."""
 
@@ -142,7 +150,7 @@ class _Link:
             try:
                 if self.sock.gettimeout() is None:
                     data = self.sock.recv(65536, socket.MSG_DONTWAIT)
-                elif select.select([self.sock], [], [], 0)[0]:  # a timeout would make recv wait
+                elif _readable(self.sock):  # a timeout would make recv wait
                     data = self.sock.recv(65536)
                 else:
                     return redo

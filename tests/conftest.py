@@ -20,6 +20,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
+from tests.helpers import LOST_AFTER
 
 REDIS_URL = os.environ.get("DRAMATIQ_UNIQUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 PG_URL = os.environ.get("DRAMATIQ_UNIQUE_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -103,6 +104,13 @@ def suite(broker, database_url: str, key_prefix: str) -> Iterator[dramatiq_uniqu
     suite = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
     yield suite
     suite.db.close()
+
+
+@pytest.fixture
+def fast(suite: dramatiq_unique.Suite) -> dramatiq_unique.Suite:
+    """The suite with short timings, so a message counts as lost within a second."""
+    suite.settings.lost_after = LOST_AFTER
+    return suite
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Small helpers shared by the tests: bounded waits, queue sizes, queue locks."""
+"""Small helpers shared by the tests: bounded waits, job rows, queue sizes, queue locks."""
 
 from __future__ import annotations
 
@@ -16,6 +16,17 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float = 10.0, interval:
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+#: ``lost_after`` (ms) of the suites that re-drive tests make: a message counts as lost within a second.
+LOST_AFTER = 100
+
+
+def job_of(message: Any) -> Any:
+    """The job row of a sent message (None if it has none)."""
+    import dramatiq_unique
+
+    return dramatiq_unique.get_job(message.message_id)
 
 
 def queue_size(broker: Any, queue_name: str = "default") -> int:

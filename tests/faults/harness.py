@@ -179,6 +179,19 @@ class Redriver:
         assert not self._thread.is_alive(), "a re-drive pass hung"
 
 
+def start_rig(cleanup: contextlib.ExitStack, env: dict[str, str], directory: Path, *,
+              threads: int) -> tuple[fault_app.App, Fleet, Redriver]:
+    """The app in the test process, a fleet of two worker processes and re-drive passes, each
+    closed by ``cleanup`` (last started, first closed)."""
+    app = fault_app.build(env)
+    cleanup.callback(app.close)
+    fleet = Fleet(env, app.log, directory, size=2, threads=threads)
+    cleanup.callback(fleet.close)
+    redriver = Redriver(app)
+    cleanup.callback(redriver.close)
+    return app, fleet, redriver
+
+
 def rows(app: fault_app.App) -> list[JobModel]:
     return list(JobModel.select())
 

@@ -21,11 +21,9 @@ import time
 
 import pytest
 
-from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (Fleet, Redriver, fault_env, prefix, read_events, report, wait_all_succeeded,
-                                  wait_for)
+from tests.faults.harness import (fault_env, prefix, read_events, report, start_rig, wait_all_succeeded, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -49,12 +47,7 @@ def test_the_brokers_redis_crashes_under_load_and_comes_back_empty(locks, tmp_pa
         env = fault_env(broker_url=broker_server.url,
                         lock_url=lock_server.url if locks == "apart" else broker_server.url, log_url=lock_server.url,
                         database_url=f"sqlite:///{tmp_path / 'jobs.db'}", key_prefix=prefix())
-        app = fault_app.build(env)
-        cleanup.callback(app.close)
-        fleet = Fleet(env, app.log, tmp_path, size=2, threads=3)
-        cleanup.callback(fleet.close)
-        redriver = Redriver(app)
-        cleanup.callback(redriver.close)
+        app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=3)
 
         def send(i: int) -> None:
             actor = app.while_executing if i % 2 else app.tracked

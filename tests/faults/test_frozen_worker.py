@@ -25,8 +25,8 @@ import dramatiq_unique
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (Fleet, Redriver, fault_env, open_runs_by_pid, prefix, read_events, report,
-                                  rows as rows_of, wait_all_succeeded, wait_for)
+from tests.faults.harness import (fault_env, open_runs_by_pid, prefix, read_events, report, rows as rows_of,
+                                  start_rig, wait_all_succeeded, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -42,13 +42,8 @@ def test_a_worker_frozen_past_its_lease_is_fenced(attr, kind, tmp_path):
         cleanup.callback(server.stop)
         env = fault_env(broker_url=server.url, database_url=f"sqlite:///{tmp_path / 'jobs.db'}",
                         key_prefix=prefix(), ttl=TTL)
-        app = fault_app.build(env)
-        cleanup.callback(app.close)
+        app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=2)
         actor = getattr(app, attr)
-        fleet = Fleet(env, app.log, tmp_path, size=2, threads=2)
-        cleanup.callback(fleet.close)
-        redriver = Redriver(app)
-        cleanup.callback(redriver.close)
 
         for n in range(PER_KEY):
             for k in range(KEYS):
@@ -125,13 +120,8 @@ def test_a_worker_frozen_within_its_lease_keeps_its_jobs(attr, kind, tmp_path):
         env = fault_env(broker_url=server.url, database_url=f"sqlite:///{tmp_path / 'jobs.db'}",
                         key_prefix=prefix(), ttl=WITHIN_TTL, limit=KEYS,
                         heartbeat_timeout=WITHIN_HEARTBEAT_TIMEOUT, maintenance_chance=1_000_000)
-        app = fault_app.build(env)
-        cleanup.callback(app.close)
+        app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=2)
         actor = getattr(app, attr)
-        fleet = Fleet(env, app.log, tmp_path, size=2, threads=2)
-        cleanup.callback(fleet.close)
-        redriver = Redriver(app)
-        cleanup.callback(redriver.close)
 
         for n in range(PER_KEY):
             for k in range(KEYS):

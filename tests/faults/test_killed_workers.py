@@ -17,10 +17,9 @@ import time
 
 import pytest
 
-from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (Fleet, Redriver, fault_env, open_runs_by_pid, prefix, read_events, report,
+from tests.faults.harness import (fault_env, open_runs_by_pid, prefix, read_events, report, start_rig,
                                   wait_all_succeeded, wait_for)
 
 pytestmark = pytest.mark.slow
@@ -51,13 +50,8 @@ def test_workers_sigkilled_again_and_again_under_load(name, tmp_path, request):
         server = RedisServer().start()
         cleanup.callback(server.stop)
         env = fault_env(broker_url=server.url, database_url=database_url, key_prefix=prefix(), ttl=TTL, limit=LIMIT)
-        app = fault_app.build(env)
-        cleanup.callback(app.close)
+        app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=3)
         actor = getattr(app, attr)
-        fleet = Fleet(env, app.log, tmp_path, size=2, threads=3)
-        cleanup.callback(fleet.close)
-        redriver = Redriver(app)
-        cleanup.callback(redriver.close)
 
         def produce() -> None:
             try:

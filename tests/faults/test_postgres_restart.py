@@ -22,11 +22,9 @@ import time
 import pytest
 
 from dramatiq_unique import DatabaseUnavailable
-from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (Fleet, Redriver, fault_env, prefix, read_events, report, wait_all_succeeded,
-                                  wait_for)
+from tests.faults.harness import (fault_env, prefix, read_events, report, start_rig, wait_all_succeeded, wait_for)
 from tests.servers import PostgresCluster
 
 pytestmark = pytest.mark.slow
@@ -46,12 +44,7 @@ def test_postgresql_restarts_under_load(tmp_path):
         server = RedisServer().start()
         cleanup.callback(server.stop)
         env = fault_env(broker_url=server.url, database_url=cluster.url, key_prefix=prefix())
-        app = fault_app.build(env)
-        cleanup.callback(app.close)
-        fleet = Fleet(env, app.log, tmp_path, size=2, threads=3)
-        cleanup.callback(fleet.close)
-        redriver = Redriver(app)
-        cleanup.callback(redriver.close)
+        app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=3)
 
         def produce(base: int) -> None:
             i = base

@@ -14,24 +14,10 @@ from __future__ import annotations
 import threading
 
 import dramatiq
-import pytest
 
-import dramatiq_unique
 from dramatiq_unique import LockLost, heartbeat
 from tests.durable import passes, running_worker, total
-from tests.helpers import wait_until
-
-LOST_AFTER = 100  # ms
-
-
-@pytest.fixture
-def fast(suite):
-    suite.settings.lost_after = LOST_AFTER
-    return suite
-
-
-def job_of(message):
-    return dramatiq_unique.get_job(message.message_id)
+from tests.helpers import job_of, wait_until
 
 
 def overtaken(broker, ending: str):

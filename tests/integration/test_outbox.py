@@ -18,7 +18,7 @@ import dramatiq_unique
 from dramatiq_unique import JobModel, transaction
 from tests.conftest import REDIS_URL
 from tests.durable import RedisServer, broker_messages, free_port, running_worker
-from tests.helpers import wait_until
+from tests.helpers import job_of, wait_until
 
 
 class Order(pw.Model):
@@ -41,10 +41,6 @@ def charge(suite):
         return order
 
     return charge
-
-
-def job_of(message):
-    return dramatiq_unique.get_job(message.message_id)
 
 
 def test_sends_are_published_only_after_commit(suite, broker, orders, charge):

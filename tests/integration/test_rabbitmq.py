@@ -32,9 +32,7 @@ from dramatiq_unique import JobModel, current_job, transaction
 from dramatiq_unique.models import utcnow
 from tests.conftest import RABBITMQ_URL, REDIS_URL
 from tests.durable import passes, total
-from tests.helpers import wait_until
-
-LOST_AFTER = 100
+from tests.helpers import LOST_AFTER, job_of, wait_until
 
 
 @pytest.fixture
@@ -75,10 +73,6 @@ def ready(broker, queue, n: int) -> bool:
     except AssertionError:
         return False
     return True
-
-
-def job_of(message):
-    return dramatiq_unique.get_job(message.message_id)
 
 
 def test_a_tracked_job_is_recorded_and_retried(suite, rabbit, queue):

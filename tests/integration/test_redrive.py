@@ -27,21 +27,9 @@ from dramatiq_unique.models import utcnow
 from dramatiq_unique.redrive import run_pass
 from tests.conftest import REDIS_URL
 from tests.durable import broker_messages, passes, running_worker, total, wipe_broker
-from tests.helpers import wait_until
+from tests.helpers import LOST_AFTER, job_of, wait_until
 
-LOST_AFTER = 100  # ms
 ROOT = Path(__file__).parents[2]
-
-
-@pytest.fixture
-def fast(suite):
-    """The suite with short timings, so a message counts as lost within a second."""
-    suite.settings.lost_after = LOST_AFTER
-    return suite
-
-
-def job_of(message):
-    return dramatiq_unique.get_job(message.message_id)
 
 
 def overdue() -> None:

@@ -19,13 +19,9 @@ import dramatiq_unique
 from dramatiq_unique import InvalidOption, JobModel, Redriver, start_redriver
 from tests.conftest import REDIS_URL
 from tests.durable import broker_messages, running_worker, wipe_broker
-from tests.helpers import wait_until
+from tests.helpers import job_of, wait_until
 
 ROOT = Path(__file__).parents[2]
-
-
-def job_of(message):
-    return dramatiq_unique.get_job(message.message_id)
 
 
 def make_pending(messages, broker) -> None:

@@ -129,6 +129,22 @@ def test_posted_calls_run_in_order_before_the_threads_next_call(server):
     assert incr(keys=["n"], args=[0]) == 1111 + scripts.MAX_UNREAD * 3
 
 
+def test_posted_calls_work_on_a_socket_numbered_above_1023(server):
+    """Given a process with over a thousand files open and a client with a socket timeout, When
+    calls are posted, Then their replies are read (select() refused such descriptors)."""
+    spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
+        incr = scripts.register(client, INCR_BY)
+        assert incr(keys=["n"], args=[1]) == 1
+        for _ in range(3):
+            incr.post(keys=["n"], args=[1])
+        assert incr(keys=["n"], args=[0]) == 4
+    finally:
+        for fd in spare:
+            os.close(fd)
+
+
 def test_a_posted_call_the_server_did_not_know_runs_once_loaded(server):
     """Given a posted call of a script Redis forgot, When the thread next calls, Then the posted
     one is loaded and run before that call returns; a posted call that fails is logged."""

@@ -24,9 +24,7 @@ from dramatiq_unique.scope import Scope
 from dramatiq_unique.slots import gate_of
 from tests.conftest import REDIS_URL
 from tests.durable import CONFIRM_AFTER, RedisServer, broker_messages, bulk_insert_pg, wipe_broker
-from tests.helpers import wait_until
-
-LOST_AFTER = 100  # ms
+from tests.helpers import LOST_AFTER, wait_until
 
 
 class App:
