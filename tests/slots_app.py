@@ -86,6 +86,10 @@ def declare(redis_url: str, key_prefix: str, limit: int, ttl: int) -> dramatiq.A
 
 
 if os.environ.get("DU_DATABASE_URL") and os.environ.get("DU_APP") == "slots":
+    if os.environ.get("DU_DEBUG"):  # a test that keeps the workers' stderr wants the suite's own story
+        import logging
+
+        logging.getLogger("dramatiq_unique").setLevel(logging.DEBUG)
     setup_from_env()
     declare(os.environ["DU_REDIS_URL"], os.environ["DU_KEY_PREFIX"], int(os.environ.get("DU_LIMIT", "2")),
             int(os.environ.get("DU_TTL", "60000")))
@@ -98,7 +102,8 @@ class WorkerProcess(CliWorker):
     """
 
     def __init__(self, *, redis_url: str, namespace: str, database_url: str, key_prefix: str, limit: int = 2,
-                 ttl: int = 60_000, processes: int = 1, threads: int = 4) -> None:
+                 ttl: int = 60_000, processes: int = 1, threads: int = 4,
+                 stderr_path: "str | os.PathLike[str] | None" = None, debug: bool = False) -> None:
         super().__init__("tests.slots_app", {
             "DU_APP": "slots",
             "DU_REDIS_URL": redis_url,
@@ -107,4 +112,5 @@ class WorkerProcess(CliWorker):
             "DU_KEY_PREFIX": key_prefix,
             "DU_LIMIT": str(limit),
             "DU_TTL": str(ttl),
-        }, processes=processes, threads=threads)
+            **({"DU_DEBUG": "1"} if debug else {}),
+        }, processes=processes, threads=threads, stderr_path=stderr_path)

@@ -153,7 +153,31 @@ def test_a_hand_over_whose_slot_cannot_pass_gives_the_row_back_unstarted(suite, 
     assert [r.attempts for r in rows("once")] == [1, 1]
 
 
-def test_a_worker_stopped_with_rows_on_deck_does_not_run_them_when_it_resumes(suite, broker, database_url, key_prefix):
+def parked_rows(actor_name: str) -> list[JobModel]:
+    """The actor's rows that wait parked on a group (reserved for a deck or not)."""
+    return [r for r in rows(actor_name) if r.parked_on and r.status == "pending"]
+
+
+def _state(suite: Any, actor_name: str, group: str) -> str:
+    """What a failed wait saw: the rows (status, worker, lease, parked_on), the group's slot holders and the
+    wake-up flags in Redis, with the database's and Redis's clocks to judge the leases by."""
+    import redis
+
+    from tests.conftest import REDIS_URL
+
+    client = redis.Redis.from_url(REDIS_URL)
+    db = JobModel._meta.database
+    lines = [f"db now {db.execute_sql(f'SELECT {sql_parking.db_now(db)}').fetchone()[0]}; redis {client.time()}"]
+    for r in rows(actor_name):
+        lines.append(f"row {r.id} args={r.args} status={r.status} worker={r.worker} lease_until={r.lease_until} "
+                     f"parked_on={r.parked_on} attempts={r.attempts} ref={r.broker_ref}")
+    lines.append(f"slot {group}: {client.zrange(gate_of(suite)._keys(group)[0], 0, -1, withscores=True)}")
+    lines.append(f"flags: {client.zrange(suite.keys.wakeups(), 0, -1, withscores=True)}")
+    return "\n".join(lines)
+
+
+def test_a_worker_stopped_with_rows_on_deck_does_not_run_them_when_it_resumes(suite, broker, database_url, key_prefix,
+                                                                              tmp_path):
     """Given a worker process holding a group's slot (limit 1) with two rows reserved on its deck, When it is
     SIGSTOPped past its slot's and its reservations' leases, another process takes the group over and runs
     every waiting job, and the first is SIGCONTed, Then the first does not run the rows it had reserved: every
@@ -165,8 +189,8 @@ def test_a_worker_stopped_with_rows_on_deck_does_not_run_them_when_it_resumes(su
     job = broker.get_actor("slot_job")
     tally = Tally(REDIS_URL, key_prefix)
     env = dict(redis_url=REDIS_URL, namespace=broker.namespace, database_url=database_url, key_prefix=key_prefix,
-               limit=1, ttl=3_000, threads=4)
-    first = WorkerProcess(**env)
+               limit=1, ttl=3_000, threads=4, debug=True)
+    first = WorkerProcess(**env, stderr_path=tmp_path / "first.err")
     second = None
     stopped: list[int] = []
     try:
@@ -174,14 +198,29 @@ def test_a_worker_stopped_with_rows_on_deck_does_not_run_them_when_it_resumes(su
         wait_until(lambda: tally.log(), timeout=30, interval=0.05, what="the holder to start")
         for i in range(1, 5):
             job.send("t", i, run_ms=50)
-        wait_until(lambda: len(reserved("slot_job")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+        # Every waiting job parked (its row pending on the group), not just the two on deck: a message the
+        # first process has fetched but not parked yet is that process's until it resumes (Dramatiq's Redis
+        # broker hands a silent consumer's messages back only after its heartbeat timeout, a minute, and the
+        # re-drive is off here), so stopping it then strands that job whatever the suite does.
+        wait_until(lambda: len(parked_rows("slot_job")) == 4 and len(reserved("slot_job")) == ondeck.DEPTH,
+                   timeout=10, what="every waiting job parked, two on deck")
         on_deck = {r.args[1] for r in reserved("slot_job")}
+        group = reserved("slot_job")[0].parked_on
         (pid,) = first.children()
         os.kill(pid, signal.SIGSTOP)
         stopped.append(pid)
-        second = WorkerProcess(**env)
-        wait_until(lambda: {e[2] for e in tally.log() if e[0] == "end"} >= {1, 2, 3, 4}, timeout=30, interval=0.1,
-                   what="the second process to run the waiting jobs")
+        second = WorkerProcess(**env, stderr_path=tmp_path / "second.err")
+        # Bound: the second process boots, then the holder's slot lease and the deck reservations (3 s each,
+        # both begun before the stop) run out, its watchdog looks within 0.5 s and the four 50 ms jobs run:
+        # about 4 s after its boot (3.4-3.7 s seen on a loaded 2-core machine, boot included); the rest of
+        # the 30 s is for a slow boot.
+        try:
+            wait_until(lambda: {e[2] for e in tally.log() if e[0] == "end"} >= {1, 2, 3, 4}, timeout=30,
+                       interval=0.1, what="the second process to run the waiting jobs")
+        except AssertionError:
+            print(_state(suite, "slot_job", group), "\nlog", tally.log(), "\nstopped", pid, "second", second.children(),
+                  f"\nthe workers' stderr (debug log): {tmp_path}")
+            raise
         os.kill(pid, signal.SIGCONT)
         stopped.clear()
         wait_until(lambda: tally.ended() == 5, timeout=15, interval=0.1, what="the holder to end")
