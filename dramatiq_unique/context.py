@@ -28,6 +28,10 @@ MARKER = "dramatiq_unique"
 BEFORE_RECORD = "before_record"
 #: ``JobContext.extras`` key: the row a woken job's claim already started (prestart.py).
 STARTED = "started_row"
+#: ``JobContext.extras`` key: set when this delivery is a woken job's message (its marker carried
+#: a wake reservation, which the gate's middleware took up).  Only such a delivery may start a
+#: row its waker's claim started ahead of it: a copy of the job's first message may not.
+WOKEN = "woken"
 #: ``JobContext.extras`` key: the fields a retry's send wrote (or meant to write) on the row.
 RETRY_FIELDS = "retry_fields"
 

@@ -163,6 +163,7 @@ class ExecutionLocks(Middleware):
         wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None
         if isinstance(wake, dict) and wake.get("g") == group:
             del marker[parking.WAKE]  # woken for this lock: it was handed to us (another gate's stays)
+            ctx.extras[context.WOKEN] = True
         else:
             wake = None
         token = self._enter(name, group, ttl, wake)

@@ -92,6 +92,7 @@ class ConcurrencySlots(Middleware):
         reserved, started = None, None
         if isinstance(wake, dict) and wake.get("g") == group:
             reserved = marker.pop(parking.WAKE)["t"]  # woken for this slot: it was handed to us
+            ctx.extras[context.WOKEN] = True
             if wake.get("w") == self.suite.worker_id:  # woken here: its claim (or the deck) may have started it
                 started = self.parking.started.take(message.message_id, int(marker.get("rev", 0)))
         if reserved is not None and self._fresh_here(wake, ttl):

@@ -19,6 +19,7 @@ from ..config import Suite
 from ..context import MARKER
 from ..enqueue import install_enqueue, on_enqueue, row_fields
 from ..errors import DatabaseUnavailable, RedisUnavailable
+from ..gates import WAKE
 from ..guard import hook, own_skip
 from ..models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
 
@@ -161,7 +162,10 @@ class JobTracking(Middleware):
             release_hold=release_hold,
             fencing_token=ctx.extras.get("fencing_token"),
             fence_key=ctx.extras.get("fence_key"),
-            woken_by=store.WOKEN,
+            # A row started ahead by its waker's claim is this delivery's only if it is the woken
+            # message (a gate took up its reservation, or another gate's is still on it); a copy
+            # of the job's first message is a duplicate of that attempt like any other.
+            woken_by=store.WOKEN if ctx.extras.get(context.WOKEN) or WAKE in marker else None,
         )
 
     def _not_started(self, config, message, ctx, marker):

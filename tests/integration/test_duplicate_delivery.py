@@ -21,6 +21,7 @@ from dramatiq.common import dq_name
 import dramatiq_unique
 from dramatiq_unique import heartbeat
 from dramatiq_unique.fencing import current as current_token
+from dramatiq_unique.models import after_ms, utcnow
 from tests.helpers import wait_until
 
 CASES = {
@@ -218,3 +219,32 @@ def test_a_burst_of_jobs_each_delivered_three_times_runs_each_once(suite, broker
     settle(broker, worker)
     assert runs == {n: 1 for n in range(12)}
     assert [dramatiq_unique.get_job(m.message_id).attempts for m in messages] == [1] * 12
+
+
+def test_a_copy_of_the_first_message_does_not_start_a_row_its_waker_started_ahead(suite, broker):
+    """Given a slot job whose row a waker's claim started ahead of the woken message's delivery
+    (worker ``<id>:woken``, a live lease), When a copy of the job's first message (no wake
+    reservation) is delivered, Then it is refused as a duplicate: only the woken message may
+    take that start up (the burst test caught a copy running such a job a second time)."""
+    seen = Deliveries()
+    broker.add_middleware(seen)
+    runs: list[int] = []
+
+    @dramatiq.actor(track=True, concurrency_limit=2, unique_ttl=60_000, max_retries=0)
+    def work(n):
+        runs.append(n)
+
+    message = work.send(1)
+    row = dramatiq_unique.get_job(message.message_id)
+    row.__class__.update(
+        status="running", worker="elsewhere:1:woken", attempts=1, started_at=utcnow(),
+        lease_until=after_ms(60_000), parked_on=None,
+    ).where(row.__class__.id == row.id).execute()
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        wait_until(lambda: seen.skipped.get(message.message_id), timeout=15, what="the copy is refused")
+    finally:
+        worker.stop()
+    job = dramatiq_unique.get_job(message.message_id)
+    assert runs == [] and (job.status, job.worker, job.attempts) == ("running", "elsewhere:1:woken", 1)
