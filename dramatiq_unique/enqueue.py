@@ -27,7 +27,7 @@ import peewee as pw
 from dramatiq.common import q_name
 
 from . import options as opt
-from . import duplicates, outbox, prestart, publish, store
+from . import duplicates, outbox, publish, store
 from .acks import Acks
 from .context import MARKER, RETRY_FIELDS, active
 from .errors import DramatiqUniqueError, DuplicateJob, InvalidOption, RedisUnavailable
@@ -255,7 +255,6 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
         return
     # Retries re-enqueues the running message: the same job, due again later.
     ctx.retry_enqueued = True
-    prestart.wait_started(model, ctx.job.id, ctx.job.fencing_token)
     retry = dict(process_after=after_ms(delay), enqueued_at=utcnow(), broker_ref=ref or message.message_id)
     # Kept for JobTracking, should this write be fenced out (tracking.py, _record_revoked).
     ctx.extras[RETRY_FIELDS] = retry

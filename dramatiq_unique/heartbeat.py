@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import peewee as pw
 from dramatiq.asyncio import async_to_sync
 
-from . import context, prestart
+from . import context
 from . import options as opt
 from .errors import DatabaseUnavailable, LockLost
 from .models import after_ms
@@ -95,7 +95,6 @@ def _renew_row(ctx: "JobContext") -> float:
     if written is not None and (now - written) * 1000 < ttl * LEASE_REWRITE_FRACTION:
         return ttl / 1000 - (now - written)
     model = type(job)
-    prestart.wait_started(model, job.id, job.fencing_token)
     try:
         renewed = (
             model.update(lease_until=after_ms(ttl))

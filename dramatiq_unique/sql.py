@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional, Sequence
 
-from . import fencing, prepared, prestart
+from . import fencing, prepared
 from .models import FINISHED, JobModel, JobStatus, is_postgres
 
 _cache: dict[tuple, str] = {}
@@ -229,7 +229,6 @@ def startable(model: type[JobModel], job_id: int, revision: int, live_after: Any
 
 def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any]) -> int:
     """UPDATE one row only if its fencing token is still ``fencing_token``; returns the row count."""
-    prestart.wait_started(model, job_id, fencing_token)
     names = tuple(values)
 
     def build() -> str:
