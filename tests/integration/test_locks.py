@@ -109,6 +109,28 @@ def test_three_masters_lock_like_one(masters):
 
 
 @pytest.mark.slow
+def test_pottery_redlocks_and_ours_exclude_each_other(masters):
+    """Given the same three masters, When a pottery Redlock holds a name, Then our lock of that
+    name is refused, and the other way round: the same keys (``redlock:<name>``), the same rules.
+    (The suite no longer calls pottery; an application's own pottery locks still count.)"""
+    import json
+
+    dumps = json.dumps
+    import pottery  # it replaces json.dumps on import: put the original back for the rest of the run
+
+    json.dumps = dumps
+    theirs = pottery.Redlock(key="shared", masters=set(clients(masters)), auto_release_time=2)
+    locks = Locks(clients(masters))
+    assert theirs.acquire(blocking=False)
+    assert locks.acquire("shared", 2_000)[0] is None
+    theirs.release()
+    token, _ = locks.acquire("shared", 2_000)
+    assert token is not None
+    assert not pottery.Redlock(key="shared", masters=set(clients(masters)), auto_release_time=2).acquire(
+        blocking=False)
+    assert locks.release("shared", token)
+
+
 def test_locks_work_with_one_master_of_three_stopped_and_refuse_with_two(masters):
     locks = Locks(clients(masters))
     masters[1].stop()
