@@ -47,6 +47,18 @@ class Runs:
         assert len(set(attempts)) == len(attempts), f"a fencing token went to two attempts: {self.calls}"
 
 
+def queue_behind_a_holder(make_worker: Any, actor: Any, runs: Runs, waiting: int) -> None:
+    """A worker of four threads; job 0 holds the group's one slot (its actor waits to be released),
+    jobs 1..``waiting`` queue behind it, as many of them on deck as fit."""
+    make_worker(4)
+    actor.send(0)
+    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
+    for i in range(1, waiting + 1):
+        actor.send(i)
+    on_deck = min(waiting, ondeck.DEPTH)
+    wait_until(lambda: len(reserved(actor.actor_name)) == on_deck, timeout=10, what=f"{on_deck} rows on deck")
+
+
 def test_a_job_replaced_on_deck_runs_its_new_arguments_once(suite, broker, make_worker):
     """Given a holder running and two jobs reserved on deck behind it (limit 1, ``replace``), When the first
     is replaced while on deck, Then it runs once, with the new arguments, and records their result; the
@@ -93,12 +105,7 @@ def test_a_reserved_row_another_process_took_is_not_delivered_from_the_deck(suit
         if i == 0:
             release.wait(20)
 
-    make_worker(4)
-    step.send(0)
-    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
-    step.send(1)
-    step.send(2)
-    wait_until(lambda: len(reserved("step")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+    queue_behind_a_holder(make_worker, step, runs, 2)
     first = min(reserved("step"), key=lambda r: r.id)
     assert first.args == [1]
     # The reservation ran out (as the other process sees it), and the other process claims and starts it.
@@ -140,11 +147,7 @@ def test_a_hand_over_whose_slot_cannot_pass_gives_the_row_back_unstarted(suite, 
         if i == 0:
             release.wait(20)
 
-    make_worker(4)
-    once.send(0)
-    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
-    once.send(1)
-    wait_until(lambda: len(reserved("once")) == 1, timeout=10, what="a row on deck")
+    queue_behind_a_holder(make_worker, once, runs, 1)
     release.set()
     wait_until(lambda: sorted(runs.labels()) == [0, 1], timeout=15, what="job 1 to run")
     wait_until(lambda: all(r.status == "succeeded" for r in rows("once")), timeout=10, what="outcomes")
@@ -305,12 +308,7 @@ def test_a_job_started_ahead_and_picked_up_late_runs_under_that_start(suite, bro
         if i == 0:
             release.wait(20)
 
-    make_worker(4)
-    late.send(0)
-    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
-    for i in range(1, 5):
-        late.send(i)
-    wait_until(lambda: len(reserved("late")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+    queue_behind_a_holder(make_worker, late, runs, 4)
     release.set()
     wait_until(lambda: sorted(runs.labels()) == [0, 1, 2, 3, 4], timeout=15, what="every job to run")
     wait_until(lambda: all(r.status == "succeeded" for r in rows("late")), timeout=10, what="outcomes")
@@ -346,12 +344,7 @@ def test_a_job_taken_over_before_its_late_pick_up_is_not_run(suite, broker, make
         if i == 0:
             release.wait(20)
 
-    make_worker(4)
-    late.send(0)
-    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
-    late.send(1)
-    late.send(2)
-    wait_until(lambda: len(reserved("late")) == ondeck.DEPTH, timeout=10, what="two rows on deck")
+    queue_behind_a_holder(make_worker, late, runs, 2)
     release.set()
     wait_until(lambda: 2 in runs.labels(), timeout=15, what="job 2 to run")
     wait_until(lambda: JobModel.get_by_id(rows("late")[2].id).status == "succeeded", timeout=10, what="job 2's outcome")
