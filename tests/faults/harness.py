@@ -216,6 +216,18 @@ def wait_all_succeeded(app: fault_app.App, timeout: float, expected: Optional[in
         time.sleep(0.1)
 
 
+def finish(app: fault_app.App, fleet: Fleet, directory: Path, *, timeout: float, linger: float = 1.0,
+           expected: Optional[int] = None) -> tuple[list[JobModel], ev.Log]:
+    """Wait, bounded, until every job succeeded; then ``linger`` seconds, so that a job that would
+    run again after it succeeded (a copy, a zombie's retry) has the time to show it, and look
+    again; stop the workers and read the event log.  Returns the rows and the parsed log."""
+    wait_all_succeeded(app, timeout=timeout, expected=expected)
+    time.sleep(linger)
+    rows = wait_all_succeeded(app, timeout=10, expected=expected)
+    fleet.close()
+    return rows, ev.parse(read_events(app, directory))
+
+
 def open_runs_by_pid(log: fault_app.EventLog, pids: list[int], kind: Optional[str] = None,
                      ) -> dict[int, list[ev.Run]]:
     """Runs in progress (started, no end yet) in each of ``pids``, from the event log."""

@@ -23,7 +23,7 @@ import pytest
 
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (fault_env, prefix, read_events, report, start_rig, wait_all_succeeded, wait_for)
+from tests.faults.harness import (fault_env, finish, prefix, report, start_rig, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -79,10 +79,7 @@ def test_the_brokers_redis_crashes_under_load_and_comes_back_empty(locks, tmp_pa
         back = app.log.record("back", what="broker redis-server started again, empty")
         producer.join(60)
         assert not producer.is_alive(), "the producer hung"
-        rows = wait_all_succeeded(app, timeout=60)
-        time.sleep(1.0)
-        fleet.close()
-        log = ev.parse(read_events(app, tmp_path))
+        rows, log = finish(app, fleet, tmp_path, timeout=60)
         redriven = redriver.counts.get("redriven", 0)
 
     for e in refused:

@@ -25,8 +25,8 @@ import dramatiq_unique
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (fault_env, open_runs_by_pid, prefix, read_events, report, rows as rows_of,
-                                  start_rig, wait_all_succeeded, wait_for)
+from tests.faults.harness import (fault_env, finish, open_runs_by_pid, prefix, report, rows as rows_of, start_rig,
+                                  wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -77,11 +77,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced(attr, kind, tmp_path):
             return all(r.done is not None for r in runs)
 
         wait_for(zombies_done, timeout=20, what="the resumed runs to finish")
-        rows = wait_all_succeeded(app, timeout=30, expected=jobs)
-        time.sleep(1.5)  # retries of the zombie runs, if any, have the time to show
-        rows = wait_all_succeeded(app, timeout=10, expected=jobs)
-        fleet.close()
-        log = ev.parse(read_events(app, tmp_path))
+        rows, log = finish(app, fleet, tmp_path, timeout=30, linger=1.5, expected=jobs)
 
     zombies = [r for r in log.runs if r.stopped is not None]
     for zombie in zombies:
@@ -138,11 +134,7 @@ def test_a_worker_frozen_within_its_lease_keeps_its_jobs(attr, kind, tmp_path):
         stop = fleet.stop(pid)
         time.sleep(WITHIN_STOP_S)
         resumed = fleet.cont(pid)
-        rows = wait_all_succeeded(app, timeout=40, expected=jobs)
-        time.sleep(1.5)
-        rows = wait_all_succeeded(app, timeout=10, expected=jobs)
-        fleet.close()
-        log = ev.parse(read_events(app, tmp_path))
+        rows, log = finish(app, fleet, tmp_path, timeout=40, linger=1.5, expected=jobs)
 
     frozen = [r for r in log.runs if r.stopped is not None]
     assert frozen

@@ -19,8 +19,7 @@ import pytest
 
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (fault_env, open_runs_by_pid, prefix, read_events, report, start_rig,
-                                  wait_all_succeeded, wait_for)
+from tests.faults.harness import (fault_env, finish, open_runs_by_pid, prefix, report, start_rig, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -74,10 +73,7 @@ def test_workers_sigkilled_again_and_again_under_load(name, tmp_path, request):
         producer.join(60)
         assert not producer.is_alive(), "the producer hung"
         assert not errors, f"a send failed: {errors[0]!r}"
-        rows = wait_all_succeeded(app, timeout=60)
-        time.sleep(1.0)  # a job that would run again after it succeeded has the time to show it
-        fleet.close()
-        log = ev.parse(read_events(app, tmp_path))
+        rows, log = finish(app, fleet, tmp_path, timeout=60)
     jobs = {r.message_id for r in rows}
     ev.check_holders(log, {kind: allowed})
     figures = ev.check_reruns(log, jobs)

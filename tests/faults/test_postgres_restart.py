@@ -24,7 +24,7 @@ import pytest
 from dramatiq_unique import DatabaseUnavailable
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (fault_env, prefix, read_events, report, start_rig, wait_all_succeeded, wait_for)
+from tests.faults.harness import (fault_env, finish, prefix, report, start_rig, wait_for)
 from tests.servers import PostgresCluster
 
 pytestmark = pytest.mark.slow
@@ -79,10 +79,7 @@ def test_postgresql_restarts_under_load(tmp_path):
         for p in producers:
             p.join(30)
             assert not p.is_alive(), "a producer hung"
-        rows = wait_all_succeeded(app, timeout=60)
-        time.sleep(1.0)
-        fleet.close()
-        log = ev.parse(read_events(app, tmp_path))
+        rows, log = finish(app, fleet, tmp_path, timeout=60)
 
     assert not failed, f"a send raised something else than DatabaseUnavailable: {failed[0]!r}"
     assert set(sent) <= {r.message_id for r in rows}, "every send that returned has its row"
