@@ -1,11 +1,11 @@
 """Dramatiq middlewares for jobs that must not run twice, must not run
 too many at once, and must not be lost."""
 
-from .api import get_job, redrive, setup, start_redriver, transaction
-from .checkpoints import checkpoint, step_key
-from .config import Suite
-from .context import current_job
-from .errors import (
+from dramatiq_unique.api import get_job, redrive, setup, start_redriver, transaction
+from dramatiq_unique.checkpoints import checkpoint, step_key
+from dramatiq_unique.context import current_job
+from dramatiq_unique.durable.redrive import RedriveCounts
+from dramatiq_unique.errors import (
     DatabaseUnavailable,
     DependencyUnavailable,
     DramatiqUniqueError,
@@ -20,12 +20,12 @@ from .errors import (
     NotSerializable,
     RedisUnavailable,
 )
-from .heartbeat import heartbeat
-from .idempotency import submit
-from .limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
-from .middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
-from .models import JobModel, JobStatus
-from .redrive import RedriveCounts
+from dramatiq_unique.idempotency import submit
+from dramatiq_unique.leases import heartbeat
+from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
+from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
+from dramatiq_unique.storage.models import JobModel, JobStatus
+from dramatiq_unique.suite import Suite
 
 __version__ = "0.1.0"
 

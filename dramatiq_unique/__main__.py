@@ -21,10 +21,10 @@ from typing import Optional, Sequence
 
 import dramatiq
 
-from . import config as _config
-from .errors import DramatiqUniqueError
-from .redrive import redrive
-from .scheduler import start_redriver
+from dramatiq_unique import suite as _config
+from dramatiq_unique.durable.redrive import redrive
+from dramatiq_unique.durable.scheduler import start_redriver
+from dramatiq_unique.errors import DramatiqUniqueError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,17 +9,17 @@ import peewee as pw
 from dramatiq import Broker
 from dramatiq.middleware import Retries
 
-from . import config as _config
-from . import store
-from .checks import check_redis
-from .config import RedisSpec, Suite
-from .limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
-from .middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
-from .outbox import transaction  # noqa: F401  (public API)
-from .redrive import redrive  # noqa: F401  (public API)
-from .scheduler import start_redriver  # noqa: F401  (public API)
-from .models import JobModel
-from .scope import NO_APP
+from dramatiq_unique import suite as _config
+from dramatiq_unique.durable.outbox import transaction  # noqa: F401  (public API)
+from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
+from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
+from dramatiq_unique.durable.scope import NO_APP
+from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
+from dramatiq_unique.redis.checks import check_redis
+from dramatiq_unique.slots.limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
+from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.suite import RedisSpec, Suite
 
 
 def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec, **settings: Any) -> Suite:

@@ -16,10 +16,11 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, TypeVar
 
-from . import sql, store
-from .context import JobContext, require
-from .errors import LockLost, NotSerializable
-from .models import dumps
+from dramatiq_unique.context import JobContext, require
+from dramatiq_unique.errors import LockLost, NotSerializable
+from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage import statements as sql
+from dramatiq_unique.storage.models import dumps
 
 T = TypeVar("T")
 

@@ -12,14 +12,14 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from .errors import NotInJob
-from .sql import PARTIAL
+from dramatiq_unique.errors import NotInJob
+from dramatiq_unique.storage.statements import PARTIAL
 
 if TYPE_CHECKING:
     from dramatiq.broker import MessageProxy
 
-    from .config import ActorConfig, Suite
-    from .models import JobModel
+    from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import ActorConfig, Suite
 
 #: The key of the suite's bookkeeping in ``message.options``.
 MARKER = "dramatiq_unique"

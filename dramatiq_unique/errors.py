@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq.middleware import MiddlewareError
 
 if TYPE_CHECKING:
-    from .models import JobModel
+    from dramatiq_unique.storage.models import JobModel
 
 
 class DramatiqUniqueError(MiddlewareError):

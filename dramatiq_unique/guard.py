@@ -27,7 +27,7 @@ import peewee as pw
 import redis
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
-from .errors import DatabaseUnavailable, HookFailed, JobRejected, RedisUnavailable
+from dramatiq_unique.errors import DatabaseUnavailable, HookFailed, JobRejected, RedisUnavailable
 
 F = TypeVar("F", bound=Callable[..., Any])
 

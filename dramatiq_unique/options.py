@@ -12,7 +12,7 @@ import math
 import re
 from typing import Any, Callable, Optional, Union
 
-from .errors import InvalidOption
+from dramatiq_unique.errors import InvalidOption
 
 #: The lock taken when an actor sets ``unique_args`` but no ``unique_lock``.
 DEFAULT_UNIQUE_LOCK = "until_and_while_executing"

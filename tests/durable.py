@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import dramatiq
 import redis
 
-from dramatiq_unique.redrive import CONFIRM_AFTER, RedriveCounts, redrive
+from dramatiq_unique.durable.redrive import CONFIRM_AFTER, RedriveCounts, redrive
 
 
 def wipe_broker(broker: Any) -> int:

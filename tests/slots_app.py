@@ -22,7 +22,6 @@ import redis
 from dramatiq_unique import heartbeat
 from tests.workers import CliWorker, setup_from_env
 
-
 # KEYS[1] running counts, KEYS[2] peaks; ARGV tenant, +1/-1.
 _COUNT = """
 local n = redis.call('hincrby', KEYS[1], ARGV[1], ARGV[2])

@@ -1,8 +1,8 @@
 """The suite's Dramatiq middlewares."""
 
-from .execution import ExecutionLocks
-from .redriver import Redriver
-from .slots import ConcurrencySlots
-from .tracking import JobTracking
+from dramatiq_unique.middleware.concurrency_slots import ConcurrencySlots
+from dramatiq_unique.middleware.execution_locks import ExecutionLocks
+from dramatiq_unique.middleware.job_tracking import JobTracking
+from dramatiq_unique.middleware.redriver import Redriver
 
 __all__ = ["ConcurrencySlots", "ExecutionLocks", "JobTracking", "Redriver"]

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Optional
 
 from dramatiq import Middleware
 
-from ..config import Suite
-from ..scheduler import start_redriver
+from dramatiq_unique.durable.scheduler import start_redriver
+from dramatiq_unique.suite import Suite
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler

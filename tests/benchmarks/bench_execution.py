@@ -28,11 +28,11 @@ import time
 import uuid
 
 import dramatiq
+from common import REDIS_URL, on_each_database
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from common import REDIS_URL, on_each_database
-from dramatiq_unique import parking
+from dramatiq_unique.parking import lot as parking
 
 KINDS = ("plain", "tracked", "while_executing", "until_and_while_executing")
 

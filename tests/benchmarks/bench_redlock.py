@@ -35,10 +35,10 @@ import uuid
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import dramatiq  # noqa: E402
+from common import REDIS_URL  # noqa: E402
 from dramatiq.brokers.redis import RedisBroker  # noqa: E402
 
 import dramatiq_unique  # noqa: E402
-from common import REDIS_URL  # noqa: E402
 from tests.durable import RedisServer  # noqa: E402
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parents[2]))
 
 import dramatiq_unique  # noqa: E402
 from dramatiq_unique import JobModel  # noqa: E402
-from dramatiq_unique.claims import pass_queries  # noqa: E402
+from dramatiq_unique.durable.claims import pass_queries  # noqa: E402
 from tests.durable import bulk_insert_pg, wipe_broker  # noqa: E402
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -46,12 +46,12 @@ from typing import Callable, Optional
 
 import dramatiq
 import redis
+from common import REDIS_URL, pg_database
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.rate_limits import ConcurrentRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend
 
 import dramatiq_unique
-from common import REDIS_URL, pg_database
 
 HOT_JOBS, COLD_KEYS, COLD_JOBS, LIMIT = 200, 9, 20, 2
 #: Retries' back-off for the ConcurrentRateLimiter (ms): the chosen setting, and an aggressive one.
@@ -110,7 +110,7 @@ def drive(broker: RedisBroker, actor: dramatiq.Actor, tally: Tally, threads: int
         _wait(lambda: tally.done >= 4 * threads, "the warm-up")
         worker.pause()
         tally.reset()
-        tally.sent_at = dramatiq_unique.models.utcnow()
+        tally.sent_at = dramatiq_unique.storage.models.utcnow()
         jobs = load() if jobs is None else jobs
         for key, i in jobs:
             actor.send(key, i)

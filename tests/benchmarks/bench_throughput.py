@@ -16,11 +16,10 @@ import time
 import uuid
 
 import dramatiq
+from common import REDIS_URL, on_each_database
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from common import REDIS_URL, on_each_database
-
 
 
 class Run:

@@ -23,7 +23,7 @@ import pytest
 
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (fault_env, finish, prefix, report, start_rig, wait_for)
+from tests.faults.harness import fault_env, finish, prefix, report, start_rig, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,8 @@ import dramatiq_unique
 from tests import fault_app
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (fault_env, finish, open_runs_by_pid, prefix, report, rows as rows_of, start_rig,
-                                  wait_for)
+from tests.faults.harness import fault_env, finish, open_runs_by_pid, prefix, report, start_rig, wait_for
+from tests.faults.harness import rows as rows_of
 
 pytestmark = pytest.mark.slow
 

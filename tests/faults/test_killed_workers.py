@@ -19,7 +19,7 @@ import pytest
 
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (fault_env, finish, open_runs_by_pid, prefix, report, start_rig, wait_for)
+from tests.faults.harness import fault_env, finish, open_runs_by_pid, prefix, report, start_rig, wait_for
 
 pytestmark = pytest.mark.slow
 

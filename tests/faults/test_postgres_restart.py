@@ -24,7 +24,7 @@ import pytest
 from dramatiq_unique import DatabaseUnavailable
 from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import (fault_env, finish, prefix, report, start_rig, wait_for)
+from tests.faults.harness import fault_env, finish, prefix, report, start_rig, wait_for
 from tests.servers import PostgresCluster
 
 pytestmark = pytest.mark.slow

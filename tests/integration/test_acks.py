@@ -1,4 +1,4 @@
-"""Tracked messages acked by our own script (dramatiq_unique.acks), on the Redis broker
+"""Tracked messages acked by our own script (dramatiq_unique.broker.acks), on the Redis broker
 with real Redis, SQLite and PostgreSQL."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""PostgreSQL restarting, crashing or cutting sessions under the suite (dramatiq_unique.database).
+"""PostgreSQL restarting, crashing or cutting sessions under the suite (dramatiq_unique.storage.database).
 
 Each test runs on a throwaway cluster of its own module (tests/servers.py),
 which it restarts, stops, kills, or whose sessions it terminates.  Every
@@ -21,9 +21,10 @@ import pytest
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from dramatiq_unique import DatabaseUnavailable, JobModel, parking
+from dramatiq_unique import DatabaseUnavailable, JobModel
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.wakeups import Watchdog
+from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking.flags import Watchdog
 from tests.conftest import REDIS_URL
 from tests.durable import running_worker
 from tests.helpers import wait_until
@@ -307,7 +308,7 @@ def test_a_cut_inside_a_transaction_is_not_retried_and_the_next_call_works(priva
 def test_prepared_statements_are_prepared_again_on_the_new_connection(private_suite, broker, cluster):
     """Given tracked sends prepared on a connection, When the session is cut, Then the next send
     reconnects, prepares its statement on the new session and records it there."""
-    from dramatiq_unique import prepared
+    from dramatiq_unique.storage import prepared
 
     @dramatiq.actor(track=True)
     def prepared_send(n):

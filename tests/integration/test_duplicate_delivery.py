@@ -20,8 +20,8 @@ from dramatiq.common import dq_name
 
 import dramatiq_unique
 from dramatiq_unique import heartbeat
-from dramatiq_unique.fencing import current as current_token
-from dramatiq_unique.models import after_ms, utcnow
+from dramatiq_unique.storage.fencing import current as current_token
+from dramatiq_unique.storage.models import after_ms, utcnow
 from tests.helpers import wait_until
 
 CASES = {

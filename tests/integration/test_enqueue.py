@@ -1,4 +1,4 @@
-"""Uniqueness at enqueue (dramatiq_unique.enqueue), on real Redis with SQLite and PostgreSQL."""
+"""Uniqueness at enqueue (dramatiq_unique.unique.enqueue), on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique import DatabaseUnavailable, DuplicateJob, InvalidOption, JobModel, RedisUnavailable
-from dramatiq_unique import store
-from dramatiq_unique.models import utcnow
+from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage.models import utcnow
 from tests.helpers import queue_size, wait_until
 
 QUEUE_LOCKS = ["until_executing", "until_executed", "until_and_while_executing", "until_expired"]
@@ -222,7 +222,7 @@ def test_a_duplicate_is_skipped_alike_whether_the_process_sent_its_key_lately_or
     """Given a waiting job, When its key is sent again by a process that did not send it
     (its insert clashes) and then again (asked early, before the broker builds the message),
     Then every duplicate resolves to the waiting job, and none left a row or a message."""
-    from dramatiq_unique import duplicates
+    from dramatiq_unique.unique import recent as duplicates
 
     @dramatiq.actor(unique_args=True, unique_lock="until_executing")
     def sync(account):

@@ -1,4 +1,4 @@
-"""Execution locks (dramatiq_unique.middleware.execution), on real Redis with SQLite and PostgreSQL."""
+"""Execution locks (dramatiq_unique.middleware.execution_locks), on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import dramatiq
 import pytest
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, current_job, fencing, parking
+from dramatiq_unique import JobModel, current_job
+from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.storage import fencing
 from tests.conftest import REDIS_URL
 from tests.exec_app import WorkerProcess, declare, read_log
 from tests.helpers import wait_until

@@ -17,9 +17,12 @@ from typing import Any
 import dramatiq
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, ondeck, parked, sql_parking
-from dramatiq_unique.models import after_ms, utcnow
-from dramatiq_unique.slots import gate_of
+from dramatiq_unique import JobModel
+from dramatiq_unique.parking import deck as ondeck
+from dramatiq_unique.parking import rows as parked
+from dramatiq_unique.slots.gate import gate_of
+from dramatiq_unique.storage import parking_statements as sql_parking
+from dramatiq_unique.storage.models import after_ms, utcnow
 from tests.helpers import wait_until
 from tests.integration.test_ondeck import reserved
 from tests.integration.test_slots import make_worker, rows  # noqa: F401  (make_worker: a fixture)
@@ -128,7 +131,7 @@ def test_a_hand_over_whose_slot_cannot_pass_gives_the_row_back_unstarted(suite, 
     """Given a row on deck, When its start is written but the slot cannot be passed (the holder's slot ran out),
     Then the start is undone (parked again, no attempt counted) and the job still runs once, later."""
     runs, release = Runs(), threading.Event()
-    from dramatiq_unique.slots import SlotGate
+    from dramatiq_unique.slots.gate import SlotGate
 
     passed = SlotGate.pass_and_deliver
     refused: list[int] = []
@@ -297,7 +300,7 @@ def test_a_job_started_ahead_and_picked_up_late_runs_under_that_start(suite, bro
     """Given jobs started ahead of their delivery (from the deck, or by their claim), When their pick-up comes
     late (the slot reservation no longer counts as fresh), Then each runs under the start written for it, once
     its row shows no other attempt took over: one attempt each, one token per attempt, all succeeded."""
-    from dramatiq_unique.middleware import slots as slots_middleware
+    from dramatiq_unique.middleware import concurrency_slots as slots_middleware
 
     monkeypatch.setattr(slots_middleware.ConcurrencySlots, "_fresh_here", lambda self, wake, ttl: False)
     runs, release = Runs(), threading.Event()
@@ -321,7 +324,7 @@ def test_a_job_taken_over_before_its_late_pick_up_is_not_run(suite, broker, make
     """Given a job started ahead of its delivery and picked up late, When another attempt took the job over in
     between (a newer token on its row), Then the late pick-up does not run it and writes nothing; the slot goes
     on to the next job, which runs."""
-    from dramatiq_unique.middleware import slots as slots_middleware
+    from dramatiq_unique.middleware import concurrency_slots as slots_middleware
 
     cls = slots_middleware.ConcurrencySlots
     monkeypatch.setattr(cls, "_fresh_here", lambda self, wake, ttl: False)

@@ -13,8 +13,8 @@ from dramatiq.middleware import AsyncIO
 
 import dramatiq_unique
 from dramatiq_unique import LockLost, NotInJob, current_job, heartbeat
-from dramatiq_unique.locks import KEY_PREFIX
-from dramatiq_unique.models import utcnow
+from dramatiq_unique.locks.redlock import KEY_PREFIX
+from dramatiq_unique.storage.models import utcnow
 from tests.helpers import wait_until
 
 

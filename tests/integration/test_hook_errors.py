@@ -15,17 +15,12 @@ import pytest
 from dramatiq.encoder import PickleEncoder
 
 import dramatiq_unique
-from dramatiq_unique import (
-    DramatiqUniqueError,
-    DuplicateJob,
-    HookFailed,
-    InvalidOption,
-    JobModel,
-    JobRejected,
-    submit,
-)
-from dramatiq_unique import duplicates, store
-from dramatiq_unique.middleware import execution, slots, tracking
+from dramatiq_unique import DramatiqUniqueError, DuplicateJob, HookFailed, InvalidOption, JobModel, JobRejected, submit
+from dramatiq_unique.middleware import concurrency_slots as slots
+from dramatiq_unique.middleware import execution_locks as execution
+from dramatiq_unique.middleware import job_tracking as tracking
+from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.unique import recent as duplicates
 from tests.helpers import queue_size, wait_until
 
 
@@ -221,9 +216,9 @@ import redis  # noqa: E402
 from dramatiq.middleware import SkipMessage  # noqa: E402
 
 from dramatiq_unique import DatabaseUnavailable, RedisUnavailable  # noqa: E402
+from dramatiq_unique.durable.messages import ENCODED, args_from_row, args_to_row  # noqa: E402
 from dramatiq_unique.guard import hook  # noqa: E402
-from dramatiq_unique.messages import ENCODED, args_from_row, args_to_row  # noqa: E402
-from dramatiq_unique.models import dumps  # noqa: E402
+from dramatiq_unique.storage.models import dumps  # noqa: E402
 
 
 class _Message:

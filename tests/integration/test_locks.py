@@ -1,4 +1,4 @@
-"""Locks over three Redis masters (dramatiq_unique.locks and redlock: Redlock), with masters stopped or stalled.
+"""Locks over three Redis masters (dramatiq_unique.locks.redlock and redlock: Redlock), with masters stopped or stalled.
 
 Each test starts its own three ``redis-server`` processes on free loopback
 ports in 6401-6409 (nothing persisted) and stops them afterwards; the
@@ -20,8 +20,9 @@ import pytest
 import redis
 
 import dramatiq_unique
-from dramatiq_unique import RedisUnavailable, current_job, heartbeat, redlock
-from dramatiq_unique.locks import KEPT, NOT_HELD, RELEASED, Locks, new_token
+from dramatiq_unique import RedisUnavailable, current_job, heartbeat
+from dramatiq_unique.locks import masters as redlock
+from dramatiq_unique.locks.redlock import KEPT, NOT_HELD, RELEASED, Locks, new_token
 from tests.helpers import wait_until
 
 PORTS = range(6401, 6410)

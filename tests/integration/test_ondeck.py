@@ -9,12 +9,19 @@ import uuid
 import dramatiq
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, concurrency_status, ondeck, parked, sql_parking
-from dramatiq_unique.models import JobStatus, after_ms, utcnow
-from dramatiq_unique.slots import gate_of
+from dramatiq_unique import JobModel, concurrency_status
+from dramatiq_unique.parking import deck as ondeck
+from dramatiq_unique.parking import rows as parked
+from dramatiq_unique.slots.gate import gate_of
+from dramatiq_unique.storage import parking_statements as sql_parking
+from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from tests.helpers import wait_until
 from tests.integration.test_slots import (  # noqa: F401  (make_worker: a fixture)
-    Recorder, assert_all_succeeded_once, make_worker, queue_behind_a_holder, rows,
+    Recorder,
+    assert_all_succeeded_once,
+    make_worker,
+    queue_behind_a_holder,
+    rows,
 )
 
 
@@ -148,7 +155,7 @@ def test_a_row_kept_on_deck_too_long_goes_back_to_the_queue(suite, broker, make_
 
 def test_the_deck_can_be_turned_off(suite, broker, make_worker):
     """Given ondeck.enabled off, When jobs wait for a slot, Then none is reserved and all run once."""
-    dramatiq_unique.parking.of(suite).ondeck.enabled = False
+    dramatiq_unique.parking.lot.of(suite).ondeck.enabled = False
     rec = Recorder()
 
     @dramatiq.actor(concurrency_limit=1)

@@ -1,4 +1,4 @@
-"""The transactional outbox (dramatiq_unique.outbox): sends that commit or roll back with the caller's writes.
+"""The transactional outbox (dramatiq_unique.durable.outbox): sends that commit or roll back with the caller's writes.
 
 Real Redis brokers (the shared server, or a throwaway redis-server that
 the test stops to play a broker outage), SQLite and PostgreSQL.
@@ -233,7 +233,7 @@ def test_a_send_from_another_thread_is_not_part_of_the_transaction(suite, broker
 def test_a_redrive_during_the_commit_window_does_not_send_twice(suite, broker, charge, monkeypatch):
     """Given rows committed but not yet published (as between the commit and the
     publish), a re-drive pass and the after-commit publish both try: one sends."""
-    from dramatiq_unique.outbox import Outbox
+    from dramatiq_unique.durable.outbox import Outbox
 
     calls = []
     original = Outbox.publish

@@ -1,4 +1,4 @@
-"""Parking (dramatiq_unique.parking) as a primitive: park, hand over, wake, recover.
+"""Parking (dramatiq_unique.parking.lot) as a primitive: park, hand over, wake, recover.
 
 Uses a small gate of its own (a Redis lock per group, as a concurrency
 slot of one would be), on real Redis with SQLite and PostgreSQL.
@@ -13,12 +13,13 @@ from typing import Optional
 import dramatiq
 import pytest
 
-from dramatiq_unique import JobModel, parking
-from dramatiq_unique.config import current
+from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.locks import new_token
-from dramatiq_unique.models import utcnow
-from dramatiq_unique.parking import GroupInfo
+from dramatiq_unique.locks.redlock import new_token
+from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking.lot import GroupInfo
+from dramatiq_unique.storage.models import utcnow
+from dramatiq_unique.suite import current
 
 ORDER = {"value": "created_at"}
 
@@ -293,8 +294,8 @@ def test_a_claim_can_start_the_woken_attempt_unless_its_message_brought_unique_o
     """Given two parked rows, one whose message brought its own unique_lock, When each is claimed
     with a start (prestart.py), Then the plain one is running (attempt counted, fencing token drawn,
     unique hold released) and the other is only claimed, left to start the ordinary way."""
-    from dramatiq_unique import sql_parking
-    from dramatiq_unique.models import after_ms
+    from dramatiq_unique.storage import parking_statements as sql_parking
+    from dramatiq_unique.storage.models import after_ms
 
     plain = new_row(1, status="pending", parked_on="t:pre", unique_hold="k1", fencing_token=4)
     own = new_row(2, status="pending", parked_on="t:pre", unique_hold="k2")

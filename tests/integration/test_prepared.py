@@ -1,4 +1,4 @@
-"""Prepared statements on PostgreSQL (dramatiq_unique.prepared), on a real server."""
+"""Prepared statements on PostgreSQL (dramatiq_unique.storage.prepared), on a real server."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dramatiq
 import pytest
 
 import dramatiq_unique
-from dramatiq_unique import prepared
+from dramatiq_unique.storage import prepared
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
 

@@ -1,5 +1,5 @@
 """Tracked sends published by our own script, unique ones with their queue locks
-(dramatiq_unique.publish), on the Redis broker with real Redis, SQLite and PostgreSQL."""
+(dramatiq_unique.broker.publish), on the Redis broker with real Redis, SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from dramatiq.common import dq_name, xq_name
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, current_job, transaction
-from dramatiq_unique.models import utcnow
+from dramatiq_unique.storage.models import utcnow
 from tests.conftest import RABBITMQ_URL, REDIS_URL
 from tests.durable import passes, total
 from tests.helpers import LOST_AFTER, job_of, wait_until

@@ -23,8 +23,8 @@ from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, current_job
-from dramatiq_unique.models import utcnow
-from dramatiq_unique.redrive import run_pass
+from dramatiq_unique.durable.redrive import run_pass
+from dramatiq_unique.storage.models import utcnow
 from tests.conftest import REDIS_URL
 from tests.durable import broker_messages, passes, running_worker, total, wipe_broker
 from tests.helpers import LOST_AFTER, job_of, wait_until
@@ -316,7 +316,7 @@ def test_two_redrivers_at_once_never_send_a_job_twice(fast, broker, contended):
 
 def test_only_one_pass_runs_at_a_time(fast, broker):
     """One pass at a time per app and set of declared actors (scope.py)."""
-    from dramatiq_unique.scope import Scope
+    from dramatiq_unique.durable.scope import Scope
 
     name = Scope(fast, broker).lock_name()
     assert name.startswith(fast.keys.redrive_lock() + ":")
@@ -331,7 +331,7 @@ def test_only_one_pass_runs_at_a_time(fast, broker):
 def test_a_duplicate_delivery_of_a_finished_job_is_skipped(fast, broker):
     """Given a job that succeeded, when its message is delivered again (a worker
     crashed after the job but before the ack), then it is not run again."""
-    from dramatiq_unique.claims import build_message
+    from dramatiq_unique.durable.claims import build_message
 
     runs = []
 
@@ -479,7 +479,7 @@ def test_the_job_of_a_sigkilled_dramatiq_worker_is_recovered(fast, broker, datab
 def test_the_pass_queries_use_indexes_on_postgresql(broker, pg_url, key_prefix):
     """Given 50,000 finished rows beside a few waiting ones, every SELECT of a pass
     starts from an index that leaves finished rows out: no sequential scan."""
-    from dramatiq_unique.claims import pass_queries
+    from dramatiq_unique.durable.claims import pass_queries
     from tests.durable import bulk_insert_pg
 
     suite = dramatiq_unique.setup(broker, database=pg_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)

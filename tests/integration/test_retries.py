@@ -13,7 +13,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
 from dramatiq_unique import current_job
-from dramatiq_unique.models import utcnow
+from dramatiq_unique.storage.models import utcnow
 from tests.conftest import REDIS_URL
 from tests.durable import RedisServer, broker_messages, passes, running_worker, total, wipe_broker
 from tests.helpers import wait_until

@@ -10,9 +10,9 @@ from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
-from dramatiq_unique.database import open_database
-from dramatiq_unique.models import is_postgres, utcnow
-from dramatiq_unique.redrive import redrive
+from dramatiq_unique.durable.redrive import redrive
+from dramatiq_unique.storage.database import open_database
+from dramatiq_unique.storage.models import is_postgres, utcnow
 from tests.conftest import REDIS_URL
 from tests.durable import broker_messages
 
@@ -127,7 +127,7 @@ def test_setup_migrates_a_table_of_the_earlier_version(legacy_db, database_url, 
 def test_an_idempotency_key_of_the_earlier_version_returns_its_job(legacy_db, database_url, key_prefix):
     """A client retrying across the upgrade gets the job the earlier version made, before
     any pass adopted it."""
-    from dramatiq_unique.keys import idempotency_hold
+    from dramatiq_unique.redis.keys import idempotency_hold
 
     message_id = insert_legacy(legacy_db, "job", status="queued")
     hold = idempotency_hold("job", "alice", "req-1")

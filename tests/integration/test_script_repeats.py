@@ -21,9 +21,9 @@ import pytest
 import redis
 
 import dramatiq_unique
-from dramatiq_unique import scripts
-from dramatiq_unique.locks import KEPT, KEY_PREFIX, NOT_HELD, RELEASED, Locks, new_token
-from dramatiq_unique.slots import gate_of
+from dramatiq_unique.locks.redlock import KEPT, KEY_PREFIX, NOT_HELD, RELEASED, Locks, new_token
+from dramatiq_unique.redis import scripts
+from dramatiq_unique.slots.gate import gate_of
 from tests.conftest import REDIS_URL
 from tests.durable import RedisServer
 

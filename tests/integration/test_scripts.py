@@ -1,4 +1,4 @@
-"""Our Lua script calls over each thread's own connection (dramatiq_unique.scripts), on real redis-servers."""
+"""Our Lua script calls over each thread's own connection (dramatiq_unique.redis.scripts), on real redis-servers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 import redis
 
-from dramatiq_unique import scripts
+from dramatiq_unique.redis import scripts
 from tests.durable import RedisServer
 
 ECHO = "return {1, ARGV[1], redis.call('get', KEYS[1]), tonumber(ARGV[2])}"

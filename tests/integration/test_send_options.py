@@ -9,7 +9,7 @@ from dramatiq.encoder import PickleEncoder
 
 import dramatiq_unique
 from dramatiq_unique import InvalidOption, JobModel, JobRejected, submit
-from dramatiq_unique.messages import rebuild
+from dramatiq_unique.durable.messages import rebuild
 from tests.helpers import queue_size
 
 HUGE = "x" * 100_000

@@ -1,4 +1,4 @@
-"""setup() fails fast and says what to do (dramatiq_unique.database, dramatiq_unique.checks).
+"""setup() fails fast and says what to do (dramatiq_unique.storage.database, dramatiq_unique.redis.checks).
 
 A database or Redis that is down, or that takes the connection and never
 answers, is a DependencyUnavailable naming the service and its address

@@ -16,12 +16,16 @@ import pytest
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, concurrency_status, parked, parking, prepared, sql_parking, submit
-from dramatiq_unique.config import set_current
-from dramatiq_unique.models import after_ms, utcnow
-from dramatiq_unique.redrive import redrive
-from dramatiq_unique.scope import Scope
-from dramatiq_unique.slots import gate_of
+from dramatiq_unique import JobModel, concurrency_status, submit
+from dramatiq_unique.durable.redrive import redrive
+from dramatiq_unique.durable.scope import Scope
+from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking import rows as parked
+from dramatiq_unique.slots.gate import gate_of
+from dramatiq_unique.storage import parking_statements as sql_parking
+from dramatiq_unique.storage import prepared
+from dramatiq_unique.storage.models import after_ms, utcnow
+from dramatiq_unique.suite import set_current
 from tests.conftest import REDIS_URL
 from tests.durable import CONFIRM_AFTER, RedisServer, broker_messages, bulk_insert_pg, wipe_broker
 from tests.helpers import LOST_AFTER, wait_until

@@ -1,4 +1,4 @@
-"""Concurrency slots (dramatiq_unique.middleware.slots, dramatiq_unique.slots, dramatiq_unique.limits),
+"""Concurrency slots (dramatiq_unique.middleware.concurrency_slots, dramatiq_unique.slots.gate, dramatiq_unique.slots.limits),
 on real Redis with the job table on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique import InvalidOption, JobModel, concurrency_status, set_concurrency_limit
-from dramatiq_unique.slots import gate_of
+from dramatiq_unique.slots.gate import gate_of
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
 from tests.slots_app import Tally, WorkerProcess, declare
@@ -203,7 +203,7 @@ def test_parked_jobs_start_in_fifo_order(suite, broker, make_worker):
 def test_a_slot_is_handed_on_before_the_outcome_is_written(suite, broker, make_worker, monkeypatch):
     """Given a limit of 1 and slow outcome writes, When a job ends, Then the next starts without
     waiting for its predecessor's outcome to be committed: a slot orders nothing."""
-    from dramatiq_unique.middleware import tracking
+    from dramatiq_unique.middleware import job_tracking as tracking
 
     finish = tracking.store.finish
 
@@ -353,7 +353,7 @@ def test_a_message_may_bring_its_own_limit(suite, broker, make_worker, caplog):
     """Given a tracked actor without slot options, When messages are sent with concurrency_limit=1,
     Then they run one at a time, each waiting job parked once (hand-overs know the message's limit)."""
     rec = Recorder()
-    caplog.set_level(logging.DEBUG, logger="dramatiq_unique.parking")
+    caplog.set_level(logging.DEBUG, logger="dramatiq_unique.parking.lot")
 
     @dramatiq.actor(track=True)
     def sync(i: int) -> None:
@@ -566,7 +566,7 @@ def test_parking_list_loss_is_recovered_by_the_redrive(suite, broker, make_worke
     flags, Then the parked jobs stay pending in the database, and the re-drive wakes them."""
     # Rows on deck would be put back and their group flagged again by this very process: this
     # test is about what nobody here knows any more.
-    dramatiq_unique.parking.of(suite).ondeck.enabled = False
+    dramatiq_unique.parking.lot.of(suite).ondeck.enabled = False
     rec = Recorder()
 
     @dramatiq.actor(concurrency_limit=1)
@@ -640,7 +640,7 @@ def test_a_sigkilled_holder_frees_its_slot_after_its_lease(suite, broker, databa
         assert concurrency_status("slot_job", key="t").holders == 1
         # Killed between its park and its flag, the holder's process would leave the job to the
         # re-drive (off here): kill once the group is flagged, as the test means to.
-        flags = dramatiq_unique.parking.of(suite).flags
+        flags = dramatiq_unique.parking.lot.of(suite).flags
         wait_until(lambda: redis_client.zcard(flags) == 1, timeout=10, what="the group flagged")
         (child,) = holder.children()
         holder.kill_child(child)

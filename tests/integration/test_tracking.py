@@ -1,4 +1,4 @@
-"""The job record (dramatiq_unique.middleware.tracking), on real Redis with SQLite and PostgreSQL."""
+"""The job record (dramatiq_unique.middleware.job_tracking), on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import peewee as pw
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, JobStatus, current_job
-from dramatiq_unique.models import MAX_ERROR_LENGTH, utcnow
+from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, utcnow
 from tests.helpers import queue_size, wait_until
 
 

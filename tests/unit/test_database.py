@@ -1,4 +1,4 @@
-"""Opening the job database (dramatiq_unique.database), without a server."""
+"""Opening the job database (dramatiq_unique.storage.database), without a server."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from playhouse.shortcuts import ReconnectMixin
 
 from dramatiq_unique import InvalidOption
-from dramatiq_unique.config import Settings
-from dramatiq_unique.database import address, describe, open_database, reconnecting
+from dramatiq_unique.storage.database import address, describe, open_database, reconnecting
+from dramatiq_unique.suite import Settings
 
 
 def test_a_postgres_url_opens_a_reconnecting_database_with_timeouts():

@@ -1,10 +1,10 @@
-"""The recent-keys memory of dramatiq_unique.duplicates (no services)."""
+"""The recent-keys memory of dramatiq_unique.unique.recent (no services)."""
 
 from __future__ import annotations
 
 import threading
 
-from dramatiq_unique.duplicates import _Recent
+from dramatiq_unique.unique.recent import _Recent
 
 
 def test_a_key_counts_as_sent_from_its_first_look_on():

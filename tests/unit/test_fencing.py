@@ -1,12 +1,13 @@
-"""Unit tests of dramatiq_unique.fencing on a throw-away SQLite file (no services)."""
+"""Unit tests of dramatiq_unique.storage.fencing on a throw-away SQLite file (no services)."""
 
 from __future__ import annotations
 
 import peewee as pw
 import pytest
 
-from dramatiq_unique import JobModel, fencing
-from dramatiq_unique.models import open_database
+from dramatiq_unique import JobModel
+from dramatiq_unique.storage import fencing
+from dramatiq_unique.storage.models import open_database
 
 
 class Jobs(JobModel):

@@ -10,7 +10,7 @@ import pytest
 from dramatiq.asyncio import EventLoopThread, async_to_sync, get_event_loop_thread, set_event_loop_thread
 
 from dramatiq_unique import NotInJob, context, current_job, heartbeat
-from dramatiq_unique.heartbeat import carry_context
+from dramatiq_unique.leases import carry_context
 
 
 class AmnesicLoop(EventLoopThread):

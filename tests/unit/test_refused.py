@@ -7,8 +7,8 @@ import pytest
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Middleware, SkipMessage
 
+from dramatiq_unique.durable.refused import skip_reason
 from dramatiq_unique.guard import hook, own_skip
-from dramatiq_unique.refused import skip_reason
 
 
 class Ours(Middleware):

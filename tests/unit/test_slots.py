@@ -1,13 +1,13 @@
-"""Slot groups and run-time limit arguments (dramatiq_unique.slots, dramatiq_unique.limits): no services."""
+"""Slot groups and run-time limit arguments (dramatiq_unique.slots.gate, dramatiq_unique.slots.limits): no services."""
 
 from __future__ import annotations
 
 import pytest
 
 from dramatiq_unique import InvalidOption, JobModel
-from dramatiq_unique.config import ActorConfig
-from dramatiq_unique.limits import _check_limit, key_group
-from dramatiq_unique.slots import UNLIMITED, actor_of, declared_limit, group_key, group_name, has_slots, ttl_of
+from dramatiq_unique.slots.gate import UNLIMITED, actor_of, declared_limit, group_key, group_name, has_slots, ttl_of
+from dramatiq_unique.slots.limits import _check_limit, key_group
+from dramatiq_unique.suite import ActorConfig
 
 
 def config(fn, **options) -> ActorConfig:

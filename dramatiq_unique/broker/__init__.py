@@ -1,0 +1,1 @@
+"""Every touch of Dramatiq's broker internals: publish, ack, local delivery, presence."""

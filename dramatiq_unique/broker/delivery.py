@@ -1,0 +1,135 @@
+"""Delivering a woken job: its message rebuilt from its row, handed to this process's worker.
+
+Why not just ``broker.enqueue``: an idle Redis-broker consumer polls its
+queue with a back-off that grows to ``worker_timeout`` (a second by
+default), so a woken job published to the queue can wait that long
+before anyone fetches it.  The worker thread that wakes it has just
+finished the previous job of its key and consumes that very queue, so
+the job is put straight on this worker's work queue, written to Redis
+exactly as the broker's ``fetch`` would have left it: the message body
+in the queue's ``.msgs`` hash and its id in this worker's ack set
+(``dramatiq/brokers/redis/dispatch.lua``).  So it is acked by the
+worker as usual, requeued by ``Worker.stop()`` if it has not started,
+and requeued by Dramatiq's dead-worker maintenance if this process dies.
+``before_enqueue``/``after_enqueue`` are emitted as for any send.
+
+Measured in tests/benchmarks/bench_execution.py: the next job of a key
+starts a few ms after the previous one ends, against tens of ms (up to
+``worker_timeout``) through the queue.
+
+The woken job goes ahead of the messages of its priority that this
+worker has prefetched (it was sent before them); if every thread of
+this worker is busy with long jobs, it waits for the first to finish,
+even if another process is idle.  Where a local delivery is not
+possible (another broker, no worker in this process, the job's queue
+not consumed here) the message is published with ``broker.enqueue``.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any, Optional
+
+from dramatiq import Message
+from dramatiq.broker import MessageProxy
+
+from dramatiq_unique.redis import scripts
+from dramatiq_unique.redis.keys import BrokerKeys
+
+try:  # Dramatiq 2.x; without them every delivery goes through the broker.
+    from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.worker import _WorkQueueItem
+except ImportError:  # pragma: no cover
+    RedisBroker = _WorkQueueItem = None  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    import dramatiq
+
+# KEYS[1] queue's message hash, KEYS[2] this worker's ack set; ARGV id, body.
+_CLAIM = """
+redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
+redis.call('sadd', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+class Delivery:
+    """Sends woken jobs; delivers them locally while a worker of this process is attached."""
+
+    def __init__(self, broker_of: Any) -> None:
+        # The suite's broker may be set after us (setup() assigns it): look it up each time.
+        self._broker_of = broker_of
+        #: Deliver to this process's worker when possible.
+        self.local = True
+        self.worker: "Optional[dramatiq.Worker]" = None
+        self._claim: Any = None
+        self._lock = threading.Lock()
+
+    def send(self, message: Message, broker_ref: Optional[str] = None) -> None:
+        """Deliver a woken job's message; ``broker_ref``, if given, is the id its row
+        already records for it (used by a local delivery)."""
+        if self._deliver_locally(message, broker_ref):
+            return
+        broker = self._broker_of()
+        if broker is None:
+            raise RuntimeError("the suite has no broker to send woken jobs through")
+        broker.enqueue(message)
+
+    def _deliver_locally(self, message: Message, broker_ref: Optional[str] = None) -> bool:
+        plan = self.plan(message, broker_ref)
+        if plan is None:
+            return False
+        with self._lock:
+            if self._claim is None or self._claim.client is not plan.broker.client:
+                self._claim = scripts.register(plan.broker.client, _CLAIM)
+        self._claim(keys=plan.keys, args=plan.args)
+        plan.complete()
+        return True
+
+    def plan(self, message: Message, broker_ref: Optional[str] = None) -> "Optional[LocalDelivery]":
+        """A local delivery of ``message``, its Redis writes left to the caller (who may fold
+        them into a script of its own, see :mod:`dramatiq_unique.parking.deck`); None where only
+        the broker can deliver it.  ``before_enqueue`` is emitted here."""
+        worker, broker = self.worker, self._broker_of()
+        if not self.local or worker is None or _WorkQueueItem is None or not isinstance(broker, RedisBroker):
+            return None
+        consumer = worker.consumers.get(message.queue_name)
+        if consumer is None or not consumer.running or worker.broker is not broker:
+            return None
+        try:
+            actor = broker.get_actor(message.actor_name)
+        except Exception:
+            return None
+        from dramatiq_unique.unique.enqueue import resending
+
+        message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
+        with resending():  # the claim recorded broker_ref: JobTracking need not write it again
+            broker.emit_before("enqueue", message, None)
+        queue, keys = message.queue_name, BrokerKeys(broker.namespace)
+        return LocalDelivery(
+            broker, worker, actor.priority, message,
+            keys=[keys.messages(queue), keys.acks(broker.broker_id, queue)],
+            args=[message.options["redis_message_id"], message.encode()],
+        )
+
+
+class LocalDelivery:
+    """A message on its way to this process's worker: once ``keys``/``args`` are written as
+    ``_CLAIM`` writes them (body in the queue's message hash, id in this worker's ack set),
+    :meth:`complete` puts it on the work queue."""
+
+    def __init__(self, broker: Any, worker: Any, priority: int, message: Message, *, keys: list, args: list) -> None:
+        self.broker, self.worker, self.priority, self.message = broker, worker, priority, message
+        self.keys, self.args = keys, args
+
+    def complete(self) -> None:
+        self.broker.emit_after("enqueue", self.message, None)
+        # The message as written (its body was encoded from it): no need to decode it again.
+        proxy = MessageProxy(self.message)
+        try:
+            # Ahead of the prefetched messages of its priority: it was sent before them, and has waited.
+            item = _WorkQueueItem(self.priority, proxy, _queued_time=0)
+        except TypeError:  # pragma: no cover  (a Dramatiq without the FIFO tie-break)
+            item = _WorkQueueItem(self.priority, proxy)
+        self.worker.work_queue.put(item)

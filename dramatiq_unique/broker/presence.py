@@ -1,0 +1,126 @@
+"""Is a job's message still in the broker?  The re-drive's lost-message check.
+
+The Redis broker keeps every message in the hash ``<ns>:<queue>.msgs``
+(``<ns>:<queue>.DQ.msgs`` while delayed) from enqueue until it is acked
+or dead-lettered; the queue list and the consumers' unacked sets only
+hold ids into that hash (see dramatiq/brokers/redis/dispatch.lua).  So
+one ``HEXISTS`` per job, on the ``redis_message_id`` that the job row
+keeps in ``broker_ref``, answers whether the message is anywhere in the
+broker: queued, delayed, prefetched or being processed.
+
+Keeping ``broker_ref`` costs a write when a delayed message is promoted
+to its queue (the broker gives it a new id then); the alternative,
+scanning the queues' hashes for the Dramatiq ``message_id``, costs a
+full read of every backlog on every pass.
+
+RabbitMQ cannot be asked whether it holds one message, so there is no
+probe for it: the re-drive trusts its durable queues for published jobs
+and relies on lease expiry for running ones (see redrive.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from dramatiq.common import current_millis, dq_name, xq_name
+
+from dramatiq_unique.redis.keys import BrokerKeys
+
+if TYPE_CHECKING:
+    from dramatiq import Broker
+
+    from dramatiq_unique.storage.models import JobModel
+
+logger = logging.getLogger(__name__)
+
+
+class Presence(enum.Enum):
+    #: The message is in the broker (queued, delayed, or held by a consumer).
+    PRESENT = "present"
+    #: The message is in none of the broker's places.
+    MISSING = "missing"
+    #: The broker dead-lettered the message: the job failed.
+    DEAD = "dead"
+    #: The broker cannot be asked.
+    UNKNOWN = "unknown"
+
+
+class RedisProbe:
+    """Looks messages up in a :class:`~dramatiq.brokers.redis.RedisBroker`."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.client = broker.client  # type: ignore[attr-defined]
+        self.namespace: str = broker.namespace  # type: ignore[attr-defined]
+        self.keys = BrokerKeys(self.namespace)
+
+    def check(self, rows: "Iterable[JobModel]") -> list[Presence]:
+        """Where each row's last published message is; a row without ``broker_ref`` is missing."""
+        rows = list(rows)
+        pipe = self.client.pipeline(transaction=False)
+        for row in rows:
+            if row.broker_ref:
+                for name in (row.queue_name, dq_name(row.queue_name), xq_name(row.queue_name)):
+                    pipe.hexists(self.keys.messages(name), row.broker_ref)
+        answers = iter(pipe.execute()) if len(pipe) else iter(())
+        out = []
+        for row in rows:
+            if not row.broker_ref:
+                out.append(Presence.MISSING)
+                continue
+            queued, delayed, dead = next(answers), next(answers), next(answers)
+            out.append(Presence.PRESENT if queued or delayed else Presence.DEAD if dead else Presence.MISSING)
+        return out
+
+    def requeue_orphans(self, rows: "Iterable[JobModel]") -> int:
+        """Hand messages held by dead consumers back to their queues; returns how many queues were swept.
+
+        A worker killed mid-job leaves its message in its unacked set.
+        Dramatiq moves such messages back when a consumer happens to run
+        its maintenance (0.1% of broker commands by default), which can
+        take a long time on a quiet queue; the re-drive runs that same
+        maintenance for the queues where it saw such a message.
+        """
+        rows = [row for row in rows if row.broker_ref]
+        heartbeat_timeout = getattr(self.broker, "heartbeat_timeout", None)
+        script = getattr(self.broker, "scripts", {}).get("dispatch")
+        if not rows or heartbeat_timeout is None or script is None:
+            return 0
+        dead = self.client.zrangebyscore(
+            self.keys.heartbeats(), 0, current_millis() - heartbeat_timeout
+        )
+        if not dead:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        probes = []
+        for row in rows:
+            for queue_name in (row.queue_name, dq_name(row.queue_name)):
+                for worker in dead:
+                    worker_id = worker.decode() if isinstance(worker, bytes) else worker
+                    pipe.sismember(self.keys.acks(worker_id, queue_name), row.broker_ref)
+                    probes.append(queue_name)
+        queues = {name for name, held in zip(probes, pipe.execute()) if held}
+        for queue_name in sorted(queues):
+            self._maintain(script, queue_name)
+        return len(queues)
+
+    def _maintain(self, script, queue_name: str) -> None:
+        broker = self.broker
+        unpack = broker._max_unpack_size() if hasattr(broker, "_max_unpack_size") else 4000
+        args = [
+            "qsize", current_millis(), queue_name, broker.broker_id, broker.heartbeat_timeout,
+            broker.dead_message_ttl, 1, unpack,
+        ]
+        script(args=args, keys=[self.namespace])
+        logger.info("Moved messages of dead workers back to queue %r.", queue_name)
+
+
+def probe_for(broker: "Broker") -> Optional[RedisProbe]:
+    """The probe for ``broker``, or None if the broker cannot be asked about one message."""
+    from dramatiq.brokers.redis import RedisBroker
+
+    if isinstance(broker, RedisBroker):
+        return RedisProbe(broker)
+    return None

@@ -1,0 +1,1 @@
+"""Durable jobs: the re-drive, the outbox, rows rebuilt into messages, the scheduler."""

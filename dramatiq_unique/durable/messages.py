@@ -1,0 +1,129 @@
+"""Between a job's row and its messages: what a job keeps of a message, and its message rebuilt.
+
+One place for both directions, because the re-drive, the outbox and the
+parking all rebuild messages from rows and must agree on what belongs to
+one delivery (and is dropped) and what belongs to the job (and is kept).
+
+Arguments the job table's JSON columns cannot hold.  An app with another
+encoder (``PickleEncoder``) may send a ``datetime.date``, a ``Decimal``, a
+set or a dict with int keys (or an option: a module-level function as one
+message's ``unique_args``).  Such an argument or option value is stored as
+``{"__dramatiq_unique_encoded__": <base64 of the app's encoder's bytes>,
+"repr": <its repr, for a reader>}`` (:func:`args_to_row`), and a message rebuilt
+from the row gets the very value back (:func:`args_from_row`): a parked or
+re-driven job runs with a date, not its text.  Arguments JSON holds stay
+readable as they are, as with Dramatiq's own JSON encoder (a tuple is a list).
+"""
+
+from __future__ import annotations
+
+import base64
+import calendar
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Optional
+
+import dramatiq
+from dramatiq import Message
+from dramatiq.common import current_millis
+from dramatiq.encoder import JSONEncoder
+
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.errors import JobRejected
+
+if TYPE_CHECKING:
+    from dramatiq_unique.storage.models import JobModel
+
+#: Message options that belong to one delivery, not to the job.
+TRANSIENT_OPTIONS = frozenset({"redis_message_id", "eta", "traceback", "requeue_timestamp"})
+
+
+#: The key that marks an argument stored in the app's encoding (see the module's docstring).
+ENCODED = "__dramatiq_unique_encoded__"
+#: How much of an encoded argument's repr its row keeps for a reader.
+REPR_LENGTH = 200
+
+_SCALARS = frozenset({str, int, bool, type(None), float})
+_KEYS = frozenset({str, int, bool, type(None), float})
+
+
+def _fits(value: Any, strict: bool) -> bool:
+    """Whether the JSON column gives ``value`` back as the app's encoder would: exact
+    types only (an IntEnum or a str subclass would come back plain); ``strict`` (an
+    encoder other than JSON) also wants tuples and dict keys other than str kept."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is list or (kind is tuple and not strict):
+        return all(_fits(item, strict) for item in value)
+    if kind is dict:
+        keys = (str,) if strict else _KEYS
+        return all(type(k) in keys and _fits(v, strict) for k, v in value.items())
+    return False
+
+
+def _encode(value: Any, where: str) -> dict:
+    encoder = dramatiq.get_encoder()
+    try:
+        data = encoder.encode(value)
+    except Exception as e:
+        raise JobRejected(
+            f"{where} ({type(value).__name__}) cannot be stored: neither JSON nor {type(encoder).__name__} encodes it: {e}"
+        ) from e
+    return {ENCODED: base64.b64encode(data).decode("ascii"), "repr": repr(value)[:REPR_LENGTH]}
+
+
+def args_to_row(args: Any, kwargs: dict) -> tuple[list, dict]:
+    """A message's arguments as the job row's JSON columns hold them."""
+    strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
+    row_args = [a if _fits(a, strict) else _encode(a, f"argument {i}") for i, a in enumerate(args)]
+    row_kwargs = {k: v if _fits(v, strict) else _encode(v, f"argument {k}") for k, v in kwargs.items()}
+    return row_args, row_kwargs
+
+
+def _decode(value: Any) -> Any:
+    if type(value) is dict and ENCODED in value:
+        return dramatiq.get_encoder().decode(base64.b64decode(value[ENCODED]))
+    return value
+
+
+def options_to_row(options: dict) -> dict:
+    """A job's options (:func:`job_options`) as the row's JSON column holds them."""
+    strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
+    if all(_fits(v, strict) for v in options.values()):
+        return options  # the common case: nothing to copy
+    return {k: v if _fits(v, strict) else _encode(v, f"option {k}") for k, v in options.items()}
+
+
+def args_from_row(args: Any, kwargs: Any) -> tuple[tuple, dict]:
+    """The arguments a row's JSON columns hold, as the job's message carries them."""
+    return tuple(_decode(a) for a in args or ()), {k: _decode(v) for k, v in (kwargs or {}).items()}
+
+
+def job_options(options: dict, marker: Optional[dict] = None) -> dict:
+    """A message's options as a job keeps them: no per-delivery ones; ``marker`` replaces the suite's."""
+    kept = {k: v for k, v in options.items() if k not in TRANSIENT_OPTIONS}
+    if marker is not None:
+        kept[MARKER] = marker
+    return kept
+
+
+def epoch_ms(moment: datetime) -> int:
+    """A naive UTC datetime as Dramatiq's millisecond timestamp."""
+    return calendar.timegm(moment.utctimetuple()) * 1000 + moment.microsecond // 1000
+
+
+def rebuild(row: "JobModel", marker: Optional[dict] = None, *, timestamp: Optional[int] = None) -> Message:
+    """The job's message from its row: same id, arguments and options, marked as the row's
+    current revision, with ``marker``'s entries added.  ``timestamp`` defaults to now."""
+    options = {k: _decode(v) for k, v in job_options(row.options or {}).items()}
+    options[MARKER] = {**(options.get(MARKER) or {}), "id": row.id, "rev": row.revision, **(marker or {})}
+    args, kwargs = args_from_row(row.args, row.kwargs)
+    return Message(
+        queue_name=row.queue_name,
+        actor_name=row.actor_name,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        message_id=row.message_id,
+        message_timestamp=current_millis() if timestamp is None else timestamp,
+    )

@@ -1,0 +1,179 @@
+"""The transactional outbox: sends that commit, or roll back, with the caller's own writes.
+
+Inside :func:`transaction`, a send of a tracked actor writes its job row
+as ``pending`` in the caller's database transaction (the suite's peewee
+Database; peewee connections and transactions are per thread) and
+publishes nothing.  After the commit, each job is claimed (``pending`` ->
+``queued``, conditionally, so a re-drive pass that got there first wins
+and nothing is sent twice) and published.  If the broker is down then,
+the rows go back to ``pending`` and the re-drive sends them later; the
+caller sees no error, because its transaction did commit.
+
+A rollback leaves no row and publishes nothing.  Sends of untracked
+actors inside the block are held in memory and published after the
+commit too; having no row, they cannot be re-driven if the broker is
+down at that moment (set ``track=True`` for that).  Unique sends inside
+the block rely on the database's unique index alone: a Redis queue lock
+taken for a send that is then rolled back would name a job that does
+not exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+from dramatiq.common import q_name
+
+from dramatiq_unique import suite as _config
+from dramatiq_unique.durable.messages import job_options
+from dramatiq_unique.errors import DramatiqUniqueError
+from dramatiq_unique.storage.models import JobStatus, utcnow
+
+if TYPE_CHECKING:
+    from dramatiq import Broker, Message
+
+    from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+
+class Deferred(DramatiqUniqueError):
+    """Internal: the send is held until the transaction commits"""
+
+    def __init__(self, message: "Message") -> None:
+        super().__init__(message.message_id)
+        self.message = message
+
+
+@dataclasses.dataclass
+class _Item:
+    broker: "Broker"
+    message: "Message"
+    delay: Optional[int]
+    #: time.monotonic() at which the delay runs out.
+    due: float
+    #: (model, row id, revision) of a job row written in the transaction.
+    row: Optional[tuple[type["JobModel"], int, int]]
+
+
+class Outbox:
+    """The sends held by one :func:`transaction` block."""
+
+    def __init__(self, suite: "Suite") -> None:
+        self.suite = suite
+        self.items: list[_Item] = []
+        self.open = True
+
+    def defer(
+        self, broker: "Broker", message: "Message", delay: Optional[int], row: Optional[tuple] = None
+    ) -> Deferred:
+        """Hold ``message`` until commit; returns the exception that stops the broker's enqueue."""
+        clean = dataclasses.replace(message, queue_name=q_name(message.queue_name), options=job_options(message.options))
+        self.items.append(_Item(broker, clean, delay, time.monotonic() + (delay or 0) / 1000, row))
+        return Deferred(clean)
+
+    def publish(self) -> None:
+        """After commit: claim and publish every held send.  Never raises (the commit happened)."""
+        from dramatiq_unique.unique.enqueue import resending
+
+        down = False
+        for item in self.items:
+            if down:
+                continue  # its row stays pending for the re-drive
+            try:
+                if item.row is not None and not self._claim(item):
+                    continue  # a re-drive pass sent it already
+                # What is left of the delay; none once due (straight to the queue).
+                left = int((item.due - time.monotonic()) * 1000) if item.delay is not None else 0
+                delay = left if left > 0 else None
+                with resending():
+                    sent = item.broker.enqueue(item.message, delay=delay)
+                if item.row is not None:
+                    model, row_id, _ = item.row
+                    ref = sent.options.get("redis_message_id") or sent.message_id
+                    model.update(broker_ref=ref).where((model.id == row_id) & model.broker_ref.is_null()).execute()
+            except Exception:
+                down = True
+                if item.row is not None:
+                    logger.warning(
+                        "Could not publish job %s after commit; it stays pending for the re-drive.",
+                        item.message.message_id, exc_info=True,
+                    )
+                    self._unclaim(item)
+                else:
+                    logger.error(
+                        "Could not publish untracked message %s after commit; it is lost (track=True "
+                        "would keep it for the re-drive).", item.message.message_id, exc_info=True,
+                    )
+        self.items = []
+
+    def _claim(self, item: _Item) -> bool:
+        model, row_id, revision = item.row  # type: ignore[misc]
+        return bool(
+            model.update(status=JobStatus.QUEUED.value, enqueued_at=utcnow())
+            .where(
+                (model.id == row_id)
+                # SQLite may reuse the id of a rolled-back row: the message id tells them apart.
+                & (model.message_id == item.message.message_id)
+                & (model.status == JobStatus.PENDING.value)
+                & (model.revision == revision)
+                & model.parked_on.is_null()
+            )
+            .execute()
+        )
+
+    def _unclaim(self, item: _Item) -> None:
+        model, row_id, _ = item.row  # type: ignore[misc]
+        try:
+            model.update(status=JobStatus.PENDING.value, enqueued_at=None).where(
+                (model.id == row_id) & (model.status == JobStatus.QUEUED.value) & model.broker_ref.is_null()
+            ).execute()
+        except Exception:
+            # Left queued without a broker_ref: the lost-message check recovers it.
+            logger.exception("Could not put job %s back to pending.", item.message.message_id)
+
+
+_active: contextvars.ContextVar[Optional[Outbox]] = contextvars.ContextVar("dramatiq_unique_outbox", default=None)
+
+
+def active() -> Optional[Outbox]:
+    """The outbox of the :func:`transaction` block this thread is in, if any."""
+    outbox = _active.get()
+    return outbox if outbox is not None and outbox.open else None
+
+
+@contextlib.contextmanager
+def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
+    """A database transaction whose sends are published only after it commits.
+
+    Yields peewee's transaction object.  Nested blocks are savepoints;
+    their sends are published with the outermost block's commit (and
+    dropped if an enclosing block rolls back).  If the caller already
+    holds a peewee transaction on the same database, publishing waits
+    for that transaction's commit.
+    """
+    suite = suite or _config.current()
+    if suite.broker is not None:
+        from dramatiq_unique.unique.enqueue import install_enqueue
+
+        install_enqueue(suite.broker, suite)
+    parent = active()
+    outbox = Outbox(suite)
+    token = _active.set(outbox)
+    try:
+        with suite.db.atomic() as txn:
+            yield txn
+            outbox.open = False
+            if parent is not None and parent.suite is suite:
+                parent.items.extend(outbox.items)  # published (or dropped) with the parent
+            elif outbox.items:
+                suite.db.after_commit(outbox.publish)
+    finally:
+        outbox.open = False
+        _active.reset(token)

@@ -1,0 +1,161 @@
+"""Deliveries that end before the job runs: refused, skipped by another middleware, or duplicates.
+
+Three cases, each decided here so that :class:`~dramatiq_unique.middleware.JobTracking`
+stays small:
+
+* A job whose delivery was refused until Dramatiq gave up (its start failed on a
+  dependency until ``Retries`` ran out, a ``throws`` error in a hook), or that
+  another middleware skipped (``AgeLimit``'s ``max_age``, any ``SkipMessage`` not
+  raised by the suite): its message is gone, so the job is over.  Its row is
+  marked ``failed`` with the cause, and its key is freed at once (the row's hold
+  and the Redis queue lock), as the re-drive does for a job it fails.  Sidekiq
+  Enterprise and Oban users expect the same: a job that was discarded is dead,
+  and does not block its key.  There is no "skipped" status in the contract, so
+  a skip is a failure whose ``last_error`` names the ``SkipMessage`` and its text.
+  ``until_expired`` keeps its hold: one job per key per window, whatever its state.
+* The suite's own skips (a job parked on a lock or a slot, a finished or replaced
+  copy dropped) are not failures: :func:`dramatiq_unique.guard.own_skip` tells them apart.
+* A second delivery of a job whose attempt is still running (a dead-worker requeue,
+  a broker redelivery, a stale copy) must not run beside it.  Its start is refused
+  (:func:`dramatiq_unique.storage.statements.start`), and rather than being dropped, which would
+  leave the job to the re-drive should the live attempt die, the copy is sent again,
+  delayed until the live attempt's lease has run out: if that attempt finished by
+  then, the copy is dropped as a finished job's; if it died, the copy runs the job.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from dramatiq_unique import options as opt
+from dramatiq_unique.context import MARKER, RETRY_FIELDS
+from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, WAITING, JobStatus, utcnow
+
+if TYPE_CHECKING:
+    from dramatiq_unique.context import JobContext
+    from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import ActorConfig, Suite
+
+logger = logging.getLogger(__name__)
+
+#: ms added to a live attempt's lease before a duplicate copy of its job is delivered again.
+RESEND_MARGIN = 50
+
+
+def skip_reason(message: Any, started: bool = False) -> str:
+    """``last_error`` of a job another middleware (or its actor) skipped: the ``SkipMessage``
+    and its text."""
+    # Dramatiq keeps the SkipMessage on the proxy when the middleware also failed the
+    # message (AgeLimit does); a plain skip leaves nothing to quote.
+    error = getattr(message, "_exception", None)
+    head = f"{type(error).__name__}: {error}" if error is not None else "SkipMessage: its message was skipped"
+    return f"{head} ({'skipped after its attempt started' if started else 'skipped before it ran'})"
+
+
+def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> bool:
+    """Mark the job of a delivery that ended before it started as failed, and free its key.
+
+    Only while the row still waits for this very delivery: same revision, not
+    parked, not running (another delivery's attempt), not finished.  Returns
+    whether the row was failed.
+    """
+    model = config.model
+    marker = message.options.get(MARKER) or {}
+    if "id" in marker:
+        job_id, revision = int(marker["id"]), int(marker.get("rev", 0))
+    else:  # sent without the suite and never adopted: its row, if it has one
+        row = store.get(model, message_id=message.message_id)
+        if row is None:
+            return False
+        job_id, revision = row.id, row.revision
+    opts = message.options
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    free = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
+    fields: dict[str, Any] = dict(
+        status=JobStatus.FAILED.value, finished_at=utcnow(), last_error=reason[:MAX_ERROR_LENGTH], lease_until=None,
+    )
+    if free:
+        fields["unique_hold"] = None
+    query = model.update(**fields).where(
+        (model.id == job_id) & (model.revision == revision) & model.status.in_(WAITING) & model.parked_on.is_null()
+    )
+    rows = list(query.returning(model.unique_key).execute())
+    if not rows:
+        return False
+    logger.warning("Job %s (%s) marked failed before it ran: %s", message.message_id, message.actor_name,
+                   reason.splitlines()[0])
+    key, token = rows[0].unique_key, marker.get("qt")
+    if free and key and token:
+        try:
+            suite.locks.release(suite.keys.queue_lock(key), token)
+        except RedisUnavailable:
+            logger.warning("Could not free the queue lock of job %s; it expires by itself.", message.message_id)
+    return True
+
+
+def note_refusal(config: "ActorConfig", message: Any, reason: str) -> None:
+    """A delivery refused before the job started, which Retries sends again: the waiting
+    row's ``last_error`` says why (an operator sees ``RedisUnavailable: ...``, not nothing)."""
+    marker = message.options.get(MARKER) or {}
+    if "id" not in marker:
+        return
+    model = config.model
+    try:
+        model.update(last_error=reason[:MAX_ERROR_LENGTH]).where(
+            (model.id == int(marker["id"])) & (model.revision == int(marker.get("rev", 0)))
+            & model.status.in_(WAITING) & model.parked_on.is_null()
+        ).execute()
+    except Exception as e:  # often the very outage that refused it: the row is only a report
+        logger.debug("Could not note why job %s was refused: %s", message.message_id, e)
+
+
+def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
+    """Send a duplicate delivery of a running job again, due when the attempt's lease runs out."""
+    lease = running.lease_until
+    left = (lease - utcnow()).total_seconds() * 1000 if lease is not None else 0
+    delay = int(max(left, 0) + store.LEASE_SKEW_MS + RESEND_MARGIN)
+    broker = suite.broker
+    try:
+        # The row's broker id becomes the copy's (enqueue.py): should the live attempt die,
+        # the re-drive finds the copy waiting in the broker and leaves the job to it.
+        broker.enqueue(getattr(message, "_message", message), delay=delay)
+    except Exception as e:  # the broker is down: the re-drive recovers the job if the attempt dies
+        logger.warning("Could not send duplicate job %s again (%s); the re-drive looks after it.",
+                       message.message_id, e)
+        return
+    logger.info("Job %s is running in another attempt; this copy was sent again for in %d ms.",
+                message.message_id, delay)
+
+
+def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], None]) -> None:
+    """A started attempt that a later middleware skipped: the job is over, failed, its key freed."""
+    config, job, opts = ctx.config, ctx.job, message.options
+    assert job is not None
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    release = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
+    if release:
+        free_queue_lock()  # first: once a reader sees the job finished, its key is free in Redis too
+    store.finish(config.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
+                 finished_at=utcnow(), last_error=skip_reason(message, started=True))
+
+
+def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: dict) -> None:
+    """An attempt's outcome whose fenced write was refused: recorded anyway if another job of
+    the key took the token (its execution lock ran out under this attempt) and no newer
+    attempt of this job started.  Nobody else would ever write the row: left ``running``,
+    the re-drive would report a job that did finish as lost, or dead-lettered, and run it
+    again.  (:func:`dramatiq_unique.storage.jobs.finish_revoked` says how the attempt is recognised.)"""
+    if "fence_key" not in ctx.extras:
+        return  # only an execution lock's draw revokes another job's token
+    fields = dict(fields)
+    if fields.get("status") is None and ctx.retry_enqueued:
+        # Retries sent the retry, whose own write (enqueue.py) was fenced out as well.
+        fields.update(status=JobStatus.RETRYING.value, **ctx.extras.get(RETRY_FIELDS, {}))
+    if fields.get("status") == JobStatus.SUCCEEDED.value:
+        # Succeeded, but say why another job of its key may have run beside it.
+        fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"
+    if store.finish_revoked(ctx.config.model, job, release_hold=release, lease_until=None, **fields):
+        logger.warning("Job %s ended after its execution lock ran out; its outcome is recorded.", job.message_id)

@@ -1,0 +1,130 @@
+"""Which job rows a process may act on: its own app's, of the actors it declares.
+
+Several apps may share one database (one job table).  Each row carries
+the app that sent it (``app``, the suite's ``key_prefix``), and every
+statement that acts on rows in bulk (the re-drive's sends, lost-message
+checks, failures and pruning) is limited to rows that
+
+* belong to this process's app (``app = key_prefix``), and
+* are of an actor this process declares, on the broker the pass sends to,
+  with this table as its job table.
+
+So a pass never sends a row into a broker that cannot run it (Dramatiq
+would dead-letter an undefined actor), never judges a row by a broker
+that never had its message, and never fails or prunes a row it does not
+understand.  A row of the same app whose actor this process does not
+declare (a web process that declares a few actors, a worker pool split
+by module) is left for a process that declares it: the pass lock is per
+set of declared actors (:meth:`Scope.lock_name`), so processes with
+different sets do not starve each other; those with the same set (the
+usual worker pool) take turns as before.  Claims stay conditional, so two
+passes that both cover an actor never both send one job.
+
+Rows written by a version without the ``app`` column (a table migrated
+by schema.py, or a process of that version still running during a
+rolling upgrade) have ``app = ''``; a pass adopts those of its declared
+actors (:meth:`Scope.adopt`) before it acts on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING, Any, Optional
+
+import peewee as pw
+
+from dramatiq_unique.storage.models import FINISHED, JobModel
+
+if TYPE_CHECKING:
+    import dramatiq
+
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+#: Longest app name the ``app`` column holds.
+MAX_APP_LENGTH = 255
+#: The app of rows written by a version without the ``app`` column.
+NO_APP = ""
+
+
+def app_name(key_prefix: str) -> str:
+    """The app a suite with ``key_prefix`` writes into its rows (a too-long prefix is shortened, stably)."""
+    if len(key_prefix) <= MAX_APP_LENGTH:
+        return key_prefix
+    digest = hashlib.sha256(key_prefix.encode("utf-8")).hexdigest()[:40]
+    return f"{key_prefix[:MAX_APP_LENGTH - 41]}~{digest}"
+
+
+class Scope:
+    """The rows one re-drive pass may act on (see the module docstring)."""
+
+    def __init__(self, suite: "Suite", broker: Optional["dramatiq.Broker"]) -> None:
+        self.suite = suite
+        self.app = suite.app
+        declared = None if broker is None else set(broker.get_declared_actors())
+        #: Per job table: the tracked actors this process declares, on ``broker``, kept in that table.
+        self.actors: dict[type[JobModel], tuple[str, ...]] = {}
+        for name, config in sorted(suite.actors.items()):
+            if declared is None or name in declared:
+                self.actors[config.model] = (*self.actors.get(config.model, ()), name)
+
+    def models(self) -> list[type[JobModel]]:
+        """The job tables with rows this pass may act on, in the suite's order."""
+        return [model for model in self.suite.models if self.actors.get(model)]
+
+    def where(self, model: type[JobModel]) -> Any:
+        """The condition that keeps a statement to this scope's rows of ``model``."""
+        names = self.actors.get(model, ())
+        cond = model.app == self.app
+        # One name as "=", so PostgreSQL estimates it as well as a plain equality.
+        return cond & (model.actor_name == names[0] if len(names) == 1 else model.actor_name.in_(names))
+
+    def lock_name(self) -> str:
+        """The pass lock: one per app and set of declared actors, so a process that declares
+        fewer actors (a web process) cannot keep the others' passes from running."""
+        names = sorted(name for names in self.actors.values() for name in names)
+        digest = hashlib.sha256("\n".join(names).encode("utf-8")).hexdigest()[:16]
+        return f"{self.suite.keys.redrive_lock()}:{digest}"
+
+    def __repr__(self) -> str:
+        return f"<Scope app={self.app!r} actors={sum(len(n) for n in self.actors.values())}>"
+
+    def adopt(self, model: type[JobModel], page: int, max_pages: int) -> int:
+        """Give rows without an app (``app = ''``) of this scope's actors this app; returns how many.
+
+        Waiting rows first (they are the ones a pass must act on soon), then finished
+        ones, at most ``max_pages`` pages of each per pass.
+        """
+        names = self.actors.get(model, ())
+        if not names or self.app == NO_APP:  # key_prefix "": such rows are this app's already
+            return 0
+        adopted = 0
+        legacy = (model.app == NO_APP) & model.actor_name.in_(names)
+        for cond in (legacy & model.status.not_in(FINISHED), legacy & model.status.in_(FINISHED)):
+            for _ in range(max_pages):
+                ids = [row_id for (row_id,) in model.select(model.id).where(cond).limit(page).tuples()]
+                done = self._adopt(model, ids, cond) if ids else 0
+                adopted += done
+                if len(ids) < page or done < len(ids):
+                    break  # the last page, or rows that cannot be adopted: the next pass goes on
+        return adopted
+
+    def _adopt(self, model: type[JobModel], ids: list[int], legacy: Any) -> int:
+        """Adopt rows ``ids``.  A row whose hold this app already has (an earlier-version process sent
+        the same key while this one did, during an upgrade) cannot take the app: it is left and logged."""
+        db = model._meta.database
+        try:
+            with db.atomic():
+                return model.update(app=self.app).where(model.id.in_(ids) & legacy).execute()
+        except pw.IntegrityError:
+            adopted = 0
+            for row_id in ids:
+                try:
+                    with db.atomic():
+                        adopted += model.update(app=self.app).where((model.id == row_id) & legacy).execute()
+                except pw.IntegrityError:
+                    logger.warning("Job %s has no app and holds a key that a job of app %r holds too: "
+                                   "left as it is.", row_id, self.app)
+            return adopted

@@ -1,0 +1,1 @@
+"""Redis locks: the Redlock algorithm over bounded masters."""

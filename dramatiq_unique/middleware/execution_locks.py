@@ -1,0 +1,211 @@
+"""Execution locks: one running job per key, waiting jobs parked, leases fenced."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Optional
+
+import peewee as pw
+from dramatiq import Middleware
+
+from dramatiq_unique import context
+from dramatiq_unique import leases as heartbeat
+from dramatiq_unique import options as opt
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.errors import LockLost, RedisUnavailable
+from dramatiq_unique.guard import hook
+from dramatiq_unique.locks.redlock import new_token
+from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking.lot import GroupInfo
+from dramatiq_unique.redis.keys import derive_key
+from dramatiq_unique.storage import fencing
+from dramatiq_unique.suite import ActorConfig, Suite
+
+logger = logging.getLogger(__name__)
+
+#: ``ctx.extras`` key of the execution lock an attempt holds.
+HELD = "execution_lock"
+#: The kind of the groups jobs park on while waiting for an execution lock.
+KIND = "lock"
+
+_DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
+
+
+@dataclasses.dataclass
+class Held:
+    """An execution lock held by one attempt."""
+
+    locks: Any
+    name: str
+    group: str
+    token: str
+    ttl_ms: float
+
+    def renew(self) -> float:
+        """heartbeat(): extend the lease to a full ``ttl_ms``; the seconds left."""
+        started = time.monotonic()
+        if not self.locks.extend(self.name, self.token, self.ttl_ms):
+            raise LockLost(f"the execution lock of {self.group} ran out or was taken")
+        return self.ttl_ms / 1000 - (time.monotonic() - started)
+
+
+def unique_key_of(group: str) -> str:
+    """The unique key of a parking group ``lock:<unique key>``."""
+    return group.split(":", 1)[1]
+
+
+class _LockGate:
+    """Execution locks as a parking :class:`~dramatiq_unique.parking.gates.Gate`: group ``lock:<unique key>``."""
+
+    kind = KIND
+
+    def __init__(self, suite: Suite, flags: str) -> None:
+        self.suite = suite
+        self.flags = flags
+        self.atomic_release = suite.locks.single
+
+    def name(self, group: str) -> str:
+        return self.suite.keys.execution_lock(unique_key_of(group))
+
+    def describe(self, group: str) -> Optional[GroupInfo]:
+        # A unique key is "<actor name>:<digest>".
+        config = self.suite.actor_config(unique_key_of(group).rsplit(":", 1)[0])
+        if config is None:
+            return None
+        return GroupInfo(
+            config.model,
+            config.options.get("unique_order_by") or opt.DEFAULT_UNIQUE_ORDER_BY,
+            float(config.options.get("unique_ttl") or opt.DEFAULT_UNIQUE_TTL),
+        )
+
+    def take(self, group: str, ttl_ms: float) -> Optional[str]:
+        return self.suite.locks.acquire(self.name(group), ttl_ms, new_token())[0]
+
+    def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
+        fresh = new_token()
+        return fresh if self.suite.locks.transfer(self.name(group), token, fresh, ttl_ms) else None
+
+    def release_unless_flagged(self, group: str, token: str) -> int:
+        return self.suite.locks.release_unless(self.name(group), token, self.flags, group)
+
+    def release(self, group: str, token: str) -> None:
+        self.suite.locks.release(self.name(group), token)
+
+    def retry_in(self, group: str) -> float:
+        return self.suite.locks.pttl(self.name(group))
+
+
+class ExecutionLocks(Middleware):
+    """Holds an execution lock while a ``while_executing`` or
+    ``until_and_while_executing`` job runs, one job per unique key.
+
+    A message whose key is locked is parked (see
+    :mod:`dramatiq_unique.parking.lot`): acked without running, its row
+    ``pending``, and woken by the holder when it finishes, in
+    ``unique_order_by`` order.  Each acquisition draws the key's next
+    fencing token (:mod:`dramatiq_unique.storage.fencing`), which the attempt's
+    row carries.  ``unique_ttl`` is the lock's lease; ``heartbeat()``
+    renews it.  If Redis cannot be reached the message fails with
+    :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends
+    it again later: it never runs unlocked.
+
+    Add it before :class:`JobTracking`: its ``before_process_message``
+    then takes the lock before the row is marked running (the row gets
+    the lock's fencing token), and its ``after_process_message`` hands
+    the lock on after JobTracking recorded the outcome.
+
+    Parameters:
+      suite: the configuration that :func:`dramatiq_unique.setup` returns.
+      local_handoff: deliver a woken job to this process's own worker
+        rather than through the broker (see :mod:`dramatiq_unique.parking.lot`).
+    """
+
+    def __init__(self, *, suite: Suite, local_handoff: bool = True) -> None:
+        self.suite = suite
+        self.parking = parking.of(suite)
+        self.parking.local_handoff = local_handoff
+        self.gate = _LockGate(suite, self.parking.flags)
+        self.parking.register(self.gate)
+        fencing.create_table(suite.db)
+
+    @property
+    def actor_options(self) -> set[str]:
+        return set()  # JobTracking declares the suite's options
+
+    @hook
+    def before_declare_actor(self, broker, actor) -> None:
+        if opt.is_tracked(actor.options):
+            heartbeat.carry_context(actor)
+
+    def after_worker_boot(self, broker, worker) -> None:
+        self.parking.attach(worker)
+
+    def before_worker_shutdown(self, broker, worker) -> None:
+        self.parking.detach(worker)
+
+    # -- processing ---------------------------------------------------------
+
+    @hook
+    def before_process_message(self, broker, message) -> None:
+        config = self.suite.actor_config(message.actor_name)
+        if config is None or message.failed:
+            return
+        opts = message.options
+        spec = config.get(opts, "unique_args")
+        if spec is None or config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK) not in opt.EXECUTION_LOCKS:
+            return
+        ctx = context.attach(message, self.suite, config)
+        key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
+        assert key is not None
+        group = f"{KIND}:{key}"
+        name = self.gate.name(group)
+        ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+        marker = opts.get(MARKER)
+        wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None
+        if isinstance(wake, dict) and wake.get("g") == group:
+            del marker[parking.WAKE]  # woken for this lock: it was handed to us (another gate's stays)
+            ctx.extras[context.WOKEN] = True
+        else:
+            wake = None
+        token = self._enter(name, group, ttl, wake)
+        if token is None:
+            self._park(config, message, key, group, ttl)
+        # JobTracking draws the key's fencing token as it starts the attempt: on
+        # PostgreSQL in the same statement, one synchronous commit fewer per job.
+        ctx.extras["fence_key"] = key
+        held = Held(self.suite.locks, name, group, token, ttl)
+        ctx.extras[HELD] = held
+        ctx.extras.setdefault(heartbeat.RENEWERS, []).append(held.renew)
+
+    def _enter(self, name: str, group: str, ttl: float, wake: Optional[dict]) -> Optional[str]:
+        """Take the lock: the one reserved for this message when it was woken, or a free one."""
+        token = new_token()
+        if wake and self.suite.locks.transfer(name, wake["t"], token, ttl):
+            return token
+        return self.suite.locks.acquire(name, ttl, token)[0]
+
+    def _park(self, config: ActorConfig, message, key: str, group: str, ttl: float) -> None:
+        """The key is locked: park the job until the holder wakes it.  Always raises SkipMessage."""
+        try:
+            retry_in = self.gate.retry_in(group)
+        except RedisUnavailable:
+            retry_in = ttl
+        self.parking.park_message(self.gate, group, config, message, retry_in, unique_key=key)
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        self._leave(message)
+
+    def after_skip_message(self, broker, message) -> None:
+        self._leave(message)  # JobTracking skipped a duplicate after we took the lock
+
+    def _leave(self, message) -> None:
+        ctx = context.of(message)
+        held = ctx.extras.pop(HELD, None) if ctx is not None else None
+        if held is None:
+            return
+        try:
+            self.parking.leave(self.gate, held.group, held.token)
+        except Exception:
+            logger.exception("Could not hand on the execution lock of %s; it frees itself.", held.group)

@@ -1,0 +1,311 @@
+"""The job record: a row per tracked message, from send to outcome."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any
+
+import peewee as pw
+from dramatiq import Middleware
+from dramatiq.middleware import SkipMessage
+from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
+
+from dramatiq_unique import context
+from dramatiq_unique import options as opt
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.durable import outbox, refused
+from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
+from dramatiq_unique.guard import hook, own_skip
+from dramatiq_unique.parking.gates import WAKE
+from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
+from dramatiq_unique.suite import Suite
+from dramatiq_unique.unique.enqueue import install_enqueue, on_enqueue, row_fields
+
+logger = logging.getLogger(__name__)
+
+_DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
+#: ``ctx.extras`` key: the queue lock (name, token) that the message's ack releases.
+RELEASE_AT_ACK = "release_at_ack"
+
+
+def format_error(exception: BaseException) -> str:
+    """Type, message and traceback, bounded to ``MAX_ERROR_LENGTH`` (the tail kept)."""
+    head = f"{type(exception).__name__}: {exception}"
+    text = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
+    if len(head) + len(text) + 1 > MAX_ERROR_LENGTH:
+        text = "...\n" + text[-(MAX_ERROR_LENGTH - len(head) - 5) :]
+    return f"{head}\n{text}"[:MAX_ERROR_LENGTH]
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if it survives JSON, else None (a result that cannot be stored is dropped)."""
+    if value is None:
+        return None
+    try:
+        dumps(value)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+class JobTracking(Middleware):
+    """Keeps a job row for every message of a tracked actor.
+
+    An actor is tracked when it sets ``track=True`` or any other suite
+    option.  Untracked actors cost nothing: no database or Redis call.
+    Add it before :class:`~dramatiq.middleware.Retries` so that its
+    ``after_process_message`` sees what Retries decided.
+
+    Parameters:
+      suite: the configuration that :func:`dramatiq_unique.setup` returns.
+    """
+
+    def __init__(self, *, suite: Suite) -> None:
+        self.suite = suite
+
+    @property
+    def actor_options(self) -> set[str]:
+        return set(opt.SUITE_OPTIONS)
+
+    @hook
+    def before_declare_actor(self, broker, actor) -> None:
+        self.suite.broker = broker
+        if self.suite.configure_actor(actor) is not None:
+            install_enqueue(broker, self.suite)
+
+    @hook
+    def before_enqueue(self, broker, message, delay) -> None:
+        config = self.suite.actor_config(message.actor_name)
+        if config is None:
+            held = outbox.active()
+            if held is not None and getattr(broker.enqueue, "_dramatiq_unique", False):
+                raise held.defer(broker, message, delay)  # untracked, inside transaction(): after commit
+            return
+        try:
+            on_enqueue(self.suite, config, message, delay)
+        except _DB_ERRORS as e:
+            raise DatabaseUnavailable(f"recording {message.actor_name} job {message.message_id}: {e}") from e
+
+    # -- processing ---------------------------------------------------------
+
+    @hook
+    def before_process_message(self, broker, message) -> None:
+        config = self.suite.actor_config(message.actor_name)
+        if config is None:
+            return
+        ctx = context.attach(message, self.suite, config)
+        if message.failed:  # rejected by an earlier middleware: after_process_message records it
+            return
+        if ctx.job is not None:
+            # Started by another JobTracking of this broker (setup() called on it again): the
+            # same delivery, not a duplicate, which a second start would refuse and skip.
+            return
+        try:
+            job = self._start(config, message, ctx)
+        except _DB_ERRORS as e:
+            raise DatabaseUnavailable(f"starting {message.actor_name} job {message.message_id}: {e}") from e
+        ctx.job = job
+        context.activate(ctx)
+
+    def _start(self, config, message, ctx):
+        marker = message.options.get(MARKER) or {}
+        opts = message.options
+        lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+        release_hold = config.get(opts, "unique_args") is not None and lock in opt.RELEASED_AT_START
+        if "id" not in marker:
+            marker = self._adopt(config, message)
+        started = ctx.extras.pop(context.STARTED, None)
+        if started is not None and started.id == marker["id"]:
+            job = started  # its claim started it (prestart.py)
+        else:
+            job = self._start_row(config, message, ctx, marker, release_hold)
+        if job is None:
+            return self._not_started(config, message, ctx, marker)
+        if release_hold:
+            acks = self.suite.acks
+            at_ack = lock == opt.UNTIL_EXECUTING and acks is not None and acks.locks
+            if at_ack and job.unique_key and marker.get("qt"):
+                # Released with the message's ack, in the same script (acks.py says why it may wait).
+                ctx.extras[RELEASE_AT_ACK] = (self.suite.keys.queue_lock(job.unique_key), marker["qt"])
+            else:
+                # After the row's hold is cleared and before the actor runs.  Not waited for
+                # (scripts.py: a wait costs a worker thread its turn at the GIL); a send from
+                # inside the job comes after it on this thread's connection.
+                self._release_queue_lock(job, marker, wait=False)
+        return job
+
+    def _release_queue_lock(self, job, marker: dict, wait: bool = True) -> None:
+        """Free the Redis queue lock the job's send took, if it took one."""
+        if job.unique_key and marker.get("qt"):
+            self._free((self.suite.keys.queue_lock(job.unique_key), marker["qt"]), job.message_id, wait)
+
+    def _free(self, lock: tuple, message_id: str, wait: bool) -> None:
+        try:
+            if wait:
+                self.suite.locks.release(*lock)
+            else:
+                self.suite.locks.release_later(*lock)
+        except RedisUnavailable:
+            logger.warning("Could not release the queue lock of job %s; it expires by itself.", message_id)
+
+    def _start_row(self, config, message, ctx, marker, release_hold):
+        opts = message.options
+        model = config.model
+        return store.start(
+            model,
+            marker["id"],
+            revision=marker.get("rev", 0),
+            lease_ms=config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL),
+            worker=f"{self.suite.worker_id}:{threading.get_ident()}",
+            release_hold=release_hold,
+            fencing_token=ctx.extras.get("fencing_token"),
+            fence_key=ctx.extras.get("fence_key"),
+            # A row started ahead by its waker's claim is this delivery's only if it is the woken
+            # message (a gate took up its reservation, or another gate's is still on it); a copy
+            # of the job's first message is a duplicate of that attempt like any other.
+            woken_by=store.WOKEN if ctx.extras.get(context.WOKEN) or WAKE in marker else None,
+        )
+
+    def _not_started(self, config, message, ctx, marker):
+        """The start found the job finished, replaced, gone or running: skip it (a running
+        job's copy waits for the attempt, refused.py), or record it anew."""
+        existing = store.get(config.model, id=marker["id"])
+        if existing is None:
+            logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
+            return self._start_adopted(config, message, ctx)
+        if existing.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+            raise SkipMessage(f"job {message.message_id} already {existing.status}")
+        if existing.revision == marker.get("rev", 0) and existing.status == JobStatus.RUNNING:
+            # A second delivery of a running job: it must not run beside the attempt.
+            refused.wait_for_attempt(self.suite, message, existing)
+            raise SkipMessage(f"job {message.message_id} is running in another attempt; this copy waits")
+        if existing.revision == marker.get("rev", 0):
+            # Left running a moment ago (a retry is due, or it was woken): its own message carries it.
+            raise SkipMessage(f"job {message.message_id} is {existing.status}: a superseded copy")
+        raise SkipMessage(f"job {message.message_id} was replaced by revision {existing.revision}")
+
+    def _adopt(self, config, message) -> dict:
+        """A message sent without the suite (before set-up, another producer): give it a row."""
+        fields = row_fields(config, message, None)
+        try:
+            return {"id": store.insert(config.model, fields), "rev": 0}
+        except pw.IntegrityError:
+            row = store.get(config.model, message_id=message.message_id)
+            return {"id": row.id, "rev": row.revision}
+
+    def _start_adopted(self, config, message, ctx):
+        message.options.pop(MARKER, None)
+        return self._start(config, message, ctx)
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        ctx = context.of(message)
+        if ctx is None:
+            if message.failed:  # refused by a middleware before ours could look at it
+                self._refused(message, exception)
+            return
+        context.activate(None)
+        context.run_before_record(ctx)
+        try:
+            self._record(broker, ctx, message, result, exception)
+        except Exception:
+            # Dramatiq swallows after-hook errors; say so loudly.  The
+            # row keeps its lease, and the re-drive settles it.
+            logger.exception("Could not record the outcome of job %s.", message.message_id)
+
+    def _record(self, broker, ctx, message, result, exception) -> None:
+        config, job = ctx.config, ctx.job
+        opts = message.options
+        lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+        unique = config.get(opts, "unique_args") is not None
+        release = unique and lock == opt.UNTIL_EXECUTED
+        now = utcnow()
+        if job is None:
+            if message.failed:  # refused before it started, and Dramatiq gave up on it
+                self._refused(message, exception)
+            elif exception is not None:  # refused, and Retries sends it again: say why it waits
+                refused.note_refusal(config, message, format_error(exception))
+            return
+        if exception is None and ctx.extras.get("lock_lost") is not None:
+            # heartbeat() raised LockLost and the actor returned anyway: not a success.
+            # Nothing re-sends it (Retries saw no error): retrying, for the re-drive.
+            exception = ctx.extras["lock_lost"]
+        if exception is None and not message.failed:
+            fields = dict(status=JobStatus.SUCCEEDED.value, finished_at=now, result=jsonable(result), last_error=None)
+        elif message.failed or not any(isinstance(m, Retries) for m in broker.middleware):
+            fields = dict(
+                status=JobStatus.FAILED.value, finished_at=now,
+                last_error=format_error(exception) if exception else "failed",
+            )
+        elif ctx.retry_enqueued:
+            fields, release = dict(last_error=format_error(exception)), False
+        else:
+            # Retries decided to retry but could not enqueue (broker down):
+            # the row says when it is due, and the re-drive sends it then.
+            fields = dict(
+                status=JobStatus.RETRYING.value, enqueued_at=None, last_error=format_error(exception),
+                process_after=after_ms(config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF), now),
+            )
+            release = False
+        if release:
+            # Before the row says it finished: once a reader sees it finished,
+            # the key is free in Redis too.  The row's hold stays the authority
+            # meanwhile, so a send in between is still resolved correctly.
+            self._release_queue_lock(job, opts.get(MARKER) or {})
+        if not store.finish(config.model, job, release_hold=release, lease_until=None, **fields):
+            refused.record_revoked(ctx, job, release, fields)
+
+    def _refused(self, message, exception) -> None:
+        """A delivery Dramatiq gave up on before the job started: failed, its key freed."""
+        config = self.suite.actor_config(message.actor_name)
+        if config is None:
+            return
+        reason = format_error(exception) if exception is not None else "rejected before it started"
+        try:
+            refused.fail_unstarted(self.suite, config, message, reason)
+        except Exception:
+            logger.exception("Could not record job %s as failed; the re-drive settles it.", message.message_id)
+
+    def after_skip_message(self, broker, message) -> None:
+        context.activate(None)
+        if own_skip(message):
+            return  # parked, or a finished, replaced or running job's copy dropped: not a failure
+        config = self.suite.actor_config(message.actor_name)
+        if config is None:
+            return
+        ctx = context.of(message)
+        try:
+            if ctx is not None and ctx.job is not None:  # skipped after its start (a later middleware)
+                context.run_before_record(ctx)
+                refused.fail_started(ctx, message, lambda: self._release_queue_lock(
+                    ctx.job, message.options.get(MARKER) or {}))
+            else:
+                refused.fail_unstarted(self.suite, config, message, refused.skip_reason(message))
+        except Exception:
+            logger.exception("Could not record skipped job %s; the re-drive settles it.", message.message_id)
+
+    def before_ack(self, broker, message) -> None:
+        acks = self.suite.acks
+        if acks is not None and self.suite.actor_config(message.actor_name) is not None:
+            ctx = context.of(message)
+            lock = ctx.extras.get(RELEASE_AT_ACK) if ctx is not None else None
+            acks.announce(message, lock)  # acked over this thread's own connection (acks.py)
+
+    def before_nack(self, broker, message) -> None:
+        ctx = context.of(message)
+        lock = ctx.extras.pop(RELEASE_AT_ACK, None) if ctx is not None else None
+        if lock is not None:  # no ack to release it with
+            self._free(lock, message.message_id, wait=False)
+
+    # -- thread hygiene: peewee connections are per thread --------------------
+
+    def before_worker_thread_shutdown(self, broker, thread) -> None:
+        self.suite.close()
+
+    def before_consumer_thread_shutdown(self, broker, thread) -> None:
+        self.suite.close()
+
+    def after_worker_shutdown(self, broker, worker) -> None:
+        self.suite.close()

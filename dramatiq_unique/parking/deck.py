@@ -1,0 +1,323 @@
+"""The next jobs of a busy slot group, reserved ahead of time ("on deck").
+
+While a holder of a group runs here, the rows at the head of the group's
+queue are *reserved* by this process, up to :data:`DEPTH` per group
+(``worker`` = ``<host>:<pid>:deck``, ``lease_until`` = the end of the
+reservation by the database's clock, a fresh ``broker_ref``).  A reserved
+row stays parked (``pending``, counted by ``concurrency_status()``);
+other wakers skip it while its reservation lasts.
+
+When a holder here leaves, the first row on deck is *started* in the
+database by a compare-and-set on what its reservation read
+(:func:`dramatiq_unique.parking.rows.start_reserved`: still pending, reserved
+by us under the same broker id, revision and fencing token; the start
+draws the next token).  Only then are the slot passed to it and its
+message, rebuilt from the row the start returned, written for this
+worker, in one Redis script (``slots._PASS_AND_DELIVER``).  A row
+replaced while on deck (``unique_on_conflict="replace"``) or taken by
+another process (this one stalled past the reservation, or the other's
+clock runs ahead) fails the compare-and-set: nothing is delivered from
+the deck, the row goes back to the queue the usual way, and no fencing
+token goes to two attempts.  A start whose slot cannot be passed is
+undone (:func:`~dramatiq_unique.parking.rows.unstart`).  The next rows are
+reserved after the delivery: one synchronous commit and one Redis call
+on the critical path of a hand-over.
+
+What stays bounded:
+
+* FIFO order: a reserved row waits for a holder *in this process*; a
+  holder in another process that leaves meanwhile wakes the next
+  unreserved row.  At most :data:`DEPTH` jobs per group and process are
+  overtaken so.
+* A row on deck for longer than :data:`MAX_WAIT_MS` (its holder runs a
+  long job) goes back to the queue (the watchdog looks), as do all rows
+  on deck when the worker stops, and one that cannot be handed over.
+* A process killed with rows on deck leaves them reserved as long as the
+  group's slot lease (``concurrency_ttl``): a waker that finds only
+  reserved rows flags the group for a look when the first runs out.
+
+Only for an actor without an execution lock whose start releases no
+unique hold, a row whose message brought no unique options of its own,
+and while the woken jobs go to this process's own worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from dramatiq_unique.durable.messages import rebuild
+from dramatiq_unique.locks.redlock import new_token
+from dramatiq_unique.parking import rows as parked
+from dramatiq_unique.parking.gates import WAKE
+from dramatiq_unique.storage.models import JobModel, JobStatus
+
+if TYPE_CHECKING:
+    from dramatiq_unique.parking.gates import Gate, GroupInfo
+    from dramatiq_unique.parking.lot import Parking
+
+logger = logging.getLogger(__name__)
+
+#: Rows on deck per group and process: two, so that two holders of a group here that
+#: finish together both hand over in one step.
+DEPTH = 2
+#: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at
+#: most half the group's slot lease, the length of a reservation in the database: so a
+#: killed process's rows are free about when its slots are).
+MAX_WAIT_MS = 2_000
+
+
+@dataclasses.dataclass
+class Deck:
+    row: JobModel
+    info: "GroupInfo"
+    since: float  # monotonic seconds
+
+    @property
+    def key(self) -> tuple:
+        return _place(self.info.order_by, self.row.created_at, self.row.process_after, self.row.id)
+
+
+def _place(order_by: str, created_at: Any, process_after: Any, job_id: int) -> tuple:
+    """A row's place in its group's queue (as the claim orders them)."""
+    first = process_after if order_by == "process_after" and process_after is not None else created_at
+    return (first, job_id)
+
+
+class OnDeck:
+    """The rows on deck of one :class:`~dramatiq_unique.parking.lot.Parking`, by group."""
+
+    def __init__(self, parking: "Parking") -> None:
+        self.parking = parking
+        #: Reserve the next jobs ahead of time (see the module's docs).
+        self.enabled = True
+        self._decks: dict[str, list[Deck]] = {}
+        self._holders: dict[str, int] = {}
+        self._coming: dict[str, int] = {}  # group: reservations under way
+        self._missed: dict[str, float] = {}  # group: when a holder here last let its slot go
+        self._missed_cap = 1000
+        self._lock = threading.Lock()
+
+    @property
+    def marker(self) -> str:
+        """The ``worker`` value of the rows this process reserved."""
+        return f"{self.parking.suite.worker_id}:deck"
+
+    # -- reserving -------------------------------------------------------------
+
+    def fill(
+        self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None,
+    ) -> None:
+        """Reserve ``group``'s next parked rows, up to :data:`DEPTH` on deck.
+
+        Called after a hand-over that woke a job of the group here (``since``:
+        when the hand-over began), or after a job parked on the group (then
+        only while a holder of the group runs here; ``place`` is that job's
+        ``(created_at, process_after, id)``: if the deck is full of jobs that
+        come after it in the queue, it takes the last one's place, so the deck
+        keeps the queue's order).  A holder here that let its slot go after
+        ``since`` (:meth:`released`) may have looked at the deck before the new
+        row was on it: that row is put back and the group woken instead.
+        """
+        if not self.enabled or getattr(gate, "pass_and_deliver", None) is None:
+            return
+        delivery = self.parking.delivery
+        if not delivery.local or delivery.worker is None:
+            return
+        began = time.monotonic() if since is None else since
+        info = gate.describe(group)
+        if info is None or info.start is None or info.start.release_hold:
+            return  # its start would take more than this module writes
+        while True:
+            with self._lock:  # a place on deck, counted before the claim: no more claims than places
+                decks, coming = self._decks.get(group, []), self._coming.get(group, 0)
+                if since is None and group not in self._holders:
+                    return
+                if len(decks) + coming >= DEPTH:
+                    # Full: only a job that parked late, ahead of the last on deck, gets a place.
+                    late = place is not None and not coming and decks and (
+                        _place(info.order_by, *place) < decks[-1].key)
+                    if not late:
+                        return
+                place = None
+                self._coming[group] = coming + 1
+            rows: list[JobModel] = []
+            try:
+                row = parked.reserve(info, group, self.marker, info.ttl_ms, app=self.parking.suite.app)
+                rows = [] if row is None else [row]
+            finally:
+                kept = self._settle(gate, group, info, rows, began, booked=1)
+            if not kept:
+                return
+
+    def _settle(
+        self, gate: "Gate", group: str, info: "GroupInfo", rows: list[JobModel], began: float, booked: int,
+    ) -> bool:
+        """Put freshly reserved rows on deck (``booked`` places were counted for them); True if
+        all were kept.  Those that cannot stay (see :meth:`fill`) are put back."""
+        back: list[JobModel] = []
+        with self._lock:
+            left = self._coming.get(group, 0) - booked
+            if left > 0:
+                self._coming[group] = left
+            else:
+                self._coming.pop(group, None)
+            raced = self._missed.get(group, 0.0) >= began
+            for row in rows:
+                if raced or _own_unique(row):
+                    back.append(row)
+                    continue
+                decks = self._decks.setdefault(group, [])
+                decks.append(Deck(row, info, time.monotonic()))
+                decks.sort(key=lambda d: d.key)
+                if len(decks) > DEPTH:
+                    back.append(decks.pop().row)
+        for row in back:
+            self.put_back(info, row, group)
+        if raced and back:
+            self.parking.wake_if_flagged(gate, group)  # a slot may be free for them
+        return bool(rows) and not back
+
+    # -- handing over ----------------------------------------------------------
+
+    def hand_over(self, gate: "Gate", group: str, token: str, since: Optional[float] = None) -> Optional[JobModel]:
+        """Holding ``group``'s slot under ``token`` (a holder leaving, or a slot taken for the
+        group's next job): start the first row on deck in the database, then pass it the slot
+        and deliver it, in one Redis call; then reserve the group's next rows.  Returns the
+        started row; None if there is none on deck, it is no longer ours as reserved (replaced,
+        taken by another process), or the slot could not be passed (the row is then back in
+        the queue, unstarted) and the caller goes on the usual way."""
+        began = time.monotonic() if since is None else since
+        with self._lock:
+            decks = self._decks.get(group)
+            deck = decks.pop(0) if decks else None
+            if decks == []:
+                del self._decks[group]
+            if deck is None:
+                return None
+            # The places left on deck, counted now (see fill()).
+            booked = max(DEPTH - len(self._decks.get(group, ())) - self._coming.get(group, 0), 0)
+            if booked:
+                self._coming[group] = self._coming.get(group, 0) + booked
+        parking, row, info = self.parking, deck.row, deck.info
+        assert info.start is not None
+        started = None
+        if (time.monotonic() - deck.since) * 1000 < _max_wait(info):  # else its reservation may be running out
+            try:  # verified and started before anything is delivered: a stale reservation starts nothing
+                started = parked.start_reserved(info.model, row, self.marker, f"{parking.suite.worker_id}:woken",
+                                                info.start.lease_ms)
+            except Exception:
+                logger.exception("Could not start job %s, on deck.", row.message_id)
+        if started is None:
+            logger.debug("Job %s, on deck, changed, was taken or waited too long: not handed over.", row.message_id)
+            self._settle(gate, group, info, [], began, booked)
+            self.put_back(info, row, group)  # cleared if still ours (replaced, say), the group flagged
+            return None
+        fresh = new_token()
+        wake = {"g": group, "t": fresh, "w": parking.suite.worker_id, "at": int(time.monotonic() * 1000)}
+        passed, plan = False, None
+        try:
+            # Built from the row as the start returned it: the database's arguments, not the deck's copy.
+            plan = parking.delivery.plan(rebuild(started, {WAKE: wake}), started.broker_ref)
+            if plan is not None:
+                parking.started.put(started)
+                passed = gate.pass_and_deliver(  # type: ignore[attr-defined]
+                    group, token, fresh, info.ttl_ms, plan.keys, plan.args
+                )
+        except Exception:
+            logger.exception("Could not hand %s to job %s, on deck.", group, row.message_id)
+        if not passed or plan is None:
+            parking.started.take(started.message_id, started.revision)
+            self._settle(gate, group, info, [], began, booked)
+            self.put_back(info, row, group, started)
+            return None
+        plan.complete()
+        time.sleep(0)  # yield the GIL: the woken job's thread goes first, the next reservations after
+        refilled: list[JobModel] = []
+        try:
+            refilled = parked.reserve_many(info, group, self.marker, booked, app=parking.suite.app)
+        except Exception:
+            logger.exception("Could not reserve the next jobs of %s.", group)
+        finally:
+            self._settle(gate, group, info, refilled, began, booked)
+        logger.debug("Handed %s to job %s, on deck.", group, row.message_id)
+        return started
+
+    def released(self, gate: "Gate", group: str) -> None:
+        """A holder of ``group`` here left without handing its slot on (nobody was waiting,
+        or it had lost the slot).  A row reserved meanwhile would wait for nobody: wake it."""
+        if not self.enabled or getattr(gate, "pass_and_deliver", None) is None:
+            return  # a gate without a deck (an execution lock): nothing to note on every leave
+        with self._lock:
+            if len(self._missed) > self._missed_cap:  # only fills under way look: keep the recent ones
+                cut = time.monotonic() - 60
+                self._missed = {g: t for g, t in self._missed.items() if t > cut}
+                self._missed_cap = max(1000, 2 * len(self._missed))  # so pruning stays rare
+            self._missed[group] = time.monotonic()
+            waiting = bool(self._decks.get(group))
+        if waiting:
+            self.parking.wake(gate, group)
+
+    # -- giving back -----------------------------------------------------------
+
+    def put_back(self, info: "GroupInfo", row: JobModel, group: str, started: Optional[JobModel] = None) -> None:
+        """Clear a reservation (undo the row's start first: ``started``, not delivered): the row
+        is an ordinary parked job again, and its group flagged."""
+        model = info.model
+        try:
+            if started is not None:
+                parked.unstart(model, started, group)
+            model.update(worker=None, lease_until=None).where(
+                (model.id == row.id) & (model.status == JobStatus.PENDING.value) & (model.worker == self.marker)
+            ).execute()
+            self.parking.wakeups.flag(group, 0)
+        except Exception:
+            logger.exception("Could not clear the reservation of job %s; it ends by itself.", row.message_id)
+
+    def sweep(self, max_wait_ms: Optional[float] = None) -> int:
+        """Put back the rows that waited on deck too long (all of them with ``max_wait_ms=0``)."""
+        now = time.monotonic()
+        stale: list[tuple[str, Deck]] = []
+
+        def old(deck: Deck) -> bool:
+            return (now - deck.since) * 1000 >= (_max_wait(deck.info) if max_wait_ms is None else max_wait_ms)
+
+        with self._lock:
+            for group, decks in list(self._decks.items()):
+                stale += [(group, d) for d in decks if old(d)]
+                keep = [d for d in decks if not old(d)]
+                if keep:
+                    self._decks[group] = keep
+                else:
+                    del self._decks[group]
+        for group, deck in stale:
+            self.put_back(deck.info, deck.row, group)
+        return len(stale)
+
+    # -- what ConcurrencySlots tells us ------------------------------------------
+
+    def holding(self, group: str, change: int) -> None:
+        """Count a slot of ``group`` taken (+1) or left (-1) in this process: a job parking on
+        a group reserves rows only while a holder of that group runs here."""
+        with self._lock:
+            count = self._holders.get(group, 0) + change
+            if count > 0:
+                self._holders[group] = count
+            else:
+                self._holders.pop(group, None)
+
+    def busy(self, group: str) -> bool:
+        """Whether jobs of ``group`` wait on deck here (so the group is full)."""
+        return bool(self._decks.get(group))  # a read of one dict entry: no lock needed
+
+
+def _own_unique(row: JobModel) -> bool:
+    """A message that brought unique options of its own starts the usual way."""
+    return any(str(k).startswith("unique_") for k in (row.options or {}))
+
+
+def _max_wait(info: "GroupInfo") -> float:
+    return min(MAX_WAIT_MS, info.ttl_ms / 2)

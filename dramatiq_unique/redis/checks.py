@@ -1,0 +1,85 @@
+"""The one-time check of the suite's Redis servers at :func:`dramatiq_unique.setup`.
+
+Each server gets one ``PING`` over a fresh connection of its own, built
+from the client's connection settings with socket timeouts of
+``check_timeout`` and no retries: the check is bounded whatever timeouts
+and retry policy the user's client carries, and leaves the client's own
+pool untouched.  A server that is down or does not answer raises
+:class:`~dramatiq_unique.errors.RedisUnavailable` naming it (never its
+password), before any actor is declared or worker started.  The
+``check_redis`` setting turns the check off (an app that starts before its
+Redis, or a test of a Redis that is down).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional, Sequence
+
+import redis as redis_lib
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dramatiq_unique.errors import RedisUnavailable
+
+logger = logging.getLogger(__name__)
+
+
+def address(client: redis_lib.Redis) -> str:
+    """Where a client points: ``redis://host:port/db`` (``rediss://``, ``unix://``), without credentials."""
+    kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}?db={db}"
+    scheme = "rediss" if issubclass(client.connection_pool.connection_class, redis_lib.SSLConnection) else "redis"
+    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
+
+
+def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
+    """One PING over a new connection bounded by ``timeout_ms``; RedisUnavailable if it fails."""
+    pool = client.connection_pool
+    seconds = timeout_ms / 1000
+    try:
+        conn = pool.connection_class(**{
+            **pool.connection_kwargs,
+            "socket_timeout": seconds, "socket_connect_timeout": seconds,
+            "retry": Retry(NoBackoff(), 0), "retry_on_error": [], "retry_on_timeout": False,
+        })
+    except Exception:  # a pool of an unusual kind (Sentinel...): ask the client itself
+        conn = None
+    try:
+        if conn is None:
+            client.ping()
+            return
+        conn.connect()
+        conn.send_command("PING")
+        conn.read_response()
+    except (redis_lib.RedisError, OSError) as e:
+        raise RedisUnavailable(
+            f"{role} at {address(client)} did not answer a PING within {timeout_ms:g} ms ({e}); "
+            "is the server running, and is the URL right?"
+        ) from e
+    finally:
+        if conn is not None:
+            conn.disconnect()
+
+
+def check_redis(masters: Sequence[redis_lib.Redis], broker_client: Optional[Any], timeout_ms: float) -> None:
+    """PING each Redis master of the suite, and the broker's Redis if it is another server.
+
+    One master must answer; of several (Redlock), a majority, as a lock needs: a master of
+    three that is down is only logged.
+    """
+    seen, down = set(), []
+    for client in masters:
+        seen.add(address(client))
+        try:
+            ping(client, timeout_ms, "Redis (the suite's locks and slots)")
+        except RedisUnavailable as e:
+            down.append(e)
+    if len(down) > (len(masters) - 1) // 2:  # the quorum (a majority) of masters is not there
+        raise down[0]
+    for e in down:
+        logger.warning("%s; a lock needs a majority of the %d masters.", e, len(masters))
+    if isinstance(broker_client, redis_lib.Redis) and address(broker_client) not in seen:
+        ping(broker_client, timeout_ms, "Redis (the broker's)")

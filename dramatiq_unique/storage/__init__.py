@@ -1,0 +1,1 @@
+"""The job tables: models, schema, connections and the statements run on them."""

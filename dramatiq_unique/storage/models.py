@@ -1,0 +1,171 @@
+"""The job record: :class:`JobModel`, :class:`JobStatus` and database set-up.
+
+Times are naive UTC datetimes.  ``unique_hold`` carries the unique key
+while a job holds queue-level uniqueness and is NULL otherwise; its
+unique index, on ``(app, unique_hold)``, is what makes duplicates
+impossible within an app (NULLs never collide, on SQLite and PostgreSQL
+alike, so no partial index is needed).
+
+``app`` names the app a row belongs to (the suite's ``key_prefix``), so
+that several apps can share one database: every index the re-drive and
+the holds use starts with it (see :mod:`dramatiq_unique.durable.scope`).  Tables
+made by earlier versions get the column and the indexes when the suite
+opens them (:mod:`dramatiq_unique.storage.schema`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, Optional
+
+import peewee as pw
+
+from dramatiq_unique.storage import schema
+from dramatiq_unique.storage.database import (  # noqa: F401  (models.open_database for callers)
+    DEFAULT_SQLITE_PRAGMAS,
+    open_database,
+)
+
+#: Longest ``last_error`` text kept, in characters.
+MAX_ERROR_LENGTH = 8_000
+
+# The stock encoder, named explicitly: importing pottery patches json.dumps.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+class JobStatus(str, enum.Enum):
+    """Where a job stands.  A ``str`` enum, so ``job.status == "queued"`` holds."""
+
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: States in which a job still waits for an attempt.
+WAITING = (JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RETRYING.value)
+#: States a job never leaves.
+FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def after_ms(ms: Optional[float], start: Optional[datetime] = None) -> datetime:
+    return (start or utcnow()) + timedelta(milliseconds=ms or 0)
+
+
+def dumps(value: Any) -> str:
+    return _ENCODER.encode(value)
+
+
+class JSONField(pw.TextField):
+    """JSON stored as text, so one schema serves SQLite and PostgreSQL."""
+
+    def db_value(self, value: Any) -> Optional[str]:
+        return None if value is None else dumps(value)
+
+    def python_value(self, value: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class StatusField(pw.CharField):
+    def python_value(self, value: Any) -> Any:
+        return None if value is None else JobStatus(value)
+
+    def db_value(self, value: Any) -> Any:
+        return None if value is None else str(value.value if isinstance(value, JobStatus) else value)
+
+
+class JobModel(pw.Model):
+    """A job's durable record.  Subclass it for an actor's own table (``job_model=``)."""
+
+    id = pw.BigAutoField()
+    #: The app the job belongs to: the ``key_prefix`` of the suite that sent it.  Rows written
+    #: by a version without the column get '' from the database's default (see scope.py).
+    app = pw.CharField(max_length=255, default="", constraints=[pw.SQL("DEFAULT ''")])
+    message_id = pw.CharField(max_length=64, unique=True)
+    actor_name = pw.CharField(max_length=255)
+    queue_name = pw.CharField(max_length=255)
+    args = JSONField(default=list)
+    kwargs = JSONField(default=dict)
+    #: The message's options, so the re-drive can rebuild the message.
+    options = JSONField(default=dict)
+    unique_key = pw.CharField(max_length=300, null=True, index=True)
+    #: Unique per app: see Meta.indexes.
+    unique_hold = pw.CharField(max_length=300, null=True)
+    status = StatusField(max_length=16, default=JobStatus.QUEUED.value)
+    attempts = pw.IntegerField(default=0)
+    #: Bumped when ``unique_on_conflict="replace"`` rewrites a waiting job.
+    revision = pw.IntegerField(default=0)
+    created_at = pw.DateTimeField(default=utcnow)
+    enqueued_at = pw.DateTimeField(null=True)
+    process_after = pw.DateTimeField(null=True)
+    started_at = pw.DateTimeField(null=True)
+    finished_at = pw.DateTimeField(null=True)
+    #: While running: when the current attempt's lease runs out.
+    lease_until = pw.DateTimeField(null=True)
+    last_error = pw.TextField(null=True)
+    result = JSONField(null=True)
+    idempotency_key = pw.CharField(max_length=255, null=True)
+    owner = pw.CharField(max_length=255, null=True)
+    #: Unique per app: see Meta.indexes.
+    idempotency_hold = pw.CharField(max_length=300, null=True)
+    fencing_token = pw.BigIntegerField(default=0)
+    #: Finished steps of the job, in order: {step name: stored result} (checkpoint()).
+    checkpoints = JSONField(null=True)
+    #: host:pid:thread of the worker running the current attempt.
+    worker = pw.CharField(max_length=255, null=True)
+    #: While a pending job waits for an execution lock or a concurrency
+    #: slot: the lock or slot group it waits on; NULL otherwise.
+    parked_on = pw.CharField(max_length=300, null=True)  # indexed with app: see Meta.indexes
+    #: The broker's own id of the job's last published message (the Redis
+    #: broker's ``redis_message_id``), so the re-drive can look it up; NULL
+    #: where the broker has none or nothing was published yet.
+    broker_ref = pw.CharField(max_length=64, null=True)
+    #: When the re-drive last found the job's message in the broker.
+    checked_at = pw.DateTimeField(null=True)
+    #: When the re-drive first missed the job's message; a later miss confirms it lost.
+    missing_since = pw.DateTimeField(null=True)
+
+    class Meta:
+        table_name = "dramatiq_unique_jobs"
+        # Each starts with app: a pass reads its own app's rows only, a waker its own app's
+        # parked rows (sql_parking.py), and the holds of two apps never collide (see scope.py;
+        # schema.py replaces the indexes of older tables).
+        indexes = (
+            (("app", "status", "process_after"), False),
+            (("app", "status", "lease_until"), False),
+            (("app", "finished_at"), False),
+            (("app", "unique_hold"), True),
+            (("app", "idempotency_hold"), True),
+            # With created_at: a group's next job (sql_parking.queue_head) is read in order and
+            # the scan stops at the first due one; without it, PostgreSQL's generic plan of the
+            # prepared claim scanned all the app's pending rows for the sort (measured).
+            (("app", "parked_on", "created_at"), False),
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self.actor_name} {self.status} {self.message_id}>"
+
+
+def base_field_names() -> frozenset[str]:
+    return frozenset(JobModel._meta.fields)
+
+
+def is_postgres(db: pw.Database) -> bool:
+    return isinstance(db, pw.PostgresqlDatabase)
+
+
+def create_tables(db: pw.Database, models: Iterable[type[JobModel]]) -> None:
+    """Create each model's table and indexes if missing; bring a table of an earlier version up to date."""
+    for model in models:
+        schema.create_or_migrate(model)

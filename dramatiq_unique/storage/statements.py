@@ -1,0 +1,242 @@
+"""Precompiled statements for the hot paths: a send, an attempt's start, its outcome.
+
+Building a query with peewee costs more Python time than the database
+round trip it makes (about 150 us per statement, measured in
+tests/benchmarks/bench_throughput.py), and every tracked job makes three
+of them.  The SQL text is built once per model and column set, in the
+database's own parameter style; values still go through each field's
+``db_value`` and rows through ``python_value``, so the results are the
+same as peewee's.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Sequence
+
+from dramatiq_unique.storage import fencing, prepared
+from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, is_postgres
+
+_cache: dict[tuple, str] = {}
+_cache_lock = threading.Lock()
+
+
+def _dialect(model: type[JobModel]) -> tuple:
+    """What a statement's text depends on besides the model: not id(database), which a
+    new Database object may reuse after the old one is gone."""
+    db = model._meta.database
+    return (model._meta.table_name, model._meta.schema, db.param, tuple(db.quote), is_postgres(db))
+
+
+def _compiled(key: tuple, build: Any) -> str:
+    sql = _cache.get(key)
+    if sql is None:
+        with _cache_lock:
+            sql = _cache.setdefault(key, build())
+    return sql
+
+
+def _quoter(model: type[JobModel]) -> Any:
+    left, right = model._meta.database.quote  # peewee keeps the pair of quote characters
+    return lambda name: f"{left}{name}{right}"
+
+
+def _names(model: type[JobModel]) -> tuple[str, list[str], str]:
+    meta = model._meta
+    q = _quoter(model)
+    table = q(meta.table_name) if not meta.schema else f"{q(meta.schema)}.{q(meta.table_name)}"
+    columns = [f.column_name for f in meta.sorted_fields]
+    return table, columns, meta.database.param
+
+
+def _params(model: type[JobModel], values: dict[str, Any]) -> list[Any]:
+    fields = model._meta.fields
+    return [fields[name].db_value(value) for name, value in values.items()]
+
+
+def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None) -> JobModel:
+    """A model instance from a row of ``names`` (all columns, in ``sorted_fields`` order, by default)."""
+    fields = model._meta.sorted_fields if names is None else [model._meta.fields[n] for n in names]
+    # Filled as peewee fills a row it selected, without Model.__init__'s setattr per field.
+    job = model.__new__(model)
+    job.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row)}
+    job._dirty = set()  # type: ignore[attr-defined]
+    job.__rel__ = {}
+    return job
+
+
+#: The columns an attempt's start reads back: what the middlewares use while it runs and
+#: the statement does not already know.  The rest (arguments, options, extra columns) is
+#: read when current_job() asks.
+START_COLUMNS = ("message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints")
+#: Set on a model instance that holds only START_COLUMNS.
+PARTIAL = "_dramatiq_unique_partial"
+
+
+def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
+    # peewee fills field defaults in Python, not in the schema: so must we.
+    out = dict(values)
+    for name, default in model._meta.defaults.items():
+        name = name.name if hasattr(name, "name") else name
+        if name not in out and name != "id":
+            out[name] = default() if callable(default) else default
+    return out
+
+
+def insert(model: type[JobModel], values: dict[str, Any]) -> int:
+    """INSERT one row (field defaults filled in); returns its id."""
+    # NULLs are left to the columns (all nullable ones default to NULL): fewer parameters to send.
+    values = {name: value for name, value in _with_defaults(model, values).items() if value is not None}
+    names = tuple(values)
+
+    def build() -> str:
+        table, _, p = _names(model)
+        q = _quoter(model)
+        cols = ", ".join(q(model._meta.fields[n].column_name) for n in names)
+        return f"INSERT INTO {table} ({cols}) VALUES ({', '.join([p] * len(names))}) RETURNING id"
+
+    sql = _compiled(("insert", model, names, _dialect(model)), build)
+    return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
+
+
+#: What :func:`holder` reads of the job that holds a key.
+HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
+
+
+def holder(model: type[JobModel], hold: str, app: str = "") -> Optional[JobModel]:
+    """The HOLDER_COLUMNS of the row of ``app`` holding ``hold``, if any: one small query, which a burst
+    of duplicate sends makes often (:mod:`dramatiq_unique.unique.recent`).  Holds are unique per app."""
+
+    def build() -> str:
+        table, _, p = _names(model)
+        q = _quoter(model)
+        where = f"{q('app')} = {p} AND {q('unique_hold')} = {p}"
+        return f"SELECT {', '.join(q(c) for c in HOLDER_COLUMNS)} FROM {table} WHERE {where}"
+
+    sql = _compiled(("holder", model, _dialect(model)), build)
+    row = prepared.execute(model._meta.database, sql, [app, hold]).fetchone()
+    return None if row is None else to_model(model, row, HOLDER_COLUMNS)
+
+
+def start(
+    model: type[JobModel],
+    job_id: int,
+    *,
+    revision: int,
+    started_at: Any,
+    lease_until: Any,
+    worker: str,
+    release_hold: bool,
+    fencing_token: Optional[int],
+    fence_key: Optional[str] = None,
+    live_after: Any = None,
+    woken_by: Optional[str] = None,
+) -> Optional[JobModel]:
+    """Mark an attempt running and return the row; None if it finished, was replaced, or
+    another attempt of it is running.
+
+    Another attempt runs while the row is ``running`` and its ``lease_until`` is after
+    ``live_after`` (None: now); this delivery is then a duplicate (a dead-worker requeue,
+    a broker redelivery, a stale copy) and must not run beside it.  A row whose lease
+    ran out is a crashed attempt's, which the new one replaces.  ``woken_by`` is a LIKE
+    pattern of the ``worker`` that a waker's claim writes on a row it starts ahead of its
+    delivery (``<worker id>:woken``, :mod:`dramatiq_unique.parking.prestart`): such a row is the
+    woken delivery's own, which its worker thread may start again (the start then
+    writes its own ``worker``, so only once).  Any process's: a woken message that could
+    not be delivered locally goes through the broker, to any worker.
+
+    With ``fence_key`` (an execution lock was taken), the attempt draws the
+    key's next fencing token (:mod:`dramatiq_unique.storage.fencing`).  On
+    PostgreSQL the draw, the fencing-out of older attempts and the start
+    are one statement, so one synchronous commit; SQLite draws first.
+    """
+    db = model._meta.database
+    merged = fence_key is not None and is_postgres(db)
+    now_or_after = started_at if live_after is None else live_after
+    if fence_key is not None and not merged:
+        # SQLite draws in a statement of its own: look first, so that a refused start (a
+        # duplicate delivery) draws no token.  A race past this look costs only a gap in the
+        # key's counter; the start below still refuses, and revokes nothing of this job.
+        if not startable(model, job_id, revision, now_or_after, woken_by):
+            return None
+        fencing_token = fencing.draw(model, fence_key, job_id)
+
+    def build() -> str:
+        table, _, p = _names(model)
+        q = _quoter(model)
+        if merged:
+            draw, revoke = fencing.start_clauses(model)
+            prefix, token = f"WITH drawn AS ({draw}), revoked AS ({revoke}) ", "(SELECT token FROM drawn)"
+        else:
+            prefix, token = "", f"COALESCE({p}, {q('fencing_token')} + 1)"
+        return (
+            f"{prefix}UPDATE {table} SET {q('status')} = {p}, {q('attempts')} = {q('attempts')} + 1, "
+            f"{q('started_at')} = {p}, {q('lease_until')} = {p}, {q('worker')} = {p}, "
+            f"{q('fencing_token')} = {token}, {q('parked_on')} = NULL, "
+            f"{q('unique_hold')} = CASE WHEN {p} = 1 THEN NULL ELSE {q('unique_hold')} END "
+            f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND {q('status')} NOT IN ({p}, {p}) "
+            f"AND ({q('status')} <> {p} OR {q('lease_until')} IS NULL OR {q('lease_until')} <= {p} "
+            f"OR {q('worker')} LIKE {p}) "
+            f"RETURNING {', '.join(q(model._meta.fields[n].column_name) for n in START_COLUMNS)}"
+        )
+
+    sql = _compiled(("start", model, merged, _dialect(model)), build)
+    fields = model._meta.fields
+    params: list[Any] = [fence_key, fence_key, job_id] if merged else []
+    params += [
+        JobStatus.RUNNING.value,
+        fields["started_at"].db_value(started_at),
+        fields["lease_until"].db_value(lease_until),
+        worker,
+    ]
+    if not merged:
+        params.append(fencing_token)
+    params += [1 if release_hold else 0, job_id, revision, *FINISHED]
+    params += [
+        JobStatus.RUNNING.value,
+        fields["lease_until"].db_value(now_or_after),
+        woken_by or "",
+    ]
+    row = prepared.execute(db, sql, params).fetchone()
+    if row is None:
+        return None
+    job = to_model(model, row, START_COLUMNS)
+    job.__data__.update(
+        id=job_id, revision=revision, status=JobStatus.RUNNING.value, started_at=started_at,
+        lease_until=lease_until, worker=worker,
+    )
+    setattr(job, PARTIAL, True)
+    return job
+
+
+def startable(model: type[JobModel], job_id: int, revision: int, live_after: Any, woken_by: Optional[str]) -> bool:
+    """Whether :func:`start` would take the row now (same conditions, read only)."""
+    q = _quoter(model)
+
+    def build() -> str:
+        table, _, p = _names(model)
+        return (
+            f"SELECT 1 FROM {table} WHERE {q('id')} = {p} AND {q('revision')} = {p} "
+            f"AND {q('status')} NOT IN ({p}, {p}) AND ({q('status')} <> {p} OR {q('lease_until')} IS NULL "
+            f"OR {q('lease_until')} <= {p} OR {q('worker')} LIKE {p})"
+        )
+
+    sql = _compiled(("startable", model, _dialect(model)), build)
+    params = [job_id, revision, *FINISHED, JobStatus.RUNNING.value,
+              model._meta.fields["lease_until"].db_value(live_after), woken_by or ""]
+    return prepared.execute(model._meta.database, sql, params).fetchone() is not None
+
+
+def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any]) -> int:
+    """UPDATE one row only if its fencing token is still ``fencing_token``; returns the row count."""
+    names = tuple(values)
+
+    def build() -> str:
+        table, _, p = _names(model)
+        q = _quoter(model)
+        sets = ", ".join(f"{q(model._meta.fields[n].column_name)} = {p}" for n in names)
+        return f"UPDATE {table} SET {sets} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
+
+    sql = _compiled(("update_fenced", model, names, _dialect(model)), build)
+    cursor = prepared.execute(model._meta.database, sql, [*_params(model, values), job_id, fencing_token])
+    return cursor.rowcount

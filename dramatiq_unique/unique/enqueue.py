@@ -1,0 +1,343 @@
+"""The enqueue side: recording a send, and uniqueness at enqueue.
+
+Order of operations.  The database decides: a unique send inserts its row
+holding the key, and a unique index refuses it if a job holds the key,
+which is then looked up (a burst of duplicates is answered earlier, see
+:mod:`dramatiq_unique.unique.recent`).  A send that won the key then takes
+the Redis queue lock, which names the waiting job; on the Redis broker in
+the same round trip as its publish (:mod:`dramatiq_unique.broker.publish`).  A
+worker clears the row's hold, then releases the Redis lock, then runs the
+actor (an ``until_executing`` lock on the broker's Redis is released with
+the message's ack instead, :mod:`dramatiq_unique.broker.acks`); with
+``until_executed`` it releases the lock first and records the outcome
+after, which clears the hold: once a reader sees the job finished, the key
+is free.  The lock never turns a send away, so a stale one (a crash
+between the two steps) costs nothing but its memory until it expires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import peewee as pw
+from dramatiq.common import q_name
+
+from dramatiq_unique import options as opt
+from dramatiq_unique.broker import publish
+from dramatiq_unique.broker.acks import Acks
+from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
+from dramatiq_unique.durable import outbox
+from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
+from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, InvalidOption, RedisUnavailable
+from dramatiq_unique.guard import describe, guarded
+from dramatiq_unique.redis.keys import bind_arguments, idempotency_hold
+from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
+from dramatiq_unique.unique import recent as duplicates
+
+if TYPE_CHECKING:
+    from dramatiq import Broker, Message
+
+    from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import ActorConfig, Suite
+
+logger = logging.getLogger(__name__)
+
+
+
+class _Redirect(DramatiqUniqueError):
+    """Internal: the send resolves to an existing job"""
+
+    def __init__(self, message_id: str, *, resend: Optional[dict] = None) -> None:
+        super().__init__(message_id)
+        self.message_id = message_id
+        self.resend = resend
+
+
+# Rows created by the enqueue under way, undone if the broker then fails.
+_created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
+# Set while the suite re-sends a job (re-drive, outbox): it records the broker's id itself.
+_resending: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_resending", default=False)
+
+
+@contextlib.contextmanager
+def resending():
+    token = _resending.set(True)
+    try:
+        yield
+    finally:
+        _resending.reset(token)
+
+
+def install_enqueue(broker: "Broker", suite: "Suite") -> None:
+    """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
+    if getattr(broker.enqueue, "_dramatiq_unique", False):
+        return
+    original = broker.enqueue
+    suite.publisher = publish.Publisher.install(broker, suite)
+    suite.acks = Acks.install(broker, locks=suite.publisher is not None and suite.publisher.locks)
+
+    @functools.wraps(original)
+    def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
+        created: list[Callable[[], None]] = []
+        token = _created.set(created)
+        pending = publish.forget()
+        try:
+            with guarded(f"checking {describe(message)} for a duplicate"):
+                check_options(suite, message, delay)
+                holder = duplicates.skip_early(suite, message)
+            if holder is not None:
+                return message.copy(message_id=holder)
+            sent = original(message, delay=delay)
+            publish.settle(suite)
+            return sent
+        except _Redirect as redirect:
+            if redirect.resend is None:
+                return message.copy(message_id=redirect.message_id)
+            resent = message.copy(message_id=redirect.message_id, options={MARKER: redirect.resend["marker"]})
+            held = outbox.active()
+            if held is not None:
+                return held.defer(broker, resent, delay).message
+            return original(resent, delay=delay)
+        except outbox.Deferred as deferred:  # inside transaction(): published after commit
+            return deferred.message
+        except BaseException:
+            # Nothing was published (the broker or a later middleware
+            # failed): a row left behind would be a phantom job.
+            for undo in created:
+                try:
+                    undo()
+                except Exception:  # the original error matters more
+                    logger.exception("Could not undo a job row after a failed send.")
+            raise
+        finally:
+            publish.restore(pending)
+            _created.reset(token)
+
+    enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
+    broker.enqueue = enqueue  # type: ignore[method-assign]
+
+
+def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
+    now = utcnow()
+    options = options_to_row(job_options(message.options))
+    args, kwargs = args_to_row(message.args, message.kwargs)
+    fields: dict[str, Any] = {
+        "app": config.app,
+        "message_id": message.message_id,
+        "actor_name": message.actor_name,
+        "queue_name": q_name(message.queue_name),
+        "args": args,
+        "kwargs": kwargs,
+        "options": options,
+        "status": JobStatus.QUEUED.value,
+        "created_at": now,
+        "enqueued_at": now,
+        "process_after": after_ms(delay, now),
+        # The Redis broker's id for this delivery; other brokers have none: the message id says "published".
+        "broker_ref": message.options.get("redis_message_id") or message.message_id,
+    }
+    idempotency_key = message.options.get("idempotency_key")
+    if idempotency_key is not None:  # set by submit()
+        owner = message.options.get("owner")
+        fields.update(
+            idempotency_key=idempotency_key, owner=owner,
+            idempotency_hold=idempotency_hold(message.actor_name, owner, idempotency_key),
+        )
+    if config.extra_fields:
+        bound = bind_arguments(config.fn, message.args, message.kwargs)
+        fields.update({name: bound.get(name) for name in config.extra_fields})
+    return fields
+
+
+def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
+    """A send's own suite options and delay, checked as the actor's were at declaration, before
+    anything is written or published (a retry or re-send carries the ones checked at its send)."""
+    opts = message.options
+    if MARKER in opts:
+        return
+    config = suite.actor_config(message.actor_name)
+    if config is not None:
+        opt.check_delay(delay)
+        opt.validate_message(opts, config.options, config.fn)
+        return
+    given = opts.keys() & opt.SUITE_OPTIONS
+    if given:
+        raise InvalidOption(
+            f"{', '.join(sorted(given))} on a message of {message.actor_name}, which the suite does not track, "
+            f"would do nothing: declare the actor with track=True or a suite option"
+        )
+
+
+def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
+    """``before_enqueue`` for a tracked actor."""
+    opts = message.options
+    marker = opts.get(MARKER)
+    if marker is not None and "id" in marker:
+        _known(config, message, delay)
+        return
+    opt.validate_message(opts, config.options, config.fn)
+    key = duplicates.key_of(config, message)
+    fields = row_fields(config, message, delay)
+    fields["unique_key"] = key
+    held = outbox.active()
+    if held is not None:  # not in the broker until the caller's transaction commits
+        fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    model = config.model
+    if key is None or lock not in opt.QUEUE_LOCKS:
+        marker = {}
+        fields["options"][MARKER] = marker
+        try:
+            row_id, revision = store.insert(model, fields), 0
+            _created_row(model, row_id, None, None, suite)
+        except pw.IntegrityError:  # the same message sent again: the same job
+            _check_idempotency(model, fields)
+            row = store.get(model, message_id=message.message_id)
+            if row is None:
+                raise
+            row_id, revision = row.id, row.revision
+    else:
+        try:
+            row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
+        except store.IdempotencyHeld as held_by:
+            raise _Redirect(held_by.job.message_id) from None
+        marker = fields["options"][MARKER]
+    marker.update(id=row_id, rev=revision)
+    opts[MARKER] = marker
+    if held is not None:
+        raise held.defer(suite.broker, message, delay, (model, row_id, revision))
+    ref = opts.get("redis_message_id")
+    if suite.publisher is not None and ref and not publish.expected(ref):
+        suite.publisher.expect(ref)  # a tracked message: published over our own connection
+
+
+def _check_idempotency(model: Any, fields: dict) -> None:
+    try:
+        store.check_idempotency(model, fields)
+    except store.IdempotencyHeld as held_by:  # submit() with a key that a job already has
+        raise _Redirect(held_by.job.message_id) from None
+
+
+def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optional[str], suite: "Suite") -> None:
+    created = _created.get()
+    if created is None:
+        return
+
+    def undo() -> None:
+        store.delete(model, row_id)
+        if lock_name and token:
+            try:
+                suite.locks.release(lock_name, token)
+            except RedisUnavailable:  # often the very failure being undone
+                logger.warning("Could not free the queue lock %r; it expires by itself.", lock_name)
+
+    created.append(undo)
+
+
+def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
+    """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
+    ctx = active()
+    model = config.model
+    ref = message.options.get("redis_message_id")
+    if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
+        # A promotion from a delay queue (the broker gives it a new id, which the
+        # lost-message check looks up) or a re-send by the suite (which records it).
+        if ref and not _resending.get():
+            row_id = message.options[MARKER]["id"]
+            try:
+                model.update(broker_ref=ref, missing_since=None).where(model.id == row_id).execute()
+            except (pw.OperationalError, pw.InterfaceError):
+                # The database is down (Retries re-sending a start that failed on it): the message matters more.
+                logger.warning("Sending job %s with its row's broker id not updated: the database is down; "
+                               "the re-drive may send it again, a duplicate its start drops.", message.message_id)
+        return
+    # Retries re-enqueues the running message: the same job, due again later.
+    ctx.retry_enqueued = True
+    retry = dict(process_after=after_ms(delay), enqueued_at=utcnow(), broker_ref=ref or message.message_id)
+    # Kept for JobTracking, should this write be fenced out (tracking.py, _record_revoked).
+    ctx.extras[RETRY_FIELDS] = retry
+    model.update(status=JobStatus.RETRYING.value, missing_since=None, **retry).where(
+        (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
+    ).execute()
+    created = _created.get()
+    if created is not None:
+        # If the publish fails, JobTracking records a retry that the re-drive must send.
+        created.append(lambda: setattr(ctx, "retry_enqueued", False))
+
+
+def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional[int]) -> float:
+    window = config.get(opts, "unique_window")
+    if lock == opt.UNTIL_EXPIRED and window is not None:
+        return float(window)
+    ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    if window is not None:
+        ttl = min(ttl, float(window))
+    return ttl + (delay or 0)
+
+
+def _insert_unique(
+    suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict
+) -> tuple[int, int]:
+    """Insert a row holding ``key``, then take its queue lock; returns (row id, revision), or
+    raises to redirect."""
+    opts = message.options
+    conflict = config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
+    window = duplicates.window(config, opts, lock)
+    # The lock's token is the message id: a worker releases it with the one its message carries.
+    fields["options"][MARKER] = {"qt": message.message_id}
+    for _ in range(store.MAX_INSERT_ROUNDS):
+        row_id, holder = store.insert_holding(config.model, fields, key, window, full=conflict != "skip")
+        if row_id is not None:
+            lock_name = suite.keys.queue_lock(key)
+            # Inside transaction() the send is published at the caller's commit, or rolled
+            # back: the lock is left out (the index decides either way).
+            locked = outbox.active() is None
+            _created_row(config.model, row_id, lock_name, message.message_id if locked else None, suite)
+            if locked:
+                _take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
+            return row_id, 0
+        assert holder is not None
+        if holder.message_id == message.message_id:
+            return holder.id, holder.revision  # this very message, sent again
+        if not _conflict(config, message, delay, key, conflict, holder):
+            continue  # the holder started while we looked: the key is free again
+    raise store.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
+
+
+def _take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
+    """The queue lock of a send that holds its key: whoever held the lock held it for a job
+    that no longer waits, so it is overwritten (on one master; with several, taken if free).
+    On the Redis broker it is written with the publish."""
+    token = message.message_id
+    ref = message.options.get("redis_message_id")
+    if suite.publisher is not None and ref and suite.publisher.expect(ref, (lock_name, token, ttl)):
+        return
+    if suite.locks.single:
+        suite.locks.force(lock_name, token, ttl)
+    else:
+        suite.locks.acquire(lock_name, ttl, token=token)
+
+
+def _conflict(
+    config: "ActorConfig", message: "Message", delay: Optional[int], key: str, conflict: str, holder: "JobModel"
+) -> bool:
+    """Resolve a send that collided with ``holder``: raises, or False to try the insert again."""
+    if conflict == "raise":
+        raise DuplicateJob(f"{config.actor_name} job {holder.message_id} is {holder.status}", job=holder)
+    if conflict == "replace":
+        args, kwargs = args_to_row(message.args, message.kwargs)
+        replaced = store.replace(config.model, holder, key, args, kwargs, after_ms(delay))
+        if replaced is not None:
+            marker = dict((replaced.options or {}).get(MARKER) or {})
+            marker.update(id=replaced.id, rev=replaced.revision)
+            raise _Redirect(replaced.message_id, resend={"marker": marker})
+        refreshed = store.get(config.model, id=holder.id)
+        if refreshed is None or refreshed.unique_hold != key:
+            return False
+        logger.info("Job %s is %s, not waiting: the new send is skipped.", holder.message_id, refreshed.status)
+    raise _Redirect(holder.message_id)

@@ -1,0 +1,101 @@
+"""A duplicate send answered early: before the broker builds the message.
+
+The insert of a unique send's row decides whether it is a duplicate
+(:mod:`dramatiq_unique.unique.enqueue`): it fails on the unique index, and the
+holder is looked up.  But a duplicate that goes that way has first been
+copied, announced to every middleware and turned into a row's parameters
+by the broker's enqueue, and its failed INSERT costs the database more
+than a lookup.  Duplicates come in bursts (a user pressing refresh): so
+a ``skip`` send of a key this process sent lately first asks the
+database who holds the key, on one small query, and is answered there
+when a job does.  A key new to the process, the common case of a send
+that is no duplicate, goes straight to the insert: one statement.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING, Any, Optional
+
+from dramatiq_unique import options as opt
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.durable import outbox
+from dramatiq_unique.redis.keys import derive_key
+from dramatiq_unique.storage import jobs as store
+
+if TYPE_CHECKING:
+    from dramatiq import Message
+
+    from dramatiq_unique.suite import ActorConfig, Suite
+
+
+class _Recent:
+    """The unique keys this process sent last, up to ``size``: duplicates come in bursts (a
+    user pressing refresh), and a key new to the process is more likely free."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.keys: dict[str, None] = {}
+
+    def seen(self, key: str) -> bool:
+        """Whether ``key`` was sent lately; it counts as sent from now on."""
+        if key in self.keys:
+            return True
+        if len(self.keys) >= self.size:
+            try:  # the oldest (dicts keep insertion order); another thread may have taken it
+                del self.keys[next(iter(self.keys))]
+            except (KeyError, RuntimeError, StopIteration):
+                pass
+        self.keys[key] = None
+        return False
+
+
+# The key skip_early derived for the send under way, (message id, key): its insert needs it too.
+_derived: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("dramatiq_unique_key", default=None)
+
+
+def key_of(config: "ActorConfig", message: "Message") -> Optional[str]:
+    """The message's unique key (None for a tracked actor without ``unique_args``)."""
+    derived = _derived.get()
+    if derived is not None and derived[0] == message.message_id:
+        return derived[1]
+    spec: Any = config.get(message.options, "unique_args")
+    return derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
+
+
+#: How many recently sent unique keys a process remembers (see skip_early).
+RECENT_KEYS = 10_000
+_recent = _Recent(RECENT_KEYS)
+
+
+def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
+    """A duplicate ``skip`` send answered on one small query, before the broker copies,
+    encodes or announces the message: the message id of the job holding the key, or None to
+    go on.  The insert decides in the end; this only spares a duplicate the way to it."""
+    config = suite.actor_config(message.actor_name)
+    if config is None or MARKER in message.options or outbox.active() is not None:
+        return None
+    opts = message.options
+    spec = config.get(opts, "unique_args")
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    if spec is None or lock not in opt.QUEUE_LOCKS:
+        return None
+    if config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) != "skip":
+        return None
+    key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
+    _derived.set((message.message_id, key))
+    if not _recent.seen(key):
+        return None  # a key new to this process: most likely free, the insert will tell
+    with store.db_errors(f"recording {message.actor_name} job {message.message_id}"):
+        holder = store.holder(config.model, key, window(config, opts, lock), config.app)
+    if holder is None or holder.message_id == message.message_id:
+        return None
+    return holder.message_id
+
+
+def window(config: "ActorConfig", opts: dict, lock: str) -> Optional[float]:
+    """How long (ms) a holder counts, from its send; None: as long as it holds the key."""
+    ms = config.get(opts, "unique_window")
+    if lock == opt.UNTIL_EXPIRED and ms is None:
+        ms = config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)
+    return ms
