@@ -1,7 +1,8 @@
 -- lock_acquire: take a lock for a token, or answer who holds it.
 --
--- KEYS[1]  the lock: a string holding its holder's token, with a TTL
---          (redlock:<name>, e.g. redlock:<prefix>:queue:<unique key>, as pottery writes it)
+-- KEYS[1]  the lock: a string holding its holder's token, with a TTL, as pottery writes it
+--          (redlock:<name>: redlock:<prefix>:queue:<unique key> for a queue lock,
+--          redlock:<prefix>:run:<unique key> for an execution lock)
 -- ARGV[1]  the token to take it for
 -- ARGV[2]  the lease, ms
 --
