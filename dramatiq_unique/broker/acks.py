@@ -35,18 +35,8 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
 from dramatiq_unique.locks.redlock import KEY_PREFIX
-from dramatiq_unique.redis import scripts
+from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import BrokerKeys
-
-# KEYS[1] heartbeats, KEYS[2] this worker's ack set for the queue, KEYS[3] the queue's message
-# hash, KEYS[4] (if given) a queue lock; ARGV timestamp, broker id, the broker's message id,
-# and the lock's token (released only if it still holds the lock).
-_ACK = """
-redis.call('zadd', KEYS[1], ARGV[1], ARGV[2])
-if redis.call('srem', KEYS[2], ARGV[3]) > 0 then redis.call('hdel', KEYS[3], ARGV[3]) end
-if KEYS[4] and redis.call('get', KEYS[4]) == ARGV[4] then redis.call('del', KEYS[4]) end
-return 1
-"""
 
 
 class _Announced(threading.local):
@@ -59,7 +49,7 @@ class Acks:
 
     def __init__(self, broker: Any, dispatch: Callable[..., Any], *, locks: bool = False) -> None:
         self.broker, self.dispatch = broker, dispatch
-        self.script = scripts.register(broker.client, _ACK)
+        self.script = lua.register(broker.client, "broker_ack")
         self.announced = _Announced()
         self.keys = BrokerKeys(broker.namespace)
         #: Whether a queue lock can be released with an ack: one master, the broker's server.

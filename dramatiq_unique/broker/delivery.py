@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
-from dramatiq_unique.redis import scripts
+from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import BrokerKeys
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
@@ -45,13 +45,6 @@ except ImportError:  # pragma: no cover
 
 if TYPE_CHECKING:
     import dramatiq
-
-# KEYS[1] queue's message hash, KEYS[2] this worker's ack set; ARGV id, body.
-_CLAIM = """
-redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-redis.call('sadd', KEYS[2], ARGV[1])
-return 1
-"""
 
 
 class Delivery:
@@ -82,7 +75,7 @@ class Delivery:
             return False
         with self._lock:
             if self._claim is None or self._claim.client is not plan.broker.client:
-                self._claim = scripts.register(plan.broker.client, _CLAIM)
+                self._claim = lua.register(plan.broker.client, "broker_claim")
         self._claim(keys=plan.keys, args=plan.args)
         plan.complete()
         return True
@@ -116,7 +109,7 @@ class Delivery:
 
 class LocalDelivery:
     """A message on its way to this process's worker: once ``keys``/``args`` are written as
-    ``_CLAIM`` writes them (body in the queue's message hash, id in this worker's ack set),
+    ``broker_claim.lua`` writes them (body in the queue's message hash, id in this worker's ack set),
     :meth:`complete` puts it on the work queue."""
 
     def __init__(self, broker: Any, worker: Any, priority: int, message: Message, *, keys: list, args: list) -> None:

@@ -161,15 +161,9 @@ class RedisKeys:
         """The lock a running job holds while it executes."""
         return f"{self.prefix}:run:{unique_key}"
 
-    def fence(self, unique_key: str) -> str:
-        return f"{self.prefix}:fence:{unique_key}"
-
     def slots(self, group: str) -> str:
         """A slot group's holders: a sorted set of tokens scored by lease end (slots.py)."""
         return f"{self.prefix}:slots:{group}"
-
-    def parked(self, group: str) -> str:
-        return f"{self.prefix}:parked:{group}"
 
     def limit(self, group: str) -> str:
         """A slot group's run-time limit (``set_concurrency_limit(..., key=...)``)."""
