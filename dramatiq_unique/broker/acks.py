@@ -34,9 +34,9 @@ from typing import Any, Callable, Optional
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
+from dramatiq_unique.broker.keys import BrokerKeys
 from dramatiq_unique.locks.redlock import KEY_PREFIX
 from dramatiq_unique.redis import scripts
-from dramatiq_unique.redis.keys import BrokerKeys
 
 # KEYS[1] heartbeats, KEYS[2] this worker's ack set for the queue, KEYS[3] the queue's message
 # hash, KEYS[4] (if given) a queue lock; ARGV timestamp, broker id, the broker's message id,

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
+from dramatiq_unique.broker.keys import BrokerKeys
 from dramatiq_unique.redis import scripts
-from dramatiq_unique.redis.keys import BrokerKeys
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
     from dramatiq.brokers.redis import RedisBroker
@@ -101,7 +101,7 @@ class Delivery:
             actor = broker.get_actor(message.actor_name)
         except Exception:
             return None
-        from dramatiq_unique.unique.enqueue import resending
+        from dramatiq_unique.broker.refs import resending
 
         message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
         with resending():  # the claim recorded broker_ref: JobTracking need not write it again

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from dramatiq.common import current_millis, dq_name, xq_name
 
-from dramatiq_unique.redis.keys import BrokerKeys
+from dramatiq_unique.broker.keys import BrokerKeys
 
 if TYPE_CHECKING:
     from dramatiq import Broker

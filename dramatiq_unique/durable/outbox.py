@@ -80,7 +80,7 @@ class Outbox:
 
     def publish(self) -> None:
         """After commit: claim and publish every held send.  Never raises (the commit happened)."""
-        from dramatiq_unique.unique.enqueue import resending
+        from dramatiq_unique.broker.refs import resending
 
         down = False
         for item in self.items:
@@ -160,7 +160,7 @@ def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
     """
     suite = suite or _config.current()
     if suite.broker is not None:
-        from dramatiq_unique.unique.enqueue import install_enqueue
+        from dramatiq_unique.unique.send import install_enqueue
 
         install_enqueue(suite.broker, suite)
     parent = active()

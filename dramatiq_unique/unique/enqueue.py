@@ -17,36 +17,32 @@ between the two steps) costs nothing but its memory until it expires.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import functools
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import peewee as pw
 from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.broker import publish
-from dramatiq_unique.broker.acks import Acks
+from dramatiq_unique.broker.refs import is_resending
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
 from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, InvalidOption, RedisUnavailable
-from dramatiq_unique.guard import describe, guarded
-from dramatiq_unique.redis.keys import bind_arguments, idempotency_hold
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent as duplicates
+from dramatiq_unique.unique.keys import bind_arguments, idempotency_hold
 
 if TYPE_CHECKING:
-    from dramatiq import Broker, Message
+    from dramatiq import Message
 
     from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import ActorConfig, Suite
 
 logger = logging.getLogger(__name__)
-
 
 
 class _Redirect(DramatiqUniqueError):
@@ -60,66 +56,6 @@ class _Redirect(DramatiqUniqueError):
 
 # Rows created by the enqueue under way, undone if the broker then fails.
 _created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
-# Set while the suite re-sends a job (re-drive, outbox): it records the broker's id itself.
-_resending: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_resending", default=False)
-
-
-@contextlib.contextmanager
-def resending():
-    token = _resending.set(True)
-    try:
-        yield
-    finally:
-        _resending.reset(token)
-
-
-def install_enqueue(broker: "Broker", suite: "Suite") -> None:
-    """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
-    if getattr(broker.enqueue, "_dramatiq_unique", False):
-        return
-    original = broker.enqueue
-    suite.publisher = publish.Publisher.install(broker, suite)
-    suite.acks = Acks.install(broker, locks=suite.publisher is not None and suite.publisher.locks)
-
-    @functools.wraps(original)
-    def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
-        created: list[Callable[[], None]] = []
-        token = _created.set(created)
-        pending = publish.forget()
-        try:
-            with guarded(f"checking {describe(message)} for a duplicate"):
-                check_options(suite, message, delay)
-                holder = duplicates.skip_early(suite, message)
-            if holder is not None:
-                return message.copy(message_id=holder)
-            sent = original(message, delay=delay)
-            publish.settle(suite)
-            return sent
-        except _Redirect as redirect:
-            if redirect.resend is None:
-                return message.copy(message_id=redirect.message_id)
-            resent = message.copy(message_id=redirect.message_id, options={MARKER: redirect.resend["marker"]})
-            held = outbox.active()
-            if held is not None:
-                return held.defer(broker, resent, delay).message
-            return original(resent, delay=delay)
-        except outbox.Deferred as deferred:  # inside transaction(): published after commit
-            return deferred.message
-        except BaseException:
-            # Nothing was published (the broker or a later middleware
-            # failed): a row left behind would be a phantom job.
-            for undo in created:
-                try:
-                    undo()
-                except Exception:  # the original error matters more
-                    logger.exception("Could not undo a job row after a failed send.")
-            raise
-        finally:
-            publish.restore(pending)
-            _created.reset(token)
-
-    enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
-    broker.enqueue = enqueue  # type: ignore[method-assign]
 
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
@@ -247,7 +183,7 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
         # A promotion from a delay queue (the broker gives it a new id, which the
         # lost-message check looks up) or a re-send by the suite (which records it).
-        if ref and not _resending.get():
+        if ref and not is_resending():
             row_id = message.options[MARKER]["id"]
             try:
                 model.update(broker_ref=ref, missing_since=None).where(model.id == row_id).execute()
