@@ -35,6 +35,7 @@ from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
 from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.redis import scripts
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
@@ -101,8 +102,6 @@ class Delivery:
             actor = broker.get_actor(message.actor_name)
         except Exception:
             return None
-        from dramatiq_unique.broker.refs import resending
-
         message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
         with resending():  # the claim recorded broker_ref: JobTracking need not write it again
             broker.emit_before("enqueue", message, None)

@@ -1,5 +1,11 @@
 """The enqueue side: recording a send, and uniqueness at enqueue.
 
+JobTracking's ``before_enqueue`` calls :func:`on_enqueue` for a tracked
+actor; the broker's enqueue around it is wrapped in
+:mod:`dramatiq_unique.unique.send`, which returns the existing job's
+message on a :class:`Redirect` and undoes :data:`created_rows` when the
+publish fails.
+
 Order of operations.  The database decides: a unique send inserts its row
 holding the key, and a unique index refuses it if a job holds the key,
 which is then looked up (a burst of duplicates is answered earlier, see
@@ -45,8 +51,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class _Redirect(DramatiqUniqueError):
+class Redirect(DramatiqUniqueError):
     """Internal: the send resolves to an existing job"""
+
+    # Raised by before_enqueue, caught by the broker's wrapped enqueue (send.py), which returns
+    # the existing job's message (or, with ``resend``, sends the replaced job again).
 
     def __init__(self, message_id: str, *, resend: Optional[dict] = None) -> None:
         super().__init__(message_id)
@@ -54,8 +63,8 @@ class _Redirect(DramatiqUniqueError):
         self.resend = resend
 
 
-# Rows created by the enqueue under way, undone if the broker then fails.
-_created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
+# Rows created by the enqueue under way, undone if the broker then fails (set by send.py's wrapper).
+created_rows: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
 
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
@@ -141,7 +150,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         try:
             row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
         except store.IdempotencyHeld as held_by:
-            raise _Redirect(held_by.job.message_id) from None
+            raise Redirect(held_by.job.message_id) from None
         marker = fields["options"][MARKER]
     marker.update(id=row_id, rev=revision)
     opts[MARKER] = marker
@@ -156,11 +165,11 @@ def _check_idempotency(model: Any, fields: dict) -> None:
     try:
         store.check_idempotency(model, fields)
     except store.IdempotencyHeld as held_by:  # submit() with a key that a job already has
-        raise _Redirect(held_by.job.message_id) from None
+        raise Redirect(held_by.job.message_id) from None
 
 
 def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optional[str], suite: "Suite") -> None:
-    created = _created.get()
+    created = created_rows.get()
     if created is None:
         return
 
@@ -200,7 +209,7 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     model.update(status=JobStatus.RETRYING.value, missing_since=None, **retry).where(
         (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
     ).execute()
-    created = _created.get()
+    created = created_rows.get()
     if created is not None:
         # If the publish fails, JobTracking records a retry that the re-drive must send.
         created.append(lambda: setattr(ctx, "retry_enqueued", False))
@@ -271,9 +280,9 @@ def _conflict(
         if replaced is not None:
             marker = dict((replaced.options or {}).get(MARKER) or {})
             marker.update(id=replaced.id, rev=replaced.revision)
-            raise _Redirect(replaced.message_id, resend={"marker": marker})
+            raise Redirect(replaced.message_id, resend={"marker": marker})
         refreshed = store.get(config.model, id=holder.id)
         if refreshed is None or refreshed.unique_hold != key:
             return False
         logger.info("Job %s is %s, not waiting: the new send is skipped.", holder.message_id, refreshed.status)
-    raise _Redirect(holder.message_id)
+    raise Redirect(holder.message_id)

@@ -1,7 +1,8 @@
 """A send through the suite: Dramatiq's ``broker.enqueue``, wrapped once per broker.
 
 The wrapper is put in place when the first tracked actor is declared
-(JobTracking) or a ``transaction()`` block opens.  Around the broker's own
+(JobTracking) or a :func:`transaction` block opens (its sends must reach
+the block's outbox, tracked or not).  Around the broker's own
 enqueue, whose ``before_enqueue`` hooks record the send
 (:mod:`dramatiq_unique.unique.enqueue`), it answers a burst of duplicates
 early (:mod:`dramatiq_unique.unique.recent`), returns the existing job's
@@ -12,17 +13,19 @@ rows of a send whose publish failed: they would be phantom jobs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
+from dramatiq_unique import suite as _config
 from dramatiq_unique.broker import publish
 from dramatiq_unique.broker.acks import Acks
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.guard import describe, guarded
 from dramatiq_unique.unique import recent as duplicates
-from dramatiq_unique.unique.enqueue import _created, _Redirect, check_options
+from dramatiq_unique.unique.enqueue import Redirect, check_options, created_rows
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message
@@ -43,7 +46,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     @functools.wraps(original)
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
         created: list[Callable[[], None]] = []
-        token = _created.set(created)
+        token = created_rows.set(created)
         pending = publish.forget()
         try:
             with guarded(f"checking {describe(message)} for a duplicate"):
@@ -54,7 +57,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
             sent = original(message, delay=delay)
             publish.settle(suite)
             return sent
-        except _Redirect as redirect:
+        except Redirect as redirect:
             if redirect.resend is None:
                 return message.copy(message_id=redirect.message_id)
             resent = message.copy(message_id=redirect.message_id, options={MARKER: redirect.resend["marker"]})
@@ -75,7 +78,24 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
             raise
         finally:
             publish.restore(pending)
-            _created.reset(token)
+            created_rows.reset(token)
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
     broker.enqueue = enqueue  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
+    """A database transaction whose sends are published only after it commits.
+
+    Yields peewee's transaction object.  Nested blocks are savepoints;
+    their sends are published with the outermost block's commit (and
+    dropped if an enclosing block rolls back).  If the caller already
+    holds a peewee transaction on the same database, publishing waits
+    for that transaction's commit.  See :mod:`dramatiq_unique.durable.outbox`.
+    """
+    suite = suite or _config.current()
+    if suite.broker is not None:
+        install_enqueue(suite.broker, suite)
+    with outbox.opened(suite) as txn:
+        yield txn
