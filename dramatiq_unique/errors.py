@@ -64,6 +64,10 @@ class RedisUnavailable(DependencyUnavailable):
     """Redis could not be reached for a lock"""
 
 
+class UnsupportedVersion(DependencyUnavailable):
+    """A dependency is at a version the suite was not written for; nothing was sent or run unprotected"""
+
+
 class IdempotencyKeyReused(DramatiqUniqueError):
     """The idempotency key was already used for a job with other arguments"""
 

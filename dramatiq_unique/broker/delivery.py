@@ -35,7 +35,7 @@ from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
 from dramatiq_unique.broker.keys import BrokerKeys
-from dramatiq_unique.broker.refs import resending
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, resending
 from dramatiq_unique.redis import scripts
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
@@ -102,14 +102,14 @@ class Delivery:
             actor = broker.get_actor(message.actor_name)
         except Exception:
             return None
-        message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
+        message = message.copy(options={REDIS_MESSAGE_ID: broker_ref or str(uuid.uuid4())})
         with resending():  # the claim recorded broker_ref: JobTracking need not write it again
             broker.emit_before("enqueue", message, None)
         queue, keys = message.queue_name, BrokerKeys(broker.namespace)
         return LocalDelivery(
             broker, worker, actor.priority, message,
             keys=[keys.messages(queue), keys.acks(broker.broker_id, queue)],
-            args=[message.options["redis_message_id"], message.encode()],
+            args=[message.options[REDIS_MESSAGE_ID], message.encode()],
         )
 
 

@@ -43,8 +43,6 @@ class Presence(enum.Enum):
     MISSING = "missing"
     #: The broker dead-lettered the message: the job failed.
     DEAD = "dead"
-    #: The broker cannot be asked.
-    UNKNOWN = "unknown"
 
 
 class RedisProbe:

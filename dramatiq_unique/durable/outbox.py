@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from dramatiq.common import q_name
 
-from dramatiq_unique.broker.refs import resending
+from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
 from dramatiq_unique.storage.models import JobStatus, utcnow
@@ -95,8 +95,7 @@ class Outbox:
                     sent = item.broker.enqueue(item.message, delay=delay)
                 if item.row is not None:
                     model, row_id, _ = item.row
-                    ref = sent.options.get("redis_message_id") or sent.message_id
-                    model.update(broker_ref=ref).where((model.id == row_id) & model.broker_ref.is_null()).execute()
+                    model.update(broker_ref=broker_ref(sent)).where((model.id == row_id) & model.broker_ref.is_null()).execute()
             except Exception:
                 down = True
                 if item.row is not None:

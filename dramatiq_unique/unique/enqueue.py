@@ -32,7 +32,7 @@ from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.broker import publish
-from dramatiq_unique.broker.refs import is_resending
+from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
@@ -84,7 +84,7 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
         "enqueued_at": now,
         "process_after": after_ms(delay, now),
         # The Redis broker's id for this delivery; other brokers have none: the message id says "published".
-        "broker_ref": message.options.get("redis_message_id") or message.message_id,
+        "broker_ref": broker_ref(message),
     }
     idempotency_key = message.options.get("idempotency_key")
     if idempotency_key is not None:  # set by submit()
@@ -156,7 +156,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     opts[MARKER] = marker
     if held is not None:
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
-    ref = opts.get("redis_message_id")
+    ref = redis_ref(message)
     if suite.publisher is not None and ref and not publish.expected(ref):
         suite.publisher.expect(ref)  # a tracked message: published over our own connection
 
@@ -188,7 +188,7 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
     model = config.model
-    ref = message.options.get("redis_message_id")
+    ref = redis_ref(message)
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
         # A promotion from a delay queue (the broker gives it a new id, which the
         # lost-message check looks up) or a re-send by the suite (which records it).
@@ -259,7 +259,7 @@ def _take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: fl
     that no longer waits, so it is overwritten (on one master; with several, taken if free).
     On the Redis broker it is written with the publish."""
     token = message.message_id
-    ref = message.options.get("redis_message_id")
+    ref = redis_ref(message)
     if suite.publisher is not None and ref and suite.publisher.expect(ref, (lock_name, token, ttl)):
         return
     if suite.locks.single:

@@ -19,7 +19,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from dramatiq_unique import suite as _config
-from dramatiq_unique.broker import publish
+from dramatiq_unique.broker import compat, publish
 from dramatiq_unique.broker.acks import Acks
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
@@ -39,6 +39,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
     if getattr(broker.enqueue, "_dramatiq_unique", False):
         return
+    compat.check(broker)
     original = broker.enqueue
     suite.publisher = publish.Publisher.install(broker, suite)
     suite.acks = Acks.install(broker, locks=suite.publisher is not None and suite.publisher.locks)
