@@ -36,7 +36,7 @@ from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, InvalidOption, RedisUnavailable
+from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, RedisUnavailable
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent as duplicates
@@ -97,25 +97,6 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
         bound = bind_arguments(config.fn, message.args, message.kwargs)
         fields.update({name: bound.get(name) for name in config.extra_fields})
     return fields
-
-
-def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
-    """A send's own suite options and delay, checked as the actor's were at declaration, before
-    anything is written or published (a retry or re-send carries the ones checked at its send)."""
-    opts = message.options
-    if MARKER in opts:
-        return
-    config = suite.actor_config(message.actor_name)
-    if config is not None:
-        opt.check_delay(delay)
-        opt.validate_message(opts, config.options, config.fn)
-        return
-    given = opts.keys() & opt.SUITE_OPTIONS
-    if given:
-        raise InvalidOption(
-            f"{', '.join(sorted(given))} on a message of {message.actor_name}, which the suite does not track, "
-            f"would do nothing: declare the actor with track=True or a suite option"
-        )
 
 
 def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:

@@ -2,10 +2,11 @@
 
 The wrapper is put in place when the first tracked actor is declared
 (JobTracking) or a :func:`transaction` block opens (its sends must reach
-the block's outbox, tracked or not).  Around the broker's own
-enqueue, whose ``before_enqueue`` hooks record the send
-(:mod:`dramatiq_unique.unique.enqueue`), it answers a burst of duplicates
-early (:mod:`dramatiq_unique.unique.recent`), returns the existing job's
+the block's outbox, tracked or not).  Around the broker's own enqueue,
+whose ``before_enqueue`` hooks record the send
+(:mod:`dramatiq_unique.unique.enqueue`), it checks the send's own
+options, answers a burst of duplicates early
+(:mod:`dramatiq_unique.unique.recent`), returns the existing job's
 message when the send resolves to one, returns a send that
 :mod:`dramatiq_unique.durable.outbox` holds until commit, and undoes the
 rows of a send whose publish failed: they would be phantom jobs.
@@ -18,14 +19,16 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
+from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker import compat, publish
 from dramatiq_unique.broker.acks import Acks
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
+from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.guard import describe, guarded
 from dramatiq_unique.unique import recent as duplicates
-from dramatiq_unique.unique.enqueue import Redirect, check_options, created_rows
+from dramatiq_unique.unique.enqueue import Redirect, created_rows
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message
@@ -83,6 +86,25 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
     broker.enqueue = enqueue  # type: ignore[method-assign]
+
+
+def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
+    """A send's own suite options and delay, checked as the actor's were at declaration, before
+    anything is written or published (a retry or re-send carries the ones checked at its send)."""
+    opts = message.options
+    if MARKER in opts:
+        return
+    config = suite.actor_config(message.actor_name)
+    if config is not None:
+        opt.check_delay(delay)
+        opt.validate_message(opts, config.options, config.fn)
+        return
+    given = opts.keys() & opt.SUITE_OPTIONS
+    if given:
+        raise InvalidOption(
+            f"{', '.join(sorted(given))} on a message of {message.actor_name}, which the suite does not track, "
+            f"would do nothing: declare the actor with track=True or a suite option"
+        )
 
 
 @contextlib.contextmanager
