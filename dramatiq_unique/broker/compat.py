@@ -21,7 +21,9 @@ them: jobs lost without a word.  So a Redis broker under an untested major
 version is refused at set-up, with an error that names the versions,
 rather than warned about in a log nobody reads (the contract's "a broken
 dependency gives a clear error").  Other brokers touch none of this and
-are never refused.
+are never refused.  setup.cfg requires the same versions; the check
+catches an install that got around it (``pip install --no-deps``, an
+upgraded Dramatiq next to this package).
 """
 
 from __future__ import annotations

@@ -75,7 +75,9 @@ class Outbox:
         self, broker: "Broker", message: "Message", delay: Optional[int], row: Optional[tuple] = None
     ) -> Deferred:
         """Hold ``message`` until commit; returns the exception that stops the broker's enqueue."""
-        clean = dataclasses.replace(message, queue_name=q_name(message.queue_name), options=job_options(message.options))
+        clean = dataclasses.replace(
+            message, queue_name=q_name(message.queue_name), options=job_options(message.options)
+        )
         self.items.append(_Item(broker, clean, delay, time.monotonic() + (delay or 0) / 1000, row))
         return Deferred(clean)
 
@@ -95,7 +97,9 @@ class Outbox:
                     sent = item.broker.enqueue(item.message, delay=delay)
                 if item.row is not None:
                     model, row_id, _ = item.row
-                    model.update(broker_ref=broker_ref(sent)).where((model.id == row_id) & model.broker_ref.is_null()).execute()
+                    model.update(broker_ref=broker_ref(sent)).where(
+                        (model.id == row_id) & model.broker_ref.is_null()
+                    ).execute()
             except Exception:
                 down = True
                 if item.row is not None:

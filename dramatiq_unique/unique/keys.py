@@ -77,7 +77,7 @@ def bind_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[st
     if plain is not None:
         names, defaults = plain
         if len(args) <= len(names):
-            bound = dict(zip(names, args))
+            bound = dict(zip(names, args, strict=False))  # fewer arguments than names: the rest below
             if not kwargs or (kwargs.keys() <= set(names[len(args) :])):
                 bound.update(kwargs)
                 if len(bound) < len(names):
