@@ -21,10 +21,10 @@ from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
 from dramatiq_unique.options import MAX_KEY_LENGTH, check_delay, show
-from dramatiq_unique.redis.keys import bind_arguments, canonical, idempotency_hold
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import JobModel, after_ms
 from dramatiq_unique.suite import current
+from dramatiq_unique.unique.keys import bind_arguments, canonical, idempotency_hold
 
 
 def submit(

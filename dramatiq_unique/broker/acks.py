@@ -34,9 +34,10 @@ from typing import Any, Callable, Optional
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
+from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.broker.refs import redis_ref
 from dramatiq_unique.locks.redlock import KEY_PREFIX
 from dramatiq_unique.redis import lua
-from dramatiq_unique.redis.keys import BrokerKeys
 
 
 class _Announced(threading.local):
@@ -69,7 +70,7 @@ class Acks:
     def announce(self, message: Any, lock: Optional[tuple] = None) -> None:
         """The message this thread acks next is a tracked one; ``lock`` (name, token): a queue
         lock to release with it (only where :attr:`locks`)."""
-        self.announced.ref = message.options.get("redis_message_id")
+        self.announced.ref = redis_ref(message)
         self.announced.lock = lock
 
     def do_ack(self, queue_name: str, ref: str) -> Any:

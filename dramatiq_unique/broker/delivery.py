@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
+from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, resending
 from dramatiq_unique.redis import lua
-from dramatiq_unique.redis.keys import BrokerKeys
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
     from dramatiq.brokers.redis import RedisBroker
@@ -94,16 +95,14 @@ class Delivery:
             actor = broker.get_actor(message.actor_name)
         except Exception:
             return None
-        from dramatiq_unique.unique.enqueue import resending
-
-        message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
+        message = message.copy(options={REDIS_MESSAGE_ID: broker_ref or str(uuid.uuid4())})
         with resending():  # the claim recorded broker_ref: JobTracking need not write it again
             broker.emit_before("enqueue", message, None)
         queue, keys = message.queue_name, BrokerKeys(broker.namespace)
         return LocalDelivery(
             broker, worker, actor.priority, message,
             keys=[keys.messages(queue), keys.acks(broker.broker_id, queue)],
-            args=[message.options["redis_message_id"], message.encode()],
+            args=[message.options[REDIS_MESSAGE_ID], message.encode()],
         )
 
 

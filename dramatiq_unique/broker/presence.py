@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from dramatiq.common import current_millis, dq_name, xq_name
 
-from dramatiq_unique.redis.keys import BrokerKeys
+from dramatiq_unique.broker.keys import BrokerKeys
 
 if TYPE_CHECKING:
     from dramatiq import Broker
@@ -43,8 +43,6 @@ class Presence(enum.Enum):
     MISSING = "missing"
     #: The broker dead-lettered the message: the job failed.
     DEAD = "dead"
-    #: The broker cannot be asked.
-    UNKNOWN = "unknown"
 
 
 class RedisProbe:

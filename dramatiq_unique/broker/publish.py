@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
+from dramatiq_unique.broker.keys import BrokerKeys
 from dramatiq_unique.locks.redlock import KEY_PREFIX
 from dramatiq_unique.redis import lua
-from dramatiq_unique.redis.keys import BrokerKeys
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite

@@ -38,6 +38,7 @@ from dramatiq.middleware import Retries
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
+from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import claims
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
@@ -47,7 +48,6 @@ from dramatiq_unique.errors import DramatiqUniqueError, RedisUnavailable
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
-from dramatiq_unique.unique.enqueue import resending
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite

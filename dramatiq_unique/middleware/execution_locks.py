@@ -19,9 +19,9 @@ from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking.lot import GroupInfo
-from dramatiq_unique.redis.keys import derive_key
 from dramatiq_unique.storage import fencing
 from dramatiq_unique.suite import ActorConfig, Suite
+from dramatiq_unique.unique.keys import derive_key
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
 from dramatiq_unique.suite import Suite
-from dramatiq_unique.unique.enqueue import install_enqueue, on_enqueue, row_fields
+from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
+from dramatiq_unique.unique.send import install_enqueue
 
 logger = logging.getLogger(__name__)
 

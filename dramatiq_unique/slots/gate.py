@@ -45,7 +45,7 @@ from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking import prestart
 from dramatiq_unique.parking.lot import GroupInfo
 from dramatiq_unique.redis import lua
-from dramatiq_unique.redis.keys import derive_key
+from dramatiq_unique.unique.keys import derive_key
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import ActorConfig, Suite

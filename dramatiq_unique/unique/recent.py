@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
-from dramatiq_unique.redis.keys import derive_key
 from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.unique.keys import derive_key
 
 if TYPE_CHECKING:
     from dramatiq import Message

@@ -127,7 +127,7 @@ def test_setup_migrates_a_table_of_the_earlier_version(legacy_db, database_url, 
 def test_an_idempotency_key_of_the_earlier_version_returns_its_job(legacy_db, database_url, key_prefix):
     """A client retrying across the upgrade gets the job the earlier version made, before
     any pass adopted it."""
-    from dramatiq_unique.redis.keys import idempotency_hold
+    from dramatiq_unique.unique.keys import idempotency_hold
 
     message_id = insert_legacy(legacy_db, "job", status="queued")
     hold = idempotency_hold("job", "alice", "req-1")

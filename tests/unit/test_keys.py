@@ -1,9 +1,10 @@
-"""Unit tests of dramatiq_unique.redis.keys: unique keys, no services."""
+"""Unit tests of dramatiq_unique.unique.keys and dramatiq_unique.redis.keys: unique keys, no services."""
 
 import pytest
 
 from dramatiq_unique import InvalidOption
-from dramatiq_unique.redis.keys import RedisKeys, derive_key
+from dramatiq_unique.redis.keys import RedisKeys
+from dramatiq_unique.unique.keys import derive_key
 
 
 def report(report_id, user=None, options=None):
@@ -70,7 +71,7 @@ import pathlib  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-from dramatiq_unique.redis.keys import canonical  # noqa: E402
+from dramatiq_unique.unique.keys import canonical  # noqa: E402
 
 
 def test_a_dict_with_mixed_key_types_has_one_key_whatever_its_order():
@@ -94,7 +95,7 @@ def test_dates_sets_and_mixed_dicts_give_the_same_key_in_another_process():
     code = (
         "import datetime\n"
         "from tests.unit.test_keys import report\n"
-        "from dramatiq_unique.redis.keys import derive_key\n"
+        "from dramatiq_unique.unique.keys import derive_key\n"
         "print(derive_key('report', report, True, (datetime.date(2024, 2, 29),),"
         " {'options': {'tags': {'x', 'y', 'z', 'w'}, 1: 'a', 'b': 2}}))\n"
     )

@@ -1,8 +1,8 @@
-"""The app name a suite writes into its job rows (dramatiq_unique.durable.scope.app_name)."""
+"""The app name a suite writes into its job rows (dramatiq_unique.suite.app_name)."""
 
 from __future__ import annotations
 
-from dramatiq_unique.durable.scope import MAX_APP_LENGTH, app_name
+from dramatiq_unique.suite import MAX_APP_LENGTH, app_name
 
 
 def test_the_app_is_the_key_prefix():
