@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import ClassVar
 
 import peewee as pw
 from dramatiq import Middleware
@@ -17,6 +18,7 @@ from dramatiq_unique.durable import outbox, refused
 from dramatiq_unique.durable.outcome import format_error, outcome
 from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
 from dramatiq_unique.guard import hook, own_skip
+from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import JobStatus
@@ -38,20 +40,30 @@ class JobTracking(Middleware):
     Add it before :class:`~dramatiq.middleware.Retries` so that its
     ``after_process_message`` sees what Retries decided.
 
+    Declares the row's options and the unique ones it applies as a job is sent,
+    started and finished.  An actor whose lock type holds an execution lock
+    needs :class:`ExecutionLocks` too; one with a concurrency option needs
+    :class:`ConcurrencySlots` (both before this one): the actor is refused
+    when it is declared otherwise.
+
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
     """
+
+    #: Names this middleware where the suite checks which of its middlewares a broker has.
+    capability: ClassVar[str] = combinations.TRACKING
 
     def __init__(self, *, suite: Suite) -> None:
         self.suite = suite
 
     @property
     def actor_options(self) -> set[str]:
-        return set(opt.SUITE_OPTIONS)
+        return set(opt.TRACKING_OPTIONS | opt.UNIQUE_OPTIONS)
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
         self.suite.broker = broker
+        combinations.check_actor(broker, actor)
         if self.suite.configure_actor(actor) is not None:
             install_enqueue(broker, self.suite)
 
