@@ -272,3 +272,21 @@ def test_slots_alone_can_publish_woken_jobs_through_the_broker(broker, bare_suit
     run_worker(threads=3)
     assert {r.status for r in settled("published", 3)} == {"succeeded"}
     assert peak.peak == 1
+
+
+def test_heartbeat_renews_the_slot_and_row_without_execution_locks(broker, bare_suite, run_worker):
+    """heartbeat() in a slot-limited job on a broker without ExecutionLocks: its slot's lease and
+    its row's lease are renewed, and it reports the time left."""
+    add_tracking(broker, bare_suite)
+    broker.add_middleware(ConcurrencySlots(suite=bare_suite), before=JobTracking)
+    left: list[float] = []
+
+    @dramatiq.actor(concurrency_limit=1, concurrency_ttl=3_000, unique_ttl=5_000)
+    def beating() -> None:
+        time.sleep(0.05)
+        left.append(dramatiq_unique.heartbeat())
+
+    message = beating.send()
+    run_worker(threads=2)
+    wait_until(lambda: (dramatiq_unique.get_job(message.message_id) or JobModel()).status == "succeeded", timeout=10)
+    assert len(left) == 1 and 2.5 < left[0] <= 3.0  # the shortest lease: the slot's
