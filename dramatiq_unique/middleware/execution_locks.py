@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import peewee as pw
 from dramatiq import Middleware
@@ -17,6 +17,7 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.errors import LockLost, RedisUnavailable
 from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.redlock import new_token
+from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking.lot import GroupInfo
 from dramatiq_unique.storage import fencing
@@ -114,13 +115,19 @@ class ExecutionLocks(Middleware):
     Add it before :class:`JobTracking`: its ``before_process_message``
     then takes the lock before the row is marked running (the row gets
     the lock's fencing token), and its ``after_process_message`` hands
-    the lock on after JobTracking recorded the outcome.
+    the lock on after JobTracking recorded the outcome.  It needs
+    JobTracking: a parked job waits on its row, and the fencing token
+    lives there; an actor that takes an execution lock is refused when it
+    is declared on a broker without JobTracking, or with it out of order.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
       local_handoff: deliver a woken job to this process's own worker
         rather than through the broker (see :mod:`dramatiq_unique.parking.lot`).
     """
+
+    #: Names this middleware where the suite checks which of its middlewares a broker has.
+    capability: ClassVar[str] = combinations.LOCKS
 
     def __init__(self, *, suite: Suite, local_handoff: bool = True) -> None:
         self.suite = suite
@@ -132,10 +139,11 @@ class ExecutionLocks(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        return set()  # JobTracking declares the suite's options
+        return set(opt.LOCK_OPTIONS)
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
+        combinations.check_actor(broker, actor)
         if opt.is_tracked(actor.options):
             heartbeat.carry_context(actor)
 
