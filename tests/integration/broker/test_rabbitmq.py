@@ -19,51 +19,22 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from typing import Iterator
 
 import dramatiq
 import pytest
-from dramatiq.brokers.rabbitmq import RabbitmqBroker
-from dramatiq.common import dq_name, xq_name
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, current_job, transaction
 from dramatiq_unique.storage.models import utcnow
-from tests.conftest import RABBITMQ_URL, REDIS_URL
 from tests.durable import passes, total
 from tests.helpers import LOST_AFTER, job_of, wait_until
+from tests.integration.broker.helpers import start_worker
 
 
 @pytest.fixture
-def queue() -> str:
-    return f"du_{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def rabbit(queue: str) -> Iterator[RabbitmqBroker]:
-    broker = RabbitmqBroker(url=RABBITMQ_URL)
-    dramatiq.set_broker(broker)
-    yield broker
-    channel = broker.channel
-    for name in (queue, dq_name(queue), xq_name(queue)):
-        channel.queue_delete(queue=name)
-    broker.close()
-
-
-@pytest.fixture
-def suite(rabbit, database_url: str, key_prefix: str):
-    suite = dramatiq_unique.setup(
-        rabbit, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False, lost_after=LOST_AFTER
-    )
-    yield suite
-    suite.db.close()
-
-
-def start_worker(broker, threads: int = 2) -> dramatiq.Worker:
-    worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=threads)
-    worker.start()
-    return worker
+def suite(rabbitmq_suite):
+    """The suite on the RabbitMQ broker, in place of the Redis one of tests/conftest.py."""
+    return rabbitmq_suite
 
 
 def ready(broker, queue, n: int) -> bool:

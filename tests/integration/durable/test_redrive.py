@@ -29,7 +29,7 @@ from tests.conftest import REDIS_URL
 from tests.durable import broker_messages, passes, running_worker, total, wipe_broker
 from tests.helpers import LOST_AFTER, job_of, wait_until
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 
 def overdue() -> None:

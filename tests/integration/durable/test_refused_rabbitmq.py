@@ -7,13 +7,20 @@ otherwise (the re-drive trusts RabbitMQ's queues).  SQLite and PostgreSQL.
 from __future__ import annotations
 
 import dramatiq
+import pytest
 
 import dramatiq_unique
-from tests.helpers import wait_until
-from tests.integration.test_rabbitmq import job_of, queue, rabbit, start_worker, suite  # noqa: F401  (fixtures)
+from tests.helpers import job_of, wait_until
+from tests.integration.broker.helpers import start_worker
 
 
-def test_a_unique_job_agelimit_skips_frees_its_key_on_rabbitmq(suite, rabbit, queue):  # noqa: F811
+@pytest.fixture
+def suite(rabbitmq_suite):
+    """The suite on the RabbitMQ broker, in place of the Redis one of tests/conftest.py."""
+    return rabbitmq_suite
+
+
+def test_a_unique_job_agelimit_skips_frees_its_key_on_rabbitmq(suite, rabbit, queue):
     runs = []
 
     @dramatiq.actor(queue_name=queue, unique_args=["key"], unique_lock="until_executed", max_age=1)

@@ -21,7 +21,7 @@ from tests.conftest import REDIS_URL
 from tests.durable import broker_messages, running_worker, wipe_broker
 from tests.helpers import job_of, wait_until
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 
 def make_pending(messages, broker) -> None:

@@ -24,8 +24,8 @@ from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage import parking_statements as sql_parking
 from dramatiq_unique.storage.models import after_ms, utcnow
 from tests.helpers import wait_until
-from tests.integration.test_ondeck import reserved
-from tests.integration.test_slots import make_worker, rows  # noqa: F401  (make_worker: a fixture)
+from tests.integration.parking.helpers import reserved
+from tests.integration.slots.helpers import rows
 
 
 class Runs:

@@ -16,17 +16,8 @@ from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage import parking_statements as sql_parking
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from tests.helpers import wait_until
-from tests.integration.test_slots import (  # noqa: F401  (make_worker: a fixture)
-    Recorder,
-    assert_all_succeeded_once,
-    make_worker,
-    queue_behind_a_holder,
-    rows,
-)
-
-
-def reserved(actor_name: str) -> list[JobModel]:
-    return [r for r in rows(actor_name) if (r.worker or "").endswith(":deck")]
+from tests.integration.parking.helpers import reserved
+from tests.integration.slots.helpers import Recorder, assert_all_succeeded_once, queue_behind_a_holder, rows
 
 
 def test_reserved_jobs_stay_parked_and_start_in_order_once_each(suite, broker, make_worker, caplog):

@@ -28,7 +28,7 @@ from dramatiq_unique.parking.flags import Watchdog
 from tests.conftest import REDIS_URL
 from tests.durable import running_worker
 from tests.helpers import wait_until
-from tests.integration.test_parking import Delivery, TestGate, sent
+from tests.integration.parking.helpers import Delivery, TestGate, sent
 from tests.servers import PostgresCluster
 
 pytestmark = pytest.mark.slow

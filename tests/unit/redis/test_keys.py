@@ -93,14 +93,14 @@ def test_dates_sets_and_mixed_dicts_give_the_same_key_in_another_process():
     """Hash randomisation changes set order and object addresses from process to process."""
     code = (
         "import datetime\n"
-        "from tests.unit.test_keys import report\n"
+        "from tests.unit.redis.test_keys import report\n"
         "from dramatiq_unique.redis.keys import derive_key\n"
         "print(derive_key('report', report, True, (datetime.date(2024, 2, 29),),"
         " {'options': {'tags': {'x', 'y', 'z', 'w'}, 1: 'a', 'b': 2}}))\n"
     )
     keys = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       cwd=pathlib.Path(__file__).parents[2], env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout.strip()
+                       cwd=pathlib.Path(__file__).parents[3], env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout.strip()
         for seed in (1, 2, 3)
     }
     here = derive_key("report", report, True, (datetime.date(2024, 2, 29),),
