@@ -39,7 +39,9 @@ def _answers(url: str, default_port: int) -> bool:
 def pytest_sessionstart(session: pytest.Session) -> None:
     missing = [
         f"{name} at {url}"
-        for name, url, port in (("Redis", REDIS_URL, 6379), ("PostgreSQL", PG_URL, 5432), ("RabbitMQ", RABBITMQ_URL, 5672))
+        for name, url, port in (
+            ("Redis", REDIS_URL, 6379), ("PostgreSQL", PG_URL, 5432), ("RabbitMQ", RABBITMQ_URL, 5672)
+        )
         if not _answers(url, port)
     ]
     if missing:

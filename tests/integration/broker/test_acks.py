@@ -11,7 +11,9 @@ import dramatiq_unique
 from tests.helpers import queue_lock_of, wait_until
 
 
-def test_a_tracked_message_is_acked_by_our_script_and_an_untracked_one_by_the_broker(suite, broker, worker, monkeypatch):
+def test_a_tracked_message_is_acked_by_our_script_and_an_untracked_one_by_the_broker(
+    suite, broker, worker, monkeypatch
+):
     """Given a tracked and an untracked actor, When both run, Then only the tracked message's
     ack goes through our script, and neither leaves its body or its id in the broker."""
     ran: list = []

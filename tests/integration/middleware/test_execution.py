@@ -53,7 +53,7 @@ class Recorder:
 
 
 def assert_no_overlap(spans) -> None:
-    for (s1, e1, i1, _), (s2, _, i2, _) in zip(spans, spans[1:]):
+    for (_, e1, i1, _), (s2, _, i2, _) in zip(spans, spans[1:], strict=False):
         assert s2 >= e1, f"job {i2} started {1000 * (e1 - s2):.1f} ms before job {i1} ended"
 
 
@@ -185,11 +185,12 @@ def test_process_after_order_serves_the_first_ready(suite, broker, worker):
         wait_until(lambda: rec.count("start") % 3 == 1, timeout=10)
         late = ordered.send_with_options(args=(order, 1), delay=300)  # sent first, due later
         ordered.send(order, 2)
-        wait_until(lambda: dramatiq_unique.get_job(late.message_id).parked_on, timeout=10, what="due and parked")
-        wait_until(lambda: sum(1 for r in rows(f"order_{order}") if r.parked_on) == 2, timeout=10)
+        wait_until(lambda late=late: dramatiq_unique.get_job(late.message_id).parked_on, timeout=10,
+                   what="due and parked")
+        wait_until(lambda order=order: sum(1 for r in rows(f"order_{order}") if r.parked_on) == 2, timeout=10)
         go.set()
         wait_until(lambda: rec.count("end") % 3 == 0 and rec.count("end") > 0, timeout=10)
-        wait_until(lambda: len(rec.intervals().get(order, [])) == 3, timeout=10)
+        wait_until(lambda order=order: len(rec.intervals().get(order, [])) == 3, timeout=10)
     assert [i for *_, i, _ in rec.intervals()["process_after"]] == [0, 2, 1]
     assert [i for *_, i, _ in rec.intervals()["created_at"]] == [0, 1, 2]
 
@@ -261,7 +262,7 @@ def test_no_overlap_across_two_worker_processes(suite, broker, database_url, key
     by_key = defaultdict(dict)
     for event, key, i, at, pid, token in read_log(redis_client, key_prefix):
         by_key[key].setdefault(i, {})[event] = (at, pid, token)
-    for key, jobs in by_key.items():
+    for jobs in by_key.values():
         spans = sorted((j["start"][0], j["end"][0], i, j["start"][2]) for i, j in jobs.items())
         assert_no_overlap(spans)
         assert [t for *_, t in spans] == sorted(t for *_, t in spans)
@@ -294,7 +295,7 @@ def test_the_next_job_starts_at_once_not_after_a_poll(suite, broker):
         worker.stop(timeout=10_000)
     spans = rec.intervals()["k"]
     assert_no_overlap(spans)
-    gaps = [1000 * (s2 - e1) for (_, e1, _, _), (s2, _, _, _) in zip(spans, spans[1:])]
+    gaps = [1000 * (s2 - e1) for (_, e1, _, _), (s2, _, _, _) in zip(spans, spans[1:], strict=False)]
     assert statistics.median(gaps) < 50 and max(gaps) < 250, f"handoff gaps {gaps} ms"
 
 
@@ -309,10 +310,11 @@ def test_fencing_tokens_grow_across_all_executions_and_survive_a_redis_flush(
     def fenced(key):
         tokens.append(current_job().fencing_token)
 
-    for round_ in range(2):
+    for _round in range(2):
         for _ in range(3):
             message = fenced.send("k")
-            wait_until(lambda: dramatiq_unique.get_job(message.message_id).status == "succeeded", timeout=10)
+            wait_until(lambda message=message: dramatiq_unique.get_job(message.message_id).status == "succeeded",
+                       timeout=10)
         for name in redis_client.scan_iter(match=f"*{key_prefix}:*"):  # Redis "flushed"
             redis_client.delete(name)
     assert tokens == sorted(tokens) and len(set(tokens)) == 6 and tokens[0] >= 1

@@ -82,7 +82,8 @@ def test_a_failed_attempt_waiting_for_its_retry_is_retrying(suite, broker, worke
     message = flaky.send()
     # Retries writes "retrying" as it re-sends, before the attempt's outcome (the error) is
     # recorded: wait for the settled row.
-    wait_until(lambda: (j := dramatiq_unique.get_job(message.message_id)).status == "retrying" and j.last_error, timeout=10)
+    wait_until(lambda: (j := dramatiq_unique.get_job(message.message_id)).status == "retrying" and j.last_error,
+               timeout=10)
     job = dramatiq_unique.get_job(message.message_id)
     assert job.attempts == 1
     assert (job.process_after - utcnow()).total_seconds() > 20

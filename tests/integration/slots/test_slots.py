@@ -1,5 +1,5 @@
-"""Concurrency slots (dramatiq_unique.middleware.concurrency_slots, dramatiq_unique.slots.gate, dramatiq_unique.slots.limits),
-on real Redis with the job table on SQLite and PostgreSQL."""
+"""Concurrency slots (dramatiq_unique.middleware.concurrency_slots, dramatiq_unique.slots.gate,
+dramatiq_unique.slots.limits), on real Redis with the job table on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -348,7 +348,7 @@ def test_lowering_a_limit_lets_running_jobs_finish_and_starts_none_until_under_i
     first_three_end = max(e for _, e in spans[:3])
     later = spans[3:]
     assert all(s >= first_three_end for s, _ in later), "nothing started while over the new limit"
-    assert all(b[0] >= a[1] for a, b in zip(later, later[1:])), "one at a time under the new limit"
+    assert all(b[0] >= a[1] for a, b in zip(later, later[1:], strict=False)), "one at a time under the new limit"
     assert_all_succeeded_once("sync", 6)
 
 

@@ -153,7 +153,7 @@ def test_the_wakeup_watchdog_recovers(private_suite, broker, cluster, kind):
             job = JobModel.create(message_id=f"job-{n}", actor_name="parked_actor", queue_name="default",
                                   args=[n], options={}, app=private_suite.app)
             assert spot.park(gate, "t:g", Delivery(job.message_id), JobModel, job.id, 0, retry_in_ms=250)
-            token = wait_until(lambda: _wake_token(broker, job.message_id), timeout=15,
+            token = wait_until(lambda job=job: _wake_token(broker, job.message_id), timeout=15,
                                what=f"the watchdog to wake job-{n}")
             assert JobModel.get_by_id(job.id).status == "queued"
             spot.leave(gate, "t:g", token)  # the woken job ran

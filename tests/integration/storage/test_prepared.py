@@ -69,7 +69,7 @@ def test_jobs_run_and_record_with_prepared_statements_and_without(make_suite, br
         worker.start()
         try:
             sent = [job.send(n) for n in range(5)]
-            wait_until(lambda: all(dramatiq_unique.get_job(m.message_id).status == "succeeded" for m in sent),
+            wait_until(lambda sent=sent: all(dramatiq_unique.get_job(m.message_id).status == "succeeded" for m in sent),
                        timeout=10, what="the jobs to succeed")
             assert bool(prepared_here(suite)) is on  # the sends' (the worker closes this connection at stop)
         finally:

@@ -132,8 +132,9 @@ def test_an_idempotency_key_of_the_earlier_version_returns_its_job(legacy_db, da
     message_id = insert_legacy(legacy_db, "job", status="queued")
     hold = idempotency_hold("job", "alice", "req-1")
     legacy_db.execute_sql(
-        'UPDATE "dramatiq_unique_jobs" SET "idempotency_key" = {p}, "owner" = {p}, "idempotency_hold" = {p} '
-        'WHERE "message_id" = {p}'.format(p=legacy_db.param),
+        f'UPDATE "dramatiq_unique_jobs" SET "idempotency_key" = {legacy_db.param}, "owner" = {legacy_db.param}, '
+        f'"idempotency_hold" = {legacy_db.param} '
+        f'WHERE "message_id" = {legacy_db.param}',
         ["req-1", "alice", hold, message_id],
     )
     broker = RedisBroker(url=REDIS_URL, namespace=f"{key_prefix}-broker")

@@ -20,7 +20,9 @@ def test_only_the_selected_arguments_count():
     assert derive_key("report", report, ["report_id"], (1, "ann"), {}) == derive_key(
         "report", report, ["report_id"], (1, "bob"), {}
     )
-    assert derive_key("report", report, ["report_id"], (1,), {}) != derive_key("report", report, ["report_id"], (2,), {})
+    assert derive_key("report", report, ["report_id"], (1,), {}) != derive_key(
+        "report", report, ["report_id"], (2,), {}
+    )
 
 
 def test_all_arguments_with_true_and_defaults_filled_in():
@@ -100,7 +102,8 @@ def test_dates_sets_and_mixed_dicts_give_the_same_key_in_another_process():
     )
     keys = {
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       cwd=pathlib.Path(__file__).parents[3], env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout.strip()
+                       cwd=pathlib.Path(__file__).parents[3],
+                       env={"PYTHONHASHSEED": str(seed), "PATH": "/usr/bin:/bin"}).stdout.strip()
         for seed in (1, 2, 3)
     }
     here = derive_key("report", report, True, (datetime.date(2024, 2, 29),),
