@@ -1,4 +1,4 @@
-"""Unit tests of dramatiq_unique.heartbeat: context hand-over to async actors, no services."""
+"""Unit tests of dramatiq_unique.leases (heartbeat()): context hand-over to async actors, no services."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The suite on Dramatiq's RabbitmqBroker: job records, uniqueness, retries, the outbox, the re-drive.
 
 RabbitMQ cannot be asked whether it holds one given message, so the
-re-drive's lost-message check works differently there (presence.py):
+re-drive's lost-message check works differently there (dramatiq_unique.broker.presence):
 
 * a job whose publish RabbitMQ took (``broker_ref`` set after the
   publish) is trusted to RabbitMQ's durable queues while it waits;

@@ -1,4 +1,4 @@
-"""Locks over three Redis masters (dramatiq_unique.locks.redlock and redlock: Redlock), with masters stopped or stalled.
+"""Locks over three Redis masters (dramatiq_unique.locks: Redlock), with masters stopped or stalled.
 
 Each test starts its own three ``redis-server`` processes on free loopback
 ports in 6401-6409 (nothing persisted) and stops them afterwards; the

@@ -1,6 +1,6 @@
 """The deck hand-over verifies before it delivers (issue 12, item 4).
 
-A row reserved on deck (ondeck.py) is started in the database, by a compare-and-set on
+A row reserved on deck (dramatiq_unique.parking.deck) is started in the database, by a compare-and-set on
 what the reservation read (revision, reservation owner, broker id, fencing token),
 before its message is delivered: a row replaced, or taken by another process, while it
 waited on deck is not delivered from the deck, and no fencing token goes to two attempts.

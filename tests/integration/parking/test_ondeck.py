@@ -1,4 +1,4 @@
-"""Rows on deck (ondeck.py): the next jobs of a busy slot group, reserved ahead by this process."""
+"""Rows on deck (dramatiq_unique.parking.deck): the next jobs of a busy slot group, reserved ahead by this process."""
 
 from __future__ import annotations
 

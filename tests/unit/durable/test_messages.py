@@ -1,4 +1,4 @@
-"""Unit tests of dramatiq_unique.broker.delivery: rebuilding a woken job's message from its row (no services)."""
+"""Unit tests of dramatiq_unique.durable.messages: rebuilding a woken job's message from its row (no services)."""
 
 from __future__ import annotations
 
