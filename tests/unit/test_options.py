@@ -83,7 +83,9 @@ def with_sentinel(report_id, since=_SENTINEL):
 
 
 @pytest.mark.parametrize("name", ["unique_ttl", "unique_window", "concurrency_ttl", "idempotency_window"])
-@pytest.mark.parametrize("value", [0.5, 0.999, 1.5, float("nan"), float("inf"), "1000", True, [1000], {"ms": 1}, 10**12])
+@pytest.mark.parametrize(
+    "value", [0.5, 0.999, 1.5, float("nan"), float("inf"), "1000", True, [1000], {"ms": 1}, 10**12]
+)
 def test_times_are_whole_milliseconds_of_at_least_one(name, value):
     options = {"unique_args": True, name: value}
     with pytest.raises(InvalidOption, match=name):
