@@ -236,7 +236,9 @@ def validate_message(message_options: dict, actor_options: dict, fn: Callable[..
         raise InvalidOption("job_model cannot be set per message: it names the actor's job table")
     key = message_options.get("idempotency_key")
     if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH):
-        raise InvalidOption(f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}")
+        raise InvalidOption(
+            f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}"
+        )
     owner = message_options.get("owner")
     if owner is not None and (not isinstance(owner, str) or len(owner) > MAX_KEY_LENGTH):
         raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")

@@ -64,7 +64,7 @@ class Acks:
             return None
         acks = cls(broker, broker._dispatch("ack"), locks=locks)
         # As for do_enqueue (publish.py): RedisBroker builds do_ack in __getattr__.
-        broker.do_ack = acks.do_ack
+        broker.do_ack = acks.do_ack  # type: ignore[attr-defined]  # an internal (compat.py)
         return acks
 
     def announce(self, message: Any, lock: Optional[tuple] = None) -> None:

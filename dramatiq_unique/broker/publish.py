@@ -66,7 +66,7 @@ class Publisher:
         # RedisBroker.enqueue publishes with self.do_enqueue, which it builds in __getattr__:
         # an attribute of the instance comes first.
         publisher = cls(broker, suite, broker._dispatch("enqueue"))
-        broker.do_enqueue = publisher.do_enqueue
+        broker.do_enqueue = publisher.do_enqueue  # type: ignore[attr-defined]  # an internal (compat.py)
         return publisher
 
     def expect(self, ref: str, lock: Optional[tuple] = None) -> bool:

@@ -68,7 +68,8 @@ def _encode(value: Any, where: str) -> dict:
         data = encoder.encode(value)
     except Exception as e:
         raise JobRejected(
-            f"{where} ({type(value).__name__}) cannot be stored: neither JSON nor {type(encoder).__name__} encodes it: {e}"
+            f"{where} ({type(value).__name__}) cannot be stored: "
+            f"neither JSON nor {type(encoder).__name__} encodes it: {e}"
         ) from e
     return {ENCODED: base64.b64encode(data).decode("ascii"), "repr": repr(value)[:REPR_LENGTH]}
 

@@ -198,7 +198,7 @@ class _Pass:
             # Only rows the broker cannot vouch for were read: running ones whose
             # lease ran out, and claims whose publish was never confirmed.
             answers = [Presence.MISSING] * len(rows)
-        present = [row for row, answer in zip(rows, answers) if answer is Presence.PRESENT]
+        present = [row for row, answer in zip(rows, answers, strict=True) if answer is Presence.PRESENT]
         if present:
             model.update(checked_at=utcnow(), missing_since=None).where(
                 model.id.in_([row.id for row in present]) & (model.status == status)
@@ -206,7 +206,7 @@ class _Pass:
             if self.probe is not None and status in (RUNNING, QUEUED):
                 self.counts.requeued += self.probe.requeue_orphans(present)
         claimed = []
-        for row, answer in zip(rows, answers):
+        for row, answer in zip(rows, answers, strict=True):
             if answer is Presence.DEAD:
                 self._fail(model, row, "the broker dead-lettered the job's message")
             elif answer is Presence.MISSING:

@@ -94,7 +94,7 @@ class Scope:
         legacy = (model.app == NO_APP) & model.actor_name.in_(names)
         for cond in (legacy & model.status.not_in(FINISHED), legacy & model.status.in_(FINISHED)):
             for _ in range(max_pages):
-                ids = [row_id for (row_id,) in model.select(model.id).where(cond).limit(page).tuples()]
+                ids = [job.id for job in model.select(model.id).where(cond).limit(page)]
                 done = self._adopt(model, ids, cond) if ids else 0
                 adopted += done
                 if len(ids) < page or done < len(ids):

@@ -36,7 +36,7 @@ from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, RedisUnavailable
+from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent as duplicates
@@ -136,6 +136,8 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     marker.update(id=row_id, rev=revision)
     opts[MARKER] = marker
     if held is not None:
+        if suite.broker is None:  # set when a broker declares a tracked actor, before any send of it
+            raise NotConfigured("no broker has declared a tracked actor")
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
     ref = redis_ref(message)
     if suite.publisher is not None and ref and not publish.expected(ref):

@@ -84,7 +84,7 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
         return None
     key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
     _derived.set((message.message_id, key))
-    if not _recent.seen(key):
+    if key is None or not _recent.seen(key):
         return None  # a key new to this process: most likely free, the insert will tell
     with store.db_errors(f"recording {message.actor_name} job {message.message_id}"):
         holder = store.holder(config.model, key, window(config, opts, lock), config.app)
