@@ -36,8 +36,8 @@ from dramatiq.common import current_millis
 
 from dramatiq_unique.broker.keys import BrokerKeys
 from dramatiq_unique.broker.refs import redis_ref
-from dramatiq_unique.locks.redlock import KEY_PREFIX
 from dramatiq_unique.redis import lua
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 
 class _Announced(threading.local):
@@ -81,7 +81,7 @@ class Acks:
         keys = [self.keys.heartbeats(), self.keys.acks(worker, queue_name), self.keys.messages(queue_name)]
         args = [current_millis(), worker, ref]
         if lock is not None:
-            keys.append(f"{KEY_PREFIX}:{lock[0]}")
+            keys.append(f"{LOCK_PREFIX}:{lock[0]}")
             args.append(lock[1])
         # Fails as the broker's ack would, with redis-py's errors (the consumer retries it).
         return self.script(keys=keys, args=args)

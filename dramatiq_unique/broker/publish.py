@@ -30,8 +30,8 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
 from dramatiq_unique.broker.keys import BrokerKeys
-from dramatiq_unique.locks.redlock import KEY_PREFIX
 from dramatiq_unique.redis import lua
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -91,7 +91,7 @@ class Publisher:
         keys = [self.keys.heartbeats(), self.keys.queue(queue_name), self.keys.messages(queue_name)]
         args = [current_millis(), self.broker.broker_id, ref, body]
         if lock is not None:
-            keys.append(f"{KEY_PREFIX}:{lock[0]}")
+            keys.append(f"{LOCK_PREFIX}:{lock[0]}")
             args += [lock[1], int(lock[2])]
         # Fails as the broker's publish would, with redis-py's errors.
         return self.script(keys=keys, args=args)

@@ -34,9 +34,7 @@ import redis
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT, Master, MasterSkipped, Replies, ask_all, drift
 from dramatiq_unique.redis import lua
-
-#: The prefix pottery gives lock keys.
-KEY_PREFIX = "redlock"
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 #: Outcomes of :meth:`Locks.release_unless`.
 NOT_HELD, RELEASED, KEPT = 0, 1, 2
@@ -85,7 +83,7 @@ class Locks:
         """The script ``script`` (``redis/lua/<script>.lua``) on every master; ``force=False`` for a
         clean-up, which skips a master that failed a moment ago even if the others make no majority
         (it decides nothing)."""
-        keys, text = [f"{KEY_PREFIX}:{name}"], lua.source(script)
+        keys, text = [f"{LOCK_PREFIX}:{name}"], lua.source(script)
         return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum, force)
 
     def _check(self, replies: Replies, doing: str, name: str) -> None:
@@ -108,7 +106,7 @@ class Locks:
         :class:`RedisUnavailable`.
         """
         token = token or new_token()
-        key = f"{KEY_PREFIX}:{name}"
+        key = f"{LOCK_PREFIX}:{name}"
         if self.single:
             try:
                 reply = self._acquire(keys=[key], args=[token, int(ttl_ms)])
@@ -140,7 +138,7 @@ class Locks:
         if not self.single:
             return None
         try:
-            self._force(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)])
+            self._force(keys=[f"{LOCK_PREFIX}:{name}"], args=[token, int(ttl_ms)])
             return token
         except redis.RedisError as e:
             raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
@@ -149,7 +147,7 @@ class Locks:
         """Release ``name`` if ``token`` holds it; False if it did not."""
         if self.single:
             try:
-                return bool(self._release(keys=[f"{KEY_PREFIX}:{name}"], args=[token]))
+                return bool(self._release(keys=[f"{LOCK_PREFIX}:{name}"], args=[token]))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
         replies = self._each("lock_release", name, [token])
@@ -165,7 +163,7 @@ class Locks:
             self.release(name, token)
             return
         try:
-            self._release.post(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
+            self._release.post(keys=[f"{LOCK_PREFIX}:{name}"], args=[token])
         except redis.RedisError as e:
             raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
 
@@ -173,7 +171,7 @@ class Locks:
         """Renew ``name``'s lease to ``ttl_ms`` if ``token`` holds it; False if it does not."""
         if self.single:
             try:
-                return bool(self._extend(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
+                return bool(self._extend(keys=[f"{LOCK_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"extending lock {name!r}: {e}") from e
         replies = self._each("lock_extend", name, [token, int(ttl_ms)])
@@ -186,7 +184,7 @@ class Locks:
         """Milliseconds left on ``token``'s hold of ``name``; 0 if it does not hold it."""
         if self.single:
             try:
-                left = self._pttl(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
+                left = self._pttl(keys=[f"{LOCK_PREFIX}:{name}"], args=[token])
             except redis.RedisError as e:
                 raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
             return float(max(left, 0))
@@ -209,7 +207,7 @@ class Locks:
         args = [token, new_token, int(ttl_ms)]
         if self.single:
             try:
-                return bool(self._transfer(keys=[f"{KEY_PREFIX}:{name}"], args=args))
+                return bool(self._transfer(keys=[f"{LOCK_PREFIX}:{name}"], args=args))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"handing over lock {name!r}: {e}") from e
         replies = self._each("lock_transfer", name, args)
@@ -224,7 +222,7 @@ class Locks:
 
     def pttl(self, name: str) -> float:
         """Milliseconds until ``name`` frees itself, whoever holds it; 0 if it is free."""
-        key = f"{KEY_PREFIX}:{name}"
+        key = f"{LOCK_PREFIX}:{name}"
         if self.single:
             try:
                 return float(max(int(self.masters[0].pttl(key)), 0))
@@ -246,7 +244,7 @@ class Locks:
         """
         if self.single:
             try:
-                return int(self._release_unless(keys=[f"{KEY_PREFIX}:{name}", flags], args=[token, member]))
+                return int(self._release_unless(keys=[f"{LOCK_PREFIX}:{name}", flags], args=[token, member]))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
         first = self.nodes[0]

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 #: Default prefix of every Redis key the suite writes.
 DEFAULT_KEY_PREFIX = "dramatiq_unique"
+#: The prefix of every lock's own key (``redlock:<lock name>``): pottery's, so that a pottery
+#: Redlock and the suite's exclude each other on the same name.
+LOCK_PREFIX = "redlock"
 
 
 class RedisKeys:

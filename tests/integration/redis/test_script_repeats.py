@@ -21,8 +21,9 @@ import pytest
 import redis
 
 import dramatiq_unique
-from dramatiq_unique.locks.redlock import KEPT, KEY_PREFIX, NOT_HELD, RELEASED, Locks, new_token
+from dramatiq_unique.locks.redlock import KEPT, NOT_HELD, RELEASED, Locks, new_token
 from dramatiq_unique.redis import scripts
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.slots.gate import gate_of
 from tests.conftest import REDIS_URL
 from tests.durable import RedisServer
@@ -67,7 +68,7 @@ def test_lock_scripts_repeated_with_the_same_token_are_harmless(redis_client, ke
     assert locks.extend(name, token, 5_000) and locks.extend(name, token, 5_000)
     assert locks.transfer(name, token, fresh, 5_000)
     assert locks.transfer(name, token, fresh, 5_000), "a repeated transfer finds the new token there"
-    assert redis_client.get(f"{KEY_PREFIX}:{name}") == fresh.encode()
+    assert redis_client.get(f"{LOCK_PREFIX}:{name}") == fresh.encode()
     assert not locks.transfer(name, new_token(), new_token(), 5_000), "a stranger still cannot"
     assert locks.release(name, fresh) and not locks.release(name, fresh), "a repeat finds it free"
     assert locks.pttl(name) == 0
@@ -150,7 +151,7 @@ def test_an_acquire_whose_reply_was_lost_is_sent_again_and_finds_the_lock_its_ow
     lose = LoseNextReply(redis_client, monkeypatch)
     assert locks.acquire(name, 5_000, token) == (token, None)
     assert lose.lost == 1, "the first reply was lost, the call sent again"
-    assert redis_client.get(f"{KEY_PREFIX}:{name}") == token.encode()
+    assert redis_client.get(f"{LOCK_PREFIX}:{name}") == token.encode()
 
 
 def test_a_slot_enter_whose_reply_was_lost_takes_one_slot(sqlite_suite, monkeypatch):
@@ -262,11 +263,11 @@ def test_over_the_network_a_lost_acquire_reply_is_sent_again_and_the_lock_is_its
     token = new_token()
     lossy.armed = True
     assert locks.acquire("job", 5_000, token) == (token, None)
-    assert lossy.lost == 1 and direct.get(f"{KEY_PREFIX}:job") == token.encode()
+    assert lossy.lost == 1 and direct.get(f"{LOCK_PREFIX}:job") == token.encode()
     fresh = new_token()
     lossy.armed = True
     assert locks.transfer("job", token, fresh, 5_000), "a lost transfer's repeat finds the new token"
-    assert lossy.lost == 2 and direct.get(f"{KEY_PREFIX}:job") == fresh.encode()
+    assert lossy.lost == 2 and direct.get(f"{LOCK_PREFIX}:job") == fresh.encode()
 
 
 def test_over_the_network_a_lost_slot_enter_reply_takes_one_slot(broker, sqlite_url, key_prefix, proxy):
