@@ -48,7 +48,7 @@ OLD_INDEXES = (
     (("finished_at",), False),
     (("unique_hold",), True),
     (("idempotency_hold",), True),
-    # Parked rows are looked up by app and group (sql_parking.py): (app, parked_on, created_at) replaces it.
+    # Parked rows are looked up by app and group (queries.sql: queue_head): (app, parked_on, created_at) replaces it.
     (("parked_on",), False),
 )
 
