@@ -18,7 +18,7 @@ import peewee as pw
 from dramatiq import Message
 
 from dramatiq_unique.durable.messages import epoch_ms, rebuild
-from dramatiq_unique.storage import statements
+from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, after_ms, is_postgres, utcnow
 
 PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
@@ -152,9 +152,7 @@ def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
 
 def unclaim(model: type[JobModel], ids: list[int], status: str) -> None:
     """Hand claimed rows whose send failed back to ``status``, for the next pass."""
-    model.update(status=status, enqueued_at=None).where(
-        model.id.in_(ids) & (model.status == QUEUED) & model.broker_ref.is_null()
-    ).execute()
+    jobs.unclaim_sends(model, ids, status)
 
 
 def build_message(row: JobModel) -> Message:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import peewee as pw
 
 from dramatiq_unique.context import MARKER
+from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage import parking_statements as sql_parking
 from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique.enqueue import row_fields
@@ -61,11 +62,9 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
         return int(marker["id"]), int(marker.get("rev", 0))
     fields = row_fields(config, message, None)
     fields["unique_key"] = unique_key
-    model = config.model
-    try:
-        job_id = model.insert(fields).execute()
-    except pw.IntegrityError:  # the same message, delivered again
-        job_id = model.get(model.message_id == message.message_id).id
+    # Revision 0 even of a row an earlier delivery made: the message is that row's first
+    # revision (JobTracking._adopt, after a job_row, finds the marker and adopts nothing).
+    job_id, _ = store.adopt(config.model, fields)
     message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
     return int(job_id), 0
 

@@ -35,17 +35,14 @@ def no_flush_wait(db: Any) -> str:
     return ""
 
 
-def db_now(db: Any, plus_ms: Optional[str] = None) -> str:
-    """The database's clock as an SQL expression in the job table's time format (naive UTC),
-    ``plus_ms`` (a placeholder: ms) later if given.
+def db_now(db: Any) -> str:
+    """The database's clock as an SQL expression in the job table's time format (naive UTC).
 
     Reservations (:mod:`dramatiq_unique.parking.deck`) are written and read by it, so one
     process's wall clock is never compared with a lease another process's clock wrote.
     SQLite's clock is the machine's: its processes share it.
     """
-    if plus_ms is None:
-        return queries.BLOCKS.get(("now", queries.dialect_of(db))) or ""
-    return queries.BLOCKS[("now_plus_lease", queries.dialect_of(db))].replace("%(lease_ms)s", plus_ms)
+    return queries.BLOCKS[("now", queries.dialect_of(db))]  # no names, no parameters: as written
 
 
 def _order(order_by: str) -> str:
@@ -81,9 +78,11 @@ def claim_parked(
         statement = queries.render(model, "claim_parked", no_flush_wait(db), order=_order(order_by))
     else:
         lease_until, worker, release_hold = start
-        values.update(running=JobStatus.RUNNING.value, lease_until=fields["lease_until"].db_value(lease_until),
-                      worker=worker, release_hold=1 if release_hold else 0)
-        statement = queries.render(model, "claim_and_start", order=_order(order_by))
+        values.update(running=JobStatus.RUNNING.value, started_at=when, worker=worker,
+                      lease_until=fields["lease_until"].db_value(lease_until), release_hold=1 if release_hold else 0)
+        # The start of start_attempt and start_reserved, on a row free of unique options of its own.
+        statement = queries.render(model, "claim_and_start", order=_order(order_by), guard="unique_free",
+                                   token="next_token")
     row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
     return None if row is None else to_model(model, row)
 
@@ -152,15 +151,15 @@ def start_reserved(
     A compare-and-set that reads no clock (:func:`dramatiq_unique.parking.rows.start_reserved`
     says why).  A synchronous commit (a lost start could hand its token out again).
     """
-    statement = queries.render(model, "start_reserved")  # kept: it runs on the hand-over's critical path
+    statement = queries.render(model, "start_reserved", token="next_token")
     fields = model._meta.fields
     now = utcnow()
     lease_until = after_ms(lease_ms, now)
     values = {
-        "running": JobStatus.RUNNING.value, "now": fields["started_at"].db_value(now),
+        "running": JobStatus.RUNNING.value, "started_at": fields["started_at"].db_value(now),
         "lease_until": fields["lease_until"].db_value(lease_until), "worker": worker, "id": row.id,
         "pending": JobStatus.PENDING.value, "marker": marker, "revision": row.revision,
-        "token": row.fencing_token, "broker_ref": row.broker_ref,
+        "reserved_token": row.fencing_token, "broker_ref": row.broker_ref,
     }
     found = prepared.execute(model._meta.database, statement.sql, statement.params(values)).fetchone()
     if found is None:
@@ -187,7 +186,13 @@ def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
 
 
 def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
-    """Put a claimed row that was not delivered back in its group's queue."""
+    """Put a claimed row that was not delivered back in its group's queue.
+
+    Not :func:`dramatiq_unique.storage.jobs.unclaim_sends`: a parked row's claim wrote the
+    woken message's broker id before the delivery, so the row is recognised by having
+    left its group (``parked_on`` cleared) rather than by a missing broker id, and it goes
+    back to its group, not to the re-drive.
+    """
     model.update(status=JobStatus.PENDING.value, parked_on=group).where(
         (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
     ).execute()

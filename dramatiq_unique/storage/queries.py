@@ -19,6 +19,10 @@ What a block may hold besides SQL, and what it renders to:
     another block, in the same dialect; ``{slot}`` a block the caller
     names at render time (``slot="block"``, or ``("block", n)`` for ``n``
     copies joined by commas);
+``[a | b]``
+    a value of a conditional write: ``a`` alone, or, when the caller names a
+    ``guard`` block, ``CASE WHEN <guard> THEN a ELSE b END`` (a start that
+    only some rows take, yet writes the same list as every other start);
 ``"column"``
     an identifier, quoted as the database quotes them;
 ``%(name)s``
@@ -26,9 +30,9 @@ What a block may hold besides SQL, and what it renders to:
     filled by name (:meth:`Statement.params`), so a statement's parameter
     order is written down once, in the SQL.
 
-Rendered text is kept per (statement, slots, dialect, table): what it
-depends on besides the model, not ``id(database)``, which a new Database
-object may reuse after the old one is gone.
+Rendered text is kept per (statement, model, slots, dialect, table): the
+database's part by what the text depends on, not by ``id(database)``, which
+a new Database object may reuse after the old one is gone.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 import peewee as pw
 
@@ -53,6 +57,7 @@ _HEADER = re.compile(r"^-- name: (\w+)(?: \((postgresql|sqlite)\))?\s*$")
 _PLACE = re.compile(r"\{(\w+)\}")
 _PARAM = re.compile(r"%\((\w+)\)s")
 _IDENT = re.compile(r'"(\w+)"')
+_CHOICE = re.compile(r"\[([^\[\]|]+)\|([^\[\]|]+)\]")
 
 Slot = Union[str, tuple[str, int]]
 
@@ -124,21 +129,26 @@ class Statement:
         return [values[name] for name in self.names]
 
 
-_cache: dict[tuple, Statement] = {}
+_cache: dict[tuple, Any] = {}
 _cache_lock = threading.Lock()
 
 
-def render(model: Model, name: str, prefix: str = "", **slots: Slot) -> Statement:
-    """Query ``name`` for ``model``'s table in its database's dialect, after ``prefix``
-    (:func:`dramatiq_unique.storage.parking_statements.no_flush_wait`); rendered once."""
-    key = (name, prefix, tuple(sorted(slots.items())), dialect_key(model))
+def kept(key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()``'s result, made once per ``key``: the one cache of rendered SQL."""
     found = _cache.get(key)
     if found is None:
         with _cache_lock:
             found = _cache.get(key)
             if found is None:
-                found = _cache[key] = build(model, name, prefix, **slots)
+                found = _cache[key] = make()
     return found
+
+
+def render(model: Model, name: str, prefix: str = "", **slots: Slot) -> Statement:
+    """Query ``name`` for ``model``'s table in its database's dialect, after ``prefix``
+    (:func:`dramatiq_unique.storage.parking_statements.no_flush_wait`); rendered once."""
+    key = (name, model, prefix, tuple(sorted(slots.items())), dialect_key(model))  # model: {columns}
+    return kept(key, lambda: build(model, name, prefix, **slots))
 
 
 def text(model: Model, name: str, **slots: Slot) -> str:
@@ -170,7 +180,12 @@ def build(model: Model, name: str, prefix: str = "", **slots: Slot) -> Statement
             raise ValueError(f"query {name!r}: blocks include each other in a loop")
         if tuple(db.quote) != ('"', '"'):
             body = _IDENT.sub(lambda m: quote(db, m.group(1)), body)
+        body = _CHOICE.sub(choose, body)
         return _PLACE.sub(lambda m: place(m.group(1), depth + 1), body)
+
+    def choose(choice: re.Match) -> str:
+        then, otherwise = choice.group(1).strip(), choice.group(2).strip()
+        return f"CASE WHEN {{guard}} THEN {then} ELSE {otherwise} END" if "guard" in slots else then
 
     def place(word: str, depth: int) -> str:
         if word in fixed:

@@ -12,33 +12,44 @@ SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
 WHERE "app" = %(app)s AND "unique_hold" = %(hold)s
 
 -- name: start_attempt
--- Mark an attempt running, if it may start; its token given, or the row's next one.
-UPDATE {jobs} SET "status" = %(running)s, "attempts" = "attempts" + 1,
-"started_at" = %(started_at)s, "lease_until" = %(lease_until)s, "worker" = %(worker)s,
-"fencing_token" = COALESCE(%(token)s, "fencing_token" + 1), "parked_on" = NULL,
-"unique_hold" = CASE WHEN %(release_hold)s = 1 THEN NULL ELSE "unique_hold" END
-WHERE "id" = %(id)s AND "revision" = %(revision)s AND "status" NOT IN (%(succeeded)s, %(failed)s)
-AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live_after)s
-OR "worker" LIKE %(woken_by)s)
+-- Mark an attempt running, if it may start; {token}: given_or_next_token, or drawn_token after a draw.
+UPDATE {jobs} SET {start_set}, "parked_on" = NULL, {hold_release}
+WHERE {startable_row}
 RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
 
 -- name: start_attempt_fenced (postgresql)
--- start_attempt with the key's next fencing token drawn, and older attempts fenced out, in the same statement.
-WITH drawn AS ({draw_token}), revoked AS ({revoke_for_start})
-UPDATE {jobs} SET "status" = %(running)s, "attempts" = "attempts" + 1,
-"started_at" = %(started_at)s, "lease_until" = %(lease_until)s, "worker" = %(worker)s,
-"fencing_token" = (SELECT token FROM drawn), "parked_on" = NULL,
-"unique_hold" = CASE WHEN %(release_hold)s = 1 THEN NULL ELSE "unique_hold" END
-WHERE "id" = %(id)s AND "revision" = %(revision)s AND "status" NOT IN (%(succeeded)s, %(failed)s)
-AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live_after)s
-OR "worker" LIKE %(woken_by)s)
-RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
+-- start_attempt after the key's next fencing token is drawn, and older attempts fenced out, in the same statement.
+WITH drawn AS ({draw_token}), revoked AS ({revoke_for_start}) {start_attempt}
 
 -- name: startable
 -- Whether start_attempt would take the row now (read only).
-SELECT 1 FROM {jobs} WHERE "id" = %(id)s AND "revision" = %(revision)s
-AND "status" NOT IN (%(succeeded)s, %(failed)s) AND ("status" <> %(running)s OR "lease_until" IS NULL
-OR "lease_until" <= %(live_after)s OR "worker" LIKE %(woken_by)s)
+SELECT 1 FROM {jobs} WHERE {startable_row}
+
+-- name: startable_row
+-- The row may start: the message's revision, not finished, and no other attempt running under a live lease
+-- (a running row whose lease ran out is a crashed attempt's; one a waker's claim started is its woken delivery's).
+"id" = %(id)s AND "revision" = %(revision)s AND "status" NOT IN (%(succeeded)s, %(failed)s)
+AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live_after)s
+OR "worker" LIKE %(woken_by)s)
+
+-- name: start_set
+-- What every start of an attempt writes: start_attempt, claim_and_start and start_reserved must agree.
+-- [a | b]: a claim_and_start (guard: unique_free) leaves a row with unique options queued, as b says.
+"status" = [%(running)s | %(queued)s], "attempts" = ["attempts" + 1 | "attempts"],
+"started_at" = [%(started_at)s | "started_at"], "lease_until" = [%(lease_until)s | "lease_until"],
+"worker" = [%(worker)s | "worker"], "fencing_token" = [{token} | "fencing_token"]
+
+-- name: hold_release
+-- A start's release of the unique hold, when the lock type frees the key as the job starts.
+"unique_hold" = [CASE WHEN %(release_hold)s = 1 THEN NULL ELSE "unique_hold" END | "unique_hold"]
+
+-- name: given_or_next_token
+-- The attempt's token: the one drawn beforehand (SQLite), or the row's next one.
+COALESCE(%(token)s, "fencing_token" + 1)
+
+-- name: next_token
+-- The attempt's token: the row's next one.
+"fencing_token" + 1
 
 -- name: record_refs
 -- Record the broker's ids of sent rows ({ref_rows}: ref_row, once per row); a ref set meanwhile is kept.
@@ -86,9 +97,9 @@ WITH drawn AS ({draw_token}), revoked AS ({revoke_older}) SELECT "token" FROM dr
 -- The revocation of start_attempt_fenced: older running attempts of the key fenced out.  The starting
 -- row itself is left to the main statement (PostgreSQL does not update one row twice in a statement);
 -- joined to it ("me") to keep to its app's rows without another parameter.
-UPDATE {jobs} SET "fencing_token" = (SELECT "token" FROM drawn) FROM {jobs} AS me
+UPDATE {jobs} SET "fencing_token" = {token} FROM {jobs} AS me
 WHERE {jobs}."unique_key" = %(key)s AND {jobs}."status" = 'running'
-AND {jobs}."fencing_token" < (SELECT "token" FROM drawn) AND me."id" = %(id)s AND {jobs}."id" <> me."id"
+AND {jobs}."fencing_token" < {token} AND me."id" = %(id)s AND {jobs}."id" <> me."id"
 AND {jobs}."app" = me."app"
 
 -- name: current_token
@@ -144,14 +155,14 @@ WHERE "id" = ({queue_head}) AND "parked_on" = %(group)s AND "status" = %(pending
 RETURNING {columns}
 
 -- name: claim_and_start (postgresql)
--- claim_parked, the attempt started in the same statement unless the row's options name a unique option.
-UPDATE {jobs} SET {claim_start}, {claimed}
+-- claim_parked, the attempt started in the same statement (guard: unique_free) unless the row's options name a unique option.
+UPDATE {jobs} SET {start_set}, {hold_release}, {claimed}
 FROM ({queue_head} FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
 RETURNING {jobs_columns}
 
 -- name: claim_and_start (sqlite)
--- claim_parked, the attempt started in the same statement unless the row's options name a unique option.
-UPDATE {jobs} SET {claim_start}, {claimed}
+-- claim_parked, the attempt started in the same statement (guard: unique_free) unless the row's options name a unique option.
+UPDATE {jobs} SET {start_set}, {hold_release}, {claimed}
 WHERE "id" = ({queue_head}) AND "parked_on" = %(group)s AND "status" = %(pending)s
 RETURNING {columns}
 
@@ -166,16 +177,6 @@ COALESCE(strpos("options", '"unique_'), 0) = 0
 -- name: unique_free (sqlite)
 -- The row's options name no unique option of its own.
 COALESCE(instr("options", '"unique_'), 0) = 0
-
--- name: claim_start
--- The start that claim_and_start writes on a row free of unique options.
-"status" = CASE WHEN {unique_free} THEN %(running)s ELSE %(queued)s END,
-"attempts" = "attempts" + CASE WHEN {unique_free} THEN 1 ELSE 0 END,
-"started_at" = CASE WHEN {unique_free} THEN %(now)s ELSE "started_at" END,
-"lease_until" = CASE WHEN {unique_free} THEN %(lease_until)s ELSE "lease_until" END,
-"worker" = CASE WHEN {unique_free} THEN %(worker)s ELSE "worker" END,
-"fencing_token" = "fencing_token" + CASE WHEN {unique_free} THEN 1 ELSE 0 END,
-"unique_hold" = CASE WHEN {unique_free} AND %(release_hold)s = 1 THEN NULL ELSE "unique_hold" END
 
 -- name: park
 -- Park a waiting job on a group; a running row whose lease ran out counts as waiting.
@@ -203,11 +204,32 @@ RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "opt
 
 -- name: start_reserved
 -- Start a row this process reserved, if it is still as its reservation read it (a compare-and-set).
-UPDATE {jobs} SET "status" = %(running)s, "attempts" = "attempts" + 1,
-"fencing_token" = "fencing_token" + 1, "started_at" = %(now)s, "lease_until" = %(lease_until)s,
-"worker" = %(worker)s, "parked_on" = NULL, "enqueued_at" = %(now)s, "missing_since" = NULL
+UPDATE {jobs} SET {start_set}, "parked_on" = NULL, "enqueued_at" = %(started_at)s, "missing_since" = NULL
 WHERE "id" = %(id)s AND "status" = %(pending)s AND "worker" = %(marker)s AND "revision" = %(revision)s
-AND "fencing_token" = %(token)s AND "broker_ref" = %(broker_ref)s
+AND "fencing_token" = %(reserved_token)s AND "broker_ref" = %(broker_ref)s
 RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "status",
 "revision", "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at",
 "process_after"
+
+
+-- == the job table's schema (storage/schema.py) =========================================
+
+-- name: add_app_column (postgresql)
+-- Add the app column to a job table of an earlier version: a constant default, so no rewrite of the table.
+ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS "app" VARCHAR(255) NOT NULL DEFAULT ''
+
+-- name: add_app_column (sqlite)
+-- Add the app column to a job table of an earlier version: a constant default, so no rewrite of the table.
+ALTER TABLE {jobs} ADD COLUMN "app" VARCHAR(255) NOT NULL DEFAULT ''
+
+-- name: table_columns (postgresql)
+-- A table's column names, in the schema given ({schema}: named_schema) or that the search_path resolves.
+SELECT column_name FROM information_schema.columns WHERE table_name = %(table)s AND table_schema = {schema}
+
+-- name: named_schema (postgresql)
+-- The schema a model names.
+%(schema)s
+
+-- name: current_schema (postgresql)
+-- The first schema of the connection's search_path.
+current_schema()

@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING
 
 import peewee as pw
 
-if TYPE_CHECKING:
-    from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.storage import queries
+
+#: A job model class (models.py imports this module: it is named here by its base class).
+Model = type[pw.Model]
 
 logger = logging.getLogger(__name__)
 
-#: The column every row's app is kept in.
+#: The column every row's app is kept in (queries.sql: add_app_column).
 APP_COLUMN = "app"
 #: Indexes of earlier versions that the app-leading ones replace: (columns, unique).
 OLD_INDEXES = (
@@ -57,7 +58,7 @@ OLD_INDEXES = (
 LOCK_ID = int.from_bytes(hashlib.sha256(b"dramatiq_unique.storage.schema").digest()[:8], "big", signed=True)
 
 
-def create_or_migrate(model: type["JobModel"]) -> None:
+def create_or_migrate(model: Model) -> None:
     """Create ``model``'s table and indexes if missing; migrate a table of an earlier version."""
     db = model._meta.database
     with db.atomic():
@@ -66,7 +67,7 @@ def create_or_migrate(model: type["JobModel"]) -> None:
         _create_or_migrate(model)
 
 
-def _create_or_migrate(model: type["JobModel"]) -> None:
+def _create_or_migrate(model: Model) -> None:
     db = model._meta.database
     model._schema.create_table(safe=True)
     added = _add_app_column(model)
@@ -79,37 +80,26 @@ def _create_or_migrate(model: type["JobModel"]) -> None:
         # A subclass that declares one of these indexes itself keeps it.
         if columns not in wanted and all(name in model._meta.fields for name in columns):
             name = pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name
-            db.execute_sql(f"DROP INDEX IF EXISTS {_quoted(db, name, model._meta.schema)}")
+            db.execute_sql(f"DROP INDEX IF EXISTS {queries.table(db, name, model._meta.schema)}")  # names vary
 
 
-def _add_app_column(model: type["JobModel"]) -> bool:
+def _add_app_column(model: Model) -> bool:
     """Add the ``app`` column if the table lacks it; whether this call added it."""
     db = model._meta.database
     if APP_COLUMN in _columns(model):
         return False
-    table = _quoted(db, model._meta.table_name, model._meta.schema)
-    column = _quoted(db, APP_COLUMN)
-    if_missing = "IF NOT EXISTS " if isinstance(db, pw.PostgresqlDatabase) else ""
     # Under the lock of create_or_migrate: nobody adds it meanwhile.
-    db.execute_sql(f"ALTER TABLE {table} ADD COLUMN {if_missing}{column} VARCHAR(255) NOT NULL DEFAULT ''")
+    db.execute_sql(queries.text(model, "add_app_column"))
     return True
 
 
-def _columns(model: type["JobModel"]) -> set[str]:
+def _columns(model: Model) -> set[str]:
     """The table's column names, in the schema the connection resolves it in (PostgreSQL's search_path)."""
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):
-        schema = "%s" if model._meta.schema else "current_schema()"
-        params = [model._meta.table_name] + ([model._meta.schema] if model._meta.schema else [])
-        cursor = db.execute_sql(
-            f"SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = {schema}",
-            params,
-        )
+        meta = model._meta
+        statement = queries.render(model, "table_columns", schema="named_schema" if meta.schema else "current_schema")
+        cursor = db.execute_sql(statement.sql, statement.params({"table": meta.table_name, "schema": meta.schema}))
         return {name for (name,) in cursor.fetchall()}
     return {column.name for column in db.get_columns(model._meta.table_name, model._meta.schema)}
 
-
-def _quoted(db: pw.Database, name: str, schema: "str | None" = None) -> str:
-    left, right = db.quote
-    quoted = f"{left}{name}{right}"
-    return f"{left}{schema}{right}.{quoted}" if schema else quoted

@@ -12,43 +12,10 @@ same as peewee's.
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Optional, Sequence
 
 from dramatiq_unique.storage import fencing, prepared, queries
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, is_postgres
-
-_cache: dict[tuple, str] = {}
-_cache_lock = threading.Lock()
-
-
-def _dialect(model: type[JobModel]) -> tuple:
-    """What a statement's text depends on besides the model: not id(database), which a
-    new Database object may reuse after the old one is gone."""
-    db = model._meta.database
-    return (model._meta.table_name, model._meta.schema, db.param, tuple(db.quote), is_postgres(db))
-
-
-def _compiled(key: tuple, build: Any) -> str:
-    sql = _cache.get(key)
-    if sql is None:
-        with _cache_lock:
-            sql = _cache.setdefault(key, build())
-    return sql
-
-
-def _quoter(model: type[JobModel]) -> Any:
-    left, right = model._meta.database.quote  # peewee keeps the pair of quote characters
-    return lambda name: f"{left}{name}{right}"
-
-
-def _names(model: type[JobModel]) -> tuple[str, list[str], str]:
-    meta = model._meta
-    q = _quoter(model)
-    table = q(meta.table_name) if not meta.schema else f"{q(meta.schema)}.{q(meta.table_name)}"
-    columns = [f.column_name for f in meta.sorted_fields]
-    return table, columns, meta.database.param
-
 
 def _params(model: type[JobModel], values: dict[str, Any]) -> list[Any]:
     fields = model._meta.fields
@@ -91,12 +58,13 @@ def insert(model: type[JobModel], values: dict[str, Any]) -> int:
     names = tuple(values)
 
     def build() -> str:
-        table, _, p = _names(model)
-        q = _quoter(model)
-        cols = ", ".join(q(model._meta.fields[n].column_name) for n in names)
-        return f"INSERT INTO {table} ({cols}) VALUES ({', '.join([p] * len(names))}) RETURNING id"
+        db = model._meta.database
+        cols = ", ".join(queries.quote(db, model._meta.fields[n].column_name) for n in names)
+        marks = ", ".join([db.param] * len(names))
+        return f"INSERT INTO {queries.jobs_table(model)} ({cols}) VALUES ({marks}) RETURNING id"
 
-    sql = _compiled(("insert", model, names, _dialect(model)), build)
+    # Built here: its columns vary by call (those present); kept per column set.
+    sql = queries.kept(("insert", model, names, queries.dialect_key(model)), build)
     return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
 
 
@@ -154,7 +122,10 @@ def start(
         if not startable(model, job_id, revision, now_or_after, woken_by):
             return None
         fencing_token = fencing.draw(model, fence_key, job_id)
-    statement = queries.render(model, "start_attempt_fenced" if merged else "start_attempt")
+    if merged:
+        statement = queries.render(model, "start_attempt_fenced", token="drawn_token")
+    else:
+        statement = queries.render(model, "start_attempt", token="given_or_next_token")
     fields = model._meta.fields
     values = {
         "key": fence_key, "token": fencing_token, "running": JobStatus.RUNNING.value,
@@ -192,12 +163,13 @@ def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values
     names = tuple(values)
 
     def build() -> str:
-        table, _, p = _names(model)
-        q = _quoter(model)
+        db = model._meta.database
+        q, p = (lambda name: queries.quote(db, name)), db.param
         sets = ", ".join(f"{q(model._meta.fields[n].column_name)} = {p}" for n in names)
-        return f"UPDATE {table} SET {sets} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
+        return f"UPDATE {queries.jobs_table(model)} SET {sets} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
 
-    sql = _compiled(("update_fenced", model, names, _dialect(model)), build)
+    # Built here: its columns vary by call (those given); kept per column set.
+    sql = queries.kept(("update_fenced", model, names, queries.dialect_key(model)), build)
     cursor = prepared.execute(model._meta.database, sql, [*_params(model, values), job_id, fencing_token])
     return cursor.rowcount
 

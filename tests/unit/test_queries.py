@@ -15,11 +15,17 @@ from dramatiq_unique.storage import parking_statements, queries, statements
 SLOTS = {
     "queue_head": {"order": "by_created_at"},
     "claim_parked": {"order": "by_process_after"},
-    "claim_and_start": {"order": "by_created_at"},
+    "claim_and_start": {"order": "by_created_at", "guard": "unique_free", "token": "next_token"},
     "reserve": {"order": "by_created_at"},
     "revoke_older": {"token": "given_token"},
     "draw_and_revoke": {"token": "drawn_token"},
     "record_refs": {"ref_rows": ("ref_row", 3)},
+    "start_attempt": {"token": "given_or_next_token"},
+    "start_attempt_fenced": {"token": "drawn_token"},
+    "revoke_for_start": {"token": "drawn_token"},
+    "start_set": {"token": "next_token"},
+    "start_reserved": {"token": "next_token"},
+    "table_columns": {"schema": "named_schema"},
 }
 
 
@@ -104,3 +110,20 @@ def test_an_unknown_query_is_named_in_the_error(model):
 def test_quoting_follows_the_database():
     db = pw.SqliteDatabase(":memory:")
     assert queries.table(db, "t") == '"t"' and queries.table(db, "t", "s") == '"s"."t"'
+
+
+def test_the_three_starts_write_one_list(model):
+    """start_attempt, claim_and_start and start_reserved write the same start (start_set): as it is,
+    or, in a claim, each value guarded by the row having no unique option of its own."""
+    plain = queries.build(model, "start_set", token="next_token").sql
+    guarded = queries.build(model, "start_set", token="next_token", guard="unique_free").sql
+    free = queries.build(model, "unique_free").sql
+    assert plain.startswith('"status" = ') and "CASE" not in plain
+    assert guarded.count(f"CASE WHEN {free} THEN ") == plain.count(" = ") == 6
+    assert plain in queries.build(model, "start_reserved", token="next_token").sql
+    assert guarded in queries.build(model, "claim_and_start", order="by_created_at", guard="unique_free",
+                                    token="next_token").sql
+    start = queries.build(model, "start_attempt", token="given_or_next_token").sql
+    assert queries.build(model, "start_set", token="given_or_next_token").sql in start
+    startable = queries.build(model, "startable_row").sql
+    assert startable in start and startable in queries.build(model, "startable").sql
