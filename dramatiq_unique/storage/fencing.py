@@ -71,7 +71,6 @@ def draw(model: type["JobModel"], key: str, job_id: Optional[int] = None) -> int
 
 def current(db: pw.Database, key: str) -> int:
     """The newest token handed out for ``key`` (0 if none): for inspection and tests."""
-    with db.bind_ctx([FenceModel], bind_refs=False, bind_backrefs=False):
-        statement = queries.render(FenceModel, "current_token")
+    statement = queries.render_on(db, "current_token")
     row = db.execute_sql(statement.sql, statement.params({"key": key})).fetchone()
     return 0 if row is None else int(row[0])

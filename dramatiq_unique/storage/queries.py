@@ -159,18 +159,24 @@ def text(model: Model, name: str, **slots: Slot) -> str:
     return statement.sql
 
 
+def render_on(db: pw.Database, name: str) -> Statement:
+    """Query ``name``, which names no job table (the fence table's own), for ``db``; rendered once."""
+    return kept((name, None, (db.param, tuple(db.quote), is_postgres(db))), lambda: _build(db, None, name, "", {}))
+
+
 def build(model: Model, name: str, prefix: str = "", **slots: Slot) -> Statement:
     """:func:`render` without keeping the text: for a statement whose length varies by call."""
-    db = model._meta.database
+    return _build(model._meta.database, model, name, prefix, slots)
+
+
+def _build(db: pw.Database, model: Optional[Model], name: str, prefix: str, slots: Mapping[str, Slot]) -> Statement:
     dialect = dialect_of(db)
-    jobs = jobs_table(model)
-    columns = [f.column_name for f in model._meta.sorted_fields]
-    fixed = {
-        "jobs": jobs,
-        "fences": quote(db, FENCES),
-        "columns": ", ".join(quote(db, c) for c in columns),
-        "jobs_columns": ", ".join(f"{jobs}.{quote(db, c)}" for c in columns),
-    }
+    fixed = {"fences": quote(db, FENCES)}
+    if model is not None:
+        jobs = fixed["jobs"] = jobs_table(model)
+        columns = [f.column_name for f in model._meta.sorted_fields]
+        fixed["columns"] = ", ".join(quote(db, c) for c in columns)
+        fixed["jobs_columns"] = ", ".join(f"{jobs}.{quote(db, c)}" for c in columns)
 
     def block(block_name: str, depth: int) -> str:
         body = BLOCKS.get((block_name, dialect)) or BLOCKS.get((block_name, None))

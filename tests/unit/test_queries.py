@@ -127,3 +127,10 @@ def test_the_three_starts_write_one_list(model):
     assert queries.build(model, "start_set", token="given_or_next_token").sql in start
     startable = queries.build(model, "startable_row").sql
     assert startable in start and startable in queries.build(model, "startable").sql
+
+
+def test_a_query_of_the_fence_table_alone_renders_for_a_database():
+    for db in databases():
+        statement = queries.render_on(db, "current_token")
+        assert statement.sql == f'SELECT "token" FROM "dramatiq_unique_fences" WHERE "key" = {db.param}'
+        assert statement.names == ("key",)
