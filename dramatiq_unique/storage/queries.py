@@ -147,7 +147,8 @@ def kept(key: tuple, make: Callable[[], Any]) -> Any:
 def render(model: Model, name: str, prefix: str = "", **slots: Slot) -> Statement:
     """Query ``name`` for ``model``'s table in its database's dialect, after ``prefix``
     (:func:`dramatiq_unique.storage.parking_statements.no_flush_wait`); rendered once."""
-    key = (name, model, prefix, tuple(sorted(slots.items())), dialect_key(model))  # model: {columns}
+    # Slots in the caller's order (one per call site; not sorted: this runs per statement). Model: {columns}.
+    key = (name, model, prefix, tuple(slots.items()), dialect_key(model))
     return kept(key, lambda: build(model, name, prefix, **slots))
 
 
