@@ -18,10 +18,8 @@ import peewee as pw
 from dramatiq import Message
 
 from dramatiq_unique.durable.messages import epoch_ms, rebuild
+from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, after_ms, is_postgres, utcnow
-
-#: Broker ids recorded per statement (SQLite allows at most 32,766 parameters).
-REFS_PER_STATEMENT = 1_000
 
 PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
 RETRYING, FAILED = JobStatus.RETRYING.value, JobStatus.FAILED.value
@@ -147,40 +145,14 @@ def claim_one(model: type[JobModel], row: JobModel, **extra: Any) -> Optional[Jo
 
 
 def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
-    """Record the broker's ids of sent rows, a statement per thousand; a ref set meanwhile is newer: kept.
-
-    Written by hand: peewee takes longer to build a 500-branch CASE than the
-    database takes to run it.  A CTE of VALUES works on PostgreSQL and SQLite.
-    """
-    items = list(refs.items())
-    for start in range(0, len(items), REFS_PER_STATEMENT):
-        _record_refs(model, items[start:start + REFS_PER_STATEMENT])
-
-
-def _record_refs(model: type[JobModel], refs: list[tuple[int, str]]) -> None:
-    if not refs:
-        return
-    db = model._meta.database
-    left, right = db.quote
-    q = lambda name: f"{left}{name}{right}"  # noqa: E731
-    table = q(model._meta.table_name)
-    if model._meta.schema:
-        table = f"{q(model._meta.schema)}.{table}"
-    p = db.param
-    rows = ", ".join([f"({p}, {p})"] * len(refs))
-    sql = (
-        f"WITH v(id, ref) AS (VALUES {rows}) "
-        f"UPDATE {table} SET {q('broker_ref')} = (SELECT v.ref FROM v WHERE v.id = {table}.{q('id')}) "
-        f"WHERE {q('id')} IN (SELECT v.id FROM v) AND {q('broker_ref')} IS NULL"
-    )
-    db.execute_sql(sql, [value for pair in refs for value in pair])
+    """Record the broker's ids of sent rows; a ref set meanwhile is newer: kept (one statement
+    per thousand rows, :func:`dramatiq_unique.storage.statements.record_refs`)."""
+    statements.record_refs(model, refs)
 
 
 def unclaim(model: type[JobModel], ids: list[int], status: str) -> None:
     """Hand claimed rows whose send failed back to ``status``, for the next pass."""
-    model.update(status=status, enqueued_at=None).where(
-        model.id.in_(ids) & (model.status == QUEUED) & model.broker_ref.is_null()
-    ).execute()
+    jobs.unclaim_sends(model, ids, status)
 
 
 def build_message(row: JobModel) -> Message:

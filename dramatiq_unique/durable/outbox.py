@@ -33,6 +33,7 @@ from dramatiq.common import q_name
 from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -133,9 +134,7 @@ class Outbox:
     def _unclaim(self, item: _Item) -> None:
         model, row_id, _ = item.row  # type: ignore[misc]
         try:
-            model.update(status=JobStatus.PENDING.value, enqueued_at=None).where(
-                (model.id == row_id) & (model.status == JobStatus.QUEUED.value) & model.broker_ref.is_null()
-            ).execute()
+            jobs.unclaim_sends(model, [row_id], JobStatus.PENDING.value)
         except Exception:
             # Left queued without a broker_ref: the lost-message check recovers it.
             logger.exception("Could not put job %s back to pending.", item.message.message_id)

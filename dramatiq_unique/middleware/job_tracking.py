@@ -181,12 +181,8 @@ class JobTracking(Middleware):
 
     def _adopt(self, config, message) -> dict:
         """A message sent without the suite (before set-up, another producer): give it a row."""
-        fields = row_fields(config, message, None)
-        try:
-            return {"id": store.insert(config.model, fields), "rev": 0}
-        except pw.IntegrityError:
-            row = store.get(config.model, message_id=message.message_id)
-            return {"id": row.id, "rev": row.revision}
+        job_id, revision = store.adopt(config.model, row_fields(config, message, None))
+        return {"id": job_id, "rev": revision}
 
     def _start_adopted(self, config, message, ctx):
         message.options.pop(MARKER, None)

@@ -9,16 +9,14 @@ reservation ends; other wakers skip it until then.
 
 from __future__ import annotations
 
-import uuid
 from typing import TYPE_CHECKING, Any, Optional
 
 import peewee as pw
 
 from dramatiq_unique.context import MARKER
+from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage import parking_statements as sql_parking
-from dramatiq_unique.storage import prepared
-from dramatiq_unique.storage import statements as sql
-from dramatiq_unique.storage.models import JobModel, JobStatus, after_ms, is_postgres, utcnow
+from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique.enqueue import row_fields
 
 if TYPE_CHECKING:
@@ -54,9 +52,7 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
 
 def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
     """Put a claimed row that was not delivered back in its group's queue."""
-    model.update(status=JobStatus.PENDING.value, parked_on=group).where(
-        (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
-    ).execute()
+    sql_parking.unclaim(model, row, group)
 
 
 def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = None) -> tuple[int, int]:
@@ -66,16 +62,14 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
         return int(marker["id"]), int(marker.get("rev", 0))
     fields = row_fields(config, message, None)
     fields["unique_key"] = unique_key
-    model = config.model
-    try:
-        job_id = model.insert(fields).execute()
-    except pw.IntegrityError:  # the same message, delivered again
-        job_id = model.get(model.message_id == message.message_id).id
+    # Revision 0 even of a row an earlier delivery made: the message is that row's first
+    # revision (JobTracking._adopt, after a job_row, finds the marker and adopts nothing).
+    job_id, _ = store.adopt(config.model, fields)
     message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
     return int(job_id), 0
 
 
-# -- reservations (ondeck.py) ---------------------------------------------------------
+# -- reservations (deck.py) ----------------------------------------------------------
 #
 # A reservation's lease is written and read by the database's clock
 # (sql_parking.db_now), so processes whose clocks disagree agree on when it ends.
@@ -84,46 +78,12 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
 # claimed, started, re-parked or replaced it.
 
 
-#: The columns a reservation reads back: what the woken message and its attempt's start need;
-#: current_job() reads the rest when asked (``sql.PARTIAL``).
-DECK_COLUMNS = (
-    "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "status", "revision",
-    "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at", "process_after",
-)
-
-
 def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float, *, app: str) -> Optional[JobModel]:
     """Reserve the first due, unreserved row of ``app`` parked on ``group`` for this process, for
     ``lease_ms`` (by the database's clock); None if there is none.  The reservation gets a
     fresh ``broker_ref``: the id its message will be delivered under, and its identity
     (any claim by another waker writes its own)."""
-    model = info.model
-    db = model._meta.database
-
-    def build() -> str:
-        table, _, p = sql._names(model)
-        q = sql._quoter(model)
-        columns = [model._meta.fields[n].column_name for n in DECK_COLUMNS]
-        now = sql_parking.db_now(db)
-        free = f"({q('lease_until')} IS NULL OR {q('lease_until')} <= {now})"
-        waiting = f"{q('parked_on')} = {p} AND {q('status')} = {p} AND {free}"  # SQLite checks the head again
-        sets = f"SET {q('worker')} = {p}, {q('lease_until')} = {sql_parking.db_now(db, p)}, {q('broker_ref')} = {p} "
-        head = sql_parking.queue_head(model, info.order_by)
-        if is_postgres(db):
-            return (
-                f"{sql_parking.no_flush_wait(db)}UPDATE {table} {sets}FROM ({head} FOR UPDATE SKIP LOCKED) AS head "
-                f"WHERE {table}.{q('id')} = head.{q('id')} RETURNING {', '.join(f'{table}.{q(c)}' for c in columns)}"
-            )
-        return f"UPDATE {table} {sets}WHERE {q('id')} = ({head}) AND {waiting} RETURNING {', '.join(map(q, columns))}"
-
-    key = ("reserve", model, info.order_by, sql_parking.no_flush_wait(db), sql._dialect(model))
-    statement = sql._compiled(key, build)
-    when = model._meta.fields["process_after"].db_value(utcnow())
-    params = [marker, float(lease_ms), str(uuid.uuid4()), app, group, JobStatus.PENDING.value, when]
-    if not is_postgres(db):
-        params += [group, JobStatus.PENDING.value]
-    found = prepared.execute(db, statement, params).fetchone()
-    return None if found is None else sql.to_model(model, found, DECK_COLUMNS)
+    return sql_parking.reserve(info.model, group, info.order_by, marker, lease_ms, app=app)
 
 
 def reserve_many(info: "GroupInfo", group: str, marker: str, count: int, *, app: str) -> list[JobModel]:
@@ -150,50 +110,11 @@ def start_reserved(
     attempt's token is the row's next one, drawn in the same statement: no attempt gets it
     twice.  A synchronous commit (a lost start could hand its token out again).
     """
-    db = model._meta.database
-
-    def build() -> str:
-        table, _, p = sql._names(model)
-        q = sql._quoter(model)
-        columns = [model._meta.fields[n].column_name for n in DECK_COLUMNS]
-        return (
-            f"UPDATE {table} SET {q('status')} = {p}, {q('attempts')} = {q('attempts')} + 1, "
-            f"{q('fencing_token')} = {q('fencing_token')} + 1, {q('started_at')} = {p}, {q('lease_until')} = {p}, "
-            f"{q('worker')} = {p}, {q('parked_on')} = NULL, {q('enqueued_at')} = {p}, {q('missing_since')} = NULL "
-            f"WHERE {q('id')} = {p} AND {q('status')} = {p} AND {q('worker')} = {p} AND {q('revision')} = {p} "
-            f"AND {q('fencing_token')} = {p} AND {q('broker_ref')} = {p} "
-            f"RETURNING {', '.join(q(c) for c in columns)}"
-        )
-
-    # Compiled once per table: it runs on the hand-over's critical path.
-    statement = sql._compiled(("start_reserved", model, sql._dialect(model)), build)
-    fields = model._meta.fields
-    now = utcnow()
-    lease_until = after_ms(lease_ms, now)
-    when = fields["started_at"].db_value(now)
-    params = [
-        JobStatus.RUNNING.value, when, fields["lease_until"].db_value(lease_until), worker, when,
-        row.id, JobStatus.PENDING.value, marker, row.revision, row.fencing_token, row.broker_ref,
-    ]
-    found = prepared.execute(db, statement, params).fetchone()
-    if found is None:
-        return None
-    started = sql.to_model(model, found, DECK_COLUMNS)
-    started.__data__.update(started_at=now, lease_until=lease_until, worker=worker, parked_on=None)
-    setattr(started, sql.PARTIAL, True)
-    return started
+    return sql_parking.start_reserved(model, row, marker, worker, lease_ms)
 
 
 def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
     """Undo :func:`start_reserved` (or a claim's start) whose message was not delivered: the row
     is parked on ``group`` again, unreserved, its attempt not counted.  Its fencing token stays
     drawn (tokens never go back).  False if the attempt no longer owns the row."""
-    return bool(
-        model.update(
-            status=JobStatus.PENDING.value, parked_on=group, attempts=model.attempts - 1, worker=None,
-            lease_until=None,
-        ).where(
-            (model.id == started.id) & (model.status == JobStatus.RUNNING.value)
-            & (model.fencing_token == started.fencing_token) & (model.worker == started.worker)
-        ).execute()
-    )
+    return sql_parking.unstart(model, started, group)

@@ -15,12 +15,13 @@ import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.storage import statements as sql
-from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, after_ms, utcnow
+from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
 
 logger = logging.getLogger(__name__)
 
 #: How many times a unique insert retries when the holder it collided with vanished.
 MAX_INSERT_ROUNDS = 20
+QUEUED = JobStatus.QUEUED.value
 
 
 def db_errors(action: str):
@@ -51,6 +52,33 @@ def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
 def insert(model: type[JobModel], fields: dict[str, Any]) -> int:
     """Insert a row; returns its id.  Raises IntegrityError on a message_id or hold clash."""
     return sql.insert(model, fields)
+
+
+def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int]:
+    """A row for a message sent without the suite (before set-up, by another producer):
+    ``(id, revision)`` of the row inserted, or of the row an earlier delivery of the same
+    message inserted (the message id is unique)."""
+    try:
+        return sql.insert(model, fields), 0
+    except pw.IntegrityError:
+        row = get(model, message_id=fields["message_id"])
+        if row is None:
+            raise  # not the message id: another unique column clashed
+        return row.id, row.revision
+
+
+def unclaim_sends(model: type[JobModel], ids: list[int], status: str) -> None:
+    """Hand rows claimed for a send whose publish failed back to ``status`` (the re-drive
+    sends them later).  Only rows still queued without a broker id: a publish that did go
+    through recorded one, and a start or a newer claim moved the row on.
+
+    Not for a parked row's claim (:func:`dramatiq_unique.storage.parking_statements.unclaim`):
+    that claim writes the woken message's broker id before it publishes, and its undo
+    parks the row on its group again.
+    """
+    model.update(status=status, enqueued_at=None).where(
+        model.id.in_(ids) & (model.status == QUEUED) & model.broker_ref.is_null()
+    ).execute()
 
 
 class IdempotencyHeld(Exception):

@@ -1,18 +1,20 @@
-"""The parking moves' statements: a job parked on a group, the group's next job claimed.
+"""The parking moves' statements: a job parked on a group, the group's next job claimed or
+reserved for a deck, a reserved job started, and the moves undone.
 
-Compiled once per model like :mod:`dramatiq_unique.storage.statements`'s, and prepared on
-PostgreSQL (:mod:`dramatiq_unique.storage.prepared`).  The moves on the critical
-path of every hand-over commit without waiting for the WAL flush
+Their SQL is in ``queries.sql`` (:mod:`dramatiq_unique.storage.queries`), rendered once
+per model, and prepared on PostgreSQL (:mod:`dramatiq_unique.storage.prepared`).  The
+moves on the critical path of every hand-over commit without waiting for the WAL flush
 (:func:`no_flush_wait` says why that is safe).
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Optional
 
-from dramatiq_unique.storage import prepared
-from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, is_postgres
-from dramatiq_unique.storage.statements import _compiled, _dialect, _names, _quoter, to_model
+from dramatiq_unique.storage import prepared, queries
+from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, after_ms, is_postgres, utcnow
+from dramatiq_unique.storage.statements import PARTIAL, to_model
 
 
 def no_flush_wait(db: Any) -> str:
@@ -33,42 +35,18 @@ def no_flush_wait(db: Any) -> str:
     return ""
 
 
-def db_now(db: Any, plus_ms: Optional[str] = None) -> str:
-    """The database's clock as an SQL expression in the job table's time format (naive UTC),
-    ``plus_ms`` (a placeholder: ms) later if given.
+def db_now(db: Any) -> str:
+    """The database's clock as an SQL expression in the job table's time format (naive UTC).
 
     Reservations (:mod:`dramatiq_unique.parking.deck`) are written and read by it, so one
     process's wall clock is never compared with a lease another process's clock wrote.
     SQLite's clock is the machine's: its processes share it.
     """
-    if is_postgres(db):
-        now = "(statement_timestamp() AT TIME ZONE 'UTC')"
-        return now if plus_ms is None else f"({now} + CAST({plus_ms} AS double precision) * INTERVAL '1 millisecond')"
-    if plus_ms is None:
-        return "strftime('%Y-%m-%d %H:%M:%f', 'now')"
-    return f"strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || (CAST({plus_ms} AS REAL) / 1000.0) || ' seconds')"
+    return queries.BLOCKS[("now", queries.dialect_of(db))]  # no names, no parameters: as written
 
 
-def queue_head(model: type[JobModel], order_by: str, limit: str = "1") -> str:
-    """The SELECT of a group's next due, unreserved parked rows of one app, in serving order.
-
-    Parameters, in order: app, group, ``pending``, now (due time); then the
-    limit if it is a placeholder.  The app, because apps that share the table
-    share group names (an actor of the same name, the same key): a row of
-    another app is never its job to wake (guarantee 7; the index is
-    ``(app, parked_on, created_at)``).  Reservations (see :mod:`dramatiq_unique.parking.deck`) are
-    judged by the database's clock (:func:`db_now`).  The one definition of
-    "next" for claims and reservations.
-    """
-    table, _, p = _names(model)
-    q = _quoter(model)
-    order = q("process_after") if order_by == "process_after" else q("created_at")
-    return (
-        f"SELECT {q('id')} FROM {table} WHERE {q('app')} = {p} AND {q('parked_on')} = {p} AND {q('status')} = {p} "
-        f"AND ({q('lease_until')} IS NULL OR {q('lease_until')} <= {db_now(model._meta.database)}) "
-        f"AND ({q('process_after')} IS NULL OR {q('process_after')} <= {p}) "
-        f"ORDER BY {order}, {q('id')} LIMIT {limit}"
-    )
+def _order(order_by: str) -> str:
+    return "by_process_after" if order_by == "process_after" else "by_created_at"
 
 
 def claim_parked(
@@ -87,61 +65,25 @@ def claim_parked(
     attempt in the same statement (see :mod:`dramatiq_unique.parking.prestart`),
     unless the row's own options name a unique option; the returned row
     says ``running`` when it was started.  A start waits for its commit;
-    a plain claim does not (``_no_flush_wait``).
+    a plain claim does not (:func:`no_flush_wait`).
     """
     db = model._meta.database
-    prefix = "" if start is not None else no_flush_wait(db)
-
-    def build() -> str:
-        table, columns, p = _names(model)
-        q = _quoter(model)
-        waiting = f"{q('parked_on')} = {p} AND {q('status')} = {p}"
-        if start is None:
-            sets = f"SET {q('status')} = {p}, "
-        else:
-            find = "strpos" if is_postgres(db) else "instr"
-            own = f"COALESCE({find}({q('options')}, '\"unique_'), 0) = 0"  # no unique option of its own
-            sets = (
-                f"SET {q('status')} = CASE WHEN {own} THEN {p} ELSE {p} END, "
-                f"{q('attempts')} = {q('attempts')} + CASE WHEN {own} THEN 1 ELSE 0 END, "
-                f"{q('started_at')} = CASE WHEN {own} THEN {p} ELSE {q('started_at')} END, "
-                f"{q('lease_until')} = CASE WHEN {own} THEN {p} ELSE {q('lease_until')} END, "
-                f"{q('worker')} = CASE WHEN {own} THEN {p} ELSE {q('worker')} END, "
-                f"{q('fencing_token')} = {q('fencing_token')} + CASE WHEN {own} THEN 1 ELSE 0 END, "
-                f"{q('unique_hold')} = CASE WHEN {own} AND {p} = 1 THEN NULL ELSE {q('unique_hold')} END, "
-            )
-        sets += f"{q('parked_on')} = NULL, {q('enqueued_at')} = {p}, {q('broker_ref')} = {p}, {q('missing_since')} = NULL "
-        head = queue_head(model, order_by)
-        if is_postgres(db):
-            # A join on the locked head, so the update finds its row by primary key (with
-            # ``id = (subquery)`` the planner may scan the status index for it instead).
-            return (
-                f"{prefix}UPDATE {table} {sets}FROM ({head} FOR UPDATE SKIP LOCKED) AS head "
-                f"WHERE {table}.{q('id')} = head.{q('id')} "
-                f"RETURNING {', '.join(f'{table}.{q(c)}' for c in columns)}"
-            )
-        # SQLite: no row locks; the head is checked again as it is updated.
-        return (
-            f"UPDATE {table} {sets}WHERE {q('id')} = ({head}) AND {waiting} "
-            f"RETURNING {', '.join(q(c) for c in columns)}"
-        )
-
-    sql = _compiled(("claim_parked", model, order_by, prefix, start is not None, _dialect(model)), build)
     fields = model._meta.fields
     when = fields["enqueued_at"].db_value(now)
-    pending, queued = JobStatus.PENDING.value, JobStatus.QUEUED.value
+    values = {
+        "queued": JobStatus.QUEUED.value, "now": when, "broker_ref": broker_ref, "app": app, "group": group,
+        "pending": JobStatus.PENDING.value, "due": when,
+    }
     if start is None:
-        params: list[Any] = [queued]
+        statement = queries.render(model, "claim_parked", no_flush_wait(db), order=_order(order_by))
     else:
         lease_until, worker, release_hold = start
-        params = [
-            JobStatus.RUNNING.value, queued, when, fields["lease_until"].db_value(lease_until), worker,
-            1 if release_hold else 0,
-        ]
-    params += [when, broker_ref, app, group, pending, when]
-    if not is_postgres(db):
-        params += [group, pending]
-    row = prepared.execute(db, sql, params).fetchone()
+        values.update(running=JobStatus.RUNNING.value, started_at=when, worker=worker,
+                      lease_until=fields["lease_until"].db_value(lease_until), release_hold=1 if release_hold else 0)
+        # The start of start_attempt and start_reserved, on a row free of unique options of its own.
+        statement = queries.render(model, "claim_and_start", order=_order(order_by), guard="unique_free",
+                                   token="next_token")
+    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
     return None if row is None else to_model(model, row)
 
 
@@ -153,21 +95,104 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
     attempt of this very job.
     """
     db = model._meta.database
-
-    def build() -> str:
-        table, _, p = _names(model)
-        q = _quoter(model)
-        return (
-            f"{no_flush_wait(db)}UPDATE {table} SET {q('status')} = {p}, {q('parked_on')} = {p}, {q('options')} = {p} "
-            f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND ({q('status')} IN ({p}, {p}, {p}) "
-            f"OR ({q('status')} = {p} AND {q('lease_until')} < {p})) RETURNING {q('created_at')}, {q('process_after')}"
-        )
-
-    sql = _compiled(("park", model, no_flush_wait(db), _dialect(model)), build)
+    statement = queries.render(model, "park", no_flush_wait(db))
     fields = model._meta.fields
-    params = [
-        JobStatus.PENDING.value, group, fields["options"].db_value(options), job_id, revision,
-        *WAITING, JobStatus.RUNNING.value, fields["lease_until"].db_value(now),
-    ]
-    row = prepared.execute(db, sql, params).fetchone()
-    return None if row is None else (fields["created_at"].python_value(row[0]), fields["process_after"].python_value(row[1]))
+    pending, queued, retrying = WAITING
+    values = {
+        "pending": pending, "queued": queued, "retrying": retrying, "group": group,
+        "options": fields["options"].db_value(options), "id": job_id, "revision": revision,
+        "running": JobStatus.RUNNING.value, "now": fields["lease_until"].db_value(now),
+    }
+    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
+    if row is None:
+        return None
+    return fields["created_at"].python_value(row[0]), fields["process_after"].python_value(row[1])
+
+
+# -- reservations (parking/deck.py) ---------------------------------------------------
+#
+# A reservation's lease is written and read by the database's clock (the ``now`` queries),
+# so processes whose clocks disagree agree on when it ends.  Safety does not rest on any
+# clock: a reserved row is started by a compare-and-set on what its reservation read
+# (start_reserved), which fails once anyone else has claimed, started, re-parked or replaced it.
+
+
+#: The columns a reservation reads back: what the woken message and its attempt's start need;
+#: current_job() reads the rest when asked (``statements.PARTIAL``).
+DECK_COLUMNS = (
+    "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "status", "revision",
+    "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at", "process_after",
+)
+
+
+def reserve(
+    model: type[JobModel], group: str, order_by: str, marker: str, lease_ms: float, *, app: str,
+) -> Optional[JobModel]:
+    """Reserve the first due, unreserved row of ``app`` parked on ``group`` for the process
+    ``marker`` names, for ``lease_ms`` (by the database's clock); None if there is none.  The
+    reservation gets a fresh ``broker_ref``: the id its message will be delivered under, and
+    its identity (any claim by another waker writes its own)."""
+    db = model._meta.database
+    statement = queries.render(model, "reserve", no_flush_wait(db), order=_order(order_by))
+    values = {
+        "marker": marker, "lease_ms": float(lease_ms), "broker_ref": str(uuid.uuid4()), "app": app, "group": group,
+        "pending": JobStatus.PENDING.value, "due": model._meta.fields["process_after"].db_value(utcnow()),
+    }
+    found = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
+    return None if found is None else to_model(model, found, DECK_COLUMNS)
+
+
+def start_reserved(
+    model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float,
+) -> Optional[JobModel]:
+    """Start a row this process reserved (``row`` as its reservation read it); the started row
+    as the database now holds it, or None if it is no longer ours as reserved.
+
+    A compare-and-set that reads no clock (:func:`dramatiq_unique.parking.rows.start_reserved`
+    says why).  A synchronous commit (a lost start could hand its token out again).
+    """
+    statement = queries.render(model, "start_reserved", token="next_token")
+    fields = model._meta.fields
+    now = utcnow()
+    lease_until = after_ms(lease_ms, now)
+    values = {
+        "running": JobStatus.RUNNING.value, "started_at": fields["started_at"].db_value(now),
+        "lease_until": fields["lease_until"].db_value(lease_until), "worker": worker, "id": row.id,
+        "pending": JobStatus.PENDING.value, "marker": marker, "revision": row.revision,
+        "reserved_token": row.fencing_token, "broker_ref": row.broker_ref,
+    }
+    found = prepared.execute(model._meta.database, statement.sql, statement.params(values)).fetchone()
+    if found is None:
+        return None
+    started = to_model(model, found, DECK_COLUMNS)
+    started.__data__.update(started_at=now, lease_until=lease_until, worker=worker, parked_on=None)
+    setattr(started, PARTIAL, True)
+    return started
+
+
+def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
+    """Undo :func:`start_reserved` (or a claim's start) whose message was not delivered: the row
+    is parked on ``group`` again, unreserved, its attempt not counted.  Its fencing token stays
+    drawn (tokens never go back).  False if the attempt no longer owns the row."""
+    return bool(
+        model.update(
+            status=JobStatus.PENDING.value, parked_on=group, attempts=model.attempts - 1, worker=None,
+            lease_until=None,
+        ).where(
+            (model.id == started.id) & (model.status == JobStatus.RUNNING.value)
+            & (model.fencing_token == started.fencing_token) & (model.worker == started.worker)
+        ).execute()
+    )
+
+
+def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
+    """Put a claimed row that was not delivered back in its group's queue.
+
+    Not :func:`dramatiq_unique.storage.jobs.unclaim_sends`: a parked row's claim wrote the
+    woken message's broker id before the delivery, so the row is recognised by having
+    left its group (``parked_on`` cleared) rather than by a missing broker id, and it goes
+    back to its group, not to the re-drive.
+    """
+    model.update(status=JobStatus.PENDING.value, parked_on=group).where(
+        (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
+    ).execute()

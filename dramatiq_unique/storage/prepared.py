@@ -35,7 +35,7 @@ from dramatiq_unique.storage.models import is_postgres
 
 #: Set on a peewee Database whose statements are not to be prepared.
 _OFF = "_dramatiq_unique_no_prepare"
-#: The prefix of statements that commit without waiting for the WAL flush (sql_parking.no_flush_wait),
+#: The prefix of statements that commit without waiting for the WAL flush (parking_statements.no_flush_wait),
 #: kept as text in front of EXECUTE.
 NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO OFF; "
 

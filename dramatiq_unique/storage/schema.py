@@ -33,9 +33,11 @@ import logging
 
 import peewee as pw
 
+from dramatiq_unique.storage import queries
+
 logger = logging.getLogger(__name__)
 
-#: The column every row's app is kept in.
+#: The column every row's app is kept in (queries.sql: add_app_column).
 APP_COLUMN = "app"
 #: Indexes of earlier versions that the app-leading ones replace: (columns, unique).
 OLD_INDEXES = (
@@ -44,7 +46,7 @@ OLD_INDEXES = (
     (("finished_at",), False),
     (("unique_hold",), True),
     (("idempotency_hold",), True),
-    # Parked rows are looked up by app and group (sql_parking.py): (app, parked_on, created_at) replaces it.
+    # Parked rows are looked up by app and group (queries.sql: queue_head): (app, parked_on, created_at) replaces it.
     (("parked_on",), False),
 )
 
@@ -75,7 +77,7 @@ def _create_or_migrate(model: type[pw.Model]) -> None:
         # A subclass that declares one of these indexes itself keeps it.
         if columns not in wanted and all(name in model._meta.fields for name in columns):
             name = pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name
-            db.execute_sql(f"DROP INDEX IF EXISTS {_quoted(db, name, model._meta.schema)}")
+            db.execute_sql(f"DROP INDEX IF EXISTS {queries.table(db, name, model._meta.schema)}")  # names vary
 
 
 def _add_app_column(model: type[pw.Model]) -> bool:
@@ -83,11 +85,8 @@ def _add_app_column(model: type[pw.Model]) -> bool:
     db = model._meta.database
     if APP_COLUMN in _columns(model):
         return False
-    table = _quoted(db, model._meta.table_name, model._meta.schema)
-    column = _quoted(db, APP_COLUMN)
-    if_missing = "IF NOT EXISTS " if isinstance(db, pw.PostgresqlDatabase) else ""
     # Under the lock of create_or_migrate: nobody adds it meanwhile.
-    db.execute_sql(f"ALTER TABLE {table} ADD COLUMN {if_missing}{column} VARCHAR(255) NOT NULL DEFAULT ''")
+    db.execute_sql(queries.text(model, "add_app_column"))
     return True
 
 
@@ -95,17 +94,9 @@ def _columns(model: type[pw.Model]) -> set[str]:
     """The table's column names, in the schema the connection resolves it in (PostgreSQL's search_path)."""
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):
-        schema = "%s" if model._meta.schema else "current_schema()"
-        params = [model._meta.table_name] + ([model._meta.schema] if model._meta.schema else [])
-        cursor = db.execute_sql(
-            f"SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = {schema}",
-            params,
-        )
+        meta = model._meta
+        statement = queries.render(model, "table_columns", schema="named_schema" if meta.schema else "current_schema")
+        cursor = db.execute_sql(statement.sql, statement.params({"table": meta.table_name, "schema": meta.schema}))
         return {name for (name,) in cursor.fetchall()}
     return {column.name for column in db.get_columns(model._meta.table_name, model._meta.schema)}
 
-
-def _quoted(db: pw.Database, name: str, schema: "str | None" = None) -> str:
-    left, right = db.quote
-    quoted = f"{left}{name}{right}"
-    return f"{left}{schema}{right}.{quoted}" if schema else quoted

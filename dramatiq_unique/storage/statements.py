@@ -3,51 +3,19 @@
 Building a query with peewee costs more Python time than the database
 round trip it makes (about 150 us per statement, measured in
 tests/benchmarks/bench_throughput.py), and every tracked job makes three
-of them.  The SQL text is built once per model and column set, in the
-database's own parameter style; values still go through each field's
+of them.  The SQL text (``queries.sql``, :mod:`dramatiq_unique.storage.queries`;
+built here for the statements whose columns vary by call) is rendered once per
+model and column set, in the database's own parameter style; values still go through each field's
 ``db_value`` and rows through ``python_value``, so the results are the
 same as peewee's.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Optional, Sequence
 
-from dramatiq_unique.storage import fencing, prepared
+from dramatiq_unique.storage import fencing, prepared, queries
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, is_postgres
-
-_cache: dict[tuple, str] = {}
-_cache_lock = threading.Lock()
-
-
-def _dialect(model: type[JobModel]) -> tuple:
-    """What a statement's text depends on besides the model: not id(database), which a
-    new Database object may reuse after the old one is gone."""
-    db = model._meta.database
-    return (model._meta.table_name, model._meta.schema, db.param, tuple(db.quote), is_postgres(db))
-
-
-def _compiled(key: tuple, build: Any) -> str:
-    sql = _cache.get(key)
-    if sql is None:
-        with _cache_lock:
-            sql = _cache.setdefault(key, build())
-    return sql
-
-
-def _quoter(model: type[JobModel]) -> Any:
-    left, right = model._meta.database.quote  # peewee keeps the pair of quote characters
-    return lambda name: f"{left}{name}{right}"
-
-
-def _names(model: type[JobModel]) -> tuple[str, list[str], str]:
-    meta = model._meta
-    q = _quoter(model)
-    table = q(meta.table_name) if not meta.schema else f"{q(meta.schema)}.{q(meta.table_name)}"
-    columns = [f.column_name for f in meta.sorted_fields]
-    return table, columns, meta.database.param
-
 
 def _params(model: type[JobModel], values: dict[str, Any]) -> list[Any]:
     fields = model._meta.fields
@@ -90,12 +58,13 @@ def insert(model: type[JobModel], values: dict[str, Any]) -> int:
     names = tuple(values)
 
     def build() -> str:
-        table, _, p = _names(model)
-        q = _quoter(model)
-        cols = ", ".join(q(model._meta.fields[n].column_name) for n in names)
-        return f"INSERT INTO {table} ({cols}) VALUES ({', '.join([p] * len(names))}) RETURNING id"
+        db = model._meta.database
+        cols = ", ".join(queries.quote(db, model._meta.fields[n].column_name) for n in names)
+        marks = ", ".join([db.param] * len(names))
+        return f"INSERT INTO {queries.jobs_table(model)} ({cols}) VALUES ({marks}) RETURNING id"
 
-    sql = _compiled(("insert", model, names, _dialect(model)), build)
+    # Built here: its columns vary by call (those present); kept per column set.
+    sql = queries.kept(("insert", model, names, queries.dialect_key(model)), build)
     return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
 
 
@@ -106,15 +75,8 @@ HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
 def holder(model: type[JobModel], hold: str, app: str = "") -> Optional[JobModel]:
     """The HOLDER_COLUMNS of the row of ``app`` holding ``hold``, if any: one small query, which a burst
     of duplicate sends makes often (:mod:`dramatiq_unique.unique.recent`).  Holds are unique per app."""
-
-    def build() -> str:
-        table, _, p = _names(model)
-        q = _quoter(model)
-        where = f"{q('app')} = {p} AND {q('unique_hold')} = {p}"
-        return f"SELECT {', '.join(q(c) for c in HOLDER_COLUMNS)} FROM {table} WHERE {where}"
-
-    sql = _compiled(("holder", model, _dialect(model)), build)
-    row = prepared.execute(model._meta.database, sql, [app, hold]).fetchone()
+    statement = queries.render(model, "holder")
+    row = prepared.execute(model._meta.database, statement.sql, statement.params({"app": app, "hold": hold})).fetchone()
     return None if row is None else to_model(model, row, HOLDER_COLUMNS)
 
 
@@ -160,44 +122,20 @@ def start(
         if not startable(model, job_id, revision, now_or_after, woken_by):
             return None
         fencing_token = fencing.draw(model, fence_key, job_id)
-
-    def build() -> str:
-        table, _, p = _names(model)
-        q = _quoter(model)
-        if merged:
-            draw, revoke = fencing.start_clauses(model)
-            prefix, token = f"WITH drawn AS ({draw}), revoked AS ({revoke}) ", "(SELECT token FROM drawn)"
-        else:
-            prefix, token = "", f"COALESCE({p}, {q('fencing_token')} + 1)"
-        return (
-            f"{prefix}UPDATE {table} SET {q('status')} = {p}, {q('attempts')} = {q('attempts')} + 1, "
-            f"{q('started_at')} = {p}, {q('lease_until')} = {p}, {q('worker')} = {p}, "
-            f"{q('fencing_token')} = {token}, {q('parked_on')} = NULL, "
-            f"{q('unique_hold')} = CASE WHEN {p} = 1 THEN NULL ELSE {q('unique_hold')} END "
-            f"WHERE {q('id')} = {p} AND {q('revision')} = {p} AND {q('status')} NOT IN ({p}, {p}) "
-            f"AND ({q('status')} <> {p} OR {q('lease_until')} IS NULL OR {q('lease_until')} <= {p} "
-            f"OR {q('worker')} LIKE {p}) "
-            f"RETURNING {', '.join(q(model._meta.fields[n].column_name) for n in START_COLUMNS)}"
-        )
-
-    sql = _compiled(("start", model, merged, _dialect(model)), build)
+    if merged:
+        statement = queries.render(model, "start_attempt_fenced", token="drawn_token")
+    else:
+        statement = queries.render(model, "start_attempt", token="given_or_next_token")
     fields = model._meta.fields
-    params: list[Any] = [fence_key, fence_key, job_id] if merged else []
-    params += [
-        JobStatus.RUNNING.value,
-        fields["started_at"].db_value(started_at),
-        fields["lease_until"].db_value(lease_until),
-        worker,
-    ]
-    if not merged:
-        params.append(fencing_token)
-    params += [1 if release_hold else 0, job_id, revision, *FINISHED]
-    params += [
-        JobStatus.RUNNING.value,
-        fields["lease_until"].db_value(now_or_after),
-        woken_by or "",
-    ]
-    row = prepared.execute(db, sql, params).fetchone()
+    values = {
+        "key": fence_key, "token": fencing_token, "running": JobStatus.RUNNING.value,
+        "started_at": fields["started_at"].db_value(started_at),
+        "lease_until": fields["lease_until"].db_value(lease_until), "worker": worker,
+        "release_hold": 1 if release_hold else 0, "id": job_id, "revision": revision,
+        "succeeded": FINISHED[0], "failed": FINISHED[1], "live_after": fields["lease_until"].db_value(now_or_after),
+        "woken_by": woken_by or "",
+    }
+    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
@@ -211,20 +149,13 @@ def start(
 
 def startable(model: type[JobModel], job_id: int, revision: int, live_after: Any, woken_by: Optional[str]) -> bool:
     """Whether :func:`start` would take the row now (same conditions, read only)."""
-    q = _quoter(model)
-
-    def build() -> str:
-        table, _, p = _names(model)
-        return (
-            f"SELECT 1 FROM {table} WHERE {q('id')} = {p} AND {q('revision')} = {p} "
-            f"AND {q('status')} NOT IN ({p}, {p}) AND ({q('status')} <> {p} OR {q('lease_until')} IS NULL "
-            f"OR {q('lease_until')} <= {p} OR {q('worker')} LIKE {p})"
-        )
-
-    sql = _compiled(("startable", model, _dialect(model)), build)
-    params = [job_id, revision, *FINISHED, JobStatus.RUNNING.value,
-              model._meta.fields["lease_until"].db_value(live_after), woken_by or ""]
-    return prepared.execute(model._meta.database, sql, params).fetchone() is not None
+    statement = queries.render(model, "startable")
+    values = {
+        "id": job_id, "revision": revision, "succeeded": FINISHED[0], "failed": FINISHED[1],
+        "running": JobStatus.RUNNING.value, "live_after": model._meta.fields["lease_until"].db_value(live_after),
+        "woken_by": woken_by or "",
+    }
+    return prepared.execute(model._meta.database, statement.sql, statement.params(values)).fetchone() is not None
 
 
 def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any]) -> int:
@@ -232,11 +163,29 @@ def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values
     names = tuple(values)
 
     def build() -> str:
-        table, _, p = _names(model)
-        q = _quoter(model)
+        db = model._meta.database
+        q, p = (lambda name: queries.quote(db, name)), db.param
         sets = ", ".join(f"{q(model._meta.fields[n].column_name)} = {p}" for n in names)
-        return f"UPDATE {table} SET {sets} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
+        return f"UPDATE {queries.jobs_table(model)} SET {sets} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
 
-    sql = _compiled(("update_fenced", model, names, _dialect(model)), build)
+    # Built here: its columns vary by call (those given); kept per column set.
+    sql = queries.kept(("update_fenced", model, names, queries.dialect_key(model)), build)
     cursor = prepared.execute(model._meta.database, sql, [*_params(model, values), job_id, fencing_token])
     return cursor.rowcount
+
+
+#: Broker ids recorded per statement (SQLite allows at most 32,766 parameters).
+REFS_PER_STATEMENT = 1_000
+
+
+def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
+    """Record the broker's ids of sent rows, a statement per thousand; a ref set meanwhile is newer: kept.
+
+    Written by hand: peewee takes longer to build a 500-branch CASE than the
+    database takes to run it.  A CTE of VALUES works on PostgreSQL and SQLite.
+    """
+    items = list(refs.items())
+    for first in range(0, len(items), REFS_PER_STATEMENT):
+        batch = items[first:first + REFS_PER_STATEMENT]
+        statement = queries.build(model, "record_refs", ref_rows=("ref_row", len(batch)))  # not kept: one per length
+        model._meta.database.execute_sql(statement.sql, [value for pair in batch for value in pair])

@@ -1,0 +1,235 @@
+-- The suite's raw SQL: the statements of the hot paths, by name.
+-- Rendered per table and dialect by dramatiq_unique/storage/queries.py, whose docstring
+-- explains {placeholders}, "identifiers" and %(parameters)s.  Column and table names are
+-- those of deployed databases: change none.
+
+
+-- == job rows (storage/statements.py) ===================================================
+
+-- name: holder
+-- The row of an app that holds a unique key: the few columns a skipped send needs.
+SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
+WHERE "app" = %(app)s AND "unique_hold" = %(hold)s
+
+-- name: start_attempt
+-- Mark an attempt running, if it may start; {token}: given_or_next_token, or drawn_token after a draw.
+UPDATE {jobs} SET {start_set}, "parked_on" = NULL, {hold_release}
+WHERE {startable_row}
+RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
+
+-- name: start_attempt_fenced (postgresql)
+-- start_attempt after the key's next fencing token is drawn, and older attempts fenced out, in the same statement.
+WITH drawn AS ({draw_token}), revoked AS ({revoke_for_start}) {start_attempt}
+
+-- name: startable
+-- Whether start_attempt would take the row now (read only).
+SELECT 1 FROM {jobs} WHERE {startable_row}
+
+-- name: startable_row
+-- The row may start: the message's revision, not finished, and no other attempt running under a live lease
+-- (a running row whose lease ran out is a crashed attempt's; one a waker's claim started is its woken delivery's).
+"id" = %(id)s AND "revision" = %(revision)s AND "status" NOT IN (%(succeeded)s, %(failed)s)
+AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live_after)s
+OR "worker" LIKE %(woken_by)s)
+
+-- name: start_set
+-- What every start of an attempt writes: start_attempt, claim_and_start and start_reserved must agree.
+-- [a | b]: a claim_and_start (guard: unique_free) leaves a row with unique options queued, as b says.
+"status" = [%(running)s | %(queued)s], "attempts" = ["attempts" + 1 | "attempts"],
+"started_at" = [%(started_at)s | "started_at"], "lease_until" = [%(lease_until)s | "lease_until"],
+"worker" = [%(worker)s | "worker"], "fencing_token" = [{token} | "fencing_token"]
+
+-- name: hold_release
+-- A start's release of the unique hold, when the lock type frees the key as the job starts.
+"unique_hold" = [CASE WHEN %(release_hold)s = 1 THEN NULL ELSE "unique_hold" END | "unique_hold"]
+
+-- name: given_or_next_token
+-- The attempt's token: the one drawn beforehand (SQLite), or the row's next one.
+COALESCE(%(token)s, "fencing_token" + 1)
+
+-- name: next_token
+-- The attempt's token: the row's next one.
+"fencing_token" + 1
+
+-- name: record_refs
+-- Record the broker's ids of sent rows ({ref_rows}: ref_row, once per row); a ref set meanwhile is kept.
+WITH v(id, ref) AS (VALUES {ref_rows})
+UPDATE {jobs} SET "broker_ref" = (SELECT v.ref FROM v WHERE v.id = {jobs}."id")
+WHERE "id" IN (SELECT v.id FROM v) AND "broker_ref" IS NULL
+
+-- name: ref_row
+-- One row of record_refs' VALUES.
+(%(id)s, %(ref)s)
+
+
+-- == fencing tokens (storage/fencing.py) ================================================
+
+-- name: draw_token
+-- The key's next token: one statement on SQLite (3.35 and later) and PostgreSQL.
+INSERT INTO {fences} ("key", "token") VALUES (%(key)s, 1)
+ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING "token"
+
+-- name: revoke_older
+-- Rows of the key still running under an older token lose their attempt (their token moves on to
+-- {token}); the drawing job's own row stops being parked (it runs now).  Only rows of the drawing
+-- job's app: another app's job of the same key is not ours to fence.
+UPDATE {jobs} SET
+"fencing_token" = CASE WHEN "id" = %(own)s THEN "fencing_token" ELSE {token} END,
+"parked_on" = CASE WHEN "id" = %(own)s THEN NULL ELSE "parked_on" END
+WHERE "unique_key" = %(key)s
+AND (("status" = %(running)s AND "fencing_token" < {token} AND "id" <> %(own)s)
+OR ("id" = %(own)s AND "parked_on" IS NOT NULL))
+AND "app" = COALESCE((SELECT me."app" FROM {jobs} AS me WHERE me."id" = %(own)s), "app")
+
+-- name: drawn_token
+-- The token a draw_token in a CTE named "drawn" handed out.
+(SELECT "token" FROM drawn)
+
+-- name: given_token
+-- A token drawn by a statement of its own (SQLite).
+%(token)s
+
+-- name: draw_and_revoke (postgresql)
+-- draw_token, then revoke_older, as one statement (the revocation in a data-modifying CTE).
+WITH drawn AS ({draw_token}), revoked AS ({revoke_older}) SELECT "token" FROM drawn
+
+-- name: revoke_for_start (postgresql)
+-- The revocation of start_attempt_fenced: older running attempts of the key fenced out.  The starting
+-- row itself is left to the main statement (PostgreSQL does not update one row twice in a statement);
+-- joined to it ("me") to keep to its app's rows without another parameter.
+UPDATE {jobs} SET "fencing_token" = {token} FROM {jobs} AS me
+WHERE {jobs}."unique_key" = %(key)s AND {jobs}."status" = 'running'
+AND {jobs}."fencing_token" < {token} AND me."id" = %(id)s AND {jobs}."id" <> me."id"
+AND {jobs}."app" = me."app"
+
+-- name: current_token
+-- The newest token handed out for a key.
+SELECT "token" FROM {fences} WHERE "key" = %(key)s
+
+
+-- == parking (storage/parking_statements.py) ============================================
+
+-- name: now (postgresql)
+-- The database's clock, in the job table's time format (naive UTC).
+(statement_timestamp() AT TIME ZONE 'UTC')
+
+-- name: now (sqlite)
+-- The database's clock, in the job table's time format (naive UTC); SQLite's is the machine's.
+strftime('%Y-%m-%d %H:%M:%f', 'now')
+
+-- name: now_plus_lease (postgresql)
+-- The database's clock, %(lease_ms)s later.
+((statement_timestamp() AT TIME ZONE 'UTC') + CAST(%(lease_ms)s AS double precision) * INTERVAL '1 millisecond')
+
+-- name: now_plus_lease (sqlite)
+-- The database's clock, %(lease_ms)s later.
+strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || (CAST(%(lease_ms)s AS REAL) / 1000.0) || ' seconds')
+
+-- name: queue_head
+-- A group's next due, unreserved parked row of one app, in serving order ({order}: by_created_at or
+-- by_process_after).  The one definition of "next" for claims and reservations.
+SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= {now})
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order}, "id" LIMIT 1
+
+-- name: by_created_at
+-- Serving order: happens-before.
+"created_at"
+
+-- name: by_process_after
+-- Serving order: first ready, first served.
+"process_after"
+
+-- name: claim_parked (postgresql)
+-- Claim a group's next job (pending to queued).  A join on the locked head, so the update finds its
+-- row by primary key (with "id = (subquery)" the planner may scan the status index for it instead).
+UPDATE {jobs} SET "status" = %(queued)s, {claimed}
+FROM ({queue_head} FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
+RETURNING {jobs_columns}
+
+-- name: claim_parked (sqlite)
+-- Claim a group's next job (pending to queued).  No row locks: the head is checked again as it is updated.
+UPDATE {jobs} SET "status" = %(queued)s, {claimed}
+WHERE "id" = ({queue_head}) AND "parked_on" = %(group)s AND "status" = %(pending)s
+RETURNING {columns}
+
+-- name: claim_and_start (postgresql)
+-- claim_parked, the attempt started in the same statement (guard: unique_free) unless the row's options name a unique option.
+UPDATE {jobs} SET {start_set}, {hold_release}, {claimed}
+FROM ({queue_head} FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
+RETURNING {jobs_columns}
+
+-- name: claim_and_start (sqlite)
+-- claim_parked, the attempt started in the same statement (guard: unique_free) unless the row's options name a unique option.
+UPDATE {jobs} SET {start_set}, {hold_release}, {claimed}
+WHERE "id" = ({queue_head}) AND "parked_on" = %(group)s AND "status" = %(pending)s
+RETURNING {columns}
+
+-- name: claimed
+-- What every claim of a parked row writes besides its status: out of the group, due for delivery.
+"parked_on" = NULL, "enqueued_at" = %(now)s, "broker_ref" = %(broker_ref)s, "missing_since" = NULL
+
+-- name: unique_free (postgresql)
+-- The row's options name no unique option of its own.
+COALESCE(strpos("options", '"unique_'), 0) = 0
+
+-- name: unique_free (sqlite)
+-- The row's options name no unique option of its own.
+COALESCE(instr("options", '"unique_'), 0) = 0
+
+-- name: park
+-- Park a waiting job on a group; a running row whose lease ran out counts as waiting.
+UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %(options)s
+WHERE "id" = %(id)s AND "revision" = %(revision)s AND ("status" IN (%(pending)s, %(queued)s, %(retrying)s)
+OR ("status" = %(running)s AND "lease_until" < %(now)s)) RETURNING "created_at", "process_after"
+
+-- name: reserve (postgresql)
+-- Reserve a group's next job for a process's deck, until the database's clock passes the lease.
+UPDATE {jobs} SET "worker" = %(marker)s, "lease_until" = {now_plus_lease}, "broker_ref" = %(broker_ref)s
+FROM ({queue_head} FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
+RETURNING {jobs}."id", {jobs}."message_id", {jobs}."actor_name", {jobs}."queue_name", {jobs}."args",
+{jobs}."kwargs", {jobs}."options", {jobs}."status", {jobs}."revision", {jobs}."attempts",
+{jobs}."unique_key", {jobs}."fencing_token", {jobs}."checkpoints", {jobs}."broker_ref",
+{jobs}."created_at", {jobs}."process_after"
+
+-- name: reserve (sqlite)
+-- Reserve a group's next job for a process's deck; SQLite checks the head again as it is updated.
+UPDATE {jobs} SET "worker" = %(marker)s, "lease_until" = {now_plus_lease}, "broker_ref" = %(broker_ref)s
+WHERE "id" = ({queue_head}) AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= {now})
+RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "status",
+"revision", "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at",
+"process_after"
+
+-- name: start_reserved
+-- Start a row this process reserved, if it is still as its reservation read it (a compare-and-set).
+UPDATE {jobs} SET {start_set}, "parked_on" = NULL, "enqueued_at" = %(started_at)s, "missing_since" = NULL
+WHERE "id" = %(id)s AND "status" = %(pending)s AND "worker" = %(marker)s AND "revision" = %(revision)s
+AND "fencing_token" = %(reserved_token)s AND "broker_ref" = %(broker_ref)s
+RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "status",
+"revision", "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at",
+"process_after"
+
+
+-- == the job table's schema (storage/schema.py) =========================================
+
+-- name: add_app_column (postgresql)
+-- Add the app column to a job table of an earlier version: a constant default, so no rewrite of the table.
+ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS "app" VARCHAR(255) NOT NULL DEFAULT ''
+
+-- name: add_app_column (sqlite)
+-- Add the app column to a job table of an earlier version: a constant default, so no rewrite of the table.
+ALTER TABLE {jobs} ADD COLUMN "app" VARCHAR(255) NOT NULL DEFAULT ''
+
+-- name: table_columns (postgresql)
+-- A table's column names, in the schema given ({schema}: named_schema) or that the search_path resolves.
+SELECT column_name FROM information_schema.columns WHERE table_name = %(table)s AND table_schema = {schema}
+
+-- name: named_schema (postgresql)
+-- The schema a model names.
+%(schema)s
+
+-- name: current_schema (postgresql)
+-- The first schema of the connection's search_path.
+current_schema()
