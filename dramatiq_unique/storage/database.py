@@ -90,10 +90,10 @@ def reconnecting(db: pw.Database) -> pw.Database:
     execute_sql, begin = db.execute_sql, db.begin
 
     def reconnecting_execute_sql(sql: str, params: Any = None) -> Any:
-        return ReconnectMixin._reconnect(db, execute_sql, sql, params)  # type: ignore[arg-type]
+        return ReconnectMixin._reconnect(db, execute_sql, sql, params)
 
     def reconnecting_begin(*args: Any, **kwargs: Any) -> Any:
-        return ReconnectMixin._reconnect(db, begin, *args, **kwargs)  # type: ignore[arg-type]
+        return ReconnectMixin._reconnect(db, begin, *args, **kwargs)
 
     db.execute_sql = reconnecting_execute_sql  # type: ignore[method-assign]
     db.begin = reconnecting_begin  # type: ignore[method-assign]
@@ -184,7 +184,7 @@ def _libpq_version() -> int:
 
 def _check_driver(db: pw.PostgresqlDatabase, where: str) -> None:
     try:
-        db._adapter.check_driver()
+        db._adapter.check_driver()  # type: ignore[attr-defined]  # peewee's own check, not in its type hints
     except pw.ImproperlyConfigured as e:
         raise DependencyUnavailable(
             f"no PostgreSQL driver for {where} ({e}): install dramatiq_unique[postgres] (psycopg2)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import peewee as pw
 
@@ -36,7 +36,7 @@ class _DbErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         if exc is not None and isinstance(exc, (pw.OperationalError, pw.InterfaceError)):
             raise DatabaseUnavailable(f"{self.action}: {exc}") from exc
         return False

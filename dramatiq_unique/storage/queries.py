@@ -96,7 +96,7 @@ with open(PATH, encoding="utf-8") as _file:
 
 def quote(db: pw.Database, name: str) -> str:
     """``name`` quoted as an identifier of ``db``: the one quoting rule of the suite's SQL."""
-    left, right = db.quote  # peewee keeps the pair of quote characters
+    left, right = db.quote[0], db.quote[1]  # peewee keeps the pair of quote characters as one string
     return f"{left}{name}{right}"
 
 
@@ -154,7 +154,7 @@ def render(model: Model, name: str, prefix: str = "", **slots: Slot) -> Statemen
 
 def text(model: Model, name: str, **slots: Slot) -> str:
     """A block without parameters (an SQL expression, a fragment), rendered for ``model``."""
-    statement = render(model, name, **slots)
+    statement = render(model, name, "", **slots)
     if statement.names:
         raise ValueError(f"query {name} takes parameters: render() it")
     return statement.sql

@@ -66,9 +66,9 @@ def create_or_migrate(model: type[pw.Model]) -> None:
 
 def _create_or_migrate(model: type[pw.Model]) -> None:
     db = model._meta.database
-    model._schema.create_table(safe=True)
+    model._schema.create_table(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager
     added = _add_app_column(model)
-    model._schema.create_indexes(safe=True)
+    model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
     if added:
         logger.warning("Added the column %r to %s; rows written before belong to no app until a re-drive "
                        "pass of the app that declares their actor adopts them.", APP_COLUMN, model._meta.table_name)
@@ -76,7 +76,7 @@ def _create_or_migrate(model: type[pw.Model]) -> None:
     for columns, unique in OLD_INDEXES:
         # A subclass that declares one of these indexes itself keeps it.
         if columns not in wanted and all(name in model._meta.fields for name in columns):
-            name = pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name
+            name = pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]  # peewee's index name
             db.execute_sql(f"DROP INDEX IF EXISTS {queries.table(db, name, model._meta.schema)}")  # names vary
 
 

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 from dramatiq_unique.storage import fencing, prepared, queries
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, is_postgres
 
+
 def _params(model: type[JobModel], values: dict[str, Any]) -> list[Any]:
     fields = model._meta.fields
     return [fields[name].db_value(value) for name, value in values.items()]
@@ -27,7 +28,7 @@ def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence
     fields = model._meta.sorted_fields if names is None else [model._meta.fields[n] for n in names]
     # Filled as peewee fills a row it selected, without Model.__init__'s setattr per field.
     job = model.__new__(model)
-    job.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row)}
+    job.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row, strict=False)}
     job._dirty = set()  # type: ignore[attr-defined]
     job.__rel__ = {}
     return job
