@@ -70,6 +70,7 @@ from dramatiq_unique.broker.delivery import Delivery
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DependencyUnavailable
+from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.deck import OnDeck
 from dramatiq_unique.parking.flags import Flags, Watchdog
@@ -80,6 +81,7 @@ from dramatiq_unique.parking.gates import (  # noqa: F401  (parking.WAKE etc. fo
     WAKE,
     Gate,
     GroupInfo,
+    gate_ttl,
 )
 from dramatiq_unique.parking.prestart import Started
 from dramatiq_unique.parking.waking import (  # noqa: F401  (parking.RETRY_DELAY etc.)
@@ -87,7 +89,6 @@ from dramatiq_unique.parking.waking import (  # noqa: F401  (parking.RETRY_DELAY
     MAX_ROUNDS,
     RETRY_DELAY,
     Waking,
-    gate_ttl,
 )
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage import parking_statements as sql_parking
@@ -102,9 +103,6 @@ logger = logging.getLogger(__name__)
 
 #: ms between two looks of a worker's watchdog at the groups whose holder's lease ran out.
 DEFAULT_WAKE_INTERVAL = 500
-
-# Set on a message proxy that was parked, for the log filter below.
-_PARKED = "_dramatiq_unique_parked"
 
 
 class Parking(Waking):
@@ -188,7 +186,7 @@ class Parking(Waking):
             self._hand_on(reserved)  # woken for another gate, which it must not sit on while parked
         # This delivery ends here: Results must not store a None for it.
         message.options["store_results"] = False
-        setattr(message, _PARKED, True)
+        setattr(message, PARKED, True)
         logger.debug("Job %s parked on %s.", message.message_id, group)
         flag_and_take = getattr(gate, "flag_and_take", None)  # both steps in one call, where the gate can
         if flag_and_take is None:
@@ -276,7 +274,7 @@ def of(suite: "Suite") -> Parking:
         parking = _parkings.get(suite)
         if parking is None:
             parking = _parkings[suite] = Parking(suite)
-            _ParkedSkipFilter.install()
+            ParkedSkipFilter.install()
         return parking
 
 
@@ -288,17 +286,3 @@ def wake_orphans(suite: "Suite", *, limit: int = DEFAULT_PAGE) -> int:
     Returns the number of jobs woken.
     """
     return of(suite).wake_orphans(limit)
-
-
-class _ParkedSkipFilter(logging.Filter):
-    """Drops Dramatiq's "Message ... was skipped." warning for parked messages (they wait, by design)."""
-
-    @classmethod
-    def install(cls) -> None:
-        worker_logger = logging.getLogger("dramatiq.worker.WorkerThread")
-        if not any(isinstance(f, cls) for f in worker_logger.filters):
-            worker_logger.addFilter(cls())
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        return not (args and getattr(args[0], _PARKED, False) and "skipped" in str(record.msg))

@@ -20,7 +20,7 @@ import redis as redis_lib
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.errors import DependencyUnavailable
 from dramatiq_unique.parking import rows as parked
-from dramatiq_unique.parking.gates import KEPT, RELEASED, WAKE, Gate, GroupInfo
+from dramatiq_unique.parking.gates import KEPT, RELEASED, WAKE, Gate, GroupInfo, gate_ttl
 from dramatiq_unique.storage import parking_statements as sql_parking
 from dramatiq_unique.storage.models import JobModel, JobStatus, after_ms, utcnow
 
@@ -206,7 +206,3 @@ class Waking:
                 woken += self._wake_group(group) is not None
         return woken
 
-
-def gate_ttl(gate: Gate, group: str) -> float:
-    info = gate.describe(group)
-    return info.ttl_ms if info is not None else 60_000
