@@ -47,7 +47,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.locks.redlock import new_token
@@ -56,8 +56,11 @@ from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.storage.models import JobModel, JobStatus
 
 if TYPE_CHECKING:
+    from dramatiq_unique.broker.delivery import Delivery
+    from dramatiq_unique.parking.flags import Flags
     from dramatiq_unique.parking.gates import Gate, GroupInfo
-    from dramatiq_unique.parking.lot import Parking
+    from dramatiq_unique.parking.prestart import Started
+    from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +90,24 @@ def _place(order_by: str, created_at: Any, process_after: Any, job_id: int) -> t
     return (first, job_id)
 
 
+class Waker(Protocol):
+    """What the deck uses of the parking it serves (a :class:`~dramatiq_unique.parking.waking.Waking`):
+    named here, so that the deck, which parking uses, depends on nothing above it."""
+
+    suite: "Suite"
+    delivery: "Delivery"
+    started: "Started"
+    wakeups: "Flags"
+
+    def wake(self, gate: "Gate", group: str) -> Optional[JobModel]: ...
+
+    def wake_if_flagged(self, gate: "Gate", group: str) -> Optional[JobModel]: ...
+
+
 class OnDeck:
     """The rows on deck of one :class:`~dramatiq_unique.parking.lot.Parking`, by group."""
 
-    def __init__(self, parking: "Parking") -> None:
+    def __init__(self, parking: Waker) -> None:
         self.parking = parking
         #: Reserve the next jobs ahead of time (see the module's docs).
         self.enabled = True
