@@ -18,13 +18,10 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.errors import LockLost
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking.gates import GroupInfo
+from dramatiq_unique.parking.groups import LOCK, actor_of, unique_key_of
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
-
-#: The kind of the groups jobs park on while waiting for an execution lock.
-KIND = "lock"
-
 
 @dataclasses.dataclass
 class Held:
@@ -44,15 +41,10 @@ class Held:
         return self.ttl_ms / 1000 - (time.monotonic() - started)
 
 
-def unique_key_of(group: str) -> str:
-    """The unique key of a parking group ``lock:<unique key>``."""
-    return group.split(":", 1)[1]
-
-
 class LockGate:
     """Execution locks as a parking :class:`~dramatiq_unique.parking.gates.Gate`: group ``lock:<unique key>``."""
 
-    kind = KIND
+    kind = LOCK
 
     def __init__(self, suite: "Suite", flags: str) -> None:
         self.suite = suite
@@ -63,8 +55,7 @@ class LockGate:
         return self.suite.keys.execution_lock(unique_key_of(group))
 
     def describe(self, group: str) -> Optional[GroupInfo]:
-        # A unique key is "<actor name>:<digest>".
-        config = self.suite.actor_config(unique_key_of(group).rsplit(":", 1)[0])
+        config = self.suite.actor_config(actor_of(group))
         if config is None:
             return None
         return GroupInfo(

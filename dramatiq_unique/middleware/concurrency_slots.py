@@ -17,7 +17,8 @@ from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking import rows as parked
-from dramatiq_unique.slots.gate import HeldSlot, declared_limit, gate_of, group_key, group_name, has_slots, ttl_of
+from dramatiq_unique.parking.groups import slot_group
+from dramatiq_unique.slots.gate import HeldSlot, declared_limit, gate_of, group_key, has_slots, ttl_of
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage import statements as sql
 from dramatiq_unique.storage.models import after_ms
@@ -90,7 +91,7 @@ class ConcurrencySlots(Middleware):
     def _enter(self, config: ActorConfig, message) -> None:
         opts = message.options
         ctx = context.attach(message, self.suite, config)
-        group = group_name(group_key(config, opts, message.args, message.kwargs))
+        group = slot_group(group_key(config, opts, message.args, message.kwargs))
         ttl, limit = ttl_of(config, opts), declared_limit(config, opts)
         marker = opts.get(MARKER)
         wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None

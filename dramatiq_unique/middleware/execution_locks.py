@@ -14,9 +14,10 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.guard import hook
-from dramatiq_unique.locks.execution import KIND, Held, LockGate
+from dramatiq_unique.locks.execution import Held, LockGate
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.redis.keys import derive_key
 from dramatiq_unique.storage import fencing
 from dramatiq_unique.suite import ActorConfig, Suite
@@ -91,7 +92,7 @@ class ExecutionLocks(Middleware):
         ctx = context.attach(message, self.suite, config)
         key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
         assert key is not None
-        group = f"{KIND}:{key}"
+        group = lock_group(key)
         name = self.gate.name(group)
         ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
         marker = opts.get(MARKER)

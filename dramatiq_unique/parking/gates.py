@@ -37,7 +37,7 @@ class Gate(Protocol):
     """Something jobs park on.  Tokens are opaque strings; every call may raise
     :class:`~dramatiq_unique.errors.DependencyUnavailable`."""
 
-    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``).
+    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``, :mod:`dramatiq_unique.parking.groups`).
     kind: str
     #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
     atomic_release: bool

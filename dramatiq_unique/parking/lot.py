@@ -4,7 +4,7 @@ A *gate* is something a job must hold to run: an execution lock
 (:class:`~dramatiq_unique.middleware.ExecutionLocks`), a concurrency
 slot.  Jobs queue for a gate by *group*, a name such as
 ``lock:<unique key>`` (the part before the first colon names the
-gate's kind).  A message whose job cannot enter its gate is *parked*:
+gate's kind: see :mod:`dramatiq_unique.parking.groups`).  A message whose job cannot enter its gate is *parked*:
 
 * its row goes to ``status = "pending"`` with ``parked_on = group``, and
   keeps the message's current options (retry count included);
@@ -83,6 +83,7 @@ from dramatiq_unique.parking.gates import (  # noqa: F401  (parking.WAKE etc. fo
     GroupInfo,
     gate_ttl,
 )
+from dramatiq_unique.parking.groups import kind_of
 from dramatiq_unique.parking.prestart import Started
 from dramatiq_unique.parking.waking import (  # noqa: F401  (parking.RETRY_DELAY etc.)
     DEFAULT_PAGE,
@@ -140,7 +141,7 @@ class Parking(Waking):
         self.gates[gate.kind] = gate
 
     def gate_for(self, group: str) -> Optional[Gate]:
-        return self.gates.get(group.split(":", 1)[0])
+        return self.gates.get(kind_of(group))
 
     # -- the waiter's side ---------------------------------------------------
 
