@@ -17,6 +17,7 @@ from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.execution import Held, LockGate
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.redis.keys import derive_key
 from dramatiq_unique.storage import fencing
@@ -96,9 +97,9 @@ class ExecutionLocks(Middleware):
         name = self.gate.name(group)
         ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
         marker = opts.get(MARKER)
-        wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None
+        wake = marker.get(WAKE) if isinstance(marker, dict) else None
         if isinstance(wake, dict) and wake.get("g") == group:
-            del marker[parking.WAKE]  # woken for this lock: it was handed to us (another gate's stays)
+            del marker[WAKE]  # woken for this lock: it was handed to us (another gate's stays)
             ctx.extras[context.WOKEN] = True
         else:
             wake = None

@@ -74,23 +74,10 @@ from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.deck import OnDeck
 from dramatiq_unique.parking.flags import Flags, Watchdog
-from dramatiq_unique.parking.gates import (  # noqa: F401  (parking.WAKE etc. for users)
-    KEPT,
-    NOT_HELD,
-    RELEASED,
-    WAKE,
-    Gate,
-    GroupInfo,
-    gate_ttl,
-)
+from dramatiq_unique.parking.gates import KEPT, NOT_HELD, WAKE, Gate, gate_ttl
 from dramatiq_unique.parking.groups import kind_of
 from dramatiq_unique.parking.prestart import Started
-from dramatiq_unique.parking.waking import (  # noqa: F401  (parking.RETRY_DELAY etc.)
-    DEFAULT_PAGE,
-    MAX_ROUNDS,
-    RETRY_DELAY,
-    Waking,
-)
+from dramatiq_unique.parking.waking import DEFAULT_PAGE, Waking
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage import parking_statements as sql_parking
 from dramatiq_unique.storage.models import JobModel, utcnow
@@ -154,7 +141,9 @@ class Parking(Waking):
         A message sent without the suite gets its row first (so does one
         whose row was pruned).  A message whose job is not waiting (a
         duplicate delivery of a running job, a finished or replaced one)
-        is dropped.
+        is dropped; it hands on a gate it was woken for (its execution lock,
+        when it found its slot group full), not to sit on it until its lease
+        runs out.  A waiting one does so in :meth:`park`.
         """
         with store.db_errors(f"parking job {message.message_id}"):
             job_id, revision = parked.job_row(config, message, unique_key)
@@ -165,6 +154,10 @@ class Parking(Waking):
                 waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
         if waiting:
             raise SkipMessage(f"job {message.message_id} waits for {group}")
+        marker = message.options.get(MARKER)
+        reserved = marker.pop(WAKE, None) if isinstance(marker, dict) else None
+        if isinstance(reserved, dict):
+            self._hand_on(reserved)
         raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
 
     def park(
