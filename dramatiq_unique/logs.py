@@ -15,6 +15,15 @@ if TYPE_CHECKING:
 
 #: Set on a message proxy that was parked, for :class:`ParkedSkipFilter`.
 PARKED = "_dramatiq_unique_parked"
+#: The logger of Dramatiq's worker threads.
+WORKER_LOGGER = "dramatiq.worker.WorkerThread"
+
+
+def _install(cls: type[logging.Filter], logger_name: str) -> None:
+    """Add a ``cls`` filter to the logger ``logger_name``, unless it has one."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, cls) for f in logger.filters):
+        logger.addFilter(cls())
 
 
 class ParkedSkipFilter(logging.Filter):
@@ -22,9 +31,7 @@ class ParkedSkipFilter(logging.Filter):
 
     @classmethod
     def install(cls) -> None:
-        worker_logger = logging.getLogger("dramatiq.worker.WorkerThread")
-        if not any(isinstance(f, cls) for f in worker_logger.filters):
-            worker_logger.addFilter(cls())
+        _install(cls, WORKER_LOGGER)
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args if isinstance(record.args, tuple) else ()
@@ -38,9 +45,7 @@ class ResultWarningFilter(logging.Filter):
 
     @classmethod
     def install(cls, suite: Suite) -> None:
-        logger = logging.getLogger("dramatiq.worker.WorkerThread")
-        if not any(isinstance(f, cls) for f in logger.filters):
-            logger.addFilter(cls())
+        _install(cls, WORKER_LOGGER)
         cls.suites = [*cls.suites[-7:], suite]
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -55,9 +60,7 @@ class QuietTicks(logging.Filter):
 
     @classmethod
     def install(cls) -> None:
-        executor_logger = logging.getLogger("apscheduler.executors.default")
-        if not any(isinstance(f, cls) for f in executor_logger.filters):
-            executor_logger.addFilter(cls())
+        _install(cls, "apscheduler.executors.default")
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno > logging.INFO or "dramatiq_unique re-drive" not in record.getMessage()
