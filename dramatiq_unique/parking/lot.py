@@ -200,7 +200,7 @@ class Parking(Waking):
             return True
         if token is not None:  # the holder left meanwhile: wake the head of the queue ourselves
             self.pass_on(gate, group, token, fresh=True)
-        else:  # full: a holder in this process may take the next job on deck (ondeck.py)
+        else:  # full: a holder in this process may take the next job on deck (parking/deck.py)
             self.ondeck.fill(gate, group, place=(*place, job_id))
         return True
 

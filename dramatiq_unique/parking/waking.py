@@ -104,7 +104,7 @@ class Waking:
                         self.wakeups.flag(group, 0)
                     continue
                 if waiting is not None and flags:
-                    # Reserved by another process for its deck (ondeck.py): it hands them a
+                    # Reserved by another process for its deck (deck.py): it hands them a
                     # slot; should it die, look again when their reservation has run out.
                     gate.release(group, token)
                     self.wakeups.flag(group, waiting + 50)
