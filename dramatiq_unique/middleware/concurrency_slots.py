@@ -1,4 +1,7 @@
-"""Concurrency slots: at most N jobs of a group at once, the rest parked."""
+"""Concurrency slots: at most N jobs of a group at once, the rest parked.
+
+The Dramatiq hooks; the slots as a parking gate are :mod:`dramatiq_unique.slots.gate`.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Execution locks: one running job per key, waiting jobs parked, leases fenced."""
+"""Execution locks: one running job per key, waiting jobs parked, leases fenced.
+
+The Dramatiq hooks; the lock as a parking gate is :mod:`dramatiq_unique.locks.execution`.
+"""
 
 from __future__ import annotations
 

@@ -75,7 +75,6 @@ from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.deck import OnDeck
 from dramatiq_unique.parking.flags import Flags, Watchdog
 from dramatiq_unique.parking.gates import KEPT, NOT_HELD, WAKE, Gate, gate_ttl
-from dramatiq_unique.parking.groups import kind_of
 from dramatiq_unique.parking.prestart import Started
 from dramatiq_unique.parking.waking import DEFAULT_PAGE, Waking
 from dramatiq_unique.storage import jobs as store
@@ -126,9 +125,6 @@ class Parking(Waking):
 
     def register(self, gate: Gate) -> None:
         self.gates[gate.kind] = gate
-
-    def gate_for(self, group: str) -> Optional[Gate]:
-        return self.gates.get(kind_of(group))
 
     # -- the waiter's side ---------------------------------------------------
 

@@ -21,6 +21,7 @@ from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.errors import DependencyUnavailable
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.gates import KEPT, RELEASED, WAKE, Gate, GroupInfo, gate_ttl
+from dramatiq_unique.parking.groups import kind_of
 from dramatiq_unique.storage import parking_statements as sql_parking
 from dramatiq_unique.storage.models import JobModel, JobStatus, after_ms, utcnow
 
@@ -45,13 +46,16 @@ class Waking:
     """The wake-up half of a :class:`~dramatiq_unique.parking.lot.Parking`."""
 
     suite: "Suite"
+    #: The gates jobs park on, by kind (:mod:`dramatiq_unique.parking.groups`).
+    gates: dict[str, Gate]
     wakeups: "Flags"
     delivery: "Delivery"
     ondeck: "OnDeck"
     started: "Started"
 
     def gate_for(self, group: str) -> Optional[Gate]:
-        raise NotImplementedError
+        """The gate ``group``'s jobs park on; None if no gate of its kind is registered here."""
+        return self.gates.get(kind_of(group))
 
     def pass_on(self, gate: Gate, group: str, token: str, fresh: bool = False) -> Optional[JobModel]:
         """Holding ``group``'s gate under ``token``: wake the next parked job, or release the gate.
