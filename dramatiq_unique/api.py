@@ -9,7 +9,6 @@ from dramatiq import Broker
 from dramatiq.middleware import Retries
 
 from dramatiq_unique import suite as _config
-from dramatiq_unique.durable.outbox import transaction  # noqa: F401  (public API)
 from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
 from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
 from dramatiq_unique.durable.scope import NO_APP
@@ -20,6 +19,7 @@ from dramatiq_unique.slots.limits import concurrency_status, set_concurrency_lim
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import JobModel
 from dramatiq_unique.suite import RedisSpec, Suite
+from dramatiq_unique.unique.send import transaction  # noqa: F401  (public API)
 
 
 def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec, **settings: Any) -> Suite:

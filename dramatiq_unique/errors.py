@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq.middleware import MiddlewareError
 
 if TYPE_CHECKING:
-    from dramatiq_unique.storage.models import JobModel
+    # A job row (a JobModel) is typed as peewee's Model: the job tables import these errors.
+    import peewee as pw
 
 
 class DramatiqUniqueError(MiddlewareError):
@@ -42,7 +43,7 @@ class HookFailed(DramatiqUniqueError):
 class DuplicateJob(DramatiqUniqueError):
     """A job with the same unique key is already waiting or running"""
 
-    def __init__(self, detail: str = "", *, job: "Optional[JobModel]" = None) -> None:
+    def __init__(self, detail: str = "", *, job: "Optional[pw.Model]" = None) -> None:
         super().__init__(detail)
         self.job = job
 
@@ -63,10 +64,14 @@ class RedisUnavailable(DependencyUnavailable):
     """Redis could not be reached for a lock"""
 
 
+class UnsupportedVersion(DependencyUnavailable):
+    """A dependency is at a version the suite was not written for; nothing was sent or run unprotected"""
+
+
 class IdempotencyKeyReused(DramatiqUniqueError):
     """The idempotency key was already used for a job with other arguments"""
 
-    def __init__(self, detail: str = "", *, job: "Optional[JobModel]" = None) -> None:
+    def __init__(self, detail: str = "", *, job: "Optional[pw.Model]" = None) -> None:
         super().__init__(detail)
         self.job = job
 

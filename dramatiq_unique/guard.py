@@ -21,7 +21,7 @@ does not run and ``Retries`` decides, as for any failed job.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Literal, Optional, TypeVar
 
 import peewee as pw
 import redis
@@ -68,7 +68,7 @@ class guarded:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         if exc is None or not isinstance(exc, Exception):
             return False  # no error, or KeyboardInterrupt and friends: as they are
         replacement = translate(exc, self.where)

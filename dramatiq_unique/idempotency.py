@@ -21,10 +21,10 @@ from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
 from dramatiq_unique.options import MAX_KEY_LENGTH, check_delay, show
-from dramatiq_unique.redis.keys import bind_arguments, canonical, idempotency_hold
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import JobModel, after_ms
 from dramatiq_unique.suite import current
+from dramatiq_unique.unique.keys import bind_arguments, canonical, idempotency_hold
 
 
 def submit(
@@ -58,7 +58,8 @@ def submit(
     if idempotency_key is not None:
         if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 255:
             raise InvalidOption(
-                f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(idempotency_key)}"
+                f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, "
+                f"not {show(idempotency_key)}"
             )
         owner = None if owner is None else str(owner)
         if owner is not None and len(owner) > MAX_KEY_LENGTH:
@@ -100,5 +101,7 @@ def _same_request(fn: Any, job: JobModel, args: tuple, kwargs: dict) -> JobModel
     """``job`` if it was made with these arguments; else the key was reused: an error, as Stripe does."""
     sent_args, sent_kwargs = args_from_row(job.args, job.kwargs)
     if canonical(bind_arguments(fn, sent_args, sent_kwargs)) != canonical(bind_arguments(fn, args, kwargs)):
-        raise IdempotencyKeyReused(f"key {job.idempotency_key!r} made job {job.message_id} with other arguments", job=job)
+        raise IdempotencyKeyReused(
+            f"key {job.idempotency_key!r} made job {job.message_id} with other arguments", job=job
+        )
     return job

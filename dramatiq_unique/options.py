@@ -48,12 +48,24 @@ EXECUTION_LOCKS = frozenset({WHILE_EXECUTING, UNTIL_AND_WHILE_EXECUTING})
 CONFLICT_STRATEGIES = frozenset({"skip", "raise", "replace"})
 ORDER_BY = frozenset({"created_at", "process_after"})
 
+# -- the options, grouped by the middleware that reads them ------------------
+# A middleware's ``actor_options`` is its group, as Dramatiq's own middlewares declare theirs:
+# Dramatiq then refuses an option whose middleware is not on the broker.  Groups overlap where
+# two middlewares read the same option (the key, the lease, the waiters' order).
+
+#: The job row's own options (JobTracking).
+TRACKING_OPTIONS = frozenset({"track", "job_model", "idempotency_window"})
+#: A unique job's options, applied as it is sent, started and finished (JobTracking).
 UNIQUE_OPTIONS = frozenset(
     {"unique_args", "unique_lock", "unique_on_conflict", "unique_ttl", "unique_window", "unique_order_by"}
 )
+#: What ExecutionLocks reads: the key, the lock type, the lock's lease, which waiter runs next.
+LOCK_OPTIONS = frozenset({"unique_args", "unique_lock", "unique_ttl", "unique_order_by"})
 CONCURRENCY_OPTIONS = frozenset({"concurrency_limit", "concurrency_key", "concurrency_ttl"})
+#: What ConcurrencySlots reads: the slot options, and which parked job of a group runs next.
+SLOT_OPTIONS = CONCURRENCY_OPTIONS | {"unique_order_by"}
 #: Every actor option the suite defines; any of them turns tracking on.
-SUITE_OPTIONS = UNIQUE_OPTIONS | CONCURRENCY_OPTIONS | {"track", "job_model", "idempotency_window"}
+SUITE_OPTIONS = UNIQUE_OPTIONS | CONCURRENCY_OPTIONS | TRACKING_OPTIONS
 
 #: Sentinel distinguishing "not given" from an explicit ``None``.
 _MISSING: Any = object()
@@ -171,23 +183,41 @@ def _check_defaults(name: str, fn: Callable[..., Any], selected: Optional[Any]) 
             )
 
 
+def _whole(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidOption(f"{name} must be a whole number, 0 or more, not {show(value)}")
+
+
+def _flag(name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise InvalidOption(f"{name} must be True or False, not {show(value)}")
+
+
+def _positive_ms(name: str, value: Any) -> None:
+    _check_ms(name, value, positive=True)
+
+
+#: Each option's check, in the order validate() runs them (the first bad value is the one
+#: reported).  ``job_model`` is checked where its table is made (Suite.configure_actor).
+_CHECKS: dict[str, Callable[[str, Any, Callable[..., Any]], None]] = {
+    "unique_args": check_args_spec,
+    "concurrency_key": check_args_spec,
+    "unique_lock": lambda name, value, fn: _choice(name, value, LOCK_TYPES),
+    "unique_on_conflict": lambda name, value, fn: _choice(name, value, CONFLICT_STRATEGIES),
+    "unique_order_by": lambda name, value, fn: _choice(name, value, ORDER_BY),
+    "unique_ttl": lambda name, value, fn: _positive_ms(name, value),
+    "unique_window": lambda name, value, fn: _positive_ms(name, value),
+    "concurrency_ttl": lambda name, value, fn: _positive_ms(name, value),
+    "idempotency_window": lambda name, value, fn: _positive_ms(name, value),
+    "concurrency_limit": lambda name, value, fn: _whole(name, value),
+    "track": lambda name, value, fn: _flag(name, value),
+}
+
+
 def validate(options: dict, fn: Callable[..., Any]) -> None:
     """Raise :class:`InvalidOption` for any bad suite option value (at declaration or send)."""
-    check_args_spec("unique_args", options.get("unique_args"), fn)
-    check_args_spec("concurrency_key", options.get("concurrency_key"), fn)
-    _choice("unique_lock", options.get("unique_lock"), LOCK_TYPES)
-    _choice("unique_on_conflict", options.get("unique_on_conflict"), CONFLICT_STRATEGIES)
-    _choice("unique_order_by", options.get("unique_order_by"), ORDER_BY)
-    _check_ms("unique_ttl", options.get("unique_ttl"), positive=True)
-    _check_ms("unique_window", options.get("unique_window"), positive=True)
-    _check_ms("concurrency_ttl", options.get("concurrency_ttl"), positive=True)
-    _check_ms("idempotency_window", options.get("idempotency_window"), positive=True)
-    limit = options.get("concurrency_limit")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise InvalidOption(f"concurrency_limit must be a whole number, 0 or more, not {show(limit)}")
-    track = options.get("track")
-    if track is not None and not isinstance(track, bool):
-        raise InvalidOption(f"track must be True or False, not {show(track)}")
+    for name, check in _CHECKS.items():
+        check(name, options.get(name), fn)
     if options.get("unique_args") is None:
         # unique_ttl (the row lease) and unique_order_by (who runs next)
         # also serve tracked and slot-limited actors without uniqueness.
@@ -206,7 +236,9 @@ def validate_message(message_options: dict, actor_options: dict, fn: Callable[..
         raise InvalidOption("job_model cannot be set per message: it names the actor's job table")
     key = message_options.get("idempotency_key")
     if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH):
-        raise InvalidOption(f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}")
+        raise InvalidOption(
+            f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}"
+        )
     owner = message_options.get("owner")
     if owner is not None and (not isinstance(owner, str) or len(owner) > MAX_KEY_LENGTH):
         raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")

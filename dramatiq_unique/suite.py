@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import socket
 import threading
@@ -12,7 +13,6 @@ import peewee as pw
 import redis as redis_lib
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.durable.scope import app_name
 from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
@@ -40,6 +40,18 @@ DEFAULT_DATABASE_CONNECT_TIMEOUT = 5_000
 DEFAULT_DATABASE_TIMEOUT = 30_000
 #: ms each Redis server may take to answer setup()'s check.
 DEFAULT_CHECK_TIMEOUT = 2_000
+
+#: Longest app name the ``app`` column holds.
+MAX_APP_LENGTH = 255
+
+
+def app_name(key_prefix: str) -> str:
+    """The app a suite with ``key_prefix`` writes into its rows (a too-long prefix is shortened, stably)."""
+    if len(key_prefix) <= MAX_APP_LENGTH:
+        return key_prefix
+    digest = hashlib.sha256(key_prefix.encode("utf-8")).hexdigest()[:40]
+    return f"{key_prefix[:MAX_APP_LENGTH - 41]}~{digest}"
+
 
 RedisSpec = Union[str, redis_lib.Redis, Sequence[Union[str, redis_lib.Redis]]]
 

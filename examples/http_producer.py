@@ -46,7 +46,8 @@ class PaymentProvider:
 
     def refund(self, charge_id: str, amount: int, *, key: str) -> dict:
         self.calls += 1
-        return self.refunds.setdefault(key, {"refund_id": f"re_{len(self.refunds) + 1}", "charge_id": charge_id, "amount": amount})
+        refund = {"refund_id": f"re_{len(self.refunds) + 1}", "charge_id": charge_id, "amount": amount}
+        return self.refunds.setdefault(key, refund)
 
 
 class Mailer:
@@ -99,7 +100,8 @@ def build(redis_url: str, database_url: str, namespace: str) -> dict[str, Any]:
                 job, created = submit(refund, charge_id, amount, idempotency_key=key, owner=owner)
             except IdempotencyKeyReused as e:
                 return self._reply(422, {"error": str(e), "job_id": e.job.id})
-            self._reply(201 if created else 202, {"job_id": job.id, "status": job.status, "location": f"/jobs/{job.id}"})
+            reply = {"job_id": job.id, "status": job.status, "location": f"/jobs/{job.id}"}
+            self._reply(201 if created else 202, reply)
 
         def do_GET(self) -> None:
             match = re.fullmatch(r"/jobs/(\d+)", self.path)
@@ -124,7 +126,8 @@ def build(redis_url: str, database_url: str, namespace: str) -> dict[str, Any]:
 
 
 def call(base: str, method: str, path: str, body: Any = None, headers: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(base + path, method=method, headers={"Content-Type": "application/json", **(headers or {})},
+    request = urllib.request.Request(base + path, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})},
                                      data=None if body is None else json.dumps(body).encode())
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

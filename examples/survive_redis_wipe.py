@@ -56,9 +56,9 @@ class OwnRedis:
             try:
                 client.ping()
                 return
-            except redis.ConnectionError:
+            except redis.ConnectionError as e:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start")
+                    raise RuntimeError("redis-server did not start") from e
                 time.sleep(0.02)
 
     def stop(self) -> None:

@@ -104,7 +104,7 @@ def main() -> int:
         worker.stop()
         broker.flush_all()
 
-    for job, walk in zip(jobs, walks):
+    for job, walk in zip(jobs, walks, strict=False):
         print(f"walk {job.id}: {job.status}, {walk['nodes']} nodes in {walk['end'] - walk['start']:.1f}s "
               f"with a 1.0s lease, heartbeat() left at least {walk['least_left']:.2f}s, "
               f"fencing token {job.fencing_token}")

@@ -131,8 +131,9 @@ def main() -> int:
     ok = done and attempts == [1]
     for name, limits in allowed.items():
         most = [peaks.get((name, customer), 0) for customer in CUSTOMERS]
-        ok = ok and all(m <= limit for m, limit in zip(most, limits))
-        print(f"  {name:<14} " + ", ".join(f"{c} {m} ({limit})" for c, m, limit in zip(CUSTOMERS, most, limits)))
+        ok = ok and all(m <= limit for m, limit in zip(most, limits, strict=True))
+        shown = (f"{c} {m} ({limit})" for c, m, limit in zip(CUSTOMERS, most, limits, strict=True))
+        print(f"  {name:<14} " + ", ".join(shown))
     acme_used = max(peaks.get((name, "acme"), 0) for name in allowed) == 5
     print(f"acme used its new limit: {acme_used}")
     return 0 if ok and acme_used else 1

@@ -2,7 +2,8 @@
 
 Each test gets its own Redis key namespace (broker and suite), its own
 SQLite file or PostgreSQL schema, and stops whatever it starts.  A
-missing service fails the run loudly: nothing here is skipped or faked.
+missing service fails the run loudly: nothing here is skipped or faked
+(a run of tests/unit alone needs none).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlparse
 
@@ -36,10 +38,18 @@ def _answers(url: str, default_port: int) -> bool:
         return False
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
+UNIT = Path(__file__).parent / "unit"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Stop the run before any test if a service does not answer, unless every test chosen is a unit test."""
+    if session.items and all(UNIT in item.path.parents for item in session.items):
+        return  # tests/unit needs no service
     missing = [
         f"{name} at {url}"
-        for name, url, port in (("Redis", REDIS_URL, 6379), ("PostgreSQL", PG_URL, 5432), ("RabbitMQ", RABBITMQ_URL, 5672))
+        for name, url, port in (
+            ("Redis", REDIS_URL, 6379), ("PostgreSQL", PG_URL, 5432), ("RabbitMQ", RABBITMQ_URL, 5672)
+        )
         if not _answers(url, port)
     ]
     if missing:

@@ -88,10 +88,10 @@ class RedisServer:
             try:
                 client.ping()
                 break
-            except redis.ConnectionError:
+            except redis.ConnectionError as e:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise AssertionError(f"redis-server on port {self.port} did not start")
+                    raise AssertionError(f"redis-server on port {self.port} did not start") from e
                 time.sleep(0.02)
         client.close()
         return self

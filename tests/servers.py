@@ -79,9 +79,9 @@ class PostgresCluster:
                 psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
                                  connect_timeout=2).close()
                 return
-            except psycopg2.OperationalError:
+            except psycopg2.OperationalError as e:
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"PostgreSQL on port {self.port} did not answer")
+                    raise AssertionError(f"PostgreSQL on port {self.port} did not answer") from e
                 time.sleep(0.05)
 
     def stop(self, mode: str = "fast") -> None:

@@ -34,19 +34,10 @@ from typing import Any, Callable, Optional
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
-from dramatiq_unique.locks.redlock import KEY_PREFIX
-from dramatiq_unique.redis import scripts
-from dramatiq_unique.redis.keys import BrokerKeys
-
-# KEYS[1] heartbeats, KEYS[2] this worker's ack set for the queue, KEYS[3] the queue's message
-# hash, KEYS[4] (if given) a queue lock; ARGV timestamp, broker id, the broker's message id,
-# and the lock's token (released only if it still holds the lock).
-_ACK = """
-redis.call('zadd', KEYS[1], ARGV[1], ARGV[2])
-if redis.call('srem', KEYS[2], ARGV[3]) > 0 then redis.call('hdel', KEYS[3], ARGV[3]) end
-if KEYS[4] and redis.call('get', KEYS[4]) == ARGV[4] then redis.call('del', KEYS[4]) end
-return 1
-"""
+from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.broker.refs import redis_ref
+from dramatiq_unique.redis import lua
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 
 class _Announced(threading.local):
@@ -59,7 +50,7 @@ class Acks:
 
     def __init__(self, broker: Any, dispatch: Callable[..., Any], *, locks: bool = False) -> None:
         self.broker, self.dispatch = broker, dispatch
-        self.script = scripts.register(broker.client, _ACK)
+        self.script = lua.register(broker.client, "broker_ack")
         self.announced = _Announced()
         self.keys = BrokerKeys(broker.namespace)
         #: Whether a queue lock can be released with an ack: one master, the broker's server.
@@ -73,13 +64,13 @@ class Acks:
             return None
         acks = cls(broker, broker._dispatch("ack"), locks=locks)
         # As for do_enqueue (publish.py): RedisBroker builds do_ack in __getattr__.
-        broker.do_ack = acks.do_ack
+        broker.do_ack = acks.do_ack  # type: ignore[attr-defined]  # an internal (compat.py)
         return acks
 
     def announce(self, message: Any, lock: Optional[tuple] = None) -> None:
         """The message this thread acks next is a tracked one; ``lock`` (name, token): a queue
         lock to release with it (only where :attr:`locks`)."""
-        self.announced.ref = message.options.get("redis_message_id")
+        self.announced.ref = redis_ref(message)
         self.announced.lock = lock
 
     def do_ack(self, queue_name: str, ref: str) -> Any:
@@ -90,7 +81,7 @@ class Acks:
         keys = [self.keys.heartbeats(), self.keys.acks(worker, queue_name), self.keys.messages(queue_name)]
         args = [current_millis(), worker, ref]
         if lock is not None:
-            keys.append(f"{KEY_PREFIX}:{lock[0]}")
+            keys.append(f"{LOCK_PREFIX}:{lock[0]}")
             args.append(lock[1])
         # Fails as the broker's ack would, with redis-py's errors (the consumer retries it).
         return self.script(keys=keys, args=args)

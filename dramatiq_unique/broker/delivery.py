@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
-from dramatiq_unique.redis import scripts
-from dramatiq_unique.redis.keys import BrokerKeys
+from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, resending
+from dramatiq_unique.redis import lua
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.
     from dramatiq.brokers.redis import RedisBroker
@@ -45,13 +46,6 @@ except ImportError:  # pragma: no cover
 
 if TYPE_CHECKING:
     import dramatiq
-
-# KEYS[1] queue's message hash, KEYS[2] this worker's ack set; ARGV id, body.
-_CLAIM = """
-redis.call('hset', KEYS[1], ARGV[1], ARGV[2])
-redis.call('sadd', KEYS[2], ARGV[1])
-return 1
-"""
 
 
 class Delivery:
@@ -82,7 +76,7 @@ class Delivery:
             return False
         with self._lock:
             if self._claim is None or self._claim.client is not plan.broker.client:
-                self._claim = scripts.register(plan.broker.client, _CLAIM)
+                self._claim = lua.register(plan.broker.client, "broker_claim")
         self._claim(keys=plan.keys, args=plan.args)
         plan.complete()
         return True
@@ -101,22 +95,20 @@ class Delivery:
             actor = broker.get_actor(message.actor_name)
         except Exception:
             return None
-        from dramatiq_unique.unique.enqueue import resending
-
-        message = message.copy(options={"redis_message_id": broker_ref or str(uuid.uuid4())})
+        message = message.copy(options={REDIS_MESSAGE_ID: broker_ref or str(uuid.uuid4())})
         with resending():  # the claim recorded broker_ref: JobTracking need not write it again
             broker.emit_before("enqueue", message, None)
         queue, keys = message.queue_name, BrokerKeys(broker.namespace)
         return LocalDelivery(
             broker, worker, actor.priority, message,
             keys=[keys.messages(queue), keys.acks(broker.broker_id, queue)],
-            args=[message.options["redis_message_id"], message.encode()],
+            args=[message.options[REDIS_MESSAGE_ID], message.encode()],
         )
 
 
 class LocalDelivery:
     """A message on its way to this process's worker: once ``keys``/``args`` are written as
-    ``_CLAIM`` writes them (body in the queue's message hash, id in this worker's ack set),
+    ``broker_claim.lua`` writes them (body in the queue's message hash, id in this worker's ack set),
     :meth:`complete` puts it on the work queue."""
 
     def __init__(self, broker: Any, worker: Any, priority: int, message: Message, *, keys: list, args: list) -> None:

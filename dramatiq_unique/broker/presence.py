@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from dramatiq.common import current_millis, dq_name, xq_name
 
-from dramatiq_unique.redis.keys import BrokerKeys
+from dramatiq_unique.broker.keys import BrokerKeys
 
 if TYPE_CHECKING:
     from dramatiq import Broker
@@ -43,8 +43,6 @@ class Presence(enum.Enum):
     MISSING = "missing"
     #: The broker dead-lettered the message: the job failed.
     DEAD = "dead"
-    #: The broker cannot be asked.
-    UNKNOWN = "unknown"
 
 
 class RedisProbe:
@@ -101,13 +99,13 @@ class RedisProbe:
                     worker_id = worker.decode() if isinstance(worker, bytes) else worker
                     pipe.sismember(self.keys.acks(worker_id, queue_name), row.broker_ref)
                     probes.append(queue_name)
-        queues = {name for name, held in zip(probes, pipe.execute()) if held}
+        queues = {name for name, held in zip(probes, pipe.execute(), strict=True) if held}
         for queue_name in sorted(queues):
             self._maintain(script, queue_name)
         return len(queues)
 
     def _maintain(self, script, queue_name: str) -> None:
-        broker = self.broker
+        broker: Any = self.broker  # the Redis broker's own attributes (compat.py), which Broker does not declare
         unpack = broker._max_unpack_size() if hasattr(broker, "_max_unpack_size") else 4000
         args = [
             "qsize", current_millis(), queue_name, broker.broker_id, broker.heartbeat_timeout,

@@ -29,22 +29,12 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
-from dramatiq_unique.locks.redlock import KEY_PREFIX
-from dramatiq_unique.redis import scripts
-from dramatiq_unique.redis.keys import BrokerKeys
+from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.redis import lua
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
-
-# KEYS[1] heartbeats, KEYS[2] queue, KEYS[3] queue's message hash, KEYS[4] (if given) a queue
-# lock; ARGV timestamp, broker id, the broker's message id, body, and the lock's token and ttl.
-# HSETNX: a call sent again after a broken connection must not queue the message twice.
-_PUBLISH = """
-if KEYS[4] then redis.call('set', KEYS[4], ARGV[5], 'PX', ARGV[6]) end
-redis.call('zadd', KEYS[1], ARGV[1], ARGV[2])
-if redis.call('hsetnx', KEYS[3], ARGV[3], ARGV[4]) == 1 then redis.call('rpush', KEYS[2], ARGV[3]) end
-return 1
-"""
 
 #: The tracked message the send under way publishes: (the broker's id for it, and the queue
 #: lock to write with it, if any: (lock name, token, ttl ms)).
@@ -61,7 +51,7 @@ class Publisher:
 
     def __init__(self, broker: Any, suite: "Suite", dispatch: Callable[..., Any]) -> None:
         self.broker, self.suite, self.dispatch = broker, suite, dispatch
-        self.script = scripts.register(broker.client, _PUBLISH)
+        self.script = lua.register(broker.client, "broker_publish")
         self.keys = BrokerKeys(broker.namespace)
         #: Whether queue locks can be written by the publish: one master, the broker's server.
         self.locks = suite.locks.single and _server(broker.client) == _server(suite.locks.masters[0])
@@ -76,7 +66,7 @@ class Publisher:
         # RedisBroker.enqueue publishes with self.do_enqueue, which it builds in __getattr__:
         # an attribute of the instance comes first.
         publisher = cls(broker, suite, broker._dispatch("enqueue"))
-        broker.do_enqueue = publisher.do_enqueue
+        broker.do_enqueue = publisher.do_enqueue  # type: ignore[attr-defined]  # an internal (compat.py)
         return publisher
 
     def expect(self, ref: str, lock: Optional[tuple] = None) -> bool:
@@ -101,7 +91,7 @@ class Publisher:
         keys = [self.keys.heartbeats(), self.keys.queue(queue_name), self.keys.messages(queue_name)]
         args = [current_millis(), self.broker.broker_id, ref, body]
         if lock is not None:
-            keys.append(f"{KEY_PREFIX}:{lock[0]}")
+            keys.append(f"{LOCK_PREFIX}:{lock[0]}")
             args += [lock[1], int(lock[2])]
         # Fails as the broker's publish would, with redis-py's errors.
         return self.script(keys=keys, args=args)

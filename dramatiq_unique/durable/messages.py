@@ -27,6 +27,7 @@ from dramatiq import Message
 from dramatiq.common import current_millis
 from dramatiq.encoder import JSONEncoder
 
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.errors import JobRejected
 
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from dramatiq_unique.storage.models import JobModel
 
 #: Message options that belong to one delivery, not to the job.
-TRANSIENT_OPTIONS = frozenset({"redis_message_id", "eta", "traceback", "requeue_timestamp"})
+TRANSIENT_OPTIONS = frozenset({REDIS_MESSAGE_ID, "eta", "traceback", "requeue_timestamp"})
 
 
 #: The key that marks an argument stored in the app's encoding (see the module's docstring).
@@ -67,7 +68,8 @@ def _encode(value: Any, where: str) -> dict:
         data = encoder.encode(value)
     except Exception as e:
         raise JobRejected(
-            f"{where} ({type(value).__name__}) cannot be stored: neither JSON nor {type(encoder).__name__} encodes it: {e}"
+            f"{where} ({type(value).__name__}) cannot be stored: "
+            f"neither JSON nor {type(encoder).__name__} encodes it: {e}"
         ) from e
     return {ENCODED: base64.b64encode(data).decode("ascii"), "repr": repr(value)[:REPR_LENGTH]}
 

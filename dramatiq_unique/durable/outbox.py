@@ -1,13 +1,14 @@
 """The transactional outbox: sends that commit, or roll back, with the caller's own writes.
 
-Inside :func:`transaction`, a send of a tracked actor writes its job row
-as ``pending`` in the caller's database transaction (the suite's peewee
-Database; peewee connections and transactions are per thread) and
-publishes nothing.  After the commit, each job is claimed (``pending`` ->
-``queued``, conditionally, so a re-drive pass that got there first wins
-and nothing is sent twice) and published.  If the broker is down then,
-the rows go back to ``pending`` and the re-drive sends them later; the
-caller sees no error, because its transaction did commit.
+Inside ``transaction()`` (:func:`dramatiq_unique.unique.send.transaction`),
+a send of a tracked actor writes its job row as ``pending`` in the
+caller's database transaction (the suite's peewee Database; peewee
+connections and transactions are per thread) and publishes nothing.
+After the commit, each job is claimed (``pending`` -> ``queued``,
+conditionally, so a re-drive pass that got there first wins and nothing
+is sent twice) and published.  If the broker is down then, the rows go
+back to ``pending`` and the re-drive sends them later; the caller sees
+no error, because its transaction did commit.
 
 A rollback leaves no row and publishes nothing.  Sends of untracked
 actors inside the block are held in memory and published after the
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from dramatiq.common import q_name
 
-from dramatiq_unique import suite as _config
+from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
 from dramatiq_unique.storage.models import JobStatus, utcnow
@@ -63,7 +64,7 @@ class _Item:
 
 
 class Outbox:
-    """The sends held by one :func:`transaction` block."""
+    """The sends held by one ``transaction()`` block."""
 
     def __init__(self, suite: "Suite") -> None:
         self.suite = suite
@@ -74,14 +75,14 @@ class Outbox:
         self, broker: "Broker", message: "Message", delay: Optional[int], row: Optional[tuple] = None
     ) -> Deferred:
         """Hold ``message`` until commit; returns the exception that stops the broker's enqueue."""
-        clean = dataclasses.replace(message, queue_name=q_name(message.queue_name), options=job_options(message.options))
+        clean = dataclasses.replace(
+            message, queue_name=q_name(message.queue_name), options=job_options(message.options)
+        )
         self.items.append(_Item(broker, clean, delay, time.monotonic() + (delay or 0) / 1000, row))
         return Deferred(clean)
 
     def publish(self) -> None:
         """After commit: claim and publish every held send.  Never raises (the commit happened)."""
-        from dramatiq_unique.unique.enqueue import resending
-
         down = False
         for item in self.items:
             if down:
@@ -96,8 +97,9 @@ class Outbox:
                     sent = item.broker.enqueue(item.message, delay=delay)
                 if item.row is not None:
                     model, row_id, _ = item.row
-                    ref = sent.options.get("redis_message_id") or sent.message_id
-                    model.update(broker_ref=ref).where((model.id == row_id) & model.broker_ref.is_null()).execute()
+                    model.update(broker_ref=broker_ref(sent)).where(
+                        (model.id == row_id) & model.broker_ref.is_null()
+                    ).execute()
             except Exception:
                 down = True
                 if item.row is not None:
@@ -143,26 +145,19 @@ _active: contextvars.ContextVar[Optional[Outbox]] = contextvars.ContextVar("dram
 
 
 def active() -> Optional[Outbox]:
-    """The outbox of the :func:`transaction` block this thread is in, if any."""
+    """The outbox of the ``transaction()`` block this thread is in, if any."""
     outbox = _active.get()
     return outbox if outbox is not None and outbox.open else None
 
 
 @contextlib.contextmanager
-def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
-    """A database transaction whose sends are published only after it commits.
+def opened(suite: "Suite") -> Iterator[Any]:
+    """A database transaction of ``suite`` whose sends this outbox holds until it commits.
 
-    Yields peewee's transaction object.  Nested blocks are savepoints;
-    their sends are published with the outermost block's commit (and
-    dropped if an enclosing block rolls back).  If the caller already
-    holds a peewee transaction on the same database, publishing waits
-    for that transaction's commit.
+    The public face is :func:`dramatiq_unique.unique.send.transaction`, which first puts the
+    broker's enqueue in place (the enqueue side hands its sends to the outbox, not the
+    other way round).  Yields peewee's transaction object.
     """
-    suite = suite or _config.current()
-    if suite.broker is not None:
-        from dramatiq_unique.unique.enqueue import install_enqueue
-
-        install_enqueue(suite.broker, suite)
     parent = active()
     outbox = Outbox(suite)
     token = _active.set(outbox)

@@ -38,6 +38,7 @@ from dramatiq.middleware import Retries
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
+from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import claims
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
@@ -47,7 +48,6 @@ from dramatiq_unique.errors import DramatiqUniqueError, RedisUnavailable
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
-from dramatiq_unique.unique.enqueue import resending
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -198,7 +198,7 @@ class _Pass:
             # Only rows the broker cannot vouch for were read: running ones whose
             # lease ran out, and claims whose publish was never confirmed.
             answers = [Presence.MISSING] * len(rows)
-        present = [row for row, answer in zip(rows, answers) if answer is Presence.PRESENT]
+        present = [row for row, answer in zip(rows, answers, strict=True) if answer is Presence.PRESENT]
         if present:
             model.update(checked_at=utcnow(), missing_since=None).where(
                 model.id.in_([row.id for row in present]) & (model.status == status)
@@ -206,7 +206,7 @@ class _Pass:
             if self.probe is not None and status in (RUNNING, QUEUED):
                 self.counts.requeued += self.probe.requeue_orphans(present)
         claimed = []
-        for row, answer in zip(rows, answers):
+        for row, answer in zip(rows, answers, strict=True):
             if answer is Presence.DEAD:
                 self._fail(model, row, "the broker dead-lettered the job's message")
             elif answer is Presence.MISSING:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER, RETRY_FIELDS
-from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.errors import NotConfigured, RedisUnavailable
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, WAITING, JobStatus, utcnow
 
@@ -119,6 +119,8 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
     delay = int(max(left, 0) + store.LEASE_SKEW_MS + RESEND_MARGIN)
     broker = suite.broker
     try:
+        if broker is None:  # set when a broker declares a tracked actor, before any job runs
+            raise NotConfigured("no broker has declared a tracked actor")
         # The row's broker id becomes the copy's (enqueue.py): should the live attempt die,
         # the re-drive finds the copy waiting in the broker and leaves the job to it.
         broker.enqueue(getattr(message, "_message", message), delay=delay)

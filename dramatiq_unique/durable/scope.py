@@ -43,18 +43,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Longest app name the ``app`` column holds.
-MAX_APP_LENGTH = 255
 #: The app of rows written by a version without the ``app`` column.
 NO_APP = ""
-
-
-def app_name(key_prefix: str) -> str:
-    """The app a suite with ``key_prefix`` writes into its rows (a too-long prefix is shortened, stably)."""
-    if len(key_prefix) <= MAX_APP_LENGTH:
-        return key_prefix
-    digest = hashlib.sha256(key_prefix.encode("utf-8")).hexdigest()[:40]
-    return f"{key_prefix[:MAX_APP_LENGTH - 41]}~{digest}"
 
 
 class Scope:
@@ -104,7 +94,7 @@ class Scope:
         legacy = (model.app == NO_APP) & model.actor_name.in_(names)
         for cond in (legacy & model.status.not_in(FINISHED), legacy & model.status.in_(FINISHED)):
             for _ in range(max_pages):
-                ids = [row_id for (row_id,) in model.select(model.id).where(cond).limit(page).tuples()]
+                ids = [job.id for job in model.select(model.id).where(cond).limit(page)]
                 done = self._adopt(model, ids, cond) if ids else 0
                 adopted += done
                 if len(ids) < page or done < len(ids):

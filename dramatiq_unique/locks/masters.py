@@ -113,7 +113,7 @@ def _guarded(connection_class: type, health: Health) -> type:
     telling ``health`` of their failures: a master down costs the suite's plain commands (wake-up
     flags, on the first master) no system call while it is skipped."""
 
-    class Guarded(connection_class):  # type: ignore[misc,valid-type]
+    class Guarded(connection_class):
         def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
             if self._sock is None and not _forcing.on and health.skipped():
                 raise MasterSkipped(f"master {health.where} failed a moment ago")

@@ -18,8 +18,9 @@ A token passes between processes (the enqueuing process takes a queue
 lock, a worker releases it): whoever knows the token may release or
 extend the lock, which is what :meth:`Locks.release` takes.
 
-Every script is safe to send again after a lost reply (see
-:mod:`dramatiq_unique.redis.scripts`): each recognises its caller's token.
+Every script (``redis/lua/lock_*.lua``) is safe to send again after a lost
+reply (see :mod:`dramatiq_unique.redis.scripts`): each recognises its
+caller's token.
 """
 
 from __future__ import annotations
@@ -32,57 +33,8 @@ import redis
 
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT, Master, MasterSkipped, Replies, ask_all, drift
-from dramatiq_unique.redis import scripts
-
-#: The prefix pottery gives lock keys.
-KEY_PREFIX = "redlock"
-
-# KEYS[1] lock; ARGV token, ttl.  Take the lock (the integer 1), or answer the holder's token
-# (a string).  A lock that already holds the token is ours (a call sent again after its reply
-# was lost): its lease is renewed and it counts as taken.  Flat replies: this is on every send.
-_ACQUIRE = """
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1 end
-if holder then return holder end
-redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-# KEYS[1] lock; ARGV token.  Release if the token holds it: 1, else 0 (a repeat answers 0,
-# "not held", which its callers take as "look whether someone waits": harmless).
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-# KEYS[1] lock; ARGV token, ttl.  Renew the lease if the token holds it (a repeat renews again).
-_EXTEND = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
-return 0
-"""
-# KEYS[1] lock; ARGV token.  ms left on the token's hold; -3 if it does not hold the lock.
-_PTTL = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pttl', KEYS[1]) end
-return -3
-"""
-# KEYS[1] lock; ARGV token, ttl.  Take the lock whoever holds it.
-_FORCE = """
-return redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) and 1
-"""
-# KEYS[1] lock; ARGV token, new token, ttl.  Re-issue a held lock under a new token: 1, else 0.
-# A repeat finds the new token already there: done (its lease renewed).
-_TRANSFER = """
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] or holder == ARGV[2] then return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 end
-return 0
-"""
-# KEYS[1] lock, KEYS[2] a sorted set; ARGV token, member.  Release unless
-# the member is in the set (someone may be waiting): 1 released, 2 kept, 0 not held
-# (a repeat after a release: harmless, as for _RELEASE).
-_RELEASE_UNLESS = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-if redis.call('zscore', KEYS[2], ARGV[2]) then return 2 end
-redis.call('del', KEYS[1])
-return 1
-"""
+from dramatiq_unique.redis import lua
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 #: Outcomes of :meth:`Locks.release_unless`.
 NOT_HELD, RELEASED, KEPT = 0, 1, 2
@@ -115,22 +67,23 @@ class Locks:
         self.nodes: list[Master] = []
         if self.single:
             client = self.masters[0]
-            self._acquire = scripts.register(client, _ACQUIRE)
-            self._release = scripts.register(client, _RELEASE)
-            self._extend = scripts.register(client, _EXTEND)
-            self._pttl = scripts.register(client, _PTTL)
-            self._release_unless = scripts.register(client, _RELEASE_UNLESS)
-            self._force = scripts.register(client, _FORCE)
-            self._transfer = scripts.register(client, _TRANSFER)
+            self._acquire = lua.register(client, "lock_acquire")
+            self._release = lua.register(client, "lock_release")
+            self._extend = lua.register(client, "lock_extend")
+            self._pttl = lua.register(client, "lock_pttl")
+            self._release_unless = lua.register(client, "lock_release_unless")
+            self._force = lua.register(client, "lock_force")
+            self._transfer = lua.register(client, "lock_transfer")
         else:
             self.nodes = [Master(client, timeout_ms) for client in self.masters]
 
     # -- several masters: run a script on each, count the answers ----------------------
 
-    def _each(self, text: str, name: str, args: list, force: bool = True) -> Replies:
-        """``text`` on every master; ``force=False`` for a clean-up, which skips a master that failed
-        a moment ago even if the others make no majority (it decides nothing)."""
-        keys = [f"{KEY_PREFIX}:{name}"]
+    def _each(self, script: str, name: str, args: list, force: bool = True) -> Replies:
+        """The script ``script`` (``redis/lua/<script>.lua``) on every master; ``force=False`` for a
+        clean-up, which skips a master that failed a moment ago even if the others make no majority
+        (it decides nothing)."""
+        keys, text = [f"{LOCK_PREFIX}:{name}"], lua.source(script)
         return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum, force)
 
     def _check(self, replies: Replies, doing: str, name: str) -> None:
@@ -153,7 +106,7 @@ class Locks:
         :class:`RedisUnavailable`.
         """
         token = token or new_token()
-        key = f"{KEY_PREFIX}:{name}"
+        key = f"{LOCK_PREFIX}:{name}"
         if self.single:
             try:
                 reply = self._acquire(keys=[key], args=[token, int(ttl_ms)])
@@ -163,14 +116,14 @@ class Locks:
                 return token, None
             return None, (reply.decode() if isinstance(reply, bytes) else reply)
         started = time.monotonic()
-        replies = self._each(_ACQUIRE, name, [token, int(ttl_ms)])
+        replies = self._each("lock_acquire", name, [token, int(ttl_ms)])
         # The lease is only as good as what is left of it once a majority said yes.
         validity = ttl_ms - (time.monotonic() - started) * 1000 - drift(ttl_ms)
         if replies.count(lambda r: r == 1) >= self.quorum and validity > 0:
             return token, None
         if replies.count(lambda r: r == 1) or any(not isinstance(e, MasterSkipped) for e in replies.errors):
             # Not taken: free what was taken (on every master asked: one whose reply was lost may hold it).
-            self._each(_RELEASE, name, [token], force=False)
+            self._each("lock_release", name, [token], force=False)
         self._check(replies, "taking", name)
         holders = [r for r in replies.replies if isinstance(r, bytes)]
         holder = max(set(holders), key=holders.count) if holders else None
@@ -185,7 +138,7 @@ class Locks:
         if not self.single:
             return None
         try:
-            self._force(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)])
+            self._force(keys=[f"{LOCK_PREFIX}:{name}"], args=[token, int(ttl_ms)])
             return token
         except redis.RedisError as e:
             raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
@@ -194,10 +147,10 @@ class Locks:
         """Release ``name`` if ``token`` holds it; False if it did not."""
         if self.single:
             try:
-                return bool(self._release(keys=[f"{KEY_PREFIX}:{name}"], args=[token]))
+                return bool(self._release(keys=[f"{LOCK_PREFIX}:{name}"], args=[token]))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
-        replies = self._each(_RELEASE, name, [token])
+        replies = self._each("lock_release", name, [token])
         if replies.count(bool) >= self.quorum:
             return True
         self._check(replies, "releasing", name)
@@ -210,7 +163,7 @@ class Locks:
             self.release(name, token)
             return
         try:
-            self._release.post(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
+            self._release.post(keys=[f"{LOCK_PREFIX}:{name}"], args=[token])
         except redis.RedisError as e:
             raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
 
@@ -218,10 +171,10 @@ class Locks:
         """Renew ``name``'s lease to ``ttl_ms`` if ``token`` holds it; False if it does not."""
         if self.single:
             try:
-                return bool(self._extend(keys=[f"{KEY_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
+                return bool(self._extend(keys=[f"{LOCK_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"extending lock {name!r}: {e}") from e
-        replies = self._each(_EXTEND, name, [token, int(ttl_ms)])
+        replies = self._each("lock_extend", name, [token, int(ttl_ms)])
         if replies.count(bool) >= self.quorum:
             return True
         self._check(replies, "extending", name)
@@ -231,12 +184,12 @@ class Locks:
         """Milliseconds left on ``token``'s hold of ``name``; 0 if it does not hold it."""
         if self.single:
             try:
-                left = self._pttl(keys=[f"{KEY_PREFIX}:{name}"], args=[token])
+                left = self._pttl(keys=[f"{LOCK_PREFIX}:{name}"], args=[token])
             except redis.RedisError as e:
                 raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
             return float(max(left, 0))
         started = time.monotonic()
-        replies = self._each(_PTTL, name, [token])
+        replies = self._each("lock_pttl", name, [token])
         left = sorted((int(r) for r in replies.replies if int(r) > 0), reverse=True)
         if len(left) >= self.quorum:
             # Held while a majority still has it, less the time taken and the drift.
@@ -254,22 +207,22 @@ class Locks:
         args = [token, new_token, int(ttl_ms)]
         if self.single:
             try:
-                return bool(self._transfer(keys=[f"{KEY_PREFIX}:{name}"], args=args))
+                return bool(self._transfer(keys=[f"{LOCK_PREFIX}:{name}"], args=args))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"handing over lock {name!r}: {e}") from e
-        replies = self._each(_TRANSFER, name, args)
+        replies = self._each("lock_transfer", name, args)
         if replies.count(bool) >= self.quorum:
             return True
         # Lost: free what is left of it under either token (a minority's hold would otherwise
         # stand in the next holder's way until it expires).
-        self._each(_RELEASE, name, [new_token], force=False)
-        self._each(_RELEASE, name, [token], force=False)
+        self._each("lock_release", name, [new_token], force=False)
+        self._each("lock_release", name, [token], force=False)
         self._check(replies, "handing over", name)
         return False
 
     def pttl(self, name: str) -> float:
         """Milliseconds until ``name`` frees itself, whoever holds it; 0 if it is free."""
-        key = f"{KEY_PREFIX}:{name}"
+        key = f"{LOCK_PREFIX}:{name}"
         if self.single:
             try:
                 return float(max(int(self.masters[0].pttl(key)), 0))
@@ -291,7 +244,7 @@ class Locks:
         """
         if self.single:
             try:
-                return int(self._release_unless(keys=[f"{KEY_PREFIX}:{name}", flags], args=[token, member]))
+                return int(self._release_unless(keys=[f"{LOCK_PREFIX}:{name}", flags], args=[token, member]))
             except redis.RedisError as e:
                 raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
         first = self.nodes[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
@@ -18,6 +18,7 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.redlock import new_token
+from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.gates import WAKE
@@ -60,19 +61,35 @@ class ConcurrencySlots(Middleware):
     a slot but must wait for its execution lock gives the slot to the
     next job of its group while it waits, and a job woken for its lock
     that finds its group full hands the lock on while it waits for a slot.
+    Without ExecutionLocks it limits jobs alone.  It needs JobTracking: a
+    parked job waits on its row; an actor with a concurrency option is
+    refused when it is declared on a broker without JobTracking, or with
+    the middlewares out of order.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
+      local_handoff: deliver a woken job to this process's own worker rather than
+        through the broker (see :mod:`dramatiq_unique.parking.lot`); the parking is
+        shared with ExecutionLocks, so None leaves it as that one set it (True by default).
     """
 
-    def __init__(self, *, suite: Suite) -> None:
+    #: Names this middleware where the suite checks which of its middlewares a broker has.
+    capability: ClassVar[str] = combinations.SLOTS
+
+    def __init__(self, *, suite: Suite, local_handoff: Optional[bool] = None) -> None:
         self.suite = suite
         self.parking = parking.of(suite)
+        if local_handoff is not None:
+            self.parking.local_handoff = local_handoff
         self.gate = gate_of(suite)
 
     @property
     def actor_options(self) -> set[str]:
-        return set()  # JobTracking declares the suite's options
+        return set(opt.SLOT_OPTIONS)
+
+    @hook
+    def before_declare_actor(self, broker, actor) -> None:
+        combinations.check_actor(broker, actor)
 
     def after_worker_boot(self, broker, worker) -> None:
         self.parking.attach(worker)  # idempotent: ExecutionLocks shares this parking

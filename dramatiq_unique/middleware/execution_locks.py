@@ -6,7 +6,7 @@ The Dramatiq hooks; the lock as a parking gate is :mod:`dramatiq_unique.locks.ex
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import ClassVar, Optional
 
 import peewee as pw
 from dramatiq import Middleware
@@ -19,12 +19,13 @@ from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.execution import Held, LockGate
 from dramatiq_unique.locks.redlock import new_token
+from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import lock_group
-from dramatiq_unique.redis.keys import derive_key
 from dramatiq_unique.storage import fencing
 from dramatiq_unique.suite import ActorConfig, Suite
+from dramatiq_unique.unique.keys import derive_key
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +52,19 @@ class ExecutionLocks(Middleware):
     Add it before :class:`JobTracking`: its ``before_process_message``
     then takes the lock before the row is marked running (the row gets
     the lock's fencing token), and its ``after_process_message`` hands
-    the lock on after JobTracking recorded the outcome.
+    the lock on after JobTracking recorded the outcome.  It needs
+    JobTracking: a parked job waits on its row, and the fencing token
+    lives there; an actor that takes an execution lock is refused when it
+    is declared on a broker without JobTracking, or with it out of order.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
       local_handoff: deliver a woken job to this process's own worker
         rather than through the broker (see :mod:`dramatiq_unique.parking.lot`).
     """
+
+    #: Names this middleware where the suite checks which of its middlewares a broker has.
+    capability: ClassVar[str] = combinations.LOCKS
 
     def __init__(self, *, suite: Suite, local_handoff: bool = True) -> None:
         self.suite = suite
@@ -69,10 +76,11 @@ class ExecutionLocks(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        return set()  # JobTracking declares the suite's options
+        return set(opt.LOCK_OPTIONS)
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
+        combinations.check_actor(broker, actor)
         if opt.is_tracked(actor.options):
             heartbeat.carry_context(actor)
 

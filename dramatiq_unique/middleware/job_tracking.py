@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import traceback
-from typing import Any
+from typing import ClassVar
 
 import peewee as pw
 from dramatiq import Middleware
@@ -16,39 +15,22 @@ from dramatiq_unique import context
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox, refused
+from dramatiq_unique.durable.outcome import format_error, outcome
 from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
 from dramatiq_unique.guard import hook, own_skip
+from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.storage import jobs as store
-from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
+from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.suite import Suite
-from dramatiq_unique.unique.enqueue import install_enqueue, on_enqueue, row_fields
+from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
+from dramatiq_unique.unique.send import install_enqueue
 
 logger = logging.getLogger(__name__)
 
 _DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
 #: ``ctx.extras`` key: the queue lock (name, token) that the message's ack releases.
 RELEASE_AT_ACK = "release_at_ack"
-
-
-def format_error(exception: BaseException) -> str:
-    """Type, message and traceback, bounded to ``MAX_ERROR_LENGTH`` (the tail kept)."""
-    head = f"{type(exception).__name__}: {exception}"
-    text = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
-    if len(head) + len(text) + 1 > MAX_ERROR_LENGTH:
-        text = "...\n" + text[-(MAX_ERROR_LENGTH - len(head) - 5) :]
-    return f"{head}\n{text}"[:MAX_ERROR_LENGTH]
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` if it survives JSON, else None (a result that cannot be stored is dropped)."""
-    if value is None:
-        return None
-    try:
-        dumps(value)
-    except (TypeError, ValueError):
-        return None
-    return value
 
 
 class JobTracking(Middleware):
@@ -59,20 +41,30 @@ class JobTracking(Middleware):
     Add it before :class:`~dramatiq.middleware.Retries` so that its
     ``after_process_message`` sees what Retries decided.
 
+    Declares the row's options and the unique ones it applies as a job is sent,
+    started and finished.  An actor whose lock type holds an execution lock
+    needs :class:`ExecutionLocks` too; one with a concurrency option needs
+    :class:`ConcurrencySlots` (both before this one): the actor is refused
+    when it is declared otherwise.
+
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
     """
+
+    #: Names this middleware where the suite checks which of its middlewares a broker has.
+    capability: ClassVar[str] = combinations.TRACKING
 
     def __init__(self, *, suite: Suite) -> None:
         self.suite = suite
 
     @property
     def actor_options(self) -> set[str]:
-        return set(opt.SUITE_OPTIONS)
+        return set(opt.TRACKING_OPTIONS | opt.UNIQUE_OPTIONS)
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
         self.suite.broker = broker
+        combinations.check_actor(broker, actor)
         if self.suite.configure_actor(actor) is not None:
             install_enqueue(broker, self.suite)
 
@@ -221,7 +213,6 @@ class JobTracking(Middleware):
         lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
         unique = config.get(opts, "unique_args") is not None
         release = unique and lock == opt.UNTIL_EXECUTED
-        now = utcnow()
         if job is None:
             if message.failed:  # refused before it started, and Dramatiq gave up on it
                 self._refused(message, exception)
@@ -232,23 +223,12 @@ class JobTracking(Middleware):
             # heartbeat() raised LockLost and the actor returned anyway: not a success.
             # Nothing re-sends it (Retries saw no error): retrying, for the re-drive.
             exception = ctx.extras["lock_lost"]
-        if exception is None and not message.failed:
-            fields = dict(status=JobStatus.SUCCEEDED.value, finished_at=now, result=jsonable(result), last_error=None)
-        elif message.failed or not any(isinstance(m, Retries) for m in broker.middleware):
-            fields = dict(
-                status=JobStatus.FAILED.value, finished_at=now,
-                last_error=format_error(exception) if exception else "failed",
-            )
-        elif ctx.retry_enqueued:
-            fields, release = dict(last_error=format_error(exception)), False
-        else:
-            # Retries decided to retry but could not enqueue (broker down):
-            # the row says when it is due, and the re-drive sends it then.
-            fields = dict(
-                status=JobStatus.RETRYING.value, enqueued_at=None, last_error=format_error(exception),
-                process_after=after_ms(config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF), now),
-            )
-            release = False
+        fields, done = outcome(
+            message, result, exception,
+            retries=any(isinstance(m, Retries) for m in broker.middleware), retry_enqueued=ctx.retry_enqueued,
+            min_backoff=config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF),
+        )
+        release = release and done
         if release:
             # Before the row says it finished: once a reader sees it finished,
             # the key is free in Redis too.  The row's hold stays the authority

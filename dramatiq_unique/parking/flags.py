@@ -19,36 +19,9 @@ from typing import Callable
 
 import redis
 
-from dramatiq_unique.redis import scripts
+from dramatiq_unique.redis import lua
 
 logger = logging.getLogger(__name__)
-
-#: Lua, for every script that flags a group: ``flag(flags key, group, due ms)``; an earlier
-#: due time is kept.
-FLAG_FUNCTION = """
-local function flag(key, member, due)
-  local score = redis.call('zscore', key, member)
-  if not score or tonumber(score) > due then redis.call('zadd', key, due, member) end
-end
-"""
-# KEYS[1] flags; ARGV member, delay ms.  Flag a group due in delay ms.
-_FLAG = FLAG_FUNCTION + """
-local t = redis.call('time')
-local due = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])
-flag(KEYS[1], ARGV[1], due)
-return due
-"""
-# KEYS[1] flags; ARGV member, delay ms.  Look at a flagged group again later.
-_RESCORE = """
-local t = redis.call('time')
-return redis.call('zadd', KEYS[1], 'XX', t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2]), ARGV[1])
-"""
-# KEYS[1] flags; ARGV limit.  The groups that came due.
-_DUE = """
-local t = redis.call('time')
-return redis.call('zrangebyscore', KEYS[1], '-inf', t[1] * 1000 + math.floor(t[2] / 1000), 'LIMIT', 0, ARGV[1])
-"""
-
 
 class Flags:
     """The wake-up flags in ``key`` on ``client``.  Every call may raise ``redis.RedisError``."""
@@ -56,9 +29,9 @@ class Flags:
     def __init__(self, client: redis.Redis, key: str) -> None:
         self.client = client
         self.key = key
-        self._flag = scripts.register(client, _FLAG)
-        self._rescore = scripts.register(client, _RESCORE)
-        self._due = scripts.register(client, _DUE)
+        self._flag = lua.register(client, "wakeup_flag")
+        self._rescore = lua.register(client, "wakeup_rescore")
+        self._due = lua.register(client, "wakeup_due")
 
     def flag(self, group: str, delay_ms: float) -> None:
         """Flag ``group`` as having waiters, due for a look in ``delay_ms`` (an earlier look is kept)."""

@@ -79,7 +79,7 @@ def check_redis(masters: Sequence[redis_lib.Redis], broker_client: Optional[Any]
             down.append(e)
     if len(down) > (len(masters) - 1) // 2:  # the quorum (a majority) of masters is not there
         raise down[0]
-    for e in down:
-        logger.warning("%s; a lock needs a majority of the %d masters.", e, len(masters))
+    for error in down:
+        logger.warning("%s; a lock needs a majority of the %d masters.", error, len(masters))
     if isinstance(broker_client, redis_lib.Redis) and address(broker_client) not in seen:
         ping(broker_client, timeout_ms, "Redis (the broker's)")

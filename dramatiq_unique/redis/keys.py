@@ -1,150 +1,17 @@
-"""Unique keys and every Redis key format the suite uses, in one place.
+"""Every Redis key format the suite writes, in one place, under one prefix.
 
-A unique key is the actor's name and a hash of the selected arguments,
-bound through the actor's signature (so ``send(1)`` and
-``send(blog_id=1)`` agree) and canonicalised (dict order does not
-matter).  Only the hash reaches Redis: no user data sits raw in a key.
-
-The canonical form must be the same in every process.  A value JSON has no
-form for is written as its repr (a ``datetime.date`` sent with
-``PickleEncoder``: ``datetime.date(2024, 2, 29)``); a set as its sorted
-members; a dict whose keys are not all str (``{1: "a", "b": 2}``, which
-``sort_keys`` cannot order) as its items sorted by each key's canonical
-text.  A value whose repr holds a memory address (an ``object()``, a class
-without ``__repr__``) has no such form: it is an :class:`InvalidOption`,
-at declaration for a default (options.py) and at send for an argument.
+The unique keys these formats take are derived in :mod:`dramatiq_unique.unique.keys`
+(only their hash reaches Redis); the Redis broker's own keys are laid out in
+:mod:`dramatiq_unique.broker.keys`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
-from functools import lru_cache
-from typing import Any, Callable, Optional
-
-from dramatiq_unique.errors import InvalidOption
-from dramatiq_unique.options import ADDRESS, ArgsSpec, show
-
 #: Default prefix of every Redis key the suite writes.
 DEFAULT_KEY_PREFIX = "dramatiq_unique"
-
-
-
-def _default(value: Any) -> Any:
-    """The canonical stand-in of a value JSON cannot write (see the module's docstring)."""
-    if isinstance(value, (set, frozenset)):
-        return {"__set__": sorted(canonical(item) for item in value)}
-    text = repr(value)
-    if ADDRESS.search(text):
-        raise InvalidOption(
-            f"an argument of type {type(value).__name__} ({show(value)}) cannot make a unique key: its repr "
-            f"holds a memory address, so each process would make another key; give the type a __repr__, "
-            f"or choose the key's arguments with unique_args/concurrency_key (a list or a callable)"
-        )
-    return text
-
-
-# pottery patches json.dumps to use its own encoder; naming the stock
-# encoder keeps our keys independent of whether pottery was imported.
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False)
-
-
-@lru_cache(maxsize=1024)
-def _signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-
-
-@lru_cache(maxsize=1024)
-def _plain_parameters(fn: Callable[..., Any]) -> Optional[tuple[tuple[str, ...], dict[str, Any]]]:
-    """(names, defaults) when every parameter is plain positional-or-keyword, else None.
-
-    Such a signature binds as a zip of names and arguments: the common
-    case, about a third of the cost of ``Signature.bind`` on a send.
-    """
-    signature = _signature(fn)
-    if signature is None:
-        return None
-    params = list(signature.parameters.values())
-    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
-        return None
-    defaults = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
-    return tuple(p.name for p in params), defaults
-
-
-def bind_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The call's arguments by parameter name, defaults filled in."""
-    plain = _plain_parameters(fn)
-    if plain is not None:
-        names, defaults = plain
-        if len(args) <= len(names):
-            bound = dict(zip(names, args))
-            if not kwargs or (kwargs.keys() <= set(names[len(args) :])):
-                bound.update(kwargs)
-                if len(bound) < len(names):
-                    for name in names:
-                        if name not in bound:
-                            if name not in defaults:
-                                break  # a missing argument: let inspect say which
-                            bound[name] = defaults[name]
-                if len(bound) == len(names):
-                    return {name: bound[name] for name in names}  # in declaration order, as inspect does
-    signature = _signature(fn)
-    if signature is None:
-        return {**{str(i): a for i, a in enumerate(args)}, **kwargs}
-    try:
-        bound_args = signature.bind(*args, **kwargs)
-    except TypeError as e:
-        raise InvalidOption(f"the arguments do not fit {getattr(fn, '__qualname__', fn)}(): {e}") from None
-    bound_args.apply_defaults()
-    return dict(bound_args.arguments)
-
-
-def canonical(value: Any) -> str:
-    """A stable text form of ``value``: dict order and tuple/list do not matter."""
-    try:
-        return _ENCODER.encode(value)
-    except TypeError:
-        # A dict whose keys sort_keys cannot order (mixed types) or JSON cannot write (tuples).
-        return _ENCODER.encode(_ordered(value))
-
-
-def _ordered(value: Any) -> Any:
-    """``value`` with every dict whose keys are not all str as its items, sorted by key text."""
-    if isinstance(value, dict):
-        if all(type(k) is str for k in value):
-            return {k: _ordered(v) for k, v in value.items()}
-        # Keys of a dict are distinct, and so are their canonical texts: the sort never compares values.
-        return {"__items__": sorted([canonical(k), _ordered(v)] for k, v in value.items())}
-    if isinstance(value, (list, tuple)):
-        return [_ordered(item) for item in value]
-    return value
-
-
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:40]
-
-
-def derive_key(actor_name: str, fn: Callable[..., Any], spec: ArgsSpec, args: tuple, kwargs: dict) -> Optional[str]:
-    """The key of one call under ``spec`` (``unique_args`` or ``concurrency_key``), or None if off."""
-    if spec is None or spec is False:
-        return None
-    if callable(spec) and not isinstance(spec, (list, tuple)):
-        selected: Any = spec(*args, **kwargs)
-        if not isinstance(selected, str):
-            raise InvalidOption(f"the key callable for {actor_name} must return a str, not {selected!r}")
-    else:
-        bound = bind_arguments(fn, args, kwargs)
-        selected = bound if spec is True else {name: bound.get(name) for name in spec}
-    return f"{actor_name}:{digest(canonical(selected))}"
-
-
-def idempotency_hold(actor_name: str, owner: Optional[str], idempotency_key: str) -> str:
-    """What a job holds for its ``(actor, owner, idempotency_key)``; hashed like unique keys."""
-    return f"{actor_name}:{digest(canonical([owner, idempotency_key]))}"
+#: The prefix of every lock's own key (``redlock:<lock name>``): pottery's, so that a pottery
+#: Redlock and the suite's exclude each other on the same name.
+LOCK_PREFIX = "redlock"
 
 
 class RedisKeys:
@@ -161,15 +28,9 @@ class RedisKeys:
         """The lock a running job holds while it executes."""
         return f"{self.prefix}:run:{unique_key}"
 
-    def fence(self, unique_key: str) -> str:
-        return f"{self.prefix}:fence:{unique_key}"
-
     def slots(self, group: str) -> str:
         """A slot group's holders: a sorted set of tokens scored by lease end (slots.py)."""
         return f"{self.prefix}:slots:{group}"
-
-    def parked(self, group: str) -> str:
-        return f"{self.prefix}:parked:{group}"
 
     def limit(self, group: str) -> str:
         """A slot group's run-time limit (``set_concurrency_limit(..., key=...)``)."""
@@ -188,28 +49,3 @@ class RedisKeys:
 
     def redrive_lock(self) -> str:
         return f"{self.prefix}:redrive"
-
-
-class BrokerKeys:
-    """Formats of Dramatiq's Redis broker keys under its namespace, as its ``dispatch.lua``
-    writes them: the suite reads them (presence.py) and writes them for tracked messages
-    (publish.py, acks.py, delivery.py)."""
-
-    def __init__(self, namespace: str) -> None:
-        self.namespace = namespace
-
-    def queue(self, queue_name: str) -> str:
-        """A queue's list of message ids."""
-        return f"{self.namespace}:{queue_name}"
-
-    def messages(self, queue_name: str) -> str:
-        """A queue's hash of message id to message body."""
-        return f"{self.namespace}:{queue_name}.msgs"
-
-    def acks(self, worker_id: str, queue_name: str) -> str:
-        """The ids a worker fetched from a queue and has not acked yet."""
-        return f"{self.namespace}:__acks__.{worker_id}.{queue_name}"
-
-    def heartbeats(self) -> str:
-        """The broker processes, scored by their last call's time."""
-        return f"{self.namespace}:__heartbeats__"

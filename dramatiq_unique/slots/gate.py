@@ -8,9 +8,10 @@ for an actor without ``concurrency_key`` (:mod:`dramatiq_unique.parking.groups`)
 
 Each group is a Redis sorted set of holder tokens scored with the
 moment their lease runs out (Redis server time, ms).  Every script
-first drops the members whose lease ran out, so a holder that died
-(SIGKILL) stops counting ``concurrency_ttl`` after its last renewal,
-whoever looks next.  The group's limit is read in the same script:
+(``redis/lua/slot_*.lua``, which say what their keys are) first drops
+the members whose lease ran out, so a holder that died (SIGKILL) stops
+counting ``concurrency_ttl`` after its last renewal, whoever looks
+next.  The group's limit is read in the same script:
 
 1. the group's override (``set_concurrency_limit(actor, n, key=...)``),
 2. else the actor's override (``set_concurrency_limit(actor, n)``),
@@ -40,14 +41,13 @@ import redis as redis_lib
 from dramatiq_unique import options as opt
 from dramatiq_unique.errors import LockLost, RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
-from dramatiq_unique.parking import flags as wakeups
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking import prestart
 from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
 from dramatiq_unique.parking.waking import RETRY_DELAY
-from dramatiq_unique.redis import scripts
-from dramatiq_unique.redis.keys import derive_key
+from dramatiq_unique.redis import lua
+from dramatiq_unique.unique.keys import derive_key
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import ActorConfig, Suite
@@ -56,103 +56,6 @@ if TYPE_CHECKING:
 UNLIMITED = -1
 #: ms before a halted group (limit 0) is looked at again by the wake-up watchdog.
 HALTED_RETRY = RETRY_DELAY
-
-# Every script: KEYS[1] the group's sorted set, KEYS[2] its limit override, KEYS[3] the
-# actor's limit override, KEYS[4] the limit its messages brought; ARGV[1] the declared limit (-1: none).
-_PRELUDE = """
-local t = redis.call('time')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('zremrangebyscore', KEYS[1], '-inf', now)
-local limit = tonumber(redis.call('get', KEYS[2]) or redis.call('get', KEYS[3]) or redis.call('get', KEYS[4])
-  or ARGV[1])
-local held = redis.call('zcard', KEYS[1])
-local function full(n) return limit >= 0 and n >= limit end
-local function hold(token, ttl)
-  redis.call('zadd', KEYS[1], now + ttl, token)
-  if redis.call('pttl', KEYS[1]) < ttl then redis.call('pexpire', KEYS[1], ttl) end
-end
-local function wait()
-  if limit == 0 then return -1 end
-  local first = redis.call('zrange', KEYS[1], 0, 0, 'WITHSCORES')
-  if #first == 0 then return 0 end
-  return math.max(tonumber(first[2]) - now, 0)
-end
-"""
-# ARGV token, ttl, reserved token or "", the message's own limit or "".  Enter: take up a
-# reservation, or a free slot.  Returns {1, 0} when entered, else {0, ms until a holder's lease
-# runs out (-1: halted)}.  A token that already holds a slot entered before (a call sent again
-# after its reply was lost, scripts.py): it is in, with no second slot.
-_ENTER = """
-if ARGV[5] ~= '' then redis.call('set', KEYS[4], ARGV[5], 'PX', 86400000) end
-""" + _PRELUDE + """
-if redis.call('zscore', KEYS[1], ARGV[2]) then hold(ARGV[2], tonumber(ARGV[3])) return {1, 0} end
-if ARGV[4] ~= '' and redis.call('zrem', KEYS[1], ARGV[4]) == 1 then held = held - 1 end
-if full(held) then return {0, wait()} end
-hold(ARGV[2], tonumber(ARGV[3]))
-return {1, 0}
-"""
-# ARGV token, new token, ttl.  Hand a held slot on, unless the group is over its limit
-# without it (then it is given up).  1 handed on, 0 not.  A repeat finds the new token in: 1.
-_PASS = _PRELUDE + """
-if redis.call('zscore', KEYS[1], ARGV[3]) then return 1 end
-if redis.call('zrem', KEYS[1], ARGV[2]) == 0 then return 0 end
-if full(held - 1) then return 0 end
-hold(ARGV[3], tonumber(ARGV[4]))
-return 1
-"""
-# KEYS[5], KEYS[6] a woken message's hash and ack set (delivery._CLAIM); ARGV token, new token,
-# ttl, message id, body.  _PASS, and on success the local delivery's writes (ondeck.py).  A
-# repeat finds the new token in: 1, nothing written again (the message may be taken by now).
-_PASS_AND_DELIVER = _PRELUDE + """
-if redis.call('zscore', KEYS[1], ARGV[3]) then return 1 end
-if redis.call('zrem', KEYS[1], ARGV[2]) == 0 then return 0 end
-if full(held - 1) then return 0 end
-hold(ARGV[3], tonumber(ARGV[4]))
-redis.call('hset', KEYS[5], ARGV[5], ARGV[6])
-redis.call('sadd', KEYS[6], ARGV[5])
-return 1
-"""
-# KEYS[5] the parking flags; ARGV token, group, new token or "", ttl.  Leave, unless someone
-# waits and could have the slot: then keep it for them, re-issued at once to the new token if
-# one is given (the woken job's: one round trip fewer on every hand-over).  1 released, 2 kept
-# or handed on, 0 not held (its lease ran out, or a repeat after a release: harmless, the
-# caller only looks whether someone waits).  A repeat that finds the new token in: 2.
-_LEAVE = _PRELUDE + """
-if ARGV[4] ~= '' and redis.call('zscore', KEYS[1], ARGV[4]) then return 2 end
-if not redis.call('zscore', KEYS[1], ARGV[2]) then return 0 end
-if redis.call('zscore', KEYS[5], ARGV[3]) and not full(held - 1) then
-  if ARGV[4] ~= '' then
-    redis.call('zrem', KEYS[1], ARGV[2])
-    hold(ARGV[4], tonumber(ARGV[5]))
-  end
-  return 2
-end
-redis.call('zrem', KEYS[1], ARGV[2])
-return 1
-"""
-# KEYS[5] the parking flags; ARGV token, ttl, group, delay.  A job just parked: flag its group
-# (due in delay ms), then look at the slots once more and take one if free.  1 taken, 0 not.
-# A repeat finds its token in: 1.
-_FLAG_AND_TAKE = _PRELUDE + wakeups.FLAG_FUNCTION + """
-flag(KEYS[5], ARGV[4], now + tonumber(ARGV[5]))
-if redis.call('zscore', KEYS[1], ARGV[2]) then return 1 end
-if full(held) then return 0 end
-hold(ARGV[2], tonumber(ARGV[3]))
-return 1
-"""
-# ARGV token, ttl.  heartbeat(): renew the lease; a lapsed holder gets back in if there
-# is room.  1 renewed, 0 lost.  A repeat renews again.
-_RENEW = _PRELUDE + """
-if redis.call('zscore', KEYS[1], ARGV[2]) or not full(held) then
-  hold(ARGV[2], tonumber(ARGV[3]))
-  return 1
-end
-return 0
-"""
-# {holders, effective limit, group override, actor override, ms until a lease runs out}
-_STATUS = _PRELUDE + """
-return {held, limit, redis.call('get', KEYS[2]), redis.call('get', KEYS[3]), wait()}
-"""
 
 
 def group_key(config: "ActorConfig", message_options: dict, args: tuple, kwargs: dict) -> str:
@@ -196,13 +99,13 @@ class SlotGate:
         self.suite = suite
         self.flags = flags
         client = suite.redis
-        self._enter = scripts.register(client, _ENTER)
-        self._pass = scripts.register(client, _PASS)
-        self._pass_and_deliver = scripts.register(client, _PASS_AND_DELIVER)
-        self._leave = scripts.register(client, _LEAVE)
-        self._renew = scripts.register(client, _RENEW)
-        self._status = scripts.register(client, _STATUS)
-        self._flag_and_take = scripts.register(client, _FLAG_AND_TAKE)
+        self._enter = lua.register(client, "slot_enter")
+        self._pass = lua.register(client, "slot_pass")
+        self._pass_and_deliver = lua.register(client, "slot_pass_and_deliver")
+        self._leave = lua.register(client, "slot_leave")
+        self._renew = lua.register(client, "slot_renew")
+        self._status = lua.register(client, "slot_status")
+        self._flag_and_take = lua.register(client, "slot_flag_and_take")
 
     def _keys(self, group: str) -> list[str]:
         key = slot_key_of(group)

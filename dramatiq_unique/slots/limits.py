@@ -19,9 +19,9 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import InvalidOption, RedisUnavailable
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_actor
-from dramatiq_unique.redis.keys import canonical, digest
 from dramatiq_unique.slots.gate import declared_limit, gate_of, has_slots
 from dramatiq_unique.storage.models import JobStatus
+from dramatiq_unique.unique.keys import canonical, digest
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import ActorConfig, Suite

@@ -30,12 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING
 
 import peewee as pw
-
-if TYPE_CHECKING:
-    from dramatiq_unique.storage.models import JobModel
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +53,7 @@ OLD_INDEXES = (
 LOCK_ID = int.from_bytes(hashlib.sha256(b"dramatiq_unique.storage.schema").digest()[:8], "big", signed=True)
 
 
-def create_or_migrate(model: type["JobModel"]) -> None:
+def create_or_migrate(model: type[pw.Model]) -> None:
     """Create ``model``'s table and indexes if missing; migrate a table of an earlier version."""
     db = model._meta.database
     with db.atomic():
@@ -66,7 +62,7 @@ def create_or_migrate(model: type["JobModel"]) -> None:
         _create_or_migrate(model)
 
 
-def _create_or_migrate(model: type["JobModel"]) -> None:
+def _create_or_migrate(model: type[pw.Model]) -> None:
     db = model._meta.database
     model._schema.create_table(safe=True)
     added = _add_app_column(model)
@@ -82,7 +78,7 @@ def _create_or_migrate(model: type["JobModel"]) -> None:
             db.execute_sql(f"DROP INDEX IF EXISTS {_quoted(db, name, model._meta.schema)}")
 
 
-def _add_app_column(model: type["JobModel"]) -> bool:
+def _add_app_column(model: type[pw.Model]) -> bool:
     """Add the ``app`` column if the table lacks it; whether this call added it."""
     db = model._meta.database
     if APP_COLUMN in _columns(model):
@@ -95,7 +91,7 @@ def _add_app_column(model: type["JobModel"]) -> bool:
     return True
 
 
-def _columns(model: type["JobModel"]) -> set[str]:
+def _columns(model: type[pw.Model]) -> set[str]:
     """The table's column names, in the schema the connection resolves it in (PostgreSQL's search_path)."""
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):

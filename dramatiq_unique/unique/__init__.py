@@ -1,1 +1,2 @@
-"""Unique jobs at enqueue: the row that holds the key, the queue lock, early duplicates."""
+"""The enqueue side: a call's unique key, the row that holds it, the queue lock, early
+duplicates, and the broker's enqueue wrapped around them (with ``transaction()``)."""

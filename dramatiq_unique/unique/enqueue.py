@@ -1,5 +1,11 @@
 """The enqueue side: recording a send, and uniqueness at enqueue.
 
+JobTracking's ``before_enqueue`` calls :func:`on_enqueue` for a tracked
+actor; the broker's enqueue around it is wrapped in
+:mod:`dramatiq_unique.unique.send`, which returns the existing job's
+message on a :class:`Redirect` and undoes :data:`created_rows` when the
+publish fails.
+
 Order of operations.  The database decides: a unique send inserts its row
 holding the key, and a unique index refuses it if a job holds the key,
 which is then looked up (a burst of duplicates is answered earlier, see
@@ -17,30 +23,27 @@ between the two steps) costs nothing but its memory until it expires.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import functools
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import peewee as pw
 from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.broker import publish
-from dramatiq_unique.broker.acks import Acks
+from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, InvalidOption, RedisUnavailable
-from dramatiq_unique.guard import describe, guarded
-from dramatiq_unique.redis.keys import bind_arguments, idempotency_hold
+from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent as duplicates
+from dramatiq_unique.unique.keys import bind_arguments, idempotency_hold
 
 if TYPE_CHECKING:
-    from dramatiq import Broker, Message
+    from dramatiq import Message
 
     from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import ActorConfig, Suite
@@ -48,9 +51,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-
-class _Redirect(DramatiqUniqueError):
+class Redirect(DramatiqUniqueError):
     """Internal: the send resolves to an existing job"""
+
+    # Raised by before_enqueue, caught by the broker's wrapped enqueue (send.py), which returns
+    # the existing job's message (or, with ``resend``, sends the replaced job again).
 
     def __init__(self, message_id: str, *, resend: Optional[dict] = None) -> None:
         super().__init__(message_id)
@@ -58,68 +63,8 @@ class _Redirect(DramatiqUniqueError):
         self.resend = resend
 
 
-# Rows created by the enqueue under way, undone if the broker then fails.
-_created: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
-# Set while the suite re-sends a job (re-drive, outbox): it records the broker's id itself.
-_resending: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_resending", default=False)
-
-
-@contextlib.contextmanager
-def resending():
-    token = _resending.set(True)
-    try:
-        yield
-    finally:
-        _resending.reset(token)
-
-
-def install_enqueue(broker: "Broker", suite: "Suite") -> None:
-    """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
-    if getattr(broker.enqueue, "_dramatiq_unique", False):
-        return
-    original = broker.enqueue
-    suite.publisher = publish.Publisher.install(broker, suite)
-    suite.acks = Acks.install(broker, locks=suite.publisher is not None and suite.publisher.locks)
-
-    @functools.wraps(original)
-    def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
-        created: list[Callable[[], None]] = []
-        token = _created.set(created)
-        pending = publish.forget()
-        try:
-            with guarded(f"checking {describe(message)} for a duplicate"):
-                check_options(suite, message, delay)
-                holder = duplicates.skip_early(suite, message)
-            if holder is not None:
-                return message.copy(message_id=holder)
-            sent = original(message, delay=delay)
-            publish.settle(suite)
-            return sent
-        except _Redirect as redirect:
-            if redirect.resend is None:
-                return message.copy(message_id=redirect.message_id)
-            resent = message.copy(message_id=redirect.message_id, options={MARKER: redirect.resend["marker"]})
-            held = outbox.active()
-            if held is not None:
-                return held.defer(broker, resent, delay).message
-            return original(resent, delay=delay)
-        except outbox.Deferred as deferred:  # inside transaction(): published after commit
-            return deferred.message
-        except BaseException:
-            # Nothing was published (the broker or a later middleware
-            # failed): a row left behind would be a phantom job.
-            for undo in created:
-                try:
-                    undo()
-                except Exception:  # the original error matters more
-                    logger.exception("Could not undo a job row after a failed send.")
-            raise
-        finally:
-            publish.restore(pending)
-            _created.reset(token)
-
-    enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
-    broker.enqueue = enqueue  # type: ignore[method-assign]
+# Rows created by the enqueue under way, undone if the broker then fails (set by send.py's wrapper).
+created_rows: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
 
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
@@ -139,7 +84,7 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
         "enqueued_at": now,
         "process_after": after_ms(delay, now),
         # The Redis broker's id for this delivery; other brokers have none: the message id says "published".
-        "broker_ref": message.options.get("redis_message_id") or message.message_id,
+        "broker_ref": broker_ref(message),
     }
     idempotency_key = message.options.get("idempotency_key")
     if idempotency_key is not None:  # set by submit()
@@ -152,25 +97,6 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
         bound = bind_arguments(config.fn, message.args, message.kwargs)
         fields.update({name: bound.get(name) for name in config.extra_fields})
     return fields
-
-
-def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
-    """A send's own suite options and delay, checked as the actor's were at declaration, before
-    anything is written or published (a retry or re-send carries the ones checked at its send)."""
-    opts = message.options
-    if MARKER in opts:
-        return
-    config = suite.actor_config(message.actor_name)
-    if config is not None:
-        opt.check_delay(delay)
-        opt.validate_message(opts, config.options, config.fn)
-        return
-    given = opts.keys() & opt.SUITE_OPTIONS
-    if given:
-        raise InvalidOption(
-            f"{', '.join(sorted(given))} on a message of {message.actor_name}, which the suite does not track, "
-            f"would do nothing: declare the actor with track=True or a suite option"
-        )
 
 
 def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
@@ -205,13 +131,15 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         try:
             row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
         except store.IdempotencyHeld as held_by:
-            raise _Redirect(held_by.job.message_id) from None
+            raise Redirect(held_by.job.message_id) from None
         marker = fields["options"][MARKER]
     marker.update(id=row_id, rev=revision)
     opts[MARKER] = marker
     if held is not None:
+        if suite.broker is None:  # set when a broker declares a tracked actor, before any send of it
+            raise NotConfigured("no broker has declared a tracked actor")
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
-    ref = opts.get("redis_message_id")
+    ref = redis_ref(message)
     if suite.publisher is not None and ref and not publish.expected(ref):
         suite.publisher.expect(ref)  # a tracked message: published over our own connection
 
@@ -220,11 +148,11 @@ def _check_idempotency(model: Any, fields: dict) -> None:
     try:
         store.check_idempotency(model, fields)
     except store.IdempotencyHeld as held_by:  # submit() with a key that a job already has
-        raise _Redirect(held_by.job.message_id) from None
+        raise Redirect(held_by.job.message_id) from None
 
 
 def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optional[str], suite: "Suite") -> None:
-    created = _created.get()
+    created = created_rows.get()
     if created is None:
         return
 
@@ -243,11 +171,11 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
     model = config.model
-    ref = message.options.get("redis_message_id")
+    ref = redis_ref(message)
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
         # A promotion from a delay queue (the broker gives it a new id, which the
         # lost-message check looks up) or a re-send by the suite (which records it).
-        if ref and not _resending.get():
+        if ref and not is_resending():
             row_id = message.options[MARKER]["id"]
             try:
                 model.update(broker_ref=ref, missing_since=None).where(model.id == row_id).execute()
@@ -264,7 +192,7 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     model.update(status=JobStatus.RETRYING.value, missing_since=None, **retry).where(
         (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
     ).execute()
-    created = _created.get()
+    created = created_rows.get()
     if created is not None:
         # If the publish fails, JobTracking records a retry that the re-drive must send.
         created.append(lambda: setattr(ctx, "retry_enqueued", False))
@@ -314,7 +242,7 @@ def _take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: fl
     that no longer waits, so it is overwritten (on one master; with several, taken if free).
     On the Redis broker it is written with the publish."""
     token = message.message_id
-    ref = message.options.get("redis_message_id")
+    ref = redis_ref(message)
     if suite.publisher is not None and ref and suite.publisher.expect(ref, (lock_name, token, ttl)):
         return
     if suite.locks.single:
@@ -335,9 +263,9 @@ def _conflict(
         if replaced is not None:
             marker = dict((replaced.options or {}).get(MARKER) or {})
             marker.update(id=replaced.id, rev=replaced.revision)
-            raise _Redirect(replaced.message_id, resend={"marker": marker})
+            raise Redirect(replaced.message_id, resend={"marker": marker})
         refreshed = store.get(config.model, id=holder.id)
         if refreshed is None or refreshed.unique_hold != key:
             return False
         logger.info("Job %s is %s, not waiting: the new send is skipped.", holder.message_id, refreshed.status)
-    raise _Redirect(holder.message_id)
+    raise Redirect(holder.message_id)

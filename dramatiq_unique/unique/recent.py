@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
-from dramatiq_unique.redis.keys import derive_key
 from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.unique.keys import derive_key
 
 if TYPE_CHECKING:
     from dramatiq import Message
@@ -84,7 +84,7 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
         return None
     key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
     _derived.set((message.message_id, key))
-    if not _recent.seen(key):
+    if key is None or not _recent.seen(key):
         return None  # a key new to this process: most likely free, the insert will tell
     with store.db_errors(f"recording {message.actor_name} job {message.message_id}"):
         holder = store.holder(config.model, key, window(config, opts, lock), config.app)

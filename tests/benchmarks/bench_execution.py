@@ -113,9 +113,9 @@ class Run:
         if len(self.spans) < n:
             raise SystemExit(f"handoff: only {len(self.spans)}/{n} jobs ran")
         spans = sorted(self.spans)
-        for (_, e1), (s2, _) in zip(spans, spans[1:]):
+        for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False):
             assert s2 >= e1, "two jobs of one key overlapped"
-        gaps = [1000 * (s2 - e1) for (_, e1), (s2, _) in zip(spans, spans[1:])]
+        gaps = [1000 * (s2 - e1) for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False)]
         return gaps, (n - 1) / (spans[-1][1] - spans[0][1])
 
     def close(self) -> None:
@@ -144,7 +144,9 @@ def percentile(values: list[float], p: float) -> float:
 def bench(label: str, database: str, args: argparse.Namespace) -> None:
     n = args.jobs
     rates = {
-        kind: max(fresh(database, lambda run: run.throughput(kind, n, args.threads)) for _ in range(args.repeat))
+        kind: max(
+            fresh(database, lambda run, kind=kind: run.throughput(kind, n, args.threads)) for _ in range(args.repeat)
+        )
         for kind in KINDS
     }
     print(f"\n== {label}: {n} no-op jobs of {n} distinct keys, {args.threads} worker threads, Redis broker")
@@ -156,7 +158,10 @@ def bench(label: str, database: str, args: argparse.Namespace) -> None:
               f"worker_timeout 1000 ms")
         print(f"{'delivery':<26}{'p50 ms':>8}{'p95 ms':>8}{'p99 ms':>8}{'max ms':>8}{'jobs/s':>8}")
         for local in (True, False):
-            gaps, rate = fresh(database, lambda run: run.handoff(n_chain, run_ms, args.threads, local))
+            def handoff(run, n_chain=n_chain, run_ms=run_ms, local=local):
+                return run.handoff(n_chain, run_ms, args.threads, local)
+
+            gaps, rate = fresh(database, handoff)
             name = "local hand-off (default)" if local else "through the broker queue"
             print(f"{name:<26}{statistics.median(gaps):>8.1f}{percentile(gaps, 95):>8.1f}"
                   f"{percentile(gaps, 99):>8.1f}{max(gaps):>8.1f}{rate:>8.1f}")

@@ -1,8 +1,9 @@
 """Worker processes SIGKILLed again and again under load, for unique, while_executing and slot actors.
 
 Two `dramatiq` worker groups (one process, three threads each) run jobs of a few keys (tenants, for
-the slot actor; the unique actor's job table on PostgreSQL, the others' on SQLite) while a producer sends them; the test SIGKILLs a worker process that is running a
-job, four times, and starts a replacement each time.  Re-drive passes run in the test process.
+the slot actor; the unique actor's job table on PostgreSQL, the others' on SQLite) while a producer
+sends them; the test SIGKILLs a worker process that is running a job, four times, and starts a
+replacement each time.  Re-drive passes run in the test process.
 
 Asserted from the event log: every job's row succeeded; no key ever had more runs holding it than
 its lock or slot limit allows, and no job ran beside itself; every run that never finished was cut

@@ -1,4 +1,4 @@
-"""heartbeat() and current_job() (dramatiq_unique.heartbeat), on real Redis with SQLite and PostgreSQL."""
+"""heartbeat() and current_job() (dramatiq_unique.leases), on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dramatiq.middleware import AsyncIO
 
 import dramatiq_unique
 from dramatiq_unique import LockLost, NotInJob, current_job, heartbeat
-from dramatiq_unique.locks.redlock import KEY_PREFIX
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.storage.models import utcnow
 from tests.helpers import wait_until
 
@@ -23,7 +23,7 @@ def row(message):
 
 
 def lock_key(suite, job) -> str:
-    return f"{KEY_PREFIX}:{suite.keys.execution_lock(job.unique_key)}"
+    return f"{LOCK_PREFIX}:{suite.keys.execution_lock(job.unique_key)}"
 
 
 def test_heartbeat_keeps_the_lock_past_four_times_the_ttl(suite, broker, worker):

@@ -250,7 +250,9 @@ def test_the_guard_turns_every_error_into_a_suite_error_keeping_the_cause(raised
     assert type(raised).__name__ in str(error.value) and "M.before_process_message of a job m-1" in str(error.value)
 
 
-@pytest.mark.parametrize("raised", [SkipMessage("parked"), DuplicateJob("taken"), InvalidOption("bad"), KeyboardInterrupt()])
+@pytest.mark.parametrize(
+    "raised", [SkipMessage("parked"), DuplicateJob("taken"), InvalidOption("bad"), KeyboardInterrupt()]
+)
 def test_the_guard_lets_skips_our_errors_and_interrupts_through_untouched(raised):
     class M:
         @hook

@@ -54,6 +54,7 @@ def test_a_reused_key_missing_key_and_unknown_job(app):
     headers = {"Idempotency-Key": "k-2"}
     assert call(base, "POST", "/refunds", {"charge_id": "ch_2", "amount": 1}, headers)[0] == 201
     assert call(base, "POST", "/refunds", {"charge_id": "ch_2", "amount": 2}, headers)[0] == 422
-    assert call(base, "POST", "/refunds", {"charge_id": "ch_2", "amount": 2}, {"Idempotency-Key": "k-2", "X-User": "bob"})[0] == 201
+    bob = {"Idempotency-Key": "k-2", "X-User": "bob"}
+    assert call(base, "POST", "/refunds", {"charge_id": "ch_2", "amount": 2}, bob)[0] == 201
     assert call(base, "POST", "/refunds", {"charge_id": "ch_2", "amount": 1})[0] == 400
     assert call(base, "GET", "/jobs/999999")[0] == 404

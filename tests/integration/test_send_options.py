@@ -77,7 +77,9 @@ def test_a_bad_option_at_send_raises_and_publishes_nothing(suite, broker, unique
     assert queue_size(broker) == 0 and rows() == 0
 
 
-@pytest.mark.parametrize("name, value", [("concurrency_limit", -1), ("concurrency_ttl", 0.5), ("concurrency_key", ["x"])])
+@pytest.mark.parametrize(
+    "name, value", [("concurrency_limit", -1), ("concurrency_ttl", 0.5), ("concurrency_key", ["x"])]
+)
 def test_a_slot_actor_refuses_bad_limits_at_send(suite, broker, limited, name, value):
     with pytest.raises(InvalidOption, match=name):
         limited.send_with_options(args=("t",), **{name: value})
@@ -178,7 +180,9 @@ def test_a_bad_delay_is_refused_before_anything_is_sent(suite, broker, unique, d
     assert queue_size(broker) == 0 and rows() == 0
 
 
-@pytest.mark.parametrize("name, value", [("unique_window", 10**15), ("unique_ttl", 10**30), ("concurrency_ttl", 10**13)])
+@pytest.mark.parametrize(
+    "name, value", [("unique_window", 10**15), ("unique_ttl", 10**30), ("concurrency_ttl", 10**13)]
+)
 def test_a_time_past_ten_years_is_a_unit_mistake(suite, broker, unique, limited, name, value):
     actor = limited if name == "concurrency_ttl" else unique
     with pytest.raises(InvalidOption, match="at most"):

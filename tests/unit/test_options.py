@@ -83,7 +83,9 @@ def with_sentinel(report_id, since=_SENTINEL):
 
 
 @pytest.mark.parametrize("name", ["unique_ttl", "unique_window", "concurrency_ttl", "idempotency_window"])
-@pytest.mark.parametrize("value", [0.5, 0.999, 1.5, float("nan"), float("inf"), "1000", True, [1000], {"ms": 1}, 10**12])
+@pytest.mark.parametrize(
+    "value", [0.5, 0.999, 1.5, float("nan"), float("inf"), "1000", True, [1000], {"ms": 1}, 10**12]
+)
 def test_times_are_whole_milliseconds_of_at_least_one(name, value):
     options = {"unique_args": True, name: value}
     with pytest.raises(InvalidOption, match=name):
@@ -146,3 +148,90 @@ def test_message_options_resolve_over_the_actor_before_the_check():
     with pytest.raises(InvalidOption, match="no effect without unique_args"):
         validate_message({"unique_lock": "until_executed"}, {"track": True}, report)
     validate_message({"max_retries": 3, "unique_ttl": None}, {"track": True}, report)
+
+
+# -- issue 13: each middleware declares the options it reads; which combinations are refused ---
+
+from dramatiq_unique import options as opt  # noqa: E402
+from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking  # noqa: E402
+from dramatiq_unique.middleware.combinations import LOCKS, RETRIES, SLOTS, TRACKING, check, needed  # noqa: E402
+
+
+def declared(cls) -> set:
+    return cls.actor_options.fget(object.__new__(cls))  # the property reads no state
+
+
+def test_each_middleware_declares_the_options_it_reads_and_together_all_of_them():
+    assert declared(JobTracking) == opt.TRACKING_OPTIONS | opt.UNIQUE_OPTIONS
+    assert declared(ExecutionLocks) == {"unique_args", "unique_lock", "unique_ttl", "unique_order_by"}
+    assert {"concurrency_limit", "concurrency_key", "concurrency_ttl"} <= declared(ConcurrencySlots)
+    assert declared(JobTracking) | declared(ExecutionLocks) | declared(ConcurrencySlots) == opt.SUITE_OPTIONS
+    assert not declared(ConcurrencySlots) & {"track", "job_model", "unique_args"}
+
+
+def test_each_middleware_names_its_capability():
+    assert (JobTracking.capability, ExecutionLocks.capability, ConcurrencySlots.capability) == (TRACKING, LOCKS, SLOTS)
+
+
+@pytest.mark.parametrize(
+    "options, needs",
+    [
+        ({}, set()),
+        ({"max_retries": 2}, set()),
+        ({"track": True}, {TRACKING}),
+        ({"unique_args": ["a"]}, {LOCKS, TRACKING}),
+        ({"unique_args": ["a"], "unique_lock": "while_executing"}, {LOCKS, TRACKING}),
+        ({"unique_args": ["a"], "unique_lock": "until_executing"}, {TRACKING}),
+        ({"unique_args": ["a"], "unique_lock": "until_executed"}, {TRACKING}),
+        ({"unique_args": ["a"], "unique_lock": "until_expired", "unique_window": 10}, {TRACKING}),
+        ({"concurrency_limit": 2}, {SLOTS, TRACKING}),
+        ({"concurrency_key": ["a"]}, {SLOTS, TRACKING}),
+        ({"concurrency_limit": 1, "unique_args": ["a"]}, {SLOTS, LOCKS, TRACKING}),
+    ],
+)
+def test_what_an_actor_needs(options, needs):
+    assert set(needed(options)) == needs
+
+
+ALL = [SLOTS, LOCKS, TRACKING, RETRIES]
+
+
+@pytest.mark.parametrize(
+    "options, installed",
+    [
+        ({"unique_args": ["a"], "concurrency_limit": 1}, ALL),
+        ({"unique_args": ["a"], "concurrency_limit": 1}, [None, SLOTS, None, LOCKS, TRACKING, None, RETRIES]),
+        ({"unique_args": ["a"]}, [LOCKS, TRACKING]),  # no Retries: nothing to be before
+        ({"concurrency_limit": 1}, [SLOTS, TRACKING, RETRIES]),
+        ({"unique_args": ["a"], "unique_lock": "until_executed"}, [TRACKING, RETRIES]),
+        ({"track": True}, [TRACKING, RETRIES, SLOTS, LOCKS]),  # what it does not need may sit anywhere
+        ({}, []),
+        ({"max_retries": 1}, [RETRIES, TRACKING]),
+        # setup() twice on one broker: each one's first place counts
+        ({"unique_args": ["a"], "concurrency_limit": 1}, [SLOTS, SLOTS, LOCKS, LOCKS, TRACKING, TRACKING, RETRIES]),
+    ],
+)
+def test_combinations_that_work(options, installed):
+    check("job", options, installed)
+
+
+@pytest.mark.parametrize(
+    "options, installed, fragments",
+    [
+        ({"unique_args": ["a"]}, [LOCKS, RETRIES], ["'job'", "unique_args", "add JobTracking"]),
+        ({"concurrency_key": ["a"]}, [SLOTS, RETRIES], ["concurrency_key", "add JobTracking"]),
+        ({"unique_args": ["a"]}, [TRACKING, RETRIES],
+         ["unique_lock='until_and_while_executing'", "add ExecutionLocks"]),
+        ({"concurrency_limit": 1}, [TRACKING, RETRIES], ["concurrency_limit", "add ConcurrencySlots"]),
+        ({"concurrency_limit": 1}, [TRACKING, SLOTS, RETRIES], ["ConcurrencySlots, then JobTracking"]),
+        ({"unique_args": ["a"]}, [TRACKING, LOCKS], ["ExecutionLocks, then JobTracking"]),
+        ({"unique_args": ["a"], "concurrency_limit": 1}, [LOCKS, SLOTS, TRACKING],
+         ["ConcurrencySlots, then ExecutionLocks, then JobTracking"]),
+        ({"track": True}, [RETRIES, TRACKING], ["before=Retries"]),
+    ],
+)
+def test_combinations_refused_name_the_actor_option_and_middleware(options, installed, fragments):
+    with pytest.raises(InvalidOption) as error:
+        check("job", options, installed)
+    for fragment in fragments:
+        assert fragment in str(error.value)

@@ -1,0 +1,70 @@
+"""A finished attempt as its job row records it: the status, the error, the result.
+
+JobTracking's ``after_process_message`` decides nothing itself: it asks :func:`outcome`
+what the attempt came to (Dramatiq and its ``Retries`` have decided by then) and writes it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Optional
+
+from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF
+
+from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobStatus, after_ms, dumps, utcnow
+
+
+def format_error(exception: BaseException) -> str:
+    """Type, message and traceback, bounded to ``MAX_ERROR_LENGTH`` (the tail kept)."""
+    head = f"{type(exception).__name__}: {exception}"
+    text = "".join(traceback.format_exception(type(exception), exception, exception.__traceback__))
+    if len(head) + len(text) + 1 > MAX_ERROR_LENGTH:
+        text = "...\n" + text[-(MAX_ERROR_LENGTH - len(head) - 5) :]
+    return f"{head}\n{text}"[:MAX_ERROR_LENGTH]
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` if it survives JSON, else None (a result that cannot be stored is dropped)."""
+    if value is None:
+        return None
+    try:
+        dumps(value)
+    except (TypeError, ValueError):
+        return None
+    return value
+
+
+def outcome(
+    message: Any,
+    result: Any,
+    exception: Optional[BaseException],
+    *,
+    retries: bool,
+    retry_enqueued: bool,
+    min_backoff: float = DEFAULT_MIN_BACKOFF,
+) -> tuple[dict, bool]:
+    """The row's fields for an attempt that ran, and whether the job is done (succeeded or
+    failed for good: an ``until_executed`` key is freed only then).
+
+    ``retries``: whether the broker has Retries; ``retry_enqueued``: whether Retries sent the
+    message again during the attempt; ``min_backoff``: the job's, for a retry nobody sent.
+    """
+    now = utcnow()
+    if exception is None and not message.failed:
+        return dict(status=JobStatus.SUCCEEDED.value, finished_at=now, result=jsonable(result), last_error=None), True
+    if message.failed or not retries:
+        fields = dict(
+            status=JobStatus.FAILED.value, finished_at=now,
+            last_error=format_error(exception) if exception else "failed",
+        )
+        return fields, True
+    assert exception is not None  # not failed, not succeeded: the actor raised
+    if retry_enqueued:
+        return dict(last_error=format_error(exception)), False
+    # Retries decided to retry but could not enqueue (broker down):
+    # the row says when it is due, and the re-drive sends it then.
+    fields = dict(
+        status=JobStatus.RETRYING.value, enqueued_at=None, last_error=format_error(exception),
+        process_after=after_ms(min_backoff, now),
+    )
+    return fields, False

@@ -1,0 +1,69 @@
+"""Our Lua scripts, one file each under ``redis/lua/``, read once and registered by name.
+
+A script's file opens with a header that says what its ``KEYS`` and
+``ARGV`` are (each key's Redis type and format), what it returns, and why
+it is safe to send again (:mod:`dramatiq_unique.redis.scripts` sends a call
+again after a lost reply), as Dramatiq's ``dispatch.lua`` does.  A file
+whose name starts with ``_`` is a fragment shared by several scripts,
+never registered on its own: a script takes it in with a line
+``-- #include <fragment>.lua``, which the loader replaces with the
+fragment's code (its header left out: the script's own says what its
+keys and arguments are).  Keeping the shared code in one file keeps the scripts
+that use it from drifting apart (every slot script reads its group's limit
+the same way).
+
+The files ship in the wheel as package data (``setup.cfg``) and are read
+with :mod:`importlib.resources`, so they are found in a zip install too.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+from typing import TYPE_CHECKING
+
+import redis
+
+from dramatiq_unique.redis import scripts
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+#: The package whose ``lua`` folder holds the scripts.
+PACKAGE = "dramatiq_unique.redis"
+#: A line that takes in a fragment: ``-- #include _name.lua``.
+INCLUDE = re.compile(r"^-- #include (\w+)\.lua$", re.MULTILINE)
+
+
+def _folder() -> "Traversable":
+    return resources.files(PACKAGE) / "lua"
+
+
+def names() -> list[str]:
+    """The name of every script and fragment (a fragment's starts with ``_``), sorted."""
+    return sorted(entry.name[:-4] for entry in _folder().iterdir() if entry.name.endswith(".lua"))
+
+
+@functools.cache
+def file_text(name: str) -> str:
+    """The text of ``lua/<name>.lua`` as it is on disk."""
+    return (_folder() / f"{name}.lua").read_text(encoding="utf-8")
+
+
+def _code(text: str) -> str:
+    """``text`` without its header: the comments and blank lines it opens with."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() and not line.startswith("--")), len(lines))
+    return "\n".join(lines[start:])
+
+
+@functools.cache
+def source(name: str) -> str:
+    """The text of the script ``name`` as Redis runs it: its file, fragments taken in."""
+    return INCLUDE.sub(lambda line: _code(source(line.group(1))), file_text(name))
+
+
+def register(client: redis.Redis, name: str) -> scripts.Script:
+    """The script ``name`` (``lua/<name>.lua``) on ``client``, called like redis-py's ``Script``."""
+    return scripts.register(client, source(name))

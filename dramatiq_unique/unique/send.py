@@ -1,0 +1,124 @@
+"""A send through the suite: Dramatiq's ``broker.enqueue``, wrapped once per broker.
+
+The wrapper is put in place when the first tracked actor is declared
+(JobTracking) or a :func:`transaction` block opens (its sends must reach
+the block's outbox, tracked or not).  Around the broker's own enqueue,
+whose ``before_enqueue`` hooks record the send
+(:mod:`dramatiq_unique.unique.enqueue`), it checks the send's own
+options, answers a burst of duplicates early
+(:mod:`dramatiq_unique.unique.recent`), returns the existing job's
+message when the send resolves to one, returns a send that
+:mod:`dramatiq_unique.durable.outbox` holds until commit, and undoes the
+rows of a send whose publish failed: they would be phantom jobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+from dramatiq_unique import options as opt
+from dramatiq_unique import suite as _config
+from dramatiq_unique.broker import compat, publish
+from dramatiq_unique.broker.acks import Acks
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.durable import outbox
+from dramatiq_unique.errors import InvalidOption
+from dramatiq_unique.guard import describe, guarded
+from dramatiq_unique.unique import recent as duplicates
+from dramatiq_unique.unique.enqueue import Redirect, created_rows
+
+if TYPE_CHECKING:
+    from dramatiq import Broker, Message
+
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+
+def install_enqueue(broker: "Broker", suite: "Suite") -> None:
+    """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
+    if getattr(broker.enqueue, "_dramatiq_unique", False):
+        return
+    compat.check(broker)
+    original = broker.enqueue
+    suite.publisher = publish.Publisher.install(broker, suite)
+    suite.acks = Acks.install(broker, locks=suite.publisher is not None and suite.publisher.locks)
+
+    @functools.wraps(original)
+    def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
+        created: list[Callable[[], None]] = []
+        token = created_rows.set(created)
+        pending = publish.forget()
+        try:
+            with guarded(f"checking {describe(message)} for a duplicate"):
+                check_options(suite, message, delay)
+                holder = duplicates.skip_early(suite, message)
+            if holder is not None:
+                return message.copy(message_id=holder)
+            sent = original(message, delay=delay)
+            publish.settle(suite)
+            return sent
+        except Redirect as redirect:
+            if redirect.resend is None:
+                return message.copy(message_id=redirect.message_id)
+            resent = message.copy(message_id=redirect.message_id, options={MARKER: redirect.resend["marker"]})
+            held = outbox.active()
+            if held is not None:
+                return held.defer(broker, resent, delay).message
+            return original(resent, delay=delay)
+        except outbox.Deferred as deferred:  # inside transaction(): published after commit
+            return deferred.message
+        except BaseException:
+            # Nothing was published (the broker or a later middleware
+            # failed): a row left behind would be a phantom job.
+            for undo in created:
+                try:
+                    undo()
+                except Exception:  # the original error matters more
+                    logger.exception("Could not undo a job row after a failed send.")
+            raise
+        finally:
+            publish.restore(pending)
+            created_rows.reset(token)
+
+    enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
+    broker.enqueue = enqueue  # type: ignore[method-assign]
+
+
+def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
+    """A send's own suite options and delay, checked as the actor's were at declaration, before
+    anything is written or published (a retry or re-send carries the ones checked at its send)."""
+    opts = message.options
+    if MARKER in opts:
+        return
+    config = suite.actor_config(message.actor_name)
+    if config is not None:
+        opt.check_delay(delay)
+        opt.validate_message(opts, config.options, config.fn)
+        return
+    given = opts.keys() & opt.SUITE_OPTIONS
+    if given:
+        raise InvalidOption(
+            f"{', '.join(sorted(given))} on a message of {message.actor_name}, which the suite does not track, "
+            f"would do nothing: declare the actor with track=True or a suite option"
+        )
+
+
+@contextlib.contextmanager
+def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
+    """A database transaction whose sends are published only after it commits.
+
+    Yields peewee's transaction object.  Nested blocks are savepoints;
+    their sends are published with the outermost block's commit (and
+    dropped if an enclosing block rolls back).  If the caller already
+    holds a peewee transaction on the same database, publishing waits
+    for that transaction's commit.  See :mod:`dramatiq_unique.durable.outbox`.
+    """
+    suite = suite or _config.current()
+    if suite.broker is not None:
+        install_enqueue(suite.broker, suite)
+    with outbox.opened(suite) as txn:
+        yield txn

@@ -1,0 +1,87 @@
+"""Prepared statements on PostgreSQL (dramatiq_unique.storage.prepared), on a real server."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import dramatiq
+import pytest
+
+import dramatiq_unique
+from dramatiq_unique.storage import prepared
+from tests.conftest import REDIS_URL
+from tests.helpers import wait_until
+
+
+def prepared_here(suite) -> set[str]:
+    """The statements prepared on the calling thread's connection."""
+    rows = suite.db.execute_sql("SELECT name FROM pg_prepared_statements").fetchall()
+    return {name for (name,) in rows}
+
+
+@pytest.fixture
+def make_suite(broker, pg_url, key_prefix) -> Iterator:
+    made = []
+
+    def make(**settings):
+        suite = dramatiq_unique.setup(broker, database=pg_url, redis=REDIS_URL, key_prefix=key_prefix,
+                                      redriver=False, **settings)
+        made.append(suite)
+        return suite
+
+    yield make
+    for suite in made:
+        suite.db.close()
+
+
+def test_a_send_is_prepared_once_and_survives_a_pooler_dropping_it(make_suite, broker):
+    """Given tracked sends on one connection, Then the insert is prepared there once; When the
+    connection's prepared statements are dropped (a pooler's DISCARD ALL), Then the next
+    send prepares it again and is recorded."""
+    suite = make_suite()
+
+    @dramatiq.actor(track=True)
+    def job(n):
+        pass
+
+    job.send(1)
+    names = prepared_here(suite)
+    assert len(names) == 1 and all(n.startswith("dramatiq_unique_") for n in names)
+    job.send(2)
+    assert prepared_here(suite) == names, "prepared once, not per send"
+    suite.db.execute_sql("DEALLOCATE ALL")
+    third = job.send(3)
+    assert dramatiq_unique.get_job(third.message_id).status == "queued"
+    assert prepared_here(suite) == names
+
+
+def test_jobs_run_and_record_with_prepared_statements_and_without(make_suite, broker):
+    """Given either setting, Then a worker's start and outcome are recorded, and with the
+    setting off nothing is prepared."""
+    for on in (True, False):
+        suite = make_suite(prepared_statements=on)
+
+        @dramatiq.actor(actor_name=f"job_{on}", track=True)
+        def job(n):
+            return n * 2
+
+        worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+        worker.start()
+        try:
+            sent = [job.send(n) for n in range(5)]
+            wait_until(lambda sent=sent: all(dramatiq_unique.get_job(m.message_id).status == "succeeded" for m in sent),
+                       timeout=10, what="the jobs to succeed")
+            assert bool(prepared_here(suite)) is on  # the sends' (the worker closes this connection at stop)
+        finally:
+            worker.stop()
+        assert [dramatiq_unique.get_job(m.message_id).result for m in sent] == [0, 2, 4, 6, 8]
+        suite.db.close()
+
+
+def test_a_statement_the_server_cannot_prepare_is_sent_as_text(make_suite):
+    """Given a statement whose parameter type the server cannot infer, Then it is sent as text."""
+    suite = make_suite()
+    statement = "SELECT %s IS NULL"
+    assert prepared.execute(suite.db, statement, [None]).fetchone() == (True,)
+    assert prepared.execute(suite.db, statement, [1]).fetchone() == (False,)
+    assert not prepared_here(suite)
