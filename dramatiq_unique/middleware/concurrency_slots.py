@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, NoReturn, Optional
 
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
@@ -173,7 +173,7 @@ class ConcurrencySlots(Middleware):
             return False
         return 0 <= time.monotonic() * 1000 - granted < ttl_ms / 10
 
-    def _park(self, config: ActorConfig, message, group: str, retry_in: float) -> None:
+    def _park(self, config: ActorConfig, message, group: str, retry_in: float) -> NoReturn:
         """The group is full: park the job until a holder hands it a slot.  Always raises SkipMessage.
 
         A job woken for another gate (its execution lock) gives that gate

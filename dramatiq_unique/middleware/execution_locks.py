@@ -6,7 +6,7 @@ The Dramatiq hooks; the lock as a parking gate is :mod:`dramatiq_unique.locks.ex
 from __future__ import annotations
 
 import logging
-from typing import ClassVar, Optional
+from typing import ClassVar, NoReturn, Optional
 
 import peewee as pw
 from dramatiq import Middleware
@@ -131,7 +131,7 @@ class ExecutionLocks(Middleware):
             return token
         return self.suite.locks.acquire(name, ttl, token)[0]
 
-    def _park(self, config: ActorConfig, message, key: str, group: str, ttl: float) -> None:
+    def _park(self, config: ActorConfig, message, key: str, group: str, ttl: float) -> NoReturn:
         """The key is locked: park the job until the holder wakes it.  Always raises SkipMessage."""
         try:
             retry_in = self.gate.retry_in(group)

@@ -196,14 +196,13 @@ class Waking:
             # This app's groups only: another app's, of the same name, is free in this app's Redis
             # but not this app's to wake (and the claims would find none of its rows).
             parked_here = (model.app == self.suite.app) & model.parked_on.is_null(False)
-            groups = (
+            query = (
                 model.select(model.parked_on)
                 .where(parked_here & (model.status == JobStatus.PENDING.value))
                 .distinct()
                 .limit(limit)
-                .tuples()
             )
-            for (group,) in list(groups):
+            for group in [job.parked_on for job in query if job.parked_on is not None]:
                 if self.gate_for(group) is None:
                     continue
                 self.wakeups.flag(group, 0)  # Redis may have lost it

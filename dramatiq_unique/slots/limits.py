@@ -93,7 +93,7 @@ def key_group(config: "ActorConfig", key: Any) -> str:
         elif len(names) == 1:
             selected = {names[0]: key}
         elif isinstance(key, (list, tuple)) and len(key) == len(names):
-            selected = dict(zip(names, key))
+            selected = dict(zip(names, key, strict=True))
         else:
             raise InvalidOption(f"key for {name!r} must be a dict of {names} (or a tuple in that order)")
     return f"{name}:{digest(canonical(selected))}"
@@ -119,9 +119,8 @@ def _parked_groups(config: "ActorConfig") -> list[str]:
             & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)
         )
         .distinct()
-        .tuples()
     )
-    return [group for (group,) in query]
+    return [job.parked_on for job in query if job.parked_on is not None]
 
 
 def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
