@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional, Union
 
 import peewee as pw
@@ -13,6 +12,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
 from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
 from dramatiq_unique.durable.scope import NO_APP
+from dramatiq_unique.logs import ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
 from dramatiq_unique.redis.checks import check_redis
 from dramatiq_unique.slots.limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
@@ -55,28 +55,9 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     # Before ExecutionLocks: a job takes its slot, then its lock; hands on the lock, then the slot.
     broker.add_middleware(ConcurrencySlots(suite=suite), before=ExecutionLocks)
     broker.add_middleware(Redriver(suite=suite))  # starts the re-drive after worker boot if `redriver`
-    _ResultWarningFilter.install(suite)
+    ResultWarningFilter.install(suite)
     _config.set_current(suite)
     return suite
-
-
-class _ResultWarningFilter(logging.Filter):
-    """Drops Dramatiq's "value discarded" warning for tracked actors: their row keeps it."""
-
-    suites: list[Suite] = []
-
-    @classmethod
-    def install(cls, suite: Suite) -> None:
-        logger = logging.getLogger("dramatiq.worker.WorkerThread")
-        if not any(isinstance(f, cls) for f in logger.filters):
-            logger.addFilter(cls())
-        cls.suites = [*cls.suites[-7:], suite]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if "returned a value that is not None" not in message:
-            return True
-        return not any(f"Actor '{name}' returned" in message for s in self.suites for name in s.actors)
 
 
 def get_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> Optional[JobModel]:

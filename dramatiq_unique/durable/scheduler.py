@@ -16,6 +16,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from dramatiq_unique import suite as _config
 from dramatiq_unique.durable.redrive import redrive
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption
+from dramatiq_unique.logs import QuietTicks
 
 if TYPE_CHECKING:
     import dramatiq
@@ -47,7 +48,7 @@ def start_redriver(
     interval = suite.settings.redrive_interval if interval is None else interval
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
         raise InvalidOption(f"interval must be a positive number of milliseconds, not {interval!r}")
-    _QuietTicks.install()
+    QuietTicks.install()
     own = scheduler is None
     if scheduler is None:
         scheduler = BackgroundScheduler(timezone=timezone.utc, daemon=True)
@@ -68,19 +69,6 @@ def start_redriver(
     if own:
         scheduler.start()
     return scheduler
-
-
-class _QuietTicks(logging.Filter):
-    """Drops APScheduler's two INFO lines per re-drive tick ("Running job", "executed successfully")."""
-
-    @classmethod
-    def install(cls) -> None:
-        executor_logger = logging.getLogger("apscheduler.executors.default")
-        if not any(isinstance(f, cls) for f in executor_logger.filters):
-            executor_logger.addFilter(cls())
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.INFO or "dramatiq_unique re-drive" not in record.getMessage()
 
 
 def _tick(suite: "Suite", broker: Optional["dramatiq.Broker"]) -> None:

@@ -1,10 +1,13 @@
-"""Concurrency slots: at most N jobs of a group at once, the rest parked."""
+"""Concurrency slots: at most N jobs of a group at once, the rest parked.
+
+The Dramatiq hooks; the slots as a parking gate are :mod:`dramatiq_unique.slots.gate`.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, NoReturn, Optional
 
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
@@ -18,7 +21,9 @@ from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking import rows as parked
-from dramatiq_unique.slots.gate import HeldSlot, declared_limit, gate_of, group_key, group_name, has_slots, ttl_of
+from dramatiq_unique.parking.gates import WAKE
+from dramatiq_unique.parking.groups import slot_group
+from dramatiq_unique.slots.gate import HeldSlot, declared_limit, gate_of, group_key, has_slots, ttl_of
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage import statements as sql
 from dramatiq_unique.storage.models import after_ms
@@ -107,13 +112,13 @@ class ConcurrencySlots(Middleware):
     def _enter(self, config: ActorConfig, message) -> None:
         opts = message.options
         ctx = context.attach(message, self.suite, config)
-        group = group_name(group_key(config, opts, message.args, message.kwargs))
+        group = slot_group(group_key(config, opts, message.args, message.kwargs))
         ttl, limit = ttl_of(config, opts), declared_limit(config, opts)
         marker = opts.get(MARKER)
-        wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None
+        wake = marker.get(WAKE) if isinstance(marker, dict) else None
         reserved, started = None, None
         if isinstance(wake, dict) and wake.get("g") == group:
-            reserved = marker.pop(parking.WAKE)["t"]  # woken for this slot: it was handed to us
+            reserved = marker.pop(WAKE)["t"]  # woken for this slot: it was handed to us
             ctx.extras[context.WOKEN] = True
             if wake.get("w") == self.suite.worker_id:  # woken here: its claim (or the deck) may have started it
                 started = self.parking.started.take(message.message_id, int(marker.get("rev", 0)))
@@ -168,33 +173,14 @@ class ConcurrencySlots(Middleware):
             return False
         return 0 <= time.monotonic() * 1000 - granted < ttl_ms / 10
 
-    def _park(self, config: ActorConfig, message, group: str, retry_in: float) -> None:
+    def _park(self, config: ActorConfig, message, group: str, retry_in: float) -> NoReturn:
         """The group is full: park the job until a holder hands it a slot.  Always raises SkipMessage.
 
         A job woken for another gate (its execution lock) gives that gate
-        to its next waiter when it parks here (parking.park does), so it
-        does not sit on it while it waits for a slot.
+        to its next waiter when it parks here (parking does), so it does
+        not sit on it while it waits for a slot.
         """
-        with store.db_errors(f"parking job {message.message_id}"):
-            job_id, revision = parked.job_row(config, message)
-            waiting = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
-            if not waiting and store.get(config.model, id=job_id) is None:
-                # The row was pruned or deleted: record the job anew, then park it.
-                message.options.pop(MARKER, None)
-                job_id, revision = parked.job_row(config, message)
-                waiting = self.parking.park(self.gate, group, message, config.model, job_id, revision, retry_in)
-        if waiting:
-            raise SkipMessage(f"job {message.message_id} waits for a slot in {group}")
-        self._give_back(message)
-        raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
-
-    def _give_back(self, message) -> None:
-        """A duplicate delivery woken for another gate must not keep it until its lease runs out."""
-        marker = message.options.get(MARKER)
-        wake = marker.pop(parking.WAKE, None) if isinstance(marker, dict) else None
-        gate = self.parking.gate_for(str(wake.get("g", ""))) if isinstance(wake, dict) else None
-        if gate is not None:
-            self.parking.leave(gate, wake["g"], wake["t"])
+        self.parking.park_message(self.gate, group, config, message, retry_in)
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         self._leave(message)

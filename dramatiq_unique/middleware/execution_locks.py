@@ -1,11 +1,12 @@
-"""Execution locks: one running job per key, waiting jobs parked, leases fenced."""
+"""Execution locks: one running job per key, waiting jobs parked, leases fenced.
+
+The Dramatiq hooks; the lock as a parking gate is :mod:`dramatiq_unique.locks.execution`.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
-from typing import Any, ClassVar, Optional
+from typing import ClassVar, NoReturn, Optional
 
 import peewee as pw
 from dramatiq import Middleware
@@ -14,12 +15,14 @@ from dramatiq_unique import context
 from dramatiq_unique import leases as heartbeat
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.errors import LockLost, RedisUnavailable
+from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.guard import hook
+from dramatiq_unique.locks.execution import Held, LockGate
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking import lot as parking
-from dramatiq_unique.parking.lot import GroupInfo
+from dramatiq_unique.parking.gates import WAKE
+from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.storage import fencing
 from dramatiq_unique.suite import ActorConfig, Suite
 from dramatiq_unique.unique.keys import derive_key
@@ -28,74 +31,8 @@ logger = logging.getLogger(__name__)
 
 #: ``ctx.extras`` key of the execution lock an attempt holds.
 HELD = "execution_lock"
-#: The kind of the groups jobs park on while waiting for an execution lock.
-KIND = "lock"
 
 _DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
-
-
-@dataclasses.dataclass
-class Held:
-    """An execution lock held by one attempt."""
-
-    locks: Any
-    name: str
-    group: str
-    token: str
-    ttl_ms: float
-
-    def renew(self) -> float:
-        """heartbeat(): extend the lease to a full ``ttl_ms``; the seconds left."""
-        started = time.monotonic()
-        if not self.locks.extend(self.name, self.token, self.ttl_ms):
-            raise LockLost(f"the execution lock of {self.group} ran out or was taken")
-        return self.ttl_ms / 1000 - (time.monotonic() - started)
-
-
-def unique_key_of(group: str) -> str:
-    """The unique key of a parking group ``lock:<unique key>``."""
-    return group.split(":", 1)[1]
-
-
-class _LockGate:
-    """Execution locks as a parking :class:`~dramatiq_unique.parking.gates.Gate`: group ``lock:<unique key>``."""
-
-    kind = KIND
-
-    def __init__(self, suite: Suite, flags: str) -> None:
-        self.suite = suite
-        self.flags = flags
-        self.atomic_release = suite.locks.single
-
-    def name(self, group: str) -> str:
-        return self.suite.keys.execution_lock(unique_key_of(group))
-
-    def describe(self, group: str) -> Optional[GroupInfo]:
-        # A unique key is "<actor name>:<digest>".
-        config = self.suite.actor_config(unique_key_of(group).rsplit(":", 1)[0])
-        if config is None:
-            return None
-        return GroupInfo(
-            config.model,
-            config.options.get("unique_order_by") or opt.DEFAULT_UNIQUE_ORDER_BY,
-            float(config.options.get("unique_ttl") or opt.DEFAULT_UNIQUE_TTL),
-        )
-
-    def take(self, group: str, ttl_ms: float) -> Optional[str]:
-        return self.suite.locks.acquire(self.name(group), ttl_ms, new_token())[0]
-
-    def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
-        fresh = new_token()
-        return fresh if self.suite.locks.transfer(self.name(group), token, fresh, ttl_ms) else None
-
-    def release_unless_flagged(self, group: str, token: str) -> int:
-        return self.suite.locks.release_unless(self.name(group), token, self.flags, group)
-
-    def release(self, group: str, token: str) -> None:
-        self.suite.locks.release(self.name(group), token)
-
-    def retry_in(self, group: str) -> float:
-        return self.suite.locks.pttl(self.name(group))
 
 
 class ExecutionLocks(Middleware):
@@ -133,7 +70,7 @@ class ExecutionLocks(Middleware):
         self.suite = suite
         self.parking = parking.of(suite)
         self.parking.local_handoff = local_handoff
-        self.gate = _LockGate(suite, self.parking.flags)
+        self.gate = LockGate(suite, self.parking.flags)
         self.parking.register(self.gate)
         fencing.create_table(suite.db)
 
@@ -167,13 +104,13 @@ class ExecutionLocks(Middleware):
         ctx = context.attach(message, self.suite, config)
         key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
         assert key is not None
-        group = f"{KIND}:{key}"
+        group = lock_group(key)
         name = self.gate.name(group)
         ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
         marker = opts.get(MARKER)
-        wake = marker.get(parking.WAKE) if isinstance(marker, dict) else None
+        wake = marker.get(WAKE) if isinstance(marker, dict) else None
         if isinstance(wake, dict) and wake.get("g") == group:
-            del marker[parking.WAKE]  # woken for this lock: it was handed to us (another gate's stays)
+            del marker[WAKE]  # woken for this lock: it was handed to us (another gate's stays)
             ctx.extras[context.WOKEN] = True
         else:
             wake = None
@@ -194,7 +131,7 @@ class ExecutionLocks(Middleware):
             return token
         return self.suite.locks.acquire(name, ttl, token)[0]
 
-    def _park(self, config: ActorConfig, message, key: str, group: str, ttl: float) -> None:
+    def _park(self, config: ActorConfig, message, key: str, group: str, ttl: float) -> NoReturn:
         """The key is locked: park the job until the holder wakes it.  Always raises SkipMessage."""
         try:
             retry_in = self.gate.retry_in(group)

@@ -1,9 +1,10 @@
 """The next jobs of a busy slot group, reserved ahead of time ("on deck").
 
 While a holder of a group runs here, the rows at the head of the group's
-queue are *reserved* by this process, up to :data:`DEPTH` per group
-(``worker`` = ``<host>:<pid>:deck``, ``lease_until`` = the end of the
-reservation by the database's clock, a fresh ``broker_ref``).  A reserved
+queue are *reserved* by this process, up to
+:data:`~dramatiq_unique.parking.places.DEPTH` per group (``worker`` =
+``<host>:<pid>:deck``, ``lease_until`` = the end of the reservation by
+the database's clock, a fresh ``broker_ref``).  A reserved
 row stays parked (``pending``, counted by ``concurrency_status()``);
 other wakers skip it while its reservation lasts.
 
@@ -13,7 +14,8 @@ database by a compare-and-set on what its reservation read
 by us under the same broker id, revision and fencing token; the start
 draws the next token).  Only then are the slot passed to it and its
 message, rebuilt from the row the start returned, written for this
-worker, in one Redis script (``slots._PASS_AND_DELIVER``).  A row
+worker, in one Redis script
+(:meth:`~dramatiq_unique.slots.gate.SlotGate.pass_and_deliver`).  A row
 replaced while on deck (``unique_on_conflict="replace"``) or taken by
 another process (this one stalled past the reservation, or the other's
 clock runs ahead) fails the compare-and-set: nothing is delivered from
@@ -27,9 +29,10 @@ What stays bounded:
 
 * FIFO order: a reserved row waits for a holder *in this process*; a
   holder in another process that leaves meanwhile wakes the next
-  unreserved row.  At most :data:`DEPTH` jobs per group and process are
-  overtaken so.
-* A row on deck for longer than :data:`MAX_WAIT_MS` (its holder runs a
+  unreserved row.  At most :data:`~dramatiq_unique.parking.places.DEPTH`
+  jobs per group and process are overtaken so.
+* A row on deck for longer than
+  :func:`~dramatiq_unique.parking.places.max_wait` (its holder runs a
   long job) goes back to the queue (the watchdog looks), as do all rows
   on deck when the worker stops, and one that cannot be handed over.
 * A process killed with rows on deck leaves them reserved as long as the
@@ -39,67 +42,57 @@ What stays bounded:
 Only for an actor without an execution lock whose start releases no
 unique hold, a row whose message brought no unique options of its own,
 and while the woken jobs go to this process's own worker.
+
+What is on deck here, and how many places are left, is counted in
+:mod:`dramatiq_unique.parking.places`; this module does the database and
+Redis work around it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.gates import WAKE
+from dramatiq_unique.parking.places import Places, max_wait, place_of
 from dramatiq_unique.storage.models import JobModel, JobStatus
 
 if TYPE_CHECKING:
+    from dramatiq_unique.broker.delivery import Delivery
+    from dramatiq_unique.parking.flags import Flags
     from dramatiq_unique.parking.gates import Gate, GroupInfo
-    from dramatiq_unique.parking.lot import Parking
+    from dramatiq_unique.parking.prestart import Started
+    from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
 
-#: Rows on deck per group and process: two, so that two holders of a group here that
-#: finish together both hand over in one step.
-DEPTH = 2
-#: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at
-#: most half the group's slot lease, the length of a reservation in the database: so a
-#: killed process's rows are free about when its slots are).
-MAX_WAIT_MS = 2_000
 
+class Waker(Protocol):
+    """What the deck uses of the parking it serves (a :class:`~dramatiq_unique.parking.waking.Waking`):
+    named here, so that the deck, which parking uses, depends on nothing above it."""
 
-@dataclasses.dataclass
-class Deck:
-    row: JobModel
-    info: "GroupInfo"
-    since: float  # monotonic seconds
+    suite: "Suite"
+    delivery: "Delivery"
+    started: "Started"
+    wakeups: "Flags"
 
-    @property
-    def key(self) -> tuple:
-        return _place(self.info.order_by, self.row.created_at, self.row.process_after, self.row.id)
+    def wake(self, gate: "Gate", group: str) -> Optional[JobModel]: ...
 
-
-def _place(order_by: str, created_at: Any, process_after: Any, job_id: int) -> tuple:
-    """A row's place in its group's queue (as the claim orders them)."""
-    first = process_after if order_by == "process_after" and process_after is not None else created_at
-    return (first, job_id)
+    def wake_if_flagged(self, gate: "Gate", group: str) -> Optional[JobModel]: ...
 
 
 class OnDeck:
     """The rows on deck of one :class:`~dramatiq_unique.parking.lot.Parking`, by group."""
 
-    def __init__(self, parking: "Parking") -> None:
+    def __init__(self, parking: Waker) -> None:
         self.parking = parking
         #: Reserve the next jobs ahead of time (see the module's docs).
         self.enabled = True
-        self._decks: dict[str, list[Deck]] = {}
-        self._holders: dict[str, int] = {}
-        self._coming: dict[str, int] = {}  # group: reservations under way
-        self._missed: dict[str, float] = {}  # group: when a holder here last let its slot go
-        self._missed_cap = 1000
-        self._lock = threading.Lock()
+        self.places = Places()
 
     @property
     def marker(self) -> str:
@@ -111,7 +104,7 @@ class OnDeck:
     def fill(
         self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None,
     ) -> None:
-        """Reserve ``group``'s next parked rows, up to :data:`DEPTH` on deck.
+        """Reserve ``group``'s next parked rows, up to ``DEPTH`` on deck (:mod:`~dramatiq_unique.parking.places`).
 
         Called after a hand-over that woke a job of the group here (``since``:
         when the hand-over began), or after a job parked on the group (then
@@ -131,19 +124,11 @@ class OnDeck:
         info = gate.describe(group)
         if info is None or info.start is None or info.start.release_hold:
             return  # its start would take more than this module writes
+        late = None if place is None else place_of(info.order_by, *place)
         while True:
-            with self._lock:  # a place on deck, counted before the claim: no more claims than places
-                decks, coming = self._decks.get(group, []), self._coming.get(group, 0)
-                if since is None and group not in self._holders:
-                    return
-                if len(decks) + coming >= DEPTH:
-                    # Full: only a job that parked late, ahead of the last on deck, gets a place.
-                    late = place is not None and not coming and decks and (
-                        _place(info.order_by, *place) < decks[-1].key)
-                    if not late:
-                        return
-                place = None
-                self._coming[group] = coming + 1
+            if not self.places.book(group, with_holder=since is None, late=late):
+                return
+            late = None
             rows: list[JobModel] = []
             try:
                 row = parked.reserve(info, group, self.marker, info.ttl_ms, app=self.parking.suite.app)
@@ -158,23 +143,7 @@ class OnDeck:
     ) -> bool:
         """Put freshly reserved rows on deck (``booked`` places were counted for them); True if
         all were kept.  Those that cannot stay (see :meth:`fill`) are put back."""
-        back: list[JobModel] = []
-        with self._lock:
-            left = self._coming.get(group, 0) - booked
-            if left > 0:
-                self._coming[group] = left
-            else:
-                self._coming.pop(group, None)
-            raced = self._missed.get(group, 0.0) >= began
-            for row in rows:
-                if raced or _own_unique(row):
-                    back.append(row)
-                    continue
-                decks = self._decks.setdefault(group, [])
-                decks.append(Deck(row, info, time.monotonic()))
-                decks.sort(key=lambda d: d.key)
-                if len(decks) > DEPTH:
-                    back.append(decks.pop().row)
+        back, raced = self.places.settle(group, info, rows, began, booked)
         for row in back:
             self.put_back(info, row, group)
         if raced and back:
@@ -191,21 +160,14 @@ class OnDeck:
         taken by another process), or the slot could not be passed (the row is then back in
         the queue, unstarted) and the caller goes on the usual way."""
         began = time.monotonic() if since is None else since
-        with self._lock:
-            decks = self._decks.get(group)
-            deck = decks.pop(0) if decks else None
-            if decks == []:
-                del self._decks[group]
-            if deck is None:
-                return None
-            # The places left on deck, counted now (see fill()).
-            booked = max(DEPTH - len(self._decks.get(group, ())) - self._coming.get(group, 0), 0)
-            if booked:
-                self._coming[group] = self._coming.get(group, 0) + booked
+        first = self.places.take_first(group)  # with the places left on deck, booked now (see fill())
+        if first is None:
+            return None
+        deck, booked = first
         parking, row, info = self.parking, deck.row, deck.info
         assert info.start is not None
         started = None
-        if (time.monotonic() - deck.since) * 1000 < _max_wait(info):  # else its reservation may be running out
+        if (time.monotonic() - deck.since) * 1000 < max_wait(info):  # else its reservation may be running out
             try:  # verified and started before anything is delivered: a stale reservation starts nothing
                 started = parked.start_reserved(info.model, row, self.marker, f"{parking.suite.worker_id}:woken",
                                                 info.start.lease_ms)
@@ -251,14 +213,7 @@ class OnDeck:
         or it had lost the slot).  A row reserved meanwhile would wait for nobody: wake it."""
         if not self.enabled or getattr(gate, "pass_and_deliver", None) is None:
             return  # a gate without a deck (an execution lock): nothing to note on every leave
-        with self._lock:
-            if len(self._missed) > self._missed_cap:  # only fills under way look: keep the recent ones
-                cut = time.monotonic() - 60
-                self._missed = {g: t for g, t in self._missed.items() if t > cut}
-                self._missed_cap = max(1000, 2 * len(self._missed))  # so pruning stays rare
-            self._missed[group] = time.monotonic()
-            waiting = bool(self._decks.get(group))
-        if waiting:
+        if self.places.released(group):
             self.parking.wake(gate, group)
 
     # -- giving back -----------------------------------------------------------
@@ -279,20 +234,7 @@ class OnDeck:
 
     def sweep(self, max_wait_ms: Optional[float] = None) -> int:
         """Put back the rows that waited on deck too long (all of them with ``max_wait_ms=0``)."""
-        now = time.monotonic()
-        stale: list[tuple[str, Deck]] = []
-
-        def old(deck: Deck) -> bool:
-            return (now - deck.since) * 1000 >= (_max_wait(deck.info) if max_wait_ms is None else max_wait_ms)
-
-        with self._lock:
-            for group, decks in list(self._decks.items()):
-                stale += [(group, d) for d in decks if old(d)]
-                keep = [d for d in decks if not old(d)]
-                if keep:
-                    self._decks[group] = keep
-                else:
-                    del self._decks[group]
+        stale = self.places.stale(max_wait_ms)
         for group, deck in stale:
             self.put_back(deck.info, deck.row, group)
         return len(stale)
@@ -302,22 +244,8 @@ class OnDeck:
     def holding(self, group: str, change: int) -> None:
         """Count a slot of ``group`` taken (+1) or left (-1) in this process: a job parking on
         a group reserves rows only while a holder of that group runs here."""
-        with self._lock:
-            count = self._holders.get(group, 0) + change
-            if count > 0:
-                self._holders[group] = count
-            else:
-                self._holders.pop(group, None)
+        self.places.holding(group, change)
 
     def busy(self, group: str) -> bool:
         """Whether jobs of ``group`` wait on deck here (so the group is full)."""
-        return bool(self._decks.get(group))  # a read of one dict entry: no lock needed
-
-
-def _own_unique(row: JobModel) -> bool:
-    """A message that brought unique options of its own starts the usual way."""
-    return any(str(k).startswith("unique_") for k in (row.options or {}))
-
-
-def _max_wait(info: "GroupInfo") -> float:
-    return min(MAX_WAIT_MS, info.ttl_ms / 2)
+        return self.places.busy(group)

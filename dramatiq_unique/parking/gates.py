@@ -37,7 +37,7 @@ class Gate(Protocol):
     """Something jobs park on.  Tokens are opaque strings; every call may raise
     :class:`~dramatiq_unique.errors.DependencyUnavailable`."""
 
-    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``).
+    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``, :mod:`dramatiq_unique.parking.groups`).
     kind: str
     #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
     atomic_release: bool
@@ -64,3 +64,9 @@ class Gate(Protocol):
     #   hand_over(group, token) -> (outcome, token): release_unless_flagged that re-issues
     #     the gate to a fresh token when it keeps it;
     #   flag_and_take(group, ttl_ms, delay_ms) -> token or None: flag the group, then take.
+
+
+def gate_ttl(gate: Gate, group: str) -> float:
+    """The lease (ms) of ``group``'s gate handed to a woken job; a minute if the gate does not know the group."""
+    info = gate.describe(group)
+    return info.ttl_ms if info is not None else 60_000

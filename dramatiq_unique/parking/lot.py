@@ -4,7 +4,7 @@ A *gate* is something a job must hold to run: an execution lock
 (:class:`~dramatiq_unique.middleware.ExecutionLocks`), a concurrency
 slot.  Jobs queue for a gate by *group*, a name such as
 ``lock:<unique key>`` (the part before the first colon names the
-gate's kind).  A message whose job cannot enter its gate is *parked*:
+gate's kind: see :mod:`dramatiq_unique.parking.groups`).  A message whose job cannot enter its gate is *parked*:
 
 * its row goes to ``status = "pending"`` with ``parked_on = group``, and
   keeps the message's current options (retry count included);
@@ -70,25 +70,13 @@ from dramatiq_unique.broker.delivery import Delivery
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DependencyUnavailable
+from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.deck import OnDeck
 from dramatiq_unique.parking.flags import Flags, Watchdog
-from dramatiq_unique.parking.gates import (  # noqa: F401  (parking.WAKE etc. for users)
-    KEPT,
-    NOT_HELD,
-    RELEASED,
-    WAKE,
-    Gate,
-    GroupInfo,
-)
+from dramatiq_unique.parking.gates import KEPT, NOT_HELD, WAKE, Gate, gate_ttl
 from dramatiq_unique.parking.prestart import Started
-from dramatiq_unique.parking.waking import (  # noqa: F401  (parking.RETRY_DELAY etc.)
-    DEFAULT_PAGE,
-    MAX_ROUNDS,
-    RETRY_DELAY,
-    Waking,
-    gate_ttl,
-)
+from dramatiq_unique.parking.waking import DEFAULT_PAGE, Waking
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage import parking_statements as sql_parking
 from dramatiq_unique.storage.models import JobModel, utcnow
@@ -102,9 +90,6 @@ logger = logging.getLogger(__name__)
 
 #: ms between two looks of a worker's watchdog at the groups whose holder's lease ran out.
 DEFAULT_WAKE_INTERVAL = 500
-
-# Set on a message proxy that was parked, for the log filter below.
-_PARKED = "_dramatiq_unique_parked"
 
 
 class Parking(Waking):
@@ -141,9 +126,6 @@ class Parking(Waking):
     def register(self, gate: Gate) -> None:
         self.gates[gate.kind] = gate
 
-    def gate_for(self, group: str) -> Optional[Gate]:
-        return self.gates.get(group.split(":", 1)[0])
-
     # -- the waiter's side ---------------------------------------------------
 
     def park_message(
@@ -155,7 +137,9 @@ class Parking(Waking):
         A message sent without the suite gets its row first (so does one
         whose row was pruned).  A message whose job is not waiting (a
         duplicate delivery of a running job, a finished or replaced one)
-        is dropped.
+        is dropped; it hands on a gate it was woken for (its execution lock,
+        when it found its slot group full), not to sit on it until its lease
+        runs out.  A waiting one does so in :meth:`park`.
         """
         with store.db_errors(f"parking job {message.message_id}"):
             job_id, revision = parked.job_row(config, message, unique_key)
@@ -166,6 +150,10 @@ class Parking(Waking):
                 waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
         if waiting:
             raise SkipMessage(f"job {message.message_id} waits for {group}")
+        marker = message.options.get(MARKER)
+        reserved = marker.pop(WAKE, None) if isinstance(marker, dict) else None
+        if isinstance(reserved, dict):
+            self._hand_on(reserved)
         raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
 
     def park(
@@ -188,7 +176,7 @@ class Parking(Waking):
             self._hand_on(reserved)  # woken for another gate, which it must not sit on while parked
         # This delivery ends here: Results must not store a None for it.
         message.options["store_results"] = False
-        setattr(message, _PARKED, True)
+        setattr(message, PARKED, True)
         logger.debug("Job %s parked on %s.", message.message_id, group)
         flag_and_take = getattr(gate, "flag_and_take", None)  # both steps in one call, where the gate can
         if flag_and_take is None:
@@ -208,7 +196,7 @@ class Parking(Waking):
             return True
         if token is not None:  # the holder left meanwhile: wake the head of the queue ourselves
             self.pass_on(gate, group, token, fresh=True)
-        else:  # full: a holder in this process may take the next job on deck (ondeck.py)
+        else:  # full: a holder in this process may take the next job on deck (parking/deck.py)
             self.ondeck.fill(gate, group, place=(*place, job_id))
         return True
 
@@ -276,7 +264,7 @@ def of(suite: "Suite") -> Parking:
         parking = _parkings.get(suite)
         if parking is None:
             parking = _parkings[suite] = Parking(suite)
-            _ParkedSkipFilter.install()
+            ParkedSkipFilter.install()
         return parking
 
 
@@ -288,17 +276,3 @@ def wake_orphans(suite: "Suite", *, limit: int = DEFAULT_PAGE) -> int:
     Returns the number of jobs woken.
     """
     return of(suite).wake_orphans(limit)
-
-
-class _ParkedSkipFilter(logging.Filter):
-    """Drops Dramatiq's "Message ... was skipped." warning for parked messages (they wait, by design)."""
-
-    @classmethod
-    def install(cls) -> None:
-        worker_logger = logging.getLogger("dramatiq.worker.WorkerThread")
-        if not any(isinstance(f, cls) for f in worker_logger.filters):
-            worker_logger.addFilter(cls())
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        return not (args and getattr(args[0], _PARKED, False) and "skipped" in str(record.msg))

@@ -20,7 +20,8 @@ import redis as redis_lib
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.errors import DependencyUnavailable
 from dramatiq_unique.parking import rows as parked
-from dramatiq_unique.parking.gates import KEPT, RELEASED, WAKE, Gate, GroupInfo
+from dramatiq_unique.parking.gates import KEPT, RELEASED, WAKE, Gate, GroupInfo, gate_ttl
+from dramatiq_unique.parking.groups import kind_of
 from dramatiq_unique.storage import parking_statements as sql_parking
 from dramatiq_unique.storage.models import JobModel, JobStatus, after_ms, utcnow
 
@@ -45,13 +46,16 @@ class Waking:
     """The wake-up half of a :class:`~dramatiq_unique.parking.lot.Parking`."""
 
     suite: "Suite"
+    #: The gates jobs park on, by kind (:mod:`dramatiq_unique.parking.groups`).
+    gates: dict[str, Gate]
     wakeups: "Flags"
     delivery: "Delivery"
     ondeck: "OnDeck"
     started: "Started"
 
     def gate_for(self, group: str) -> Optional[Gate]:
-        raise NotImplementedError
+        """The gate ``group``'s jobs park on; None if no gate of its kind is registered here."""
+        return self.gates.get(kind_of(group))
 
     def pass_on(self, gate: Gate, group: str, token: str, fresh: bool = False) -> Optional[JobModel]:
         """Holding ``group``'s gate under ``token``: wake the next parked job, or release the gate.
@@ -104,7 +108,7 @@ class Waking:
                         self.wakeups.flag(group, 0)
                     continue
                 if waiting is not None and flags:
-                    # Reserved by another process for its deck (ondeck.py): it hands them a
+                    # Reserved by another process for its deck (deck.py): it hands them a
                     # slot; should it die, look again when their reservation has run out.
                     gate.release(group, token)
                     self.wakeups.flag(group, waiting + 50)
@@ -192,21 +196,16 @@ class Waking:
             # This app's groups only: another app's, of the same name, is free in this app's Redis
             # but not this app's to wake (and the claims would find none of its rows).
             parked_here = (model.app == self.suite.app) & model.parked_on.is_null(False)
-            groups = (
+            query = (
                 model.select(model.parked_on)
                 .where(parked_here & (model.status == JobStatus.PENDING.value))
                 .distinct()
                 .limit(limit)
-                .tuples()
             )
-            for (group,) in list(groups):
+            for group in [job.parked_on for job in query if job.parked_on is not None]:
                 if self.gate_for(group) is None:
                     continue
                 self.wakeups.flag(group, 0)  # Redis may have lost it
                 woken += self._wake_group(group) is not None
         return woken
 
-
-def gate_ttl(gate: Gate, group: str) -> float:
-    info = gate.describe(group)
-    return info.ttl_ms if info is not None else 60_000

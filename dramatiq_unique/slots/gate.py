@@ -4,7 +4,7 @@ A *group* is what a limit applies to: an actor, or an actor and one
 value of its ``concurrency_key`` (hashed like unique keys, so no user
 data sits raw in a Redis key).  Its parking name is ``slot:<group key>``
 and its group key ``<actor name>:<digest>``, or ``<actor name>:all``
-for an actor without ``concurrency_key``.
+for an actor without ``concurrency_key`` (:mod:`dramatiq_unique.parking.groups`).
 
 Each group is a Redis sorted set of holder tokens scored with the
 moment their lease runs out (Redis server time, ms).  Every script
@@ -43,41 +43,29 @@ from dramatiq_unique.errors import LockLost, RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot as parking
 from dramatiq_unique.parking import prestart
-from dramatiq_unique.parking.lot import GroupInfo
+from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl
+from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
+from dramatiq_unique.parking.waking import RETRY_DELAY
 from dramatiq_unique.redis import lua
 from dramatiq_unique.unique.keys import derive_key
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import ActorConfig, Suite
 
-#: The kind (parking-name prefix) of slot groups.
-KIND = "slot"
-#: The group-key suffix of an actor without ``concurrency_key``: one group per actor.
-WHOLE_ACTOR = "all"
 #: The limit passed to the scripts for "no declared limit" (overrides still apply).
 UNLIMITED = -1
 #: ms before a halted group (limit 0) is looked at again by the wake-up watchdog.
-HALTED_RETRY = parking.RETRY_DELAY
+HALTED_RETRY = RETRY_DELAY
 
 
 def group_key(config: "ActorConfig", message_options: dict, args: tuple, kwargs: dict) -> str:
     """The group key of one call: ``<actor>:<digest of the concurrency_key arguments>``."""
     spec = config.get(message_options, "concurrency_key")
     if spec is None:
-        return f"{config.actor_name}:{WHOLE_ACTOR}"
+        return whole_actor(config.actor_name)
     key = derive_key(config.actor_name, config.fn, spec, args, kwargs)
     assert key is not None
     return key
-
-
-def group_name(key: str) -> str:
-    """The parking name of a group key."""
-    return f"{KIND}:{key}"
-
-
-def actor_of(group: str) -> str:
-    """The actor name in a parking name ``slot:<actor>:<suffix>``."""
-    return group[len(KIND) + 1:].rsplit(":", 1)[0]
 
 
 def declared_limit(config: "ActorConfig", message_options: Optional[dict] = None) -> int:
@@ -103,7 +91,7 @@ class SlotGate:
     :class:`~dramatiq_unique.errors.RedisUnavailable`.
     """
 
-    kind = KIND
+    kind = SLOT
     #: The flag is read in the release script itself.
     atomic_release = True
 
@@ -120,7 +108,7 @@ class SlotGate:
         self._flag_and_take = lua.register(client, "slot_flag_and_take")
 
     def _keys(self, group: str) -> list[str]:
-        key = group[len(KIND) + 1:]
+        key = slot_key_of(group)
         keys = self.suite.keys
         return [keys.slots(key), keys.limit(key), keys.actor_limit(actor_of(group)), keys.message_limit(key)]
 
@@ -189,9 +177,9 @@ class SlotGate:
         """Leave, re-issuing the slot to a fresh token if someone waits: ``(KEPT, fresh)``,
         ``(RELEASED, token)`` or ``(NOT_HELD, token)``.  The fresh token is the woken job's."""
         fresh = new_token()
-        args = [self._default(group), token, group, fresh, int(parking.gate_ttl(self, group))]
+        args = [self._default(group), token, group, fresh, int(gate_ttl(self, group))]
         outcome = int(self._call(self._leave, group, args, (self.flags,)))
-        return outcome, (fresh if outcome == parking.KEPT else token)
+        return outcome, (fresh if outcome == KEPT else token)
 
     def pass_and_deliver(self, group: str, token: str, fresh: str, ttl_ms: float, keys: list, args: list) -> bool:
         """Hand the slot held by ``token`` to ``fresh`` and write a local delivery's message
@@ -221,7 +209,7 @@ class SlotGate:
 def gate_of(suite: "Suite") -> SlotGate:
     """The suite's slot gate, registered with its parking (one per suite)."""
     spot = parking.of(suite)
-    gate = spot.gates.get(KIND)
+    gate = spot.gates.get(SLOT)
     if not isinstance(gate, SlotGate):
         gate = SlotGate(suite, spot.flags)
         spot.register(gate)

@@ -18,7 +18,8 @@ import redis as redis_lib
 from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import InvalidOption, RedisUnavailable
 from dramatiq_unique.parking import lot as parking
-from dramatiq_unique.slots.gate import KIND, WHOLE_ACTOR, declared_limit, gate_of, group_name, has_slots
+from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_actor
+from dramatiq_unique.slots.gate import declared_limit, gate_of, has_slots
 from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.unique.keys import canonical, digest
 
@@ -92,7 +93,7 @@ def key_group(config: "ActorConfig", key: Any) -> str:
         elif len(names) == 1:
             selected = {names[0]: key}
         elif isinstance(key, (list, tuple)) and len(key) == len(names):
-            selected = dict(zip(names, key))
+            selected = dict(zip(names, key, strict=True))
         else:
             raise InvalidOption(f"key for {name!r} must be a dict of {names} (or a tuple in that order)")
     return f"{name}:{digest(canonical(selected))}"
@@ -102,15 +103,15 @@ def _target(suite: "Suite", config: "ActorConfig", key: Any) -> tuple[str, Optio
     """(the Redis key of the override, the one group it limits, or None for all the actor's groups)."""
     if key is not None:
         group = key_group(config, key)
-        return suite.keys.limit(group), group_name(group)
+        return suite.keys.limit(group), slot_group(group)
     if config.options.get("concurrency_key") is None:
-        return suite.keys.actor_limit(config.actor_name), group_name(f"{config.actor_name}:{WHOLE_ACTOR}")
+        return suite.keys.actor_limit(config.actor_name), slot_group(whole_actor(config.actor_name))
     return suite.keys.actor_limit(config.actor_name), None
 
 
 def _parked_groups(config: "ActorConfig") -> list[str]:
     model = config.model
-    prefix = f"{KIND}:{config.actor_name}:"
+    prefix = slot_groups_of(config.actor_name)
     query = (
         model.select(model.parked_on)
         .where(
@@ -118,9 +119,8 @@ def _parked_groups(config: "ActorConfig") -> list[str]:
             & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)
         )
         .distinct()
-        .tuples()
     )
-    return [group for (group,) in query]
+    return [job.parked_on for job in query if job.parked_on is not None]
 
 
 def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
@@ -189,7 +189,7 @@ def concurrency_status(actor_name: str, key: Any = None) -> ConcurrencyStatus:
     else:
         holders, override = _all_holders(suite, config), _actor_override(suite, actor_name)
         limit = declared_limit(config) if override is None else override
-        prefix = f"{KIND}:{actor_name}:"
+        prefix = slot_groups_of(actor_name)
         parked = model.select().where(waiting & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)).count()
     return ConcurrencyStatus(actor_name, key, None if limit < 0 else limit, declared, override, holders, parked)
 
@@ -210,7 +210,7 @@ def _all_holders(suite: "Suite", config: "ActorConfig") -> int:
     try:
         for raw in suite.redis.scan_iter(match=pattern, count=1000):
             name = raw.decode() if isinstance(raw, bytes) else raw
-            total += gate.status(group_name(name[len(slots_prefix):]), declared_limit(config))[0]
+            total += gate.status(slot_group(name[len(slots_prefix):]), declared_limit(config))[0]
     except redis_lib.RedisError as e:
         raise RedisUnavailable(f"reading the concurrency slots of {config.actor_name!r}: {e}") from e
     return total

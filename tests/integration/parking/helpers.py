@@ -9,7 +9,7 @@ import dramatiq
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.locks.redlock import new_token
-from dramatiq_unique.parking.lot import GroupInfo
+from dramatiq_unique.parking.gates import GroupInfo
 from tests.integration.slots.helpers import rows
 
 ORDER = {"value": "created_at"}

@@ -14,7 +14,7 @@ import pytest
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.parking import lot as parking
-from dramatiq_unique.parking.lot import GroupInfo
+from dramatiq_unique.parking.gates import GroupInfo
 from dramatiq_unique.storage.models import utcnow
 from dramatiq_unique.suite import current
 from tests.integration.parking.helpers import ORDER, Delivery, TestGate, sent

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options, rebuild
-from dramatiq_unique.middleware.execution_locks import unique_key_of
+from dramatiq_unique.parking.groups import unique_key_of
 
 
 def test_a_woken_job_is_its_own_message_again():

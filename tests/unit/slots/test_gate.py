@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dramatiq_unique import InvalidOption, JobModel
-from dramatiq_unique.slots.gate import UNLIMITED, actor_of, declared_limit, group_key, group_name, has_slots, ttl_of
+from dramatiq_unique.parking.groups import actor_of, slot_group
+from dramatiq_unique.slots.gate import UNLIMITED, declared_limit, group_key, has_slots, ttl_of
 from dramatiq_unique.slots.limits import _check_limit, key_group
 from dramatiq_unique.suite import ActorConfig
 
@@ -43,10 +44,10 @@ def test_the_type_of_a_key_matters():
 
 def test_groups_without_a_key_are_per_actor_and_name_their_actor():
     cfg = config(send_webhook, concurrency_limit=2)
-    group = group_name(group_key(cfg, {}, ("acme", "u"), {}))
+    group = slot_group(group_key(cfg, {}, ("acme", "u"), {}))
     assert group == "slot:send_webhook:all"
-    assert group == group_name(group_key(cfg, {}, ("other", "v"), {}))
-    keyed = group_name(group_key(config(send_webhook, concurrency_key=["customer"]), {}, ("acme", "u"), {}))
+    assert group == slot_group(group_key(cfg, {}, ("other", "v"), {}))
+    keyed = slot_group(group_key(config(send_webhook, concurrency_key=["customer"]), {}, ("acme", "u"), {}))
     assert actor_of(group) == actor_of(keyed) == "send_webhook"
     assert "acme" not in keyed, "only a hash of the arguments reaches Redis"
 

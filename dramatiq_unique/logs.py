@@ -1,0 +1,66 @@
+"""The log lines of Dramatiq and APScheduler that the suite silences, and why.
+
+Each filter drops records that say something the suite already handles
+by design, so that what is left in the logs is worth reading.  They are
+installed once per logger, by whoever first needs them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+#: Set on a message proxy that was parked, for :class:`ParkedSkipFilter`.
+PARKED = "_dramatiq_unique_parked"
+#: The logger of Dramatiq's worker threads.
+WORKER_LOGGER = "dramatiq.worker.WorkerThread"
+
+
+def _install(cls: type[logging.Filter], logger_name: str) -> None:
+    """Add a ``cls`` filter to the logger ``logger_name``, unless it has one."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, cls) for f in logger.filters):
+        logger.addFilter(cls())
+
+
+class ParkedSkipFilter(logging.Filter):
+    """Drops Dramatiq's "Message ... was skipped." warning for parked messages (they wait, by design)."""
+
+    @classmethod
+    def install(cls) -> None:
+        _install(cls, WORKER_LOGGER)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (args and getattr(args[0], PARKED, False) and "skipped" in str(record.msg))
+
+
+class ResultWarningFilter(logging.Filter):
+    """Drops Dramatiq's "value discarded" warning for tracked actors: their row keeps it."""
+
+    suites: list[Suite] = []
+
+    @classmethod
+    def install(cls, suite: Suite) -> None:
+        _install(cls, WORKER_LOGGER)
+        cls.suites = [*cls.suites[-7:], suite]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "returned a value that is not None" not in message:
+            return True
+        return not any(f"Actor '{name}' returned" in message for s in self.suites for name in s.actors)
+
+
+class QuietTicks(logging.Filter):
+    """Drops APScheduler's two INFO lines per re-drive tick ("Running job", "executed successfully")."""
+
+    @classmethod
+    def install(cls) -> None:
+        _install(cls, "apscheduler.executors.default")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or "dramatiq_unique re-drive" not in record.getMessage()
