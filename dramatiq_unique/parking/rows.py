@@ -34,13 +34,14 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
     model, now = info.model, utcnow()
     clock = pw.SQL(sql_parking.db_now(model._meta.database))  # reservations run by the database's clock
     free = model.lease_until.is_null() | (model.lease_until <= clock)
-    free_rows, until, db_time = model.select(
+    row: Any = model.select(  # a tuple (.tuples()), which peewee's hints call a model
         pw.fn.COUNT(pw.Case(None, [(free, 1)], None)), pw.fn.MIN(pw.Case(None, [(free, None)], model.lease_until)),
         clock,
     ).where(
         (model.app == app) & (model.parked_on == group) & (model.status == JobStatus.PENDING.value)
         & (model.process_after.is_null() | (model.process_after <= now))
     ).tuples().get()
+    free_rows, until, db_time = row
     if free_rows:
         return 0.0
     if until is None:
