@@ -16,7 +16,7 @@ from dramatiq_unique.logs import ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
 from dramatiq_unique.redis.checks import check_redis
 from dramatiq_unique.slots.limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
-from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel
 from dramatiq_unique.suite import RedisSpec, Suite
 from dramatiq_unique.unique.send import transaction  # noqa: F401  (public API)
@@ -67,6 +67,6 @@ def get_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]
     that several apps share, another app's job is None, as a job that does not exist.
     """
     suite = _config.current()
-    with store.db_errors(f"reading job {id_or_message_id}"):
-        job = store.find_job(suite.models, id_or_message_id, model)
+    with jobs.db_errors(f"reading job {id_or_message_id}"):
+        job = jobs.find_job(suite.models, id_or_message_id, model)
     return job if job is None or job.app in (suite.app, NO_APP) else None

@@ -18,8 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from dramatiq_unique.context import JobContext, require
 from dramatiq_unique.errors import LockLost, NotSerializable
-from dramatiq_unique.storage import jobs as store
-from dramatiq_unique.storage import statements as sql
+from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import dumps
 
 T = TypeVar("T")
@@ -34,7 +33,7 @@ def step_key(name: str) -> str:
 def _check_fence(ctx: JobContext) -> None:
     job = ctx.job
     model = type(job)
-    with store.db_errors(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
+    with jobs.db_errors(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
         token = model.select(model.fencing_token).where(model.id == job.id).scalar()  # type: ignore[union-attr]
     if token != job.fencing_token:  # type: ignore[union-attr]
         raise LockLost(f"job {job.message_id} was started again by a newer attempt")  # type: ignore[union-attr]
@@ -62,8 +61,8 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     except (TypeError, ValueError) as e:
         raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
     done[name] = stored
-    with store.db_errors(f"recording step {name!r} of job {job.message_id}"):
-        recorded = sql.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
+    with jobs.db_errors(f"recording step {name!r} of job {job.message_id}"):
+        recorded = statements.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
     if not recorded:
         raise LockLost(f"job {job.message_id} was started again by a newer attempt; step {name!r} not recorded")
     job.checkpoints = done

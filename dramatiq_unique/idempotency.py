@@ -21,7 +21,7 @@ from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
 from dramatiq_unique.options import MAX_KEY_LENGTH, check_delay, show
-from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, after_ms
 from dramatiq_unique.suite import current
 from dramatiq_unique.unique.keys import bind_arguments, canonical, idempotency_hold
@@ -77,7 +77,7 @@ def submit(
         options = {"idempotency_key": idempotency_key, "owner": owner}
     message = actor.message_with_options(args=args, kwargs=kwargs, **options)
     sent = actor.broker.enqueue(message, delay=delay)
-    job = store.get(model, message_id=sent.message_id)
+    job = jobs.get(model, message_id=sent.message_id)
     if job is None:  # pragma: no cover - the row is written before the message is published
         raise LookupError(f"no job row for message {sent.message_id}")
     created = sent.message_id == message.message_id

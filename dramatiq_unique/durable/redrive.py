@@ -2,7 +2,7 @@
 
 A pass, for every job table:
 
-1. wakes parked jobs whose lock or slot holder is gone (parking.py);
+1. wakes parked jobs whose lock or slot holder is gone (parking/lot.py);
 2. sends due ``pending`` jobs (scheduled, outbox rows whose publish
    failed, jobs woken from parking) and ``retrying`` jobs whose retry
    message never reached the broker (``enqueued_at`` is NULL);
@@ -45,8 +45,8 @@ from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RU
 from dramatiq_unique.durable.counts import RedriveCounts
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import DramatiqUniqueError, RedisUnavailable
-from dramatiq_unique.parking import lot as parking
-from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.parking import lot
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def run_pass(
 ) -> RedriveCounts:
     """One pass, without taking the pass lock (``redrive()`` takes it)."""
     try:
-        with store.db_errors("re-drive pass"):
+        with jobs.db_errors("re-drive pass"):
             return _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
     except redis.RedisError as e:
         raise RedisUnavailable(f"re-drive pass: {e}") from e
@@ -131,7 +131,7 @@ class _Pass:
         # Parked rows (pending, parked_on set) wait for an execution lock or a slot;
         # sending them would only park them again.  Their wake-ups live in Redis and
         # can be lost (a holder killed, Redis wiped): wake every group with no holder.
-        self.counts.woken += parking.wake_orphans(self.suite)
+        self.counts.woken += lot.wake_orphans(self.suite)
 
     # -- 2. due jobs --------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER, RETRY_FIELDS
 from dramatiq_unique.errors import NotConfigured, RedisUnavailable
-from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, WAITING, JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     if "id" in marker:
         job_id, revision = int(marker["id"]), int(marker.get("rev", 0))
     else:  # sent without the suite and never adopted: its row, if it has one
-        row = store.get(model, message_id=message.message_id)
+        row = jobs.get(model, message_id=message.message_id)
         if row is None:
             return False
         job_id, revision = row.id, row.revision
@@ -116,7 +116,7 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
     """Send a duplicate delivery of a running job again, due when the attempt's lease runs out."""
     lease = running.lease_until
     left = (lease - utcnow()).total_seconds() * 1000 if lease is not None else 0
-    delay = int(max(left, 0) + store.LEASE_SKEW_MS + RESEND_MARGIN)
+    delay = int(max(left, 0) + jobs.LEASE_SKEW_MS + RESEND_MARGIN)
     broker = suite.broker
     try:
         if broker is None:  # set when a broker declares a tracked actor, before any job runs
@@ -140,7 +140,7 @@ def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], 
     release = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
     if release:
         free_queue_lock()  # first: once a reader sees the job finished, its key is free in Redis too
-    store.finish(config.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
+    jobs.finish(config.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
                  finished_at=utcnow(), last_error=skip_reason(message, started=True))
 
 
@@ -159,5 +159,5 @@ def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: di
     if fields.get("status") == JobStatus.SUCCEEDED.value:
         # Succeeded, but say why another job of its key may have run beside it.
         fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"
-    if store.finish_revoked(ctx.config.model, job, release_hold=release, lease_until=None, **fields):
+    if jobs.finish_revoked(ctx.config.model, job, release_hold=release, lease_until=None, **fields):
         logger.warning("Job %s ended after its execution lock ran out; its outcome is recorded.", job.message_id)

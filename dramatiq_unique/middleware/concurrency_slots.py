@@ -12,20 +12,17 @@ from typing import Any, ClassVar, NoReturn, Optional
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
 
-from dramatiq_unique import context
-from dramatiq_unique import leases as heartbeat
+from dramatiq_unique import context, leases
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware import combinations
-from dramatiq_unique.parking import lot as parking
-from dramatiq_unique.parking import rows as parked
+from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import slot_group
 from dramatiq_unique.slots.gate import HeldSlot, declared_limit, gate_of, group_key, has_slots, ttl_of
-from dramatiq_unique.storage import jobs as store
-from dramatiq_unique.storage import statements as sql
+from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import after_ms
 from dramatiq_unique.suite import ActorConfig, Suite
 
@@ -78,7 +75,7 @@ class ConcurrencySlots(Middleware):
 
     def __init__(self, *, suite: Suite, local_handoff: Optional[bool] = None) -> None:
         self.suite = suite
-        self.parking = parking.of(suite)
+        self.parking = lot.of(suite)
         if local_handoff is not None:
             self.parking.local_handoff = local_handoff
         self.gate = gate_of(suite)
@@ -136,8 +133,8 @@ class ConcurrencySlots(Middleware):
             entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
             if not entered:
                 if started is not None:  # its start is undone: it waits parked, as not started
-                    with store.db_errors(f"parking job {message.message_id}"):
-                        parked.unstart(config.model, started, group)
+                    with jobs.db_errors(f"parking job {message.message_id}"):
+                        rows.unstart(config.model, started, group)
                 self._park(config, message, group, ttl if wait < 0 else wait)
             if started is not None:
                 started = self._still_ours(config, message, group, token, started)
@@ -146,7 +143,7 @@ class ConcurrencySlots(Middleware):
         held = HeldSlot(self.gate, group, token, ttl, limit)
         ctx.extras[HELD] = held
         self.parking.ondeck.holding(group, 1)
-        ctx.extras.setdefault(heartbeat.RENEWERS, []).append(held.renew)
+        ctx.extras.setdefault(leases.RENEWERS, []).append(held.renew)
         # The slot goes to the next job as soon as the actor is done, before the outcome
         # is written: a slot orders nothing, so the next job need not wait for that commit.
         ctx.extras.setdefault(context.BEFORE_RECORD, []).append(lambda: self._leave(message))
@@ -157,8 +154,8 @@ class ConcurrencySlots(Middleware):
         renewed, by a fenced write); else another attempt took the job over (this process stalled
         past the lease): the message is dropped and the slot handed on."""
         lease = after_ms(float(config.get(message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)))
-        with store.db_errors(f"starting job {message.message_id}"):
-            renewed = sql.update_fenced(config.model, started.id, started.fencing_token, {"lease_until": lease})
+        with jobs.db_errors(f"starting job {message.message_id}"):
+            renewed = statements.update_fenced(config.model, started.id, started.fencing_token, {"lease_until": lease})
         if renewed:
             started.__data__["lease_until"] = lease
             return started

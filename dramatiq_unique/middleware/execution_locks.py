@@ -11,8 +11,7 @@ from typing import ClassVar, NoReturn, Optional
 import peewee as pw
 from dramatiq import Middleware
 
-from dramatiq_unique import context
-from dramatiq_unique import leases as heartbeat
+from dramatiq_unique import context, leases
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.errors import RedisUnavailable
@@ -20,7 +19,7 @@ from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.execution import Held, LockGate
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware import combinations
-from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.storage import fencing
@@ -68,7 +67,7 @@ class ExecutionLocks(Middleware):
 
     def __init__(self, *, suite: Suite, local_handoff: bool = True) -> None:
         self.suite = suite
-        self.parking = parking.of(suite)
+        self.parking = lot.of(suite)
         self.parking.local_handoff = local_handoff
         self.gate = LockGate(suite, self.parking.flags)
         self.parking.register(self.gate)
@@ -82,7 +81,7 @@ class ExecutionLocks(Middleware):
     def before_declare_actor(self, broker, actor) -> None:
         combinations.check_actor(broker, actor)
         if opt.is_tracked(actor.options):
-            heartbeat.carry_context(actor)
+            leases.carry_context(actor)
 
     def after_worker_boot(self, broker, worker) -> None:
         self.parking.attach(worker)
@@ -122,7 +121,7 @@ class ExecutionLocks(Middleware):
         ctx.extras["fence_key"] = key
         held = Held(self.suite.locks, name, group, token, ttl)
         ctx.extras[HELD] = held
-        ctx.extras.setdefault(heartbeat.RENEWERS, []).append(held.renew)
+        ctx.extras.setdefault(leases.RENEWERS, []).append(held.renew)
 
     def _enter(self, name: str, group: str, ttl: float, wake: Optional[dict]) -> Optional[str]:
         """Take the lock: the one reserved for this message when it was woken, or a free one."""

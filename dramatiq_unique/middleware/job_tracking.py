@@ -20,7 +20,7 @@ from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking.gates import WAKE
-from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.suite import Suite
 from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
@@ -146,7 +146,7 @@ class JobTracking(Middleware):
     def _start_row(self, config, message, ctx, marker, release_hold):
         opts = message.options
         model = config.model
-        return store.start(
+        return jobs.start(
             model,
             marker["id"],
             revision=marker.get("rev", 0),
@@ -158,13 +158,13 @@ class JobTracking(Middleware):
             # A row started ahead by its waker's claim is this delivery's only if it is the woken
             # message (a gate took up its reservation, or another gate's is still on it); a copy
             # of the job's first message is a duplicate of that attempt like any other.
-            woken_by=store.WOKEN if ctx.extras.get(context.WOKEN) or WAKE in marker else None,
+            woken_by=jobs.WOKEN if ctx.extras.get(context.WOKEN) or WAKE in marker else None,
         )
 
     def _not_started(self, config, message, ctx, marker):
         """The start found the job finished, replaced, gone or running: skip it (a running
         job's copy waits for the attempt, refused.py), or record it anew."""
-        existing = store.get(config.model, id=marker["id"])
+        existing = jobs.get(config.model, id=marker["id"])
         if existing is None:
             logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
             return self._start_adopted(config, message, ctx)
@@ -181,7 +181,7 @@ class JobTracking(Middleware):
 
     def _adopt(self, config, message) -> dict:
         """A message sent without the suite (before set-up, another producer): give it a row."""
-        job_id, revision = store.adopt(config.model, row_fields(config, message, None))
+        job_id, revision = jobs.adopt(config.model, row_fields(config, message, None))
         return {"id": job_id, "rev": revision}
 
     def _start_adopted(self, config, message, ctx):
@@ -230,7 +230,7 @@ class JobTracking(Middleware):
             # the key is free in Redis too.  The row's hold stays the authority
             # meanwhile, so a send in between is still resolved correctly.
             self._release_queue_lock(job, opts.get(MARKER) or {})
-        if not store.finish(config.model, job, release_hold=release, lease_until=None, **fields):
+        if not jobs.finish(config.model, job, release_hold=release, lease_until=None, **fields):
             refused.record_revoked(ctx, job, release, fields)
 
     def _refused(self, message, exception) -> None:

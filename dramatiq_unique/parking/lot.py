@@ -71,14 +71,13 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DependencyUnavailable
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
-from dramatiq_unique.parking import rows as parked
+from dramatiq_unique.parking import rows
 from dramatiq_unique.parking.deck import OnDeck
 from dramatiq_unique.parking.flags import Flags, Watchdog
 from dramatiq_unique.parking.gates import KEPT, NOT_HELD, WAKE, Gate, gate_ttl
 from dramatiq_unique.parking.prestart import Started
 from dramatiq_unique.parking.waking import DEFAULT_PAGE, Waking
-from dramatiq_unique.storage import jobs as store
-from dramatiq_unique.storage import parking_statements as sql_parking
+from dramatiq_unique.storage import jobs, parking_statements
 from dramatiq_unique.storage.models import JobModel, utcnow
 
 if TYPE_CHECKING:
@@ -141,12 +140,12 @@ class Parking(Waking):
         when it found its slot group full), not to sit on it until its lease
         runs out.  A waiting one does so in :meth:`park`.
         """
-        with store.db_errors(f"parking job {message.message_id}"):
-            job_id, revision = parked.job_row(config, message, unique_key)
+        with jobs.db_errors(f"parking job {message.message_id}"):
+            job_id, revision = rows.job_row(config, message, unique_key)
             waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
-            if not waiting and store.get(config.model, id=job_id) is None:
+            if not waiting and jobs.get(config.model, id=job_id) is None:
                 message.options.pop(MARKER, None)
-                job_id, revision = parked.job_row(config, message, unique_key)
+                job_id, revision = rows.job_row(config, message, unique_key)
                 waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
         if waiting:
             raise SkipMessage(f"job {message.message_id} waits for {group}")
@@ -169,7 +168,7 @@ class Parking(Waking):
         marker = dict(message.options.get(MARKER) or {})
         reserved = marker.pop(WAKE, None)
         options = job_options(message.options, marker)
-        place = sql_parking.park(model, job_id, revision, group, options, utcnow())
+        place = parking_statements.park(model, job_id, revision, group, options, utcnow())
         if place is None:
             return False
         if isinstance(reserved, dict) and reserved.get("g") != group:

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import peewee as pw
 
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.storage import jobs as store
-from dramatiq_unique.storage import parking_statements as sql_parking
+from dramatiq_unique.storage import jobs, parking_statements
 from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique.enqueue import row_fields
 
@@ -32,7 +31,7 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
     that ran out between them looked neither due nor reserved, and its row was stranded.
     """
     model, now = info.model, utcnow()
-    clock = pw.SQL(sql_parking.db_now(model._meta.database))  # reservations run by the database's clock
+    clock = pw.SQL(parking_statements.db_now(model._meta.database))  # reservations run by the database's clock
     free = model.lease_until.is_null() | (model.lease_until <= clock)
     row: Any = model.select(  # a tuple (.tuples()), which peewee's hints call a model
         pw.fn.COUNT(pw.Case(None, [(free, 1)], None)), pw.fn.MIN(pw.Case(None, [(free, None)], model.lease_until)),
@@ -53,7 +52,7 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
 
 def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
     """Put a claimed row that was not delivered back in its group's queue."""
-    sql_parking.unclaim(model, row, group)
+    parking_statements.unclaim(model, row, group)
 
 
 def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = None) -> tuple[int, int]:
@@ -65,7 +64,7 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
     fields["unique_key"] = unique_key
     # Revision 0 even of a row an earlier delivery made: the message is that row's first
     # revision (JobTracking._adopt, after a job_row, finds the marker and adopts nothing).
-    job_id, _ = store.adopt(config.model, fields)
+    job_id, _ = jobs.adopt(config.model, fields)
     message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
     return int(job_id), 0
 
@@ -73,7 +72,7 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
 # -- reservations (deck.py) ----------------------------------------------------------
 #
 # A reservation's lease is written and read by the database's clock
-# (sql_parking.db_now), so processes whose clocks disagree agree on when it ends.
+# (parking_statements.db_now), so processes whose clocks disagree agree on when it ends.
 # Safety does not rest on any clock: a reserved row is started by a compare-and-set
 # on what its reservation read (start_reserved), which fails once anyone else has
 # claimed, started, re-parked or replaced it.
@@ -84,7 +83,7 @@ def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float, *, app:
     ``lease_ms`` (by the database's clock); None if there is none.  The reservation gets a
     fresh ``broker_ref``: the id its message will be delivered under, and its identity
     (any claim by another waker writes its own)."""
-    return sql_parking.reserve(info.model, group, info.order_by, marker, lease_ms, app=app)
+    return parking_statements.reserve(info.model, group, info.order_by, marker, lease_ms, app=app)
 
 
 def reserve_many(info: "GroupInfo", group: str, marker: str, count: int, *, app: str) -> list[JobModel]:
@@ -111,11 +110,11 @@ def start_reserved(
     attempt's token is the row's next one, drawn in the same statement: no attempt gets it
     twice.  A synchronous commit (a lost start could hand its token out again).
     """
-    return sql_parking.start_reserved(model, row, marker, worker, lease_ms)
+    return parking_statements.start_reserved(model, row, marker, worker, lease_ms)
 
 
 def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
     """Undo :func:`start_reserved` (or a claim's start) whose message was not delivered: the row
     is parked on ``group`` again, unreserved, its attempt not counted.  Its fencing token stays
     drawn (tokens never go back).  False if the attempt no longer owns the row."""
-    return sql_parking.unstart(model, started, group)
+    return parking_statements.unstart(model, started, group)

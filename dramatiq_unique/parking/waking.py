@@ -19,10 +19,10 @@ import redis as redis_lib
 
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.errors import DependencyUnavailable
-from dramatiq_unique.parking import rows as parked
+from dramatiq_unique.parking import rows
 from dramatiq_unique.parking.gates import KEPT, RELEASED, WAKE, Gate, GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import kind_of
-from dramatiq_unique.storage import parking_statements as sql_parking
+from dramatiq_unique.storage import parking_statements
 from dramatiq_unique.storage.models import JobModel, JobStatus, after_ms, utcnow
 
 if TYPE_CHECKING:
@@ -82,8 +82,8 @@ class Waking:
                     if grant is None:  # nothing was sent: a start the claim wrote is undone too
                         if row.status == JobStatus.RUNNING.value:
                             self.started.take(row.message_id, row.revision)
-                            parked.unstart(info.model, row, group)
-                        parked.unclaim(info.model, row, group)
+                            rows.unstart(info.model, row, group)
+                        rows.unclaim(info.model, row, group)
                         return None
                     token = grant
                     # Who granted it and when (monotonic ms): a job woken in this process soon after
@@ -93,7 +93,7 @@ class Waking:
                         self.delivery.send(rebuild(row, {WAKE: wake}), row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
-                        parked.unclaim(info.model, row, group)
+                        rows.unclaim(info.model, row, group)
                         raise
                     return row
                 # Nobody left: clear the flag, then look again (a waiter flags after it parks).
@@ -102,7 +102,7 @@ class Waking:
                     flags = True
                 except redis_lib.RedisError:  # the first master is down: go by the database alone
                     flags = False
-                waiting = parked.waiting_in(info, group, app=self.suite.app)
+                waiting = rows.waiting_in(info, group, app=self.suite.app)
                 if waiting == 0:
                     if flags:
                         self.wakeups.flag(group, 0)
@@ -160,7 +160,7 @@ class Waking:
         if info.start is not None and self.delivery.local and self.delivery.worker is not None:
             # Delivered to this process's worker: the claim starts the attempt too.
             start = (after_ms(info.start.lease_ms, now), f"{self.suite.worker_id}:woken", info.start.release_hold)
-        row = sql_parking.claim_parked(
+        row = parking_statements.claim_parked(
             info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app
         )
         if row is not None and start is not None and row.status == JobStatus.RUNNING.value:

@@ -41,8 +41,7 @@ import redis as redis_lib
 from dramatiq_unique import options as opt
 from dramatiq_unique.errors import LockLost, RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
-from dramatiq_unique.parking import lot as parking
-from dramatiq_unique.parking import prestart
+from dramatiq_unique.parking import lot, prestart
 from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
 from dramatiq_unique.parking.waking import RETRY_DELAY
@@ -208,7 +207,7 @@ class SlotGate:
 
 def gate_of(suite: "Suite") -> SlotGate:
     """The suite's slot gate, registered with its parking (one per suite)."""
-    spot = parking.of(suite)
+    spot = lot.of(suite)
     gate = spot.gates.get(SLOT)
     if not isinstance(gate, SlotGate):
         gate = SlotGate(suite, spot.flags)

@@ -17,7 +17,7 @@ import redis as redis_lib
 
 from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import InvalidOption, RedisUnavailable
-from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_actor
 from dramatiq_unique.slots.gate import declared_limit, gate_of, has_slots
 from dramatiq_unique.storage.models import JobStatus
@@ -125,7 +125,7 @@ def _parked_groups(config: "ActorConfig") -> list[str]:
 
 def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
     """Start parked jobs of ``group`` while it has free slots; returns how many were woken."""
-    gate, spot = gate_of(suite), parking.of(suite)
+    gate, spot = gate_of(suite), lot.of(suite)
     info = gate.describe(group)
     if info is None:
         return 0

@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional
 import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable
-from dramatiq_unique.storage import statements as sql
+from dramatiq_unique.storage import statements
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
 
 def insert(model: type[JobModel], fields: dict[str, Any]) -> int:
     """Insert a row; returns its id.  Raises IntegrityError on a message_id or hold clash."""
-    return sql.insert(model, fields)
+    return statements.insert(model, fields)
 
 
 def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int]:
@@ -59,7 +59,7 @@ def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int]:
     ``(id, revision)`` of the row inserted, or of the row an earlier delivery of the same
     message inserted (the message id is unique)."""
     try:
-        return sql.insert(model, fields), 0
+        return statements.insert(model, fields), 0
     except pw.IntegrityError:
         row = get(model, message_id=fields["message_id"])
         if row is None:
@@ -106,7 +106,7 @@ def insert_holding(
     The unique index on ``unique_hold`` decides between racing senders.
     A holder older than ``window_ms`` no longer counts: its hold is
     cleared and the insert tried again.  ``full=False``: the holder may
-    carry only :data:`sql.HOLDER_COLUMNS` (a skipped send needs no more).
+    carry only :data:`statements.HOLDER_COLUMNS` (a skipped send needs no more).
 
     A plain INSERT, which fails on a clash: measured on PostgreSQL, one
     statement that looked for the holder first and inserted only if there
@@ -120,12 +120,12 @@ def insert_holding(
             if db.in_transaction():
                 # A savepoint, so the clash does not abort the caller's transaction.
                 with db.atomic():
-                    return sql.insert(model, {**fields, "unique_hold": hold}), None
+                    return statements.insert(model, {**fields, "unique_hold": hold}), None
             # In autocommit a failed INSERT leaves nothing to roll back.
-            return sql.insert(model, {**fields, "unique_hold": hold}), None
+            return statements.insert(model, {**fields, "unique_hold": hold}), None
         except pw.IntegrityError:
             check_idempotency(model, fields)
-            found = sql.holder(model, hold, fields.get("app", ""))
+            found = statements.holder(model, hold, fields.get("app", ""))
             if found is None:
                 if get(model, message_id=fields["message_id"]) is not None:
                     raise  # not the hold: this message already has a row
@@ -142,9 +142,9 @@ def insert_holding(
 
 
 def holder(model: type[JobModel], hold: str, window_ms: Optional[float], app: str = "") -> Optional[JobModel]:
-    """The job of ``app`` holding ``hold`` (:data:`sql.HOLDER_COLUMNS` of it), if one does and, with
+    """The job of ``app`` holding ``hold`` (:data:`statements.HOLDER_COLUMNS` of it), if one does and, with
     ``window_ms``, was sent less than that long ago."""
-    job = sql.holder(model, hold, app)
+    job = statements.holder(model, hold, app)
     return None if job is None or _outlived(job, window_ms) else job
 
 
@@ -193,12 +193,12 @@ def start(
     """Mark an attempt running; None if the job finished or was replaced meanwhile, or if
     another attempt of it is running under a live lease (this delivery is a duplicate).
 
-    ``fence_key``: draw that key's next fencing token for the attempt (see sql.start).
+    ``fence_key``: draw that key's next fencing token for the attempt (see statements.start).
     ``woken_by``: a LIKE pattern of the ``worker`` a waker's claim writes on a row it
     started ahead of its delivery (prestart.py), which this delivery may start again.
     """
     now = utcnow()
-    return sql.start(
+    return statements.start(
         model, job_id, revision=revision, started_at=now, lease_until=after_ms(lease_ms, now),
         worker=worker, release_hold=release_hold, fencing_token=fencing_token, fence_key=fence_key,
         live_after=after_ms(-LEASE_SKEW_MS, now), woken_by=woken_by,
@@ -209,7 +209,7 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
     """Record an attempt's outcome, fenced by the attempt's token; False if a newer attempt owns the row."""
     if release_hold:
         fields["unique_hold"] = None
-    count = sql.update_fenced(model, job.id, job.fencing_token, fields)
+    count = statements.update_fenced(model, job.id, job.fencing_token, fields)
     if not count:
         logger.warning("Job %s was taken over by a newer attempt; not recording %s.", job.message_id, fields)
     return bool(count)

@@ -37,9 +37,9 @@ from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
 from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
-from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
-from dramatiq_unique.unique import recent as duplicates
+from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.keys import bind_arguments, idempotency_hold
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         _known(config, message, delay)
         return
     opt.validate_message(opts, config.options, config.fn)
-    key = duplicates.key_of(config, message)
+    key = recent.key_of(config, message)
     fields = row_fields(config, message, delay)
     fields["unique_key"] = key
     held = outbox.active()
@@ -119,18 +119,18 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         marker = {}
         fields["options"][MARKER] = marker
         try:
-            row_id, revision = store.insert(model, fields), 0
+            row_id, revision = jobs.insert(model, fields), 0
             _created_row(model, row_id, None, None, suite)
         except pw.IntegrityError:  # the same message sent again: the same job
             _check_idempotency(model, fields)
-            row = store.get(model, message_id=message.message_id)
+            row = jobs.get(model, message_id=message.message_id)
             if row is None:
                 raise
             row_id, revision = row.id, row.revision
     else:
         try:
             row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
-        except store.IdempotencyHeld as held_by:
+        except jobs.IdempotencyHeld as held_by:
             raise Redirect(held_by.job.message_id) from None
         marker = fields["options"][MARKER]
     marker.update(id=row_id, rev=revision)
@@ -146,8 +146,8 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
 
 def _check_idempotency(model: Any, fields: dict) -> None:
     try:
-        store.check_idempotency(model, fields)
-    except store.IdempotencyHeld as held_by:  # submit() with a key that a job already has
+        jobs.check_idempotency(model, fields)
+    except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
         raise Redirect(held_by.job.message_id) from None
 
 
@@ -157,7 +157,7 @@ def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optio
         return
 
     def undo() -> None:
-        store.delete(model, row_id)
+        jobs.delete(model, row_id)
         if lock_name and token:
             try:
                 suite.locks.release(lock_name, token)
@@ -215,11 +215,11 @@ def _insert_unique(
     raises to redirect."""
     opts = message.options
     conflict = config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
-    window = duplicates.window(config, opts, lock)
+    window = recent.window(config, opts, lock)
     # The lock's token is the message id: a worker releases it with the one its message carries.
     fields["options"][MARKER] = {"qt": message.message_id}
-    for _ in range(store.MAX_INSERT_ROUNDS):
-        row_id, holder = store.insert_holding(config.model, fields, key, window, full=conflict != "skip")
+    for _ in range(jobs.MAX_INSERT_ROUNDS):
+        row_id, holder = jobs.insert_holding(config.model, fields, key, window, full=conflict != "skip")
         if row_id is not None:
             lock_name = suite.keys.queue_lock(key)
             # Inside transaction() the send is published at the caller's commit, or rolled
@@ -234,7 +234,7 @@ def _insert_unique(
             return holder.id, holder.revision  # this very message, sent again
         if not _conflict(config, message, delay, key, conflict, holder):
             continue  # the holder started while we looked: the key is free again
-    raise store.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
+    raise jobs.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
 
 
 def _take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
@@ -259,12 +259,12 @@ def _conflict(
         raise DuplicateJob(f"{config.actor_name} job {holder.message_id} is {holder.status}", job=holder)
     if conflict == "replace":
         args, kwargs = args_to_row(message.args, message.kwargs)
-        replaced = store.replace(config.model, holder, key, args, kwargs, after_ms(delay))
+        replaced = jobs.replace(config.model, holder, key, args, kwargs, after_ms(delay))
         if replaced is not None:
             marker = dict((replaced.options or {}).get(MARKER) or {})
             marker.update(id=replaced.id, rev=replaced.revision)
             raise Redirect(replaced.message_id, resend={"marker": marker})
-        refreshed = store.get(config.model, id=holder.id)
+        refreshed = jobs.get(config.model, id=holder.id)
         if refreshed is None or refreshed.unique_hold != key:
             return False
         logger.info("Job %s is %s, not waiting: the new send is skipped.", holder.message_id, refreshed.status)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
-from dramatiq_unique.storage import jobs as store
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.unique.keys import derive_key
 
 if TYPE_CHECKING:
@@ -86,8 +86,8 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
     _derived.set((message.message_id, key))
     if key is None or not _recent.seen(key):
         return None  # a key new to this process: most likely free, the insert will tell
-    with store.db_errors(f"recording {message.actor_name} job {message.message_id}"):
-        holder = store.holder(config.model, key, window(config, opts, lock), config.app)
+    with jobs.db_errors(f"recording {message.actor_name} job {message.message_id}"):
+        holder = jobs.holder(config.model, key, window(config, opts, lock), config.app)
     if holder is None or holder.message_id == message.message_id:
         return None
     return holder.message_id

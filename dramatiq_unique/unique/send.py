@@ -27,7 +27,7 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.guard import describe, guarded
-from dramatiq_unique.unique import recent as duplicates
+from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.enqueue import Redirect, created_rows
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         try:
             with guarded(f"checking {describe(message)} for a duplicate"):
                 check_options(suite, message, delay)
-                holder = duplicates.skip_early(suite, message)
+                holder = recent.skip_early(suite, message)
             if holder is not None:
                 return message.copy(message_id=holder)
             sent = original(message, delay=delay)

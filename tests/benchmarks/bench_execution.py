@@ -32,7 +32,7 @@ from common import REDIS_URL, on_each_database
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking import lot
 
 KINDS = ("plain", "tracked", "while_executing", "until_and_while_executing")
 
@@ -100,7 +100,7 @@ class Run:
 
     def handoff(self, n: int, run_ms: int, threads: int, local: bool) -> tuple[list[float], float]:
         """Gaps (ms) between one job of a key ending and the next one starting, and jobs/s of the chain."""
-        parking.of(self.suite).local_handoff = local
+        lot.of(self.suite).local_handoff = local
         for i in range(n):
             self.actors["chain"].send("k", i, run_ms)
         self.suite.close()

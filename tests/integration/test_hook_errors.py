@@ -16,11 +16,9 @@ from dramatiq.encoder import PickleEncoder
 
 import dramatiq_unique
 from dramatiq_unique import DramatiqUniqueError, DuplicateJob, HookFailed, InvalidOption, JobModel, JobRejected, submit
-from dramatiq_unique.middleware import concurrency_slots as slots
-from dramatiq_unique.middleware import execution_locks as execution
-from dramatiq_unique.middleware import job_tracking as tracking
+from dramatiq_unique.middleware import concurrency_slots, execution_locks, job_tracking
 from dramatiq_unique.storage import jobs as store
-from dramatiq_unique.unique import recent as duplicates
+from dramatiq_unique.unique import recent
 from tests.helpers import queue_size, wait_until
 
 
@@ -56,7 +54,7 @@ def test_an_error_in_job_tracking_before_enqueue_fails_the_send(suite, broker, m
     def hooked_send(x):
         pass
 
-    monkeypatch.setattr(tracking, "on_enqueue", failing(tracking.on_enqueue, times=99))
+    monkeypatch.setattr(job_tracking, "on_enqueue", failing(job_tracking.on_enqueue, times=99))
     with pytest.raises(DramatiqUniqueError) as error:
         hooked_send.send(1)
     assert_wrapped(error.value)
@@ -69,7 +67,7 @@ def test_an_error_in_the_early_duplicate_check_fails_the_send(suite, broker, mon
     def early_send(x):
         pass
 
-    monkeypatch.setattr(duplicates, "skip_early", failing(duplicates.skip_early, times=99))
+    monkeypatch.setattr(recent, "skip_early", failing(recent.skip_early, times=99))
     with pytest.raises(DramatiqUniqueError) as error:
         early_send.send(1)
     assert_wrapped(error.value)
@@ -82,9 +80,9 @@ def test_an_error_in_the_early_duplicate_check_fails_the_send(suite, broker, mon
 @pytest.mark.parametrize(
     "module, name, options",
     [
-        (tracking, "store", {"track": True}),
-        (execution, "derive_key", {"unique_args": True, "unique_lock": "while_executing"}),
-        (slots, "group_key", {"concurrency_limit": 2}),
+        (job_tracking, "store", {"track": True}),
+        (execution_locks, "derive_key", {"unique_args": True, "unique_lock": "while_executing"}),
+        (concurrency_slots, "group_key", {"concurrency_limit": 2}),
     ],
     ids=["JobTracking", "ExecutionLocks", "ConcurrencySlots"],
 )

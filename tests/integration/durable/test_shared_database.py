@@ -19,11 +19,10 @@ import dramatiq_unique
 from dramatiq_unique import JobModel, concurrency_status, submit
 from dramatiq_unique.durable.redrive import redrive
 from dramatiq_unique.durable.scope import Scope
-from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking import lot
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.slots.gate import gate_of
-from dramatiq_unique.storage import parking_statements as sql_parking
-from dramatiq_unique.storage import prepared
+from dramatiq_unique.storage import parking_statements, prepared
 from dramatiq_unique.storage.models import after_ms, utcnow
 from dramatiq_unique.suite import set_current
 from tests.conftest import REDIS_URL
@@ -329,7 +328,7 @@ def test_parked_jobs_are_woken_only_by_their_own_app(database_url, key_prefix, k
     workers = {app: dramatiq.Worker(app.broker, worker_timeout=50, worker_threads=2) for app in (a, b)}
     try:
         b.use()
-        parking.of(b.suite).ondeck.enabled = False
+        lot.of(b.suite).ondeck.enabled = False
         workers[b].start()
         b.job.send(1, tag="b-hold", hold=True)
         wait_until(b.holding.is_set, timeout=10, what="B's holder to start")
@@ -392,8 +391,8 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
 
         a.use()
         info = gate_of(a.suite).describe(group)
-        assert parking.wake_orphans(a.suite) == 0 and broker_messages(a.broker) == []
-        assert sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app) is None
+        assert lot.wake_orphans(a.suite) == 0 and broker_messages(a.broker) == []
+        assert parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app) is None
         assert parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=a.suite.app) is None
         assert parked.waiting_in(info, group, app=a.suite.app) is None
         assert concurrency_status("job").parked == 0
@@ -404,9 +403,9 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
         assert parked.waiting_in(info, group, app=a.suite.app) == 0
         reserved = parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=a.suite.app)
         assert reserved is not None and reserved.id == a_rows[0].id
-        claimed = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app)
+        claimed = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app)
         assert claimed is not None and claimed.id == a_rows[1].id
-        assert parking.wake_orphans(a.suite) == 1  # the last of A's: its slot is free
+        assert lot.wake_orphans(a.suite) == 1  # the last of A's: its slot is free
         assert [m["message_id"] for m in broker_messages(a.broker)] == [a_rows[2].message_id]
         assert b_untouched()
         b.use()
@@ -455,10 +454,11 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         monkeypatch.setattr(db, "execute_sql", recording_sql)
         info = gate_of(app.suite).describe(group)
         assert parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=app.suite.app).message_id == "mine-0"
-        assert sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=app.suite.app) is not None
+        claimed = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=app.suite.app)
+        assert claimed is not None
         assert parked.waiting_in(info, group, app=app.suite.app) == 0
         assert concurrency_status("job").parked == 2
-        assert parking.wake_orphans(app.suite) == 2  # the last of the group, and the head of the hot one
+        assert lot.wake_orphans(app.suite) == 2  # the last of the group, and the head of the hot one
         monkeypatch.undo()
 
         explained, generic = 0, 0

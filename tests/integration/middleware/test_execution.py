@@ -14,7 +14,7 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, current_job
-from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking import lot
 from dramatiq_unique.storage import fencing
 from tests.conftest import REDIS_URL
 from tests.exec_app import WorkerProcess, declare, read_log
@@ -206,7 +206,7 @@ def test_no_overlap_under_eight_threads(suite, broker):
         time.sleep(0.005)
         rec.end(key, i)
 
-    parking.of(suite).wake_interval = 60_000  # a stranded waiter would show as a timeout
+    lot.of(suite).wake_interval = 60_000  # a stranded waiter would show as a timeout
     worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=8)
     worker.start()
     try:
@@ -403,12 +403,12 @@ def test_a_sigkilled_holder_frees_its_lock_after_the_ttl(suite, broker, database
         time.sleep(0.5)  # a few heartbeats: the lease is the holder's, renewed
         worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=2)
         worker.start()
-        parking.of(suite).wake_interval = 200
+        lot.of(suite).wake_interval = 200
         job.send("k", 2, run_ms=1)
         wait_until(lambda: sum(1 for r in rows("exec_job") if r.parked_on) == 1, timeout=10, what="parked")
         # Parked by the holder's own process and killed before its flag, the job would be the
         # re-drive's (off here): kill once the key is flagged.
-        flags = parking.of(suite).flags
+        flags = lot.of(suite).flags
         wait_until(lambda: redis_client.zcard(flags) == 1, timeout=10, what="the key flagged")
         proc.kill_child(pid)
         killed_at = time.time()

@@ -13,7 +13,7 @@ from dramatiq_unique import JobModel, concurrency_status
 from dramatiq_unique.parking import places
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.slots.gate import gate_of
-from dramatiq_unique.storage import parking_statements as sql_parking
+from dramatiq_unique.storage import parking_statements
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from tests.helpers import wait_until
 from tests.integration.parking.helpers import reserved
@@ -116,11 +116,11 @@ def test_other_wakers_skip_a_reserved_row_until_its_reservation_ends(suite, brok
     info = gate_of(suite).describe(group)
     first = parked.reserve(info, group, "elsewhere:1:deck", 200, app=suite.app)
     assert first is not None and first.args == [0]
-    claimed = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
+    claimed = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
     assert claimed is not None and claimed.args == [1]
-    assert sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app) is None
+    assert parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app) is None
     time.sleep(0.25)
-    again = sql_parking.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
+    again = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
     assert again is not None and again.args == [0]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import GroupInfo
 from dramatiq_unique.storage.models import utcnow
 from dramatiq_unique.suite import current
@@ -23,7 +23,7 @@ from tests.integration.parking.helpers import ORDER, Delivery, TestGate, sent
 @pytest.fixture
 def park(suite):
     ORDER["value"] = "created_at"
-    spot = parking.of(suite)
+    spot = lot.of(suite)
     gate = TestGate(suite, spot.flags)
     spot.register(gate)
     return spot, gate
@@ -141,7 +141,7 @@ def test_wake_orphans_recovers_from_lost_flags(park, broker, redis_client):
     redis_client.delete(spot.flags)
     threading.Event().wait(0.4)
 
-    assert parking.wake_orphans(spot.suite) == 1
+    assert lot.wake_orphans(spot.suite) == 1
     assert [m.message_id for m in sent(broker)] == ["job-0"]
     assert JobModel.get_by_id(held.id).parked_on == "t:held" and spot.wakeups.is_flagged("t:held")
     spot.leave(gate, "t:held", holder)
@@ -162,7 +162,7 @@ def test_another_apps_rows_on_the_same_group_are_never_woken(park, broker):
     assert [m.message_id for m in sent(broker)] == ["job-1"]
     spot.leave(gate, "t:g", sent(broker)[0].options[MARKER]["wake"]["t"])
     assert gate.take("t:g", 1000) is not None, "released: nobody of this app waits"
-    assert parking.wake_orphans(spot.suite) == 0 and not spot.wakeups.is_flagged("t:alone")
+    assert lot.wake_orphans(spot.suite) == 0 and not spot.wakeups.is_flagged("t:alone")
     assert len(sent(broker)) == 1
     assert [(r.status, r.parked_on, r.broker_ref) for r in map(JobModel.get_by_id, [t.id for t in theirs])] == [
         ("pending", "t:g", None), ("pending", "t:alone", None)]
@@ -245,7 +245,7 @@ def test_a_claim_can_start_the_woken_attempt_unless_its_message_brought_unique_o
     """Given two parked rows, one whose message brought its own unique_lock, When each is claimed
     with a start (prestart.py), Then the plain one is running (attempt counted, fencing token drawn,
     unique hold released) and the other is only claimed, left to start the ordinary way."""
-    from dramatiq_unique.storage import parking_statements as sql_parking
+    from dramatiq_unique.storage import parking_statements
     from dramatiq_unique.storage.models import after_ms
 
     plain = new_row(1, status="pending", parked_on="t:pre", unique_hold="k1", fencing_token=4)
@@ -254,8 +254,8 @@ def test_a_claim_can_start_the_woken_attempt_unless_its_message_brought_unique_o
     own.save()
     now = utcnow()
     start = (after_ms(60_000, now), "host:1:woken", True)
-    first = sql_parking.claim_parked(JobModel, "t:pre", "created_at", now, "ref-1", start, app=suite.app)
-    second = sql_parking.claim_parked(JobModel, "t:pre", "created_at", now, "ref-2", start, app=suite.app)
+    first = parking_statements.claim_parked(JobModel, "t:pre", "created_at", now, "ref-1", start, app=suite.app)
+    second = parking_statements.claim_parked(JobModel, "t:pre", "created_at", now, "ref-2", start, app=suite.app)
     assert (first.id, first.status, first.attempts, first.fencing_token) == (plain.id, "running", 1, 5)
     assert (first.unique_hold, first.worker, first.broker_ref, first.parked_on) == (None, "host:1:woken", "ref-1", None)
     assert (second.id, second.status, second.attempts, second.unique_hold) == (own.id, "queued", 0, "k2")

@@ -23,7 +23,7 @@ from dramatiq.brokers.redis import RedisBroker
 import dramatiq_unique
 from dramatiq_unique import DatabaseUnavailable, JobModel
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.parking import lot as parking
+from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.flags import Watchdog
 from tests.conftest import REDIS_URL
 from tests.durable import running_worker
@@ -141,7 +141,7 @@ def test_a_worker_thread_recovers(private_suite, broker, cluster, kind):
 def test_the_wakeup_watchdog_recovers(private_suite, broker, cluster, kind):
     """Given the watchdog thread woke a parked job (its thread has a connection), When the
     server restarts or cuts its session, Then it still wakes the next waiter of a dead holder."""
-    spot = parking.of(private_suite)
+    spot = lot.of(private_suite)
     gate = TestGate(private_suite, spot.flags)
     spot.register(gate)
     watchdog = Watchdog(spot.tick, lambda: 50, private_suite.close)

@@ -222,15 +222,14 @@ def test_a_duplicate_is_skipped_alike_whether_the_process_sent_its_key_lately_or
     """Given a waiting job, When its key is sent again by a process that did not send it
     (its insert clashes) and then again (asked early, before the broker builds the message),
     Then every duplicate resolves to the waiting job, and none left a row or a message."""
-    from dramatiq_unique.unique import recent as duplicates
-
+    from dramatiq_unique.unique import recent
     @dramatiq.actor(unique_args=True, unique_lock="until_executing")
     def sync(account):
         pass
 
     first = sync.send("acme")
     for _ in range(2):
-        duplicates._recent.keys.clear()  # as if another process sent the duplicates
+        recent._recent.keys.clear()  # as if another process sent the duplicates
         assert sync.send("acme").message_id == first.message_id
         assert sync.send("acme").message_id == first.message_id
     sync.send("globex")
