@@ -45,6 +45,7 @@ from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RU
 from dramatiq_unique.durable.counts import RedriveCounts
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import DramatiqUniqueError, RedisUnavailable
+from dramatiq_unique.locks import queue
 from dramatiq_unique.parking import lot
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
@@ -270,11 +271,8 @@ class _Pass:
         self.counts.failed += 1
         logger.warning("Job %s (%s) marked failed: %s.", row.message_id, row.actor_name, reason)
         token = (options.get(MARKER) or {}).get("qt")
-        if row.unique_key and token and lock != opt.UNTIL_EXPIRED:
-            try:
-                self.suite.locks.release(self.suite.keys.queue_lock(row.unique_key), token)
-            except RedisUnavailable:
-                pass  # it expires by itself
+        if lock != opt.UNTIL_EXPIRED:
+            queue.release_key(self.suite, row.unique_key, token, row.message_id)
 
     # -- 4. pruning -----------------------------------------------------------------
 

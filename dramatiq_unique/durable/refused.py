@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER, RETRY_FIELDS
-from dramatiq_unique.errors import NotConfigured, RedisUnavailable
+from dramatiq_unique.errors import NotConfigured
+from dramatiq_unique.locks import queue
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, WAITING, JobStatus, utcnow
 
@@ -87,12 +88,8 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
         return False
     logger.warning("Job %s (%s) marked failed before it ran: %s", message.message_id, message.actor_name,
                    reason.splitlines()[0])
-    key, token = rows[0].unique_key, marker.get("qt")
-    if free and key and token:
-        try:
-            suite.locks.release(suite.keys.queue_lock(key), token)
-        except RedisUnavailable:
-            logger.warning("Could not free the queue lock of job %s; it expires by itself.", message.message_id)
+    if free:
+        queue.release_key(suite, rows[0].unique_key, marker.get("qt"), message.message_id)
     return True
 
 

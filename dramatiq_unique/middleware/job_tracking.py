@@ -16,8 +16,9 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox, refused
 from dramatiq_unique.durable.outcome import format_error, outcome
-from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
+from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.guard import hook, own_skip
+from dramatiq_unique.locks import queue
 from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.storage import jobs
@@ -29,8 +30,6 @@ from dramatiq_unique.unique.send import install_enqueue
 logger = logging.getLogger(__name__)
 
 _DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
-#: ``ctx.extras`` key: the queue lock (name, token) that the message's ack releases.
-RELEASE_AT_ACK = "release_at_ack"
 
 
 class JobTracking(Middleware):
@@ -116,32 +115,9 @@ class JobTracking(Middleware):
             job = self._start_row(config, message, ctx, marker, release_hold)
         if job is None:
             return self._not_started(config, message, ctx, marker)
-        if release_hold:
-            acks = self.suite.acks
-            at_ack = lock == opt.UNTIL_EXECUTING and acks is not None and acks.locks
-            if at_ack and job.unique_key and marker.get("qt"):
-                # Released with the message's ack, in the same script (acks.py says why it may wait).
-                ctx.extras[RELEASE_AT_ACK] = (self.suite.keys.queue_lock(job.unique_key), marker["qt"])
-            else:
-                # After the row's hold is cleared and before the actor runs.  Not waited for
-                # (scripts.py: a wait costs a worker thread its turn at the GIL); a send from
-                # inside the job comes after it on this thread's connection.
-                self._release_queue_lock(job, marker, wait=False)
+        if release_hold:  # the start cleared the row's hold: the queue lock goes too (locks/queue.py)
+            queue.hand_over(self.suite, ctx, job, marker, lock)
         return job
-
-    def _release_queue_lock(self, job, marker: dict, wait: bool = True) -> None:
-        """Free the Redis queue lock the job's send took, if it took one."""
-        if job.unique_key and marker.get("qt"):
-            self._free((self.suite.keys.queue_lock(job.unique_key), marker["qt"]), job.message_id, wait)
-
-    def _free(self, lock: tuple, message_id: str, wait: bool) -> None:
-        try:
-            if wait:
-                self.suite.locks.release(*lock)
-            else:
-                self.suite.locks.release_later(*lock)
-        except RedisUnavailable:
-            logger.warning("Could not release the queue lock of job %s; it expires by itself.", message_id)
 
     def _start_row(self, config, message, ctx, marker, release_hold):
         opts = message.options
@@ -229,7 +205,7 @@ class JobTracking(Middleware):
             # Before the row says it finished: once a reader sees it finished,
             # the key is free in Redis too.  The row's hold stays the authority
             # meanwhile, so a send in between is still resolved correctly.
-            self._release_queue_lock(job, opts.get(MARKER) or {})
+            queue.release(self.suite, job, opts.get(MARKER) or {})
         if not jobs.finish(config.model, job, release_hold=release, lease_until=None, **fields):
             refused.record_revoked(ctx, job, release, fields)
 
@@ -255,8 +231,8 @@ class JobTracking(Middleware):
         try:
             if ctx is not None and ctx.job is not None:  # skipped after its start (a later middleware)
                 context.run_before_record(ctx)
-                refused.fail_started(ctx, message, lambda: self._release_queue_lock(
-                    ctx.job, message.options.get(MARKER) or {}))
+                refused.fail_started(ctx, message, lambda: queue.release(
+                    self.suite, ctx.job, message.options.get(MARKER) or {}))
             else:
                 refused.fail_unstarted(self.suite, config, message, refused.skip_reason(message))
         except Exception:
@@ -265,15 +241,12 @@ class JobTracking(Middleware):
     def before_ack(self, broker, message) -> None:
         acks = self.suite.acks
         if acks is not None and self.suite.actor_config(message.actor_name) is not None:
-            ctx = context.of(message)
-            lock = ctx.extras.get(RELEASE_AT_ACK) if ctx is not None else None
-            acks.announce(message, lock)  # acked over this thread's own connection (acks.py)
+            # Acked over this thread's own connection (broker/acks.py), with the queue lock
+            # hand_over left to the ack, if any.
+            acks.announce(message, queue.at_ack(context.of(message)))
 
     def before_nack(self, broker, message) -> None:
-        ctx = context.of(message)
-        lock = ctx.extras.pop(RELEASE_AT_ACK, None) if ctx is not None else None
-        if lock is not None:  # no ack to release it with
-            self._free(lock, message.message_id, wait=False)
+        queue.at_nack(self.suite, context.of(message), message.message_id)  # no ack to release it with
 
     # -- thread hygiene: peewee connections are per thread --------------------
 
