@@ -36,8 +36,8 @@ from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT, Master, MasterSk
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 
-#: Outcomes of :meth:`Locks.release_unless`.
-NOT_HELD, RELEASED, KEPT = 0, 1, 2
+#: Outcomes of :meth:`Locks.release_unless`: the replies of its script.
+NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
 
 
 def new_token() -> str:

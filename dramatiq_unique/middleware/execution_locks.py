@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from typing import ClassVar, NoReturn, Optional
 
-import peewee as pw
 from dramatiq import Middleware
 
 from dramatiq_unique import context, leases
@@ -31,7 +30,6 @@ logger = logging.getLogger(__name__)
 #: ``ctx.extras`` key of the execution lock an attempt holds.
 HELD = "execution_lock"
 
-_DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
 
 
 class ExecutionLocks(Middleware):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Optional, Protocol
 
+from dramatiq_unique.redis import lua
+
 if TYPE_CHECKING:
     from dramatiq_unique.parking.prestart import StartSpec
     from dramatiq_unique.storage.models import JobModel
@@ -16,8 +18,8 @@ if TYPE_CHECKING:
 #: The key of a reservation in a woken message's marker: {"g": group, "t": token}.
 WAKE = "wake"
 
-#: Outcomes of :meth:`Gate.release_unless_flagged` (the same values as :mod:`dramatiq_unique.locks.redlock`).
-NOT_HELD, RELEASED, KEPT = 0, 1, 2
+#: Outcomes of :meth:`Gate.release_unless_flagged`: the replies of the scripts behind it.
+NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
 
 
 @dataclasses.dataclass(frozen=True)

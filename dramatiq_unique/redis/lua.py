@@ -30,6 +30,9 @@ from dramatiq_unique.redis import scripts
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
+#: Replies of the scripts that leave a gate unless a waiter was flagged
+#: (lock_release_unless.lua, slot_leave.lua): not held, released, kept for a waiter.
+NOT_HELD, RELEASED, KEPT = 0, 1, 2
 #: The package whose ``lua`` folder holds the scripts.
 PACKAGE = "dramatiq_unique.redis"
 #: A line that takes in a fragment: ``-- #include _name.lua``.
