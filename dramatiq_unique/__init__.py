@@ -19,6 +19,7 @@ from dramatiq_unique.errors import (
     NotInJob,
     NotSerializable,
     RedisUnavailable,
+    UnsupportedVersion,
 )
 from dramatiq_unique.idempotency import submit
 from dramatiq_unique.leases import heartbeat
@@ -52,6 +53,7 @@ __all__ = [
     "RedriveCounts",
     "Redriver",
     "Suite",
+    "UnsupportedVersion",
     "checkpoint",
     "concurrency_status",
     "current_job",
