@@ -37,10 +37,10 @@ a new Database object may reuse after the old one is gone.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, Callable, Mapping, Optional, Union
 
 import peewee as pw
@@ -48,8 +48,9 @@ import peewee as pw
 #: A peewee model class with a job table (this module imports no model: the schema uses it too).
 Model = type[pw.Model]
 
-#: The file of named queries, next to this module.
-PATH = os.path.join(os.path.dirname(__file__), "queries.sql")
+#: The file of named queries, next to this module (for messages).  It is package data, read
+#: through importlib.resources as redis/lua.py reads the scripts: a zipped install has no file.
+PATH = "dramatiq_unique/storage/queries.sql"
 #: The fencing-token table (:mod:`dramatiq_unique.storage.fencing`).
 FENCES = "dramatiq_unique_fences"
 
@@ -90,8 +91,7 @@ def parse(text: str) -> dict[tuple[str, Optional[str]], str]:
     return {key: " ".join(lines) for key, lines in blocks.items()}
 
 
-with open(PATH, encoding="utf-8") as _file:
-    BLOCKS = parse(_file.read())
+BLOCKS = parse(resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8"))
 
 
 def quote(db: pw.Database, name: str) -> str:
