@@ -121,13 +121,13 @@ def test_a_slot_is_handed_on_before_the_outcome_is_written(suite, broker, make_w
     """Given a limit of 1 and slow outcome writes, When a job ends, Then the next starts without
     waiting for its predecessor's outcome to be committed: a slot orders nothing."""
     from dramatiq_unique.middleware import job_tracking
-    finish = job_tracking.store.finish
+    finish = job_tracking.jobs.finish
 
     def slow_finish(*args, **kwargs):
         time.sleep(0.5)
         return finish(*args, **kwargs)
 
-    monkeypatch.setattr(job_tracking.store, "finish", slow_finish)
+    monkeypatch.setattr(job_tracking.jobs, "finish", slow_finish)
     rec = Recorder()
 
     @dramatiq.actor(concurrency_limit=1)
