@@ -42,8 +42,21 @@ def check_actor(broker: "dramatiq.Broker", actor: "dramatiq.Actor") -> None:
     """Refuse an actor whose suite options are bad, or need a middleware the broker lacks or has
     out of order (:class:`~dramatiq_unique.errors.InvalidOption`, naming the actor and option)."""
     opt.validate(actor.options, actor.fn)
-    installed = [RETRIES if isinstance(m, Retries) else getattr(m, "capability", None) for m in broker.middleware]
-    check(actor.actor_name, actor.options, installed)
+    check(actor.actor_name, actor.options, _installed(broker))
+
+
+def check_message(broker: "dramatiq.Broker", actor_name: str, actor_options: dict, message_options: dict) -> None:
+    """Refuse a send whose own options (``send_with_options``) need a middleware the actor's did
+    not: ``unique_lock="while_executing"`` on a broker without ExecutionLocks would run the job
+    unlocked.  Only a message that overrides a suite option is looked at."""
+    given = {name: message_options[name] for name in message_options.keys() & opt.SUITE_OPTIONS
+             if message_options[name] is not None}  # None: the actor's value (options.lookup)
+    if given:
+        check(f"{actor_name} (a message's own options)", {**actor_options, **given}, _installed(broker))
+
+
+def _installed(broker: "dramatiq.Broker") -> list[Optional[str]]:
+    return [RETRIES if isinstance(m, Retries) else getattr(m, "capability", None) for m in broker.middleware]
 
 
 def needed(options: dict) -> dict[str, str]:

@@ -75,6 +75,8 @@ class JobTracking(Middleware):
             if held is not None and getattr(broker.enqueue, "_dramatiq_unique", False):
                 raise held.defer(broker, message, delay)  # untracked, inside transaction(): after commit
             return
+        if MARKER not in message.options:  # a new send, not a retry or re-send of a checked one
+            combinations.check_message(broker, message.actor_name, config.options, message.options)
         try:
             on_enqueue(self.suite, config, message, delay)
         except _DB_ERRORS as e:

@@ -208,6 +208,24 @@ def test_an_execution_lock_without_execution_locks_is_refused(broker, bare_suite
     assert "'unlocked'" in text and "unique_lock='until_and_while_executing'" in text and "add ExecutionLocks" in text
 
 
+def test_a_message_that_asks_for_an_execution_lock_without_execution_locks_is_refused(broker, bare_suite):
+    """Given JobTracking alone and an actor whose lock type takes no execution lock, When one message
+    asks for one (send_with_options), Then the send raises and nothing is recorded: the job would run
+    unlocked.  The actor's own sends still go."""
+    add_tracking(broker, bare_suite)
+
+    @dramatiq.actor(unique_args=["i"], unique_lock="until_executing")
+    def once(i: int) -> None:
+        pass
+
+    with pytest.raises(InvalidOption) as error:
+        once.send_with_options(args=(1,), unique_lock="while_executing")
+    assert "unique_lock='while_executing'" in str(error.value) and "add ExecutionLocks" in str(error.value)
+    assert rows("once") == []
+    once.send_with_options(args=(1,), unique_lock=None)  # None: the actor's own lock type
+    assert len(rows("once")) == 1
+
+
 def test_a_concurrency_option_without_concurrency_slots_is_refused_by_dramatiq(broker, bare_suite):
     add_tracking(broker, bare_suite)
     with pytest.raises(ValueError, match="concurrency_limit"):
