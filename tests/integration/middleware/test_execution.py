@@ -285,11 +285,11 @@ def test_the_next_job_starts_at_once_not_after_a_poll(suite, broker):
         time.sleep(0.02)
         rec.end(key, i)
 
+    for i in range(8):  # all waiting before the worker starts: a job sent after its predecessor
+        chain.send("k", i)  # ended would wait for the consumer's poll, which is not a hand-over
     worker = dramatiq.Worker(broker, worker_timeout=1000, worker_threads=4)
     worker.start()
     try:
-        for i in range(8):
-            chain.send("k", i)
         wait_until(lambda: rec.count("end") == 8, timeout=20)
     finally:
         worker.stop(timeout=10_000)
