@@ -18,7 +18,6 @@ import peewee as pw
 from dramatiq import Message
 
 from dramatiq_unique.durable.messages import epoch_ms, rebuild
-from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, after_ms, is_postgres, utcnow
 
 PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
@@ -142,17 +141,6 @@ def claim_one(model: type[JobModel], row: JobModel, **extra: Any) -> Optional[Jo
     update = model.update(claim_fields(model, **extra)).where(unchanged(model, row))
     claimed = list(update.returning(*sending_fields(model)).execute())
     return claimed[0] if claimed else None
-
-
-def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
-    """Record the broker's ids of sent rows; a ref set meanwhile is newer: kept (one statement
-    per thousand rows, :func:`dramatiq_unique.storage.statements.record_refs`)."""
-    statements.record_refs(model, refs)
-
-
-def unclaim(model: type[JobModel], ids: list[int], status: str) -> None:
-    """Hand claimed rows whose send failed back to ``status``, for the next pass."""
-    jobs.unclaim_sends(model, ids, status)
 
 
 def build_message(row: JobModel) -> Message:

@@ -47,7 +47,7 @@ from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import DramatiqUniqueError, RedisUnavailable
 from dramatiq_unique.locks import queue
 from dramatiq_unique.parking import lot
-from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 
 if TYPE_CHECKING:
@@ -169,10 +169,10 @@ class _Pass:
                 self.broker_down = True
                 self.counts.errors += 1
                 logger.warning("Could not send job %s (%s); the next pass tries again.", row.message_id, e)
-                claims.unclaim(model, [r.id for r in rows[i:]], revert_to)
+                jobs.unclaim_sends(model, [r.id for r in rows[i:]], revert_to)
                 break
             refs[row.id] = sent.options.get("redis_message_id") or row.message_id
-        claims.record_refs(model, refs)
+        statements.record_refs(model, refs)  # a ref set meanwhile is newer: kept
         return len(refs)
 
     # -- 3. lost jobs ---------------------------------------------------------------

@@ -18,11 +18,11 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware import combinations
-from dramatiq_unique.parking import lot, rows
+from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import slot_group
 from dramatiq_unique.slots.gate import HeldSlot, declared_limit, gate_of, group_key, has_slots, ttl_of
-from dramatiq_unique.storage import jobs, statements
+from dramatiq_unique.storage import jobs, parking_statements, statements
 from dramatiq_unique.storage.models import after_ms
 from dramatiq_unique.suite import ActorConfig, Suite
 
@@ -134,7 +134,7 @@ class ConcurrencySlots(Middleware):
             if not entered:
                 if started is not None:  # its start is undone: it waits parked, as not started
                     with jobs.db_errors(f"parking job {message.message_id}"):
-                        rows.unstart(config.model, started, group)
+                        parking_statements.unstart(config.model, started, group)
                 self._park(config, message, group, ttl if wait < 0 else wait)
             if started is not None:
                 started = self._still_ours(config, message, group, token, started)

@@ -50,11 +50,6 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
     return max((until - db_time).total_seconds() * 1000, 0)
 
 
-def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
-    """Put a claimed row that was not delivered back in its group's queue."""
-    parking_statements.unclaim(model, row, group)
-
-
 def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = None) -> tuple[int, int]:
     """The message's job row id and revision; a message sent without the suite gets a row."""
     marker = message.options.get(MARKER) or {}
@@ -74,47 +69,17 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
 # A reservation's lease is written and read by the database's clock
 # (parking_statements.db_now), so processes whose clocks disagree agree on when it ends.
 # Safety does not rest on any clock: a reserved row is started by a compare-and-set
-# on what its reservation read (start_reserved), which fails once anyone else has
+# on what its reservation read (parking_statements.start_reserved), which fails once anyone else has
 # claimed, started, re-parked or replaced it.
 
 
-def reserve(info: "GroupInfo", group: str, marker: str, lease_ms: float, *, app: str) -> Optional[JobModel]:
-    """Reserve the first due, unreserved row of ``app`` parked on ``group`` for this process, for
-    ``lease_ms`` (by the database's clock); None if there is none.  The reservation gets a
-    fresh ``broker_ref``: the id its message will be delivered under, and its identity
-    (any claim by another waker writes its own)."""
-    return parking_statements.reserve(info.model, group, info.order_by, marker, lease_ms, app=app)
-
-
 def reserve_many(info: "GroupInfo", group: str, marker: str, count: int, *, app: str) -> list[JobModel]:
-    """Up to ``count`` rows reserved with :func:`reserve`, for the group's slot lease."""
+    """Up to ``count`` rows reserved (:func:`~dramatiq_unique.storage.parking_statements.reserve`),
+    each for the group's slot lease."""
     rows: list[JobModel] = []
     for _ in range(count):
-        found = reserve(info, group, marker, info.ttl_ms, app=app)
+        found = parking_statements.reserve(info.model, group, info.order_by, marker, info.ttl_ms, app=app)
         if found is None:
             break
         rows.append(found)
     return rows
-
-
-def start_reserved(
-    model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float,
-) -> Optional[JobModel]:
-    """Start a row this process reserved (``row`` as its reservation read it), before its
-    message is delivered; returns the started row as the database now holds it, or None if
-    it is no longer ours as reserved: replaced (revision), claimed or reserved by another
-    process (status, ``worker``, ``broker_ref``), started by anyone (``fencing_token``).
-
-    A compare-and-set that reads no clock, so a reservation that ran out while this process
-    stalled, or that a process with a faster clock took early, is never started here.  The
-    attempt's token is the row's next one, drawn in the same statement: no attempt gets it
-    twice.  A synchronous commit (a lost start could hand its token out again).
-    """
-    return parking_statements.start_reserved(model, row, marker, worker, lease_ms)
-
-
-def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
-    """Undo :func:`start_reserved` (or a claim's start) whose message was not delivered: the row
-    is parked on ``group`` again, unreserved, its attempt not counted.  Its fencing token stays
-    drawn (tokens never go back).  False if the attempt no longer owns the row."""
-    return parking_statements.unstart(model, started, group)

@@ -82,8 +82,8 @@ class Waking:
                     if grant is None:  # nothing was sent: a start the claim wrote is undone too
                         if row.status == JobStatus.RUNNING.value:
                             self.started.take(row.message_id, row.revision)
-                            rows.unstart(info.model, row, group)
-                        rows.unclaim(info.model, row, group)
+                            parking_statements.unstart(info.model, row, group)
+                        parking_statements.unclaim(info.model, row, group)
                         return None
                     token = grant
                     # Who granted it and when (monotonic ms): a job woken in this process soon after
@@ -93,7 +93,7 @@ class Waking:
                         self.delivery.send(rebuild(row, {WAKE: wake}), row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
-                        rows.unclaim(info.model, row, group)
+                        parking_statements.unclaim(info.model, row, group)
                         raise
                     return row
                 # Nobody left: clear the flag, then look again (a waiter flags after it parks).

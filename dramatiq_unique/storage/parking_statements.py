@@ -145,11 +145,15 @@ def reserve(
 def start_reserved(
     model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float,
 ) -> Optional[JobModel]:
-    """Start a row this process reserved (``row`` as its reservation read it); the started row
-    as the database now holds it, or None if it is no longer ours as reserved.
+    """Start a row this process reserved (``row`` as its reservation read it), before its
+    message is delivered; returns the started row as the database now holds it, or None if
+    it is no longer ours as reserved: replaced (revision), claimed or reserved by another
+    process (status, ``worker``, ``broker_ref``), started by anyone (``fencing_token``).
 
-    A compare-and-set that reads no clock (:func:`dramatiq_unique.parking.rows.start_reserved`
-    says why).  A synchronous commit (a lost start could hand its token out again).
+    A compare-and-set that reads no clock, so a reservation that ran out while this process
+    stalled, or that a process with a faster clock took early, is never started here.  The
+    attempt's token is the row's next one, drawn in the same statement: no attempt gets it
+    twice.  A synchronous commit (a lost start could hand its token out again).
     """
     statement = queries.render(model, "start_reserved", token="next_token")
     fields = model._meta.fields

@@ -105,6 +105,10 @@ def make_pending(row_id: int) -> None:
     JobModel.update(status="pending", enqueued_at=None, broker_ref=None).where(JobModel.id == row_id).execute()
 
 
+def reserve_elsewhere(info, group: str, app: str):
+    """A reservation of the group's next row by another process ("elsewhere"), for a minute."""
+    return parking_statements.reserve(info.model, group, info.order_by, "elsewhere:1:deck", 60_000, app=app)
+
 def test_a_pass_never_touches_another_apps_jobs(apps):
     """Given app B's jobs in every state a pass acts on (due pending, lost from its broker,
     finished long ago), when app A runs passes, then none of them is sent, failed or
@@ -393,7 +397,7 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
         info = gate_of(a.suite).describe(group)
         assert lot.wake_orphans(a.suite) == 0 and broker_messages(a.broker) == []
         assert parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app) is None
-        assert parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=a.suite.app) is None
+        assert reserve_elsewhere(info, group, a.suite.app) is None
         assert parked.waiting_in(info, group, app=a.suite.app) is None
         assert concurrency_status("job").parked == 0
         assert b_untouched()
@@ -401,7 +405,7 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
         a_rows = [park(a, n, 1_000 - n) for n in range(10, 13)]
         assert concurrency_status("job").parked == 3
         assert parked.waiting_in(info, group, app=a.suite.app) == 0
-        reserved = parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=a.suite.app)
+        reserved = reserve_elsewhere(info, group, a.suite.app)
         assert reserved is not None and reserved.id == a_rows[0].id
         claimed = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app)
         assert claimed is not None and claimed.id == a_rows[1].id
@@ -453,7 +457,7 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         monkeypatch.setattr(prepared, "execute", recording_prepared)
         monkeypatch.setattr(db, "execute_sql", recording_sql)
         info = gate_of(app.suite).describe(group)
-        assert parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=app.suite.app).message_id == "mine-0"
+        assert reserve_elsewhere(info, group, app.suite.app).message_id == "mine-0"
         claimed = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=app.suite.app)
         assert claimed is not None
         assert parked.waiting_in(info, group, app=app.suite.app) == 0

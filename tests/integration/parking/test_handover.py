@@ -290,7 +290,7 @@ def test_reservations_run_by_the_database_clock_not_by_a_skewed_waker(suite, bro
     JobModel.create(message_id="m0", actor_name="job", queue_name="default", args=[0], status="pending",
                     parked_on=group, created_at=after_ms(-10_000), app=suite.app)
     info = gate_of(suite).describe(group)
-    assert parked.reserve(info, group, "elsewhere:1:deck", 60_000, app=suite.app) is not None
+    assert parking_statements.reserve(info.model, group, info.order_by, "elsewhere:1:deck", 60_000, app=suite.app)
     ahead = after_ms(120_000)
     assert parking_statements.claim_parked(JobModel, group, "created_at", ahead, "ref", app=suite.app) is None
     assert 50_000 < parked.waiting_in(info, group, app=suite.app) <= 60_000
