@@ -162,16 +162,16 @@ class Suite:
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
-        #: several Redlock masters, over its bounded client (redlock.py), so that the first master
+        #: several Redlock masters, over its bounded client (locks/masters.py), so that the first master
         #: down costs the flags, which the suite can do without, ``lock_timeout`` at most.
         self.redis = self.masters[0] if self.locks.single else self.locks.nodes[0].client
         self.keys = RedisKeys(self.settings.key_prefix)
-        #: The app this suite's job rows belong to, in a database several apps share (scope.py).
+        #: The app this suite's job rows belong to, in a database several apps share (durable/scope.py).
         self.app = app_name(self.settings.key_prefix)
         self.broker: Optional[dramatiq.Broker] = None
-        #: Publishes tracked sends, unique ones with their queue locks (publish.py), once the broker is wrapped.
+        #: Publishes tracked sends, unique ones with their queue locks (broker/publish.py), once the broker is wrapped.
         self.publisher: Optional[Any] = None
-        #: Acks tracked messages on a Redis broker (acks.py), once the broker is wrapped.
+        #: Acks tracked messages on a Redis broker (broker/acks.py), once the broker is wrapped.
         self.acks: Optional[Any] = None
         self.models: list[type[JobModel]] = []
         self.actors: dict[str, ActorConfig] = {}

@@ -8,7 +8,7 @@ A pass, for every job table:
    message never reached the broker (``enqueued_at`` is NULL);
 3. looks at ``queued``, ``retrying`` and ``running`` jobs overdue by
    ``lost_after`` (due, or lease run out, that long ago) whose message is
-   in none of the broker's places (presence.py): a first miss marks the
+   in none of the broker's places (broker/presence.py): a first miss marks the
    row (``missing_since``), a miss in a later pass confirms it, and
    ``on_lost`` applies;
 4. deletes finished rows older than ``retention``.

@@ -63,7 +63,7 @@ class Locks:
         self.single = len(self.masters) == 1
         self.quorum = len(self.masters) // 2 + 1
         self.timeout_ms = timeout_ms
-        #: With several masters, each master's bounded client and state (redlock.py).
+        #: With several masters, each master's bounded client and state (masters.py).
         self.nodes: list[Master] = []
         if self.single:
             client = self.masters[0]

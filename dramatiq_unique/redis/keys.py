@@ -29,7 +29,7 @@ class RedisKeys:
         return f"{self.prefix}:run:{unique_key}"
 
     def slots(self, group: str) -> str:
-        """A slot group's holders: a sorted set of tokens scored by lease end (slots.py)."""
+        """A slot group's holders: a sorted set of tokens scored by lease end (slots/gate.py)."""
         return f"{self.prefix}:slots:{group}"
 
     def limit(self, group: str) -> str:

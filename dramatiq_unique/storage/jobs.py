@@ -173,7 +173,7 @@ def replace(
 #: its own.  Hosts kept in step by NTP differ by a few ms; this covers a second of skew,
 #: at the cost of a crashed attempt's redelivery waiting that much longer.
 LEASE_SKEW_MS = 1_000
-#: The ``worker`` of a row a waker's claim started ahead of its delivery (waking.py, ondeck.py
+#: The ``worker`` of a row a waker's claim started ahead of its delivery (parking/waking.py, parking/deck.py
 #: write ``<worker id>:woken``), as a LIKE pattern.
 WOKEN = "%:woken"
 

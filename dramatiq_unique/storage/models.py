@@ -139,7 +139,7 @@ class JobModel(pw.Model):
     class Meta:
         table_name = "dramatiq_unique_jobs"
         # Each starts with app: a pass reads its own app's rows only, a waker its own app's
-        # parked rows (sql_parking.py), and the holds of two apps never collide (see scope.py;
+        # parked rows (parking_statements.py), and the holds of two apps never collide (see durable/scope.py;
         # schema.py replaces the indexes of older tables).
         indexes = (
             (("app", "status", "process_after"), False),
@@ -147,7 +147,7 @@ class JobModel(pw.Model):
             (("app", "finished_at"), False),
             (("app", "unique_hold"), True),
             (("app", "idempotency_hold"), True),
-            # With created_at: a group's next job (sql_parking.queue_head) is read in order and
+            # With created_at: a group's next job (the queue_head block of queries.sql) is read in order and
             # the scan stops at the first due one; without it, PostgreSQL's generic plan of the
             # prepared claim scanned all the app's pending rows for the sort (measured).
             (("app", "parked_on", "created_at"), False),

@@ -17,7 +17,7 @@ declaration):
    otherwise keep both up to date).
 
 Rows with ``app = ''`` are adopted by the first re-drive pass of the app
-that declares their actor (scope.py).  Each step is idempotent, and the
+that declares their actor (durable/scope.py).  Each step is idempotent, and the
 steps run in one transaction, under an advisory lock on PostgreSQL (its
 ``IF NOT EXISTS`` is not safe against a concurrent creation) and under
 SQLite's write lock: several processes starting at once take turns.  On a large PostgreSQL

@@ -187,7 +187,7 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     # Retries re-enqueues the running message: the same job, due again later.
     ctx.retry_enqueued = True
     retry = dict(process_after=after_ms(delay), enqueued_at=utcnow(), broker_ref=ref or message.message_id)
-    # Kept for JobTracking, should this write be fenced out (tracking.py, _record_revoked).
+    # Kept for JobTracking, should this write be fenced out (durable/refused.record_revoked).
     ctx.extras[RETRY_FIELDS] = retry
     model.update(status=JobStatus.RETRYING.value, missing_since=None, **retry).where(
         (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
