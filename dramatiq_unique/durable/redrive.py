@@ -40,7 +40,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
 from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import claims
+from dramatiq_unique.durable import claims, deferral
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
 from dramatiq_unique.durable.counts import RedriveCounts
 from dramatiq_unique.durable.scope import Scope
@@ -117,6 +117,7 @@ class _Pass:
             self._send_due(model)
             self._check_lost(model)
             self._prune(model)
+        deferral.log_backlog(self.counts.deferred)
         return self.counts
 
     def _keep_lock(self) -> None:
@@ -168,10 +169,11 @@ class _Pass:
             except Exception as e:
                 self.broker_down = True
                 self.counts.errors += 1
-                logger.warning("Could not send job %s (%s); the next pass tries again.", row.message_id, e)
+                deferral.send_failed(self.suite, self.broker, row.message_id, e)  # the next pass tries again
                 jobs.unclaim_sends(model, [r.id for r in rows[i:]], revert_to)
                 break
             refs[row.id] = sent.options.get("redis_message_id") or row.message_id
+            self.counts.deferred += deferral.was_deferred(row)
         statements.record_refs(model, refs)  # a ref set meanwhile is newer: kept
         return len(refs)
 

@@ -24,8 +24,9 @@ between the two steps) costs nothing but its memory until it expires.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import peewee as pw
 from dramatiq.common import q_name
@@ -34,7 +35,7 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.broker import publish
 from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
-from dramatiq_unique.durable import outbox
+from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
 from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
 from dramatiq_unique.storage import jobs
@@ -63,7 +64,17 @@ class Redirect(DramatiqUniqueError):
         self.resend = resend
 
 
-# Rows created by the enqueue under way, undone if the broker then fails (set by send.py's wrapper).
+@dataclasses.dataclass
+class Created:
+    """What the enqueue under way wrote: a row, or a retry's bookkeeping."""
+
+    #: Undoes it: the publish failed, and it would be a phantom job.
+    undo: Callable[[], None]
+    #: Keeps it for the re-drive instead: the broker is down (on_broker_down="defer", durable/deferral.py).
+    keep: Callable[[], None]
+
+
+# What the enqueue under way created (Created), undone or kept if the broker then fails (set by send.py's wrapper).
 created_rows: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
 
 
@@ -111,16 +122,18 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     fields = row_fields(config, message, delay)
     fields["unique_key"] = key
     held = outbox.active()
-    if held is not None:  # not in the broker until the caller's transaction commits
+    # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
+    deferred = held is None and deferral.skip_publish(suite)
+    if held is not None or deferred:  # not in the broker until the caller's transaction commits, or it is back
         fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
     lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
     model = config.model
     if key is None or lock not in opt.QUEUE_LOCKS:
-        marker = {}
+        marker = {deferral.DEFERRED: 1} if deferred else {}
         fields["options"][MARKER] = marker
         try:
             row_id, revision = jobs.insert(model, fields), 0
-            _created_row(model, row_id, None, None, suite)
+            _created_row(model, row_id, fields, None, None, suite)
         except pw.IntegrityError:  # the same message sent again: the same job
             _check_idempotency(model, fields)
             row = jobs.get(model, message_id=message.message_id)
@@ -129,7 +142,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
             row_id, revision = row.id, row.revision
     else:
         try:
-            row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
+            row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields, deferred=deferred)
         except jobs.IdempotencyHeld as held_by:
             raise Redirect(held_by.job.message_id) from None
         marker = fields["options"][MARKER]
@@ -139,6 +152,8 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         if suite.broker is None:  # set when a broker declares a tracked actor, before any send of it
             raise NotConfigured("no broker has declared a tracked actor")
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
+    if deferred:
+        raise outbox.Deferred(dataclasses.replace(message, options=job_options(message.options)))
     ref = redis_ref(message)
     if suite.publisher is not None and ref and not publish.expected(ref):
         suite.publisher.expect(ref)  # a tracked message: published over our own connection
@@ -151,10 +166,12 @@ def _check_idempotency(model: Any, fields: dict) -> None:
         raise Redirect(held_by.job.message_id) from None
 
 
-def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optional[str], suite: "Suite") -> None:
+def _created_row(
+    model: Any, row_id: int, fields: dict, lock_name: Optional[str], token: Optional[str], suite: "Suite"
+) -> None:
     created = created_rows.get()
-    if created is None:
-        return
+    if created is None or fields["status"] != JobStatus.QUEUED.value:
+        return  # a pending row (outbox, deferred) is not published by this send
 
     def undo() -> None:
         jobs.delete(model, row_id)
@@ -164,7 +181,8 @@ def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optio
             except RedisUnavailable:  # often the very failure being undone
                 logger.warning("Could not free the queue lock %r; it expires by itself.", lock_name)
 
-    created.append(undo)
+    # The lock, if it was written, names the waiting job: it stays (the database decides anyway).
+    created.append(Created(undo, lambda: deferral.keep(model, row_id, fields["broker_ref"], fields["options"])))
 
 
 def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
@@ -195,7 +213,9 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     created = created_rows.get()
     if created is not None:
         # If the publish fails, JobTracking records a retry that the re-drive must send.
-        created.append(lambda: setattr(ctx, "retry_enqueued", False))
+        # The same if the broker is down: the re-drive sends the retry when it is due.
+        not_enqueued = lambda: setattr(ctx, "retry_enqueued", False)  # noqa: E731
+        created.append(Created(not_enqueued, not_enqueued))
 
 
 def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional[int]) -> float:
@@ -209,23 +229,24 @@ def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional
 
 
 def _insert_unique(
-    suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict
+    suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict,
+    *, deferred: bool = False,
 ) -> tuple[int, int]:
-    """Insert a row holding ``key``, then take its queue lock; returns (row id, revision), or
-    raises to redirect."""
+    """Insert a row holding ``key``, then take its queue lock (not for a send kept pending,
+    ``deferred``); returns (row id, revision), or raises to redirect."""
     opts = message.options
     conflict = config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
     window = recent.window(config, opts, lock)
     # The lock's token is the message id: a worker releases it with the one its message carries.
-    fields["options"][MARKER] = {"qt": message.message_id}
+    fields["options"][MARKER] = {"qt": message.message_id, **({deferral.DEFERRED: 1} if deferred else {})}
     for _ in range(jobs.MAX_INSERT_ROUNDS):
         row_id, holder = jobs.insert_holding(config.model, fields, key, window, full=conflict != "skip")
         if row_id is not None:
             lock_name = suite.keys.queue_lock(key)
             # Inside transaction() the send is published at the caller's commit, or rolled
-            # back: the lock is left out (the index decides either way).
-            locked = outbox.active() is None
-            _created_row(config.model, row_id, lock_name, message.message_id if locked else None, suite)
+            # back: the lock is left out (the index decides either way); so for a send kept pending.
+            locked = not deferred and outbox.active() is None
+            _created_row(config.model, row_id, fields, lock_name, message.message_id if locked else None, suite)
             if locked:
                 _take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
