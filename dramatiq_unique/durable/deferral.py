@@ -103,7 +103,7 @@ class Outage:
             self.until = time.monotonic() + backoff_ms / 1000
         if first:
             logger.warning(
-                "The broker (%s) is down: %s: %s. Tracked sends are kept pending and the re-drive publishes "
+                "The broker (%s) is down (%s: %s); tracked sends are kept pending and the re-drive publishes "
                 "them when it answers; untracked sends raise. Not logged again until a publish succeeds.",
                 self.name, type(error).__name__, error,
             )
