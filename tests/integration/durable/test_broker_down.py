@@ -316,3 +316,30 @@ def test_tracked_sends_while_rabbitmq_is_down_run_once_it_is_back(rabbit_proxy, 
             for queue in (name, dq_name(name), xq_name(name)):
                 admin.channel.queue_delete(queue=queue)
         admin.close()
+
+
+def test_a_publish_whose_reply_timed_out_after_it_went_through_runs_once(private, database_url, key_prefix,
+                                                                         monkeypatch):
+    """The publish reached the broker but its reply timed out: the row is kept pending, so the
+    job has two messages (the first, and the re-drive's); it runs once, the other copy skipped."""
+    broker, suite = redis_rig(private, database_url, key_prefix)
+    runs = Runs()
+    tracked, unique = declare(runs)
+    publish = broker.do_enqueue
+
+    def went_through_then_timed_out(*args):
+        publish(*args)
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(broker, "do_enqueue", went_through_then_timed_out)
+    try:
+        messages = [tracked.send(1), unique.send(key=1)]
+        monkeypatch.undo()
+        assert [job_of(m).status for m in messages] == ["pending"] * 2
+        with running_worker(broker, threads=4):
+            wait_until(lambda: dramatiq_unique.redrive().sent == 0 and all(
+                job_of(m).status == SUCCEEDED for m in messages), timeout=15, what="both jobs to succeed")
+        assert runs.counts == {("tracked", 1): 1, ("unique", 1): 1}
+    finally:
+        broker.close()
+        suite.db.close()
