@@ -245,6 +245,27 @@ def test_a_replacing_duplicate_during_an_outage_waits_pending_with_its_new_argum
         suite.db.close()
 
 
+def test_a_raising_duplicate_and_submit_during_an_outage(private, sqlite_url, key_prefix):
+    broker, suite = redis_rig(private, sqlite_url, key_prefix)
+
+    @dramatiq.actor(unique_args=["key"], unique_on_conflict="raise")
+    def charge(key):
+        pass
+
+    try:
+        private.stop()
+        first = charge.send(key=1)
+        with pytest.raises(dramatiq_unique.DuplicateJob) as raised:
+            charge.send(key=1)
+        assert raised.value.job.message_id == first.message_id and raised.value.job.status == "pending"
+        job, created = dramatiq_unique.submit(charge, key=2, idempotency_key="order-2")
+        assert created and job.status == "pending"
+        assert dramatiq_unique.submit(charge, key=2, idempotency_key="order-2") == (job, False)
+    finally:
+        broker.close()
+        suite.db.close()
+
+
 def test_a_retry_whose_publish_fails_in_an_outage_is_sent_by_the_redrive(private, sqlite_url, key_prefix,
                                                                          monkeypatch, caplog):
     """Retries' re-enqueue fails (the broker's publish refuses while the job runs; the worker's own
