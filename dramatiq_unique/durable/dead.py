@@ -140,6 +140,10 @@ def retry_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobMode
     opts.pop("retries", None)  # a new count: claims.build_message gives the message its own
     extra: dict[str, Any] = dict(options={**opts, MARKER: marker}, process_after=utcnow(), finished_at=None,
                                  parked_on=None)
+    # Fences out the attempt the job failed in, should it be alive after all (a job "lost" under
+    # on_lost="fail" whose worker only stalled): its outcome must not land on the new attempt's row,
+    # which would then skip the new message and keep the key it took again (as a finished job).
+    extra["fencing_token"] = job.fencing_token + 1
     if key is not None:
         extra["unique_hold"] = key
     with jobs.db_errors(f"retrying job {job.message_id}"):
@@ -166,6 +170,7 @@ def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str]
     another job holds ``key`` or the row changed since it was read."""
     db = table._meta.database
     cond = (table.id == job.id) & (table.revision == job.revision) & (table.status == FAILED)
+    cond &= table.fencing_token == job.fencing_token
     for _ in range(MAX_HOLD_ROUNDS):
         # Built each round: peewee keeps an executed query's result.
         update = table.update(claims.claim_fields(table, **extra)).where(cond).returning(*claims.sending_fields(table))

@@ -310,3 +310,58 @@ def test_cancel_racing_a_worker_start_never_both_cancels_and_runs(suite, broker)
         time.sleep(0.1)
     assert cancelled | refused == set(range(40)) and not cancelled & runs
     assert runs == refused and {job_of(sent[n]).status for n in cancelled} <= {"cancelled"}
+
+
+def test_a_retry_the_broker_refuses_is_left_pending_for_the_redrive(fast, broker, monkeypatch):
+    runs = []
+
+    @dramatiq.actor(unique_args=["n"], unique_lock="until_executed", max_retries=0)
+    def job(n):
+        runs.append(n)
+        if len(runs) == 1:
+            raise RuntimeError
+
+    message = job.send(1)
+    with running_worker(broker):
+        status_of(message, "failed")
+
+    def down(*args, **kwargs):
+        raise ConnectionError("broker down")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(broker, "enqueue", down)
+        row = dramatiq_unique.retry_job(message.message_id)
+    assert (row.status, row.enqueued_at, row.unique_hold) == ("pending", None, row.unique_key)
+    assert job.send(1).message_id == message.message_id  # it holds its key meanwhile
+    with running_worker(broker):
+        assert total(passes(1), "sent") == 1
+        done = status_of(message, "succeeded")
+    assert runs == [1, 1] and done.attempts == 2
+
+
+def test_a_retried_job_whose_lost_attempt_was_alive_runs_and_frees_its_key(fast, broker):
+    """Lost under on_lost="fail" while its attempt was in fact alive, then retried: the old
+    attempt finishes first, but cannot write over the retry (its fencing token is old), so
+    the retry runs and frees its key, which it would otherwise keep as a finished job."""
+    fast.settings.on_lost = "fail"
+    release = threading.Event()
+    started = []
+
+    @dramatiq.actor(unique_args=["n"], unique_lock="until_executing", unique_ttl=200, max_retries=0)
+    def slow(n):
+        started.append(n)
+        if len(started) == 1:
+            release.wait(10)
+
+    message = slow.send(1)
+    with running_worker(broker, threads=1):  # one thread: the retry starts after the old attempt ends
+        wait_until(lambda: started, timeout=10)
+        wipe_broker(broker)
+        time.sleep(0.2 + LOST_AFTER / 1000 + 0.05)
+        assert total(passes(2), "failed") == 1
+        assert dramatiq_unique.retry_job(message.message_id).unique_hold is not None
+        release.set()
+        wait_until(lambda: len(started) == 2, timeout=10, what="the retry to run")
+        done = status_of(message, "succeeded")
+    assert done.attempts == 2 and done.unique_hold is None
+    assert slow.send(1).message_id != message.message_id  # the key is free
