@@ -106,8 +106,10 @@ def test_retry_job_runs_a_dead_job_again_as_the_same_job(suite, broker):
         state["fail"] = False
         dramatiq_unique.retry_job(twice.id)  # by numeric id
         done = status_of(message, "succeeded")
-        # An older copy of the message (a redelivery of the dead attempt) is skipped, not run.
+        # An older copy of the message (a redelivery of the dead attempt) is skipped, not run, and so
+        # is a second delivery of the retried one.
         broker.enqueue(build_message(dead))
+        broker.enqueue(build_message(done))
         time.sleep(0.3)
     assert runs == [1, 2, 3, 4, 5] and state["steps"] == 1  # the checkpoint was not redone
     assert done.attempts == 5 and done.result == "ok" and done.message_id == message.message_id
@@ -365,3 +367,25 @@ def test_a_retried_job_whose_lost_attempt_was_alive_runs_and_frees_its_key(fast,
         done = status_of(message, "succeeded")
     assert done.attempts == 2 and done.unique_hold is None
     assert slow.send(1).message_id != message.message_id  # the key is free
+
+
+def test_cancelling_parked_waiters_while_the_slot_is_handed_on_never_stalls_the_group(suite, broker):
+    runs: set = set()
+
+    @dramatiq.actor(concurrency_limit=1, concurrency_key=["tenant"])
+    def work(tenant, n):
+        runs.add(n)
+        time.sleep(0.005)
+
+    cancelled, refused = set(), set()
+    with running_worker(broker, threads=4):
+        sent = [work.send("t", n) for n in range(30)]
+        for n in range(1, 30, 2):
+            try:
+                dramatiq_unique.cancel_job(sent[n].message_id)
+                cancelled.add(n)
+            except JobStateError:
+                refused.add(n)
+        wait_until(lambda: all(job_of(m).status in ("succeeded", "cancelled") for m in sent), timeout=15,
+                   what="every job to finish or be cancelled")
+    assert not cancelled & runs and runs == set(range(0, 30, 2)) | refused
