@@ -251,7 +251,7 @@ class _Pass:
         if retries_mw is None:
             return True  # without Retries a failed attempt is final
         actor_options, options = self._actor_options(row.actor_name), row.options or {}
-        retries = max(row.attempts - 1, 0)
+        retries = max(claims.retries_so_far(row) - 1, 0)
         retry_when = actor_options.get("retry_when", retries_mw.retry_when)
         if retry_when is not None:
             return not retry_when(retries, JobLost(row.message_id))

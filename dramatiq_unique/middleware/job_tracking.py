@@ -22,7 +22,7 @@ from dramatiq_unique.locks import queue
 from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.storage import jobs
-from dramatiq_unique.storage.models import JobStatus
+from dramatiq_unique.storage.models import FINISHED, JobStatus
 from dramatiq_unique.suite import Suite
 from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
 from dramatiq_unique.unique.send import install_enqueue
@@ -146,7 +146,7 @@ class JobTracking(Middleware):
         if existing is None:
             logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
             return self._start_adopted(config, message, ctx)
-        if existing.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        if existing.status in FINISHED:  # cancelled included (cancel_job): skipped, no failure recorded
             raise SkipMessage(f"job {message.message_id} already {existing.status}")
         if existing.revision == marker.get("rev", 0) and existing.status == JobStatus.RUNNING:
             # A second delivery of a running job: it must not run beside the attempt.
