@@ -12,6 +12,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
 from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
 from dramatiq_unique.durable.scope import NO_APP
+from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.logs import ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
 from dramatiq_unique.redis.checks import check_redis
@@ -60,13 +61,38 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     return suite
 
 
-def get_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> Optional[JobModel]:
+def get_job(
+    id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None, store: Optional[int] = None,
+) -> Optional[JobModel]:
     """A job's row by message id (any job table) or numeric id (``model``, the shared table by default).
+
+    With several job stores, a message id is looked up in every store (``store``: in that one);
+    a numeric id is the primary's, unless ``store`` names another.  A store that does not answer
+    is skipped, but a job found in none of the others then raises ``DatabaseUnavailable``: it may be
+    in that store.
 
     Only a job of this suite's app (or one written before rows had an app): in a database
     that several apps share, another app's job is None, as a job that does not exist.
     """
     suite = _config.current()
-    with jobs.db_errors(f"reading job {id_or_message_id}"):
-        job = jobs.find_job(suite.models, id_or_message_id, model)
-    return job if job is None or job.app in (suite.app, NO_APP) else None
+    stores = suite.stores
+    numeric = isinstance(id_or_message_id, int) or str(id_or_message_id).isdigit()
+    indexes = [store or 0] if numeric or store is not None else list(range(len(stores)))
+    down: list[DatabaseUnavailable] = []
+    for index in indexes:
+        try:
+            with jobs.db_errors(f"reading job {id_or_message_id} in {stores.name(index)}"):
+                for each in suite.models if stores.several else ():
+                    stores.ensure(each, index)  # a store down at set-up gets its tables now
+                job = jobs.find_job(
+                    [stores.model_in(each, index) for each in suite.models], id_or_message_id,
+                    None if model is None else stores.model_in(model, index),
+                )
+        except DatabaseUnavailable as e:
+            down.append(e)
+            continue
+        if job is not None and job.app in (suite.app, NO_APP):
+            return job
+    if down:
+        raise down[0]
+    return None

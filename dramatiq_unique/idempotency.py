@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 
 import dramatiq
 
+from dramatiq_unique.context import job_model
 from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
@@ -77,7 +78,7 @@ def submit(
         options = {"idempotency_key": idempotency_key, "owner": owner}
     message = actor.message_with_options(args=args, kwargs=kwargs, **options)
     sent = actor.broker.enqueue(message, delay=delay)
-    job = jobs.get(model, message_id=sent.message_id)
+    job = jobs.get(job_model(suite, model, sent.options), message_id=sent.message_id)  # its row's store
     if job is None:  # pragma: no cover - the row is written before the message is published
         raise LookupError(f"no job row for message {sent.message_id}")
     created = sent.message_id == message.message_id
