@@ -50,6 +50,15 @@ T = TypeVar("T")
 Spec = Union[str, pw.Database]
 
 
+#: Set on a model bound to a store other than the primary: the model it was made from.
+BASE = "_dramatiq_unique_base"
+
+
+def base_of(model: type[M]) -> type[M]:
+    """The model a store's model was made from (:meth:`Stores.model_in`); the model itself for the primary."""
+    return getattr(model, BASE, model)
+
+
 def specs(database: Union[Spec, Sequence[Spec]]) -> list[Spec]:
     """The ``database`` setting as a list of stores: one URL or Database, or a non-empty list of them."""
     if isinstance(database, (str, pw.Database)):
@@ -107,7 +116,7 @@ class Stores:
                 found = cast(Any, type(model))(f"{model.__name__}_store{index}", (model,), {
                     "Meta": type("Meta", (), attrs), "__module__": model.__module__, "__doc__": model.__doc__,
                 })
-                found._dramatiq_unique_base = model
+                setattr(found, BASE, model)
                 self._models[(model, index)] = found
         return found
 
