@@ -66,7 +66,9 @@ def submit(
         if owner is not None and len(owner) > MAX_KEY_LENGTH:
             raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
         hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
-        existing = _holder(model, config.app, hold)
+        suite.stores.check_primary(f"an idempotent send of {actor.actor_name}")  # keys live in the primary
+        with jobs.db_errors(f"looking up idempotency key {idempotency_key!r}"):
+            existing = _holder(model, config.app, hold)
         if existing is not None:
             window = config.get({}, "idempotency_window", suite.settings.idempotency_window)
             if existing.created_at > after_ms(-window):

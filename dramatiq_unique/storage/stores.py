@@ -68,14 +68,21 @@ def specs(database: Union[Spec, Sequence[Spec]]) -> list[Spec]:
     return list(database)
 
 
+def _identity(db: pw.Database) -> tuple:
+    """What tells two stores apart: the database and its connection parameters (two schemas of one
+    PostgreSQL database, by ``search_path``, are two stores)."""
+    params = getattr(db, "connect_params", {}) or {}
+    return (type(db).__name__, str(db.database), tuple(sorted((k, str(v)) for k, v in params.items())))
+
+
 class Stores:
     """The job databases, primary first (see the module docstring)."""
 
     def __init__(self, databases: Sequence[pw.Database], *, down_for: float = DEFAULT_DOWN_FOR) -> None:
-        names = [describe(db) for db in databases]
-        for i, name in enumerate(names):
-            if name in names[:i] or any(databases[i] is db for db in databases[:i]):
-                raise InvalidOption(f"database lists {name} twice: each store must be another database")
+        seen = [_identity(db) for db in databases]
+        for i, db in enumerate(databases):
+            if seen[i] in seen[:i] or any(db is other for other in databases[:i]):
+                raise InvalidOption(f"database lists {describe(db)} twice: each store must be another database")
         self.databases = list(databases)
         self.down_for = down_for
         self._down_until: dict[int, float] = {}

@@ -1,0 +1,177 @@
+"""Several job stores (``setup(database=[primary, secondary])``): a throwaway PostgreSQL cluster
+as the primary, stopped and started again under the test, and a SQLite file as the secondary;
+then two SQLite stores for what the re-drive and get_job() do over both."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import timedelta
+from typing import Iterator
+from urllib.parse import urlparse
+
+import dramatiq
+import peewee as pw
+import pytest
+
+import dramatiq_unique
+from dramatiq_unique import DatabaseUnavailable, JobModel, get_job
+from dramatiq_unique.context import MARKER, store_of
+from dramatiq_unique.storage.models import utcnow
+from dramatiq_unique.storage.stores import STORE
+from tests.conftest import PG_URL, REDIS_URL
+from tests.durable import passes, running_worker, total, wipe_broker
+from tests.helpers import LOST_AFTER, wait_until
+from tests.servers import PostgresCluster
+
+#: ms a failed store is skipped by sends that may go elsewhere (short, so the test sees it end).
+DOWN_FOR = 200
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PostgresCluster]:
+    cluster = PostgresCluster().start()  # once per module: initdb costs seconds
+    yield cluster
+    cluster.remove()
+
+
+@pytest.fixture
+def primary_url(cluster: PostgresCluster) -> str:
+    """A schema of the test's own on the throwaway cluster, started if a test left it stopped."""
+    try:
+        cluster.wait_ready(timeout=0.1)
+    except AssertionError:
+        cluster.start()
+    schema = f"du_{uuid.uuid4().hex[:10]}"
+    admin = pw.PostgresqlDatabase("postgres", host="127.0.0.1", port=cluster.port, user="postgres")
+    admin.execute_sql(f'CREATE SCHEMA "{schema}"')
+    admin.close()
+    return f"{cluster.url}?options=-csearch_path%3D{schema}"
+
+
+def close(suite: dramatiq_unique.Suite) -> None:
+    for db in suite.stores.databases:
+        db.close()
+
+
+@pytest.fixture
+def stores_suite(broker, primary_url, sqlite_url, key_prefix) -> Iterator[dramatiq_unique.Suite]:
+    suite = dramatiq_unique.setup(
+        broker, database=[primary_url, sqlite_url], redis=REDIS_URL, key_prefix=key_prefix, redriver=False,
+        database_connect_timeout=2_000, store_down_for=DOWN_FOR, lost_after=LOST_AFTER,
+    )
+    yield suite
+    close(suite)
+
+
+def store(message) -> int:
+    job = get_job(message.message_id)
+    assert job is not None, message.message_id
+    return int((job.options.get(MARKER) or {}).get(STORE, 0))
+
+
+def test_with_the_primary_down_tracked_jobs_land_in_the_secondary_and_unique_sends_raise(
+    stores_suite, broker, cluster, caplog
+):
+    """Given a PostgreSQL primary and a SQLite secondary, When the primary stops, Then tracked sends
+    land in the secondary and run, unique sends raise; When it starts again, Then new rows go to it,
+    unique sends work, and the re-drive recovers a job lost while its row was in the secondary."""
+    runs: list = []
+
+    @dramatiq.actor(track=True, max_retries=0)
+    def report(n):
+        runs.append(n)
+        return n
+
+    @dramatiq.actor(unique_args=["n"], unique_lock="until_executed", max_retries=0)
+    def unique_report(n):
+        runs.append(("unique", n))
+
+    first = report.send(0)
+    assert store(first) == 0 and type(get_job(first.message_id)) is JobModel
+
+    cluster.stop()
+    began = time.monotonic()
+    lost = report.send(100)
+    # The broker loses both messages: only the rows know the jobs, first's in the primary, lost's in the secondary.
+    assert wipe_broker(broker) > 0
+    sent = [report.send(n) for n in (1, 2, 3)]
+    assert time.monotonic() - began < 5, "sends while the primary is down do not wait for it"
+    assert [store(m) for m in (lost, *sent)] == [1, 1, 1, 1]
+    assert store_of(sent[0].options) == 1, "the message names its row's store"
+    with pytest.raises(DatabaseUnavailable):
+        unique_report.send(1)
+    with pytest.raises(DatabaseUnavailable):
+        dramatiq_unique.submit(report, 9, idempotency_key="k-9")
+
+    with running_worker(broker):
+        wait_until(lambda: all(get_job(m.message_id).status == "succeeded" for m in sent), timeout=10,
+                   what="the secondary's jobs ran")
+        time.sleep(LOST_AFTER / 1000 + 0.05)
+        with caplog.at_level(logging.WARNING):
+            down_pass = dramatiq_unique.redrive(broker)
+        assert down_pass.errors == 1 and "skips job store 0" in caplog.text, "the down primary is skipped"
+        assert down_pass.missing == 1, "and the secondary's lost job is looked at all the same (first's waits)"
+
+        cluster.start()
+        time.sleep(DOWN_FOR / 1000 + 0.05)
+        after = report.send(4)
+        assert store(after) == 0, "once the primary answers, new rows go to it"
+        unique_report.send(5)
+        counts = passes(2)
+        assert total(counts, "redriven") == 2 and total(counts, "errors") == 0, "one lost job in each store"
+        wait_until(lambda: get_job(lost.message_id).status == get_job(first.message_id).status == "succeeded",
+                   timeout=10, what="the lost jobs ran")
+        wait_until(lambda: {4, ("unique", 5)} <= set(runs), timeout=10)
+    assert sorted(n for n in runs if isinstance(n, int)) == [0, 1, 2, 3, 4, 100], "each job ran once"
+    assert store(lost) == 1 and get_job(lost.message_id).attempts == 1
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def two_urls(request, tmp_path) -> Iterator[list[str]]:
+    """Two SQLite files, or two schemas of the shared PostgreSQL database."""
+    if request.param == "sqlite":
+        yield [f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"]
+        return
+    first = request.getfixturevalue("pg_url")
+    other = f"du_{uuid.uuid4().hex[:10]}"
+    parsed = urlparse(PG_URL)
+    admin = pw.PostgresqlDatabase(parsed.path.lstrip("/"), host=parsed.hostname, port=parsed.port or 5432,
+                                  user=parsed.username)
+    admin.execute_sql(f'CREATE SCHEMA "{other}"')
+    yield [first, f"{PG_URL}?options=-csearch_path%3D{other}"]
+    admin.execute_sql(f'DROP SCHEMA "{other}" CASCADE')
+    admin.close()
+
+
+def test_the_redrive_prunes_and_get_job_finds_jobs_in_both_stores(broker, two_urls, key_prefix):
+    """Given two stores with jobs in each, the re-drive prunes finished rows in both (counts
+    summed), and get_job() finds a job by message id in either, by number with ``store=``."""
+    suite = dramatiq_unique.setup(
+        broker, database=two_urls, redis=REDIS_URL, key_prefix=key_prefix, redriver=False, store_down_for=60_000,
+    )
+    try:
+
+        @dramatiq.actor(track=True)
+        def report(n):
+            return n
+
+        in_primary = report.send(1)
+        suite.stores.mark_down(0, "the test says so")  # sends that may fail over go to store 1 meanwhile
+        in_secondary = report.send(2)
+        suite.stores.mark_up(0)
+        assert (store(in_primary), store(in_secondary)) == (0, 1)
+        secondary = get_job(in_secondary.message_id)
+        assert get_job(secondary.id, store=1).message_id == in_secondary.message_id
+        assert get_job(secondary.id) is None or get_job(secondary.id).message_id != in_secondary.message_id
+
+        old = utcnow() - timedelta(days=30)
+        for message in (in_primary, in_secondary):
+            model = type(get_job(message.message_id))
+            model.update(status="succeeded", finished_at=old).where(model.message_id == message.message_id).execute()
+        counts = dramatiq_unique.redrive(broker)
+        assert counts.pruned == 2 and counts.errors == 0
+        assert get_job(in_primary.message_id) is None and get_job(in_secondary.message_id) is None
+    finally:
+        close(suite)
