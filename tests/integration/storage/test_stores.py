@@ -88,6 +88,12 @@ def test_with_the_primary_down_tracked_jobs_land_in_the_secondary_and_unique_sen
     def unique_report(n):
         runs.append(("unique", n))
 
+    @dramatiq.actor(track=True, max_retries=1, min_backoff=10, max_backoff=10)
+    def flaky(n):
+        runs.append(("flaky", n))
+        if dramatiq_unique.current_job().attempts == 1:
+            raise RuntimeError("the first attempt fails")
+
     first = report.send(0)
     assert store(first) == 0 and type(get_job(first.message_id)) is JobModel
 
@@ -100,14 +106,18 @@ def test_with_the_primary_down_tracked_jobs_land_in_the_secondary_and_unique_sen
     assert time.monotonic() - began < 5, "sends while the primary is down do not wait for it"
     assert [store(m) for m in (lost, *sent)] == [1, 1, 1, 1]
     assert store_of(sent[0].options) == 1, "the message names its row's store"
+    retried = flaky.send(7)
+    broker.enqueue(sent[1])  # delivered twice: the second copy finds the job finished (or running) in its store
     with pytest.raises(DatabaseUnavailable):
         unique_report.send(1)
     with pytest.raises(DatabaseUnavailable):
         dramatiq_unique.submit(report, 9, idempotency_key="k-9")
 
     with running_worker(broker):
-        wait_until(lambda: all(get_job(m.message_id).status == "succeeded" for m in sent), timeout=10,
-                   what="the secondary's jobs ran")
+        wait_until(lambda: all(get_job(m.message_id).status == "succeeded" for m in (*sent, retried)),
+                   timeout=10, what="the secondary's jobs ran, the retry too")
+        job = get_job(retried.message_id)
+        assert (job.attempts, store(retried)) == (2, 1), "the retry was recorded in the secondary"
         time.sleep(LOST_AFTER / 1000 + 0.05)
         with caplog.at_level(logging.WARNING):
             down_pass = dramatiq_unique.redrive(broker)
@@ -125,6 +135,7 @@ def test_with_the_primary_down_tracked_jobs_land_in_the_secondary_and_unique_sen
                    timeout=10, what="the lost jobs ran")
         wait_until(lambda: {4, ("unique", 5)} <= set(runs), timeout=10)
     assert sorted(n for n in runs if isinstance(n, int)) == [0, 1, 2, 3, 4, 100], "each job ran once"
+    assert runs.count(("flaky", 7)) == 2
     assert store(lost) == 1 and get_job(lost.message_id).attempts == 1
 
 
