@@ -80,6 +80,9 @@ def get_job(
     indexes = [store or 0] if numeric or store is not None else list(range(len(stores)))
     down: list[DatabaseUnavailable] = []
     for index in indexes:
+        if stores.several and stores.is_down(index):  # a send or a pass just found it down: not asked again
+            down.append(DatabaseUnavailable(f"reading job {id_or_message_id}: {stores.name(index)} is down"))
+            continue
         try:
             with jobs.db_errors(f"reading job {id_or_message_id} in {stores.name(index)}"):
                 for each in suite.models if stores.several else ():
@@ -89,6 +92,8 @@ def get_job(
                     None if model is None else stores.model_in(model, index),
                 )
         except DatabaseUnavailable as e:
+            if stores.several:
+                stores.mark_down(index, e, quiet=True)
             down.append(e)
             continue
         if job is not None and job.app in (suite.app, NO_APP):

@@ -264,9 +264,10 @@ class Suite:
         return self.actors.get(actor_name)
 
     def close(self) -> None:
-        """Close this thread's database connection (peewee's are per thread)."""
-        if not self.db.is_closed():
-            self.db.close()
+        """Close this thread's database connections, one per store (peewee's are per thread)."""
+        for db in self.stores.databases:
+            if not db.is_closed():
+                db.close()
 
 
 _current: Optional[Suite] = None

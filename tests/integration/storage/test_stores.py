@@ -50,11 +50,6 @@ def primary_url(cluster: PostgresCluster) -> str:
     return f"{cluster.url}?options=-csearch_path%3D{schema}"
 
 
-def close(suite: dramatiq_unique.Suite) -> None:
-    for db in suite.stores.databases:
-        db.close()
-
-
 @pytest.fixture
 def stores_suite(broker, primary_url, sqlite_url, key_prefix) -> Iterator[dramatiq_unique.Suite]:
     suite = dramatiq_unique.setup(
@@ -62,7 +57,7 @@ def stores_suite(broker, primary_url, sqlite_url, key_prefix) -> Iterator[dramat
         database_connect_timeout=2_000, store_down_for=DOWN_FOR, lost_after=LOST_AFTER,
     )
     yield suite
-    close(suite)
+    suite.close()
 
 
 def store(message) -> int:
@@ -82,6 +77,7 @@ def test_with_the_primary_down_tracked_jobs_land_in_the_secondary_and_unique_sen
     @dramatiq.actor(track=True, max_retries=0)
     def report(n):
         runs.append(n)
+        assert dramatiq_unique.current_job().args == [n]  # the whole row, read from its store
         return n
 
     @dramatiq.actor(unique_args=["n"], unique_lock="until_executed", max_retries=0)
@@ -185,4 +181,4 @@ def test_the_redrive_prunes_and_get_job_finds_jobs_in_both_stores(broker, two_ur
         assert counts.pruned == 2 and counts.errors == 0
         assert get_job(in_primary.message_id) is None and get_job(in_secondary.message_id) is None
     finally:
-        close(suite)
+        suite.close()
