@@ -182,3 +182,41 @@ def test_the_redrive_prunes_and_get_job_finds_jobs_in_both_stores(broker, two_ur
         assert get_job(in_primary.message_id) is None and get_job(in_secondary.message_id) is None
     finally:
         suite.close()
+
+
+def test_setup_with_the_primary_down_succeeds_and_makes_its_tables_when_it_answers(
+    broker, primary_url, sqlite_url, key_prefix, cluster, caplog
+):
+    """Given the primary stopped at set-up, setup() succeeds on the secondary with a warning naming
+    the primary; When the primary answers, a unique send with an execution lock (fencing table and
+    job table made then) runs there."""
+    cluster.stop()
+    with caplog.at_level(logging.WARNING):
+        suite = dramatiq_unique.setup(
+            broker, database=[primary_url, sqlite_url], redis=REDIS_URL, key_prefix=key_prefix, redriver=False,
+            database_connect_timeout=2_000, store_down_for=DOWN_FOR,
+        )
+    try:
+        assert "store 0" in caplog.text and "did not answer at set-up" in caplog.text
+        runs = []
+
+        @dramatiq.actor(unique_args=["n"])  # until_and_while_executing: a queue lock, then an execution lock
+        def locked(n):
+            runs.append(n)
+
+        @dramatiq.actor(track=True)
+        def plain(n):
+            runs.append(n)
+
+        early = plain.send(1)
+        assert store(early) == 1
+        cluster.start()
+        time.sleep(DOWN_FOR / 1000 + 0.05)
+        message = locked.send(2)
+        assert store(message) == 0
+        with running_worker(broker):
+            wait_until(lambda: sorted(runs) == [1, 2], timeout=10)
+            wait_until(lambda: get_job(message.message_id).status == "succeeded", timeout=5)
+        assert get_job(message.message_id).fencing_token >= 1, "the execution lock drew a token in the primary"
+    finally:
+        suite.close()
