@@ -30,13 +30,13 @@ from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import claims
+from dramatiq_unique.durable import claims, lookup
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import DuplicateJob, JobNotFound, JobStateError, RedisUnavailable
 from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.enqueue import _take_queue_lock, queue_lock_ttl
+from dramatiq_unique.unique.enqueue import queue_lock_ttl, take_queue_lock
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -50,20 +50,13 @@ DEFAULT_LIMIT = 100
 MAX_HOLD_ROUNDS = 20
 
 
-def job_tables(suite: "Suite") -> list[type[JobModel]]:
-    """Every job table the dead set and the operations look in: the one place to extend
-    when rows live in more than one store."""
-    return list(suite.models)
-
-
 def find(suite: "Suite", id_or_message_id: Union[int, str], model: Optional[type[JobModel]] = None) -> JobModel:
     """A job of this suite's app, found as :func:`dramatiq_unique.get_job` finds it; raises
     :class:`JobNotFound` for an unknown id and for another app's job (never ours to touch)."""
     if isinstance(id_or_message_id, bool) or not isinstance(id_or_message_id, (int, str)):
         raise TypeError(f"a job id (int) or message id (str), not {type(id_or_message_id).__name__}")
-    with jobs.db_errors(f"reading job {id_or_message_id}"):
-        job = jobs.find_job(job_tables(suite), id_or_message_id, model)
-    if job is None or job.app not in (suite.app, NO_APP):
+    job = lookup.find_job(suite, id_or_message_id, model=model)
+    if job is None:
         raise JobNotFound(f"{id_or_message_id!r}")
     return job
 
@@ -100,16 +93,16 @@ def dead_jobs(
         raise TypeError(f"actor_name must be a str, not {type(actor_name).__name__}")
     limit, after = check_limit(limit), since_of(since)
     suite = _config.current()
-    found: list[JobModel] = []
-    with jobs.db_errors("reading the dead set"):
-        for model in job_tables(suite):
-            cond = model.app.in_((suite.app, NO_APP)) & (model.status == FAILED)
-            if actor_name is not None:
-                cond &= model.actor_name == actor_name
-            if after is not None:
-                cond &= model.finished_at >= after
-            query = model.select().where(cond).order_by(model.finished_at.desc(), model.id.desc()).limit(limit)
-            found += list(query)
+
+    def query(model: type[JobModel]) -> Any:
+        cond = model.app.in_((suite.app, NO_APP)) & (model.status == FAILED)
+        if actor_name is not None:
+            cond &= model.actor_name == actor_name
+        if after is not None:
+            cond &= model.finished_at >= after
+        return model.select().where(cond).order_by(model.finished_at.desc(), model.id.desc()).limit(limit)
+
+    found = lookup.select_all(suite, "reading the dead set", query)
     found.sort(key=lambda job: (job.finished_at or datetime.min, job.id), reverse=True)
     return found[:limit]
 
@@ -150,7 +143,7 @@ def retry_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobMode
         row = _claim(table, job, extra, key, recent.window(config, opts, lock) if key is not None else None)
         if key is not None:
             try:
-                _take_queue_lock(suite, claims.build_message(row), suite.keys.queue_lock(key),
+                take_queue_lock(suite, claims.build_message(row), suite.keys.queue_lock(key),
                                  queue_lock_ttl(config, opts, lock, None))
             except RedisUnavailable:  # the row's hold decides; the lock only names the waiting job
                 logger.warning("Retrying job %s without its Redis queue lock: Redis is down.", job.message_id)

@@ -33,7 +33,7 @@ from dramatiq.common import q_name
 from dramatiq_unique import options as opt
 from dramatiq_unique.broker import publish
 from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
-from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
+from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
 from dramatiq_unique.durable import outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
 from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
@@ -104,7 +104,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     opts = message.options
     marker = opts.get(MARKER)
     if marker is not None and "id" in marker:
-        _known(config, message, delay)
+        _known(suite, config, message, delay)
         return
     opt.validate_message(opts, config.options, config.fn)
     key = recent.key_of(config, message)
@@ -118,18 +118,29 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     if key is None or lock not in opt.QUEUE_LOCKS:
         marker = {}
         fields["options"][MARKER] = marker
-        try:
-            row_id, revision = jobs.insert(model, fields), 0
-            _created_row(model, row_id, None, None, suite)
-        except pw.IntegrityError:  # the same message sent again: the same job
-            _check_idempotency(model, fields)
-            row = jobs.get(model, message_id=message.message_id)
-            if row is None:
-                raise
-            row_id, revision = row.id, row.revision
+
+        def write(target: "type[JobModel]") -> tuple[int, int]:
+            try:
+                row_id = jobs.insert(target, fields)
+            except pw.IntegrityError:  # the same message sent again: the same job
+                _check_idempotency(target, fields)
+                row = jobs.get(target, message_id=message.message_id)
+                if row is None:
+                    raise
+                return row.id, row.revision
+            _created_row(target, row_id, None, None, suite)
+            return row_id, 0
+
+        if suite.stores.several and held is None and may_fail_over(config, opts):
+            model, (row_id, revision) = suite.stores.insert(model, write, marker)
+        else:  # with one store, on_primary only calls write
+            row_id, revision = suite.stores.on_primary(model, lambda: _needs(config, opts, held), lambda: write(model))
     else:
         try:
-            row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields)
+            row_id, revision = suite.stores.on_primary(
+                model, lambda: _needs(config, opts, held),
+                lambda: _insert_unique(suite, config, message, delay, key, lock, fields),
+            )
         except jobs.IdempotencyHeld as held_by:
             raise Redirect(held_by.job.message_id) from None
         marker = fields["options"][MARKER]
@@ -142,6 +153,23 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     ref = redis_ref(message)
     if suite.publisher is not None and ref and not publish.expected(ref):
         suite.publisher.expect(ref)  # a tracked message: published over our own connection
+
+
+def may_fail_over(config: "ActorConfig", opts: dict) -> bool:
+    """Whether a send's row may go to another store while the primary is down (storage/stores.py):
+    not a unique or idempotent send (a key is unique by the primary's index alone), nor one that
+    takes an execution lock (``unique_args``) or a slot (slots/gate.py's has_slots, which this
+    module cannot import): their waiters are parked and woken in order from one table."""
+    return not any(config.get(opts, name) is not None for name in ("unique_args", "concurrency_limit",
+                                                                    "concurrency_key")) \
+        and opts.get("idempotency_key") is None
+
+
+def _needs(config: "ActorConfig", opts: dict, held: Any) -> str:
+    """What makes a send need the primary, for its DatabaseUnavailable."""
+    what = "an idempotent" if opts.get("idempotency_key") is not None else "a unique" \
+        if config.get(opts, "unique_args") is not None else "a slot-taking" if held is None else "a transaction()'s"
+    return f"{what} send of {config.actor_name}"
 
 
 def _check_idempotency(model: Any, fields: dict) -> None:
@@ -167,10 +195,10 @@ def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optio
     created.append(undo)
 
 
-def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
+def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
-    model = config.model
+    model = job_model(suite, config.model, message.options)  # the store that holds its row
     ref = redis_ref(message)
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
         # A promotion from a delay queue (the broker gives it a new id, which the
@@ -227,7 +255,7 @@ def _insert_unique(
             locked = outbox.active() is None
             _created_row(config.model, row_id, lock_name, message.message_id if locked else None, suite)
             if locked:
-                _take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
+                take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
         assert holder is not None
         if holder.message_id == message.message_id:
@@ -237,7 +265,7 @@ def _insert_unique(
     raise jobs.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
 
 
-def _take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
+def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
     """The queue lock of a send that holds its key: whoever held the lock held it for a job
     that no longer waits, so it is overwritten (on one master; with several, taken if free).
     On the Redis broker it is written with the publish."""
