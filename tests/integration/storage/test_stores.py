@@ -185,6 +185,41 @@ def test_the_redrive_prunes_and_get_job_finds_jobs_in_both_stores(broker, two_ur
         suite.close()
 
 
+def test_the_dead_set_lists_retries_and_cancels_jobs_of_either_store(broker, two_urls, key_prefix):
+    """Given a failed job in each of two stores and a waiting one in the secondary, dead_jobs()
+    lists both failed ones, retry_job() runs the secondary's again there, and cancel_job()
+    cancels the waiting one in its store."""
+    suite = dramatiq_unique.setup(
+        broker, database=two_urls, redis=REDIS_URL, key_prefix=key_prefix, redriver=False, store_down_for=60_000,
+    )
+    try:
+
+        @dramatiq.actor(track=True, max_retries=0)
+        def charge(n):
+            if dramatiq_unique.current_job().attempts < 2:
+                raise ValueError("declined")
+            return n
+
+        first = charge.send(1)
+        suite.stores.mark_down(0, "the test says so")
+        second = charge.send(2)
+        waiting = charge.send_with_options(args=(3,), delay=60_000)
+        suite.stores.mark_up(0)
+        assert (store(first), store(second), store(waiting)) == (0, 1, 1)
+        with running_worker(broker):
+            wait_until(lambda: len(dramatiq_unique.dead_jobs(actor_name="charge")) == 2, timeout=10)
+            dead = {job.message_id for job in dramatiq_unique.dead_jobs(actor_name="charge")}
+            assert dead == {first.message_id, second.message_id}
+            dramatiq_unique.retry_job(second.message_id)
+            wait_until(lambda: get_job(second.message_id).status == "succeeded", timeout=10)
+        assert store(second) == 1 and get_job(second.message_id).attempts == 2
+        assert dramatiq_unique.cancel_job(waiting.message_id).status == "cancelled"
+        assert get_job(waiting.message_id, store=1).status == "cancelled"
+        assert [job.message_id for job in dramatiq_unique.dead_jobs()] == [first.message_id]
+    finally:
+        suite.close()
+
+
 def test_setup_with_the_primary_down_succeeds_and_makes_its_tables_when_it_answers(
     broker, primary_url, sqlite_url, key_prefix, cluster, caplog
 ):
