@@ -4,6 +4,8 @@ too many at once, and must not be lost."""
 from dramatiq_unique.api import get_job, redrive, setup, start_redriver, transaction
 from dramatiq_unique.checkpoints import checkpoint, step_key
 from dramatiq_unique.context import current_job
+from dramatiq_unique.durable.cancel import cancel_job
+from dramatiq_unique.durable.dead import dead_jobs, retry_job
 from dramatiq_unique.durable.redrive import RedriveCounts
 from dramatiq_unique.errors import (
     DatabaseUnavailable,
@@ -13,7 +15,9 @@ from dramatiq_unique.errors import (
     HookFailed,
     IdempotencyKeyReused,
     InvalidOption,
+    JobNotFound,
     JobRejected,
+    JobStateError,
     LockLost,
     NotConfigured,
     NotInJob,
@@ -42,7 +46,9 @@ __all__ = [
     "IdempotencyKeyReused",
     "InvalidOption",
     "JobModel",
+    "JobNotFound",
     "JobRejected",
+    "JobStateError",
     "JobStatus",
     "JobTracking",
     "LockLost",
@@ -54,12 +60,15 @@ __all__ = [
     "Redriver",
     "Suite",
     "UnsupportedVersion",
+    "cancel_job",
     "checkpoint",
     "concurrency_status",
     "current_job",
+    "dead_jobs",
     "get_job",
     "heartbeat",
     "redrive",
+    "retry_job",
     "set_concurrency_limit",
     "setup",
     "step_key",

@@ -9,14 +9,13 @@ from dramatiq import Broker
 from dramatiq.middleware import Retries
 
 from dramatiq_unique import suite as _config
+from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
 from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
-from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.logs import ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
 from dramatiq_unique.redis.checks import check_redis
 from dramatiq_unique.slots.limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
-from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel
 from dramatiq_unique.suite import RedisSpec, Suite
 from dramatiq_unique.unique.send import transaction  # noqa: F401  (public API)
@@ -60,13 +59,17 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     return suite
 
 
-def get_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> Optional[JobModel]:
+def get_job(
+    id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None, store: Optional[int] = None,
+) -> Optional[JobModel]:
     """A job's row by message id (any job table) or numeric id (``model``, the shared table by default).
+
+    With several job stores, a message id is looked up in every store (``store``: in that one);
+    a numeric id is the primary's, unless ``store`` names another.  A store that does not answer
+    is skipped, but a job found in none of the others then raises ``DatabaseUnavailable``: it may be
+    in that store.
 
     Only a job of this suite's app (or one written before rows had an app): in a database
     that several apps share, another app's job is None, as a job that does not exist.
     """
-    suite = _config.current()
-    with jobs.db_errors(f"reading job {id_or_message_id}"):
-        job = jobs.find_job(suite.models, id_or_message_id, model)
-    return job if job is None or job.app in (suite.app, NO_APP) else None
+    return lookup.find_job(_config.current(), id_or_message_id, model=model, store=store)

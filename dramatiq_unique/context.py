@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq_unique.errors import NotInJob
 from dramatiq_unique.storage.statements import PARTIAL
+from dramatiq_unique.storage.stores import STORE
 
 if TYPE_CHECKING:
     from dramatiq.broker import MessageProxy
@@ -53,6 +54,8 @@ class JobContext:
     retry_enqueued: bool = False
     #: State other middlewares keep for the attempt (lock tokens, slots).
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The job's model in the store that holds its row (:func:`job_model`); set by :func:`attach`.
+    model: "Any" = None
 
 
 _current: contextvars.ContextVar[Optional[JobContext]] = contextvars.ContextVar("dramatiq_unique_job", default=None)
@@ -62,9 +65,21 @@ def attach(message: "MessageProxy", suite: "Suite", config: "ActorConfig") -> Jo
     """The message's context, made on first use."""
     ctx = getattr(message, _ATTRIBUTE, None)
     if ctx is None:
-        ctx = JobContext(suite, config, message)
+        ctx = JobContext(suite, config, message, model=job_model(suite, config.model, message.options))
         setattr(message, _ATTRIBUTE, ctx)
     return ctx
+
+
+def store_of(options: dict) -> int:
+    """The store that holds the row of the job whose message has ``options`` (0: the primary)."""
+    marker = options.get(MARKER)
+    return int(marker.get(STORE, 0)) if marker else 0
+
+
+def job_model(suite: "Suite", model: "type[JobModel]", options: dict) -> "type[JobModel]":
+    """``model`` in the store that holds the row of the job whose message has ``options``."""
+    index = store_of(options)
+    return model if index == 0 else suite.stores.model_in(model, index)
 
 
 def of(message: Any) -> Optional[JobContext]:
@@ -93,7 +108,8 @@ def current_job() -> "JobModel":
     if getattr(job, PARTIAL, False):
         # The start returned only what the middlewares need; read the rest once.  This
         # attempt's own columns (fencing token, checkpoints) stay as the attempt knows them.
-        full = ctx.config.model.get_or_none(ctx.config.model.id == job.id)  # type: ignore[union-attr]
+        model = type(job)  # in the store that holds the row
+        full = model.get_or_none(model.id == job.id)  # type: ignore[union-attr]
         if full is not None:
             full.__data__.update(job.__data__)  # type: ignore[union-attr]
             ctx.job = job = full

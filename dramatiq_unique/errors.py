@@ -48,6 +48,18 @@ class DuplicateJob(DramatiqUniqueError):
         self.job = job
 
 
+class JobNotFound(DramatiqUniqueError, LookupError):
+    """No job of this app has that id or message id"""
+
+
+class JobStateError(DramatiqUniqueError):
+    """The job is not in a state that allows this operation"""
+
+    def __init__(self, detail: str = "", *, job: "Optional[pw.Model]" = None) -> None:
+        super().__init__(detail)
+        self.job = job
+
+
 class LockLost(DramatiqUniqueError):
     """The job's lock is no longer held; the job must stop"""
 

@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 
 import dramatiq
 
+from dramatiq_unique.context import job_model
 from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
@@ -65,7 +66,9 @@ def submit(
         if owner is not None and len(owner) > MAX_KEY_LENGTH:
             raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
         hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
-        existing = _holder(model, config.app, hold)
+        suite.stores.check_primary(f"an idempotent send of {actor.actor_name}")  # keys live in the primary
+        with jobs.db_errors(f"looking up idempotency key {idempotency_key!r}"):
+            existing = _holder(model, config.app, hold)
         if existing is not None:
             window = config.get({}, "idempotency_window", suite.settings.idempotency_window)
             if existing.created_at > after_ms(-window):
@@ -77,7 +80,7 @@ def submit(
         options = {"idempotency_key": idempotency_key, "owner": owner}
     message = actor.message_with_options(args=args, kwargs=kwargs, **options)
     sent = actor.broker.enqueue(message, delay=delay)
-    job = jobs.get(model, message_id=sent.message_id)
+    job = jobs.get(job_model(suite, model, sent.options), message_id=sent.message_id)  # its row's store
     if job is None:  # pragma: no cover - the row is written before the message is published
         raise LookupError(f"no job row for message {sent.message_id}")
     created = sent.message_id == message.message_id

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import socket
 import threading
@@ -18,12 +19,15 @@ from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.storage import prepared
+from dramatiq_unique.storage import stores as _stores
 from dramatiq_unique.storage.database import check as check_database
 from dramatiq_unique.storage.database import describe
-from dramatiq_unique.storage.models import JobModel, base_field_names, create_tables, open_database
+from dramatiq_unique.storage.models import JobModel, base_field_names, open_database
 
 if TYPE_CHECKING:
     import dramatiq
+
+logger = logging.getLogger(__name__)
 
 #: ms after its lease ran out (or it was due) that a job missing from the broker counts as lost.
 DEFAULT_LOST_AFTER = 60_000
@@ -93,6 +97,9 @@ class Settings:
     #: operation this long at most, and is skipped for a second after it failed.  Keep it well below
     #: ``unique_ttl`` (a lease is only valid for its TTL less the time taken to take it).
     lock_timeout: int = DEFAULT_LOCK_TIMEOUT
+    #: With several job stores (``database=[primary, secondary, ...]``): ms a store that failed is
+    #: skipped by the sends that may go to another store, before it is tried again.
+    store_down_for: int = _stores.DEFAULT_DOWN_FOR
     #: What a tracked send does when its publish fails because the broker is down: "defer" keeps its
     #: row ``pending`` for the re-drive and returns; "raise" raises as plain Dramatiq does, leaving no row.
     on_broker_down: str = "defer"
@@ -103,7 +110,7 @@ class Settings:
     def __post_init__(self) -> None:
         for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size",
                      "database_connect_timeout", "database_timeout", "check_timeout", "lock_timeout",
-                     "broker_down_backoff"):
+                     "store_down_for", "broker_down_backoff"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")
@@ -149,7 +156,9 @@ class Suite:
     """Holds the suite's configuration; :func:`dramatiq_unique.setup` returns one.
 
     Parameters:
-      database: a URL (``sqlite:///jobs.db``, ``postgresql://...``) or a peewee Database.  A
+      database: a URL (``sqlite:///jobs.db``, ``postgresql://...``) or a peewee Database, or a
+        non-empty list of them: several job stores, the primary first, listed in the same order by
+        every process (see :mod:`dramatiq_unique.storage.stores`).  A
         PostgreSQL URL opens a :class:`~dramatiq_unique.storage.database.ReconnectingPostgresqlDatabase`
         bounded by the ``database_connect_timeout`` and ``database_timeout`` settings; a given
         ``PostgresqlDatabase`` is made to reconnect in place and keeps its own timeouts (a missing
@@ -158,16 +167,26 @@ class Suite:
       **settings: see :class:`Settings`.
     """
 
-    def __init__(self, *, database: Union[str, pw.Database], redis: RedisSpec, **settings: Any) -> None:
+    def __init__(
+        self, *, database: Union[str, pw.Database, Sequence[Union[str, pw.Database]]], redis: RedisSpec,
+        **settings: Any,
+    ) -> None:
         unknown = set(settings) - {f.name for f in dataclasses.fields(Settings)}
         if unknown:
             raise InvalidOption(f"unknown settings: {', '.join(sorted(unknown))}")
         self.settings = Settings(**settings)
-        self.db = open_database(
-            database, connect_timeout=self.settings.database_connect_timeout, timeout=self.settings.database_timeout
-        )
-        prepared.enable(self.db, self.settings.prepared_statements)
-        check_database(self.db)  # fail fast, naming the server
+        databases = [
+            open_database(spec, connect_timeout=self.settings.database_connect_timeout,
+                          timeout=self.settings.database_timeout)
+            for spec in _stores.specs(database)
+        ]
+        for db in databases:
+            prepared.enable(db, self.settings.prepared_statements)
+        #: The job stores, the primary first (one, unless ``database`` listed several).
+        self.stores = _stores.Stores(databases, down_for=self.settings.store_down_for)
+        #: The primary store's Database.
+        self.db = databases[0]
+        self._check_stores()  # fail fast, naming the server
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
@@ -197,14 +216,39 @@ class Suite:
             return getattr(settings, name)
         raise AttributeError(name)
 
+    def _check_stores(self) -> None:
+        """One store must answer; of several, at least one (the others are named in a warning)."""
+        if not self.stores.several:
+            check_database(self.db)
+            return
+        errors = []
+        for index, db in enumerate(self.stores.databases):
+            try:
+                check_database(db)
+            except DatabaseUnavailable as e:
+                errors.append(str(e))
+                logger.warning("Job %s did not answer at set-up (%s); its tables are created when it first "
+                               "answers.", self.stores.name(index), e)
+                self.stores.mark_down(index, e, quiet=True)
+        if len(errors) == len(self.stores):
+            raise DatabaseUnavailable(f"no job store answers: {'; '.join(errors)}")
+
     def register_model(self, model: type[JobModel]) -> None:
         with self._lock:
             if model not in self.models:
                 model.bind(self.db, bind_refs=False, bind_backrefs=False)
-                try:
-                    create_tables(self.db, [model])
-                except (pw.OperationalError, pw.InterfaceError) as e:
-                    raise DatabaseUnavailable(f"creating {model._meta.table_name} in {describe(self.db)}: {e}") from e
+                for index in range(len(self.stores)):
+                    if self.stores.is_down(index):
+                        continue  # created when the store first answers (Stores.ensure)
+                    try:
+                        self.stores.ensure(model, index)
+                    except (pw.OperationalError, pw.InterfaceError) as e:
+                        where = describe(self.stores.databases[index])
+                        if not self.stores.several:
+                            raise DatabaseUnavailable(f"creating {model._meta.table_name} in {where}: {e}") from e
+                        logger.warning("Could not create %s in job %s (%s); it is created when the store "
+                                       "answers.", model._meta.table_name, self.stores.name(index), e)
+                        self.stores.mark_down(index, e, quiet=True)
                 self.models.append(model)
 
     def configure_actor(self, actor: "dramatiq.Actor") -> Optional[ActorConfig]:
@@ -228,9 +272,10 @@ class Suite:
         return self.actors.get(actor_name)
 
     def close(self) -> None:
-        """Close this thread's database connection (peewee's are per thread)."""
-        if not self.db.is_closed():
-            self.db.close()
+        """Close this thread's database connections, one per store (peewee's are per thread)."""
+        for db in self.stores.databases:
+            if not db.is_closed():
+                db.close()
 
 
 _current: Optional[Suite] = None

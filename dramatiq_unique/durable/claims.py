@@ -17,11 +17,15 @@ from typing import Any, Optional
 import peewee as pw
 from dramatiq import Message
 
+from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import epoch_ms, rebuild
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, after_ms, is_postgres, utcnow
 
 PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
 RETRYING, FAILED = JobStatus.RETRYING.value, JobStatus.FAILED.value
+#: The job marker's entry holding the attempts a failed job had when retry_job sent it again
+#: (durable/dead.py): Retries counts only the failed attempts after it.
+RETRY_BASE = "rb"
 
 
 def due(model: type[JobModel], status: str, now: datetime) -> Any:
@@ -148,5 +152,12 @@ def build_message(row: JobModel) -> Message:
     message = rebuild(row, timestamp=epoch_ms(row.created_at))
     if row.attempts:
         # Retries counts failed attempts in the message; every attempt so far failed.
-        message.options["retries"] = row.attempts
+        message.options["retries"] = retries_so_far(row)
     return message
+
+
+def retries_so_far(row: JobModel) -> int:
+    """The failed attempts Dramatiq's Retries counts for the job: all of them, or those since
+    :func:`dramatiq_unique.retry_job` last sent it again (a manual retry starts a new count)."""
+    base = ((row.options or {}).get(MARKER) or {}).get(RETRY_BASE, 0)
+    return max(row.attempts - int(base), 0)

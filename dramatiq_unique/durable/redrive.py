@@ -1,6 +1,7 @@
 """The re-drive: one pass that sends what came due and recovers what the broker lost.
 
-A pass, for every job table:
+A pass, for every job store (the primary first; one that is down is skipped, with a
+warning, and the others go on) and every job table in it:
 
 1. wakes parked jobs whose lock or slot holder is gone (parking/lot.py);
 2. sends due ``pending`` jobs (scheduled, outbox rows whose publish
@@ -12,6 +13,8 @@ A pass, for every job table:
    row (``missing_since``), a miss in a later pass confirms it, and
    ``on_lost`` applies;
 4. deletes finished rows older than ``retention``.
+
+Step 1 is the primary's alone: only its jobs park (storage/stores.py).
 
 Every step acts only on rows of this process's app, of actors it declares
 on ``broker`` (scope.py): apps that share the database never touch each
@@ -32,8 +35,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import dramatiq
 import redis
-from dramatiq.errors import ActorNotFound
-from dramatiq.middleware import Retries
 
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
@@ -43,12 +44,14 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import claims, deferral
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
 from dramatiq_unique.durable.counts import RedriveCounts
+from dramatiq_unique.durable.lost import actor_options, retries_exhausted
 from dramatiq_unique.durable.scope import Scope
-from dramatiq_unique.errors import DramatiqUniqueError, RedisUnavailable
+from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks import queue
 from dramatiq_unique.parking import lot
 from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
+from dramatiq_unique.storage.stores import CONNECTION_ERRORS
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -62,10 +65,6 @@ PASS_LOCK_TTL = 10_000
 CONFIRM_AFTER = 100
 #: Pages a pass handles at most per step and table; the rest waits for the next pass.
 MAX_PAGES = 100
-
-
-class JobLost(DramatiqUniqueError):
-    """The job's message is in none of the broker's queues"""
 
 
 def redrive(broker: Optional[dramatiq.Broker] = None, *, suite: Optional["Suite"] = None) -> RedriveCounts:
@@ -111,14 +110,32 @@ class _Pass:
         self.broker_down = False
 
     def run(self) -> RedriveCounts:
-        self._wake_parked()
-        for model in self.scope.models():  # only tables with rows of actors this process declares
+        stores = self.suite.stores
+        for index in range(len(stores)):
+            try:
+                self._run_store(index)
+            except CONNECTION_ERRORS as e:
+                if not stores.several:
+                    raise
+                # One store down must not hold up the others' jobs: the next pass tries it again.
+                self.counts.errors += 1
+                stores.mark_down(index, e, quiet=True)
+                logger.warning("The re-drive skips job %s this pass: %s", stores.name(index), str(e).strip())
+        deferral.log_backlog(self.counts.deferred)
+        return self.counts
+
+    def _run_store(self, index: int) -> None:
+        stores = self.suite.stores
+        if index == 0:
+            self._wake_parked()  # parked jobs (locks, slots) are the primary's alone
+        for base in self.scope.models():  # only tables with rows of actors this process declares
+            if stores.several:
+                stores.ensure(base, index)  # a store down at set-up gets its tables now
+            model = stores.model_in(base, index)
             self.counts.adopted += self.scope.adopt(model, self.page, MAX_PAGES)
             self._send_due(model)
             self._check_lost(model)
             self._prune(model)
-        deferral.log_backlog(self.counts.deferred)
-        return self.counts
 
     def _keep_lock(self) -> None:
         if self.lock_token is None:
@@ -229,7 +246,7 @@ class _Pass:
         if self.suite.settings.on_lost == "fail":
             self._fail(model, row, f"lost while {where}: its message is in none of the broker's queues")
             return []
-        if row.status == RUNNING and self._exhausted(row):
+        if row.status == RUNNING and retries_exhausted(self.suite, self.broker, row):
             self._fail(model, row, "lost while running, and its retries are exhausted")
             return []
         extra = {}
@@ -238,31 +255,10 @@ class _Pass:
         claimed = claims.claim_one(model, row, **extra)
         return [] if claimed is None else [claimed]
 
-    def _actor_options(self, actor_name: str) -> dict:
-        config = self.suite.actor_config(actor_name)
-        if config is not None:
-            return config.options
-        try:
-            return self.broker.get_actor(actor_name).options
-        except ActorNotFound:
-            return {}
-
-    def _exhausted(self, row: JobModel) -> bool:
-        """Whether Dramatiq's Retries would give up after this (lost) attempt, decided as it decides."""
-        retries_mw = next((m for m in self.broker.middleware if isinstance(m, Retries)), None)
-        if retries_mw is None:
-            return True  # without Retries a failed attempt is final
-        actor_options, options = self._actor_options(row.actor_name), row.options or {}
-        retries = max(row.attempts - 1, 0)
-        retry_when = actor_options.get("retry_when", retries_mw.retry_when)
-        if retry_when is not None:
-            return not retry_when(retries, JobLost(row.message_id))
-        max_retries = options.get("max_retries", actor_options.get("max_retries", retries_mw.max_retries))
-        return max_retries is not None and retries >= max_retries
-
     def _fail(self, model: type[JobModel], row: JobModel, reason: str) -> None:
         options = row.options or {}
-        lock = opt.lookup(options, self._actor_options(row.actor_name), "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+        lock = opt.lookup(options, actor_options(self.suite, self.broker, row.actor_name), "unique_lock",
+                          opt.DEFAULT_UNIQUE_LOCK)
         if row.last_error:  # the re-drive only saw the message go; keep the cause an attempt recorded
             reason = f"{reason}; the last error recorded before: {row.last_error}"[:MAX_ERROR_LENGTH]
         fields: dict[str, Any] = {"status": FAILED, "finished_at": utcnow(), "lease_until": None, "last_error": reason}

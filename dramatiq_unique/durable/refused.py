@@ -29,7 +29,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER, RETRY_FIELDS
+from dramatiq_unique.context import MARKER, RETRY_FIELDS, job_model
 from dramatiq_unique.errors import NotConfigured
 from dramatiq_unique.locks import queue
 from dramatiq_unique.storage import jobs
@@ -63,7 +63,7 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     parked, not running (another delivery's attempt), not finished.  Returns
     whether the row was failed.
     """
-    model = config.model
+    model = job_model(suite, config.model, message.options)  # the store that holds the row
     marker = message.options.get(MARKER) or {}
     if "id" in marker:
         job_id, revision = int(marker["id"]), int(marker.get("rev", 0))
@@ -93,13 +93,13 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     return True
 
 
-def note_refusal(config: "ActorConfig", message: Any, reason: str) -> None:
+def note_refusal(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> None:
     """A delivery refused before the job started, which Retries sends again: the waiting
     row's ``last_error`` says why (an operator sees ``RedisUnavailable: ...``, not nothing)."""
     marker = message.options.get(MARKER) or {}
     if "id" not in marker:
         return
-    model = config.model
+    model = job_model(suite, config.model, message.options)
     try:
         model.update(last_error=reason[:MAX_ERROR_LENGTH]).where(
             (model.id == int(marker["id"])) & (model.revision == int(marker.get("rev", 0)))
@@ -137,7 +137,7 @@ def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], 
     release = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
     if release:
         free_queue_lock()  # first: once a reader sees the job finished, its key is free in Redis too
-    jobs.finish(config.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
+    jobs.finish(ctx.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
                  finished_at=utcnow(), last_error=skip_reason(message, started=True))
 
 
@@ -156,5 +156,5 @@ def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: di
     if fields.get("status") == JobStatus.SUCCEEDED.value:
         # Succeeded, but say why another job of its key may have run beside it.
         fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"
-    if jobs.finish_revoked(ctx.config.model, job, release_hold=release, lease_until=None, **fields):
+    if jobs.finish_revoked(ctx.model, job, release_hold=release, lease_until=None, **fields):
         logger.warning("Job %s ended after its execution lock ran out; its outcome is recorded.", job.message_id)

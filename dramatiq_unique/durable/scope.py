@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import peewee as pw
 
 from dramatiq_unique.storage.models import FINISHED, JobModel
+from dramatiq_unique.storage.stores import base_of
 
 if TYPE_CHECKING:
     import dramatiq
@@ -65,8 +66,8 @@ class Scope:
         return [model for model in self.suite.models if self.actors.get(model)]
 
     def where(self, model: type[JobModel]) -> Any:
-        """The condition that keeps a statement to this scope's rows of ``model``."""
-        names = self.actors.get(model, ())
+        """The condition that keeps a statement to this scope's rows of ``model`` (in any store)."""
+        names = self.actors.get(base_of(model), ())
         cond = model.app == self.app
         # One name as "=", so PostgreSQL estimates it as well as a plain equality.
         return cond & (model.actor_name == names[0] if len(names) == 1 else model.actor_name.in_(names))
@@ -87,7 +88,7 @@ class Scope:
         Waiting rows first (they are the ones a pass must act on soon), then finished
         ones, at most ``max_pages`` pages of each per pass.
         """
-        names = self.actors.get(model, ())
+        names = self.actors.get(base_of(model), ())
         if not names or self.app == NO_APP:  # key_prefix "": such rows are this app's already
             return 0
         adopted = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from typing import ClassVar, NoReturn, Optional
 
+import peewee as pw
 from dramatiq import Middleware
 
 from dramatiq_unique import context, leases
@@ -69,7 +70,13 @@ class ExecutionLocks(Middleware):
         self.parking.local_handoff = local_handoff
         self.gate = LockGate(suite, self.parking.flags)
         self.parking.register(self.gate)
-        fencing.create_table(suite.db)
+        try:
+            fencing.create_table(suite.db)
+        except (pw.OperationalError, pw.InterfaceError):
+            if not suite.stores.several:
+                raise
+            # The primary is down at set-up: its fencing table is made when it first answers.
+            suite.stores.later(0, lambda: fencing.create_table(suite.db))
 
     @property
     def actor_options(self) -> set[str]:

@@ -22,7 +22,7 @@ from dramatiq_unique.locks import queue
 from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.storage import jobs
-from dramatiq_unique.storage.models import JobStatus
+from dramatiq_unique.storage.models import FINISHED, JobStatus
 from dramatiq_unique.suite import Suite
 from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
 from dramatiq_unique.unique.send import install_enqueue
@@ -110,6 +110,7 @@ class JobTracking(Middleware):
         release_hold = config.get(opts, "unique_args") is not None and lock in opt.RELEASED_AT_START
         if "id" not in marker:
             marker = self._adopt(config, message)
+            ctx.model = config.model  # adopted rows are the primary's
         started = ctx.extras.pop(context.STARTED, None)
         if started is not None and started.id == marker["id"]:
             job = started  # its claim started it (prestart.py)
@@ -123,9 +124,8 @@ class JobTracking(Middleware):
 
     def _start_row(self, config, message, ctx, marker, release_hold):
         opts = message.options
-        model = config.model
         return jobs.start(
-            model,
+            ctx.model,  # the store that holds the row (its message's marker says which)
             marker["id"],
             revision=marker.get("rev", 0),
             lease_ms=config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL),
@@ -142,11 +142,11 @@ class JobTracking(Middleware):
     def _not_started(self, config, message, ctx, marker):
         """The start found the job finished, replaced, gone or running: skip it (a running
         job's copy waits for the attempt, refused.py), or record it anew."""
-        existing = jobs.get(config.model, id=marker["id"])
+        existing = jobs.get(ctx.model, id=marker["id"])
         if existing is None:
             logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
             return self._start_adopted(config, message, ctx)
-        if existing.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        if existing.status in FINISHED:  # cancelled included (cancel_job): skipped, no failure recorded
             raise SkipMessage(f"job {message.message_id} already {existing.status}")
         if existing.revision == marker.get("rev", 0) and existing.status == JobStatus.RUNNING:
             # A second delivery of a running job: it must not run beside the attempt.
@@ -191,7 +191,7 @@ class JobTracking(Middleware):
             if message.failed:  # refused before it started, and Dramatiq gave up on it
                 self._refused(message, exception)
             elif exception is not None:  # refused, and Retries sends it again: say why it waits
-                refused.note_refusal(config, message, format_error(exception))
+                refused.note_refusal(self.suite, config, message, format_error(exception))
             return
         if exception is None and ctx.extras.get("lock_lost") is not None:
             # heartbeat() raised LockLost and the actor returned anyway: not a success.
@@ -208,7 +208,7 @@ class JobTracking(Middleware):
             # the key is free in Redis too.  The row's hold stays the authority
             # meanwhile, so a send in between is still resolved correctly.
             queue.release(self.suite, job, opts.get(MARKER) or {})
-        if not jobs.finish(config.model, job, release_hold=release, lease_until=None, **fields):
+        if not jobs.finish(ctx.model, job, release_hold=release, lease_until=None, **fields):
             refused.record_revoked(ctx, job, release, fields)
 
     def _refused(self, message, exception) -> None:

@@ -44,6 +44,8 @@ class JobStatus(str, enum.Enum):
     RETRYING = "retrying"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    #: Cancelled while it waited (:func:`dramatiq_unique.cancel_job`): never ran, not in the dead set.
+    CANCELLED = "cancelled"
 
     def __str__(self) -> str:
         return self.value
@@ -51,8 +53,10 @@ class JobStatus(str, enum.Enum):
 
 #: States in which a job still waits for an attempt.
 WAITING = (JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RETRYING.value)
-#: States a job never leaves.
-FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value)
+#: States a job never leaves (but :func:`dramatiq_unique.retry_job` sends a failed one again).
+#: storage/statements.py passes FINISHED[0] and FINISHED[1] to queries.sql by position: keep their order.
+#: A cancelled row needs no place there: cancelling bumps its revision, which no message carries.
+FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 
 
 def utcnow() -> datetime:

@@ -3,8 +3,8 @@
 JobTracking's ``before_enqueue`` calls :func:`on_enqueue` for a tracked
 actor; the broker's enqueue around it is wrapped in
 :mod:`dramatiq_unique.unique.send`, which returns the existing job's
-message on a :class:`Redirect` and undoes :data:`created_rows` when the
-publish fails.
+message on a :class:`Redirect`, and undoes (or keeps, if the broker is down)
+what the send wrote (:mod:`dramatiq_unique.unique.created`) when the publish fails.
 
 Order of operations.  The database decides: a unique send inserts its row
 holding the key, and a unique index refuses it if a job holds the key,
@@ -23,10 +23,9 @@ between the two steps) costs nothing but its memory until it expires.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import peewee as pw
 from dramatiq.common import q_name
@@ -34,13 +33,14 @@ from dramatiq.common import q_name
 from dramatiq_unique import options as opt
 from dramatiq_unique.broker import publish
 from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
-from dramatiq_unique.context import MARKER, RETRY_FIELDS, active
+from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
+from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent
+from dramatiq_unique.unique.created import created_retry, created_row
 from dramatiq_unique.unique.keys import bind_arguments, idempotency_hold
 
 if TYPE_CHECKING:
@@ -62,20 +62,6 @@ class Redirect(DramatiqUniqueError):
         super().__init__(message_id)
         self.message_id = message_id
         self.resend = resend
-
-
-@dataclasses.dataclass
-class Created:
-    """What the enqueue under way wrote: a row, or a retry's bookkeeping."""
-
-    #: Undoes it: the publish failed, and it would be a phantom job.
-    undo: Callable[[], None]
-    #: Keeps it for the re-drive instead: the broker is down (on_broker_down="defer", durable/deferral.py).
-    keep: Callable[[], None]
-
-
-# What the enqueue under way created (Created), undone or kept if the broker then fails (set by send.py's wrapper).
-created_rows: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
 
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
@@ -115,7 +101,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     opts = message.options
     marker = opts.get(MARKER)
     if marker is not None and "id" in marker:
-        _known(config, message, delay)
+        _known(suite, config, message, delay)
         return
     opt.validate_message(opts, config.options, config.fn)
     key = recent.key_of(config, message)
@@ -131,18 +117,29 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     if key is None or lock not in opt.QUEUE_LOCKS:
         marker = {deferral.DEFERRED: 1} if deferred else {}
         fields["options"][MARKER] = marker
-        try:
-            row_id, revision = jobs.insert(model, fields), 0
-            _created_row(model, row_id, fields, None, None, suite)
-        except pw.IntegrityError:  # the same message sent again: the same job
-            _check_idempotency(model, fields)
-            row = jobs.get(model, message_id=message.message_id)
-            if row is None:
-                raise
-            row_id, revision = row.id, row.revision
+
+        def write(target: "type[JobModel]") -> tuple[int, int]:
+            try:
+                row_id = jobs.insert(target, fields)
+            except pw.IntegrityError:  # the same message sent again: the same job
+                _check_idempotency(target, fields)
+                row = jobs.get(target, message_id=message.message_id)
+                if row is None:
+                    raise
+                return row.id, row.revision
+            created_row(target, row_id, fields, None, None, suite)
+            return row_id, 0
+
+        if suite.stores.several and held is None and may_fail_over(config, opts):
+            model, (row_id, revision) = suite.stores.insert(model, write, marker)
+        else:  # with one store, on_primary only calls write
+            row_id, revision = suite.stores.on_primary(model, lambda: _needs(config, opts, held), lambda: write(model))
     else:
         try:
-            row_id, revision = _insert_unique(suite, config, message, delay, key, lock, fields, deferred=deferred)
+            row_id, revision = suite.stores.on_primary(
+                model, lambda: _needs(config, opts, held),
+                lambda: _insert_unique(suite, config, message, delay, key, lock, fields, deferred=deferred),
+            )
         except jobs.IdempotencyHeld as held_by:
             raise Redirect(held_by.job.message_id) from None
         marker = fields["options"][MARKER]
@@ -159,6 +156,23 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         suite.publisher.expect(ref)  # a tracked message: published over our own connection
 
 
+def may_fail_over(config: "ActorConfig", opts: dict) -> bool:
+    """Whether a send's row may go to another store while the primary is down (storage/stores.py):
+    not a unique or idempotent send (a key is unique by the primary's index alone), nor one that
+    takes an execution lock (``unique_args``) or a slot (slots/gate.py's has_slots, which this
+    module cannot import): their waiters are parked and woken in order from one table."""
+    return not any(config.get(opts, name) is not None for name in ("unique_args", "concurrency_limit",
+                                                                    "concurrency_key")) \
+        and opts.get("idempotency_key") is None
+
+
+def _needs(config: "ActorConfig", opts: dict, held: Any) -> str:
+    """What makes a send need the primary, for its DatabaseUnavailable."""
+    what = "an idempotent" if opts.get("idempotency_key") is not None else "a unique" \
+        if config.get(opts, "unique_args") is not None else "a slot-taking" if held is None else "a transaction()'s"
+    return f"{what} send of {config.actor_name}"
+
+
 def _check_idempotency(model: Any, fields: dict) -> None:
     try:
         jobs.check_idempotency(model, fields)
@@ -166,29 +180,10 @@ def _check_idempotency(model: Any, fields: dict) -> None:
         raise Redirect(held_by.job.message_id) from None
 
 
-def _created_row(
-    model: Any, row_id: int, fields: dict, lock_name: Optional[str], token: Optional[str], suite: "Suite"
-) -> None:
-    created = created_rows.get()
-    if created is None or fields["status"] != JobStatus.QUEUED.value:
-        return  # a pending row (outbox, deferred) is not published by this send
-
-    def undo() -> None:
-        jobs.delete(model, row_id)
-        if lock_name and token:
-            try:
-                suite.locks.release(lock_name, token)
-            except RedisUnavailable:  # often the very failure being undone
-                logger.warning("Could not free the queue lock %r; it expires by itself.", lock_name)
-
-    # The lock, if it was written, names the waiting job: it stays (the database decides anyway).
-    created.append(Created(undo, lambda: deferral.keep(model, row_id, fields["broker_ref"], fields["options"])))
-
-
-def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
+def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
-    model = config.model
+    model = job_model(suite, config.model, message.options)  # the store that holds its row
     ref = redis_ref(message)
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
         # A promotion from a delay queue (the broker gives it a new id, which the
@@ -210,12 +205,10 @@ def _known(config: "ActorConfig", message: "Message", delay: Optional[int]) -> N
     model.update(status=JobStatus.RETRYING.value, missing_since=None, **retry).where(
         (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
     ).execute()
-    created = created_rows.get()
-    if created is not None:
-        # If the publish fails, JobTracking records a retry that the re-drive must send.
-        # The same if the broker is down: the re-drive sends the retry when it is due.
-        not_enqueued = lambda: setattr(ctx, "retry_enqueued", False)  # noqa: E731
-        created.append(Created(not_enqueued, not_enqueued))
+    # If the publish fails, JobTracking records a retry that the re-drive must send; the
+    # same if the broker is down: the re-drive sends the retry when it is due.
+    not_enqueued = lambda: setattr(ctx, "retry_enqueued", False)  # noqa: E731
+    created_retry(not_enqueued)
 
 
 def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional[int]) -> float:
@@ -246,9 +239,9 @@ def _insert_unique(
             # Inside transaction() the send is published at the caller's commit, or rolled
             # back: the lock is left out (the index decides either way); so for a send kept pending.
             locked = not deferred and outbox.active() is None
-            _created_row(config.model, row_id, fields, lock_name, message.message_id if locked else None, suite)
+            created_row(config.model, row_id, fields, lock_name, message.message_id if locked else None, suite)
             if locked:
-                _take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
+                take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
         assert holder is not None
         if holder.message_id == message.message_id:
@@ -258,7 +251,7 @@ def _insert_unique(
     raise jobs.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
 
 
-def _take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
+def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
     """The queue lock of a send that holds its key: whoever held the lock held it for a job
     that no longer waits, so it is overwritten (on one master; with several, taken if free).
     On the Redis broker it is written with the publish."""

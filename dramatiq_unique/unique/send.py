@@ -31,7 +31,8 @@ from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.guard import describe, guarded
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.enqueue import Created, Redirect, created_rows
+from dramatiq_unique.unique.created import Created, created_rows
+from dramatiq_unique.unique.enqueue import Redirect
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message

@@ -1,0 +1,189 @@
+"""The dead set: failed jobs, listed, and sent again as new attempts of the same job.
+
+A job is *dead* when its row says ``failed``: its retries were used up, a
+``throws`` exception or ``retry_when`` ended it, Dramatiq gave up on it before
+it ran, or the re-drive confirmed it lost under ``on_lost="fail"``.  No status
+of its own: ``failed`` is the verdict, :func:`dead_jobs` the view of it.
+
+:func:`retry_job` makes a dead job a new attempt of itself, in one conditional
+UPDATE, as a re-drive claim does (:mod:`dramatiq_unique.durable.claims`): the
+same row and message id, a new revision (an older copy of its message is
+skipped), ``queued``, its unique key held again (the unique index refuses it if
+another job holds the key: :class:`DuplicateJob`), then sends it.  Its
+``attempts``, ``last_error``, checkpoints and timings stay: the history of the
+job goes on.  Dramatiq's ``Retries`` starts a new count (the marker's
+``RETRY_BASE``): the manual attempt may be retried ``max_retries`` times again.
+
+Cancelling a waiting job is :mod:`dramatiq_unique.durable.cancel`.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import dramatiq
+import peewee as pw
+
+from dramatiq_unique import options as opt
+from dramatiq_unique import suite as _config
+from dramatiq_unique.broker.refs import broker_ref, resending
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.durable import claims, lookup
+from dramatiq_unique.durable.scope import NO_APP
+from dramatiq_unique.errors import DuplicateJob, JobNotFound, JobStateError, RedisUnavailable
+from dramatiq_unique.storage import jobs, statements
+from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
+from dramatiq_unique.unique import recent
+from dramatiq_unique.unique.enqueue import queue_lock_ttl, take_queue_lock
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+FAILED, PENDING = JobStatus.FAILED.value, JobStatus.PENDING.value
+#: Rows :func:`dead_jobs` returns unless told otherwise.
+DEFAULT_LIMIT = 100
+#: Times retry_job looks again when the job holding its key let it go meanwhile.
+MAX_HOLD_ROUNDS = 20
+
+
+def find(suite: "Suite", id_or_message_id: Union[int, str], model: Optional[type[JobModel]] = None) -> JobModel:
+    """A job of this suite's app, found as :func:`dramatiq_unique.get_job` finds it; raises
+    :class:`JobNotFound` for an unknown id and for another app's job (never ours to touch)."""
+    if isinstance(id_or_message_id, bool) or not isinstance(id_or_message_id, (int, str)):
+        raise TypeError(f"a job id (int) or message id (str), not {type(id_or_message_id).__name__}")
+    job = lookup.find_job(suite, id_or_message_id, model=model)
+    if job is None:
+        raise JobNotFound(f"{id_or_message_id!r}")
+    return job
+
+
+def since_of(since: Union[datetime, timedelta, None], now: Optional[datetime] = None) -> Optional[datetime]:
+    """``since`` as the job table's time (naive UTC): a datetime (an aware one converted, a
+    naive one taken as UTC), or a timedelta meaning that long before ``now``."""
+    if since is None:
+        return None
+    if isinstance(since, timedelta):
+        return (now or utcnow()) - since
+    if isinstance(since, datetime):
+        return since if since.tzinfo is None else since.astimezone(timezone.utc).replace(tzinfo=None)
+    raise TypeError(f"since must be a datetime or a timedelta, not {type(since).__name__}")
+
+
+def check_limit(limit: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    return limit
+
+
+def dead_jobs(
+    actor_name: Optional[str] = None, since: Union[datetime, timedelta, None] = None, limit: int = DEFAULT_LIMIT,
+) -> list[JobModel]:
+    """The dead set: this app's failed jobs in every job table, the last to fail first.
+
+    ``actor_name``: one actor's only; ``since``: failed at or after it (a datetime, naive
+    ones in UTC, or a timedelta: that long ago); ``limit``: at most that many rows.
+    """
+    if actor_name is not None and not isinstance(actor_name, str):
+        raise TypeError(f"actor_name must be a str, not {type(actor_name).__name__}")
+    limit, after = check_limit(limit), since_of(since)
+    suite = _config.current()
+
+    def query(model: type[JobModel]) -> Any:
+        cond = model.app.in_((suite.app, NO_APP)) & (model.status == FAILED)
+        if actor_name is not None:
+            cond &= model.actor_name == actor_name
+        if after is not None:
+            cond &= model.finished_at >= after
+        return model.select().where(cond).order_by(model.finished_at.desc(), model.id.desc()).limit(limit)
+
+    found = lookup.select_all(suite, "reading the dead set", query)
+    found.sort(key=lambda job: (job.finished_at or datetime.min, job.id), reverse=True)
+    return found[:limit]
+
+
+def retry_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> JobModel:
+    """Send a failed job again as a new attempt of the same job; returns its row after the send.
+
+    Raises :class:`JobNotFound`, :class:`JobStateError` (not failed, or changed meanwhile: a
+    second retry at once), or :class:`DuplicateJob` (``.job``: the job now holding its unique
+    key).  If the broker refuses the publish, the row is left ``pending`` for the re-drive,
+    and returned so.
+    """
+    suite = _config.current()
+    job = find(suite, id_or_message_id, model)
+    if job.status != FAILED:
+        raise JobStateError(f"job {job.message_id} is {job.status}: only a failed job can be retried", job=job)
+    config = suite.actor_config(job.actor_name)
+    if config is None:  # its lock type, window and broker are the actor's
+        raise JobStateError(f"actor {job.actor_name} is not declared in this process: declare it to retry its jobs",
+                            job=job)
+    broker = suite.broker or dramatiq.get_broker()
+    table, opts = type(job), dict(job.options or {})
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    key = job.unique_key if job.unique_key is not None and lock in opt.QUEUE_LOCKS else None
+    marker = {**(opts.get(MARKER) or {}), claims.RETRY_BASE: job.attempts}
+    if key is not None:
+        marker.setdefault("qt", job.message_id)  # the queue lock's token, as a send's (unique/enqueue.py)
+    opts.pop("retries", None)  # a new count: claims.build_message gives the message its own
+    extra: dict[str, Any] = dict(options={**opts, MARKER: marker}, process_after=utcnow(), finished_at=None,
+                                 parked_on=None)
+    # Fences out the attempt the job failed in, should it be alive after all (a job "lost" under
+    # on_lost="fail" whose worker only stalled): its outcome must not land on the new attempt's row,
+    # which would then skip the new message and keep the key it took again (as a finished job).
+    extra["fencing_token"] = job.fencing_token + 1
+    if key is not None:
+        extra["unique_hold"] = key
+    with jobs.db_errors(f"retrying job {job.message_id}"):
+        row = _claim(table, job, extra, key, recent.window(config, opts, lock) if key is not None else None)
+        if key is not None:
+            try:
+                take_queue_lock(suite, claims.build_message(row), suite.keys.queue_lock(key),
+                                 queue_lock_ttl(config, opts, lock, None))
+            except RedisUnavailable:  # the row's hold decides; the lock only names the waiting job
+                logger.warning("Retrying job %s without its Redis queue lock: Redis is down.", job.message_id)
+        try:
+            with resending():
+                sent = broker.enqueue(claims.build_message(row))
+        except Exception as e:
+            jobs.unclaim_sends(table, [row.id], PENDING)
+            logger.warning("Could not send job %s again (%s): left pending for the re-drive.", job.message_id, e)
+        else:
+            statements.record_refs(table, {row.id: broker_ref(sent)})
+        return jobs.get(table, id=row.id) or row
+
+
+def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str], window: Optional[float]) -> JobModel:
+    """The UPDATE that makes the failed ``job`` a new attempt (claims.claim_fields); raises if
+    another job holds ``key`` or the row changed since it was read."""
+    db = table._meta.database
+    cond = (table.id == job.id) & (table.revision == job.revision) & (table.status == FAILED)
+    cond &= table.fencing_token == job.fencing_token
+    for _ in range(MAX_HOLD_ROUNDS):
+        # Built each round: peewee keeps an executed query's result.
+        update = table.update(claims.claim_fields(table, **extra)).where(cond).returning(*claims.sending_fields(table))
+        try:
+            with db.atomic():  # a savepoint inside the caller's transaction: the clash aborts only it
+                claimed = list(update.execute())
+        except pw.IntegrityError:
+            assert key is not None  # only the hold has a unique index that this UPDATE touches
+            found = statements.holder(table, key, job.app)
+            if found is None:
+                continue  # it let the key go meanwhile
+            if jobs.holder(table, key, window, job.app) is None:  # sent longer than unique_window ago
+                table.update(unique_hold=None).where((table.id == found.id) & (table.unique_hold == key)).execute()
+                continue
+            holder = jobs.get(table, id=found.id) or found
+            raise DuplicateJob(f"job {holder.message_id} ({holder.status}) holds the key of job {job.message_id}",
+                               job=holder) from None
+        if claimed:
+            return claimed[0]
+        now = jobs.get(table, id=job.id)
+        state = "gone" if now is None else f"now {now.status}"
+        raise JobStateError(f"job {job.message_id} changed meanwhile: {state}", job=now)
+    raise JobStateError(f"could not take the key of job {job.message_id} back: it keeps changing hands", job=job)

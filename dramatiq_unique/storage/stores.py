@@ -1,0 +1,223 @@
+"""Several durable stores: ``setup(database=[primary, secondary, ...])``.
+
+The one home of the stores: their Databases, which of them is down, and a
+job model bound to each.
+
+* Store 0 is the *primary*.  Uniqueness, idempotency keys, execution locks
+  and concurrency slots rest on one table (a unique index, waiters parked
+  and woken in order), so their sends need it.  A plain tracked send may
+  go to the first store that answers (decided in unique/enqueue.py).
+* A job's row stays in the store that took it; its message carries the
+  store's index in the suite's marker (key :data:`STORE`, absent for the
+  primary), and every later write resolves the model through
+  :meth:`Stores.model_in`.  The index is a position: every process must
+  list the stores in the same order.
+* A store that failed is remembered as down for ``down_for`` ms, so that
+  sends meanwhile go straight to the next store rather than each paying
+  the connect timeout; after it the store is tried again (so new rows go
+  back to the primary once it answers).
+* ``model_in(model, 0)`` is the model itself: with one store nothing
+  changes and nothing costs more.  For another store it is a subclass of
+  the model bound to that store's Database, with the same table (peewee
+  binds a model class to one Database), made once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
+
+import peewee as pw
+
+from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption
+from dramatiq_unique.storage import schema
+from dramatiq_unique.storage.database import describe
+
+logger = logging.getLogger(__name__)
+
+#: The key of a row's store in the suite's marker (message options); absent means the primary.
+STORE = "st"
+#: ms a store that failed is skipped by sends that may go elsewhere, before it is tried again.
+DEFAULT_DOWN_FOR = 1_000
+#: What a store that cannot be reached raises, as peewee wraps it (a connect, or a statement
+#: outside a transaction: see storage/database.py's RECONNECT_ERRORS).
+CONNECTION_ERRORS = (pw.OperationalError, pw.InterfaceError)
+
+M = TypeVar("M", bound=pw.Model)
+T = TypeVar("T")
+Spec = Union[str, pw.Database]
+
+
+#: Set on a model bound to a store other than the primary: the model it was made from.
+BASE = "_dramatiq_unique_base"
+
+
+def base_of(model: type[M]) -> type[M]:
+    """The model a store's model was made from (:meth:`Stores.model_in`); the model itself for the primary."""
+    return getattr(model, BASE, model)
+
+
+def specs(database: Union[Spec, Sequence[Spec]]) -> list[Spec]:
+    """The ``database`` setting as a list of stores: one URL or Database, or a non-empty list of them."""
+    if isinstance(database, (str, pw.Database)):
+        return [database]
+    if not isinstance(database, (list, tuple)) or not database:
+        raise InvalidOption(f"database must be a URL, a peewee Database or a non-empty list of them, not {database!r}")
+    return list(database)
+
+
+def _identity(db: pw.Database) -> tuple:
+    """What tells two stores apart: the database and its connection parameters (two schemas of one
+    PostgreSQL database, by ``search_path``, are two stores)."""
+    params = getattr(db, "connect_params", {}) or {}
+    return (type(db).__name__, str(db.database), tuple(sorted((k, str(v)) for k, v in params.items())))
+
+
+class Stores:
+    """The job databases, primary first (see the module docstring)."""
+
+    def __init__(self, databases: Sequence[pw.Database], *, down_for: float = DEFAULT_DOWN_FOR) -> None:
+        seen = [_identity(db) for db in databases]
+        for i, db in enumerate(databases):
+            if seen[i] in seen[:i] or any(db is other for other in databases[:i]):
+                raise InvalidOption(f"database lists {describe(db)} twice: each store must be another database")
+        self.databases = list(databases)
+        self.down_for = down_for
+        self._down_until: dict[int, float] = {}
+        self._models: dict[tuple[type, int], type] = {}
+        self._ready: set[tuple[type, int]] = set()
+        #: Per store: set-up steps left for when it first answers (it was down at set-up).
+        self._later: dict[int, list[Callable[[], None]]] = {}
+        self._lock = threading.RLock()
+
+    def __len__(self) -> int:
+        return len(self.databases)
+
+    @property
+    def several(self) -> bool:
+        return len(self.databases) > 1
+
+    def name(self, index: int) -> str:
+        return f"store {index} ({describe(self.databases[index])})"
+
+    # -- models -------------------------------------------------------------------------
+
+    def model_in(self, model: type[M], index: int) -> type[M]:
+        """``model`` bound to store ``index``: the model itself for the primary."""
+        if index == 0:
+            return model
+        found = self._models.get((model, index))
+        if found is not None:
+            return found
+        if not 0 < index < len(self.databases):
+            raise InvalidOption(f"a job names store {index}, but this process lists {len(self.databases)} "
+                                f"store(s): every process must list the same stores in the same order")
+        with self._lock:
+            found = self._models.get((model, index))
+            if found is None:
+                meta = model._meta
+                # table_name is not inherited by a subclass: named, as the schema and the database.
+                attrs = {"database": self.databases[index], "table_name": meta.table_name, "schema": meta.schema}
+                found = cast(Any, type(model))(f"{model.__name__}_store{index}", (model,), {
+                    "Meta": type("Meta", (), attrs), "__module__": model.__module__, "__doc__": model.__doc__,
+                })
+                setattr(found, BASE, model)
+                self._models[(model, index)] = found
+        return found
+
+    def ensure(self, model: type[pw.Model], index: int) -> None:
+        """Create ``model``'s table in store ``index`` if this process has not yet (a store down at
+        set-up gets its tables when it first answers); raises the store's error if it does not."""
+        if (model, index) in self._ready:
+            return
+        with self._lock:
+            if (model, index) in self._ready:
+                return
+            for step in self._later.get(index, ()):
+                step()
+            self._later.pop(index, None)
+            schema.create_or_migrate(self.model_in(model, index))
+            self._ready.add((model, index))
+
+    def created(self, model: type[pw.Model], index: int) -> None:
+        """``model``'s table exists in store ``index`` (set-up created it)."""
+        self._ready.add((model, index))
+
+    def later(self, index: int, step: Callable[[], None]) -> None:
+        """A set-up step for store ``index``, which did not answer: run before its first use."""
+        with self._lock:
+            self._later.setdefault(index, []).append(step)
+            self._ready = {ready for ready in self._ready if ready[1] != index}  # so that ensure() runs it
+
+    # -- down or up -----------------------------------------------------------------------
+
+    def is_down(self, index: int) -> bool:
+        until = self._down_until.get(index)
+        return until is not None and time.monotonic() < until
+
+    def mark_down(self, index: int, error: Any, *, quiet: bool = False) -> None:
+        if not quiet and not self.is_down(index):
+            logger.warning("Job %s does not answer (%s); for %d ms, sends that may go to another store do.",
+                           self.name(index), str(error).strip().splitlines()[0] if str(error).strip() else
+                           type(error).__name__, self.down_for)
+        self._down_until[index] = time.monotonic() + self.down_for / 1000
+
+    def mark_up(self, index: int) -> None:
+        if self._down_until.pop(index, None) is not None:
+            logger.info("Job %s answers again.", self.name(index))
+
+    def order(self) -> list[int]:
+        """The stores a send that may fail over tries, in order: those not remembered down first."""
+        indexes = range(len(self.databases))
+        return [i for i in indexes if not self.is_down(i)] + [i for i in indexes if self.is_down(i)]
+
+    def insert(self, model: type[M], insert: Callable[[type[M]], T], marker: dict) -> tuple[type[M], T]:
+        """Insert a row in the first store that answers: ``(model in that store, what insert returned)``.
+
+        ``insert`` writes the row with the model it is given; ``marker``, the suite's marker that
+        the row's options hold, gets the store's index first, so the row names its store too.
+        """
+        error: Optional[BaseException] = None
+        for index in self.order():
+            target = self.model_in(model, index)
+            if index:
+                marker[STORE] = index
+            else:
+                marker.pop(STORE, None)
+            try:
+                self.ensure(model, index)
+                result = insert(target)
+            except CONNECTION_ERRORS as e:
+                if target._meta.database.in_transaction():
+                    raise  # the caller's transaction is lost with it: nothing to fail over
+                self.mark_down(index, e)
+                error = e
+                continue
+            self.mark_up(index)
+            return target, result
+        assert error is not None
+        raise error
+
+    def on_primary(self, model: type[pw.Model], what: Callable[[], str], write: Callable[[], T]) -> T:
+        """Run ``write`` on the primary, for ``what()``, a send that needs it: with several stores,
+        DatabaseUnavailable at once while the primary is remembered down, and a failure of it remembered."""
+        if not self.several:
+            return write()
+        self.check_primary(what())
+        try:
+            self.ensure(model, 0)
+            result = write()
+        except CONNECTION_ERRORS as e:
+            if not self.databases[0].in_transaction():
+                self.mark_down(0, e)
+            raise
+        self.mark_up(0)
+        return result
+
+    def check_primary(self, what: str) -> None:
+        """Raise DatabaseUnavailable at once if the primary is remembered down: ``what`` needs it."""
+        if self.several and self.is_down(0):
+            raise DatabaseUnavailable(f"{what} needs the primary {self.name(0)}, which is down: "
+                                      "uniqueness is kept by its index alone")
