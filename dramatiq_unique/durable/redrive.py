@@ -41,7 +41,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
 from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import claims
+from dramatiq_unique.durable import claims, deferral
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
 from dramatiq_unique.durable.counts import RedriveCounts
 from dramatiq_unique.durable.lost import actor_options, retries_exhausted
@@ -121,6 +121,7 @@ class _Pass:
                 self.counts.errors += 1
                 stores.mark_down(index, e, quiet=True)
                 logger.warning("The re-drive skips job %s this pass: %s", stores.name(index), str(e).strip())
+        deferral.log_backlog(self.counts.deferred)
         return self.counts
 
     def _run_store(self, index: int) -> None:
@@ -185,10 +186,11 @@ class _Pass:
             except Exception as e:
                 self.broker_down = True
                 self.counts.errors += 1
-                logger.warning("Could not send job %s (%s); the next pass tries again.", row.message_id, e)
+                deferral.send_failed(self.suite, self.broker, row.message_id, e)  # the next pass tries again
                 jobs.unclaim_sends(model, [r.id for r in rows[i:]], revert_to)
                 break
             refs[row.id] = sent.options.get("redis_message_id") or row.message_id
+            self.counts.deferred += deferral.was_deferred(row)
         statements.record_refs(model, refs)  # a ref set meanwhile is newer: kept
         return len(refs)
 

@@ -67,18 +67,26 @@ def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int]:
         return row.id, row.revision
 
 
-def unclaim_sends(model: type[JobModel], ids: list[int], status: str) -> None:
+def unclaim_sends(
+    model: type[JobModel], ids: list[int], status: str, *, ref: Optional[str] = None, options: Optional[dict] = None
+) -> None:
     """Hand rows claimed for a send whose publish failed back to ``status`` (the re-drive
     sends them later).  Only rows still queued without a broker id: a publish that did go
-    through recorded one, and a start or a newer claim moved the row on.
+    through recorded one, and a start or a newer claim moved the row on.  ``ref``: rows a
+    send wrote with the broker id ``ref`` before its publish failed (durable/deferral.py),
+    whose id goes too; ``options`` replaces theirs.
 
     Not for a parked row's claim (:func:`dramatiq_unique.storage.parking_statements.unclaim`):
     that claim writes the woken message's broker id before it publishes, and its undo
     parks the row on its group again.
     """
-    model.update(status=status, enqueued_at=None).where(
-        model.id.in_(ids) & (model.status == QUEUED) & model.broker_ref.is_null()
-    ).execute()
+    fields: dict[str, Any] = {"status": status, "enqueued_at": None}
+    if ref is not None:
+        fields["broker_ref"] = None
+    if options is not None:
+        fields["options"] = options
+    published = model.broker_ref.is_null() if ref is None else model.broker_ref == ref
+    model.update(**fields).where(model.id.in_(ids) & (model.status == QUEUED) & published).execute()
 
 
 class IdempotencyHeld(Exception):
