@@ -10,7 +10,8 @@ A filter no index serves (actor, since, status, or a key that cannot be
 hashed back) would make "newest 50 matches" a scan of the whole table
 when matches are rare.  So a filtered page reads ``id`` ranges of
 :data:`SPAN` ids at a time, the primary key's range scan, at most
-:data:`MAX_SPANS` of them: a page may come back short with a cursor to
+:data:`MAX_SPANS` of them and for :data:`BUDGET_MS` at most (the span under
+way is finished): a page may come back short with a cursor to
 go on from (bounded work; an empty page with a cursor means "none in
 the last ids looked at").  A key whose words hash back to unique keys
 (``unique_args`` naming those parameters) uses the ``unique_key`` index.
@@ -19,6 +20,7 @@ the last ids looked at").  A key whose words hash back to unique keys
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
@@ -41,6 +43,10 @@ MAX_LIMIT = 1_000
 #: Ids one filtered read covers, and reads one page makes at most.
 SPAN = 100_000
 MAX_SPANS = 10
+#: Rows read at a time when a key is matched in Python.
+BATCH = 500
+#: ms a filtered page goes on reading spans for (a page answers in about this, whatever the table).
+BUDGET_MS = 50
 #: A cursor that is past every row (the first page).
 TOP = (2**63 - 1, 0)
 
@@ -185,26 +191,28 @@ def _read(
     found: list[tuple[int, int, JobModel, int]] = []  # (id, source, row, store)
     upper = position
     spans = MAX_SPANS if f.scanning else 1
+    matching = bool(f.key) and f.unique_keys is None  # rows are matched in Python, after the SQL sieve
+    span = SPAN // 5 if matching else SPAN  # every sieved row of a span may come to Python
     floor = None
+    began = time.monotonic()
     for _ in range(spans):
         if f.scanning:
             top = upper[0] if upper != TOP else _max_id(sources) + 1
-            floor = max(top - SPAN, 0)
+            floor = max(top - span, 0)
         for source, store, table in sources:
             cond = _where(suite, table, f) & _after(table, source, upper)
             if floor is not None:
                 cond &= table.id >= floor
-            query = table.select().where(cond).order_by(table.id.desc()).limit(limit + 1)
-            for row in query:
-                if f.key and f.unique_keys is None and not _matches(suite, row, f.key):
-                    continue
-                found.append((row.id, source, row, store))
+            match = (lambda row: _matches(suite, row, f.key or "")) if matching else None
+            found += [(row.id, source, row, store) for row in _take(table, cond, limit + 1, match)]
         found.sort(key=lambda item: (item[0], item[1]), reverse=True)
         if len(found) > limit or floor is None:
             break
         if floor <= _min_id(sources) or _older(sources, floor, f.since):
             return [job_row(suite, *item[2:]) for item in found], None
         upper = (floor, -1)
+        if (time.monotonic() - began) * 1000 >= BUDGET_MS:
+            break
     page = found[:limit]
     rows = [job_row(suite, row, store) for _, _, row, store in page]
     if len(found) > limit:
@@ -213,6 +221,22 @@ def _read(
     if floor is None:
         return rows, None
     return rows, f"{upper[0]}.{upper[1]}"
+
+
+def _take(table: type[JobModel], cond: Any, need: int, match: Any) -> list[JobModel]:
+    """The first ``need`` rows of ``table`` under ``cond`` (id desc) that ``match`` (None: all)."""
+    if match is None:
+        return list(table.select().where(cond).order_by(table.id.desc()).limit(need))
+    got: list[JobModel] = []
+    below: Optional[int] = None
+    while len(got) < need:
+        query = table.select().where(cond if below is None else cond & (table.id < below))
+        batch = list(query.order_by(table.id.desc()).limit(BATCH))
+        got += [row for row in batch if match(row)]
+        if len(batch) < BATCH:
+            break
+        below = batch[-1].id
+    return got[:need]
 
 
 def _max_id(sources: list[tuple[int, int, type[JobModel]]]) -> int:

@@ -66,3 +66,16 @@ def test_filters_and_pages(suite, scene):
         ops.jobs(suite, status="nope")
     with pytest.raises(JobNotFound):
         ops.job(suite, 999_999)
+
+
+def test_a_key_matched_on_the_rows_is_found_behind_many_that_only_look_alike(suite, broker, scene):
+    """Rows whose arguments hold the key's value but not as the key (60 newer ``fine(7)`` jobs, more
+    than a page) do not hide the jobs whose key it is: the SQL sieve's rows are read in batches."""
+    fine = broker.get_actor("fine")
+    for _ in range(60):
+        fine.send(7)
+    page = ops.jobs(suite, key="user=7", limit=2)
+    assert [r.id for r in page.rows] == sorted([scene.lock_holder, *scene.lock_waiters], reverse=True)[:2]
+    assert page.cursor is not None
+    rest = ops.jobs(suite, key="user=7", limit=2, cursor=page.cursor)
+    assert [r.id for r in rest.rows] == [min(scene.lock_holder, *scene.lock_waiters)]
