@@ -11,6 +11,7 @@ pure); one that raises, returns no str or is slow is shown as its hash.
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -47,6 +48,13 @@ def short(key: Optional[str]) -> str:
     if not key:
         return ""
     return "#" + key.rsplit(":", 1)[-1][:SHORT_HASH]
+
+
+def signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
 
 
 def _call(spec: Callable[..., Any], args: list, kwargs: dict) -> Optional[str]:

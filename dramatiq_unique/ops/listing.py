@@ -126,16 +126,58 @@ def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     if f.unique_keys is not None:
         cond &= table.unique_key.in_(f.unique_keys)
     elif f.key:
-        # A cheap first sieve in SQL: every value's text is in the stored arguments.
-        try:
-            values: list[Any] = list(labels.parse(f.key).values())
-        except ValueError:
-            values = [f.key]
-        for value in values:
-            text = labels.canonical(value)[1:-1] if isinstance(value, str) else labels.canonical(value)
+        cond &= _sieve(suite, table, f)
+    return cond
+
+
+#: What separates values in the stored JSON (compact: no spaces); each becomes "," for the sieve.
+_SEPARATORS = "[]{}:"
+
+
+def _tokens(column: Any) -> Any:
+    """``column`` with every JSON separator made a comma: each value then sits between commas."""
+    expr = pw.fn.REPLACE(column, "[", ",")
+    for sep in _SEPARATORS[1:]:
+        expr = pw.fn.REPLACE(expr, sep, ",")
+    return expr
+
+
+def _defaulted(suite: "Suite", actor: Optional[str], name: str) -> bool:
+    """Whether an actor the key may be of gives parameter ``name`` a default (a row sent without it
+    holds no value to find)."""
+    configs = [suite.actor_config(actor)] if actor else list(suite.actors.values())
+    for config in configs:
+        if config is None:
+            return True
+        signature = labels.signature(config.fn)
+        param = signature.parameters.get(name) if signature is not None else None
+        if param is not None and param.default is not param.empty:
+            return True
+    return False
+
+
+def _sieve(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
+    """A cheap first sieve in SQL: each value of the key's words is a whole value in the stored
+    arguments (a number also as its string).  Python decides after it (:func:`_matches`)."""
+    cond: Any = pw.SQL("1 = 1")
+    try:
+        selected = labels.parse(f.key or "")
+    except ValueError:
+        return cond  # a key callable's text: nothing of it need be in the arguments
+    for name, value in selected.items():
+        if _defaulted(suite, f.actor, name):
+            continue
+        forms = [labels.canonical(value)] + ([] if isinstance(value, str) else [labels.canonical(str(value))])
+        found: Any = None
+        for form in forms:
+            text = "," + "".join("," if c in _SEPARATORS else c for c in form) + ","
             if "%" in text or "_" in text or "\\" in text:
-                continue  # LIKE would read them as wildcards (and SQLite has no default escape): Python decides
-            cond &= _like(table.args, text) | _like(table.kwargs, text)
+                found = None  # LIKE would read them as wildcards (and SQLite has no default escape)
+                break
+            one = _like(_tokens(table.args), text) | _like(_tokens(table.kwargs), text)
+            found = one if found is None else found | one
+        if found is not None:
+            cond &= found
     return cond
 
 

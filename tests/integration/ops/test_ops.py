@@ -79,3 +79,24 @@ def test_a_key_matched_on_the_rows_is_found_behind_many_that_only_look_alike(sui
     assert page.cursor is not None
     rest = ops.jobs(suite, key="user=7", limit=2, cursor=page.cursor)
     assert [r.id for r in rest.rows] == [min(scene.lock_holder, *scene.lock_waiters)]
+
+
+def test_keys_from_defaults_callables_and_strings_are_found(suite, broker, scene):
+    """A key value the send took from a default (so not in the stored arguments), a key callable's
+    text, and "42" sent as a string are all found by their words."""
+    import dramatiq
+
+    @dramatiq.actor(concurrency_key=["region"])
+    def tagged(n, region="eu"):
+        pass
+
+    @dramatiq.actor(unique_args=lambda n, **_: f"n-{n}", unique_lock="until_executing", track=True)
+    def named(n):
+        pass
+
+    first, _, third = tagged.send(1), tagged.send(2, region="us"), tagged.send("42", region="eu")
+    message = named.send(5)
+    found = {r.message_id for r in ops.jobs(suite, key="region=eu", actor="tagged").rows}
+    assert found == {first.message_id, third.message_id}
+    assert [r.message_id for r in ops.jobs(suite, key="n-5").rows] == [message.message_id]
+    assert [r.key for r in ops.jobs(suite, actor="named").rows] == ["n-5"]
