@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from typing import Optional, Sequence
@@ -85,5 +86,14 @@ def _what(error: Exception) -> str:
 
 
 def entry_point() -> None:
-    """The ``dramatiq-unique`` console script."""
-    sys.exit(main())
+    """The ``dramatiq-unique`` console script (and ``python -m dramatiq_unique``)."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        code = 130
+    except BrokenPipeError:  # | head: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    sys.exit(code)

@@ -105,8 +105,10 @@ def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
         sys.path.insert(0, full)
     try:
         _, broker = import_broker(app)
-    except (ImportError, AttributeError) as e:
-        raise Usage(f"cannot import the app {app!r}: {e}") from e
+    except DramatiqUniqueError:
+        raise  # setup() found a store or Redis down, a bad option...: said as such
+    except Exception as e:  # the app's own import failed: say so, without a traceback of ours
+        raise Usage(f"cannot import the app {app!r}: {type(e).__name__}: {e}") from e
     suite = _config._current
     if suite is None:
         raise Usage(f"{app} did not call dramatiq_unique.setup()")
