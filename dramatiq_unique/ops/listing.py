@@ -28,7 +28,7 @@ import peewee as pw
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.scope import NO_APP
-from dramatiq_unique.ops import labels
+from dramatiq_unique.ops import keyfilter, labels
 from dramatiq_unique.ops.views import JobRow, Page
 from dramatiq_unique.storage import jobs as storage_jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus
@@ -92,29 +92,6 @@ def parse_statuses(status: Union[None, str, Iterable[str]]) -> tuple[str, ...]:
     return statuses
 
 
-def _normal(text: str) -> Any:
-    try:
-        return labels.parse(text)
-    except ValueError:
-        return text.strip()
-
-
-def _derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[str, ...]]:
-    """The unique keys ``key`` names, when every actor it can be of hashes it back."""
-    configs = [suite.actor_config(actor)] if actor else list(suite.actors.values())
-    found: list[str] = []
-    for config in configs:
-        if config is None:
-            return None
-        keys = labels.candidate_keys(config, "unique_args", key)
-        if keys is None:
-            if actor or config.options.get("concurrency_key") is not None:
-                return None  # its rows may match by their slot group's key: scan
-            continue
-        found += keys
-    return tuple(found) if found else None
-
-
 def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     cond = table.app.in_((suite.app, NO_APP))
     if f.statuses:
@@ -126,65 +103,8 @@ def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     if f.unique_keys is not None:
         cond &= table.unique_key.in_(f.unique_keys)
     elif f.key:
-        cond &= _sieve(suite, table, f)
+        cond &= keyfilter.sieve(suite, table, f.key, f.actor)
     return cond
-
-
-#: What separates values in the stored JSON (compact: no spaces); each becomes "," for the sieve.
-_SEPARATORS = "[]{}:"
-
-
-def _tokens(column: Any) -> Any:
-    """``column`` with every JSON separator made a comma: each value then sits between commas."""
-    expr = pw.fn.REPLACE(column, "[", ",")
-    for sep in _SEPARATORS[1:]:
-        expr = pw.fn.REPLACE(expr, sep, ",")
-    return expr
-
-
-def _defaulted(suite: "Suite", actor: Optional[str], name: str) -> bool:
-    """Whether an actor the key may be of gives parameter ``name`` a default (a row sent without it
-    holds no value to find)."""
-    configs = [suite.actor_config(actor)] if actor else list(suite.actors.values())
-    for config in configs:
-        if config is None:
-            return True
-        signature = labels.signature(config.fn)
-        param = signature.parameters.get(name) if signature is not None else None
-        if param is not None and param.default is not param.empty:
-            return True
-    return False
-
-
-def _sieve(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
-    """A cheap first sieve in SQL: each value of the key's words is a whole value in the stored
-    arguments (a number also as its string).  Python decides after it (:func:`_matches`)."""
-    cond: Any = pw.SQL("1 = 1")
-    try:
-        selected = labels.parse(f.key or "")
-    except ValueError:
-        return cond  # a key callable's text: nothing of it need be in the arguments
-    for name, value in selected.items():
-        if _defaulted(suite, f.actor, name):
-            continue
-        forms = [labels.canonical(value)] + ([] if isinstance(value, str) else [labels.canonical(str(value))])
-        found: Any = None
-        for form in forms:
-            text = "," + "".join("," if c in _SEPARATORS else c for c in form) + ","
-            if "%" in text or "_" in text or "\\" in text:
-                found = None  # LIKE would read them as wildcards (and SQLite has no default escape)
-                break
-            one = _like(_tokens(table.args), text) | _like(_tokens(table.kwargs), text)
-            found = one if found is None else found | one
-        if found is not None:
-            cond &= found
-    return cond
-
-
-def _like(column: Any, text: str) -> Any:
-    """``column LIKE '%text%'``, the text as it is (peewee would JSON-encode it for a JSON column,
-    and make SQLite's LIKE a GLOB)."""
-    return pw.NodeList((column, pw.SQL("LIKE"), pw.Value(f"%{text}%", converter=False)))
 
 
 def _after(table: type[JobModel], source: int, cursor: tuple[int, int]) -> Any:
@@ -211,10 +131,10 @@ def jobs(
         key = key.strip()
         if not key:
             raise ValueError("an empty key")
-        _normal(key)
+        keyfilter.normal(key)
     f = Filters(parse_statuses(status), actor or None, key or None, since)
     if key:
-        f = dataclasses.replace(f, unique_keys=_derived(suite, actor, key))
+        f = dataclasses.replace(f, unique_keys=keyfilter.derived(suite, actor, key))
     position = parse_cursor(cursor)
 
     def tables(index: int, found: list[type[JobModel]]) -> list[tuple[int, type[JobModel]]]:
@@ -245,7 +165,7 @@ def _read(
             cond = _where(suite, table, f) & _after(table, source, upper)
             if floor is not None:
                 cond &= table.id >= floor
-            match = (lambda row: _matches(suite, row, f.key or "")) if matching else None
+            match = (lambda row: keyfilter.matches(suite, row, f.key or "")) if matching else None
             found += [(row.id, source, row, store) for row in _take(table, cond, limit + 1, match)]
         found.sort(key=lambda item: (item[0], item[1]), reverse=True)
         if len(found) > limit or floor is None:
@@ -299,10 +219,6 @@ def _older(sources: list[tuple[int, int, type[JobModel]]], floor: int, since: Op
         if below is not None and below >= since:
             return False
     return True
-
-
-def _matches(suite: "Suite", row: JobModel, key: str) -> bool:
-    return _normal(labels.row_key(suite.actor_config(row.actor_name), row)) == _normal(key)
 
 
 def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:
