@@ -75,7 +75,7 @@ def parse_cursor(cursor: Optional[str]) -> tuple[int, int]:
         ident, source = int(head), int(tail or "0")
     except ValueError:
         raise ValueError(f"not a cursor: {cursor!r} (pass on the cursor a page returned)") from None
-    if ident < 0 or source < -1:
+    if not 0 <= ident <= TOP[0] or not -1 <= source <= TOP[0]:
         raise ValueError(f"not a cursor: {cursor!r}")
     return ident, source
 
