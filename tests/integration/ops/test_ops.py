@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
 from dramatiq_unique import JobNotFound, ops
+from dramatiq_unique.storage.models import utcnow
 
 
 def test_the_views_of_a_busy_scene(suite, scene):
@@ -52,6 +54,9 @@ def test_filters_and_pages(suite, scene):
     assert ops.jobs(suite, key="customer=43").rows == []
     assert [r.id for r in ops.jobs(suite, status="failed").rows] == [scene.dead]
     assert [r.id for r in ops.jobs(suite, status="failed,succeeded", actor="fine").rows] == [scene.done]
+    now = utcnow()
+    assert len(ops.jobs(suite, since=now - timedelta(hours=1)).rows) == 10
+    assert ops.jobs(suite, since=now + timedelta(hours=1)).as_dict() == {"rows": [], "cursor": None, "down": []}
     seen, cursor = [], None
     for _ in range(10):
         page = ops.jobs(suite, limit=2, cursor=cursor)
