@@ -27,19 +27,35 @@ def normal(text: str) -> Any:
 
 
 def derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[str, ...]]:
-    """The unique keys ``key`` names, when every actor it can be of hashes it back."""
+    """The unique keys ``key`` names, when the rows of every actor it can be of are found by them;
+    None when some must be matched row by row (:func:`sieve`, :func:`matches`).
+
+    An actor whose ``unique_args`` names exactly the key's parameters gives its hashed keys; one
+    whose options name other parameters has no row these words can match, and is left out; one
+    whose key is a callable or ``True``, or whose ``concurrency_key`` names these parameters,
+    needs the scan.  Without ``actor``, only the actors this process declares can match: the
+    rows of others show their hash, which no words match.
+    """
+    try:
+        names = set(labels.parse(key))
+    except ValueError:
+        return None  # a callable's text or a hash: matched row by row
     configs = [suite.actor_config(actor)] if actor else list(suite.actors.values())
     found: list[str] = []
     for config in configs:
         if config is None:
             return None
         keys = labels.candidate_keys(config, "unique_args", key)
-        if keys is None:
-            if actor or config.options.get("concurrency_key") is not None:
-                return None  # its rows may match by their slot group's key: scan
+        if keys is not None:
+            found += keys
             continue
-        found += keys
-    return tuple(found) if found else None
+        for option in ("unique_args", "concurrency_key"):
+            spec = config.options.get(option)
+            if spec is True or (callable(spec) and not isinstance(spec, (list, tuple))):
+                return None
+            if isinstance(spec, (list, tuple)) and set(spec) == names:
+                return None  # its rows may match by their slot group's key
+    return tuple(found)
 
 
 #: What separates values in the stored JSON (compact: no spaces); each becomes "," for the sieve.

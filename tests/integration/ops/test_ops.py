@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 
 from dramatiq_unique import JobNotFound, ops
+from dramatiq_unique.ops import keyfilter
 from dramatiq_unique.storage.models import utcnow
 
 
@@ -74,16 +75,27 @@ def test_filters_and_pages(suite, scene):
 
 
 def test_a_key_matched_on_the_rows_is_found_behind_many_that_only_look_alike(suite, broker, scene):
-    """Rows whose arguments hold the key's value but not as the key (60 newer ``fine(7)`` jobs, more
+    """Rows whose arguments hold the key's value but not as the key (60 newer ``fine(42)`` jobs, more
     than a page) do not hide the jobs whose key it is: the SQL sieve's rows are read in batches."""
     fine = broker.get_actor("fine")
     for _ in range(60):
-        fine.send(7)
-    page = ops.jobs(suite, key="user=7", limit=2)
-    assert [r.id for r in page.rows] == sorted([scene.lock_holder, *scene.lock_waiters], reverse=True)[:2]
-    assert page.cursor is not None
-    rest = ops.jobs(suite, key="user=7", limit=2, cursor=page.cursor)
-    assert [r.id for r in rest.rows] == [min(scene.lock_holder, *scene.lock_waiters)]
+        fine.send(42)
+    webhooks = sorted(scene.slot_holders + scene.slot_waiters, reverse=True)
+    assert keyfilter.derived(suite, None, "customer=42") is None  # a slot group's key: matched on the rows
+    seen, cursor = [], None
+    for _ in range(5):
+        page = ops.jobs(suite, key="customer=42", limit=2, cursor=cursor)
+        seen += [r.id for r in page.rows]
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert seen == webhooks
+    # unique_args naming the words: the index, whatever other actors there are; words no actor has: nothing.
+    assert keyfilter.derived(suite, None, "user=7") is not None
+    assert [r.id for r in ops.jobs(suite, key="user=7").rows] == sorted(
+        [scene.lock_holder, *scene.lock_waiters], reverse=True)
+    assert keyfilter.derived(suite, None, "nobody=1") == ()
+    assert ops.jobs(suite, key="nobody=1").rows == []
 
 
 def test_keys_from_defaults_callables_and_strings_are_found(suite, broker, scene):
