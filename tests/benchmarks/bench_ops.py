@@ -125,7 +125,7 @@ class Bench:
             ("status=failed", lambda: ops.jobs(s, status="failed")),
             ("actor=report", lambda: ops.jobs(s, actor="report")),
             ("key=user=7 actor=report (index)", lambda: ops.jobs(s, key="user=7", actor="report")),
-            ("key=user=7, any actor (scan)", lambda: ops.jobs(s, key="user=7")),
+            ("key=user=7, any actor (index)", lambda: ops.jobs(s, key="user=7")),
             ("key=customer=42 (scan, sieve)", lambda: ops.jobs(s, key="customer=42", actor="deliver_webhook")),
             ("actor=nobody (scan, no match)", lambda: ops.jobs(s, actor="nobody")),
             ("since=1h", lambda: ops.jobs(s, since=since)),
