@@ -117,3 +117,19 @@ def test_keys_from_defaults_callables_and_strings_are_found(suite, broker, scene
     assert found == {first.message_id, third.message_id}
     assert [r.message_id for r in ops.jobs(suite, key="n-5").rows] == [message.message_id]
     assert [r.key for r in ops.jobs(suite, actor="named").rows] == ["n-5"]
+
+
+def test_a_waiting_job_s_queue_lock_is_listed_with_its_holder(suite, broker):
+    import dramatiq
+
+    @dramatiq.actor(unique_args=["user"], unique_lock="until_executing")
+    def digest(user):
+        pass
+
+    message = digest.send_with_options(args=(3,), delay=60_000)
+    [lock] = ops.locks(suite)
+    assert (lock.kind, lock.actor, lock.key, lock.holder_message_id, lock.token) == (
+        "queue", "digest", "user=3", message.message_id, None)
+    assert lock.left_ms > 0
+    view = ops.job(suite, message.message_id)
+    assert view.why.startswith("due in ") and view.key == "user=3"
