@@ -71,7 +71,7 @@ def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = N
     except REFUSED as e:
         ctx.say(f"{cmd.name}: {_what(e)}")
         return 1
-    except (Usage, ValueError, TypeError) as e:
+    except (Usage, ValueError) as e:  # InvalidOption is a ValueError: a bad limit or key for the actor
         ctx.say(f"{cmd.name}: {_what(e)}")
         return 2
     except DramatiqUniqueError as e:  # DuplicateJob, InvalidOption...: refused as asked
