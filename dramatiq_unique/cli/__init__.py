@@ -37,7 +37,12 @@ def _load_commands() -> None:
 
 def parser() -> argparse.ArgumentParser:
     _load_commands()
-    top = argparse.ArgumentParser(prog="dramatiq-unique", description=(__doc__ or "").split("\n")[0])
+    top = argparse.ArgumentParser(
+        prog="dramatiq-unique", description="See and steer the jobs, locks and slots of a dramatiq_unique app.",
+        epilog="Each command takes the app module first (package.module[:broker]), as dramatiq does; without it, "
+               "DRAMATIQ_UNIQUE_DATABASE_URL and DRAMATIQ_UNIQUE_REDIS_URL open the jobs read-only. "
+               "Exit codes: 0 ok, 1 not found or refused, 2 usage.",
+    )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in sorted(COMMANDS.values(), key=lambda c: c.name):
         sub = commands.add_parser(cmd.name, help=cmd.help, description=cmd.help)
