@@ -178,6 +178,12 @@ def main() -> int:
                 flag = "" if median < 100 else "  OVER 100 ms"
                 print(f"{what:40} {median:10.1f} {worst:10.1f}  {got}{flag}")
     finally:
+        for bench in results:  # its own keys only: its namespace and key prefix
+            client = bench.broker.client
+            for pattern in (f"{bench.ns}*", f"redlock:{bench.ns}*"):
+                keys = list(client.scan_iter(match=pattern, count=1000))
+                if keys:
+                    client.delete(*keys)
         admin.execute_sql(f'DROP SCHEMA "{schema}" CASCADE')
         admin.close()
     return 0
