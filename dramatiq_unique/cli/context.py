@@ -124,7 +124,6 @@ def from_env(env: dict[str, str]) -> "Suite":
     import peewee as pw
 
     from dramatiq_unique.storage.models import JobModel, open_database
-    from dramatiq_unique.suite import Suite
 
     if database.startswith("sqlite:///") and not os.path.exists(database[len("sqlite:///"):].split("?")[0]):
         raise Refused(f"{DATABASE_ENV} names no existing SQLite file: {database}")
@@ -144,4 +143,19 @@ def from_env(env: dict[str, str]) -> "Suite":
     # Bounded, so that a Redis that does not answer costs seconds, not the system's connect timeout.
     client = redis_lib.Redis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT / 1000,
                                       socket_timeout=CONNECT_TIMEOUT / 1000)
-    return Suite(database=database, redis=client, **settings)
+    return _read_only_suite()(database=database, redis=client, **settings)
+
+
+def _read_only_suite() -> type:
+    """A Suite that binds the job table without creating or migrating anything: the environment's
+    database role may only read (``CREATE TABLE IF NOT EXISTS`` needs the right to create)."""
+    from dramatiq_unique.suite import Suite
+
+    class ReadOnlySuite(Suite):
+        def register_model(self, model: Any) -> None:
+            with self._lock:
+                if model not in self.models:
+                    model.bind(self.db, bind_refs=False, bind_backrefs=False)
+                    self.models.append(model)
+
+    return ReadOnlySuite
