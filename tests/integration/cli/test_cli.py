@@ -165,3 +165,51 @@ def test_end_to_end_in_a_process_of_its_own(tmp_path, broker, suite, database_ur
     )
     assert done.returncode == 0, done.stderr
     assert "user=7" in done.stdout and "queued since" in done.stdout
+
+
+def test_a_select_only_database_role_reads_from_the_environment(broker, pg_url, key_prefix):
+    """The environment's suite creates nothing: a role that may only SELECT reads the jobs."""
+    import io
+    import uuid
+    from urllib.parse import urlparse
+
+    import dramatiq
+    import peewee as pw
+
+    import dramatiq_unique
+    from dramatiq_unique.cli import main
+    from dramatiq_unique.cli.context import Context
+    from tests.conftest import PG_URL, REDIS_URL
+
+    suite = dramatiq_unique.setup(broker, database=pg_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+
+    @dramatiq.actor(track=True)
+    def later(n):
+        pass
+
+    later.send_with_options(args=(1,), delay=60_000)
+    schema = pg_url.rsplit("%3D", 1)[1]
+    role = f"du_ro_{uuid.uuid4().hex[:8]}"
+    parsed = urlparse(PG_URL)
+    admin = pw.PostgresqlDatabase(parsed.path.lstrip("/"), host=parsed.hostname, port=parsed.port or 5432,
+                                  user=parsed.username)
+    admin.execute_sql(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        admin.execute_sql(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        admin.execute_sql(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        reader = pg_url.replace(f"//{parsed.username}@", f"//{role}@", 1)
+        out, err = io.StringIO(), io.StringIO()
+        env = {DATABASE_ENV: reader, REDIS_ENV: REDIS_URL, PREFIX_ENV: key_prefix}
+        try:
+            code = main(["jobs", "--json"], context=Context(out=out, err=err, env=env))
+            assert code == 0, err.getvalue()
+            assert [r["actor"] for r in json.loads(out.getvalue())["rows"]] == ["later"]
+        finally:
+            dramatiq_unique.suite.current().close()
+            dramatiq_unique.suite.set_current(suite)
+    finally:
+        admin.execute_sql(f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM "{role}"')
+        admin.execute_sql(f'REVOKE ALL ON SCHEMA "{schema}" FROM "{role}"')
+        admin.execute_sql(f'DROP ROLE "{role}"')
+        admin.close()
+        suite.db.close()
