@@ -73,11 +73,12 @@ def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str],
 
 def parked(gate: str, message: Any, group: str) -> None:
     """A job parked on ``group`` of a ``gate`` ("lock" or "slot"): a wait begins."""
-    logger.debug("Job %s parked on %s.", message.message_id, group,
-                 extra=fields(message.message_id, message.actor_name))
+    actor = getattr(message, "actor_name", None)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("Job %s parked on %s.", message.message_id, group, extra=fields(message.message_id, actor))
     sink = state.sink
     if sink is not None:
-        sink.parked(message.queue_name, message.actor_name, gate)
+        sink.parked(getattr(message, "queue_name", None), actor, gate)
 
 
 def taken_up(gate: str, message: Any, marker: Mapping[str, Any], wake: Mapping[str, Any]) -> None:
@@ -85,7 +86,8 @@ def taken_up(gate: str, message: Any, marker: Mapping[str, Any], wake: Mapping[s
     (since the gate was handed on) end here."""
     sink = state.sink
     if sink is not None:
-        sink.taken_up(message.queue_name, message.actor_name, gate, marker.get(PARKED_AT), wake.get(HANDED_AT))
+        sink.taken_up(getattr(message, "queue_name", None), getattr(message, "actor_name", None), gate,
+                      marker.get(PARKED_AT), wake.get(HANDED_AT))
 
 
 def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:
