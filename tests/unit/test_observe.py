@@ -170,3 +170,15 @@ def test_parked_deliveries_are_not_counted_by_dramatiqs_prometheus(prometheus):
     assert scraped.value("dramatiq_messages_inprogress") == 0
     delivery("c", parked=False, before=True)  # another middleware's skip: Dramatiq's count, as before
     assert prom.scrape().value("dramatiq_messages_total", actor_name="act") == 1
+
+
+def test_without_prometheus_client_asking_for_metrics_is_a_clear_error_and_a_worker_boots(monkeypatch, caplog):
+    from dramatiq_unique import Metrics, NotConfigured
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    with pytest.raises(NotConfigured, match=r"dramatiq_unique\[prometheus\]"):
+        enable_metrics()
+    broker = StubBroker()
+    broker.add_middleware(Metrics(enabled=True))
+    broker.emit_after("process_boot")  # logged, not raised: the worker runs, without metrics
+    assert not metrics_on() and "metrics are off" in caplog.text
