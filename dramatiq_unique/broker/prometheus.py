@@ -28,6 +28,7 @@ them is left as it is.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 from dramatiq_unique.logs import PARKED
@@ -45,9 +46,10 @@ NEEDED = ("message_start_times", "inprogress_messages", "delayed_messages", "inp
 
 def prometheus_middlewares(broker: "dramatiq.Broker") -> list[Any]:
     """The broker's instances of Dramatiq's ``Prometheus`` middleware (subclasses included)."""
-    from dramatiq.middleware.prometheus import Prometheus
-
-    return [m for m in broker.middleware if isinstance(m, Prometheus)]
+    module = sys.modules.get("dramatiq.middleware.prometheus")
+    if module is None:  # never imported, so on no broker; importing it would make its directory for nothing
+        return []
+    return [m for m in broker.middleware if isinstance(m, module.Prometheus)]
 
 
 def quiet_parks(broker: "dramatiq.Broker") -> int:
