@@ -5,6 +5,7 @@ Dramatiq's own Prometheus counts."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -182,3 +183,34 @@ def test_without_prometheus_client_asking_for_metrics_is_a_clear_error_and_a_wor
     broker.add_middleware(Metrics(enabled=True))
     broker.emit_after("process_boot")  # logged, not raised: the worker runs, without metrics
     assert not metrics_on() and "metrics are off" in caplog.text
+
+
+@pytest.mark.parametrize("order", ["metrics-boots-first", "prometheus-boots-first"])
+def test_in_a_fresh_process_both_boot_orders_write_to_dramatiqs_directory(tmp_path, order):
+    """Given a fresh process (prometheus_client not imported, no multiprocess variable), then
+    whichever of the two middlewares boots first, prometheus_client comes up in multiprocess mode
+    on Dramatiq's directory, and the suite's counter lands beside Dramatiq's."""
+    code = f"""
+import glob, os, sys
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware.prometheus import Prometheus
+from dramatiq_unique import Metrics
+from dramatiq_unique.observe import events, metrics_on
+broker = StubBroker()
+first = {order == "metrics-boots-first"}  # emit_after runs the list backwards: the last added boots first
+for m in ([Prometheus(), Metrics()] if first else [Metrics(), Prometheus()]):
+    broker.add_middleware(m)
+assert "prometheus_client" not in sys.modules
+broker.emit_after("process_boot")
+from prometheus_client import values
+assert values.ValueClass._multiprocess and metrics_on()
+events.heartbeat(type("Job", (), dict(queue_name="q", actor_name="a"))())
+assert glob.glob(os.path.join(os.environ["dramatiq_prom_db"], "counter_*.db"))
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry, os.environ["dramatiq_prom_db"])
+assert b'dramatiq_unique_heartbeats_total{{actor_name="a",queue_name="q"}} 1.0' in generate_latest(registry)
+"""
+    env = {k: v for k, v in os.environ.items() if "multiproc" not in k.lower()}
+    env["dramatiq_prom_db"] = str(tmp_path)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2], env=env, timeout=60)
