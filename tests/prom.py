@@ -52,6 +52,9 @@ class Scrape:
         return sum(s.value for s in self.samples
                    if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
+    def has(self, name: str, **labels: Any) -> bool:
+        return any(s.name == name and all(s.labels.get(k) == v for k, v in labels.items()) for s in self.samples)
+
     def names(self) -> set[str]:
         return {s.name for s in self.samples}
 

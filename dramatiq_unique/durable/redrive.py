@@ -153,7 +153,7 @@ class _Pass:
         # can be lost (a holder killed, Redis wiped): wake every group with no holder.
         self.counts.woken += lot.wake_orphans(self.suite)
         if metrics_on():  # the parked-jobs gauge: one query per table, only with metrics on
-            events.parked_counts(rows.parked_counts(self.scope.models(), self.suite.app))
+            events.parked_counts(rows.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
 
     # -- 2. due jobs --------------------------------------------------------------
 

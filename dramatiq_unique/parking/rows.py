@@ -86,10 +86,19 @@ def reserve_many(info: "GroupInfo", group: str, marker: str, count: int, *, app:
     return rows
 
 
-def parked_counts(models: Iterable[type[JobModel]], app: str) -> dict[tuple[str, str], int]:
+def parked_counts(
+    models: Iterable[type[JobModel]], app: str, actors: Iterable["ActorConfig"] = ()
+) -> dict[tuple[str, str], int]:
     """The jobs of ``app`` parked now, by (actor, gate kind): for the parked-jobs gauge.
-    One query per table, on the (app, parked_on) index."""
+    One query per table, on the (app, parked_on) index.  Every actor of ``actors`` that may
+    park reads 0 when none is: the gauge keeps each process's last count, and a group that
+    emptied must not keep the count another process saw."""
     counts: dict[tuple[str, str], int] = {}
+    for config in actors:
+        if config.options.get("unique_args") is not None:
+            counts[(config.actor_name, LOCK)] = 0
+        if config.options.get("concurrency_limit") is not None or config.options.get("concurrency_key") is not None:
+            counts[(config.actor_name, SLOT)] = 0
     for model in models:
         kind = pw.Case(None, [(model.parked_on.startswith(f"{SLOT}:"), SLOT)], LOCK)
         query = model.select(model.actor_name, kind, pw.fn.COUNT(model.id)).where(
