@@ -48,7 +48,8 @@ from dramatiq_unique.durable.lost import actor_options, retries_exhausted
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks import queue
-from dramatiq_unique.parking import lot
+from dramatiq_unique.observe import events, metrics_on
+from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 from dramatiq_unique.storage.stores import CONNECTION_ERRORS
@@ -122,6 +123,7 @@ class _Pass:
                 stores.mark_down(index, e, quiet=True)
                 logger.warning("The re-drive skips job %s this pass: %s", stores.name(index), str(e).strip())
         deferral.log_backlog(self.counts.deferred)
+        events.redrive_pass(self.counts)
         return self.counts
 
     def _run_store(self, index: int) -> None:
@@ -151,6 +153,8 @@ class _Pass:
         # sending them would only park them again.  Their wake-ups live in Redis and
         # can be lost (a holder killed, Redis wiped): wake every group with no holder.
         self.counts.woken += lot.wake_orphans(self.suite)
+        if metrics_on():  # the parked-jobs gauge: one query per table, only with metrics on
+            events.parked_counts(rows.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
 
     # -- 2. due jobs --------------------------------------------------------------
 
@@ -253,6 +257,8 @@ class _Pass:
         if row.status == RUNNING:
             extra["last_error"] = f"attempt {row.attempts} lost: its worker or the broker dropped the message"
         claimed = claims.claim_one(model, row, **extra)
+        if claimed is not None:
+            events.job_lost(row, where, "sent again")
         return [] if claimed is None else [claimed]
 
     def _fail(self, model: type[JobModel], row: JobModel, reason: str) -> None:
@@ -267,7 +273,7 @@ class _Pass:
         if not model.update(**fields).where(claims.unchanged(model, row)).execute():
             return
         self.counts.failed += 1
-        logger.warning("Job %s (%s) marked failed: %s.", row.message_id, row.actor_name, reason)
+        events.job_failed(row, reason)
         token = (options.get(MARKER) or {}).get("qt")
         if lock != opt.UNTIL_EXPIRED:
             queue.release_key(self.suite, row.unique_key, token, row.message_id)

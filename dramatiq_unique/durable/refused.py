@@ -32,6 +32,7 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, job_model
 from dramatiq_unique.errors import NotConfigured
 from dramatiq_unique.locks import queue
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, WAITING, JobStatus, utcnow
 
@@ -87,7 +88,8 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     if not rows:
         return False
     logger.warning("Job %s (%s) marked failed before it ran: %s", message.message_id, message.actor_name,
-                   reason.splitlines()[0])
+                   reason.splitlines()[0], extra=events.fields(message.message_id, message.actor_name,
+                                                               rows[0].unique_key))
     if free:
         queue.release_key(suite, rows[0].unique_key, marker.get("qt"), message.message_id)
     return True
@@ -125,8 +127,8 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
         logger.warning("Could not send duplicate job %s again (%s); the re-drive looks after it.",
                        message.message_id, e)
         return
-    logger.info("Job %s is running in another attempt; this copy was sent again for in %d ms.",
-                message.message_id, delay)
+    logger.info("Job %s is running in another attempt; this copy was sent again for in %d ms.", message.message_id,
+                delay, extra=events.fields(message.message_id, message.actor_name, running.unique_key))
 
 
 def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], None]) -> None:
@@ -157,4 +159,5 @@ def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: di
         # Succeeded, but say why another job of its key may have run beside it.
         fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"
     if jobs.finish_revoked(ctx.model, job, release_hold=release, lease_until=None, **fields):
-        logger.warning("Job %s ended after its execution lock ran out; its outcome is recorded.", job.message_id)
+        logger.warning("Job %s ended after its execution lock ran out; its outcome is recorded.", job.message_id,
+                       extra=events.fields(job.message_id, job.actor_name, job.unique_key))

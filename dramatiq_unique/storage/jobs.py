@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage import statements
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
 
@@ -219,7 +220,7 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
         fields["unique_hold"] = None
     count = statements.update_fenced(model, job.id, job.fencing_token, fields)
     if not count:
-        logger.warning("Job %s was taken over by a newer attempt; not recording %s.", job.message_id, fields)
+        events.fenced_out(job, "outcome")
     return bool(count)
 
 

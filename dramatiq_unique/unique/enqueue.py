@@ -6,19 +6,16 @@ actor; the broker's enqueue around it is wrapped in
 message on a :class:`Redirect`, and undoes (or keeps, if the broker is down)
 what the send wrote (:mod:`dramatiq_unique.unique.created`) when the publish fails.
 
-Order of operations.  The database decides: a unique send inserts its row
-holding the key, and a unique index refuses it if a job holds the key,
-which is then looked up (a burst of duplicates is answered earlier, see
-:mod:`dramatiq_unique.unique.recent`).  A send that won the key then takes
-the Redis queue lock, which names the waiting job; on the Redis broker in
-the same round trip as its publish (:mod:`dramatiq_unique.broker.publish`).  A
-worker clears the row's hold, then releases the Redis lock, then runs the
-actor (an ``until_executing`` lock on the broker's Redis is released with
-the message's ack instead, :mod:`dramatiq_unique.broker.acks`); with
-``until_executed`` it releases the lock first and records the outcome
-after, which clears the hold: once a reader sees the job finished, the key
-is free.  The lock never turns a send away, so a stale one (a crash
-between the two steps) costs nothing but its memory until it expires.
+Order of operations. The database decides: a unique send inserts its row holding the key, and a
+unique index refuses it if a job holds the key, which is then looked up (a burst of duplicates is
+answered earlier, see :mod:`dramatiq_unique.unique.recent`). A send that won the key then takes the
+Redis queue lock, which names the waiting job; on the Redis broker in the same round trip as its
+publish (:mod:`dramatiq_unique.broker.publish`). A worker clears the row's hold, then releases the
+Redis lock, then runs the actor (an ``until_executing`` lock on the broker's Redis is released with
+the message's ack instead, :mod:`dramatiq_unique.broker.acks`); with ``until_executed`` it releases
+the lock first and records the outcome after, which clears the hold: once a reader sees the job
+finished, the key is free. The lock never turns a send away, so a stale one (a crash between the two
+steps) costs nothing but its memory until it expires.
 """
 
 from __future__ import annotations
@@ -37,6 +34,7 @@ from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
 from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent
@@ -270,16 +268,20 @@ def _conflict(
 ) -> bool:
     """Resolve a send that collided with ``holder``: raises, or False to try the insert again."""
     if conflict == "raise":
+        events.duplicate("raise", message, holder.message_id, key)
         raise DuplicateJob(f"{config.actor_name} job {holder.message_id} is {holder.status}", job=holder)
+    why = ""
     if conflict == "replace":
         args, kwargs = args_to_row(message.args, message.kwargs)
         replaced = jobs.replace(config.model, holder, key, args, kwargs, after_ms(delay))
         if replaced is not None:
             marker = dict((replaced.options or {}).get(MARKER) or {})
             marker.update(id=replaced.id, rev=replaced.revision)
+            events.duplicate("replace", message, replaced.message_id, key)
             raise Redirect(replaced.message_id, resend={"marker": marker})
         refreshed = jobs.get(config.model, id=holder.id)
         if refreshed is None or refreshed.unique_hold != key:
             return False
-        logger.info("Job %s is %s, not waiting: the new send is skipped.", holder.message_id, refreshed.status)
+        why = f"it is {refreshed.status}: nothing to replace"
+    events.duplicate("skip", message, holder.message_id, key, why)
     raise Redirect(holder.message_id)
