@@ -79,19 +79,23 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     fields: dict[str, Any] = dict(
         status=JobStatus.FAILED.value, finished_at=utcnow(), last_error=reason[:MAX_ERROR_LENGTH], lease_until=None,
     )
+    waiting = (model.id == job_id) & (model.revision == revision)
+    waiting &= model.status.in_(WAITING) & model.parked_on.is_null()
     if free:
         fields["unique_hold"] = None
-    query = model.update(**fields).where(
-        (model.id == job_id) & (model.revision == revision) & model.status.in_(WAITING) & model.parked_on.is_null()
-    )
-    rows = list(query.returning(model.unique_key).execute())
+        # The Redis key goes before the row says failed, as at a finish (JobTracking._record): once a
+        # reader sees the job failed, its key is free in Redis too.  Only while the row still waits for
+        # this delivery; should it start meanwhile, the lock only named it (the row's hold decides).
+        row = model.select(model.unique_key).where(waiting).first()
+        if row is None:
+            return False
+        queue.release_key(suite, row.unique_key, marker.get("qt"), message.message_id)
+    rows = list(model.update(**fields).where(waiting).returning(model.unique_key).execute())
     if not rows:
         return False
     logger.warning("Job %s (%s) marked failed before it ran: %s", message.message_id, message.actor_name,
                    reason.splitlines()[0], extra=events.fields(message.message_id, message.actor_name,
                                                                rows[0].unique_key))
-    if free:
-        queue.release_key(suite, rows[0].unique_key, marker.get("qt"), message.message_id)
     return True
 
 
