@@ -41,7 +41,7 @@ def bars(values: Sequence[int], end: Optional[datetime] = None, width: int = WID
     slot = width / count if count else width
     laid = []
     for index, value in enumerate(values):
-        high = 0.0 if peak <= 0 else max(1.0, (height - 14) * value / peak)  # a non-zero minute stays visible
+        high = 0.0 if value <= 0 else max(1.0, (height - 14) * value / peak)  # a non-zero minute stays visible
         label = f"{value} jobs"
         if end is not None:
             minute = end - timedelta(minutes=count - index)
