@@ -89,7 +89,8 @@ def _time(value: Any) -> Optional[datetime]:
 
 
 def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
-    """The job's attempts laid out on one time axis, from its creation to its end (or now)."""
+    """The job's attempts laid out on one time axis, from its creation to its end (or now): for
+    each, the time it waited (``a-wait``) and the time it ran (coloured by its outcome)."""
     timed = [(a, _time(a.started_at), _time(a.finished_at)) for a in job.history]
     attempts = [(a, began, ended) for a, began, ended in timed if began is not None][-MAX_ATTEMPTS:]
     if not attempts:
@@ -100,7 +101,15 @@ def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
     end = max([*ends, job.finished_at or start, *([open_end] if len(ends) < len(attempts) else [])])
     total = max((end - start).total_seconds(), 0.001)
     spans = []
+    waited_from = start
     for row, (attempt, began, ended) in enumerate(attempts):
+        # What the attempt waited for (since the job was created, or since the attempt before ended).
+        waited = max((began - waited_from).total_seconds(), 0.0)
+        if waited > 0:
+            spans.append(Span(attempt.attempt, round(TIMELINE_WIDTH * (waited_from - start).total_seconds() / total, 1),
+                              round(max(TIMELINE_WIDTH * waited / total, 1.0), 1), row * 18, "a-wait",
+                              f"attempt {attempt.attempt}: waited {waited * 1000:.0f} ms"))
+        waited_from = ended or end
         length = max(((ended or end) - began).total_seconds(), 0.0)
         status = attempt.status or "other"
         css = "a-" + (status if status in ("succeeded", "failed", "retrying", "running") else "other")

@@ -40,6 +40,12 @@ def cell(value: Any, most: int = MAX_CELL) -> str:
     return cut(" ".join(text.split()), most)
 
 
+def first_line(value: Any) -> str:
+    """The first line of an error (``RuntimeError: boom``), cut to a cell: its traceback is on the job's page."""
+    text = "" if value is None else str(value)
+    return cell(text.strip().splitlines()[0] if text.strip() else "")
+
+
 def detail(value: Any) -> str:
     """A value as indented JSON (a str as it is), cut to :data:`MAX_DETAIL` characters."""
     if value is None:
@@ -83,5 +89,6 @@ def status_class(status: Any) -> str:
 
 
 FILTERS: dict[str, Callable[..., Any]] = {
-    "cell": cell, "detail": detail, "when": when, "ago": ago, "duration": duration, "status_class": status_class,
+    "cell": cell, "first_line": first_line, "detail": detail, "when": when, "ago": ago, "duration": duration,
+    "status_class": status_class,
 }

@@ -38,7 +38,8 @@ def test_mounted_in_a_flask_host_under_a_prefix(suite):
     # Every link, the stylesheet and every form point under the prefix.
     assert 'href="/ops/jobs/static/style.css"' in html and f'href="/ops/jobs/jobs/{job_of(message).id}"' in html
     assert not re.search(r'(href|action)="/(?!ops/jobs)', html)
-    assert dash.get("/static/style.css").status_code == 200
+    with dash.get("/static/style.css") as css:  # closed: the file it streams
+        assert css.status_code == 200
     response = dash.post(f"/jobs/{job_of(message).id}/cancel", {"next": "/jobs"}, token=dash.token("/jobs"))
     assert response.status_code == 303 and response.headers["Location"] == "/ops/jobs/jobs?done=cancelled"
     assert job_of(message).status == "cancelled"

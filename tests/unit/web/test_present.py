@@ -47,7 +47,9 @@ def test_the_timeline_puts_attempts_on_one_axis():
                 None, "w"),
     ]
     spans = data.timeline(_job(history, finished=T0 + timedelta(seconds=4)))
-    assert [(s.x, s.width, s.css) for s in spans] == [(150.0, 150.0, "a-failed"), (450.0, 150.0, "a-succeeded")]
+    assert [(s.x, s.width, s.css) for s in spans] == [
+        (0.0, 150.0, "a-wait"), (150.0, 150.0, "a-failed"), (300.0, 150.0, "a-wait"), (450.0, 150.0, "a-succeeded")]
     assert data.timeline(_job([Attempt(1, None, None, None, None, None)])) == []
     running = data.timeline(_job([Attempt(1, T0, None, "running", None, "w")]), now=T0 + timedelta(seconds=1))
-    assert running[0].width == data.TIMELINE_WIDTH
+    assert [(s.width, s.css) for s in running] == [(data.TIMELINE_WIDTH, "a-running")]
+    assert present.first_line("RuntimeError: x\nTraceback ...") == "RuntimeError: x" and present.first_line(None) == ""
