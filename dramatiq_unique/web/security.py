@@ -8,7 +8,9 @@ Every request passes :func:`check_access` before its view runs (a Flask
   ``WWW-Authenticate`` challenge.
 * ``auth`` (the host app's hook): called as ``auth(request, action)`` with
   ``action=None`` for a page and the action's name (``"retry"``, ``"cancel"``,
-  ``"limit"``, ``"halt"``) for a POST; a false answer gets 403.  The host can so
+  ``"limit"``, ``"halt"``) for a POST; anything but ``True`` gets 403 (a truthy
+  string is no grant: a hook returning ``"no"`` by mistake must not open the
+  door), and so does a hook that raises.  The host can so
   let operators see everything and only some of them act.
 * ``read_only``: every POST gets 403, whoever asks; the pages show no buttons.
 * CSRF: a POST must carry the form token, an HMAC of the browser's own random
@@ -22,12 +24,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 import secrets
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 from urllib.parse import urlsplit
 
 from flask import Response, abort, g, request
+
+logger = logging.getLogger(__name__)
 
 #: The hook a host app gives: ``auth(request, action) -> bool`` (action None: may it see).
 AuthHook = Callable[..., bool]
@@ -82,7 +87,11 @@ def may(access: Access, action: Optional[str]) -> bool:
     """Whether the host's hook lets this request see (``action=None``) or do ``action``."""
     if access.auth is None:
         return True
-    return bool(access.auth(request._get_current_object(), action))  # type: ignore[attr-defined]
+    try:
+        return access.auth(request._get_current_object(), action) is True  # type: ignore[attr-defined]
+    except Exception:  # a hook that fails lets nothing through (fails closed), and says why in the log
+        logger.exception("The dashboard's auth hook raised: request refused")
+        return False
 
 
 def can_act(access: Access) -> bool:
