@@ -18,9 +18,12 @@ from dramatiq_unique.ops import detail
 from dramatiq_unique.ops.listing import job_row
 from dramatiq_unique.ops.views import JobRow
 from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
+from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import JobModel
 
 if TYPE_CHECKING:
+    import dramatiq
+
     from dramatiq_unique.suite import Suite
 
 
@@ -61,3 +64,20 @@ def set_limit(suite: "Suite", actor: str, limit: Optional[int], key: Any = None)
 def limit_status(suite: "Suite", actor: str, key: Any = None) -> ConcurrencyStatus:
     _use(suite)
     return concurrency_status(actor, key)
+
+
+def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
+    """Delete the finished rows past ``retention`` now, as a re-drive pass does (the same
+    statement, the same scope: this app's rows of the actors ``broker``'s process declares);
+    returns how many."""
+    from dramatiq_unique.durable import redrive
+    from dramatiq_unique.durable.scope import Scope
+
+    scope = Scope(suite, broker)
+    # The pass's own pruning step, run alone: one home for which rows may go.
+    step = redrive._Pass(suite, broker, None, scope)
+    with db_errors("pruning"):
+        for index in range(len(suite.stores)):
+            for base in scope.models():
+                step._prune(suite.stores.model_in(base, index))
+    return step.counts.pruned

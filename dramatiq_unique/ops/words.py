@@ -64,9 +64,9 @@ def why(w: Optional[Waiting], now: Optional[datetime] = None) -> str:
 def _sentence(w: Waiting, now: Optional[datetime]) -> str:
     of = f" of {w.label}" if w.label else ""
     if w.reason == "slot":
-        limit = "no limit" if w.limit is None else f"{w.held} of {w.limit}"
-        held = f"held by {job_list(w.holders, w.held)}" if w.held else "none held (it starts at the next hand-over)"
-        return f"waiting for a slot{of}: {limit} {held}; {ahead_text(w)}"
+        count = f"{w.held} (no limit)" if w.limit is None else f"{w.held} of {w.limit}"
+        held = f"held by {job_list(w.holders, w.held)}" if w.held else "held (it starts at the next hand-over)"
+        return f"waiting for a slot{of}: {count} {held}; {ahead_text(w)}"
     if w.reason == "halted":
         return f"waiting for a slot{of}: the group is halted (limit 0; `limit` restores it); {ahead_text(w)}"
     if w.reason == "lock":

@@ -23,6 +23,8 @@ class Scene:
     dead: int
     done: int
     release: threading.Event
+    #: Set: ``broken`` succeeds from then on (a retried dead job can succeed).
+    fixed: threading.Event
 
 
 def _ids(actor: str, status: str) -> list[int]:
@@ -31,10 +33,11 @@ def _ids(actor: str, status: str) -> list[int]:
 
 
 @pytest.fixture
-def scene(suite, broker, worker) -> Iterator[Scene]:
+def scene(suite, broker, make_worker) -> Iterator[Scene]:
     """deliver_webhook (2 slots per customer): 2 of customer 42 running, 3 parked; report
     (one running per user): user 7 running, 2 parked; a failed job; a succeeded one."""
-    release = threading.Event()
+    release, fixed = threading.Event(), threading.Event()
+    make_worker(8)  # 3 (4 with a raised limit) stay busy until the test ends
 
     @dramatiq.actor(concurrency_limit=2, concurrency_key=["customer"], concurrency_ttl=30_000)
     def deliver_webhook(customer: int, payload: str = "") -> None:
@@ -46,7 +49,8 @@ def scene(suite, broker, worker) -> Iterator[Scene]:
 
     @dramatiq.actor(track=True, max_retries=0)
     def broken(n: int) -> None:
-        raise RuntimeError(f"broken {n}")
+        if not fixed.is_set():
+            raise RuntimeError(f"broken {n}")
 
     @dramatiq.actor(track=True)
     def fine(n: int) -> int:
@@ -65,6 +69,6 @@ def scene(suite, broker, worker) -> Iterator[Scene]:
     wait_until(lambda: _ids("broken", "failed") and _ids("fine", "succeeded"), timeout=10, what="broken, fine done")
     yield Scene(
         _ids("deliver_webhook", "running"), _ids("deliver_webhook", "pending"), _ids("report", "running")[0],
-        _ids("report", "pending"), _ids("broken", "failed")[0], _ids("fine", "succeeded")[0], release,
+        _ids("report", "pending"), _ids("broken", "failed")[0], _ids("fine", "succeeded")[0], release, fixed,
     )
     release.set()
