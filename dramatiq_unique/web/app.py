@@ -17,7 +17,7 @@ import redis as redis_lib
 from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
-from dramatiq_unique.errors import DependencyUnavailable, InvalidOption
+from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.web import actions, pages, present
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
 
@@ -92,6 +92,11 @@ def make_app(
     def _unavailable(error: DependencyUnavailable) -> tuple[str, int]:
         logger.warning("Dashboard: %s", error)
         return render_template("error.html", code=503, message=str(error)), 503
+
+    @app.errorhandler(NotConfigured)
+    def _not_configured(error: NotConfigured) -> tuple[str, int]:
+        # make_app() without a suite, in a process that has not called setup() (yet).
+        return render_template("error.html", code=503, message=f"{error}: the dashboard has no suite to show"), 503
 
     @app.errorhandler(redis_lib.RedisError)
     def _redis_down(error: redis_lib.RedisError) -> tuple[str, int]:

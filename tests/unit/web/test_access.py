@@ -7,6 +7,7 @@ import base64
 import pytest
 
 from dramatiq_unique import InvalidOption
+from dramatiq_unique import suite as suite_module
 from dramatiq_unique.web import make_app, make_server
 
 
@@ -31,3 +32,9 @@ def test_posts_are_refused_without_auth_token_or_when_read_only():
     assert hook.post("/slots/halt").status_code == 403
     big = make_app().test_client().post("/slots/halt", data={"csrf_token": "x" * 200_000})
     assert big.status_code == 413  # forms are small: a huge body is refused before it is parsed
+
+
+def test_without_a_suite_the_pages_say_so(monkeypatch):
+    monkeypatch.setattr(suite_module, "_current", None)
+    response = make_app().test_client().get("/jobs")
+    assert response.status_code == 503 and b"setup() has not been called" in response.data
