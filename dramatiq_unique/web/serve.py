@@ -89,7 +89,11 @@ def make_server(
     except ImportError:
         logger.warning("waitress is not installed: serving the dashboard with Werkzeug's development server")
         return _WerkzeugServer(app, host, port)
-    server = waitress.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique")
+    # poll(), not waitress's default select(): select() fails on a descriptor above 1023, and a
+    # host process (a worker, a test run) may well hold that many; the server thread then dies and
+    # every request hangs.
+    server = waitress.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique",
+                                    asyncore_use_poll=True)
     server.port = server.effective_port
     return server
 

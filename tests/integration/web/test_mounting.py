@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
 import urllib.error
 import urllib.request
@@ -56,6 +57,18 @@ def test_served_standalone_with_basic_auth(suite, served):
     request = urllib.request.Request(url, headers={"Authorization": "Basic " + base64.b64encode(b"ops:pw").decode()})
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 200 and b"Overview" in response.read()
+
+
+def test_served_from_a_process_holding_over_1024_descriptors(suite, served, tmp_path):
+    # What broke the browser test at the end of the full suite: select() refused a descriptor > 1023.
+    held = [open(os.devnull) for _ in range(1100)]  # noqa: SIM115
+    try:
+        server = served(suite)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/jobs", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        for f in held:
+            f.close()
 
 
 def test_serving_beyond_loopback_needs_auth_or_read_only(suite, served, monkeypatch):
