@@ -104,7 +104,7 @@ def test_read_only_shows_no_button_and_refuses_every_post(suite, broker, flaky, 
     message = _dead(broker, flaky, key_prefix)
     dash = Dash(make_app(suite, read_only=True).test_client())
     html = dash.page("/dead")
-    assert f'data-job="{job_of(message).id}"' in html and "csrf_token" not in html and "read-only" in html
+    assert f'data-job="{message.message_id}"' in html and "csrf_token" not in html and "read-only" in html
     for path in (f"/jobs/{message.message_id}/retry", f"/jobs/{message.message_id}/cancel", "/slots/limit",
                  "/slots/halt", "/jobs"):
         assert dash.client.post(path, data={"csrf_token": "x"}).status_code == 403, path
@@ -125,7 +125,7 @@ def test_the_host_hook_decides_who_sees_and_who_acts(suite, broker, flaky, key_p
     assert dash.get("/static/style.css").status_code == 403  # nothing is reachable around it
     viewer = {"X-Role": "viewer"}
     html = dash.page("/dead", headers=viewer)
-    assert f'data-job="{job_of(message).id}"' in html and 'data-action="retry"' not in html
+    assert f'data-job="{message.message_id}"' in html and 'data-action="retry"' not in html
     cookie_token = _token_for(dash, headers={"X-Role": "admin"})
     assert dash.post(f"/jobs/{message.message_id}/retry", token=cookie_token, headers=viewer).status_code == 403
     assert job_of(message).status == "failed"

@@ -77,12 +77,13 @@ def test_a_person_retries_a_dead_job_and_sees_it_succeed(suite, broker, served, 
         browser.get(base + "/")
         assert "Overview" in browser.title
         browser.find_element(By.LINK_TEXT, "Dead set").click()
-        row = wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, f'#dead tr[data-job="{job_id}"]')))
-        assert "import_invoices" in row.text
+        row = wait.until(ready.presence_of_element_located(
+            (By.CSS_SELECTOR, f'#dead tr[data-job="{message.message_id}"]')))
+        assert "import_invoices" in row.text and "ConnectionError: the ledger did not answer" in row.text
         row.find_element(By.CSS_SELECTOR, 'button[data-action="retry"]').click()
         notice = wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, "p.notice")))
         assert "sent again" in notice.text
-        assert not browser.find_elements(By.CSS_SELECTOR, f'#dead tr[data-job="{job_id}"]')
+        assert not browser.find_elements(By.CSS_SELECTOR, f'#dead tr[data-job="{message.message_id}"]')
 
         browser.find_element(By.LINK_TEXT, "Jobs").click()
         wait.until(ready.presence_of_element_located((By.CSS_SELECTOR, f'#jobs tr[data-job="{job_id}"] a'))).click()

@@ -55,7 +55,7 @@ def test_every_page_renders_what_the_suite_holds(suite, broker, dash):
             locks = dash.page("/locks")
             assert "render" in locks and f">#{job_of(holder).id}<" in locks
             dead_page = dash.page("/dead")
-            assert f'data-job="{job_of(dead).id}"' in dead_page
+            assert f'data-job="{dead.message_id}"' in dead_page and "RuntimeError: exploded on" in dead_page
             # The job's arguments are user data: escaped everywhere they show.
             dead_detail = dash.page(f"/jobs/{dead.message_id}")
             assert "exploded on" in dead_detail
