@@ -98,13 +98,14 @@ def slot_holders(suite: "Suite", actor: str) -> dict[str, list[int]]:
     if config is None:
         return holders
     table = config.model
+    # No ORDER BY: SQLite would then walk the primary key (a million finished rows) to avoid a
+    # sort, rather than take the few running rows by the (app, status, ...) index (measured: 120 ms).
     query = (
         table.select()
         .where((table.app == suite.app) & (table.status == RUNNING) & (table.actor_name == actor))
-        .order_by(table.id)
         .limit(MAX_RUNNING)
     )
-    for row in query:
+    for row in sorted(query, key=lambda r: r.id):
         try:
             key = group_key(config, row.options or {}, tuple(row.args or ()), dict(row.kwargs or {}))
         except Exception:  # arguments that no longer bind: not placed in a group

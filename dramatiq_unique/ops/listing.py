@@ -10,7 +10,8 @@ A filter no index serves (actor, since, status, or a key that cannot be
 hashed back) would make "newest 50 matches" a scan of the whole table
 when matches are rare.  So a filtered page reads ``id`` ranges of
 :data:`SPAN` ids at a time, the primary key's range scan, at most
-:data:`MAX_SPANS` of them: a page may come back short with a cursor to
+:data:`MAX_SPANS` of them and for :data:`BUDGET_MS` at most (the span under
+way is finished): a page may come back short with a cursor to
 go on from (bounded work; an empty page with a cursor means "none in
 the last ids looked at").  A key whose words hash back to unique keys
 (``unique_args`` naming those parameters) uses the ``unique_key`` index.
@@ -19,6 +20,7 @@ the last ids looked at").  A key whose words hash back to unique keys
 from __future__ import annotations
 
 import dataclasses
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
@@ -26,7 +28,7 @@ import peewee as pw
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.scope import NO_APP
-from dramatiq_unique.ops import labels
+from dramatiq_unique.ops import keyfilter, labels
 from dramatiq_unique.ops.views import JobRow, Page
 from dramatiq_unique.storage import jobs as storage_jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus
@@ -41,6 +43,10 @@ MAX_LIMIT = 1_000
 #: Ids one filtered read covers, and reads one page makes at most.
 SPAN = 100_000
 MAX_SPANS = 10
+#: Rows read at a time when a key is matched in Python.
+BATCH = 500
+#: ms a filtered page goes on reading spans for (a page answers in about this, whatever the table).
+BUDGET_MS = 50
 #: A cursor that is past every row (the first page).
 TOP = (2**63 - 1, 0)
 
@@ -69,7 +75,7 @@ def parse_cursor(cursor: Optional[str]) -> tuple[int, int]:
         ident, source = int(head), int(tail or "0")
     except ValueError:
         raise ValueError(f"not a cursor: {cursor!r} (pass on the cursor a page returned)") from None
-    if ident < 0 or source < -1:
+    if not 0 <= ident <= TOP[0] or not -1 <= source <= TOP[0]:
         raise ValueError(f"not a cursor: {cursor!r}")
     return ident, source
 
@@ -86,29 +92,6 @@ def parse_statuses(status: Union[None, str, Iterable[str]]) -> tuple[str, ...]:
     return statuses
 
 
-def _normal(text: str) -> Any:
-    try:
-        return labels.parse(text)
-    except ValueError:
-        return text.strip()
-
-
-def _derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[str, ...]]:
-    """The unique keys ``key`` names, when every actor it can be of hashes it back."""
-    configs = [suite.actor_config(actor)] if actor else list(suite.actors.values())
-    found: list[str] = []
-    for config in configs:
-        if config is None:
-            return None
-        keys = labels.candidate_keys(config, "unique_args", key)
-        if keys is None:
-            if actor or config.options.get("concurrency_key") is not None:
-                return None  # its rows may match by their slot group's key: scan
-            continue
-        found += keys
-    return tuple(found) if found else None
-
-
 def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     cond = table.app.in_((suite.app, NO_APP))
     if f.statuses:
@@ -118,25 +101,11 @@ def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     if f.since is not None:
         cond &= table.created_at >= f.since
     if f.unique_keys is not None:
-        cond &= table.unique_key.in_(f.unique_keys)
+        # No actor can have these words as its key: no row (peewee's IN () would not say so on every dialect).
+        cond &= table.unique_key.in_(f.unique_keys) if f.unique_keys else pw.SQL("1 = 0")
     elif f.key:
-        # A cheap first sieve in SQL: every value's text is in the stored arguments.
-        try:
-            values: list[Any] = list(labels.parse(f.key).values())
-        except ValueError:
-            values = [f.key]
-        for value in values:
-            text = labels.canonical(value)[1:-1] if isinstance(value, str) else labels.canonical(value)
-            if "%" in text or "_" in text or "\\" in text:
-                continue  # LIKE would read them as wildcards (and SQLite has no default escape): Python decides
-            cond &= _like(table.args, text) | _like(table.kwargs, text)
+        cond &= keyfilter.sieve(suite, table, f.key, f.actor)
     return cond
-
-
-def _like(column: Any, text: str) -> Any:
-    """``column LIKE '%text%'``, the text as it is (peewee would JSON-encode it for a JSON column,
-    and make SQLite's LIKE a GLOB)."""
-    return pw.NodeList((column, pw.SQL("LIKE"), pw.Value(f"%{text}%", converter=False)))
 
 
 def _after(table: type[JobModel], source: int, cursor: tuple[int, int]) -> Any:
@@ -163,10 +132,10 @@ def jobs(
         key = key.strip()
         if not key:
             raise ValueError("an empty key")
-        _normal(key)
+        keyfilter.normal(key)
     f = Filters(parse_statuses(status), actor or None, key or None, since)
     if key:
-        f = dataclasses.replace(f, unique_keys=_derived(suite, actor, key))
+        f = dataclasses.replace(f, unique_keys=keyfilter.derived(suite, actor, key))
     position = parse_cursor(cursor)
 
     def tables(index: int, found: list[type[JobModel]]) -> list[tuple[int, type[JobModel]]]:
@@ -185,26 +154,28 @@ def _read(
     found: list[tuple[int, int, JobModel, int]] = []  # (id, source, row, store)
     upper = position
     spans = MAX_SPANS if f.scanning else 1
+    matching = bool(f.key) and f.unique_keys is None  # rows are matched in Python, after the SQL sieve
+    span = SPAN // 5 if matching else SPAN  # every sieved row of a span may come to Python
     floor = None
+    began = time.monotonic()
     for _ in range(spans):
         if f.scanning:
             top = upper[0] if upper != TOP else _max_id(sources) + 1
-            floor = max(top - SPAN, 0)
+            floor = max(top - span, 0)
         for source, store, table in sources:
             cond = _where(suite, table, f) & _after(table, source, upper)
             if floor is not None:
                 cond &= table.id >= floor
-            query = table.select().where(cond).order_by(table.id.desc()).limit(limit + 1)
-            for row in query:
-                if f.key and f.unique_keys is None and not _matches(suite, row, f.key):
-                    continue
-                found.append((row.id, source, row, store))
+            match = (lambda row: keyfilter.matches(suite, row, f.key or "")) if matching else None
+            found += [(row.id, source, row, store) for row in _take(table, cond, limit + 1, match)]
         found.sort(key=lambda item: (item[0], item[1]), reverse=True)
         if len(found) > limit or floor is None:
             break
         if floor <= _min_id(sources) or _older(sources, floor, f.since):
             return [job_row(suite, *item[2:]) for item in found], None
         upper = (floor, -1)
+        if (time.monotonic() - began) * 1000 >= BUDGET_MS:
+            break
     page = found[:limit]
     rows = [job_row(suite, row, store) for _, _, row, store in page]
     if len(found) > limit:
@@ -213,6 +184,22 @@ def _read(
     if floor is None:
         return rows, None
     return rows, f"{upper[0]}.{upper[1]}"
+
+
+def _take(table: type[JobModel], cond: Any, need: int, match: Any) -> list[JobModel]:
+    """The first ``need`` rows of ``table`` under ``cond`` (id desc) that ``match`` (None: all)."""
+    if match is None:
+        return list(table.select().where(cond).order_by(table.id.desc()).limit(need))
+    got: list[JobModel] = []
+    below: Optional[int] = None
+    while len(got) < need:
+        query = table.select().where(cond if below is None else cond & (table.id < below))
+        batch = list(query.order_by(table.id.desc()).limit(BATCH))
+        got += [row for row in batch if match(row)]
+        if len(batch) < BATCH:
+            break
+        below = batch[-1].id
+    return got[:need]
 
 
 def _max_id(sources: list[tuple[int, int, type[JobModel]]]) -> int:
@@ -233,10 +220,6 @@ def _older(sources: list[tuple[int, int, type[JobModel]]], floor: int, since: Op
         if below is not None and below >= since:
             return False
     return True
-
-
-def _matches(suite: "Suite", row: JobModel, key: str) -> bool:
-    return _normal(labels.row_key(suite.actor_config(row.actor_name), row)) == _normal(key)
 
 
 def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:
