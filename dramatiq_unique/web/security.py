@@ -120,9 +120,17 @@ def check_access(access: Access, action: Optional[str]) -> Optional[Response]:
 
 
 def check_origin() -> None:
-    """Refuse a POST sent from a page of another host (browsers send Origin on every POST)."""
+    """Refuse a POST sent from a page of another host (browsers send Origin on every POST).
+
+    Behind a reverse proxy that rewrites ``Host``, the host the browser saw is in the proxy's
+    ``X-Forwarded-Host``; a page of another site cannot add that header to a form's POST, so
+    either name is ours."""
     origin = request.headers.get("Origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.host:
+    if not origin:  # an old browser, or a client that is not one: the CSRF token still decides
+        return
+    # "null" too is refused: a sandboxed frame of another site sends it.
+    ours = {request.host, *(h.strip() for h in request.headers.get("X-Forwarded-Host", "").split(",") if h.strip())}
+    if urlsplit(origin).netloc not in ours:
         abort(403, "cross-site request refused")
 
 

@@ -92,12 +92,14 @@ def test_a_post_without_the_right_csrf_token_or_from_another_site_is_refused(sui
     token = dash.token()
     assert dash.client.post(path, data={}).status_code == 403
     assert dash.post(path, token="0" * 64).status_code == 403
-    assert dash.post(path, token=token, headers={"Origin": "https://evil.example"}).status_code == 403
+    for origin in ("https://evil.example", "null", "http://localhost.evil.example"):
+        assert dash.post(path, token=token, headers={"Origin": origin}).status_code == 403, origin
     other = Dash(make_app(suite).test_client())  # another browser: its own cookie, so not this token
     assert other.post(path, token=token).status_code == 403
     assert job_of(message).status == "failed"
     assert dash.client.get(path).status_code == 405  # an action is never a GET
-    assert dash.post(path, token=token, headers={"Origin": "http://localhost"}).status_code == 303
+    behind_proxy = {"Origin": "https://ops.example", "X-Forwarded-Host": "ops.example"}
+    assert dash.post(path, token=token, headers=behind_proxy).status_code == 303  # the host the browser saw
 
 
 def test_read_only_shows_no_button_and_refuses_every_post(suite, broker, flaky, key_prefix):
