@@ -18,7 +18,7 @@ from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
-from dramatiq_unique.web import actions, pages, present
+from dramatiq_unique.web import actions, pages, present, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
@@ -81,8 +81,8 @@ def make_app(
 
     @app.context_processor
     def _context() -> dict[str, Any]:
-        return {"title": title, "can_act": can_act(access), "read_only": read_only,
-                "csrf_token": lambda: csrf_token(access)}
+        return {"title": title, "can_act": can_act(access), "can": lambda action: security.can(access, action),
+                "read_only": read_only, "csrf_token": lambda: csrf_token(access)}
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException) -> tuple[str, int]:

@@ -87,18 +87,26 @@ def may(access: Access, action: Optional[str]) -> bool:
     """Whether the host's hook lets this request see (``action=None``) or do ``action``."""
     if access.auth is None:
         return True
-    try:
-        return access.auth(request._get_current_object(), action) is True  # type: ignore[attr-defined]
-    except Exception:  # a hook that fails lets nothing through (fails closed), and says why in the log
-        logger.exception("The dashboard's auth hook raised: request refused")
-        return False
+    # Asked once per action and request: a page asks about every action to show its buttons, and a
+    # host's hook may cost a query (a session, a user).
+    answers: dict[Optional[str], bool] = g.setdefault("du_may", {})
+    if action not in answers:
+        try:
+            answers[action] = access.auth(request._get_current_object(), action) is True  # type: ignore[attr-defined]
+        except Exception:  # a hook that fails lets nothing through (fails closed), and says why in the log
+            logger.exception("The dashboard's auth hook raised: request refused")
+            answers[action] = False
+    return answers[action]
+
+
+def can(access: Access, action: str) -> bool:
+    """Whether the pages should offer ``action`` to this request (its button)."""
+    return not access.read_only and may(access, action)
 
 
 def can_act(access: Access) -> bool:
-    """Whether the pages should offer actions to this request (a hook may still refuse one)."""
-    if access.read_only:
-        return False
-    return all(may(access, action) for action in ACTIONS) if access.auth is not None else True
+    """Whether the pages should offer this request any action (the column of buttons)."""
+    return any(can(access, action) for action in ACTIONS)
 
 
 def check_access(access: Access, action: Optional[str]) -> Optional[Response]:

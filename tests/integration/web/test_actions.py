@@ -132,6 +132,13 @@ def test_the_host_hook_decides_who_sees_and_who_acts(suite, broker, flaky, key_p
     assert dash.post(f"/jobs/{message.message_id}/retry", token=cookie_token, headers=viewer).status_code == 403
     assert job_of(message).status == "failed"
     assert "retry" in asked
+    asked.clear()
+    dash.page("/dead", headers=viewer)
+    assert sorted(asked, key=str) == sorted([None, "retry", "cancel", "limit", "halt"], key=str)  # once each
+    # A hook may grant one action and not the others: only its buttons show.
+    only_retry = Dash(make_app(suite, auth=lambda request, action: action in (None, "retry")).test_client())
+    html = only_retry.page("/dead")
+    assert 'data-action="retry"' in html and 'data-action="cancel"' not in html
     assert dash.post(f"/jobs/{message.message_id}/retry", token=cookie_token,
                      headers={"X-Role": "admin"}).status_code == 303
 
