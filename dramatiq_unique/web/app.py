@@ -48,12 +48,15 @@ def make_app(
     if auth is not None and not callable(auth):
         raise InvalidOption(f"auth must be a callable auth(request, action) -> bool, not {auth!r}")
     if basic_auth is not None and not callable(basic_auth) and not (
-        isinstance(basic_auth, tuple) and len(basic_auth) == 2 and all(isinstance(x, str) for x in basic_auth)
-    ):
-        raise InvalidOption("basic_auth must be a (user, password) tuple of str, or a callable(user, password)")
+        isinstance(basic_auth, tuple) and len(basic_auth) == 2 and all(isinstance(x, str) and x for x in basic_auth)
+    ):  # an empty user or password would let in anyone who sends ":"
+        raise InvalidOption("basic_auth must be (user, password), both non-empty str, or a callable(user, password)")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
         raise InvalidOption(f"page_size must be an int from 1 to 1000, not {page_size!r}")
-    secret = secret_key.encode() if isinstance(secret_key, str) else (secret_key or secrets.token_bytes(32))
+    if not secret_key:
+        secret = secrets.token_bytes(32)
+    else:
+        secret = secret_key.encode() if isinstance(secret_key, str) else bytes(secret_key)
     access = Access(read_only=read_only, auth=auth, basic_auth=basic_auth, secret=secret)
 
     app = Flask(__name__, template_folder="templates", static_folder="static", static_url_path="/static")

@@ -12,8 +12,8 @@ from dramatiq_unique.web import make_app, make_server
 
 
 def test_bad_settings_are_refused_when_the_app_is_made():
-    for bad in ({"auth": "yes"}, {"basic_auth": ("only-user",)}, {"basic_auth": ("u", 1)}, {"page_size": 0},
-                {"page_size": True}):
+    for bad in ({"auth": "yes"}, {"basic_auth": ("only-user",)}, {"basic_auth": ("u", 1)}, {"basic_auth": ("", "")},
+                {"page_size": 0}, {"page_size": True}):
         with pytest.raises(InvalidOption):
             make_app(**bad)
     with pytest.raises(InvalidOption, match="basic_auth"):
