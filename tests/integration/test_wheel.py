@@ -1,4 +1,5 @@
-"""The built wheel ships the Lua scripts, and the loader reads them from it (no services;
+"""The built wheel ships the Lua scripts (and the dashboard's templates), and the loader reads
+the scripts from it (no services;
 in integration for the time a build takes).
 
 The scripts are package data, not modules: a wheel without them would import and then
@@ -42,6 +43,11 @@ def test_the_wheel_ships_every_lua_file_and_the_loader_reads_them_from_it(tmp_pa
     assert len(files) >= 20
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert [name for name in files if f"dramatiq_unique/redis/lua/{name}" not in shipped] == []
+    # The dashboard's templates and stylesheet are package data too (the web extra).
+    web = ROOT / "dramatiq_unique" / "web"
+    data = sorted(str(path.relative_to(ROOT)) for folder in ("templates", "static")
+                  for path in (web / folder).iterdir())
+    assert len(data) >= 8 and [path for path in data if path not in shipped] == []
 
     # Imported from the wheel itself (a zip on sys.path): every script loads, fragments joined.
     check = (

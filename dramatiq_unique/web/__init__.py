@@ -1,0 +1,19 @@
+"""The web dashboard (the ``web`` extra: ``pip install 'dramatiq_unique[web]'``).
+
+:func:`make_app` returns a WSGI app to mount in a host app (Flask, Django,
+FastAPI through a WSGI adapter); :func:`serve` runs it on its own.  Nothing
+outside this subpackage imports it, except the command line's ``web`` command,
+lazily: the rest of the suite never needs Flask.
+"""
+
+from __future__ import annotations
+
+try:
+    import flask  # noqa: F401
+except ImportError as e:  # pragma: no cover - the extra is missing
+    raise ImportError("the dashboard needs the web extra: pip install 'dramatiq_unique[web]'") from e
+
+from dramatiq_unique.web.app import make_app
+from dramatiq_unique.web.serve import make_server, serve
+
+__all__ = ["make_app", "make_server", "serve"]

@@ -1,0 +1,112 @@
+"""The dashboard's Flask app: :func:`make_app`.
+
+A Flask app is a plain WSGI callable, so it mounts under a path of any WSGI
+host (Flask, Django, a bare server) with Werkzeug's ``DispatcherMiddleware``,
+and in an ASGI host (FastAPI, Starlette) through a WSGI adapter.  Links are
+built with ``url_for``, which honours ``SCRIPT_NAME``, so the pages work under
+whatever prefix the host mounts them at.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+import redis as redis_lib
+from flask import Flask, Response, render_template, request
+from werkzeug.exceptions import HTTPException
+
+from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
+from dramatiq_unique.web import actions, pages, present, security
+from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+#: Endpoints that change state, by the action name the auth hook is asked about.
+ACTION_OF = {"retry": "retry", "cancel": "cancel", "limit": "limit", "halt": "halt"}
+
+
+def make_app(
+    suite: "Optional[Suite]" = None, *, read_only: bool = False, auth: Optional[AuthHook] = None,
+    basic_auth: Optional[BasicAuth] = None, secret_key: Union[str, bytes, None] = None,
+    title: str = "dramatiq_unique", page_size: int = 50,
+) -> Flask:
+    """The dashboard as a WSGI app (a :class:`flask.Flask`).
+
+    ``suite``: the suite to show (default: the last :func:`dramatiq_unique.setup`'s, looked up at
+    each request, so the app can be made before the set-up).  ``read_only``: no actions (no
+    buttons; every POST gets 403).  ``auth``: the host's hook, ``auth(request, action) -> bool``,
+    asked with ``action=None`` for each page and with ``"retry"``, ``"cancel"``, ``"limit"`` or
+    ``"halt"`` for each action.  ``basic_auth``: ``(user, password)`` (or a callable checking
+    them) that every request must carry.  ``secret_key``: signs CSRF tokens; give the same one to
+    every process that serves the dashboard behind one address (default: random per app).
+    """
+    if auth is not None and not callable(auth):
+        raise InvalidOption(f"auth must be a callable auth(request, action) -> bool, not {auth!r}")
+    if basic_auth is not None and not callable(basic_auth) and not (
+        isinstance(basic_auth, tuple) and len(basic_auth) == 2 and all(isinstance(x, str) and x for x in basic_auth)
+    ):  # an empty user or password would let in anyone who sends ":"
+        raise InvalidOption("basic_auth must be (user, password), both non-empty str, or a callable(user, password)")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
+        raise InvalidOption(f"page_size must be an int from 1 to 1000, not {page_size!r}")
+    if not secret_key:
+        secret = secrets.token_bytes(32)
+    else:
+        secret = secret_key.encode() if isinstance(secret_key, str) else bytes(secret_key)
+    access = Access(read_only=read_only, auth=auth, basic_auth=basic_auth, secret=secret)
+
+    app = Flask(__name__, template_folder="templates", static_folder="static", static_url_path="/static")
+    app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_TITLE=title, DU_PAGE_SIZE=page_size,
+                      MAX_CONTENT_LENGTH=64 * 1024)  # our forms are tiny: a huge POST is refused early
+    app.jinja_env.autoescape = True  # every template, whatever its name: job arguments are user data
+    app.jinja_env.filters.update(present.FILTERS)
+
+    @app.before_request
+    def _guard() -> Optional[Response]:
+        return check_access(access, ACTION_OF.get(request.endpoint or ""))
+
+    @app.after_request
+    def _headers(response: Response) -> Response:
+        # No script runs on these pages, and none may be injected: a strict policy costs nothing.
+        response.headers.setdefault(
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+            "frame-ancestors 'self'; base-uri 'none'",
+        )
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault("Cache-Control", "no-store")
+        return set_cookie(response)
+
+    @app.context_processor
+    def _context() -> dict[str, Any]:
+        return {"title": title, "can_act": can_act(access), "can": lambda action: security.can(access, action),
+                "read_only": read_only, "csrf_token": lambda: csrf_token(access)}
+
+    @app.errorhandler(HTTPException)
+    def _http_error(error: HTTPException) -> tuple[str, int]:
+        return render_template("error.html", code=error.code, message=error.description), error.code or 500
+
+    @app.errorhandler(DependencyUnavailable)
+    def _unavailable(error: DependencyUnavailable) -> tuple[str, int]:
+        logger.warning("Dashboard: %s", error)
+        return render_template("error.html", code=503, message=str(error)), 503
+
+    @app.errorhandler(NotConfigured)
+    def _not_configured(error: NotConfigured) -> tuple[str, int]:
+        # make_app() without a suite, in a process that has not called setup() (yet).
+        return render_template("error.html", code=503, message=f"{error}: the dashboard has no suite to show"), 503
+
+    @app.errorhandler(redis_lib.RedisError)
+    def _redis_down(error: redis_lib.RedisError) -> tuple[str, int]:
+        logger.warning("Dashboard: Redis: %s", error)
+        return render_template("error.html", code=503, message=f"Redis could not be reached: {error}"), 503
+
+    pages.register(app)
+    actions.register(app)
+    return app
+

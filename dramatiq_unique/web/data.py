@@ -1,0 +1,182 @@
+"""What the pages read, from the ops layer, and the three things it does not give.
+
+The ops layer (:mod:`dramatiq_unique.ops`) reads the stores and Redis for the
+command line and for these pages alike.  Kept here: the attempts timeline's
+layout; which key value a slot group's form names (``set_concurrency_limit``
+takes the key's value, the page shows its words); and the dead set's errors
+(``ops.dead`` gives list rows without them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar
+
+from dramatiq_unique import ops
+from dramatiq_unique import suite as _config
+from dramatiq_unique.durable.dead import dead_jobs
+from dramatiq_unique.errors import InvalidOption, JobNotFound
+from dramatiq_unique.ops import labels
+from dramatiq_unique.slots.limits import key_group
+from dramatiq_unique.storage.models import utcnow
+
+if TYPE_CHECKING:
+    from dramatiq_unique.ops.views import JobView, LockView, Page, SlotGroupView, Stats
+    from dramatiq_unique.suite import Suite
+
+T = TypeVar("T")
+
+#: Width of the attempts timeline, px; attempts beyond the last :data:`MAX_ATTEMPTS` are not drawn.
+TIMELINE_WIDTH, MAX_ATTEMPTS = 600, 50
+
+
+@dataclass
+class Listing(Generic[T]):
+    items: list[T]
+    down: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One attempt drawn on the timeline."""
+
+    attempt: int
+    x: float
+    width: float
+    y: int
+    css: str
+    label: str
+
+
+def stats(suite: "Suite", minutes: int) -> "Stats":
+    return ops.stats(suite, minutes=minutes)
+
+
+def jobs(suite: "Suite", **filters: Any) -> "Page":
+    """A page of the jobs list (ValueError for a bad filter or cursor)."""
+    return ops.jobs(suite, **filters)
+
+
+def job(suite: "Suite", ref: str) -> "Optional[JobView]":
+    """One job by id or message id; None when there is none (or ``ref`` cannot be an id)."""
+    try:
+        return ops.job(suite, ref)
+    except (JobNotFound, ValueError):
+        return None
+
+
+def locks(suite: "Suite") -> "Listing[LockView]":
+    return Listing(ops.locks(suite))
+
+
+def slot_groups(suite: "Suite") -> "Listing[SlotGroupView]":
+    return Listing(ops.slots(suite))
+
+
+@dataclass(frozen=True)
+class DeadRow:
+    """A line of the dead set: ``ops.dead``'s, with the error that killed the job."""
+
+    id: int
+    #: What the links and the retry button name: the message id, unique in every table of every
+    #: store (``ops.dead``'s ``ref`` is the numeric id for a job of a secondary store too).
+    ref: str
+    actor: str
+    key: str
+    attempts: int
+    finished_at: Optional[datetime]
+    #: The first line of ``last_error`` (``ConnectionError: the ledger did not answer``).
+    error: str
+
+
+def dead(suite: "Suite", actor: Optional[str], limit: int) -> list[DeadRow]:
+    """The dead set through :func:`dramatiq_unique.dead_jobs`, as ``ops.dead`` reads it, with each
+    job's error, which ``ops.dead``'s rows do not carry."""
+    _config.set_current(suite)  # dead_jobs reads the current suite; ops.dead sets it so too
+    rows = []
+    for job in dead_jobs(actor, None, limit):
+        error = (job.last_error or "").strip()
+        rows.append(DeadRow(job.id, job.message_id, job.actor_name,
+                            labels.row_key(suite.actor_config(job.actor_name), job), job.attempts,
+                            job.finished_at, error.splitlines()[0] if error else ""))
+    return rows
+
+
+def _time(value: Any) -> Optional[datetime]:
+    """A time of an attempt: a datetime, or ISO text (a ``history`` column is JSON)."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None
+
+
+def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
+    """The job's attempts laid out on one time axis, from its creation to its end (or now): for
+    each, the time it waited (``a-wait``) and the time it ran (coloured by its outcome)."""
+    timed = [(a, _time(a.started_at), _time(a.finished_at)) for a in job.history]
+    attempts = [(a, began, ended) for a, began, ended in timed if began is not None][-MAX_ATTEMPTS:]
+    if not attempts:
+        return []
+    start = min(job.created_at or attempts[0][1], attempts[0][1])
+    ends = [ended for _, _, ended in attempts if ended is not None]
+    open_end = now or utcnow()
+    end = max([*ends, job.finished_at or start, *([open_end] if len(ends) < len(attempts) else [])])
+    total = max((end - start).total_seconds(), 0.001)
+    spans = []
+    waited_from = start
+    for row, (attempt, began, ended) in enumerate(attempts):
+        # What the attempt waited for (since the job was created, or since the attempt before ended).
+        waited = max((began - waited_from).total_seconds(), 0.0)
+        if waited > 0:
+            spans.append(Span(attempt.attempt, round(TIMELINE_WIDTH * (waited_from - start).total_seconds() / total, 1),
+                              round(max(TIMELINE_WIDTH * waited / total, 1.0), 1), row * 18, "a-wait",
+                              f"attempt {attempt.attempt}: waited {waited * 1000:.0f} ms"))
+        waited_from = ended or end
+        length = max(((ended or end) - began).total_seconds(), 0.0)
+        status = attempt.status or "other"
+        css = "a-" + (status if status in ("succeeded", "failed", "retrying", "running") else "other")
+        label = f"attempt {attempt.attempt}: {status}, {length * 1000:.0f} ms"
+        spans.append(Span(attempt.attempt, round(TIMELINE_WIDTH * (began - start).total_seconds() / total, 1),
+                          round(max(TIMELINE_WIDTH * length / total, 2.0), 1), row * 18, css, label))
+    return spans
+
+
+def group_key(suite: "Suite", actor: str, words: str, group: str) -> Optional[Any]:
+    """The ``key`` argument of ``set_concurrency_limit`` for the group a slots form names.
+
+    ``words`` is the key as the page showed it (``customer=42``), ``group`` the group's
+    key (``<actor>:<digest>``), which settles what the words cannot: whether 42 was sent
+    as an int or a str (``ops.limit_key`` reads the words alone).  '' or ``(all)``: the
+    actor-wide limit (``key=None``).
+    """
+    config = suite.actor_config(actor)
+    if config is None:
+        raise InvalidOption(f"no actor {actor!r} is declared in this process")
+    spec = config.options.get("concurrency_key")
+    words = words.strip()
+    if spec is None or not words or words == "(all)":
+        return None
+    want = group or None
+    if callable(spec) and not isinstance(spec, (list, tuple)):
+        candidates: list[Any] = [words]
+    elif "=" not in words:
+        candidates = [ops.limit_key(config, words), words]
+    else:
+        parsed = labels.parse(words)
+        candidates = [{}]
+        for name, value in parsed.items():
+            choices = [value] if isinstance(value, str) else [value, labels.value_text(value)]
+            candidates = [{**c, name: choice} for c in candidates for choice in choices]
+    for candidate in candidates:
+        try:
+            derived = key_group(config, candidate)
+        except InvalidOption:
+            continue
+        if want is None or derived == want:
+            return candidate
+    raise InvalidOption(f"no slot group of {actor!r} has the key {words!r}")

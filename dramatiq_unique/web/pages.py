@@ -1,0 +1,99 @@
+"""The pages (GET): overview, jobs, a job, locks, slots, the dead set.
+
+Every read goes through the ops layer (:mod:`dramatiq_unique.ops`), the same
+one the command line prints, so the two never disagree.  A store that does not
+answer is named on the page (``down``); one the page cannot do without gives
+503 (the app's error handler).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Optional
+
+from flask import Flask, abort, render_template, request
+
+from dramatiq_unique.storage.models import JobStatus, utcnow
+from dramatiq_unique.web import chart, data
+from dramatiq_unique.web.present import WAITING
+from dramatiq_unique.web.state import current_suite, page_size
+
+#: ``?since=`` choices of the jobs page.
+SINCE = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+#: Minutes the overview's chart covers.
+MINUTES = 30
+#: What an action's redirect may say (``?done=``): fixed words, never text from the request.
+DONE = {
+    "retried": "The job was sent again.", "cancelled": "The job was cancelled.", "limit": "The limit was set.",
+    "default": "The group is back to its default limit.", "halted": "The group is halted: its jobs stay parked.",
+}
+#: Characters a filter field may hold (a longer one is refused, not cut).
+MAX_FILTER = 200
+
+
+def _arg(name: str) -> Optional[str]:
+    value = request.args.get(name, "").strip()
+    if len(value) > MAX_FILTER:
+        abort(400, f"{name} is too long")
+    return value or None
+
+
+def _done() -> Optional[str]:
+    return DONE.get(request.args.get("done", ""))
+
+
+def overview() -> str:
+    stats = data.stats(current_suite(), MINUTES)
+    drawn = chart.bars(stats.throughput, end=utcnow().replace(second=0, microsecond=0) + timedelta(minutes=1))
+    return render_template("overview.html", stats=stats, chart=drawn, down=stats.down, done=_done())
+
+
+def jobs() -> str:
+    status, actor, key, since = _arg("status"), _arg("actor"), _arg("key"), _arg("since")
+    if since is not None and since not in SINCE:
+        abort(400, f"since must be one of {', '.join(SINCE)}")
+    cursor = _arg("cursor")
+    try:
+        page = data.jobs(current_suite(), status=status, actor=actor, key=key,
+                         since=utcnow() - SINCE[since] if since else None, limit=page_size(), cursor=cursor)
+    except ValueError as e:
+        abort(400, str(e))
+    filters = {"status": status or "", "actor": actor or "", "key": key or "", "since": since or ""}
+    query = {name: value for name, value in filters.items() if value}
+    return render_template("jobs.html", page=page, filters=filters, query=query, statuses=[s.value for s in JobStatus],
+                           since_choices=list(SINCE), actors=sorted(current_suite().actors), cursor=cursor,
+                           waiting=WAITING, down=page.down, done=_done())
+
+
+def job(ref: str) -> str:
+    view = data.job(current_suite(), ref)
+    if view is None:
+        abort(404, f"no job {ref}")
+    return render_template("job.html", job=view, timeline=data.timeline(view), waiting=WAITING, done=_done())
+
+
+def locks() -> str:
+    found = data.locks(current_suite())
+    return render_template("locks.html", locks=found.items, down=found.down, done=_done())
+
+
+def slots() -> str:
+    found = data.slot_groups(current_suite())
+    return render_template("slots.html", groups=found.items, down=found.down, done=_done())
+
+
+def dead() -> str:
+    actor = _arg("actor")
+    suite = current_suite()
+    rows = data.dead(suite, actor=actor, limit=page_size())
+    retrying = data.jobs(suite, status="retrying", actor=actor, limit=page_size())
+    return render_template("dead.html", rows=rows, retrying=retrying, actor=actor or "",
+                           actors=sorted(suite.actors), down=retrying.down, done=_done())
+
+
+def register(app: Flask) -> None:
+    routes: list[tuple[str, Any]] = [
+        ("/", overview), ("/jobs", jobs), ("/jobs/<ref>", job), ("/locks", locks), ("/slots", slots), ("/dead", dead),
+    ]
+    for rule, view in routes:
+        app.add_url_rule(rule, view.__name__, view, methods=["GET"])

@@ -1,0 +1,175 @@
+"""Who may see and who may act: basic auth, the host app's hook, CSRF tokens, read-only.
+
+Every request passes :func:`check_access` before its view runs (a Flask
+``before_request``), so no page and no action is reachable around it:
+
+* ``basic_auth`` (standalone use): every request needs the user and password,
+  compared in constant time; a missing or wrong one gets 401 with a
+  ``WWW-Authenticate`` challenge.
+* ``auth`` (the host app's hook): called as ``auth(request, action)`` with
+  ``action=None`` for a page and the action's name (``"retry"``, ``"cancel"``,
+  ``"limit"``, ``"halt"``) for a POST; anything but ``True`` gets 403 (a truthy
+  string is no grant: a hook returning ``"no"`` by mistake must not open the
+  door), and so does a hook that raises.  The host can so
+  let operators see everything and only some of them act.
+* ``read_only``: every POST gets 403, whoever asks; the pages show no buttons.
+* CSRF: a POST must carry the form token, an HMAC of the browser's own random
+  cookie (``du_csrf``, ``SameSite=Strict``, ``HttpOnly``) under the app's
+  secret, so a page of another site can neither read nor forge it.  A POST whose
+  ``Origin`` names another host is refused before that (defence in depth).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+from urllib.parse import urlsplit
+
+from flask import Response, abort, g, request
+
+logger = logging.getLogger(__name__)
+
+#: The hook a host app gives: ``auth(request, action) -> bool`` (action None: may it see).
+AuthHook = Callable[..., bool]
+#: ``(user, password)``, or a callable given both that answers whether they are right.
+BasicAuth = Union[tuple[str, str], Callable[[str, str], bool]]
+
+CSRF_COOKIE = "du_csrf"
+CSRF_FIELD = "csrf_token"
+#: The actions a POST may name (what the hook is asked about).
+ACTIONS = ("retry", "cancel", "limit", "halt")
+
+
+@dataclass
+class Access:
+    """The access settings of one dashboard app."""
+
+    read_only: bool = False
+    auth: Optional[AuthHook] = None
+    basic_auth: Optional[BasicAuth] = None
+    #: Signs CSRF tokens; random per app unless given (give one when several processes serve the dashboard).
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    realm: str = "dramatiq_unique"
+
+
+def _basic_ok(setting: BasicAuth) -> bool:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic" or not value:
+        return False
+    try:
+        user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    if not sep:
+        return False
+    if callable(setting):
+        return bool(setting(user, password))
+    want_user, want_password = setting
+    # Both compared, whatever the first gives, so the time does not tell which one was wrong.
+    user_ok = hmac.compare_digest(user.encode(), want_user.encode())
+    password_ok = hmac.compare_digest(password.encode(), want_password.encode())
+    return user_ok and password_ok
+
+
+def challenge(realm: str) -> Response:
+    response = Response("authentication required\n", status=401, mimetype="text/plain")
+    response.headers["WWW-Authenticate"] = f'Basic realm="{realm}", charset="UTF-8"'
+    return response
+
+
+def may(access: Access, action: Optional[str]) -> bool:
+    """Whether the host's hook lets this request see (``action=None``) or do ``action``."""
+    if access.auth is None:
+        return True
+    # Asked once per action and request: a page asks about every action to show its buttons, and a
+    # host's hook may cost a query (a session, a user).
+    answers: dict[Optional[str], bool] = g.setdefault("du_may", {})
+    if action not in answers:
+        try:
+            answers[action] = access.auth(request._get_current_object(), action) is True  # type: ignore[attr-defined]
+        except Exception:  # a hook that fails lets nothing through (fails closed), and says why in the log
+            logger.exception("The dashboard's auth hook raised: request refused")
+            answers[action] = False
+    return answers[action]
+
+
+def can(access: Access, action: str) -> bool:
+    """Whether the pages should offer ``action`` to this request (its button)."""
+    return not access.read_only and may(access, action)
+
+
+def can_act(access: Access) -> bool:
+    """Whether the pages should offer this request any action (the column of buttons)."""
+    return any(can(access, action) for action in ACTIONS)
+
+
+def check_access(access: Access, action: Optional[str]) -> Optional[Response]:
+    """None if the request may go on; else the refusal (401, 403)."""
+    if access.basic_auth is not None and not _basic_ok(access.basic_auth):
+        return challenge(access.realm)
+    if request.method not in ("GET", "HEAD"):
+        if access.read_only:
+            abort(403, "the dashboard is read-only")
+        if action not in ACTIONS:
+            abort(404)
+        check_origin()
+        check_csrf(access)
+        if not may(access, action):
+            abort(403, f"not allowed to {action}")
+    elif not may(access, None):
+        abort(403, "not allowed to see the dashboard")
+    return None
+
+
+def check_origin() -> None:
+    """Refuse a POST sent from a page of another host (browsers send Origin on every POST).
+
+    Behind a reverse proxy that rewrites ``Host``, the host the browser saw is in the proxy's
+    ``X-Forwarded-Host``; a page of another site cannot add that header to a form's POST, so
+    either name is ours."""
+    origin = request.headers.get("Origin")
+    if not origin:  # an old browser, or a client that is not one: the CSRF token still decides
+        return
+    # "null" too is refused: a sandboxed frame of another site sends it.
+    ours = {request.host, *(h.strip() for h in request.headers.get("X-Forwarded-Host", "").split(",") if h.strip())}
+    if urlsplit(origin).netloc not in ours:
+        abort(403, "cross-site request refused")
+
+
+def _browser_id() -> str:
+    """This browser's CSRF cookie, made (and set on the response, see :func:`set_cookie`) if missing."""
+    value = request.cookies.get(CSRF_COOKIE, "")
+    if len(value) != 43:  # token_urlsafe(32)
+        value = g.get("new_csrf_cookie") or secrets.token_urlsafe(32)
+        g.new_csrf_cookie = value
+    return value
+
+
+def csrf_token(access: Access) -> str:
+    """The form token of this browser: HMAC of its cookie under the app's secret."""
+    return hmac.new(access.secret, _browser_id().encode(), hashlib.sha256).hexdigest()
+
+
+def check_csrf(access: Access) -> None:
+    cookie = request.cookies.get(CSRF_COOKIE, "")
+    sent = request.form.get(CSRF_FIELD, "")
+    if not cookie or not sent:
+        abort(403, "missing CSRF token: reload the page and try again")
+    want = hmac.new(access.secret, cookie.encode(), hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(want, sent):
+        abort(403, "bad CSRF token: reload the page and try again")
+
+
+def set_cookie(response: Response) -> Response:
+    """Sets the CSRF cookie made while rendering this response, scoped to the dashboard's path."""
+    value = g.get("new_csrf_cookie")
+    if value:
+        response.set_cookie(CSRF_COOKIE, value, path=(request.script_root or "") + "/", httponly=True,
+                            samesite="Strict", secure=request.is_secure)
+    return response
