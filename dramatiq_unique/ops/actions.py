@@ -36,7 +36,7 @@ def dead(
 ) -> list[JobRow]:
     """The dead set (:func:`dramatiq_unique.dead_jobs`), the last to fail first, as list rows."""
     _use(suite)
-    return [job_row(suite, job, 0) for job in dead_jobs(actor, since, limit)]
+    return [job_row(suite, job, suite.stores.index_of(type(job))) for job in dead_jobs(actor, since, limit)]
 
 
 def retry(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:

@@ -104,6 +104,11 @@ class Stores:
 
     # -- models -------------------------------------------------------------------------
 
+    def index_of(self, model: type[pw.Model]) -> int:
+        """The store a model (as :meth:`model_in` made it) is bound to; 0 for one bound elsewhere."""
+        database = model._meta.database
+        return next((i for i, db in enumerate(self.databases) if db is database), 0)
+
     def model_in(self, model: type[M], index: int) -> type[M]:
         """``model`` bound to store ``index``: the model itself for the primary."""
         if index == 0:

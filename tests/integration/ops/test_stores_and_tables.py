@@ -51,6 +51,11 @@ def test_pages_merge_stores_and_tables_and_job_shows_the_history(broker, tmp_pat
         assert by_id[sent[1].message_id].ref == sent[1].message_id  # its own table: by message id
         assert by_id[sent[2].message_id].store == 1
         assert ops.job(suite, by_id[sent[2].message_id].ref).message_id == sent[2].message_id
+        secondary = dramatiq_unique.get_job(sent[2].message_id)
+        type(secondary).update(status="failed", finished_at=secondary.created_at).execute()
+        dead = {row.message_id: row for row in ops.dead(suite)}
+        # A dead job of the secondary store is named by its message id: its number is the primary's too.
+        assert dead[sent[2].message_id].store == 1 and dead[sent[2].message_id].ref == sent[2].message_id
 
         WithHistory.update(history=[
             {"attempt": 1, "started_at": "2026-11-24T21:00:00", "finished_at": "2026-11-24T21:00:01",

@@ -60,6 +60,7 @@ def test_the_primary_is_the_model_itself_and_another_store_a_cached_subclass(tmp
     assert "customer" in other._meta.fields and base_of(other) is ExportJob and base_of(ExportJob) is ExportJob
     with pytest.raises(InvalidOption, match="same order"):
         stores.model_in(ExportJob, 2)
+    assert stores.index_of(other) == 1 and stores.index_of(ExportJob) == 0
 
 
 def test_the_marker_names_the_store_and_no_marker_means_the_primary(tmp_path):
