@@ -31,6 +31,7 @@ older copy of a re-sent message is skipped, never run beside the new one.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 import dramatiq
@@ -49,7 +50,7 @@ from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks import queue
 from dramatiq_unique.parking import lot
-from dramatiq_unique.storage import jobs, statements
+from dramatiq_unique.storage import history, jobs, statements
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 from dramatiq_unique.storage.stores import CONNECTION_ERRORS
 
@@ -91,9 +92,16 @@ def run_pass(
     """One pass, without taking the pass lock (``redrive()`` takes it)."""
     try:
         with jobs.db_errors("re-drive pass"):
-            return _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
+            counts = _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
     except redis.RedisError as e:
         raise RedisUnavailable(f"re-drive pass: {e}") from e
+    try:
+        # One small key per app, so that `check` can say how long ago a pass ended (a row would cost a write
+        # to the database every pass, and Redis is the pass lock's home anyway).
+        suite.redis.set(suite.keys.last_pass(), int(time.time() * 1000))
+    except redis.RedisError as e:
+        logger.warning("Could not record the end of the re-drive pass: %s", e)
+    return counts
 
 
 class _Pass:
@@ -247,9 +255,10 @@ class _Pass:
         if row.status == RUNNING and retries_exhausted(self.suite, self.broker, row):
             self._fail(model, row, "lost while running, and its retries are exhausted")
             return []
-        extra = {}
+        extra: dict[str, Any] = {}
         if row.status == RUNNING:
             extra["last_error"] = f"attempt {row.attempts} lost: its worker or the broker dropped the message"
+            extra["history"] = history.append(model, jobs.attempt_of(row, extra, "lost"))
         claimed = claims.claim_one(model, row, **extra)
         return [] if claimed is None else [claimed]
 
@@ -262,6 +271,8 @@ class _Pass:
         fields: dict[str, Any] = {"status": FAILED, "finished_at": utcnow(), "lease_until": None, "last_error": reason}
         if lock != opt.UNTIL_EXPIRED:
             fields["unique_hold"] = None  # a failed job no longer blocks its key
+        if row.status == RUNNING:
+            fields["history"] = history.append(model, jobs.attempt_of(row, fields, "lost"))
         if not model.update(**fields).where(claims.unchanged(model, row)).execute():
             return
         self.counts.failed += 1
