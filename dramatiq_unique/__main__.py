@@ -1,4 +1,5 @@
-"""Command line: ``python -m dramatiq_unique redrive APP_MODULE [--interval MS] [--once]``.
+"""Command line: ``python -m dramatiq_unique redrive APP_MODULE [--interval MS] [--once]``;
+``check``, ``status`` and ``migrate`` (dramatiq_unique/health/commands.py).
 
 APP_MODULE is imported like Dramatiq's own CLI does (``package.module``
 or ``package.module:broker``); it must call :func:`dramatiq_unique.setup`
@@ -25,6 +26,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.durable.redrive import redrive
 from dramatiq_unique.durable.scheduler import start_redriver
 from dramatiq_unique.errors import DramatiqUniqueError
+from dramatiq_unique.health import commands as health
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     cmd.add_argument("--interval", type=int, default=None, metavar="MS", help="ms between passes")
     cmd.add_argument("--once", action="store_true", help="run one pass, print its counts, exit")
     cmd.add_argument("--path", default=".", help="directory added to sys.path before the import (default: .)")
+    health.add_commands(commands)  # check, status, migrate
     return parser
 
 
@@ -52,6 +55,8 @@ def _load(app: str) -> Optional[dramatiq.Broker]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command != "redrive":
+        return health.run(args)
     sys.path.insert(0, os.path.abspath(args.path))
     broker = _load(args.app)
     try:
