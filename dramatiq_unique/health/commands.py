@@ -148,6 +148,7 @@ def migrate_command(target: Target, args: argparse.Namespace) -> int:
 
 def serve_in_thread(server: probe.ProbeServer) -> threading.Thread:
     """Serve a probe in a daemon thread (tests, and an app that embeds the probe)."""
-    thread = threading.Thread(target=server.serve_forever, name="dramatiq-unique-probe", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="dramatiq-unique-probe",
+                              daemon=True)
     thread.start()
     return thread
