@@ -7,8 +7,9 @@ so that an app whose tables are out of date can still be looked at, and migrated
 
 Without one, ``DRAMATIQ_UNIQUE_DATABASE_URL`` (one URL, or several separated by spaces: the stores, primary
 first) and ``DRAMATIQ_UNIQUE_REDIS_URL`` (one URL, or several: the Redlock masters) name the services, and
-the commands see the shared job table only, under the default key prefix (``--key-prefix`` names
-another app).  Nothing is created or written in that mode but by ``migrate``.
+the commands see the shared job table only, of the app ``DRAMATIQ_UNIQUE_KEY_PREFIX`` names (the default
+key prefix without it): the variables of the command line's other commands (cli/context.py).  Nothing is
+created or written in that mode but by ``migrate``.
 """
 
 from __future__ import annotations

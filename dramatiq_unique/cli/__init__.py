@@ -1,0 +1,89 @@
+"""The command line: ``python -m dramatiq_unique`` and ``dramatiq-unique``.
+
+``dramatiq-unique COMMAND [APP] [WORDS] [--json]``: APP is the app module, imported as
+Dramatiq's CLI imports it (``package.module``, ``package.module:broker`` or
+``package.module:setup_callable``); without it the suite is opened read-only from
+``DRAMATIQ_UNIQUE_DATABASE_URL`` and ``DRAMATIQ_UNIQUE_REDIS_URL``.  Exit codes: 0 ok,
+1 not found or refused (a store that does not answer included), 2 usage.
+
+The commands live in the ``cmd_*`` modules of this package, registered by name
+(:mod:`dramatiq_unique.cli.registry` says how to add one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from typing import Optional, Sequence
+
+from dramatiq_unique.cli.context import Context, Refused, Usage, looks_like_app
+from dramatiq_unique.cli.registry import COMMANDS, Command, command, split_words
+from dramatiq_unique.errors import DependencyUnavailable, DramatiqUniqueError, JobNotFound, JobStateError
+
+__all__ = ["COMMANDS", "Context", "Refused", "Usage", "command", "main"]
+
+#: Errors that mean "not found or refused": exit 1.
+REFUSED = (JobNotFound, JobStateError, Refused, DependencyUnavailable)
+
+
+def _load_commands() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("cmd_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+
+
+def parser() -> argparse.ArgumentParser:
+    _load_commands()
+    top = argparse.ArgumentParser(prog="dramatiq-unique", description=(__doc__ or "").split("\n")[0])
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for cmd in sorted(COMMANDS.values(), key=lambda c: c.name):
+        sub = commands.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        sub.add_argument("words", nargs="*", metavar=" ".join(("[APP]", *cmd.positionals)),
+                         help="APP: the app module (package.module[:broker]); optional with the environment set")
+        sub.add_argument("--app", help="the app module, instead of the first word")
+        sub.add_argument("--path", default=".", help="directory added to sys.path before the import (default: .)")
+        sub.add_argument("--json", action="store_true", help="print JSON")
+        if cmd.arguments is not None:
+            cmd.arguments(sub)
+    return top
+
+
+def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = None) -> int:
+    """Run one command; returns its exit code (``context`` for tests: output streams, environment)."""
+    ctx = context or Context()
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        return int(e.code or 0)
+    cmd: Command = COMMANDS[args.command]
+    try:
+        app, args.words = (None, args.words) if args.app else split_words(
+            cmd, args.words, lambda word: looks_like_app(word, args.path))
+        ctx.app, ctx.path, ctx.json = args.app or app, args.path, args.json
+        if cmd.load:
+            ctx.load()
+        if cmd.writes:
+            ctx.refuse_read_only(cmd.name)
+        return cmd.run(ctx, args)
+    except REFUSED as e:
+        ctx.say(f"{cmd.name}: {_what(e)}")
+        return 1
+    except (Usage, ValueError, TypeError) as e:
+        ctx.say(f"{cmd.name}: {_what(e)}")
+        return 2
+    except DramatiqUniqueError as e:  # DuplicateJob, InvalidOption...: refused as asked
+        ctx.say(f"{cmd.name}: {_what(e)}")
+        return 1
+
+
+def _what(error: Exception) -> str:
+    if isinstance(error, JobNotFound):
+        return f"no job {error.detail} in this app"
+    return error.detail if isinstance(error, (Refused, Usage)) else str(error)
+
+
+def entry_point() -> None:
+    """The ``dramatiq-unique`` console script."""
+    sys.exit(main())

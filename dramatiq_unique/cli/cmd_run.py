@@ -1,0 +1,63 @@
+"""The commands that keep running: redrive and web."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import threading
+
+from dramatiq_unique.cli.context import Context, Usage
+from dramatiq_unique.cli.registry import command
+from dramatiq_unique.durable.redrive import redrive as redrive_pass
+from dramatiq_unique.durable.scheduler import start_redriver
+
+logger = logging.getLogger(__name__)
+
+
+def _redrive_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=int, default=None, metavar="MS", help="ms between passes")
+    p.add_argument("--once", action="store_true", help="run one pass, print its counts, exit")
+
+
+@command("redrive", help="run the re-drive (lost, due and retrying jobs; pruning)", arguments=_redrive_arguments,
+         writes=True)
+def redrive(ctx: Context, args: argparse.Namespace) -> int:
+    suite = ctx.load()
+    broker = ctx.broker or suite.broker
+    if args.once:
+        counts = redrive_pass(broker, suite=suite)
+        ctx.json = True  # one line of JSON, with or without --json, as this command always printed
+        ctx.out.write(json.dumps(counts.as_dict()) + "\n")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    scheduler = start_redriver(args.interval, suite=suite, broker=broker)
+    logger.info("Re-drive running every %s ms; Ctrl-C stops it.", args.interval or suite.redrive_interval)
+    try:
+        while not stop.wait(1):
+            pass
+    finally:
+        scheduler.shutdown(wait=True)
+    return 0
+
+
+def _web_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--read-only", action="store_true", help="no actions (always so without the app)")
+
+
+@command("web", help="serve the dashboard (needs the web extra)", arguments=_web_arguments, load=False)
+def web(ctx: Context, args: argparse.Namespace) -> int:
+    try:
+        from dramatiq_unique.web import serve  # type: ignore[import-not-found,unused-ignore]  # the [web] extra
+    except ImportError as e:
+        raise Usage(f"the dashboard is not installed ({e}): pip install dramatiq_unique[web]") from e
+    suite = ctx.load()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(suite, host=args.host, port=args.port, read_only=args.read_only or ctx.read_only)
+    return 0

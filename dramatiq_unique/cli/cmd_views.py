@@ -1,0 +1,139 @@
+"""The commands that look: jobs, job, dead, locks, slots, stats."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from dramatiq_unique import ops
+from dramatiq_unique.cli import values
+from dramatiq_unique.cli.context import Context
+from dramatiq_unique.cli.output import cell, ms, pairs, table
+from dramatiq_unique.cli.registry import command
+from dramatiq_unique.ops.listing import DEFAULT_LIMIT
+from dramatiq_unique.ops.views import JobRow
+
+ROW_HEADERS = ("ref", "status", "actor", "key", "attempts", "created", "finished")
+
+
+def _rows(rows: list[JobRow]) -> list[tuple]:
+    return [(r.ref, r.status, r.actor, r.key, r.attempts, r.created_at, r.finished_at) for r in rows]
+
+
+def _jobs_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--status", help="one status or several, comma-separated (failed,retrying)")
+    p.add_argument("--actor", help="one actor's jobs")
+    p.add_argument("--key", help="the key in words: customer=42 (quote a value to make it a string)")
+    p.add_argument("--since", help="created since: 15m, 2h, 1d, or an ISO time (UTC)")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="rows a page (default 50)")
+    p.add_argument("--cursor", help="the next page: the cursor the page before printed")
+
+
+@command("jobs", help="list jobs, newest first, a page at a time", arguments=_jobs_arguments)
+def jobs(ctx: Context, args: argparse.Namespace) -> int:
+    page = ops.jobs(ctx.load(), status=args.status, actor=args.actor, key=args.key, since=values.since(args.since),
+                    limit=args.limit, cursor=args.cursor)
+
+    def text() -> str:
+        lines = [table(ROW_HEADERS, _rows(page.rows), empty="(no jobs)")]
+        if page.cursor:
+            lines.append(f"more: --cursor {page.cursor}")
+        lines += [f"not read: {down}" for down in page.down]
+        return "\n".join(lines)
+
+    ctx.emit(page.as_dict(), text)
+    return 0
+
+
+def _json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+@command("job", help="one job: status, attempts, fencing token, checkpoints, why it waits", positionals=("ID",))
+def job(ctx: Context, args: argparse.Namespace) -> int:
+    view = ops.job(ctx.load(), args.words[0])
+
+    def text() -> str:
+        items: list[tuple[str, Any]] = [
+            ("id", view.id), ("message id", view.message_id), ("actor", view.actor), ("queue", view.queue),
+            ("status", view.status),
+        ]
+        if view.why:
+            items.append(("why", view.why))
+        items += [
+            ("key", view.key or "-"), ("arguments", cell(_json_text(view.args) + " " + _json_text(view.kwargs))),
+            ("attempts", view.attempts), ("fencing token", view.fencing_token), ("created", view.created_at),
+            ("enqueued", view.enqueued_at), ("due", view.process_after), ("started", view.started_at),
+            ("finished", view.finished_at), ("worker", view.worker), ("parked on", view.parked_on),
+            ("table", view.table),
+            ("checkpoints", ", ".join(view.checkpoints) if isinstance(view.checkpoints, dict) else "-"),
+            ("result", cell(_json_text(view.result)) if view.result is not None else "-"),
+        ]
+        lines = [pairs(items)]
+        if view.history:
+            lines += ["", table(("attempt", "status", "started", "finished", "worker", "error"), [
+                (a.attempt, a.status, a.started_at, a.finished_at, a.worker, a.error) for a in view.history])]
+        if view.last_error:
+            lines += ["", "last error:", view.last_error.rstrip()]
+        return "\n".join(lines)
+
+    ctx.emit(view.as_dict(), text)
+    return 0
+
+
+def _dead_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--actor", help="one actor's dead jobs")
+    p.add_argument("--since", help="failed since: 15m, 2h, 1d, or an ISO time (UTC)")
+    p.add_argument("--limit", type=int, default=100, help="rows at most (default 100)")
+
+
+@command("dead", help="the dead set: failed jobs, the last to fail first", arguments=_dead_arguments)
+def dead(ctx: Context, args: argparse.Namespace) -> int:
+    rows = ops.dead(ctx.load(), actor=args.actor, since=values.since(args.since), limit=args.limit)
+    ctx.emit([r.as_dict() for r in rows], lambda: table(ROW_HEADERS, _rows(rows), empty="(the dead set is empty)"))
+    return 0
+
+
+@command("locks", help="held locks: holder job, time left, fencing token, waiters in order")
+def locks(ctx: Context, args: argparse.Namespace) -> int:
+    found = ops.locks(ctx.load())
+    headers = ("kind", "actor", "key", "holder", "token", "left", "waiting", "waiters")
+    rows = [(k.kind, k.actor, k.key, k.holder, k.token, ms(k.left_ms), k.waiting, k.waiters) for k in found]
+    ctx.emit([k.as_dict() for k in found], lambda: table(headers, rows, empty="(no lock is held)"))
+    return 0
+
+
+@command("slots", help="slot groups: limit, holders, waiters, halted",
+         arguments=lambda p: p.add_argument("--actor", help="one actor's groups"))
+def slots(ctx: Context, args: argparse.Namespace) -> int:
+    groups = ops.slots(ctx.load(), actor=args.actor)
+    headers = ("actor", "key", "limit", "held", "holders", "waiting", "waiters", "halted")
+    rows = [(g.actor, g.key, "none" if g.limit is None else g.limit, g.held, g.holders, g.waiting, g.waiters,
+             "HALTED" if g.halted else "") for g in groups]
+    ctx.emit([g.as_dict() for g in groups], lambda: table(headers, rows, empty="(no slot group)"))
+    return 0
+
+
+@command("stats", help="counts by status and actor, throughput, p50/p95 of waiting and running times",
+         arguments=lambda p: p.add_argument("--minutes", type=int, default=15, help="the window (default 15)"))
+def stats(ctx: Context, args: argparse.Namespace) -> int:
+    s = ops.stats(ctx.load(), minutes=args.minutes)
+
+    def text() -> str:
+        statuses = sorted({st for counts in s.by_actor.values() for st in counts})
+        lines = [
+            f"last {s.minutes} min (finished jobs; waiting and running ones: all)",
+            table(("actor", *statuses), [(a, *(c.get(st, 0) for st in statuses))
+                                         for a, c in sorted(s.by_actor.items())], empty="(no jobs)"),
+            "",
+            f"finished per minute: {' '.join(str(n) for n in s.throughput)}",
+            f"waiting  p50 {ms(s.waiting_ms['p50'])}  p95 {ms(s.waiting_ms['p95'])}",
+            f"running  p50 {ms(s.running_ms['p50'])}  p95 {ms(s.running_ms['p95'])}",
+        ]
+        lines += [f"not read: {down}" for down in s.down]
+        return "\n".join(lines)
+
+    ctx.emit(s.as_dict(), text)
+    return 0

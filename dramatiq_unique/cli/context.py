@@ -1,0 +1,140 @@
+"""What a command runs with: the suite (the app's, or one from the environment), and its output."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
+
+from dramatiq_unique.errors import DramatiqUniqueError
+
+if TYPE_CHECKING:
+    import dramatiq
+
+    from dramatiq_unique.suite import Suite
+
+#: The environment that lets the command line run without the app (read-only).
+DATABASE_ENV = "DRAMATIQ_UNIQUE_DATABASE_URL"
+REDIS_ENV = "DRAMATIQ_UNIQUE_REDIS_URL"
+#: The app's ``key_prefix`` (default: the suite's default), so the rows and Redis keys read are the app's.
+PREFIX_ENV = "DRAMATIQ_UNIQUE_KEY_PREFIX"
+#: ms the first look at a database named in the environment may take.
+CONNECT_TIMEOUT = 5_000
+
+
+class Refused(DramatiqUniqueError):
+    """A command that may not run as asked (exit 1), such as a change without the app."""
+
+
+class Usage(DramatiqUniqueError):
+    """A command line that makes no sense (exit 2)."""
+
+
+def looks_like_app(word: str, path: str = ".") -> bool:
+    """Whether ``word`` names an importable module (``pkg.mod`` or ``pkg.mod:attr``)."""
+    module = word.split(":", 1)[0]
+    if ":" in word:
+        return True
+    if not module or not all(part.isidentifier() for part in module.split(".")):
+        return False
+    if path not in sys.path:
+        sys.path.insert(0, os.path.abspath(path))
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@dataclasses.dataclass
+class Context:
+    app: Optional[str] = None
+    path: str = "."
+    json: bool = False
+    out: TextIO = dataclasses.field(default_factory=lambda: sys.stdout)
+    err: TextIO = dataclasses.field(default_factory=lambda: sys.stderr)
+    suite: "Optional[Suite]" = None
+    broker: "Optional[dramatiq.Broker]" = None
+    #: True when the suite came from the environment: nothing may be changed.
+    read_only: bool = False
+    env: dict[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
+
+    def load(self) -> "Suite":
+        """The suite: the app's (imported as Dramatiq's CLI imports a broker), else one opened
+        from the environment, read-only.  Usage if there is neither."""
+        if self.suite is not None:
+            return self.suite
+        if self.app:
+            self.suite, self.broker = load_app(self.app, self.path)
+        else:
+            self.suite = from_env(self.env)
+            self.read_only = True
+        return self.suite
+
+    def refuse_read_only(self, what: str) -> None:
+        if self.read_only:
+            raise Refused(
+                f"{what} changes state, and this suite comes from {DATABASE_ENV}/{REDIS_ENV} (read-only): "
+                f"give the app module (APP or --app), which declares the actors"
+            )
+
+    # -- output ------------------------------------------------------------------------
+
+    def emit(self, data: Any, text: Callable[[], str]) -> None:
+        """``data`` as JSON with ``--json``, else ``text()``."""
+        if self.json:
+            self.out.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+        else:
+            self.out.write(text().rstrip("\n") + "\n")
+
+    def say(self, message: str) -> None:
+        self.err.write(message.rstrip("\n") + "\n")
+
+
+def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
+    """Import ``app`` with Dramatiq's own ``import_broker`` (``module``, ``module:broker``, or
+    ``module:callable`` that sets the broker up) and return the suite its ``setup()`` made."""
+    from dramatiq.cli import import_broker
+
+    from dramatiq_unique import suite as _config
+
+    full = os.path.abspath(path)
+    if full not in sys.path:
+        sys.path.insert(0, full)
+    try:
+        _, broker = import_broker(app)
+    except (ImportError, AttributeError) as e:
+        raise Usage(f"cannot import the app {app!r}: {e}") from e
+    suite = _config._current
+    if suite is None:
+        raise Usage(f"{app} did not call dramatiq_unique.setup()")
+    return suite, suite.broker or broker
+
+
+def from_env(env: dict[str, str]) -> "Suite":
+    """A suite over the job tables and Redis the environment names (no actors: keys show as hashes)."""
+    database, redis_url = env.get(DATABASE_ENV), env.get(REDIS_ENV)
+    if not database or not redis_url:
+        raise Usage(f"give the app module (APP or --app), or set {DATABASE_ENV} and {REDIS_ENV} to read the "
+                    f"jobs without it")
+    import peewee as pw
+
+    from dramatiq_unique.storage.models import JobModel, open_database
+    from dramatiq_unique.suite import Suite
+
+    if database.startswith("sqlite:///") and not os.path.exists(database[len("sqlite:///"):].split("?")[0]):
+        raise Refused(f"{DATABASE_ENV} names no existing SQLite file: {database}")
+    db = open_database(database, connect_timeout=CONNECT_TIMEOUT, timeout=CONNECT_TIMEOUT)
+    try:
+        exists = db.table_exists(JobModel._meta.table_name)
+    except pw.PeeweeException as e:
+        from dramatiq_unique.errors import DatabaseUnavailable
+        raise DatabaseUnavailable(f"reading {DATABASE_ENV}: {e}") from e
+    finally:
+        db.close()
+    if not exists:
+        raise Refused(f"no job table {JobModel._meta.table_name} in {DATABASE_ENV}: has the app set up the suite?")
+    settings = {"key_prefix": env[PREFIX_ENV]} if env.get(PREFIX_ENV) else {}
+    return Suite(database=database, redis=redis_url, **settings)

@@ -1,0 +1,44 @@
+"""Readable tables for a terminal: aligned columns, cut cells, times to the second."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Iterable, Optional, Sequence
+
+from dramatiq_unique.ops.words import duration
+
+#: Characters of a cell kept (a longer one is cut, with an ellipsis).
+MAX_CELL = 48
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.replace(microsecond=0).isoformat(sep=" ")
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value) or "-"
+    text = " ".join(str(value).split())  # one line: an error's newlines would break the table
+    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def ms(value: Optional[float]) -> str:
+    return "-" if value is None else duration(value)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, empty: str = "(none)") -> str:
+    """``rows`` under ``headers``, in columns two spaces apart; ``empty`` if there are no rows."""
+    body = [[cell(v) for v in row] for row in rows]
+    if not body:
+        return empty
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
+    return "\n".join(lines)
+
+
+def pairs(items: Iterable[tuple[str, Any]]) -> str:
+    """``name: value`` lines, the names aligned (a value of several lines keeps its own)."""
+    items = list(items)
+    width = max((len(name) for name, _ in items), default=0)
+    return "\n".join(f"{name.ljust(width)}  {v if isinstance(v, str) else cell(v)}" for name, v in items)

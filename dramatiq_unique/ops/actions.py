@@ -1,0 +1,83 @@
+"""The operator's actions and the dead set: the suite's own functions, called for a given suite.
+
+``dead_jobs``, ``retry_job``, ``cancel_job`` (:mod:`dramatiq_unique.durable`) and
+``set_concurrency_limit``/``concurrency_status`` (:mod:`dramatiq_unique.slots.limits`)
+act on the current suite; these make ``suite`` the current one first, so the
+command line and the dashboard name the suite they act on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from dramatiq_unique import suite as _config
+from dramatiq_unique.durable.cancel import cancel_job
+from dramatiq_unique.durable.dead import dead_jobs, retry_job
+from dramatiq_unique.ops import detail
+from dramatiq_unique.ops.listing import job_row
+from dramatiq_unique.ops.views import JobRow
+from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
+from dramatiq_unique.storage.jobs import db_errors
+from dramatiq_unique.storage.models import JobModel
+
+if TYPE_CHECKING:
+    import dramatiq
+
+    from dramatiq_unique.suite import Suite
+
+
+def _use(suite: "Suite") -> None:
+    _config.set_current(suite)
+
+
+def dead(
+    suite: "Suite", *, actor: Optional[str] = None, since: Union[datetime, timedelta, None] = None, limit: int = 100,
+) -> list[JobRow]:
+    """The dead set (:func:`dramatiq_unique.dead_jobs`), the last to fail first, as list rows."""
+    _use(suite)
+    return [job_row(suite, job, 0) for job in dead_jobs(actor, since, limit)]
+
+
+def retry(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
+    """:func:`dramatiq_unique.retry_job` of the job ``job`` finds (JobNotFound, JobStateError, DuplicateJob)."""
+    _use(suite)
+    row = detail.find(suite, id_or_message_id)
+    return retry_job(row.message_id)
+
+
+def cancel(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
+    """:func:`dramatiq_unique.cancel_job` of the job ``job`` finds (JobNotFound, JobStateError)."""
+    _use(suite)
+    row = detail.find(suite, id_or_message_id)
+    return cancel_job(row.message_id)
+
+
+def set_limit(suite: "Suite", actor: str, limit: Optional[int], key: Any = None) -> ConcurrencyStatus:
+    """:func:`dramatiq_unique.set_concurrency_limit` (``0`` halts, None restores the default),
+    then the group's :func:`~dramatiq_unique.concurrency_status`."""
+    _use(suite)
+    set_concurrency_limit(actor, limit, key)
+    return concurrency_status(actor, key)
+
+
+def limit_status(suite: "Suite", actor: str, key: Any = None) -> ConcurrencyStatus:
+    _use(suite)
+    return concurrency_status(actor, key)
+
+
+def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
+    """Delete the finished rows past ``retention`` now, as a re-drive pass does (the same
+    statement, the same scope: this app's rows of the actors ``broker``'s process declares);
+    returns how many."""
+    from dramatiq_unique.durable import redrive
+    from dramatiq_unique.durable.scope import Scope
+
+    scope = Scope(suite, broker)
+    # The pass's own pruning step, run alone: one home for which rows may go.
+    step = redrive._Pass(suite, broker, None, scope)
+    with db_errors("pruning"):
+        for index in range(len(suite.stores)):
+            for base in scope.models():
+                step._prune(suite.stores.model_in(base, index))
+    return step.counts.pruned

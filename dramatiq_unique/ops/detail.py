@@ -1,0 +1,119 @@
+"""One job, as ``job ID`` shows it: the row, its attempts, and, while it waits, why."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from dramatiq_unique.durable import lookup
+from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
+from dramatiq_unique.ops import gates, labels, words
+from dramatiq_unique.ops.views import Attempt, JobView, Waiting
+from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_key_of, unique_key_of
+from dramatiq_unique.slots.gate import gate_of
+from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+#: Characters of a message id or id accepted (a longer "id" is garbage, not a lookup).
+MAX_ID = 64
+
+
+def find(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
+    """The job by id (the shared table of the primary) or message id (any table, any store);
+    JobNotFound if this app has none (ValueError for what cannot be an id)."""
+    ref = str(id_or_message_id).strip()
+    if not ref or len(ref) > MAX_ID or not ref.isprintable():
+        raise ValueError(f"not a job id or message id: {str(id_or_message_id)[:MAX_ID]!r}")
+    key: Union[int, str] = int(ref) if ref.isdigit() else ref
+    if isinstance(key, int) and key >= 2**63:
+        raise JobNotFound(repr(ref))
+    row = lookup.find_job(suite, key)
+    if row is None:
+        raise JobNotFound(repr(ref))
+    return row
+
+
+def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
+    """The job's view (see :class:`~dramatiq_unique.ops.views.JobView`); JobNotFound if there is none."""
+    row = find(suite, id_or_message_id)
+    config = suite.actor_config(row.actor_name)
+    waiting = waiting_of(suite, row)
+    return JobView(
+        id=row.id, message_id=row.message_id, actor=row.actor_name, queue=row.queue_name, status=str(row.status),
+        key=labels.row_key(config, row), args=row.args, kwargs=row.kwargs, attempts=row.attempts,
+        created_at=row.created_at, enqueued_at=row.enqueued_at, process_after=row.process_after,
+        started_at=row.started_at, finished_at=row.finished_at, last_error=row.last_error, result=row.result,
+        fencing_token=row.fencing_token, checkpoints=row.checkpoints, worker=row.worker, parked_on=row.parked_on,
+        table=type(row)._meta.table_name, history=history(row), waiting=waiting,
+        why=words.why(waiting, utcnow()),
+    )
+
+
+def history(row: JobModel) -> list[Attempt]:
+    """The row's attempts: its ``history`` column when the model has one, else the last attempt."""
+    kept: Any = getattr(row, "history", None) if "history" in type(row)._meta.fields else None
+    if isinstance(kept, list) and kept:
+        return [
+            Attempt(
+                attempt=int(item.get("attempt") or i + 1), started_at=item.get("started_at"),
+                finished_at=item.get("finished_at"), status=item.get("status"), error=item.get("error"),
+                worker=item.get("worker"),
+            )
+            for i, item in enumerate(kept) if isinstance(item, dict)
+        ]
+    if not row.attempts and row.started_at is None:
+        return []
+    status = str(row.status)
+    return [Attempt(
+        attempt=row.attempts or 1, started_at=row.started_at, finished_at=row.finished_at,
+        status=status if status in FINISHED or status == JobStatus.RUNNING.value else "failed",
+        error=row.last_error, worker=row.worker,
+    )]
+
+
+def waiting_of(suite: "Suite", row: JobModel) -> Optional[Waiting]:
+    """Why ``row`` waits, as facts; None when it does not wait."""
+    status, now = str(row.status), utcnow()
+    due_in = (row.process_after - now).total_seconds() * 1000 if row.process_after else None
+    if status == JobStatus.PENDING.value and row.parked_on:
+        try:
+            return _parked(suite, row)
+        except DependencyUnavailable as e:
+            return Waiting(reason=kind_of(row.parked_on), label=row.actor_name, note=f"not all known: {e}")
+    if status == JobStatus.RETRYING.value:
+        return Waiting(reason="retrying", due_in_ms=max(due_in or 0, 0))
+    if status in (JobStatus.PENDING.value, JobStatus.QUEUED.value) and due_in is not None and due_in > 0:
+        return Waiting(reason="due", due_in_ms=due_in)
+    if status == JobStatus.QUEUED.value:
+        return Waiting(reason="queued", since=row.enqueued_at or row.created_at)
+    if status == JobStatus.PENDING.value:
+        return Waiting(reason="pending", since=row.created_at)
+    return None
+
+
+def _parked(suite: "Suite", row: JobModel) -> Waiting:
+    group = row.parked_on or ""
+    actor, config = actor_of(group), suite.actor_config(row.actor_name)
+    ahead = gates.ahead_of(suite, row)
+    more = ahead > gates.MAX_COUNTED
+    ahead = min(ahead, gates.MAX_COUNTED)
+    if kind_of(group) == LOCK:
+        unique_key = unique_key_of(group)
+        label = " ".join(filter(None, [actor, labels.render(config, "unique_args", row, unique_key)]))
+        holder = gates.lock_holder(suite, actor, unique_key)
+        left = suite.locks.pttl(suite.keys.execution_lock(unique_key))
+        return Waiting(
+            reason="lock", label=label, holders=[holder.id] if holder else [], held=1 if left > 0 else 0,
+            token=holder.fencing_token if holder else None, left_ms=left, ahead=ahead, ahead_more=more,
+        )
+    if kind_of(group) == SLOT:
+        key = slot_key_of(group)
+        label = " ".join(filter(None, [actor, labels.render(config, "concurrency_key", row, key)]))
+        held, limit, _, _, _ = gate_of(suite).status(group)
+        ids = gates.slot_holders(suite, actor).get(key, [])
+        return Waiting(
+            reason="halted" if limit == 0 else "slot", label=label, limit=None if limit < 0 else limit,
+            holders=ids[:held] if held else [], held=held, ahead=ahead, ahead_more=more,
+        )
+    return Waiting(reason="pending", label=group, since=row.created_at, ahead=ahead, ahead_more=more)

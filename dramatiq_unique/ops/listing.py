@@ -1,0 +1,274 @@
+"""The jobs list: every job table of every store, newest first, a page at a time.
+
+Keyset pagination on ``id`` (``id < cursor ORDER BY id DESC LIMIT n``): a
+page costs the same on the first page and the thousandth, never an
+OFFSET or a COUNT of the table.  Ids of different tables (an actor's own
+``job_model``, another store) are independent sequences; the pages merge
+them by ``(id, source)``, which the cursor carries (``"<id>.<source>"``).
+
+A filter no index serves (actor, since, status, or a key that cannot be
+hashed back) would make "newest 50 matches" a scan of the whole table
+when matches are rare.  So a filtered page reads ``id`` ranges of
+:data:`SPAN` ids at a time, the primary key's range scan, at most
+:data:`MAX_SPANS` of them and for :data:`BUDGET_MS` at most (the span under
+way is finished): a page may come back short with a cursor to
+go on from (bounded work; an empty page with a cursor means "none in
+the last ids looked at").  A key whose words hash back to unique keys
+(``unique_args`` naming those parameters) uses the ``unique_key`` index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
+
+import peewee as pw
+
+from dramatiq_unique.durable import lookup
+from dramatiq_unique.durable.scope import NO_APP
+from dramatiq_unique.ops import labels
+from dramatiq_unique.ops.views import JobRow, Page
+from dramatiq_unique.storage import jobs as storage_jobs
+from dramatiq_unique.storage.models import JobModel, JobStatus
+from dramatiq_unique.storage.stores import base_of
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+#: Rows a page holds unless told otherwise, and at most.
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 1_000
+#: Ids one filtered read covers, and reads one page makes at most.
+SPAN = 100_000
+MAX_SPANS = 10
+#: Rows read at a time when a key is matched in Python.
+BATCH = 500
+#: ms a filtered page goes on reading spans for (a page answers in about this, whatever the table).
+BUDGET_MS = 50
+#: A cursor that is past every row (the first page).
+TOP = (2**63 - 1, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Filters:
+    statuses: tuple[str, ...] = ()
+    actor: Optional[str] = None
+    key: Optional[str] = None
+    since: Optional[datetime] = None
+    #: The unique keys ``key`` hashes back to, when it does (the index is used).
+    unique_keys: Optional[tuple[str, ...]] = None
+
+    @property
+    def scanning(self) -> bool:
+        """Whether a page reads id spans (a filter without an index behind it)."""
+        return self.unique_keys is None and bool(self.statuses or self.actor or self.key or self.since)
+
+
+def parse_cursor(cursor: Optional[str]) -> tuple[int, int]:
+    """``"<id>.<source>"`` as ``(id, source)``; ValueError for anything else."""
+    if cursor is None or cursor == "":
+        return TOP
+    head, _, tail = str(cursor).partition(".")
+    try:
+        ident, source = int(head), int(tail or "0")
+    except ValueError:
+        raise ValueError(f"not a cursor: {cursor!r} (pass on the cursor a page returned)") from None
+    if ident < 0 or source < -1:
+        raise ValueError(f"not a cursor: {cursor!r}")
+    return ident, source
+
+
+def parse_statuses(status: Union[None, str, Iterable[str]]) -> tuple[str, ...]:
+    if status is None:
+        return ()
+    items = status.split(",") if isinstance(status, str) else list(status)
+    known = {s.value for s in JobStatus}
+    statuses = tuple(str(s).strip() for s in items if str(s).strip())
+    for s in statuses:
+        if s not in known:
+            raise ValueError(f"no status {s!r}: one of {', '.join(sorted(known))}")
+    return statuses
+
+
+def _normal(text: str) -> Any:
+    try:
+        return labels.parse(text)
+    except ValueError:
+        return text.strip()
+
+
+def _derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[str, ...]]:
+    """The unique keys ``key`` names, when every actor it can be of hashes it back."""
+    configs = [suite.actor_config(actor)] if actor else list(suite.actors.values())
+    found: list[str] = []
+    for config in configs:
+        if config is None:
+            return None
+        keys = labels.candidate_keys(config, "unique_args", key)
+        if keys is None:
+            if actor or config.options.get("concurrency_key") is not None:
+                return None  # its rows may match by their slot group's key: scan
+            continue
+        found += keys
+    return tuple(found) if found else None
+
+
+def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
+    cond = table.app.in_((suite.app, NO_APP))
+    if f.statuses:
+        cond &= table.status.in_(f.statuses)
+    if f.actor:
+        cond &= table.actor_name == f.actor
+    if f.since is not None:
+        cond &= table.created_at >= f.since
+    if f.unique_keys is not None:
+        cond &= table.unique_key.in_(f.unique_keys)
+    elif f.key:
+        # A cheap first sieve in SQL: every value's text is in the stored arguments.
+        try:
+            values: list[Any] = list(labels.parse(f.key).values())
+        except ValueError:
+            values = [f.key]
+        for value in values:
+            text = labels.canonical(value)[1:-1] if isinstance(value, str) else labels.canonical(value)
+            if "%" in text or "_" in text or "\\" in text:
+                continue  # LIKE would read them as wildcards (and SQLite has no default escape): Python decides
+            cond &= _like(table.args, text) | _like(table.kwargs, text)
+    return cond
+
+
+def _like(column: Any, text: str) -> Any:
+    """``column LIKE '%text%'``, the text as it is (peewee would JSON-encode it for a JSON column,
+    and make SQLite's LIKE a GLOB)."""
+    return pw.NodeList((column, pw.SQL("LIKE"), pw.Value(f"%{text}%", converter=False)))
+
+
+def _after(table: type[JobModel], source: int, cursor: tuple[int, int]) -> Any:
+    """Rows after ``cursor`` in the order (id desc, source desc)."""
+    ident, at = cursor
+    return table.id <= ident if source < at else table.id < ident
+
+
+def jobs(
+    suite: "Suite", *, status: Union[None, str, Iterable[str]] = None, actor: Optional[str] = None,
+    key: Optional[str] = None, since: Optional[datetime] = None, limit: int = DEFAULT_LIMIT,
+    cursor: Optional[str] = None,
+) -> Page:
+    """A page of this app's jobs, newest first (see the module's docstring).
+
+    ``status``: one status, a comma-separated list or a list of them; ``actor``: one
+    actor's; ``key``: the key in words (``customer=42``); ``since``: created at or after
+    it (naive UTC); ``cursor``: the ``cursor`` of the page before.  ValueError for a bad
+    status, key, limit or cursor.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
+    if key is not None:
+        key = key.strip()
+        if not key:
+            raise ValueError("an empty key")
+        _normal(key)
+    f = Filters(parse_statuses(status), actor or None, key or None, since)
+    if key:
+        f = dataclasses.replace(f, unique_keys=_derived(suite, actor, key))
+    position = parse_cursor(cursor)
+
+    def tables(index: int, found: list[type[JobModel]]) -> list[tuple[int, type[JobModel]]]:
+        return [(index, table) for table in found]
+
+    answered, down = lookup.each_store(suite, "listing jobs", tables)
+    sources = [(source, store, table) for source, (store, table) in enumerate(t for ts in answered for t in ts)]
+    with storage_jobs.db_errors("listing jobs"):
+        rows, next_cursor = _read(suite, sources, f, position, limit)
+    return Page(rows, next_cursor, [str(e) for e in down])
+
+
+def _read(
+    suite: "Suite", sources: list[tuple[int, int, type[JobModel]]], f: Filters, position: tuple[int, int], limit: int,
+) -> tuple[list[JobRow], Optional[str]]:
+    found: list[tuple[int, int, JobModel, int]] = []  # (id, source, row, store)
+    upper = position
+    spans = MAX_SPANS if f.scanning else 1
+    matching = bool(f.key) and f.unique_keys is None  # rows are matched in Python, after the SQL sieve
+    span = SPAN // 5 if matching else SPAN  # every sieved row of a span may come to Python
+    floor = None
+    began = time.monotonic()
+    for _ in range(spans):
+        if f.scanning:
+            top = upper[0] if upper != TOP else _max_id(sources) + 1
+            floor = max(top - span, 0)
+        for source, store, table in sources:
+            cond = _where(suite, table, f) & _after(table, source, upper)
+            if floor is not None:
+                cond &= table.id >= floor
+            match = (lambda row: _matches(suite, row, f.key or "")) if matching else None
+            found += [(row.id, source, row, store) for row in _take(table, cond, limit + 1, match)]
+        found.sort(key=lambda item: (item[0], item[1]), reverse=True)
+        if len(found) > limit or floor is None:
+            break
+        if floor <= _min_id(sources) or _older(sources, floor, f.since):
+            return [job_row(suite, *item[2:]) for item in found], None
+        upper = (floor, -1)
+        if (time.monotonic() - began) * 1000 >= BUDGET_MS:
+            break
+    page = found[:limit]
+    rows = [job_row(suite, row, store) for _, _, row, store in page]
+    if len(found) > limit:
+        last = page[-1]
+        return rows, f"{last[0]}.{last[1]}"
+    if floor is None:
+        return rows, None
+    return rows, f"{upper[0]}.{upper[1]}"
+
+
+def _take(table: type[JobModel], cond: Any, need: int, match: Any) -> list[JobModel]:
+    """The first ``need`` rows of ``table`` under ``cond`` (id desc) that ``match`` (None: all)."""
+    if match is None:
+        return list(table.select().where(cond).order_by(table.id.desc()).limit(need))
+    got: list[JobModel] = []
+    below: Optional[int] = None
+    while len(got) < need:
+        query = table.select().where(cond if below is None else cond & (table.id < below))
+        batch = list(query.order_by(table.id.desc()).limit(BATCH))
+        got += [row for row in batch if match(row)]
+        if len(batch) < BATCH:
+            break
+        below = batch[-1].id
+    return got[:need]
+
+
+def _max_id(sources: list[tuple[int, int, type[JobModel]]]) -> int:
+    return max((t.select(pw.fn.MAX(t.id)).scalar() or 0 for _, _, t in sources), default=0)
+
+
+def _min_id(sources: list[tuple[int, int, type[JobModel]]]) -> int:
+    return min((t.select(pw.fn.MIN(t.id)).scalar() or 0 for _, _, t in sources), default=0)
+
+
+def _older(sources: list[tuple[int, int, type[JobModel]]], floor: int, since: Optional[datetime]) -> bool:
+    """Whether every row below ``floor`` was created before ``since`` (ids grow with time):
+    the newest row under it, in each table, is older."""
+    if since is None:
+        return False
+    for _, _, t in sources:
+        below = t.select(t.created_at).where(t.id < floor).order_by(t.id.desc()).limit(1).scalar()
+        if below is not None and below >= since:
+            return False
+    return True
+
+
+def _matches(suite: "Suite", row: JobModel, key: str) -> bool:
+    return _normal(labels.row_key(suite.actor_config(row.actor_name), row)) == _normal(key)
+
+
+def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:
+    shared = base_of(type(row)) is JobModel and store == 0
+    return JobRow(
+        id=row.id, ref=str(row.id) if shared else row.message_id, message_id=row.message_id,
+        actor=row.actor_name, queue=row.queue_name, status=str(row.status),
+        key=labels.row_key(suite.actor_config(row.actor_name), row), attempts=row.attempts,
+        created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
+        table=type(row)._meta.table_name, store=store,
+    )

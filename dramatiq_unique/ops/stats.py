@@ -1,0 +1,151 @@
+"""``stats``: counts by status and actor, throughput, and p50/p95 of waiting and running times.
+
+Bounded work on a table of millions: waiting and running jobs are counted
+through the ``(app, status, ...)`` indexes (there are few of them); finished
+ones only within the window, through ``(app, finished_at)``; the timings
+are taken from the newest :data:`MAX_SAMPLE` jobs finished in it.  On
+PostgreSQL the percentiles are computed in SQL (``percentile_cont``); on
+SQLite, which has none, in Python from the sample.
+
+Waiting time is ``started_at - max(enqueued_at, process_after)`` (from
+when the job could have run to when its last attempt started), running
+time ``finished_at - started_at``, both of the last attempt.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Optional
+
+import peewee as pw
+
+from dramatiq_unique.durable import lookup
+from dramatiq_unique.durable.scope import NO_APP
+from dramatiq_unique.ops.views import Stats
+from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, is_postgres, utcnow
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+#: Finished jobs the timings are taken from, at most (the newest of the window).
+MAX_SAMPLE = 10_000
+#: The longest window, minutes (a day).
+MAX_MINUTES = 1_440
+OPEN = (*WAITING, JobStatus.RUNNING.value)
+
+_PG_TIMES = """
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY w), percentile_cont(0.95) WITHIN GROUP (ORDER BY w),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY r), percentile_cont(0.95) WITHIN GROUP (ORDER BY r), count(*)
+FROM (SELECT EXTRACT(EPOCH FROM started_at - GREATEST(COALESCE(enqueued_at, created_at), process_after)) * 1000 AS w,
+             EXTRACT(EPOCH FROM finished_at - started_at) * 1000 AS r
+      FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
+      ORDER BY finished_at DESC LIMIT {limit}) AS sample
+"""
+_PG_SAMPLE = """
+SELECT EXTRACT(EPOCH FROM started_at - GREATEST(COALESCE(enqueued_at, created_at), process_after)) * 1000,
+       EXTRACT(EPOCH FROM finished_at - started_at) * 1000
+FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
+ORDER BY finished_at DESC LIMIT {limit}
+"""
+_SQLITE_TIMES = """
+SELECT (julianday(started_at) - julianday(MAX(COALESCE(enqueued_at, created_at),
+                                              COALESCE(process_after, enqueued_at, created_at)))) * 86400000,
+       (julianday(finished_at) - julianday(started_at)) * 86400000
+FROM {table} WHERE app IN (?, ?) AND finished_at >= ? AND started_at IS NOT NULL
+ORDER BY finished_at DESC LIMIT {limit}
+"""
+_MINUTE = {True: "date_trunc('minute', finished_at)", False: "strftime('%Y-%m-%d %H:%M', finished_at)"}
+
+
+def percentile(values: list[float], fraction: float) -> Optional[float]:
+    """The ``fraction`` percentile of ``values``, interpolated as PostgreSQL's ``percentile_cont``."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    at = fraction * (len(ordered) - 1)
+    low, high = math.floor(at), math.ceil(at)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+def stats(suite: "Suite", *, minutes: int = 15) -> Stats:
+    """Counts, throughput per minute and timings of the last ``minutes`` (see the module's docstring)."""
+    if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= MAX_MINUTES:
+        raise ValueError(f"minutes must be a whole number from 1 to {MAX_MINUTES}, not {minutes!r}")
+    now = utcnow().replace(second=0, microsecond=0) + timedelta(minutes=1)
+    cutoff = now - timedelta(minutes=minutes)
+    by_status: dict[str, int] = {}
+    by_actor: dict[str, dict[str, int]] = {}
+    per_minute = [0] * minutes
+    pg_times: list[tuple[Any, ...]] = []
+    samples: list[tuple[float, float]] = []
+
+    single = len(suite.models) * len(suite.stores) == 1
+
+    def read(index: int, tables: list[type[JobModel]]) -> None:
+        for table in tables:
+            _counts(suite, table, cutoff, by_status, by_actor)
+            _throughput(suite, table, cutoff, now, per_minute)
+            _times(suite, table, cutoff, pg_times, samples, in_sql=single)
+
+    _, down = lookup.each_store(suite, "reading the stats", read)
+    waiting, running = _percentiles(pg_times, samples)
+    return Stats(minutes, by_status, by_actor, per_minute, waiting, running, [str(e) for e in down])
+
+
+def _counts(suite: "Suite", t: type[JobModel], cutoff: Any, by_status: dict, by_actor: dict) -> None:
+    apps = t.app.in_((suite.app, NO_APP))
+    for statuses, extra in ((OPEN, None), (FINISHED, t.finished_at >= cutoff)):
+        cond = apps & t.status.in_(statuses)
+        if extra is not None:
+            cond &= extra
+        query: Any = t.select(t.status, t.actor_name, pw.fn.COUNT(t.id)).where(cond).group_by(t.status, t.actor_name)
+        for status, actor, n in query.tuples():
+            status = str(status.value if isinstance(status, JobStatus) else status)
+            by_status[status] = by_status.get(status, 0) + n
+            counts = by_actor.setdefault(actor, {})
+            counts[status] = counts.get(status, 0) + n
+
+
+def _throughput(suite: "Suite", t: type[JobModel], cutoff: Any, now: Any, per_minute: list[int]) -> None:
+    db = t._meta.database
+    minute = _MINUTE[is_postgres(db)]
+    param = "%s" if is_postgres(db) else "?"
+    sql = (f"SELECT {minute}, COUNT(*) FROM {_name(t)} WHERE app IN ({param}, {param}) "
+           f"AND finished_at >= {param} GROUP BY 1")
+    for bucket, n in db.execute_sql(sql, (suite.app, NO_APP, cutoff)).fetchall():
+        if isinstance(bucket, str):
+            bucket = type(now).fromisoformat(bucket)
+        index = len(per_minute) - 1 - int((now - bucket).total_seconds() // 60 - 1)
+        if 0 <= index < len(per_minute):
+            per_minute[index] += n
+
+
+def _times(suite: "Suite", t: type[JobModel], cutoff: Any, pg: list, samples: list, *, in_sql: bool) -> None:
+    """The timings of ``t``: PostgreSQL's percentiles when it is the only table (``in_sql``), else
+    its sample (percentiles of two tables do not combine)."""
+    db = t._meta.database
+    params = (suite.app, NO_APP, cutoff)
+    if is_postgres(db) and in_sql:
+        row = db.execute_sql(_PG_TIMES.format(table=_name(t), limit=MAX_SAMPLE), params).fetchone()
+        if row and row[4]:
+            pg.append(row)
+        return
+    sql = (_PG_SAMPLE if is_postgres(db) else _SQLITE_TIMES).format(table=_name(t), limit=MAX_SAMPLE)
+    samples.extend((float(w), float(r)) for w, r in db.execute_sql(sql, params).fetchall()
+                   if w is not None and r is not None)
+
+
+def _percentiles(pg: list, samples: list[tuple[float, float]]) -> tuple[dict, dict]:
+    if pg:
+        w50, w95, r50, r95, _ = (None if v is None else float(v) for v in pg[0])
+        return {"p50": w50, "p95": w95}, {"p50": r50, "p95": r95}
+    waits, runs = [max(w, 0.0) for w, _ in samples], [max(r, 0.0) for _, r in samples]
+    return ({"p50": percentile(waits, 0.5), "p95": percentile(waits, 0.95)},
+            {"p50": percentile(runs, 0.5), "p95": percentile(runs, 0.95)})
+
+
+def _name(t: type[JobModel]) -> str:
+    meta = t._meta
+    schema = f'"{meta.schema}".' if meta.schema else ""
+    return f'{schema}"{meta.table_name}"'

@@ -1,0 +1,187 @@
+"""What an operator sees: plain dataclasses, each with ``as_dict()`` for JSON.
+
+The command line and the dashboard print these; nothing here reads a store.
+Times are naive UTC datetimes (the job table's) and come out of ``as_dict()``
+as ISO 8601 text; durations are milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from datetime import datetime
+from typing import Any, Optional
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON can write it: datetimes as ISO text, enums as their value, dataclasses as dicts."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+class View:
+    """The ``as_dict()`` every view shares."""
+
+    def as_dict(self) -> dict[str, Any]:
+        result = plain(self)
+        assert isinstance(result, dict)
+        return result
+
+
+@dataclasses.dataclass
+class JobRow(View):
+    """One line of the jobs list."""
+
+    id: int
+    #: What ``job`` takes to open this row: the id for the primary store's shared table, else the message id.
+    ref: str
+    message_id: str
+    actor: str
+    queue: str
+    status: str
+    #: The job's key in words (``customer=42``), or '' when it has none.
+    key: str
+    attempts: int
+    created_at: Optional[datetime]
+    started_at: Optional[datetime]
+    finished_at: Optional[datetime]
+    #: The job table it lives in, and the store (0: the primary).
+    table: str
+    store: int
+
+
+@dataclasses.dataclass
+class Page(View):
+    """A page of jobs, newest first; ``cursor`` opens the next page (None: this was the last)."""
+
+    rows: list[JobRow]
+    cursor: Optional[str]
+    #: Stores that did not answer: their rows are missing from this page.
+    down: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Attempt(View):
+    """One attempt of a job (from the row's ``history`` when it has one, else the last attempt)."""
+
+    attempt: int
+    started_at: Optional[Any]
+    finished_at: Optional[Any]
+    status: Optional[str]
+    error: Optional[str]
+    worker: Optional[str]
+
+
+@dataclasses.dataclass
+class Waiting(View):
+    """Why a waiting job waits, as facts; :func:`dramatiq_unique.ops.words.why` puts them in words."""
+
+    #: "slot", "lock", "halted", "due", "queued", "retrying", "pending".
+    reason: str
+    #: The group in words: ``deliver_webhook customer=42``.
+    label: str = ""
+    limit: Optional[int] = None
+    #: Jobs holding the slots or the lock (their ids, as far as the job tables tell), and how many hold.
+    holders: list[int] = dataclasses.field(default_factory=list)
+    held: int = 0
+    #: Jobs of the group waiting ahead of this one (a floor when it says ``ahead_more``).
+    ahead: int = 0
+    ahead_more: bool = False
+    token: Optional[int] = None
+    #: ms until the lock's lease runs out.
+    left_ms: Optional[float] = None
+    #: ms until the job comes due.
+    due_in_ms: Optional[float] = None
+    since: Optional[datetime] = None
+    #: What could not be learned (a store that did not answer), said after the sentence.
+    note: str = ""
+
+
+@dataclasses.dataclass
+class JobView(View):
+    """One job: its row, attempts, fencing token, checkpoints and, while it waits, why."""
+
+    id: int
+    message_id: str
+    actor: str
+    queue: str
+    status: str
+    key: str
+    args: Any
+    kwargs: Any
+    attempts: int
+    created_at: Optional[datetime]
+    enqueued_at: Optional[datetime]
+    process_after: Optional[datetime]
+    started_at: Optional[datetime]
+    finished_at: Optional[datetime]
+    last_error: Optional[str]
+    result: Any
+    fencing_token: int
+    checkpoints: Any
+    worker: Optional[str]
+    parked_on: Optional[str]
+    table: str
+    history: list[Attempt]
+    waiting: Optional[Waiting]
+    #: ``waiting`` in words ('' when the job does not wait).
+    why: str
+
+
+@dataclasses.dataclass
+class LockView(View):
+    """A held lock: ``kind`` "run" (an execution lock) or "queue" (a waiting job's queue lock)."""
+
+    kind: str
+    actor: str
+    key: str
+    unique_key: str
+    holder: Optional[int]
+    holder_message_id: Optional[str]
+    token: Optional[int]
+    left_ms: float
+    #: Jobs parked on the lock, in the order they start (the first few), and how many wait in all.
+    waiters: list[int]
+    waiting: int
+
+
+@dataclasses.dataclass
+class SlotGroupView(View):
+    """A group of concurrency slots."""
+
+    actor: str
+    key: str
+    group: str
+    #: The limit in force; None: no limit.
+    limit: Optional[int]
+    held: int
+    holders: list[int]
+    waiters: list[int]
+    waiting: int
+    halted: bool
+
+
+@dataclasses.dataclass
+class Stats(View):
+    """Counts, throughput and timings of the last ``minutes``."""
+
+    minutes: int
+    #: Waiting and running jobs by status (all of them), finished ones of the window.
+    by_status: dict[str, int]
+    #: {actor: {status: count}}, counted as ``by_status``.
+    by_actor: dict[str, dict[str, int]]
+    #: Jobs finished per minute, oldest minute first (``minutes`` values).
+    throughput: list[int]
+    #: Percentiles, ms, of the jobs finished in the window: {"p50": .., "p95": ..}.
+    waiting_ms: dict[str, Optional[float]]
+    running_ms: dict[str, Optional[float]]
+    down: list[str] = dataclasses.field(default_factory=list)

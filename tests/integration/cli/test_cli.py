@@ -1,0 +1,126 @@
+"""Every command of the command line against real Redis and SQLite/PostgreSQL, run in-process
+with an app module (``APP``) or from the environment only (read-only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+from dramatiq_unique import JobModel
+from tests.helpers import wait_until
+
+
+def test_the_views_name_holders_waiters_and_keys(run, app, scene):
+    """jobs, job, locks, slots, stats and dead, as tables and as JSON."""
+    code, out, _ = run(["jobs", app])
+    assert code == 0 and out.count("customer=42") == 5 and out.count("user=7") == 3
+    code, out, _ = run(["jobs", app, "--key", "customer=42", "--limit", "2", "--json"])
+    page = json.loads(out)
+    assert code == 0 and [r["id"] for r in page["rows"]] == sorted(scene.slot_holders + scene.slot_waiters)[::-1][:2]
+    code, out, _ = run(["jobs", app, "--cursor", page["cursor"], "--key", "customer=42", "--json"])
+    assert len(json.loads(out)["rows"]) == 3
+
+    code, out, _ = run(["job", app, str(scene.slot_waiters[-1])])
+    holders = " and ".join(map(str, scene.slot_holders))
+    assert code == 0
+    assert f"waiting for a slot of deliver_webhook customer=42: 2 of 2 held by jobs {holders}; 2 waiting ahead" in out
+    code, out, _ = run(["job", app, str(scene.lock_waiters[0]), "--json"])
+    view = json.loads(out)
+    assert view["waiting"]["reason"] == "lock" and view["waiting"]["holders"] == [scene.lock_holder]
+    assert view["why"].startswith(f"waiting for the execution lock of report user=7: held by job {scene.lock_holder}")
+
+    code, out, _ = run(["locks", app])
+    assert code == 0
+    [line] = [line for line in out.splitlines() if line.startswith("run")]
+    assert line.split()[:5] == ["run", "report", "user=7", str(scene.lock_holder), "1"]
+    assert line.split()[-2:] == ["2", ",".join(map(str, scene.lock_waiters))]
+
+    code, out, _ = run(["slots", app, "--json"])
+    [group] = json.loads(out)
+    assert (group["key"], group["limit"], group["holders"], group["waiters"]) == (
+        "customer=42", 2, scene.slot_holders, scene.slot_waiters)
+
+    code, out, _ = run(["stats", app, "--json"])
+    assert code == 0 and json.loads(out)["by_status"]["pending"] == 5
+    code, out, _ = run(["stats", app])
+    assert "finished per minute" in out and "deliver_webhook" in out
+    code, out, _ = run(["dead", app, "--json"])
+    assert [r["id"] for r in json.loads(out)] == [scene.dead]
+
+
+def test_limit_then_slots_then_retry_and_cancel(run, app, scene):
+    """limit raises a group (a parked job starts), halts it, restores it; retry sends a dead job
+    again and it succeeds; cancel cancels a waiting job and refuses a finished one."""
+    code, out, err = run(["limit", app, "deliver_webhook", "customer=42", "3"])
+    assert code == 0, err
+    assert "limit     3" in out
+    wait_until(lambda: json.loads(run(["slots", app, "--json"])[1])[0]["held"] == 3, timeout=10, what="a third holder")
+    assert run(["limit", app, "deliver_webhook", "customer=42", "halt"])[0] == 0
+    [group] = json.loads(run(["slots", app, "--json"])[1])
+    assert group["halted"] is True and group["limit"] == 0
+    assert "HALTED" in run(["slots", app])[1]
+    assert run(["limit", app, "deliver_webhook", "customer=42", "default", "--json"])[0] == 0
+    assert json.loads(run(["slots", app, "--json"])[1])[0]["limit"] == 2
+
+    scene.fixed.set()
+    code, out, err = run(["retry", app, str(scene.dead)])
+    assert code == 0 and "sent again" in out, err
+    wait_until(lambda: JobModel.get_by_id(scene.dead).status == "succeeded", timeout=10, what="the retried job")
+    assert run(["retry", app, str(scene.dead)])[0] == 1  # not dead any more: refused
+
+    waiting = scene.lock_waiters[-1]
+    code, out, _ = run(["cancel", app, str(waiting), "--json"])
+    assert code == 0 and json.loads(out)["status"] == "cancelled"
+    code, _, err = run(["cancel", app, str(scene.done)])
+    assert code == 1 and "cancel" in err
+
+
+def test_read_only_from_the_environment(run, scene, suite):
+    """Without the app, the views read the tables the environment names; changes are refused."""
+    code, out, _ = run(["jobs", "--json"], env=True)
+    assert code == 0 and len(json.loads(out)["rows"]) == 10
+    code, out, _ = run(["job", str(scene.slot_waiters[0])], env=True)
+    assert code == 0 and "waiting for a slot of deliver_webhook" in out
+    for words in (["retry", str(scene.dead)], ["cancel", str(scene.slot_waiters[0])],
+                  ["limit", "deliver_webhook", "3"], ["prune"], ["redrive", "--once"]):
+        code, _, err = run(words, env=True)
+        assert code == 1 and "read-only" in err, (words, err)
+    assert JobModel.get_by_id(scene.dead).status == "failed"
+    code, _, err = run(["jobs"], environ={})
+    assert code == 2 and "DRAMATIQ_UNIQUE_DATABASE_URL" in err
+
+
+def test_bad_input_gives_usage_or_not_found(run, app, scene):
+    for words, code in (
+        (["job", app, "999999"], 1), (["job", app, "no-such-message"], 1), (["job", app, "x" * 500], 2),
+        (["job", app, "99999999999999999999999"], 1), (["jobs", app, "--cursor", "garbage"], 2),
+        (["jobs", app, "--status", "nope"], 2), (["jobs", app, "--limit", "0"], 2),
+        (["jobs", app, "--since", "then"], 2),
+        (["jobs", app, "--key", " "], 2), (["nonsense"], 2), (["job", app], 2), (["job", app, "1", "2"], 2),
+        (["limit", app, "no_actor", "3"], 1), (["limit", app, "deliver_webhook", "customer=42", "lots"], 2),
+        (["limit", app, "deliver_webhook", "region=eu", "3"], 2), (["jobs", "no_such_module:broker"], 2),
+        (["stats", app, "--minutes", "0"], 2),
+    ):
+        got, _, err = run(words)
+        assert got == code, (words, got, err)
+        assert "Traceback" not in err
+
+
+def test_prune_redrive_and_web(run, app, scene, monkeypatch):
+    code, out, _ = run(["prune", app, "--json"])
+    assert code == 0 and json.loads(out) == {"pruned": 0}
+    code, out, _ = run(["redrive", app, "--once"])
+    assert code == 0 and json.loads(out)["ran"] is True
+
+    monkeypatch.setitem(sys.modules, "dramatiq_unique.web", None)  # the extra is not installed
+    code, _, err = run(["web", app])
+    assert code == 2 and "pip install dramatiq_unique[web]" in err
+    served: list = []
+    fake = types.ModuleType("dramatiq_unique.web")
+    fake.serve = lambda suite, **options: served.append((suite, options))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dramatiq_unique.web", fake)
+    assert run(["web", app, "--port", "8099"])[0] == 0
+    assert served[0][1] == {"host": "127.0.0.1", "port": 8099, "read_only": False}
+    assert run(["web", "--port", "8099"], env=True)[0] == 0
+    assert served[1][1]["read_only"] is True

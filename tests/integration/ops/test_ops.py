@@ -1,0 +1,81 @@
+"""The ops layer (dramatiq_unique.ops) on real Redis and SQLite/PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dramatiq_unique import JobNotFound, ops
+
+
+def test_the_views_of_a_busy_scene(suite, scene):
+    """Given two webhooks of customer 42 running and three parked, a report of user 7 running and two
+    parked, When an operator looks, Then every view names the holders, the waiters and the key in words."""
+    page = ops.jobs(suite)
+    assert [row.id for row in page.rows] == sorted(range(1, 11), reverse=True) and page.cursor is None
+    assert {row.key for row in page.rows if row.actor == "deliver_webhook"} == {"customer=42"}
+    json.dumps(page.as_dict())
+
+    last = scene.slot_waiters[-1]
+    holders = " and ".join(str(i) for i in scene.slot_holders)
+    assert ops.job(suite, last).why == (
+        f"waiting for a slot of deliver_webhook customer=42: 2 of 2 held by jobs {holders}; 2 waiting ahead")
+    view = ops.job(suite, scene.lock_waiters[-1])
+    assert view.why.startswith(f"waiting for the execution lock of report user=7: held by job {scene.lock_holder} "
+                               f"(token 1, "), view.why
+    assert view.why.endswith("s left); 1 waiting ahead")
+    json.dumps(view.as_dict())
+
+    [lock] = ops.locks(suite)
+    assert (lock.kind, lock.key, lock.holder, lock.token, lock.waiters) == (
+        "run", "user=7", scene.lock_holder, 1, scene.lock_waiters)
+    assert 0 < lock.left_ms <= 30_000
+    [group] = ops.slots(suite)
+    assert (group.key, group.limit, group.held, group.holders, group.waiters, group.halted) == (
+        "customer=42", 2, 2, scene.slot_holders, scene.slot_waiters, False)
+
+    stats = ops.stats(suite)
+    assert stats.by_status == {"pending": 5, "running": 3, "failed": 1, "succeeded": 1}
+    assert stats.by_actor["deliver_webhook"] == {"pending": 3, "running": 2}
+    assert sum(stats.throughput) == 2 and stats.running_ms["p50"] is not None
+    json.dumps(stats.as_dict())
+
+
+def test_filters_and_pages(suite, scene):
+    """Filters by key (hashed back to unique keys, or matched on the row), status and actor, and
+    pages of two that together give the whole list once."""
+    assert [r.id for r in ops.jobs(suite, key="customer=42").rows] == sorted(
+        scene.slot_holders + scene.slot_waiters, reverse=True)
+    assert [r.id for r in ops.jobs(suite, key="user=7").rows] == sorted(
+        [scene.lock_holder, *scene.lock_waiters], reverse=True)
+    assert ops.jobs(suite, key="customer=43").rows == []
+    assert [r.id for r in ops.jobs(suite, status="failed").rows] == [scene.dead]
+    assert [r.id for r in ops.jobs(suite, status="failed,succeeded", actor="fine").rows] == [scene.done]
+    seen, cursor = [], None
+    for _ in range(10):
+        page = ops.jobs(suite, limit=2, cursor=cursor)
+        seen += [r.id for r in page.rows]
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert seen == list(range(10, 0, -1))
+    with pytest.raises(ValueError):
+        ops.jobs(suite, cursor="garbage")
+    with pytest.raises(ValueError):
+        ops.jobs(suite, status="nope")
+    with pytest.raises(JobNotFound):
+        ops.job(suite, 999_999)
+
+
+def test_a_key_matched_on_the_rows_is_found_behind_many_that_only_look_alike(suite, broker, scene):
+    """Rows whose arguments hold the key's value but not as the key (60 newer ``fine(7)`` jobs, more
+    than a page) do not hide the jobs whose key it is: the SQL sieve's rows are read in batches."""
+    fine = broker.get_actor("fine")
+    for _ in range(60):
+        fine.send(7)
+    page = ops.jobs(suite, key="user=7", limit=2)
+    assert [r.id for r in page.rows] == sorted([scene.lock_holder, *scene.lock_waiters], reverse=True)[:2]
+    assert page.cursor is not None
+    rest = ops.jobs(suite, key="user=7", limit=2, cursor=page.cursor)
+    assert [r.id for r in rest.rows] == [min(scene.lock_holder, *scene.lock_waiters)]

@@ -1,0 +1,57 @@
+"""Why a job waits, in words, from given facts (dramatiq_unique.ops.words): no service."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from dramatiq_unique.ops.views import Waiting
+from dramatiq_unique.ops.words import duration, job_list, why
+
+
+@pytest.mark.parametrize("ms, text", [
+    (None, "?"), (-5, "0 ms"), (850, "850 ms"), (41_000, "41 s"), (75_000, "75 s"), (180_000, "3 m"),
+    (7_200_000, "2 h"), (4 * 86_400_000, "4 d"),
+])
+def test_durations_in_one_unit(ms, text):
+    assert duration(ms) == text
+
+
+def test_job_lists():
+    assert job_list([12], 1) == "job 12"
+    assert job_list([17, 23], 2) == "jobs 17 and 23"
+    assert job_list([1, 2, 3], 3) == "jobs 1, 2 and 3"
+    assert job_list([17], 2) == "jobs 17 and 1 unknown"
+    assert job_list([], 2) == "2 jobs not in the job tables"
+
+
+def test_a_slot_wait():
+    w = Waiting(reason="slot", label="deliver_webhook customer=42", limit=2, holders=[17, 23], held=2, ahead=5)
+    assert why(w) == "waiting for a slot of deliver_webhook customer=42: 2 of 2 held by jobs 17 and 23; 5 waiting ahead"
+    w = Waiting(reason="slot", label="export", limit=3, holders=[], held=0, ahead=0)
+    assert why(w) == "waiting for a slot of export: 0 of 3 held (it starts at the next hand-over); first in line"
+    more = Waiting(reason="slot", label="x", limit=1, holders=[1], held=1, ahead=1000, ahead_more=True)
+    assert why(more).endswith("1000+ waiting ahead")
+
+
+def test_a_halted_group_and_a_lock():
+    assert why(Waiting(reason="halted", label="export", ahead=2)) == (
+        "waiting for a slot of export: the group is halted (limit 0; `limit` restores it); 2 waiting ahead")
+    w = Waiting(reason="lock", label="report user=7", holders=[12], held=1, token=7, left_ms=41_000, ahead=2)
+    assert why(w) == (
+        "waiting for the execution lock of report user=7: held by job 12 (token 7, 41 s left); 2 waiting ahead")
+    free = Waiting(reason="lock", label="report user=7", left_ms=0)
+    assert "free now" in why(free)
+
+
+def test_due_queued_and_pending():
+    now = datetime(2026, 11, 24, 21, 7, 12)
+    assert why(Waiting(reason="due", due_in_ms=180_000)) == "due in 3 m"
+    assert why(Waiting(reason="retrying", due_in_ms=2_000)) == "failed, retrying: next attempt due in 2 s"
+    assert why(Waiting(reason="queued", since=now - timedelta(minutes=4)), now) == (
+        "queued since 2026-11-24 21:03:12 UTC (4 m)")
+    assert why(Waiting(reason="pending", since=now), now).startswith("pending since 2026-11-24 21:07:12 UTC (0 ms)")
+    assert why(None) == ""
+    assert why(Waiting(reason="due", due_in_ms=1_000, note="Redis did not answer")) == (
+        "due in 1 s (Redis did not answer)")
