@@ -16,7 +16,7 @@ from dramatiq_unique.cli.context import DATABASE_ENV, PREFIX_ENV, Context, Usage
 from dramatiq_unique.cli.registry import command
 from dramatiq_unique.health import checks, commands
 from dramatiq_unique.health.target import Target, from_environment, of_suite
-from dramatiq_unique.storage import schema
+from dramatiq_unique.storage import migrations, schema
 
 
 def target_of(ctx: Context, args: argparse.Namespace) -> Target:
@@ -59,11 +59,17 @@ def status(ctx: Context, args: argparse.Namespace) -> int:
         target.close()
 
 
+def _migrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print what would be done, do nothing")
+    p.add_argument("--lock-timeout", type=int, default=migrations.DEFAULT_LOCK_TIMEOUT, metavar="MS",
+                   help="PostgreSQL: ms a step may wait for the table's lock (5000), then the migration fails")
+
+
 @command("migrate", help="bring every job table to this release's schema version (idempotent)", load=False,
-         arguments=lambda p: p.add_argument("--dry-run", action="store_true", help="print what would be done"))
+         arguments=_migrate_arguments)
 def migrate(ctx: Context, args: argparse.Namespace) -> int:
     target = target_of(ctx, args)
     try:
-        return commands.migrate(target, ctx.emit, dry_run=args.dry_run)
+        return commands.migrate(target, ctx.emit, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
     finally:
         target.close()

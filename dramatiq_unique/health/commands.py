@@ -78,12 +78,13 @@ def status(target: Target, emit: Emit) -> int:
     return 0 if all(r.current for r in results) else 1
 
 
-def migrate(target: Target, emit: Emit, *, dry_run: bool = False) -> int:
+def migrate(target: Target, emit: Emit, *, dry_run: bool = False,
+            lock_timeout: float = migrations.DEFAULT_LOCK_TIMEOUT) -> int:
     if dry_run:
         results = _each_table(target, migrations.status)
         emit([r.as_dict() for r in results], lambda: _rows(results, "pending", "(dry run: nothing changed)"))
     else:
-        results = _each_table(target, migrations.migrate)
+        results = _each_table(target, lambda model, store: migrations.migrate(model, store, lock_timeout=lock_timeout))
         emit([r.as_dict() for r in results], lambda: _rows(results, "applied"))
     return 0 if all(r.error is None for r in results) else 1
 

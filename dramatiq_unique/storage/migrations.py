@@ -51,6 +51,13 @@ OLD_INDEXES = (
 )
 
 
+#: ms a migration step may wait for its table's lock on PostgreSQL.  ALTER TABLE takes an ACCESS
+#: EXCLUSIVE lock, which waits for every open transaction on the table (an old worker's), and every
+#: statement after it waits behind it: a bounded wait turns a stall of every worker into a failed
+#: migrate, run again later.
+DEFAULT_LOCK_TIMEOUT = 5_000
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One change of a migration: what it does, in words, and doing it."""
@@ -146,16 +153,21 @@ def status(model: Model, store: str = "") -> TableStatus:
     return TableStatus(schema.table_key(model), store, version, pending=pending)
 
 
-def migrate(model: Model, store: str = "", *, dry_run: bool = False) -> TableStatus:
+def migrate(model: Model, store: str = "", *, dry_run: bool = False,
+            lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> TableStatus:
     """Bring ``model``'s table to the current version (create it if missing); with ``dry_run``, only say how.
 
-    Idempotent: a table at the current version is left alone (its missing indexes are added, as at
-    set-up).  Runs in one transaction under the set-up lock (see the module docstring).
+    Idempotent: a table at the current version is left alone.  Runs in one transaction under the
+    set-up lock (see the module docstring).  On PostgreSQL, a step that waits more than
+    ``lock_timeout`` ms for the table's lock fails (and the whole migration rolls back) rather than
+    queue every worker's statements behind it.
     """
     if dry_run:
         return status(model, store)
     db = model._meta.database
     with schema.locked(db):
+        if isinstance(db, pw.PostgresqlDatabase):
+            db.execute_sql(f"SET LOCAL lock_timeout TO {int(lock_timeout)}")  # an int: no injection
         version, steps = _plan(model)  # again, under the lock: another run may have migrated it
         result = TableStatus(schema.table_key(model), store, version)
         if version is None:

@@ -157,6 +157,24 @@ def test_a_store_down(v1_db, database_url, monkeypatch, capsys):
     assert "ERROR" in capsys.readouterr().out
 
 
+def test_an_open_transaction_of_an_old_worker_bounds_the_wait(pg_url, monkeypatch, capsys):
+    """PostgreSQL: an old worker's open transaction on the table holds ALTER TABLE back; the migration
+    gives up after --lock-timeout (exit 1, rolled back) instead of queueing every worker behind it."""
+    db, worker = open_database(pg_url), open_database(pg_url)
+    create_v1_table(db)
+    monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", pg_url)
+    try:
+        with worker.atomic():
+            worker.execute_sql('SELECT count(*) FROM "dramatiq_unique_jobs"').fetchone()
+            assert main(["migrate", "--lock-timeout", "200", "--json"]) == 1
+            (result,) = json.loads(capsys.readouterr().out)
+            assert "lock timeout" in result["error"] and schema.version_of(bound(JobModel, db, 0)) == 1
+        assert main(["migrate"]) == 0
+    finally:
+        worker.close()
+        db.close()
+
+
 def test_a_new_database_is_created_at_the_current_version(suite):
     assert schema.recorded(JobModel) == schema.CURRENT_VERSION
     assert migrations.status(JobModel).current
