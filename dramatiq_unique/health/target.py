@@ -76,7 +76,8 @@ def bound(model: type[JobModel], db: pw.Database, index: int) -> type[JobModel]:
     made = cast(Any, type(model))(f"{model.__name__}_cli{index}", (model,), {
         "Meta": type("Meta", (), attrs), "__module__": model.__module__,
     })
-    made._meta.name = meta.name  # peewee names indexes after it: the same names as the model's own
+    # peewee names indexes after it: the names set-up gives them (storage/stores.py's model_in in another store).
+    made._meta.name = meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
     return cast(type[JobModel], made)
 
 
