@@ -28,7 +28,8 @@ from dramatiq_unique.errors import (
 )
 from dramatiq_unique.idempotency import submit
 from dramatiq_unique.leases import heartbeat
-from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
+from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
+from dramatiq_unique.observe import enable_metrics
 from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.suite import Suite
@@ -53,6 +54,7 @@ __all__ = [
     "JobStatus",
     "JobTracking",
     "LockLost",
+    "Metrics",
     "NotConfigured",
     "NotInJob",
     "NotSerializable",
@@ -67,6 +69,7 @@ __all__ = [
     "concurrency_status",
     "current_job",
     "dead_jobs",
+    "enable_metrics",
     "get_job",
     "heartbeat",
     "redrive",

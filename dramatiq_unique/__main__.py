@@ -1,8 +1,6 @@
 """``python -m dramatiq_unique COMMAND ...``: the command line (:mod:`dramatiq_unique.cli`)."""
 
-import sys
-
-from dramatiq_unique.cli import main
+from dramatiq_unique.cli import entry_point
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()

@@ -13,7 +13,7 @@ from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
 from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
 from dramatiq_unique.logs import ResultWarningFilter
-from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Redriver
+from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
 from dramatiq_unique.redis.checks import check_redis
 from dramatiq_unique.slots.limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
 from dramatiq_unique.storage.models import JobModel
@@ -54,6 +54,8 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     # Before ExecutionLocks: a job takes its slot, then its lock; hands on the lock, then the slot.
     broker.add_middleware(ConcurrencySlots(suite=suite), before=ExecutionLocks)
     broker.add_middleware(Redriver(suite=suite))  # starts the re-drive after worker boot if `redriver`
+    if not any(isinstance(m, Metrics) for m in broker.middleware):  # metrics at worker boot, one per broker
+        broker.add_middleware(Metrics())
     ResultWarningFilter.install(suite)
     _config.set_current(suite)
     return suite

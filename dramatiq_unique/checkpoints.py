@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from dramatiq_unique.context import JobContext, require
 from dramatiq_unique.errors import LockLost, NotSerializable
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import dumps
 
@@ -36,7 +37,7 @@ def _check_fence(ctx: JobContext) -> None:
     with jobs.db_errors(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
         token = model.select(model.fencing_token).where(model.id == job.id).scalar()  # type: ignore[union-attr]
     if token != job.fencing_token:  # type: ignore[union-attr]
-        raise LockLost(f"job {job.message_id} was started again by a newer attempt")  # type: ignore[union-attr]
+        raise events.lock_lost(job, LockLost(f"job {job.message_id} was started again by a newer attempt"))  # type: ignore[union-attr]
 
 
 def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -64,6 +65,7 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     with jobs.db_errors(f"recording step {name!r} of job {job.message_id}"):
         recorded = statements.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
     if not recorded:
+        events.fenced_out(job, "checkpoint")
         raise LockLost(f"job {job.message_id} was started again by a newer attempt; step {name!r} not recorded")
     job.checkpoints = done
     return stored

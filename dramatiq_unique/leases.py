@@ -37,6 +37,7 @@ from dramatiq.asyncio import async_to_sync
 from dramatiq_unique import context
 from dramatiq_unique import options as opt
 from dramatiq_unique.errors import DatabaseUnavailable, LockLost
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage.models import after_ms
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def heartbeat() -> float:
         give_up(ctx, e)
         raise
     left.append(_renew_row(ctx))
+    events.heartbeat(ctx.job)
     return max(0.0, min(left) - (time.monotonic() - started))
 
 
@@ -104,6 +106,7 @@ def _renew_row(ctx: "JobContext") -> float:
     except (pw.OperationalError, pw.InterfaceError) as e:
         raise DatabaseUnavailable(f"renewing the lease of job {job.message_id}: {e}") from e
     if not renewed:
+        events.fenced_out(job, "lease")
         error = LockLost(f"job {job.message_id} was taken over by a newer attempt")
         give_up(ctx, error)
         raise error
@@ -115,7 +118,7 @@ def give_up(ctx: "JobContext", error: LockLost) -> None:
     """Remember that the attempt lost its hold: it must not be recorded as succeeded."""
     ctx.extras[LOST] = error
     job = ctx.job
-    logger.warning("Job %s lost its lease: %s", job.message_id if job else "?", error.detail)
+    events.lock_lost(job, error)
 
 
 def carry_context(actor: "dramatiq.Actor") -> None:

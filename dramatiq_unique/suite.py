@@ -100,16 +100,24 @@ class Settings:
     #: With several job stores (``database=[primary, secondary, ...]``): ms a store that failed is
     #: skipped by the sends that may go to another store, before it is tried again.
     store_down_for: int = _stores.DEFAULT_DOWN_FOR
+    #: What a tracked send does when its publish fails because the broker is down: "defer" keeps its
+    #: row ``pending`` for the re-drive and returns; "raise" raises as plain Dramatiq does, leaving no row.
+    on_broker_down: str = "defer"
+    #: With "defer": ms after a failed publish during which tracked sends are kept pending without
+    #: trying the broker (each try can cost a connection attempt, or several on RabbitMQ).
+    broker_down_backoff: int = 1_000
 
     def __post_init__(self) -> None:
         for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size",
                      "database_connect_timeout", "database_timeout", "check_timeout", "lock_timeout",
-                     "store_down_for"):
+                     "store_down_for", "broker_down_backoff"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")
         if self.on_lost not in ("redrive", "fail"):
             raise InvalidOption(f"setting on_lost must be 'redrive' or 'fail', not {self.on_lost!r}")
+        if self.on_broker_down not in ("defer", "raise"):
+            raise InvalidOption(f"setting on_broker_down must be 'defer' or 'raise', not {self.on_broker_down!r}")
 
 
 @dataclasses.dataclass(frozen=True)

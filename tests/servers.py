@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import uuid
 from typing import Optional
 
 import psycopg2
@@ -112,6 +113,20 @@ class PostgresCluster:
                 killed = cur.fetchone()[0]
         conn.close()
         return int(killed)
+
+    def schema_url(self) -> str:
+        """A URL of a new schema of the caller's own on this cluster, started first if a test left it stopped."""
+        try:
+            self.wait_ready(timeout=0.1)
+        except AssertionError:
+            self.start()
+        schema = f"du_{uuid.uuid4().hex[:10]}"
+        with psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres") as conn:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute(f'CREATE SCHEMA "{schema}"')
+        conn.close()
+        return f"{self.url}?options=-csearch_path%3D{schema}"
 
     def remove(self) -> None:
         try:

@@ -30,6 +30,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
 from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 
@@ -86,7 +87,12 @@ class Publisher:
         if self.broker._should_do_maintenance("enqueue"):
             # Only the broker's script does the queue maintenance: the lock first, then its publish.
             if lock is not None:
-                self.suite.locks.force(*lock)
+                try:
+                    self.suite.locks.force(*lock)
+                except RedisUnavailable:
+                    # The broker's server is down: its publish fails as the broker's (which a tracked
+                    # send may defer, durable/deferral.py); the database decides duplicates anyway.
+                    pass
             return self.dispatch(queue_name, ref, body)
         keys = [self.keys.heartbeats(), self.keys.queue(queue_name), self.keys.messages(queue_name)]
         args = [current_millis(), self.broker.broker_id, ref, body]

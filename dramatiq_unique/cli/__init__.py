@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from typing import Optional, Sequence
@@ -36,7 +37,12 @@ def _load_commands() -> None:
 
 def parser() -> argparse.ArgumentParser:
     _load_commands()
-    top = argparse.ArgumentParser(prog="dramatiq-unique", description=(__doc__ or "").split("\n")[0])
+    top = argparse.ArgumentParser(
+        prog="dramatiq-unique", description="See and steer the jobs, locks and slots of a dramatiq_unique app.",
+        epilog="Each command takes the app module first (package.module[:broker]), as dramatiq does; without it, "
+               "DRAMATIQ_UNIQUE_DATABASE_URL and DRAMATIQ_UNIQUE_REDIS_URL open the jobs read-only. "
+               "Exit codes: 0 ok, 1 not found or refused, 2 usage.",
+    )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in sorted(COMMANDS.values(), key=lambda c: c.name):
         sub = commands.add_parser(cmd.name, help=cmd.help, description=cmd.help)
@@ -70,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = N
     except REFUSED as e:
         ctx.say(f"{cmd.name}: {_what(e)}")
         return 1
-    except (Usage, ValueError, TypeError) as e:
+    except (Usage, ValueError) as e:  # InvalidOption is a ValueError: a bad limit or key for the actor
         ctx.say(f"{cmd.name}: {_what(e)}")
         return 2
     except DramatiqUniqueError as e:  # DuplicateJob, InvalidOption...: refused as asked
@@ -85,5 +91,14 @@ def _what(error: Exception) -> str:
 
 
 def entry_point() -> None:
-    """The ``dramatiq-unique`` console script."""
-    sys.exit(main())
+    """The ``dramatiq-unique`` console script (and ``python -m dramatiq_unique``)."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        code = 130
+    except BrokenPipeError:  # | head: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    sys.exit(code)

@@ -105,8 +105,10 @@ def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
         sys.path.insert(0, full)
     try:
         _, broker = import_broker(app)
-    except (ImportError, AttributeError) as e:
-        raise Usage(f"cannot import the app {app!r}: {e}") from e
+    except DramatiqUniqueError:
+        raise  # setup() found a store or Redis down, a bad option...: said as such
+    except Exception as e:  # the app's own import failed: say so, without a traceback of ours
+        raise Usage(f"cannot import the app {app!r}: {type(e).__name__}: {e}") from e
     suite = _config._current
     if suite is None:
         raise Usage(f"{app} did not call dramatiq_unique.setup()")
@@ -122,7 +124,6 @@ def from_env(env: dict[str, str]) -> "Suite":
     import peewee as pw
 
     from dramatiq_unique.storage.models import JobModel, open_database
-    from dramatiq_unique.suite import Suite
 
     if database.startswith("sqlite:///") and not os.path.exists(database[len("sqlite:///"):].split("?")[0]):
         raise Refused(f"{DATABASE_ENV} names no existing SQLite file: {database}")
@@ -136,5 +137,25 @@ def from_env(env: dict[str, str]) -> "Suite":
         db.close()
     if not exists:
         raise Refused(f"no job table {JobModel._meta.table_name} in {DATABASE_ENV}: has the app set up the suite?")
+    import redis as redis_lib
+
     settings = {"key_prefix": env[PREFIX_ENV]} if env.get(PREFIX_ENV) else {}
-    return Suite(database=database, redis=redis_url, **settings)
+    # Bounded, so that a Redis that does not answer costs seconds, not the system's connect timeout.
+    client = redis_lib.Redis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT / 1000,
+                                      socket_timeout=CONNECT_TIMEOUT / 1000)
+    return _read_only_suite()(database=database, redis=client, **settings)
+
+
+def _read_only_suite() -> type:
+    """A Suite that binds the job table without creating or migrating anything: the environment's
+    database role may only read (``CREATE TABLE IF NOT EXISTS`` needs the right to create)."""
+    from dramatiq_unique.suite import Suite
+
+    class ReadOnlySuite(Suite):
+        def register_model(self, model: Any) -> None:
+            with self._lock:
+                if model not in self.models:
+                    model.bind(self.db, bind_refs=False, bind_backrefs=False)
+                    self.models.append(model)
+
+    return ReadOnlySuite

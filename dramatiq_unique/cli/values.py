@@ -22,7 +22,10 @@ def since(text: Optional[str]) -> Optional[datetime]:
     text = text.strip()
     ago = _AGO.match(text)
     if ago:
-        return since_of(timedelta(seconds=int(ago.group(1)) * _UNITS[ago.group(2)]))
+        try:
+            return since_of(timedelta(seconds=int(ago.group(1)) * _UNITS[ago.group(2)]))
+        except OverflowError:
+            raise ValueError(f"--since {text} reaches before the year 1") from None
     try:
         return since_of(datetime.fromisoformat(text))
     except ValueError:

@@ -1,9 +1,28 @@
-"""What a re-drive pass did: :class:`RedriveCounts`, which :func:`dramatiq_unique.redrive` returns."""
+"""What a re-drive pass did: :class:`RedriveCounts`, which :func:`dramatiq_unique.redrive` returns,
+and when it ended (:func:`record_end`, which the ``check`` command reads)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+
+def record_end(suite: "Suite") -> None:
+    """Record that a pass of the suite's app ended now: one small Redis key per app (a row would cost the
+    database a write every pass, and Redis holds the pass lock anyway); a failure is only logged."""
+    try:
+        suite.redis.set(suite.keys.last_pass(), int(time.time() * 1000))
+    except redis.RedisError as e:
+        logger.warning("Could not record the end of the re-drive pass: %s", e)
 
 
 @dataclasses.dataclass
@@ -32,6 +51,8 @@ class RedriveCounts:
     errors: int = 0
     #: Rows written without an app (an earlier version) that this app took (scope.py).
     adopted: int = 0
+    #: Jobs sent (of ``sent`` and ``redriven``) that were kept pending because the broker was down (deferral.py).
+    deferred: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

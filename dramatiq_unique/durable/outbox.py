@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from dramatiq.common import q_name
 
 from dramatiq_unique.broker.refs import broker_ref, resending
+from dramatiq_unique.durable import deferral
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
 from dramatiq_unique.storage import jobs
@@ -101,13 +102,11 @@ class Outbox:
                     model.update(broker_ref=broker_ref(sent)).where(
                         (model.id == row_id) & model.broker_ref.is_null()
                     ).execute()
-            except Exception:
+            except Exception as error:
                 down = True
                 if item.row is not None:
-                    logger.warning(
-                        "Could not publish job %s after commit; it stays pending for the re-drive.",
-                        item.message.message_id, exc_info=True,
-                    )
+                    # After commit: pending for the re-drive, logged as the suite logs a broker outage.
+                    deferral.send_failed(self.suite, item.broker, item.message.message_id, error)
                     self._unclaim(item)
                 else:
                     logger.error(

@@ -31,7 +31,6 @@ older copy of a re-sent message is skipped, never run beside the new one.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any, Optional
 
 import dramatiq
@@ -42,14 +41,15 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
 from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import claims
+from dramatiq_unique.durable import claims, deferral
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
-from dramatiq_unique.durable.counts import RedriveCounts
+from dramatiq_unique.durable.counts import RedriveCounts, record_end
 from dramatiq_unique.durable.lost import actor_options, retries_exhausted
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks import queue
-from dramatiq_unique.parking import lot
+from dramatiq_unique.observe import events, metrics_on
+from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.storage import history, jobs, statements
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 from dramatiq_unique.storage.stores import CONNECTION_ERRORS
@@ -95,12 +95,7 @@ def run_pass(
             counts = _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
     except redis.RedisError as e:
         raise RedisUnavailable(f"re-drive pass: {e}") from e
-    try:
-        # One small key per app, so that `check` can say how long ago a pass ended (a row would cost a write
-        # to the database every pass, and Redis is the pass lock's home anyway).
-        suite.redis.set(suite.keys.last_pass(), int(time.time() * 1000))
-    except redis.RedisError as e:
-        logger.warning("Could not record the end of the re-drive pass: %s", e)
+    record_end(suite)
     return counts
 
 
@@ -129,6 +124,8 @@ class _Pass:
                 self.counts.errors += 1
                 stores.mark_down(index, e, quiet=True)
                 logger.warning("The re-drive skips job %s this pass: %s", stores.name(index), str(e).strip())
+        deferral.log_backlog(self.counts.deferred)
+        events.redrive_pass(self.counts)
         return self.counts
 
     def _run_store(self, index: int) -> None:
@@ -158,6 +155,8 @@ class _Pass:
         # sending them would only park them again.  Their wake-ups live in Redis and
         # can be lost (a holder killed, Redis wiped): wake every group with no holder.
         self.counts.woken += lot.wake_orphans(self.suite)
+        if metrics_on():  # the parked-jobs gauge: one query per table, only with metrics on
+            events.parked_counts(rows.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
 
     # -- 2. due jobs --------------------------------------------------------------
 
@@ -193,10 +192,11 @@ class _Pass:
             except Exception as e:
                 self.broker_down = True
                 self.counts.errors += 1
-                logger.warning("Could not send job %s (%s); the next pass tries again.", row.message_id, e)
+                deferral.send_failed(self.suite, self.broker, row.message_id, e)  # the next pass tries again
                 jobs.unclaim_sends(model, [r.id for r in rows[i:]], revert_to)
                 break
             refs[row.id] = sent.options.get("redis_message_id") or row.message_id
+            self.counts.deferred += deferral.was_deferred(row)
         statements.record_refs(model, refs)  # a ref set meanwhile is newer: kept
         return len(refs)
 
@@ -260,6 +260,8 @@ class _Pass:
             extra["last_error"] = f"attempt {row.attempts} lost: its worker or the broker dropped the message"
             extra["history"] = history.append(model, jobs.attempt_of(row, extra, "lost"))
         claimed = claims.claim_one(model, row, **extra)
+        if claimed is not None:
+            events.job_lost(row, where, "sent again")
         return [] if claimed is None else [claimed]
 
     def _fail(self, model: type[JobModel], row: JobModel, reason: str) -> None:
@@ -276,7 +278,7 @@ class _Pass:
         if not model.update(**fields).where(claims.unchanged(model, row)).execute():
             return
         self.counts.failed += 1
-        logger.warning("Job %s (%s) marked failed: %s.", row.message_id, row.actor_name, reason)
+        events.job_failed(row, reason)
         token = (options.get(MARKER) or {}).get("qt")
         if lock != opt.UNTIL_EXPIRED:
             queue.release_key(self.suite, row.unique_key, token, row.message_id)

@@ -32,6 +32,7 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, job_model
 from dramatiq_unique.errors import NotConfigured
 from dramatiq_unique.locks import queue
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, WAITING, JobStatus, utcnow
 
@@ -78,18 +79,23 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     fields: dict[str, Any] = dict(
         status=JobStatus.FAILED.value, finished_at=utcnow(), last_error=reason[:MAX_ERROR_LENGTH], lease_until=None,
     )
+    waiting = (model.id == job_id) & (model.revision == revision)
+    waiting &= model.status.in_(WAITING) & model.parked_on.is_null()
     if free:
         fields["unique_hold"] = None
-    query = model.update(**fields).where(
-        (model.id == job_id) & (model.revision == revision) & model.status.in_(WAITING) & model.parked_on.is_null()
-    )
-    rows = list(query.returning(model.unique_key).execute())
+        # The Redis key goes before the row says failed, as at a finish (JobTracking._record): once a
+        # reader sees the job failed, its key is free in Redis too.  Only while the row still waits for
+        # this delivery; should it start meanwhile, the lock only named it (the row's hold decides).
+        row = model.select(model.unique_key).where(waiting).first()
+        if row is None:
+            return False
+        queue.release_key(suite, row.unique_key, marker.get("qt"), message.message_id)
+    rows = list(model.update(**fields).where(waiting).returning(model.unique_key).execute())
     if not rows:
         return False
     logger.warning("Job %s (%s) marked failed before it ran: %s", message.message_id, message.actor_name,
-                   reason.splitlines()[0])
-    if free:
-        queue.release_key(suite, rows[0].unique_key, marker.get("qt"), message.message_id)
+                   reason.splitlines()[0], extra=events.fields(message.message_id, message.actor_name,
+                                                               rows[0].unique_key))
     return True
 
 
@@ -125,8 +131,8 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
         logger.warning("Could not send duplicate job %s again (%s); the re-drive looks after it.",
                        message.message_id, e)
         return
-    logger.info("Job %s is running in another attempt; this copy was sent again for in %d ms.",
-                message.message_id, delay)
+    logger.info("Job %s is running in another attempt; this copy was sent again for in %d ms.", message.message_id,
+                delay, extra=events.fields(message.message_id, message.actor_name, running.unique_key))
 
 
 def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], None]) -> None:
@@ -157,4 +163,5 @@ def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: di
         # Succeeded, but say why another job of its key may have run beside it.
         fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"
     if jobs.finish_revoked(ctx.model, job, release_hold=release, lease_until=None, **fields):
-        logger.warning("Job %s ended after its execution lock ran out; its outcome is recorded.", job.message_id)
+        logger.warning("Job %s ended after its execution lock ran out; its outcome is recorded.", job.message_id,
+                       extra=events.fields(job.message_id, job.actor_name, job.unique_key))

@@ -3,6 +3,7 @@
 from dramatiq_unique.middleware.concurrency_slots import ConcurrencySlots
 from dramatiq_unique.middleware.execution_locks import ExecutionLocks
 from dramatiq_unique.middleware.job_tracking import JobTracking
+from dramatiq_unique.middleware.metrics import Metrics
 from dramatiq_unique.middleware.redriver import Redriver
 
-__all__ = ["ConcurrencySlots", "ExecutionLocks", "JobTracking", "Redriver"]
+__all__ = ["ConcurrencySlots", "ExecutionLocks", "JobTracking", "Metrics", "Redriver"]

@@ -18,6 +18,7 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware import combinations
+from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import slot_group
@@ -116,6 +117,7 @@ class ConcurrencySlots(Middleware):
         reserved, started = None, None
         if isinstance(wake, dict) and wake.get("g") == group:
             reserved = marker.pop(WAKE)["t"]  # woken for this slot: it was handed to us
+            events.taken_up(self.gate.kind, message, marker, wake)
             ctx.extras[context.WOKEN] = True
             if wake.get("w") == self.suite.worker_id:  # woken here: its claim (or the deck) may have started it
                 started = self.parking.started.take(message.message_id, int(marker.get("rev", 0)))

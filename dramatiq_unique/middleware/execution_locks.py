@@ -19,6 +19,7 @@ from dramatiq_unique.guard import hook
 from dramatiq_unique.locks.execution import Held, LockGate
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware import combinations
+from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import lock_group
@@ -115,6 +116,7 @@ class ExecutionLocks(Middleware):
         wake = marker.get(WAKE) if isinstance(marker, dict) else None
         if isinstance(wake, dict) and wake.get("g") == group:
             del marker[WAKE]  # woken for this lock: it was handed to us (another gate's stays)
+            events.taken_up(self.gate.kind, message, marker, wake)
             ctx.extras[context.WOKEN] = True
         else:
             wake = None

@@ -10,6 +10,7 @@ from dramatiq_unique.ops import gates, labels, words
 from dramatiq_unique.ops.views import Attempt, JobView, Waiting
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_key_of, unique_key_of
 from dramatiq_unique.slots.gate import gate_of
+from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
     """The job's view (see :class:`~dramatiq_unique.ops.views.JobView`); JobNotFound if there is none."""
     row = find(suite, id_or_message_id)
     config = suite.actor_config(row.actor_name)
-    waiting = waiting_of(suite, row)
+    with db_errors(f"reading why job {row.id} waits"):
+        waiting = waiting_of(suite, row)
     return JobView(
         id=row.id, message_id=row.message_id, actor=row.actor_name, queue=row.queue_name, status=str(row.status),
         key=labels.row_key(config, row), args=row.args, kwargs=row.kwargs, attempts=row.attempts,

@@ -40,7 +40,7 @@ def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
         for i, raw in enumerate(suite.redis.scan_iter(match=_glob(prefix) + "*", count=1000)):
             if i >= MAX_GROUPS:
                 return
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
             yield name[len(prefix):]
     except redis_lib.RedisError as e:
         raise RedisUnavailable(f"listing {prefix}*: {e}") from e

@@ -11,8 +11,10 @@ pure); one that raises, returns no str or is slow is shown as its hash.
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from dramatiq_unique.unique.keys import bind_arguments, canonical, digest
@@ -28,7 +30,9 @@ MAX_VALUE = 60
 #: Characters of a hash shown when there are no words for it.
 SHORT_HASH = 12
 
-_slow: set[int] = set()  # id() of key callables found slow
+# Key callables found slow; weakly held, so that a new callable never inherits a dead one's verdict
+# through a reused id().
+_slow: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def value_text(value: Any) -> str:
@@ -49,16 +53,29 @@ def short(key: Optional[str]) -> str:
     return "#" + key.rsplit(":", 1)[-1][:SHORT_HASH]
 
 
-def _call(spec: Callable[..., Any], args: list, kwargs: dict) -> Optional[str]:
-    if id(spec) in _slow:
+def signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
         return None
+
+
+def _call(spec: Callable[..., Any], args: list, kwargs: dict) -> Optional[str]:
+    try:
+        if spec in _slow:
+            return None
+    except TypeError:  # a callable that takes no weak reference is never remembered as slow
+        pass
     began = time.monotonic()
     try:
         result = spec(*args, **kwargs)
     except Exception:  # the operator's view must not fail on a user's callable: the hash is shown
         return None
     if (time.monotonic() - began) * 1000 > SLOW_CALLABLE_MS:
-        _slow.add(id(spec))
+        try:
+            _slow.add(spec)
+        except TypeError:
+            pass
     return result if isinstance(result, str) else None
 
 

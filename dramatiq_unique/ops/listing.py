@@ -28,7 +28,7 @@ import peewee as pw
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.scope import NO_APP
-from dramatiq_unique.ops import labels
+from dramatiq_unique.ops import keyfilter, labels
 from dramatiq_unique.ops.views import JobRow, Page
 from dramatiq_unique.storage import jobs as storage_jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus
@@ -75,7 +75,7 @@ def parse_cursor(cursor: Optional[str]) -> tuple[int, int]:
         ident, source = int(head), int(tail or "0")
     except ValueError:
         raise ValueError(f"not a cursor: {cursor!r} (pass on the cursor a page returned)") from None
-    if ident < 0 or source < -1:
+    if not 0 <= ident <= TOP[0] or not -1 <= source <= TOP[0]:
         raise ValueError(f"not a cursor: {cursor!r}")
     return ident, source
 
@@ -92,29 +92,6 @@ def parse_statuses(status: Union[None, str, Iterable[str]]) -> tuple[str, ...]:
     return statuses
 
 
-def _normal(text: str) -> Any:
-    try:
-        return labels.parse(text)
-    except ValueError:
-        return text.strip()
-
-
-def _derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[str, ...]]:
-    """The unique keys ``key`` names, when every actor it can be of hashes it back."""
-    configs = [suite.actor_config(actor)] if actor else list(suite.actors.values())
-    found: list[str] = []
-    for config in configs:
-        if config is None:
-            return None
-        keys = labels.candidate_keys(config, "unique_args", key)
-        if keys is None:
-            if actor or config.options.get("concurrency_key") is not None:
-                return None  # its rows may match by their slot group's key: scan
-            continue
-        found += keys
-    return tuple(found) if found else None
-
-
 def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     cond = table.app.in_((suite.app, NO_APP))
     if f.statuses:
@@ -124,25 +101,11 @@ def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     if f.since is not None:
         cond &= table.created_at >= f.since
     if f.unique_keys is not None:
-        cond &= table.unique_key.in_(f.unique_keys)
+        # No actor can have these words as its key: no row (peewee's IN () would not say so on every dialect).
+        cond &= table.unique_key.in_(f.unique_keys) if f.unique_keys else pw.SQL("1 = 0")
     elif f.key:
-        # A cheap first sieve in SQL: every value's text is in the stored arguments.
-        try:
-            values: list[Any] = list(labels.parse(f.key).values())
-        except ValueError:
-            values = [f.key]
-        for value in values:
-            text = labels.canonical(value)[1:-1] if isinstance(value, str) else labels.canonical(value)
-            if "%" in text or "_" in text or "\\" in text:
-                continue  # LIKE would read them as wildcards (and SQLite has no default escape): Python decides
-            cond &= _like(table.args, text) | _like(table.kwargs, text)
+        cond &= keyfilter.sieve(suite, table, f.key, f.actor)
     return cond
-
-
-def _like(column: Any, text: str) -> Any:
-    """``column LIKE '%text%'``, the text as it is (peewee would JSON-encode it for a JSON column,
-    and make SQLite's LIKE a GLOB)."""
-    return pw.NodeList((column, pw.SQL("LIKE"), pw.Value(f"%{text}%", converter=False)))
 
 
 def _after(table: type[JobModel], source: int, cursor: tuple[int, int]) -> Any:
@@ -169,10 +132,10 @@ def jobs(
         key = key.strip()
         if not key:
             raise ValueError("an empty key")
-        _normal(key)
+        keyfilter.normal(key)
     f = Filters(parse_statuses(status), actor or None, key or None, since)
     if key:
-        f = dataclasses.replace(f, unique_keys=_derived(suite, actor, key))
+        f = dataclasses.replace(f, unique_keys=keyfilter.derived(suite, actor, key))
     position = parse_cursor(cursor)
 
     def tables(index: int, found: list[type[JobModel]]) -> list[tuple[int, type[JobModel]]]:
@@ -203,7 +166,7 @@ def _read(
             cond = _where(suite, table, f) & _after(table, source, upper)
             if floor is not None:
                 cond &= table.id >= floor
-            match = (lambda row: _matches(suite, row, f.key or "")) if matching else None
+            match = (lambda row: keyfilter.matches(suite, row, f.key or "")) if matching else None
             found += [(row.id, source, row, store) for row in _take(table, cond, limit + 1, match)]
         found.sort(key=lambda item: (item[0], item[1]), reverse=True)
         if len(found) > limit or floor is None:
@@ -257,10 +220,6 @@ def _older(sources: list[tuple[int, int, type[JobModel]]], floor: int, since: Op
         if below is not None and below >= since:
             return False
     return True
-
-
-def _matches(suite: "Suite", row: JobModel, key: str) -> bool:
-    return _normal(labels.row_key(suite.actor_config(row.actor_name), row)) == _normal(key)
 
 
 def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:

@@ -63,6 +63,8 @@ def why(w: Optional[Waiting], now: Optional[datetime] = None) -> str:
 
 def _sentence(w: Waiting, now: Optional[datetime]) -> str:
     of = f" of {w.label}" if w.label else ""
+    if w.note and w.reason in ("slot", "lock"):  # the facts could not be read: only what it waits for
+        return f"waiting for {'a slot' if w.reason == 'slot' else 'the execution lock'}{of}"
     if w.reason == "slot":
         count = f"{w.held} (no limit)" if w.limit is None else f"{w.held} of {w.limit}"
         held = f"held by {job_list(w.holders, w.held)}" if w.held else "held (it starts at the next hand-over)"

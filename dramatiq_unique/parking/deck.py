@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.locks.redlock import new_token
+from dramatiq_unique.observe import events
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.places import Places, max_wait, place_of
@@ -183,7 +184,8 @@ class OnDeck:
             self.put_back(info, row, group)  # cleared if still ours (replaced, say), the group flagged
             return None
         fresh = new_token()
-        wake = {"g": group, "t": fresh, "w": parking.suite.worker_id, "at": int(time.monotonic() * 1000)}
+        wake = {"g": group, "t": fresh, "w": parking.suite.worker_id, "at": int(time.monotonic() * 1000),
+                events.HANDED_AT: events.now_ms()}
         passed, plan = False, None
         try:
             # Built from the row as the start returned it: the database's arguments, not the deck's copy.

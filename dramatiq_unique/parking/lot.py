@@ -71,6 +71,7 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DependencyUnavailable
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
+from dramatiq_unique.observe import events
 from dramatiq_unique.parking import rows
 from dramatiq_unique.parking.deck import OnDeck
 from dramatiq_unique.parking.flags import Flags, Watchdog
@@ -167,6 +168,7 @@ class Parking(Waking):
         """
         marker = dict(message.options.get(MARKER) or {})
         reserved = marker.pop(WAKE, None)
+        marker[events.PARKED_AT] = events.now_ms()  # the wait's start, read when it takes up its gate
         options = job_options(message.options, marker)
         place = parking_statements.park(model, job_id, revision, group, options, utcnow())
         if place is None:
@@ -176,7 +178,7 @@ class Parking(Waking):
         # This delivery ends here: Results must not store a None for it.
         message.options["store_results"] = False
         setattr(message, PARKED, True)
-        logger.debug("Job %s parked on %s.", message.message_id, group)
+        events.parked(gate.kind, message, group)
         flag_and_take = getattr(gate, "flag_and_take", None)  # both steps in one call, where the gate can
         if flag_and_take is None:
             try:

@@ -9,11 +9,12 @@ reservation ends; other wakers skip it until then.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import peewee as pw
 
 from dramatiq_unique.context import MARKER
+from dramatiq_unique.parking.groups import LOCK, SLOT
 from dramatiq_unique.storage import jobs, parking_statements
 from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique.enqueue import row_fields
@@ -83,3 +84,28 @@ def reserve_many(info: "GroupInfo", group: str, marker: str, count: int, *, app:
             break
         rows.append(found)
     return rows
+
+
+def parked_counts(
+    models: Iterable[type[JobModel]], app: str, actors: Iterable["ActorConfig"] = ()
+) -> dict[tuple[str, str], int]:
+    """The jobs of ``app`` parked now, by (actor, gate kind): for the parked-jobs gauge.
+    One query per table, on the (app, parked_on) index.  Every actor of ``actors`` that may
+    park reads 0 when none is: the gauge keeps each process's last count, and a group that
+    emptied must not keep the count another process saw."""
+    counts: dict[tuple[str, str], int] = {}
+    for config in actors:
+        if config.options.get("unique_args") is not None:
+            counts[(config.actor_name, LOCK)] = 0
+        if config.options.get("concurrency_limit") is not None or config.options.get("concurrency_key") is not None:
+            counts[(config.actor_name, SLOT)] = 0
+    for model in models:
+        kind = pw.Case(None, [(model.parked_on.startswith(f"{SLOT}:"), SLOT)], LOCK)
+        query = model.select(model.actor_name, kind, pw.fn.COUNT(model.id)).where(
+            (model.app == app) & model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value)
+        ).group_by(model.actor_name, kind)
+        row: Any
+        for row in query.tuples():  # tuples, which peewee's hints call models
+            actor, gate, count = row
+            counts[(actor, gate)] = counts.get((actor, gate), 0) + int(count)
+    return counts

@@ -19,6 +19,7 @@ import redis as redis_lib
 
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.errors import DependencyUnavailable
+from dramatiq_unique.observe import events
 from dramatiq_unique.parking import rows
 from dramatiq_unique.parking.gates import KEPT, RELEASED, WAKE, Gate, GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import kind_of
@@ -88,7 +89,8 @@ class Waking:
                     token = grant
                     # Who granted it and when (monotonic ms): a job woken in this process soon after
                     # may take up its reservation without asking Redis again (ConcurrencySlots).
-                    wake = {"g": group, "t": grant, "w": self.suite.worker_id, "at": int(time.monotonic() * 1000)}
+                    wake = {"g": group, "t": grant, "w": self.suite.worker_id, "at": int(time.monotonic() * 1000),
+                            events.HANDED_AT: events.now_ms()}
                     try:
                         self.delivery.send(rebuild(row, {WAKE: wake}), row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)

@@ -14,6 +14,7 @@ from typing import Any, Literal, Optional
 import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage import history, statements
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
 
@@ -67,18 +68,26 @@ def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int]:
         return row.id, row.revision
 
 
-def unclaim_sends(model: type[JobModel], ids: list[int], status: str) -> None:
+def unclaim_sends(
+    model: type[JobModel], ids: list[int], status: str, *, ref: Optional[str] = None, options: Optional[dict] = None
+) -> None:
     """Hand rows claimed for a send whose publish failed back to ``status`` (the re-drive
     sends them later).  Only rows still queued without a broker id: a publish that did go
-    through recorded one, and a start or a newer claim moved the row on.
+    through recorded one, and a start or a newer claim moved the row on.  ``ref``: rows a
+    send wrote with the broker id ``ref`` before its publish failed (durable/deferral.py),
+    whose id goes too; ``options`` replaces theirs.
 
     Not for a parked row's claim (:func:`dramatiq_unique.storage.parking_statements.unclaim`):
     that claim writes the woken message's broker id before it publishes, and its undo
     parks the row on its group again.
     """
-    model.update(status=status, enqueued_at=None).where(
-        model.id.in_(ids) & (model.status == QUEUED) & model.broker_ref.is_null()
-    ).execute()
+    fields: dict[str, Any] = {"status": status, "enqueued_at": None}
+    if ref is not None:
+        fields["broker_ref"] = None
+    if options is not None:
+        fields["options"] = options
+    published = model.broker_ref.is_null() if ref is None else model.broker_ref == ref
+    model.update(**fields).where(model.id.in_(ids) & (model.status == QUEUED) & published).execute()
 
 
 class IdempotencyHeld(Exception):
@@ -212,7 +221,7 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
         fields["unique_hold"] = None
     count = statements.update_fenced(model, job.id, job.fencing_token, fields, attempt=attempt_of(job, fields))
     if not count:
-        logger.warning("Job %s was taken over by a newer attempt; not recording %s.", job.message_id, fields)
+        events.fenced_out(job, "outcome")
     return bool(count)
 
 

@@ -3,27 +3,24 @@
 JobTracking's ``before_enqueue`` calls :func:`on_enqueue` for a tracked
 actor; the broker's enqueue around it is wrapped in
 :mod:`dramatiq_unique.unique.send`, which returns the existing job's
-message on a :class:`Redirect` and undoes :data:`created_rows` when the
-publish fails.
+message on a :class:`Redirect`, and undoes (or keeps, if the broker is down)
+what the send wrote (:mod:`dramatiq_unique.unique.created`) when the publish fails.
 
-Order of operations.  The database decides: a unique send inserts its row
-holding the key, and a unique index refuses it if a job holds the key,
-which is then looked up (a burst of duplicates is answered earlier, see
-:mod:`dramatiq_unique.unique.recent`).  A send that won the key then takes
-the Redis queue lock, which names the waiting job; on the Redis broker in
-the same round trip as its publish (:mod:`dramatiq_unique.broker.publish`).  A
-worker clears the row's hold, then releases the Redis lock, then runs the
-actor (an ``until_executing`` lock on the broker's Redis is released with
-the message's ack instead, :mod:`dramatiq_unique.broker.acks`); with
-``until_executed`` it releases the lock first and records the outcome
-after, which clears the hold: once a reader sees the job finished, the key
-is free.  The lock never turns a send away, so a stale one (a crash
-between the two steps) costs nothing but its memory until it expires.
+Order of operations. The database decides: a unique send inserts its row holding the key, and a
+unique index refuses it if a job holds the key, which is then looked up (a burst of duplicates is
+answered earlier, see :mod:`dramatiq_unique.unique.recent`). A send that won the key then takes the
+Redis queue lock, which names the waiting job; on the Redis broker in the same round trip as its
+publish (:mod:`dramatiq_unique.broker.publish`). A worker clears the row's hold, then releases the
+Redis lock, then runs the actor (an ``until_executing`` lock on the broker's Redis is released with
+the message's ack instead, :mod:`dramatiq_unique.broker.acks`); with ``until_executed`` it releases
+the lock first and records the outcome after, which clears the hold: once a reader sees the job
+finished, the key is free. The lock never turns a send away, so a stale one (a crash between the two
+steps) costs nothing but its memory until it expires.
 """
 
 from __future__ import annotations
 
-import contextvars
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -34,12 +31,14 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.broker import publish
 from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
-from dramatiq_unique.durable import outbox
+from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
+from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent
+from dramatiq_unique.unique.created import created_retry, created_row
 from dramatiq_unique.unique.keys import bind_arguments, idempotency_hold
 
 if TYPE_CHECKING:
@@ -61,10 +60,6 @@ class Redirect(DramatiqUniqueError):
         super().__init__(message_id)
         self.message_id = message_id
         self.resend = resend
-
-
-# Rows created by the enqueue under way, undone if the broker then fails (set by send.py's wrapper).
-created_rows: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("dramatiq_unique_created", default=None)
 
 
 def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) -> dict[str, Any]:
@@ -111,12 +106,14 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     fields = row_fields(config, message, delay)
     fields["unique_key"] = key
     held = outbox.active()
-    if held is not None:  # not in the broker until the caller's transaction commits
+    # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
+    deferred = held is None and deferral.skip_publish(suite)
+    if held is not None or deferred:  # not in the broker until the caller's transaction commits, or it is back
         fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
     lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
     model = config.model
     if key is None or lock not in opt.QUEUE_LOCKS:
-        marker = {}
+        marker = {deferral.DEFERRED: 1} if deferred else {}
         fields["options"][MARKER] = marker
 
         def write(target: "type[JobModel]") -> tuple[int, int]:
@@ -128,7 +125,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
                 if row is None:
                     raise
                 return row.id, row.revision
-            _created_row(target, row_id, None, None, suite)
+            created_row(target, row_id, fields, None, None, suite)
             return row_id, 0
 
         if suite.stores.several and held is None and may_fail_over(config, opts):
@@ -139,7 +136,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         try:
             row_id, revision = suite.stores.on_primary(
                 model, lambda: _needs(config, opts, held),
-                lambda: _insert_unique(suite, config, message, delay, key, lock, fields),
+                lambda: _insert_unique(suite, config, message, delay, key, lock, fields, deferred=deferred),
             )
         except jobs.IdempotencyHeld as held_by:
             raise Redirect(held_by.job.message_id) from None
@@ -150,6 +147,8 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         if suite.broker is None:  # set when a broker declares a tracked actor, before any send of it
             raise NotConfigured("no broker has declared a tracked actor")
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
+    if deferred:
+        raise outbox.Deferred(dataclasses.replace(message, options=job_options(message.options)))
     ref = redis_ref(message)
     if suite.publisher is not None and ref and not publish.expected(ref):
         suite.publisher.expect(ref)  # a tracked message: published over our own connection
@@ -179,22 +178,6 @@ def _check_idempotency(model: Any, fields: dict) -> None:
         raise Redirect(held_by.job.message_id) from None
 
 
-def _created_row(model: Any, row_id: int, lock_name: Optional[str], token: Optional[str], suite: "Suite") -> None:
-    created = created_rows.get()
-    if created is None:
-        return
-
-    def undo() -> None:
-        jobs.delete(model, row_id)
-        if lock_name and token:
-            try:
-                suite.locks.release(lock_name, token)
-            except RedisUnavailable:  # often the very failure being undone
-                logger.warning("Could not free the queue lock %r; it expires by itself.", lock_name)
-
-    created.append(undo)
-
-
 def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
@@ -220,10 +203,10 @@ def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Opt
     model.update(status=JobStatus.RETRYING.value, missing_since=None, **retry).where(
         (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
     ).execute()
-    created = created_rows.get()
-    if created is not None:
-        # If the publish fails, JobTracking records a retry that the re-drive must send.
-        created.append(lambda: setattr(ctx, "retry_enqueued", False))
+    # If the publish fails, JobTracking records a retry that the re-drive must send; the
+    # same if the broker is down: the re-drive sends the retry when it is due.
+    not_enqueued = lambda: setattr(ctx, "retry_enqueued", False)  # noqa: E731
+    created_retry(not_enqueued)
 
 
 def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional[int]) -> float:
@@ -237,23 +220,24 @@ def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional
 
 
 def _insert_unique(
-    suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict
+    suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict,
+    *, deferred: bool = False,
 ) -> tuple[int, int]:
-    """Insert a row holding ``key``, then take its queue lock; returns (row id, revision), or
-    raises to redirect."""
+    """Insert a row holding ``key``, then take its queue lock (not for a send kept pending,
+    ``deferred``); returns (row id, revision), or raises to redirect."""
     opts = message.options
     conflict = config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
     window = recent.window(config, opts, lock)
     # The lock's token is the message id: a worker releases it with the one its message carries.
-    fields["options"][MARKER] = {"qt": message.message_id}
+    fields["options"][MARKER] = {"qt": message.message_id, **({deferral.DEFERRED: 1} if deferred else {})}
     for _ in range(jobs.MAX_INSERT_ROUNDS):
         row_id, holder = jobs.insert_holding(config.model, fields, key, window, full=conflict != "skip")
         if row_id is not None:
             lock_name = suite.keys.queue_lock(key)
             # Inside transaction() the send is published at the caller's commit, or rolled
-            # back: the lock is left out (the index decides either way).
-            locked = outbox.active() is None
-            _created_row(config.model, row_id, lock_name, message.message_id if locked else None, suite)
+            # back: the lock is left out (the index decides either way); so for a send kept pending.
+            locked = not deferred and outbox.active() is None
+            created_row(config.model, row_id, fields, lock_name, message.message_id if locked else None, suite)
             if locked:
                 take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
@@ -284,16 +268,20 @@ def _conflict(
 ) -> bool:
     """Resolve a send that collided with ``holder``: raises, or False to try the insert again."""
     if conflict == "raise":
+        events.duplicate("raise", message, holder.message_id, key)
         raise DuplicateJob(f"{config.actor_name} job {holder.message_id} is {holder.status}", job=holder)
+    why = ""
     if conflict == "replace":
         args, kwargs = args_to_row(message.args, message.kwargs)
         replaced = jobs.replace(config.model, holder, key, args, kwargs, after_ms(delay))
         if replaced is not None:
             marker = dict((replaced.options or {}).get(MARKER) or {})
             marker.update(id=replaced.id, rev=replaced.revision)
+            events.duplicate("replace", message, replaced.message_id, key)
             raise Redirect(replaced.message_id, resend={"marker": marker})
         refreshed = jobs.get(config.model, id=holder.id)
         if refreshed is None or refreshed.unique_hold != key:
             return False
-        logger.info("Job %s is %s, not waiting: the new send is skipped.", holder.message_id, refreshed.status)
+        why = f"it is {refreshed.status}: nothing to replace"
+    events.duplicate("skip", message, holder.message_id, key, why)
     raise Redirect(holder.message_id)

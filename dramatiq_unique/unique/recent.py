@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.unique.keys import derive_key
 
@@ -90,6 +91,7 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
         holder = jobs.holder(config.model, key, window(config, opts, lock), config.app)
     if holder is None or holder.message_id == message.message_id:
         return None
+    events.duplicate("skip", message, holder.message_id, key)  # what the lookup read: no other query
     return holder.message_id
 
 

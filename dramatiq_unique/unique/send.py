@@ -9,7 +9,9 @@ options, answers a burst of duplicates early
 (:mod:`dramatiq_unique.unique.recent`), returns the existing job's
 message when the send resolves to one, returns a send that
 :mod:`dramatiq_unique.durable.outbox` holds until commit, and undoes the
-rows of a send whose publish failed: they would be phantom jobs.
+rows of a send whose publish failed: they would be phantom jobs; unless
+the broker is down, when it keeps them pending for the re-drive
+(:mod:`dramatiq_unique.durable.deferral`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker import compat, publish
 from dramatiq_unique.broker.acks import Acks
+from dramatiq_unique.broker.refs import is_resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import outbox
+from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.guard import describe, guarded
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.enqueue import Redirect, created_rows
+from dramatiq_unique.unique.created import Created, created_rows
+from dramatiq_unique.unique.enqueue import Redirect
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message
@@ -49,7 +53,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
 
     @functools.wraps(original)
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
-        created: list[Callable[[], None]] = []
+        created: list[Created] = []
         token = created_rows.set(created)
         pending = publish.forget()
         try:
@@ -60,6 +64,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
                 return message.copy(message_id=holder)
             sent = original(message, delay=delay)
             publish.settle(suite)
+            deferral.published(broker)
             return sent
         except Redirect as redirect:
             if redirect.resend is None:
@@ -68,15 +73,18 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
             held = outbox.active()
             if held is not None:
                 return held.defer(broker, resent, delay).message
-            return original(resent, delay=delay)
-        except outbox.Deferred as deferred:  # inside transaction(): published after commit
+            return _resend_replaced(suite, broker, original, resent, delay)
+        except outbox.Deferred as deferred:  # inside transaction(): published after commit; or kept pending
             return deferred.message
-        except BaseException:
+        except BaseException as error:
+            kept = _keep(suite, broker, message, delay, created, error) if deferral.defers(suite, error) else None
+            if kept is not None:
+                return kept
             # Nothing was published (the broker or a later middleware
             # failed): a row left behind would be a phantom job.
-            for undo in created:
+            for item in created:
                 try:
-                    undo()
+                    item.undo()
                 except Exception:  # the original error matters more
                     logger.exception("Could not undo a job row after a failed send.")
             raise
@@ -86,6 +94,53 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
     broker.enqueue = enqueue  # type: ignore[method-assign]
+
+
+def _keep(
+    suite: "Suite", broker: "Broker", message: "Message", delay: Optional[int], created: list[Created],
+    error: BaseException,
+) -> Optional["Message"]:
+    """A tracked send the broker failed (on_broker_down="defer"): what it wrote kept pending for
+    the re-drive; returns the message, or None to raise (nothing to keep: untracked, a re-send)."""
+    if not created:
+        if MARKER in message.options or is_resending() or suite.actor_config(message.actor_name) is None:
+            return None
+        # No row yet: Dramatiq's RabbitMQ broker declares a queue new to this process before it
+        # records the send; recorded now, pending, without trying the broker again.
+        try:
+            with deferral.skipping():
+                broker.emit_before("enqueue", message, delay)
+            return None  # pragma: no cover  (a tracked send always raises Deferred here)
+        except outbox.Deferred as deferred:
+            deferral.failed(suite, broker, error)
+            return deferred.message
+    try:
+        for item in created:
+            item.keep()
+    except Exception:
+        # The database is down too: the row, if left queued, is found by the lost-message check.
+        logger.exception("Could not keep job %s pending after the broker failed.", message.message_id)
+        return None
+    deferral.failed(suite, broker, error)
+    return message
+
+
+def _resend_replaced(
+    suite: "Suite", broker: "Broker", original: Callable[..., "Message"], resent: "Message", delay: Optional[int]
+) -> "Message":
+    """Send a job whose arguments a duplicate replaced; if the broker is down, it waits pending."""
+    try:
+        sent = original(resent, delay=delay)
+    except BaseException as error:
+        config = suite.actor_config(resent.actor_name)
+        if config is None or not deferral.defers(suite, error):
+            raise
+        marker = resent.options[MARKER]
+        deferral.keep_replaced(config.model, marker["id"], marker["rev"])
+        deferral.failed(suite, broker, error)
+        return resent
+    deferral.published(broker)
+    return sent
 
 
 def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:

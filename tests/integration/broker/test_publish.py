@@ -91,6 +91,7 @@ def test_a_failed_publish_leaves_no_row_and_no_lock(suite, broker, redis_client,
         raise redis.ConnectionError("Redis went away")
 
     monkeypatch.setattr(suite.publisher, "script", down)
+    monkeypatch.setattr(suite.settings, "on_broker_down", "raise")
     with pytest.raises(redis.ConnectionError):
         sync.send("acme")
     assert JobModel.select().where(JobModel.actor_name == "sync").count() == 0
@@ -98,6 +99,13 @@ def test_a_failed_publish_leaves_no_row_and_no_lock(suite, broker, redis_client,
     assert list(redis_client.scan_iter(match=f"redlock:{suite.keys.prefix}*")) == []
     monkeypatch.undo()
     assert dramatiq_unique.get_job(sync.send("acme").message_id).status == "queued"
+
+    # With "defer" (the default) the row waits pending for the re-drive; the lock went with the publish.
+    monkeypatch.setattr(suite.publisher, "script", down)
+    kept = sync.send("other")
+    assert dramatiq_unique.get_job(kept.message_id).status == "pending" and queue_size(broker) == 1
+    assert redis_client.get(f"redlock:{suite.keys.queue_lock(dramatiq_unique.get_job(kept.message_id).unique_key)}") \
+        is None
 
 
 def test_locks_on_another_redis_are_written_before_the_broker_publishes(broker, database_url, key_prefix):

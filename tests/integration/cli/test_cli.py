@@ -8,6 +8,7 @@ import sys
 import types
 
 from dramatiq_unique import JobModel
+from dramatiq_unique.cli.context import DATABASE_ENV, PREFIX_ENV, REDIS_ENV
 from tests.helpers import wait_until
 
 
@@ -76,7 +77,7 @@ def test_limit_then_slots_then_retry_and_cancel(run, app, scene):
     assert code == 1 and "cancel" in err
 
 
-def test_read_only_from_the_environment(run, scene, suite):
+def test_read_only_from_the_environment(run, scene, suite, database_url, key_prefix):
     """Without the app, the views read the tables the environment names; changes are refused."""
     code, out, _ = run(["jobs", "--json"], env=True)
     assert code == 0 and len(json.loads(out)["rows"]) == 10
@@ -89,6 +90,14 @@ def test_read_only_from_the_environment(run, scene, suite):
     assert JobModel.get_by_id(scene.dead).status == "failed"
     code, _, err = run(["jobs"], environ={})
     assert code == 2 and "DRAMATIQ_UNIQUE_DATABASE_URL" in err
+
+    # Redis down: the views of the job tables still answer; those of Redis say why they cannot.
+    redis_down = {DATABASE_ENV: database_url, REDIS_ENV: "redis://127.0.0.1:1/0", PREFIX_ENV: key_prefix}
+    assert run(["jobs"], environ=redis_down)[0] == 0
+    code, out, _ = run(["job", str(scene.slot_waiters[0])], environ=redis_down)
+    assert code == 0 and "waiting for a slot" in out and "not all known" in out
+    code, _, err = run(["locks"], environ=redis_down)
+    assert code == 1 and "Redis" in err and "Traceback" not in err
 
 
 def test_bad_input_gives_usage_or_not_found(run, app, scene):
@@ -124,3 +133,83 @@ def test_prune_redrive_and_web(run, app, scene, monkeypatch):
     assert served[0][1] == {"host": "127.0.0.1", "port": 8099, "read_only": False}
     assert run(["web", "--port", "8099"], env=True)[0] == 0
     assert served[1][1]["read_only"] is True
+
+
+def test_end_to_end_in_a_process_of_its_own(tmp_path, broker, suite, database_url, key_prefix):
+    """``python -m dramatiq_unique`` with an app module that sets the suite up itself."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import dramatiq
+
+    from tests.conftest import REDIS_URL
+
+    @dramatiq.actor(unique_args=["user"], unique_lock="until_executing")
+    def report(user):
+        pass
+
+    message = report.send(7)
+    (tmp_path / "e2e_app.py").write_text(
+        "import dramatiq\nfrom dramatiq.brokers.redis import RedisBroker\nimport dramatiq_unique\n"
+        f"broker = RedisBroker(url={REDIS_URL!r}, namespace={broker.namespace!r})\n"
+        "dramatiq.set_broker(broker)\n"
+        f"dramatiq_unique.setup(broker, database={database_url!r}, redis={REDIS_URL!r}, key_prefix={key_prefix!r},"
+        " redriver=False)\n"
+        "@dramatiq.actor(unique_args=['user'], unique_lock='until_executing')\ndef report(user):\n    pass\n"
+    )
+    root = Path(__file__).parents[3]
+    done = subprocess.run(
+        [sys.executable, "-m", "dramatiq_unique", "job", "e2e_app", message.message_id, "--path", str(tmp_path)],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "user=7" in done.stdout and "queued since" in done.stdout
+
+
+def test_a_select_only_database_role_reads_from_the_environment(broker, pg_url, key_prefix):
+    """The environment's suite creates nothing: a role that may only SELECT reads the jobs."""
+    import io
+    import uuid
+    from urllib.parse import urlparse
+
+    import dramatiq
+    import peewee as pw
+
+    import dramatiq_unique
+    from dramatiq_unique.cli import main
+    from dramatiq_unique.cli.context import Context
+    from tests.conftest import PG_URL, REDIS_URL
+
+    suite = dramatiq_unique.setup(broker, database=pg_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+
+    @dramatiq.actor(track=True)
+    def later(n):
+        pass
+
+    later.send_with_options(args=(1,), delay=60_000)
+    schema = pg_url.rsplit("%3D", 1)[1]
+    role = f"du_ro_{uuid.uuid4().hex[:8]}"
+    parsed = urlparse(PG_URL)
+    admin = pw.PostgresqlDatabase(parsed.path.lstrip("/"), host=parsed.hostname, port=parsed.port or 5432,
+                                  user=parsed.username)
+    admin.execute_sql(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        admin.execute_sql(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        admin.execute_sql(f'GRANT SELECT ON ALL TABLES IN SCHEMA "{schema}" TO "{role}"')
+        reader = pg_url.replace(f"//{parsed.username}@", f"//{role}@", 1)
+        out, err = io.StringIO(), io.StringIO()
+        env = {DATABASE_ENV: reader, REDIS_ENV: REDIS_URL, PREFIX_ENV: key_prefix}
+        try:
+            code = main(["jobs", "--json"], context=Context(out=out, err=err, env=env))
+            assert code == 0, err.getvalue()
+            assert [r["actor"] for r in json.loads(out.getvalue())["rows"]] == ["later"]
+        finally:
+            dramatiq_unique.suite.current().close()
+            dramatiq_unique.suite.set_current(suite)
+    finally:
+        admin.execute_sql(f'REVOKE ALL ON ALL TABLES IN SCHEMA "{schema}" FROM "{role}"')
+        admin.execute_sql(f'REVOKE ALL ON SCHEMA "{schema}" FROM "{role}"')
+        admin.execute_sql(f'DROP ROLE "{role}"')
+        admin.close()
+        suite.db.close()

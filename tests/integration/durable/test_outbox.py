@@ -107,10 +107,11 @@ def test_a_broker_outage_at_commit_leaves_rows_pending_for_the_redrive(database_
 
 
 def test_outside_a_transaction_a_broker_failure_raises_and_leaves_no_row(database_url, key_prefix):
+    """With on_broker_down="raise" (the default, "defer", is tested in test_broker_down.py)."""
     broker = RedisBroker(url=f"redis://127.0.0.1:{free_port()}/0", namespace=f"{key_prefix}-down")
     dramatiq.set_broker(broker)
     suite = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False,
-                                  check_redis=False)
+                                  check_redis=False, on_broker_down="raise")
     try:
 
         @dramatiq.actor(track=True)

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from dramatiq_unique import JobModel, redrive
-from dramatiq_unique.__main__ import main
+from dramatiq_unique.cli import main
 from dramatiq_unique.health import checks, commands, probe
 from dramatiq_unique.health.target import of_suite
 from dramatiq_unique.parking.groups import lock_group

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 
 from dramatiq_unique import JobNotFound, ops
+from dramatiq_unique.ops import keyfilter
+from dramatiq_unique.storage.models import utcnow
 
 
 def test_the_views_of_a_busy_scene(suite, scene):
@@ -52,6 +55,9 @@ def test_filters_and_pages(suite, scene):
     assert ops.jobs(suite, key="customer=43").rows == []
     assert [r.id for r in ops.jobs(suite, status="failed").rows] == [scene.dead]
     assert [r.id for r in ops.jobs(suite, status="failed,succeeded", actor="fine").rows] == [scene.done]
+    now = utcnow()
+    assert len(ops.jobs(suite, since=now - timedelta(hours=1)).rows) == 10
+    assert ops.jobs(suite, since=now + timedelta(hours=1)).as_dict() == {"rows": [], "cursor": None, "down": []}
     seen, cursor = [], None
     for _ in range(10):
         page = ops.jobs(suite, limit=2, cursor=cursor)
@@ -69,13 +75,61 @@ def test_filters_and_pages(suite, scene):
 
 
 def test_a_key_matched_on_the_rows_is_found_behind_many_that_only_look_alike(suite, broker, scene):
-    """Rows whose arguments hold the key's value but not as the key (60 newer ``fine(7)`` jobs, more
+    """Rows whose arguments hold the key's value but not as the key (60 newer ``fine(42)`` jobs, more
     than a page) do not hide the jobs whose key it is: the SQL sieve's rows are read in batches."""
     fine = broker.get_actor("fine")
     for _ in range(60):
-        fine.send(7)
-    page = ops.jobs(suite, key="user=7", limit=2)
-    assert [r.id for r in page.rows] == sorted([scene.lock_holder, *scene.lock_waiters], reverse=True)[:2]
-    assert page.cursor is not None
-    rest = ops.jobs(suite, key="user=7", limit=2, cursor=page.cursor)
-    assert [r.id for r in rest.rows] == [min(scene.lock_holder, *scene.lock_waiters)]
+        fine.send(42)
+    webhooks = sorted(scene.slot_holders + scene.slot_waiters, reverse=True)
+    assert keyfilter.derived(suite, None, "customer=42") is None  # a slot group's key: matched on the rows
+    seen, cursor = [], None
+    for _ in range(5):
+        page = ops.jobs(suite, key="customer=42", limit=2, cursor=cursor)
+        seen += [r.id for r in page.rows]
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert seen == webhooks
+    # unique_args naming the words: the index, whatever other actors there are; words no actor has: nothing.
+    assert keyfilter.derived(suite, None, "user=7") is not None
+    assert [r.id for r in ops.jobs(suite, key="user=7").rows] == sorted(
+        [scene.lock_holder, *scene.lock_waiters], reverse=True)
+    assert keyfilter.derived(suite, None, "nobody=1") == ()
+    assert ops.jobs(suite, key="nobody=1").rows == []
+
+
+def test_keys_from_defaults_callables_and_strings_are_found(suite, broker, scene):
+    """A key value the send took from a default (so not in the stored arguments), a key callable's
+    text, and "42" sent as a string are all found by their words."""
+    import dramatiq
+
+    @dramatiq.actor(concurrency_key=["region"])
+    def tagged(n, region="eu"):
+        pass
+
+    @dramatiq.actor(unique_args=lambda n, **_: f"n-{n}", unique_lock="until_executing", track=True)
+    def named(n):
+        pass
+
+    first, _, third = tagged.send(1), tagged.send(2, region="us"), tagged.send("42", region="eu")
+    message = named.send(5)
+    found = {r.message_id for r in ops.jobs(suite, key="region=eu", actor="tagged").rows}
+    assert found == {first.message_id, third.message_id}
+    assert [r.message_id for r in ops.jobs(suite, key="n-5").rows] == [message.message_id]
+    assert [r.key for r in ops.jobs(suite, actor="named").rows] == ["n-5"]
+
+
+def test_a_waiting_job_s_queue_lock_is_listed_with_its_holder(suite, broker):
+    import dramatiq
+
+    @dramatiq.actor(unique_args=["user"], unique_lock="until_executing")
+    def digest(user):
+        pass
+
+    message = digest.send_with_options(args=(3,), delay=60_000)
+    [lock] = ops.locks(suite)
+    assert (lock.kind, lock.actor, lock.key, lock.holder_message_id, lock.token) == (
+        "queue", "digest", "user=3", message.message_id, None)
+    assert lock.left_ms > 0
+    view = ops.job(suite, message.message_id)
+    assert view.why.startswith("due in ") and view.key == "user=3"

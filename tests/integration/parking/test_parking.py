@@ -13,6 +13,7 @@ import pytest
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
+from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import GroupInfo
 from dramatiq_unique.storage.models import utcnow
@@ -55,7 +56,9 @@ def test_a_parked_job_waits_and_each_release_wakes_exactly_one_in_order(park, br
     assert [m.message_id for m in first] == ["job-0"], "one waiter per release"
     message = first[0]
     wake = message.options[MARKER].pop("wake")
+    parked_at = message.options[MARKER].pop(events.PARKED_AT)  # when it parked: its wait's metric
     assert message.options[MARKER] == {"qt": "queue-lock-of-job-0", "id": jobs[0].id, "rev": 0}
+    assert 0 <= events.now_ms() - parked_at < 60_000 and 0 <= events.now_ms() - wake[events.HANDED_AT] < 60_000
     assert message.args == (0,) and message.options["retries"] == 2
     assert (JobModel.get_by_id(jobs[0].id).status, JobModel.get_by_id(jobs[0].id).parked_on) == ("queued", None)
     assert gate.take("t:g", 1000) is None, "the gate is reserved for the woken job"

@@ -13,8 +13,6 @@ over the network, by a proxy that drops a reply and closes the connection.
 
 from __future__ import annotations
 
-import socket
-import threading
 from typing import Any, Iterator
 
 import pytest
@@ -27,6 +25,7 @@ from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.slots.gate import gate_of
 from tests.conftest import REDIS_URL
 from tests.durable import RedisServer
+from tests.proxy import Proxy
 
 
 @pytest.fixture
@@ -199,55 +198,10 @@ def test_a_script_is_not_sent_again_over_a_connection_that_never_opened(monkeypa
 
 
 
-class LossyProxy:
-    """A TCP proxy to a redis-server that, once armed, drops the next reply and closes the client's
-    connection: the server ran the call, the reply never arrived."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.armed = False
-        self.lost = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
-        try:
-            while True:
-                data = source.recv(65536)
-                if not data:
-                    break
-                if replies and self.armed:
-                    self.armed, self.lost = False, self.lost + 1
-                    break  # the reply is dropped with the connection
-                sink.sendall(data)
-        except OSError:
-            pass
-        for sock in (source, sink):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 @pytest.fixture
-def proxy() -> Iterator[tuple[LossyProxy, RedisServer]]:
+def proxy() -> Iterator[tuple[Proxy, RedisServer]]:
     server = RedisServer().start()
-    lossy = LossyProxy(server.port)
+    lossy = Proxy(server.port)
     try:
         yield lossy, server
     finally:

@@ -269,7 +269,7 @@ def test_a_message_may_bring_its_own_limit(suite, broker, make_worker, caplog):
     """Given a tracked actor without slot options, When messages are sent with concurrency_limit=1,
     Then they run one at a time, each waiting job parked once (hand-overs know the message's limit)."""
     rec = Recorder()
-    caplog.set_level(logging.DEBUG, logger="dramatiq_unique.parking.lot")
+    caplog.set_level(logging.DEBUG, logger="dramatiq_unique.events")
 
     @dramatiq.actor(track=True)
     def sync(i: int) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-import uuid
 from typing import Iterator
 
 import dramatiq
@@ -46,21 +45,8 @@ def cluster() -> Iterator[PostgresCluster]:
 @pytest.fixture
 def private_url(cluster: PostgresCluster) -> str:
     """A schema of the test's own on the private cluster (which is up when the test starts)."""
-    if not _answers(cluster):
-        cluster.start()
-    schema = f"du_{uuid.uuid4().hex[:10]}"
-    admin = pw.PostgresqlDatabase("postgres", host="127.0.0.1", port=cluster.port, user="postgres")
-    admin.execute_sql(f'CREATE SCHEMA "{schema}"')
-    admin.close()
-    return f"{cluster.url}?options=-csearch_path%3D{schema}"
+    return cluster.schema_url()
 
-
-def _answers(cluster: PostgresCluster) -> bool:
-    try:
-        cluster.wait_ready(timeout=0.1)
-        return True
-    except AssertionError:
-        return False
 
 
 @pytest.fixture

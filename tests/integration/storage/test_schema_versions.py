@@ -14,7 +14,7 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, SchemaOutOfDate
-from dramatiq_unique.__main__ import main
+from dramatiq_unique.cli import main
 from dramatiq_unique.health.target import bound
 from dramatiq_unique.storage import migrations, schema
 from dramatiq_unique.storage.database import open_database

@@ -40,15 +40,7 @@ def cluster() -> Iterator[PostgresCluster]:
 @pytest.fixture
 def primary_url(cluster: PostgresCluster) -> str:
     """A schema of the test's own on the throwaway cluster, started if a test left it stopped."""
-    try:
-        cluster.wait_ready(timeout=0.1)
-    except AssertionError:
-        cluster.start()
-    schema = f"du_{uuid.uuid4().hex[:10]}"
-    admin = pw.PostgresqlDatabase("postgres", host="127.0.0.1", port=cluster.port, user="postgres")
-    admin.execute_sql(f'CREATE SCHEMA "{schema}"')
-    admin.close()
-    return f"{cluster.url}?options=-csearch_path%3D{schema}"
+    return cluster.schema_url()
 
 
 @pytest.fixture

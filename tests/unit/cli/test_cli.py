@@ -37,6 +37,9 @@ def test_usage_errors_exit_2():
     code, _, err = run(["jobs"], env={"DRAMATIQ_UNIQUE_DATABASE_URL": "sqlite:////nonexistent/x.db",
                                       "DRAMATIQ_UNIQUE_REDIS_URL": "redis://127.0.0.1:1"})
     assert code == 1 and "no existing SQLite file" in err
+    code, _, err = run(["jobs"], env={"DRAMATIQ_UNIQUE_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/test",
+                                      "DRAMATIQ_UNIQUE_REDIS_URL": "redis://127.0.0.1:1"})
+    assert code == 1 and "could not be reached" in err  # a store down: refused, said, no traceback
     assert run(["jobs", "--help"])[0] == 0
 
 

@@ -55,3 +55,5 @@ def test_due_queued_and_pending():
     assert why(None) == ""
     assert why(Waiting(reason="due", due_in_ms=1_000, note="Redis did not answer")) == (
         "due in 1 s (Redis did not answer)")
+    assert why(Waiting(reason="slot", label="export", note="not all known: Redis down")) == (
+        "waiting for a slot of export (not all known: Redis down)")

@@ -1,0 +1,210 @@
+"""Sending while the broker is down: the ``on_broker_down`` setting.
+
+With ``"defer"`` (the default), a tracked send whose publish fails with a
+broker connection error keeps the row the send wrote, made ``pending``
+(no ``enqueued_at``, no ``broker_ref``, ``process_after`` kept), and returns
+its message as if published: the row, not the broker, is the source of
+truth, and the re-drive publishes it once the broker answers, as it does
+outbox rows whose publish failed after commit
+(:mod:`dramatiq_unique.durable.outbox`).  A unique send's key is held by the
+row either way: the database's unique index decides duplicates, so its
+Redis queue lock, written or not, changes nothing.  Any other error still
+undoes the send (:mod:`dramatiq_unique.unique.send`), and ``"raise"`` keeps
+plain Dramatiq's behaviour.
+
+A deferred row carries :data:`DEFERRED` in its marker, so that the re-drive,
+maybe in another process, can say how many of the jobs it published were
+deferred (one INFO line per pass that sends some).  The outage itself is
+logged once per process and broker: one WARNING at the first failed publish,
+none until a publish succeeds again.  For ``broker_down_backoff`` ms after a
+failed publish, tracked sends are written ``pending`` straight away, without
+trying the broker: each try costs a connection attempt (six of them on
+Dramatiq's RabbitMQ broker, which retries its enqueue).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import dramatiq.errors
+import redis
+
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage.models import JobStatus
+
+if TYPE_CHECKING:
+
+    from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+#: The marker entry of a row kept pending because the broker was down.
+DEFERRED = "dfr"
+
+
+def _broker_errors() -> tuple[type[BaseException], ...]:
+    # Dramatiq 2.1 renamed its ConnectionError (ConnectionClosed, ConnectionFailed...) BrokerConnectionError.
+    dramatiq_error = getattr(dramatiq.errors, "BrokerConnectionError", None) or dramatiq.errors.ConnectionError
+    errors: list[type[BaseException]] = [redis.ConnectionError, redis.TimeoutError, dramatiq_error]
+    try:  # pika is only there with the RabbitMQ broker; its connection errors may escape Dramatiq's retries
+        import pika.exceptions  # type: ignore[import-untyped]
+
+        errors.append(pika.exceptions.AMQPConnectionError)
+    except ImportError:  # pragma: no cover
+        pass
+    return tuple(errors)
+
+
+#: The errors that say the broker could not be reached (our own publish script raises redis-py's).
+BROKER_ERRORS = _broker_errors()
+
+
+def defers(suite: "Suite", error: BaseException) -> bool:
+    """Whether a tracked send that failed with ``error`` is kept for the re-drive."""
+    return suite.settings.on_broker_down == "defer" and isinstance(error, BROKER_ERRORS)
+
+
+def describe(broker: Any) -> str:
+    """The broker, named for a log line: its class and address."""
+    name = type(broker).__name__
+    client = getattr(broker, "client", None)
+    if client is not None:  # the Redis broker
+        kwargs = client.connection_pool.connection_kwargs
+        return f"{name} at {kwargs.get('host', kwargs.get('path'))}:{kwargs.get('port', '')}"
+    params = getattr(broker, "parameters", None)
+    if isinstance(params, list):
+        params = params[0] if params else None
+    if params is not None and hasattr(params, "host"):
+        return f"{name} at {params.host}:{params.port}"
+    return name
+
+
+class Outage:
+    """What this process knows of its broker being down (one per broker)."""
+
+    def __init__(self, broker: Any) -> None:
+        self.name = describe(broker)
+        self.down = False
+        #: time.monotonic() until which tracked sends do not try the broker.
+        self.until = 0.0
+        self._lock = threading.Lock()
+
+    def failed(self, error: BaseException, backoff_ms: float) -> None:
+        with self._lock:
+            first, self.down = not self.down, True
+            self.until = time.monotonic() + backoff_ms / 1000
+        if first:
+            logger.warning(
+                "The broker (%s) is down (%s: %s); tracked sends are kept pending and the re-drive publishes "
+                "them when it answers; untracked sends raise. Not logged again until a publish succeeds.",
+                self.name, type(error).__name__, error,
+            )
+
+    def answered(self) -> None:
+        if self.down:
+            with self._lock:
+                self.down, self.until = False, 0.0
+            logger.debug("The broker (%s) answers again.", self.name)
+
+    def resting(self) -> bool:
+        """Whether a publish failed less than ``broker_down_backoff`` ago."""
+        return self.until > 0.0 and time.monotonic() < self.until
+
+
+_outages: "weakref.WeakKeyDictionary[Any, Outage]" = weakref.WeakKeyDictionary()
+_outages_lock = threading.Lock()
+
+
+def outage(broker: Any) -> Outage:
+    found = _outages.get(broker)
+    if found is None:
+        with _outages_lock:
+            found = _outages.setdefault(broker, Outage(broker))
+    return found
+
+
+def published(broker: Any) -> None:
+    """A publish on ``broker`` succeeded: the outage, if there was one, is over."""
+    found = _outages.get(broker)
+    if found is not None:
+        found.answered()
+
+
+def failed(suite: "Suite", broker: Any, error: BaseException) -> None:
+    """A publish on ``broker`` failed with a connection error and its job was kept (logged once per outage)."""
+    outage(broker).failed(error, suite.settings.broker_down_backoff)
+
+
+def send_failed(suite: "Suite", broker: Any, message_id: str, error: BaseException) -> None:
+    """The re-drive or the outbox could not publish a pending job, which stays pending: a broker
+    connection error counts toward the outage's one WARNING; anything else is logged each time."""
+    if isinstance(error, BROKER_ERRORS):
+        failed(suite, broker, error)
+        logger.debug("Could not send job %s (%s: %s); it stays pending.", message_id, type(error).__name__, error)
+    else:
+        logger.warning("Could not send job %s (%s: %s); it stays pending.", message_id, type(error).__name__, error,
+                       exc_info=error)
+
+
+# Set while a send is to be written pending without trying the broker (see skip_publish).
+_skipping: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_skip_publish", default=False)
+
+
+@contextlib.contextmanager
+def skipping() -> Iterator[None]:
+    """Sends recorded meanwhile are written pending and not published (the broker failed first)."""
+    token = _skipping.set(True)
+    try:
+        yield
+    finally:
+        _skipping.reset(token)
+
+
+def skip_publish(suite: "Suite") -> bool:
+    """Whether a new tracked send is to be written ``pending`` without trying the broker."""
+    if _skipping.get():
+        return True
+    broker = suite.broker
+    if broker is None or suite.settings.on_broker_down != "defer":
+        return False
+    found = _outages.get(broker)
+    return found is not None and found.resting()
+
+
+def flagged(options: dict) -> dict:
+    """A row's options with the deferred mark."""
+    return {**options, MARKER: {**(options.get(MARKER) or {}), DEFERRED: 1}}
+
+
+def keep(model: type["JobModel"], row_id: int, ref: Optional[str], options: dict) -> None:
+    """Make the row a send just wrote ``pending`` for the re-drive, if it is still as written
+    (queued, with the broker id of the publish that failed)."""
+    jobs.unclaim_sends(model, [row_id], JobStatus.PENDING.value, ref=ref, options=flagged(options))
+
+
+def was_deferred(row: "JobModel") -> bool:
+    """Whether the row was kept pending because the broker was down when it was sent."""
+    return bool(((row.options or {}).get(MARKER) or {}).get(DEFERRED))
+
+
+def log_backlog(count: int) -> None:
+    """Once per re-drive pass that published jobs deferred while the broker was down."""
+    if count:
+        logger.info("Published %d job%s deferred while the broker was down.", count, "" if count == 1 else "s")
+
+
+def keep_replaced(model: type["JobModel"], row_id: int, revision: int) -> None:
+    """A waiting job whose arguments a duplicate replaced, and whose new message the broker
+    failed: ``pending`` for the re-drive, unless it moved on since (a start, a newer claim)."""
+    waiting = model.status.in_((JobStatus.QUEUED.value, JobStatus.PENDING.value))
+    model.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None).where(
+        (model.id == row_id) & (model.revision == revision) & waiting & model.parked_on.is_null()
+    ).execute()

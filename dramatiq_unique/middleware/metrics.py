@@ -1,0 +1,48 @@
+"""The suite's Prometheus metrics in worker processes, beside Dramatiq's ``Prometheus`` middleware."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from dramatiq import Middleware
+
+from dramatiq_unique.broker.prometheus import prometheus_middlewares, quiet_parks
+from dramatiq_unique.errors import NotConfigured
+from dramatiq_unique.observe import switch
+
+logger = logging.getLogger(__name__)
+
+
+class Metrics(Middleware):
+    """Turns the suite's metrics on when a worker process boots, and keeps parked jobs out of
+    Dramatiq's own message counts.
+
+    :func:`dramatiq_unique.setup` adds it.  With Dramatiq's ``Prometheus``
+    middleware on the broker, the suite's metrics go to the same
+    multiprocess directory, so its exposition server (port 9191) shows
+    both; without it, they stay off unless ``enabled=True``.  Either way,
+    parked deliveries are not counted as processed messages by Dramatiq's
+    middleware (:mod:`dramatiq_unique.broker.prometheus`).  Costs nothing
+    when ``prometheus_client`` is not installed and no metrics are asked for.
+
+    Parameters:
+      enabled: None (the default): on when Dramatiq's ``Prometheus`` middleware
+        is on the broker; True: on anyway (to the multiprocess directory in the
+        environment, else to the process's default registry); False: off.
+    """
+
+    def __init__(self, *, enabled: Optional[bool] = None) -> None:
+        #: None: on when Dramatiq's Prometheus middleware is on the broker.
+        self.enabled = enabled
+
+    def after_process_boot(self, broker) -> None:
+        beside = prometheus_middlewares(broker)
+        quiet_parks(broker)
+        if self.enabled is False or (self.enabled is None and not beside):
+            return
+        try:
+            # Dramatiq's directory, whichever middleware boots first: both import prometheus_client after it is set.
+            switch.enable_metrics(multiprocess_dir=switch.dramatiq_directory() if beside else None)
+        except NotConfigured as e:
+            logger.error("dramatiq_unique metrics are off: %s", e)

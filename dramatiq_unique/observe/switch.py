@@ -1,0 +1,86 @@
+"""Turning the suite's metrics on and off in a process.
+
+Dramatiq's ``Prometheus`` middleware sets ``PROMETHEUS_MULTIPROC_DIR`` to
+its ``DB_PATH`` when a worker process boots and only then imports
+``prometheus_client``, which picks its multiprocess mode at import; its
+exposition server (one per worker cluster, port 9191) reads every
+process's files in that directory.  :func:`enable_metrics` does the same
+with the same directory, whichever of the two boots first, so the suite's
+metrics are on that endpoint beside Dramatiq's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Optional
+
+from dramatiq_unique.errors import NotConfigured
+from dramatiq_unique.observe.state import state
+
+logger = logging.getLogger(__name__)
+
+#: The environment variables prometheus_client reads (the lower-case one is its older name; Dramatiq sets both).
+ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+_lock = threading.Lock()
+
+
+def dramatiq_directory() -> str:
+    """The multiprocess directory of Dramatiq's ``Prometheus`` middleware (its ``DB_PATH``)."""
+    from dramatiq.middleware import prometheus  # creates the directory; imports no prometheus_client
+
+    return prometheus.DB_PATH
+
+
+def metrics_on() -> bool:
+    """Whether this process's suite events move metrics."""
+    return state.sink is not None
+
+
+def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
+    """Turn the suite's metrics on in this process (once; later calls do nothing).
+
+    Parameters:
+      multiprocess_dir: the directory of prometheus_client's multiprocess
+        mode; the one already in the environment by default, else none (the
+        process's default registry).  The ``Metrics`` middleware passes
+        Dramatiq's, when Dramatiq's ``Prometheus`` middleware is on the broker.
+
+    Raises :class:`~dramatiq_unique.errors.NotConfigured` if prometheus_client
+    is not installed (``pip install 'dramatiq_unique[prometheus]'``).
+    """
+    with _lock:
+        if state.sink is not None:
+            return
+        if multiprocess_dir is not None:
+            # Missing (a temporary-files cleaner took it): made again, as Dramatiq makes it at import.
+            os.makedirs(multiprocess_dir, exist_ok=True)
+            for name in ENV:
+                os.environ[name] = multiprocess_dir
+        try:
+            import prometheus_client as prom
+            from prometheus_client import values
+
+            from dramatiq_unique.observe.metrics import SuiteMetrics
+        except ImportError as e:
+            raise NotConfigured("metrics need prometheus_client: pip install 'dramatiq_unique[prometheus]'") from e
+        multiprocess = getattr(values.ValueClass, "_multiprocess", False)
+        if multiprocess_dir is not None and not multiprocess:
+            logger.warning("prometheus_client was imported before its multiprocess directory was set: this "
+                           "process's metrics, Dramatiq's too, stay in its default registry, off the shared "
+                           "endpoint.  Import it after the worker boots, or set PROMETHEUS_MULTIPROC_DIR first.")
+        # Multiprocess: a private registry, as Dramatiq's (the directory is what is shared).  Otherwise the
+        # default one, that the process's own exposition serves.
+        state.sink = SuiteMetrics(prom.CollectorRegistry() if multiprocess else prom.REGISTRY)
+
+
+def disable_metrics() -> None:
+    """Turn the suite's metrics off in this process (its metrics leave the default registry)."""
+    with _lock:
+        sink, state.sink = state.sink, None
+        if sink is None or sink.registry is None:
+            return
+        for collector in sink.collectors:
+            sink.registry.unregister(collector)
