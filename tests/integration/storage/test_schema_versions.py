@@ -56,6 +56,8 @@ def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_u
 
     assert main(["status"]) == 1
     assert "OUT OF DATE" in capsys.readouterr().out
+    assert main(["jobs"]) == 1  # the other commands' read-only suite from the environment refuses it too
+    assert "migrate" in capsys.readouterr().err
     assert main(["migrate", "--dry-run", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert planned[0]["version"] == 1 and any("history" in step for step in planned[0]["pending"])
