@@ -23,6 +23,7 @@ from dramatiq_unique.errors import (
     NotInJob,
     NotSerializable,
     RedisUnavailable,
+    SchemaOutOfDate,
     UnsupportedVersion,
 )
 from dramatiq_unique.idempotency import submit
@@ -60,6 +61,7 @@ __all__ = [
     "RedisUnavailable",
     "RedriveCounts",
     "Redriver",
+    "SchemaOutOfDate",
     "Suite",
     "UnsupportedVersion",
     "cancel_job",

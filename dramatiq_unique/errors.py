@@ -98,3 +98,7 @@ class NotInJob(DramatiqUniqueError):
 
 class NotConfigured(DramatiqUniqueError):
     """dramatiq_unique.setup() has not been called"""
+
+
+class SchemaOutOfDate(DramatiqUniqueError):
+    """A job table was made by an earlier release: run ``python -m dramatiq_unique migrate APP``"""

@@ -149,6 +149,7 @@ def from_env(env: dict[str, str]) -> "Suite":
 def _read_only_suite() -> type:
     """A Suite that binds the job table without creating or migrating anything: the environment's
     database role may only read (``CREATE TABLE IF NOT EXISTS`` needs the right to create)."""
+    from dramatiq_unique.storage import schema
     from dramatiq_unique.suite import Suite
 
     class ReadOnlySuite(Suite):
@@ -156,6 +157,10 @@ def _read_only_suite() -> type:
             with self._lock:
                 if model not in self.models:
                     model.bind(self.db, bind_refs=False, bind_backrefs=False)
+                    # Read only too: a table of an older schema would fail on a missing column; say why.
+                    version = schema.version_of(model)
+                    if version is not None and version < schema.CURRENT_VERSION:
+                        raise schema.out_of_date(model, version)
                     self.models.append(model)
 
     return ReadOnlySuite

@@ -1,9 +1,28 @@
-"""What a re-drive pass did: :class:`RedriveCounts`, which :func:`dramatiq_unique.redrive` returns."""
+"""What a re-drive pass did: :class:`RedriveCounts`, which :func:`dramatiq_unique.redrive` returns,
+and when it ended (:func:`record_end`, which the ``check`` command reads)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+
+def record_end(suite: "Suite") -> None:
+    """Record that a pass of the suite's app ended now: one small Redis key per app (a row would cost the
+    database a write every pass, and Redis holds the pass lock anyway); a failure is only logged."""
+    try:
+        suite.redis.set(suite.keys.last_pass(), int(time.time() * 1000))
+    except redis.RedisError as e:
+        logger.warning("Could not record the end of the re-drive pass: %s", e)
 
 
 @dataclasses.dataclass

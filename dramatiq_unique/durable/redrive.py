@@ -43,14 +43,14 @@ from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import claims, deferral
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
-from dramatiq_unique.durable.counts import RedriveCounts
+from dramatiq_unique.durable.counts import RedriveCounts, record_end
 from dramatiq_unique.durable.lost import actor_options, retries_exhausted
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events, metrics_on
 from dramatiq_unique.parking import lot, rows
-from dramatiq_unique.storage import jobs, statements
+from dramatiq_unique.storage import history, jobs, statements
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 from dramatiq_unique.storage.stores import CONNECTION_ERRORS
 
@@ -92,9 +92,11 @@ def run_pass(
     """One pass, without taking the pass lock (``redrive()`` takes it)."""
     try:
         with jobs.db_errors("re-drive pass"):
-            return _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
+            counts = _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
     except redis.RedisError as e:
         raise RedisUnavailable(f"re-drive pass: {e}") from e
+    record_end(suite)
+    return counts
 
 
 class _Pass:
@@ -253,9 +255,10 @@ class _Pass:
         if row.status == RUNNING and retries_exhausted(self.suite, self.broker, row):
             self._fail(model, row, "lost while running, and its retries are exhausted")
             return []
-        extra = {}
+        extra: dict[str, Any] = {}
         if row.status == RUNNING:
             extra["last_error"] = f"attempt {row.attempts} lost: its worker or the broker dropped the message"
+            extra["history"] = history.append(model, jobs.attempt_of(row, extra, "lost"))
         claimed = claims.claim_one(model, row, **extra)
         if claimed is not None:
             events.job_lost(row, where, "sent again")
@@ -270,6 +273,8 @@ class _Pass:
         fields: dict[str, Any] = {"status": FAILED, "finished_at": utcnow(), "lease_until": None, "last_error": reason}
         if lock != opt.UNTIL_EXPIRED:
             fields["unique_hold"] = None  # a failed job no longer blocks its key
+        if row.status == RUNNING:
+            fields["history"] = history.append(model, jobs.attempt_of(row, fields, "lost"))
         if not model.update(**fields).where(claims.unchanged(model, row)).execute():
             return
         self.counts.failed += 1

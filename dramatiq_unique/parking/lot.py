@@ -277,3 +277,9 @@ def wake_orphans(suite: "Suite", *, limit: int = DEFAULT_PAGE) -> int:
     Returns the number of jobs woken.
     """
     return of(suite).wake_orphans(limit)
+
+
+def orphaned_groups(suite: "Suite", *, limit: int = DEFAULT_PAGE) -> list[str]:
+    """Groups of this app with parked jobs whose gate has no live holder (read only: what
+    :func:`wake_orphans` would wake; the ``check`` command reports them)."""
+    return of(suite).orphans(limit)

@@ -191,9 +191,9 @@ class Waking:
             return None
         return self.pass_on(gate, group, token)
 
-    def wake_orphans(self, limit: int = DEFAULT_PAGE) -> int:
-        """Wake the first parked job of every group of this app whose gate is free; returns how many woke."""
-        woken = 0
+    def parked_groups(self, limit: int = DEFAULT_PAGE) -> list[str]:
+        """Up to ``limit`` groups per table with parked jobs of this app, of a gate this process knows."""
+        groups = []
         for model in list(self.suite.models):
             # This app's groups only: another app's, of the same name, is free in this app's Redis
             # but not this app's to wake (and the claims would find none of its rows).
@@ -204,10 +204,25 @@ class Waking:
                 .distinct()
                 .limit(limit)
             )
-            for group in [job.parked_on for job in query if job.parked_on is not None]:
-                if self.gate_for(group) is None:
-                    continue
-                self.wakeups.flag(group, 0)  # Redis may have lost it
-                woken += self._wake_group(group) is not None
+            names = [job.parked_on for job in query if job.parked_on is not None]
+            groups += [group for group in names if self.gate_for(group) is not None]
+        return groups
+
+    def wake_orphans(self, limit: int = DEFAULT_PAGE) -> int:
+        """Wake the first parked job of every group of this app whose gate is free; returns how many woke."""
+        woken = 0
+        for group in self.parked_groups(limit):
+            self.wakeups.flag(group, 0)  # Redis may have lost it
+            woken += self._wake_group(group) is not None
         return woken
+
+    def orphans(self, limit: int = DEFAULT_PAGE) -> list[str]:
+        """Groups with parked jobs whose gate has no live holder: what :meth:`wake_orphans` would wake
+        (read only; for the ``check`` command).  A halted slot group is not one: its jobs wait by design."""
+        found = []
+        for group in self.parked_groups(limit):
+            gate = self.gate_for(group)
+            if gate is not None and gate.retry_in(group) <= 0:
+                found.append(group)
+        return found
 

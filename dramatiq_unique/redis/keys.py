@@ -49,3 +49,7 @@ class RedisKeys:
 
     def redrive_lock(self) -> str:
         return f"{self.prefix}:redrive"
+
+    def last_pass(self) -> str:
+        """When the app's last re-drive pass ended, in ms since the epoch (read by the ``check`` command)."""
+        return f"{self.prefix}:redrive:last-pass"

@@ -15,7 +15,7 @@ import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.observe import events
-from dramatiq_unique.storage import statements
+from dramatiq_unique.storage import history, statements
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
 
 logger = logging.getLogger(__name__)
@@ -215,10 +215,11 @@ def start(
 
 
 def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
-    """Record an attempt's outcome, fenced by the attempt's token; False if a newer attempt owns the row."""
+    """Record an attempt's outcome, fenced by the attempt's token, and append it to the row's history
+    (storage/history.py); False if a newer attempt owns the row."""
     if release_hold:
         fields["unique_hold"] = None
-    count = statements.update_fenced(model, job.id, job.fencing_token, fields)
+    count = statements.update_fenced(model, job.id, job.fencing_token, fields, attempt=attempt_of(job, fields))
     if not count:
         events.fenced_out(job, "outcome")
     return bool(count)
@@ -247,7 +248,19 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
         & (model.fencing_token > job.fencing_token) & model.unique_key.is_null(False)
         & model.status.not_in(FINISHED) & pw.fn.EXISTS(taken)
     )
-    return bool(model.update(**fields).where(cond).execute())
+    appended = {model.history: history.append(model, attempt_of(job, fields))}
+    return bool(model.update(appended, **fields).where(cond).execute())
+
+
+def attempt_of(job: JobModel, fields: dict[str, Any], status: Optional[str] = None) -> dict[str, Any]:
+    """The history entry of ``job``'s attempt, whose outcome ``fields`` record: ``retrying`` when they
+    leave the status as it was (Retries sent the message again)."""
+    data = job.__data__
+    return history.entry(
+        attempt=data.get("attempts") or 0, started_at=data.get("started_at"),
+        finished_at=fields.get("finished_at") or utcnow(), status=status or str(fields.get("status") or "retrying"),
+        error=fields.get("last_error"), worker=data.get("worker"),
+    )
 
 
 def delete(model: type[JobModel], job_id: int) -> None:

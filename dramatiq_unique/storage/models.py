@@ -9,8 +9,8 @@ alike, so no partial index is needed).
 ``app`` names the app a row belongs to (the suite's ``key_prefix``), so
 that several apps can share one database: every index the re-drive and
 the holds use starts with it (see :mod:`dramatiq_unique.durable.scope`).  Tables
-made by earlier versions get the column and the indexes when the suite
-opens them (:mod:`dramatiq_unique.storage.schema`).
+are versioned (:mod:`dramatiq_unique.storage.schema`); one made by an earlier
+release is upgraded by ``migrate`` (:mod:`dramatiq_unique.storage.migrations`).
 """
 
 from __future__ import annotations
@@ -139,6 +139,8 @@ class JobModel(pw.Model):
     checked_at = pw.DateTimeField(null=True)
     #: When the re-drive first missed the job's message; a later miss confirms it lost.
     missing_since = pw.DateTimeField(null=True)
+    #: The finished attempts, oldest first, the last few kept (schema version 2; storage/history.py).
+    history = JSONField(null=True)
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
@@ -170,6 +172,6 @@ def is_postgres(db: pw.Database) -> bool:
 
 
 def create_tables(db: pw.Database, models: Iterable[type[JobModel]]) -> None:
-    """Create each model's table and indexes if missing; bring a table of an earlier version up to date."""
+    """Create each model's table and indexes if missing; refuse a table of an earlier schema version."""
     for model in models:
         schema.create_or_migrate(model)

@@ -62,6 +62,22 @@ WHERE "id" IN (SELECT v.id FROM v) AND "broker_ref" IS NULL
 (%(id)s, %(ref)s)
 
 
+-- name: history_append (postgresql)
+-- The row's history (storage/history.py) with %(entry)s appended and only the last %(keep)s entries kept:
+-- jsonb concatenation, trimmed by a jsonpath slice, cast back to text.  A job's first outcome (most jobs
+-- have one) finds no history: a text of one entry, with no JSON parsed.
+CASE WHEN "history" IS NULL THEN '[' || CAST(%(entry)s AS text) || ']'
+ELSE CAST(jsonb_path_query_array(CAST("history" AS jsonb) || jsonb_build_array(CAST(%(entry)s AS jsonb)),
+'$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
+
+-- name: history_append (sqlite)
+-- The row's history (storage/history.py) with %(entry)s appended; the oldest entry goes when %(keep)s are there.
+-- A job's first outcome finds no history: a text of one entry, with no JSON parsed.
+CASE WHEN "history" IS NULL THEN '[' || %(entry)s || ']'
+WHEN json_array_length("history") >= %(keep)s
+THEN json_insert(json_remove("history", '$[0]'), '$[#]', json(%(entry)s))
+ELSE json_insert("history", '$[#]', json(%(entry)s)) END
+
 -- == fencing tokens (storage/fencing.py) ================================================
 
 -- name: draw_token

@@ -1,97 +1,118 @@
-"""Creating a job table, and bringing one made by an earlier version up to date.
+"""Schema versions: which version a job table is at, and opening one at set-up.
 
-Earlier versions had no ``app`` column, and indexes that did not start
-with it: ``(status, process_after)``, ``(status, lease_until)``,
-``(finished_at)``, ``(parked_on)`` and unique ``unique_hold`` and
-``idempotency_hold``.
-Opening such a table (``setup()``, or an actor's ``job_model`` at
-declaration):
+Every job table (the shared one, and each actor's ``job_model``) has a
+version, recorded per store in a table of its own,
+``dramatiq_unique_schema`` (one row per job table: its name, its version,
+when it was set).  A table with no row there was made by a release that
+recorded none: its version is read from its columns (no ``app``: 0; no
+``history``: 1; else 2), so the releases before versioning need no
+bookkeeping of their own.
 
-1. adds ``app VARCHAR(255) NOT NULL DEFAULT ''``: a constant default, so
-   neither SQLite nor PostgreSQL (11 and later) rewrites the table, and a
-   process of the earlier version that still runs (a rolling upgrade)
-   keeps inserting rows, with ``app = ''``;
-2. creates the model's indexes, which all start with ``app``; the new
-   unique ones cannot clash, the old unique ones held;
-3. drops the old indexes, which the new ones replace (every write would
-   otherwise keep both up to date).
+Opening a table (``setup()``, an actor's ``job_model`` at declaration, a
+store that answers again):
 
-Rows with ``app = ''`` are adopted by the first re-drive pass of the app
-that declares their actor (durable/scope.py).  Each step is idempotent, and the
-steps run in one transaction, under an advisory lock on PostgreSQL (its
-``IF NOT EXISTS`` is not safe against a concurrent creation) and under
-SQLite's write lock: several processes starting at once take turns.  On a large PostgreSQL
-table, step 2 holds writes back while it builds the indexes (a plain
-``CREATE INDEX``): create them beforehand with ``CREATE INDEX
-CONCURRENTLY`` under the same names to avoid that.
+* a table that does not exist is created at :data:`CURRENT_VERSION`, with
+  its indexes, and its version recorded (a brand-new database needs no
+  ``migrate``);
+* a table at an older version is refused with :class:`SchemaOutOfDate`,
+  naming the command that upgrades it (``storage/migrations.py``): the
+  suite's statements name every column of the current version, so a
+  worker of this release cannot run on it;
+* a table at the current version gets any index its model declares and
+  it lacks (a ``job_model`` that gained one), as before versioning.
+
+Migrations are additive (columns and indexes added, never a column
+dropped or renamed), so workers of the previous release keep running
+while a table is migrated (a rolling upgrade: migrate, then deploy).  A
+table at a *newer* version than this release knows is therefore accepted.
+
+Set-ups take turns on a lock (PostgreSQL: an advisory lock, whose
+transaction also holds the DDL; SQLite: an IMMEDIATE transaction, the
+database's write lock), and so does ``migrate``: ``IF NOT EXISTS`` is not
+safe against a concurrent creation on PostgreSQL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import threading
+from datetime import datetime, timezone
+from typing import Iterator, Optional
 
 import peewee as pw
 
+from dramatiq_unique.errors import SchemaOutOfDate
 from dramatiq_unique.storage import queries
 
 logger = logging.getLogger(__name__)
 
-#: The column every row's app is kept in (queries.sql: add_app_column).
+#: The schema version this release writes and reads (storage/migrations.py lists how to reach it).
+CURRENT_VERSION = 2
+#: The table that records each job table's version, in every store.
+VERSIONS_TABLE = "dramatiq_unique_schema"
+#: The column every row's app is kept in (queries.sql: add_app_column); version 1 added it.
 APP_COLUMN = "app"
-#: Indexes of earlier versions that the app-leading ones replace: (columns, unique).
-OLD_INDEXES = (
-    (("status", "process_after"), False),
-    (("status", "lease_until"), False),
-    (("finished_at",), False),
-    (("unique_hold",), True),
-    (("idempotency_hold",), True),
-    # Parked rows are looked up by app and group (queries.sql: queue_head): (app, parked_on, created_at) replaces it.
-    (("parked_on",), False),
-)
+#: The per-attempt history (version 2).
+HISTORY_COLUMN = "history"
+#: What the refusal tells the operator to run.
+COMMAND = "python -m dramatiq_unique migrate APP (or: dramatiq-unique migrate APP)"
 
-
-#: The PostgreSQL advisory lock that set-ups of the job tables take turns on.
+#: The PostgreSQL advisory lock that set-ups and migrations of the job tables take turns on.
 LOCK_ID = int.from_bytes(hashlib.sha256(b"dramatiq_unique.storage.schema").digest()[:8], "big", signed=True)
 
 
-def create_or_migrate(model: type[pw.Model]) -> None:
-    """Create ``model``'s table and indexes if missing; migrate a table of an earlier version."""
-    db = model._meta.database
-    with db.atomic():
-        if isinstance(db, pw.PostgresqlDatabase):
+class VersionModel(pw.Model):
+    """A job table's schema version, in the store that holds it."""
+
+    table = pw.CharField(max_length=300, primary_key=True)
+    version = pw.IntegerField()
+    migrated_at = pw.DateTimeField(null=True)
+
+    class Meta:
+        table_name = VERSIONS_TABLE
+
+
+_tolerant = threading.local()
+
+
+@contextlib.contextmanager
+def tolerating_old() -> Iterator[None]:
+    """Within it (this thread), set-up opens a table of an older version instead of refusing it:
+    ``migrate`` imports the app, whose ``setup()`` must get as far as naming its tables."""
+    before = getattr(_tolerant, "on", False)
+    _tolerant.on = True
+    try:
+        yield
+    finally:
+        _tolerant.on = before
+
+
+@contextlib.contextmanager
+def locked(db: pw.Database) -> Iterator[None]:
+    """A transaction in which no other set-up or migration of ``db`` runs."""
+    if isinstance(db, pw.PostgresqlDatabase):
+        with db.atomic():
             db.execute_sql("SELECT pg_advisory_xact_lock(%s)", [LOCK_ID])
-        _create_or_migrate(model)
+            yield
+    elif isinstance(db, pw.SqliteDatabase) and not db.in_transaction():
+        with db.atomic(lock_type="IMMEDIATE"):  # SqliteDatabase.atomic takes the lock type
+            yield
+    else:
+        with db.atomic():
+            yield
 
 
-def _create_or_migrate(model: type[pw.Model]) -> None:
-    db = model._meta.database
-    model._schema.create_table(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager
-    added = _add_app_column(model)
-    model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
-    if added:
-        logger.warning("Added the column %r to %s; rows written before belong to no app until a re-drive "
-                       "pass of the app that declares their actor adopts them.", APP_COLUMN, model._meta.table_name)
-    wanted = {tuple(columns) for columns, _ in model._meta.indexes}
-    for columns, unique in OLD_INDEXES:
-        # A subclass that declares one of these indexes itself keeps it.
-        if columns not in wanted and all(name in model._meta.fields for name in columns):
-            name = pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]  # peewee's index name
-            db.execute_sql(f"DROP INDEX IF EXISTS {queries.table(db, name, model._meta.schema)}")  # names vary
+def table_key(model: type[pw.Model]) -> str:
+    """A job table's name in the version table: ``schema.table``, or the table alone."""
+    meta = model._meta
+    return f"{meta.schema}.{meta.table_name}" if meta.schema else meta.table_name
 
 
-def _add_app_column(model: type[pw.Model]) -> bool:
-    """Add the ``app`` column if the table lacks it; whether this call added it."""
-    db = model._meta.database
-    if APP_COLUMN in _columns(model):
-        return False
-    # Under the lock of create_or_migrate: nobody adds it meanwhile.
-    db.execute_sql(queries.text(model, "add_app_column"))
-    return True
-
-
-def _columns(model: type[pw.Model]) -> set[str]:
-    """The table's column names, in the schema the connection resolves it in (PostgreSQL's search_path)."""
+def columns(model: type[pw.Model]) -> set[str]:
+    """The table's column names (none: no table), in the schema the connection resolves it in (PostgreSQL's
+    search_path)."""
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):
         meta = model._meta
@@ -100,3 +121,79 @@ def _columns(model: type[pw.Model]) -> set[str]:
         return {name for (name,) in cursor.fetchall()}
     return {column.name for column in db.get_columns(model._meta.table_name, model._meta.schema)}
 
+
+def inferred(names: set[str]) -> int:
+    """The version of a table that recorded none, from its columns."""
+    if APP_COLUMN not in names:
+        return 0
+    return 2 if HISTORY_COLUMN in names else 1
+
+
+def recorded(model: type[pw.Model]) -> Optional[int]:
+    """The version recorded for ``model``'s table in its store, if any."""
+    db = model._meta.database
+    with db.bind_ctx([VersionModel], bind_refs=False, bind_backrefs=False):
+        if not _versions_exist(db):
+            return None
+        row = VersionModel.get_or_none(VersionModel.table == table_key(model))
+    return None if row is None else int(row.version)
+
+
+def version_of(model: type[pw.Model]) -> Optional[int]:
+    """``model``'s table's version: None if the table does not exist."""
+    names = columns(model)
+    if not names:
+        return None
+    found = recorded(model)
+    return inferred(names) if found is None else found
+
+
+def record(model: type[pw.Model], version: int) -> None:
+    """Record ``model``'s table at ``version`` (inside the caller's :func:`locked` transaction)."""
+    db = model._meta.database
+    with db.bind_ctx([VersionModel], bind_refs=False, bind_backrefs=False):
+        db.create_tables([VersionModel], safe=True)
+        VersionModel.insert(table=table_key(model), version=version, migrated_at=_utcnow()).on_conflict(
+            conflict_target=[VersionModel.table], update={VersionModel.version: version,
+                                                          VersionModel.migrated_at: _utcnow()},
+        ).execute()
+
+
+def _utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def _versions_exist(db: pw.Database) -> bool:
+    # On PostgreSQL, in the schema the search_path resolves (peewee's table_exists looks in 'public').
+    if isinstance(db, pw.PostgresqlDatabase):
+        return db.execute_sql("SELECT to_regclass(%s)", [VERSIONS_TABLE]).fetchone()[0] is not None
+    return VERSIONS_TABLE in db.get_tables()
+
+
+def out_of_date(model: type[pw.Model], version: int) -> SchemaOutOfDate:
+    return SchemaOutOfDate(
+        f"the job table {table_key(model)} in {model._meta.database.database!r} is at schema version {version}, "
+        f"this release needs version {CURRENT_VERSION}: run {COMMAND} (migrations are additive: workers of the "
+        f"earlier release may keep running meanwhile)"
+    )
+
+
+def create_or_migrate(model: type[pw.Model]) -> None:
+    """Open ``model``'s table (see the module docstring): create it at the current version if missing,
+    refuse it if older (unless :func:`tolerating_old`), add the indexes it lacks if current."""
+    db = model._meta.database
+    with locked(db):
+        version = version_of(model)
+        if version is None:
+            model._schema.create_table(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager
+            model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
+            record(model, CURRENT_VERSION)
+        elif version < CURRENT_VERSION:
+            if not getattr(_tolerant, "on", False):
+                raise out_of_date(model, version)
+            logger.info("%s is at schema version %d of %d; to be migrated.", table_key(model), version,
+                        CURRENT_VERSION)
+        else:
+            model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
+            if recorded(model) is None:
+                record(model, version)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from dramatiq_unique.storage import fencing, prepared, queries
+from dramatiq_unique.storage import fencing, history, prepared, queries
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, is_postgres
 
 
@@ -159,19 +159,33 @@ def startable(model: type[JobModel], job_id: int, revision: int, live_after: Any
     return prepared.execute(model._meta.database, statement.sql, statement.params(values)).fetchone() is not None
 
 
-def update_fenced(model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any]) -> int:
-    """UPDATE one row only if its fencing token is still ``fencing_token``; returns the row count."""
+def update_fenced(
+    model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any], *,
+    attempt: Optional[dict[str, Any]] = None,
+) -> int:
+    """UPDATE one row only if its fencing token is still ``fencing_token``; returns the row count.
+
+    ``attempt``: an entry appended to the row's ``history`` in the same statement (storage/history.py).
+    """
     names = tuple(values)
+    appended = attempt is not None
+    # Rendered out here: kept() must not be entered again from build() (its lock is not re-entrant).
+    append = queries.render(model, "history_append") if appended else None
 
     def build() -> str:
         db = model._meta.database
         q, p = (lambda name: queries.quote(db, name)), db.param
         sets = ", ".join(f"{q(model._meta.fields[n].column_name)} = {p}" for n in names)
+        if append is not None:
+            sets += f", {q('history')} = {append.sql}"
         return f"UPDATE {queries.jobs_table(model)} SET {sets} WHERE {q('id')} = {p} AND {q('fencing_token')} = {p}"
 
     # Built here: its columns vary by call (those given); kept per column set.
-    sql = queries.kept(("update_fenced", model, names, queries.dialect_key(model)), build)
-    cursor = prepared.execute(model._meta.database, sql, [*_params(model, values), job_id, fencing_token])
+    sql = queries.kept(("update_fenced", model, names, appended, queries.dialect_key(model)), build)
+    params = _params(model, values)
+    if append is not None and attempt is not None:
+        params += append.params(history.values(attempt))
+    cursor = prepared.execute(model._meta.database, sql, [*params, job_id, fencing_token])
     return cursor.rowcount
 
 

@@ -1,4 +1,5 @@
-"""A job table of an earlier version (no ``app`` column) brought up to date by setup(), on SQLite and PostgreSQL."""
+"""A job table of an earlier version (no ``app`` column: schema version 0) refused by setup() and brought up
+to date by `migrate` (storage/migrations.py), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from dramatiq.brokers.redis import RedisBroker
 import dramatiq_unique
 from dramatiq_unique import JobModel
 from dramatiq_unique.durable.redrive import redrive
+from dramatiq_unique.health.target import bound
+from dramatiq_unique.storage import migrations
 from dramatiq_unique.storage.database import open_database
 from dramatiq_unique.storage.models import is_postgres, utcnow
 from tests.conftest import REDIS_URL
@@ -82,9 +85,9 @@ def legacy_db(database_url):
     db.close()
 
 
-def test_setup_migrates_a_table_of_the_earlier_version(legacy_db, database_url, key_prefix):
-    """Given a table without the app column, holding jobs: setup() adds the column and the
-    app-leading indexes and drops the ones they replace; a process of the earlier version
+def test_migrate_upgrades_a_table_of_the_earlier_version(legacy_db, database_url, key_prefix):
+    """Given a table without the app column, holding jobs: setup() refuses it; migrate adds the column
+    and the app-leading indexes and drops the ones they replace; a process of the earlier version
     can still insert; the first pass adopts (and sends) the rows of the actors it
     declares, and leaves the others to the app that declares them."""
     db = legacy_db
@@ -92,6 +95,9 @@ def test_setup_migrates_a_table_of_the_earlier_version(legacy_db, database_url, 
     held = insert_legacy(db, "job", status="queued", hold="job:abc")
     foreign = insert_legacy(db, "not_ours")
     broker = RedisBroker(url=REDIS_URL, namespace=f"{key_prefix}-broker")
+    with pytest.raises(dramatiq_unique.SchemaOutOfDate, match="version 0"):
+        dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+    assert migrations.migrate(bound(JobModel, db, 0)).version == 2
     suite = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
     try:
         dramatiq.actor(lambda n: n, broker=broker, actor_name="job", track=True)
@@ -130,6 +136,7 @@ def test_an_idempotency_key_of_the_earlier_version_returns_its_job(legacy_db, da
     from dramatiq_unique.unique.keys import idempotency_hold
 
     message_id = insert_legacy(legacy_db, "job", status="queued")
+    migrations.migrate(bound(JobModel, legacy_db, 0))
     hold = idempotency_hold("job", "alice", "req-1")
     legacy_db.execute_sql(
         f'UPDATE "dramatiq_unique_jobs" SET "idempotency_key" = {legacy_db.param}, "owner" = {legacy_db.param}, '

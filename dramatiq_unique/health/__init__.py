@@ -1,0 +1,1 @@
+"""Operating the suite: the ``check`` health command and its HTTP probe, and the schema commands."""

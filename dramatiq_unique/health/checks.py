@@ -1,0 +1,218 @@
+"""The ``check`` command's findings: is the suite healthy, and if not, how badly.
+
+=============  ======================================================  ==========================
+finding        what is looked at                                       severity when it fails
+=============  ======================================================  ==========================
+``database``   every store answers (``SELECT 1``)                      critical (the primary);
+                                                                       warning (another store)
+``schema``     every job table is at this release's schema version     critical (workers refuse it)
+``redis``      every Redis master answers ``PING``                     warning (a minority down);
+                                                                       critical (no quorum)
+``redrive``    the app's last re-drive pass ended recently             warning (none recorded, or
+                                                                       older than ``max_pass_age``)
+``overdue``    waiting rows due ``overdue_after`` ago and not parked;  warning
+               running rows whose lease ran out ``overdue_after`` ago
+``parked``     parked rows whose gate has no live holder (at two       warning
+               looks ``recheck`` ms apart: parking/lot.py's test)
+=============  ======================================================  ==========================
+
+The exit code (and the probe's answer) is the worst severity: 0 ok, 1 warning, 2 critical.  A check
+that cannot run (its service is down) reports nothing of its own: the service's finding says why.
+Every call is bounded by the services' timeouts (``target.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Optional
+
+import peewee as pw
+import redis as redis_lib
+
+from dramatiq_unique.health.target import Target, tables
+from dramatiq_unique.storage import migrations, schema
+from dramatiq_unique.storage.models import WAITING, JobStatus, after_ms
+
+OK, WARNING, CRITICAL = 0, 1, 2
+NAMES = {OK: "ok", WARNING: "warning", CRITICAL: "critical"}
+#: ms a waiting row may be overdue, or a running row's lease run out, before it is reported.
+DEFAULT_OVERDUE_AFTER = 300_000
+#: The last re-drive pass may be at most this many intervals old (and at least a minute).
+PASS_AGE_INTERVALS = 6
+#: ms between the two looks at a parked group's gate (a gate is free for an instant at every hand-over).
+DEFAULT_RECHECK = 300
+#: Rows or groups named in a finding at most (the count is whole).
+SAMPLE = 5
+
+
+@dataclasses.dataclass
+class Finding:
+    check: str
+    severity: int
+    detail: str
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "severity": NAMES[self.severity], "detail": self.detail, **self.data}
+
+
+@dataclasses.dataclass
+class Report:
+    findings: list[Finding]
+
+    @property
+    def code(self) -> int:
+        return max((f.severity for f in self.findings), default=OK)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": NAMES[self.code], "code": self.code, "findings": [f.as_dict() for f in self.findings]}
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+
+
+def databases(target: Target) -> tuple[list[Finding], set[int]]:
+    """The ``database`` and ``schema`` findings; and the stores that answered."""
+    findings, up = [], set()
+    for index, db in enumerate(target.databases):
+        name = target.store_name(index)
+        try:
+            db.connect(reuse_if_open=True)
+            db.execute_sql("SELECT 1").fetchone()
+        except pw.DatabaseError as e:
+            severity = CRITICAL if index == 0 else WARNING
+            detail = f"{name} does not answer: {_first_line(e)}"
+            findings.append(Finding("database", severity, detail, {"store": index}))
+            if not db.in_transaction():
+                db.close()
+            continue
+        up.add(index)
+        findings.append(Finding("database", OK, f"{name} answers", {"store": index}))
+    for index, model in tables(target):
+        if index not in up:
+            continue
+        status = migrations.status(model, target.store_name(index))
+        data = {"store": index, "table": status.table, "version": status.version, "target": status.target}
+        if status.version is None:
+            findings.append(Finding("schema", WARNING, f"{status.table} in {status.store} does not exist yet "
+                                    "(set-up creates it)", data))
+        elif not status.current:
+            findings.append(Finding("schema", CRITICAL, f"{status.table} in {status.store} is at version "
+                                    f"{status.version} of {status.target}: run {schema.COMMAND}", data))
+        else:
+            findings.append(Finding("schema", OK, f"{status.table} in {status.store} is at version "
+                                    f"{status.version}", data))
+    return findings, up
+
+
+def redis_masters(target: Target) -> Finding:
+    answered, errors = 0, []
+    for i, client in enumerate(target.masters):
+        try:
+            client.ping()
+            answered += 1
+        except redis_lib.RedisError as e:
+            errors.append(f"master {i}: {_first_line(e)}")
+    total = len(target.masters)
+    if not total:
+        return Finding("redis", WARNING, f"no Redis named (set {'DRAMATIQ_UNIQUE_REDIS_URL'})")
+    quorum = total // 2 + 1
+    data = {"answered": answered, "masters": total, "quorum": quorum}
+    if answered < quorum:
+        return Finding("redis", CRITICAL, f"{answered} of {total} Redis masters answer, {quorum} needed: "
+                       + "; ".join(errors), data)
+    if errors:
+        return Finding("redis", WARNING, f"{answered} of {total} Redis masters answer (quorum {quorum}): "
+                       + "; ".join(errors), data)
+    return Finding("redis", OK, f"{answered} of {total} Redis masters answer", data)
+
+
+def last_pass(target: Target, max_age: Optional[float] = None) -> Optional[Finding]:
+    """None if no master answers (the ``redis`` finding says so)."""
+    limit = max_age if max_age is not None else max(60_000, PASS_AGE_INTERVALS * target.redrive_interval)
+    for client in target.masters:
+        try:
+            value = client.get(target.keys.last_pass())
+        except redis_lib.RedisError:
+            continue
+        if value is None:
+            return Finding("redrive", WARNING, f"no re-drive pass recorded for app {target.app!r}: is one running "
+                           "(start_redriver(), the Redriver middleware or `redrive APP`)?", {"age_ms": None})
+        age = time.time() * 1000 - int(value)
+        data = {"age_ms": int(age), "max_age_ms": int(limit)}
+        if age > limit:
+            return Finding("redrive", WARNING, f"the last re-drive pass ended {age / 1000:.0f} s ago "
+                           f"(more than {limit / 1000:.0f} s)", data)
+        return Finding("redrive", OK, f"the last re-drive pass ended {age / 1000:.1f} s ago", data)
+    return None
+
+
+def overdue(target: Target, up: set[int], overdue_after: float = DEFAULT_OVERDUE_AFTER) -> list[Finding]:
+    findings = []
+    cutoff = after_ms(-overdue_after)
+    for index, model in tables(target):
+        if index not in up:
+            continue
+        mine = model.app == target.app
+        waiting = (mine & model.status.in_(WAITING) & model.parked_on.is_null()
+                   & (pw.fn.COALESCE(model.process_after, model.created_at) < cutoff))
+        running = mine & (model.status == JobStatus.RUNNING.value) & (model.lease_until < cutoff)
+        where = f"{model._meta.table_name} in {target.store_name(index)}"
+        for kind, cond in (("waiting", waiting), ("running", running)):
+            count = model.select().where(cond).count()
+            data = {"store": index, "table": model._meta.table_name, "kind": kind, "count": count}
+            if count:
+                ids = [row.id for row in model.select(model.id).where(cond).order_by(model.id).limit(SAMPLE)]
+                what = "due" if kind == "waiting" else "with their lease run out"
+                findings.append(Finding("overdue", WARNING, f"{count} {kind} job(s) of {where} {what} more than "
+                                        f"{overdue_after / 1000:.0f} s ago (e.g. {ids})", {**data, "ids": ids}))
+    if not findings:
+        findings.append(Finding("overdue", OK, "no overdue jobs", {"overdue_after_ms": overdue_after}))
+    return findings
+
+
+def parked(target: Target, recheck: float = DEFAULT_RECHECK) -> Finding:
+    if target.suite is None:
+        return Finding("parked", OK, "not checked: the gates of parked jobs are known from the app (give APP)",
+                       {"checked": False})
+    from dramatiq_unique.parking import lot
+
+    first = set(lot.orphaned_groups(target.suite))
+    if first:
+        time.sleep(recheck / 1000)
+        first &= set(lot.orphaned_groups(target.suite))
+    groups = sorted(first)
+    if groups:
+        return Finding("parked", WARNING, f"{len(groups)} group(s) with parked jobs and no live holder (the "
+                       f"re-drive wakes them): {groups[:SAMPLE]}", {"groups": groups[:SAMPLE], "count": len(groups)})
+    return Finding("parked", OK, "every group with parked jobs has a live holder", {"checked": True})
+
+
+def run(
+    target: Target, *, overdue_after: float = DEFAULT_OVERDUE_AFTER, max_pass_age: Optional[float] = None,
+    recheck: float = DEFAULT_RECHECK,
+) -> Report:
+    """Every finding (see the module docstring)."""
+    findings, up = databases(target)
+    redis_finding = redis_masters(target)
+    findings.append(redis_finding)
+    redis_up = redis_finding.data.get("answered", 0) > 0
+    if redis_up:
+        found = last_pass(target, max_pass_age)
+        if found is not None:
+            findings.append(found)
+    findings += _guarded("overdue", lambda: overdue(target, up, overdue_after))
+    if 0 in up and redis_finding.severity < CRITICAL:
+        findings += _guarded("parked", lambda: [parked(target, recheck)])
+    return Report(findings)
+
+
+def _guarded(check: str, make: Any) -> list[Finding]:
+    # A service lost between two findings: its own finding has said so, or this one does now.
+    try:
+        return list(make())
+    except (pw.DatabaseError, redis_lib.RedisError, OSError) as e:
+        return [Finding(check, CRITICAL, f"could not look: {_first_line(e)}")]

@@ -1,0 +1,113 @@
+"""What the ``check``, ``status`` and ``migrate`` commands look at: an app's suite, or URLs from the environment.
+
+With an app (``APP``, imported as Dramatiq imports it), the commands see what its ``setup()``
+configured: every store, every job table its actors declare (``job_model`` included), its Redis
+masters, key prefix and timings.  Its import runs under :func:`~dramatiq_unique.storage.schema.tolerating_old`,
+so that an app whose tables are out of date can still be looked at, and migrated.
+
+Without one, ``DRAMATIQ_UNIQUE_DATABASE_URL`` (one URL, or several separated by spaces: the stores, primary
+first) and ``DRAMATIQ_UNIQUE_REDIS_URL`` (one URL, or several: the Redlock masters) name the services, and
+the commands see the shared job table only, of the app ``DRAMATIQ_UNIQUE_KEY_PREFIX`` names (the default
+key prefix without it): the variables of the command line's other commands (cli/context.py).  Nothing is
+created or written in that mode but by ``migrate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Optional, cast
+
+import peewee as pw
+import redis as redis_lib
+
+from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
+from dramatiq_unique.storage.database import describe, open_database
+from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.suite import Settings, app_name
+
+#: The environment variables of the mode without an app.
+DATABASE_ENV = "DRAMATIQ_UNIQUE_DATABASE_URL"
+REDIS_ENV = "DRAMATIQ_UNIQUE_REDIS_URL"
+#: ms each service may take to answer a command (connect and each call).
+DEFAULT_TIMEOUT = 3_000
+#: ms after its lease ran out that a job counts as lost (the suite's own default, for the mode without an app).
+DEFAULT_LOST_AFTER = 60_000
+
+
+@dataclasses.dataclass
+class Target:
+    """The services and tables a command looks at."""
+
+    databases: list[pw.Database]
+    #: The job models (``model_in`` binds one to a store).
+    models: list[type[JobModel]]
+    masters: list[redis_lib.Redis]
+    keys: RedisKeys
+    app: str
+    lost_after: float
+    redrive_interval: float
+    #: The app's suite, when an app was imported (the parked-rows finding needs its gates).
+    suite: Optional[Any] = None
+    model_in: Callable[[type[JobModel], int], type[JobModel]] = lambda model, index: model
+
+    def store_name(self, index: int) -> str:
+        return f"store {index} ({describe(self.databases[index])})"
+
+    def close(self) -> None:
+        for db in self.databases:
+            if not db.is_closed():
+                db.close()
+
+
+def of_suite(suite: Any) -> Target:
+    """The target of an app's suite."""
+    return Target(
+        databases=list(suite.stores.databases), models=list(suite.models), masters=list(suite.masters),
+        keys=suite.keys, app=suite.app, lost_after=suite.settings.lost_after,
+        redrive_interval=suite.settings.redrive_interval, suite=suite, model_in=suite.stores.model_in,
+    )
+
+
+def bound(model: type[JobModel], db: pw.Database, index: int) -> type[JobModel]:
+    """``model`` bound to ``db`` without rebinding the class itself (other code in the process uses it)."""
+    meta = model._meta
+    attrs = {"database": db, "table_name": meta.table_name, "schema": meta.schema}
+    made = cast(Any, type(model))(f"{model.__name__}_cli{index}", (model,), {
+        "Meta": type("Meta", (), attrs), "__module__": model.__module__,
+    })
+    # peewee names indexes after it: the names set-up gives them (storage/stores.py's model_in in another store).
+    made._meta.name = meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
+    return cast(type[JobModel], made)
+
+
+def from_environment(
+    *, key_prefix: Optional[str] = None, environ: Optional[dict[str, str]] = None, timeout: float = DEFAULT_TIMEOUT,
+) -> Optional[Target]:
+    """The target named by the environment; None if ``DRAMATIQ_UNIQUE_DATABASE_URL`` is not set."""
+    env = os.environ if environ is None else environ
+    urls = env.get(DATABASE_ENV, "").split()
+    if not urls:
+        return None
+    databases = [open_database(url, connect_timeout=timeout, timeout=max(timeout, 10_000)) for url in urls]
+    models: dict[tuple[type, int], type[JobModel]] = {}
+
+    def model_in(model: type[JobModel], index: int) -> type[JobModel]:
+        found = models.get((model, index))
+        if found is None:
+            found = models[(model, index)] = bound(model, databases[index], index)
+        return found
+
+    masters = [redis_lib.Redis.from_url(url, socket_timeout=timeout / 1000, socket_connect_timeout=timeout / 1000)
+               for url in env.get(REDIS_ENV, "").split()]
+    prefix = key_prefix or DEFAULT_KEY_PREFIX
+    return Target(
+        databases=databases, models=[JobModel], masters=masters, keys=RedisKeys(prefix), app=app_name(prefix),
+        lost_after=DEFAULT_LOST_AFTER, redrive_interval=Settings.redrive_interval, model_in=model_in,
+    )
+
+
+def tables(target: Target) -> list[tuple[int, type[JobModel]]]:
+    """Every (store index, job model bound to that store) of the target."""
+    return [(index, target.model_in(model, index)) for index in range(len(target.databases)) for model in target.models]
+

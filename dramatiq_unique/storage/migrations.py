@@ -1,0 +1,183 @@
+"""The migrations from one schema version to the next, and applying them (``migrate``, ``status``).
+
+=======  ====================================================================
+version  what it adds
+=======  ====================================================================
+0        (the layout before rows had an app: nothing to add)
+1        the ``app`` column (``NOT NULL DEFAULT ''``: a constant default, so
+         neither SQLite nor PostgreSQL 11+ rewrites the table, and a process
+         of the earlier release keeps inserting rows, with ``app = ''``), the
+         indexes that start with it, and the drop of the old indexes they
+         replace (every write would otherwise keep both up to date); rows with
+         ``app = ''`` are adopted by the first re-drive pass of the app that
+         declares their actor (durable/scope.py)
+2        the nullable ``history`` column (JSON text: the attempts, see
+         storage/history.py), added by ``playhouse.migrate``
+=======  ====================================================================
+
+Every step is additive and idempotent (it looks before it acts), only the
+suite's own columns and indexes are touched (a ``job_model``'s extra
+columns and indexes are never dropped; an old index it declares itself
+is kept), and a table's migrations run in one transaction with the
+version they reach, under the set-up lock (storage/schema.py): DDL is
+transactional on SQLite and PostgreSQL, so a migration that is
+interrupted leaves the table at its earlier version, and two ``migrate``
+runs at once take turns (the second finds nothing to do).  On a large
+PostgreSQL table version 1's ``CREATE INDEX`` holds writes back while it
+builds: create the indexes beforehand with ``CREATE INDEX CONCURRENTLY``
+under the same names to avoid that (they are then found and kept).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import peewee as pw
+from playhouse import migrate as pw_migrate
+
+from dramatiq_unique.storage import queries, schema
+from dramatiq_unique.storage.schema import APP_COLUMN, CURRENT_VERSION, HISTORY_COLUMN
+
+#: Indexes before version 1 that the app-leading ones replace: (columns, unique).
+OLD_INDEXES = (
+    (("status", "process_after"), False),
+    (("status", "lease_until"), False),
+    (("finished_at",), False),
+    (("unique_hold",), True),
+    (("idempotency_hold",), True),
+    # Parked rows are looked up by app and group (queries.sql: queue_head): (app, parked_on, created_at) replaces it.
+    (("parked_on",), False),
+)
+
+
+#: ms a migration step may wait for its table's lock on PostgreSQL.  ALTER TABLE takes an ACCESS
+#: EXCLUSIVE lock, which waits for every open transaction on the table (an old worker's), and every
+#: statement after it waits behind it: a bounded wait turns a stall of every worker into a failed
+#: migrate, run again later.
+DEFAULT_LOCK_TIMEOUT = 5_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One change of a migration: what it does, in words, and doing it."""
+
+    text: str
+    run: Callable[[], None]
+
+
+Model = type[pw.Model]
+
+
+def _to_v1(model: Model, names: set[str]) -> list[Step]:
+    db = model._meta.database
+    steps = []
+    if APP_COLUMN not in names:
+        steps.append(Step(f"add column {APP_COLUMN} VARCHAR(255) NOT NULL DEFAULT ''",
+                          lambda: db.execute_sql(queries.text(model, "add_app_column"))))
+    steps.append(Step("create the model's indexes that are missing (app first)",
+                      lambda: model._schema.create_indexes(safe=True)))  # type: ignore[attr-defined]
+    wanted = {tuple(columns) for columns, _ in model._meta.indexes}
+    for columns, unique in OLD_INDEXES:
+        # A subclass that declares one of these indexes itself keeps it.
+        if columns not in wanted and all(name in model._meta.fields for name in columns):
+            index = pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]  # peewee's index name
+            sql = f"DROP INDEX IF EXISTS {queries.table(db, index, model._meta.schema)}"
+            steps.append(Step(f"drop index {index} if it exists (replaced by an app-first one)",
+                              lambda sql=sql: db.execute_sql(sql)))  # type: ignore[misc]
+    return steps
+
+
+def _to_v2(model: Model, names: set[str]) -> list[Step]:
+    if HISTORY_COLUMN in names:
+        return []
+    migrator = pw_migrate.SchemaMigrator.from_database(model._meta.database, schema=model._meta.schema)
+    table = model._meta.table_name
+    return [Step(f"add column {HISTORY_COLUMN} TEXT NULL (the attempts, as JSON)", lambda: pw_migrate.migrate(
+        migrator.add_column(table, HISTORY_COLUMN, pw.TextField(null=True))))]
+
+
+#: version: (its name, its steps for a table whose columns are given).
+MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {
+    1: ("app column and app-first indexes", _to_v1),
+    2: ("per-attempt history", _to_v2),
+}
+assert max(MIGRATIONS) == CURRENT_VERSION, "a migration to every version up to CURRENT_VERSION"
+
+
+@dataclasses.dataclass
+class TableStatus:
+    """A job table in one store: its version (None: no table), the target, what migrate would do."""
+
+    table: str
+    store: str
+    version: Optional[int]
+    target: int = CURRENT_VERSION
+    #: "version N (name): step", in order.
+    pending: list[str] = dataclasses.field(default_factory=list)
+    #: What this run applied (migrate only).
+    applied: list[str] = dataclasses.field(default_factory=list)
+    error: Optional[str] = None
+
+    @property
+    def current(self) -> bool:
+        return self.error is None and self.version is not None and self.version >= self.target
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "current": self.current}
+
+
+def _plan(model: Model) -> tuple[Optional[int], list[tuple[int, Step]]]:
+    names = schema.columns(model)
+    if not names:
+        return None, []
+    found = schema.recorded(model)
+    version = schema.inferred(names) if found is None else found
+    steps = []
+    for target in range(version + 1, CURRENT_VERSION + 1):
+        # A later migration's look at the columns counts what the earlier ones add.
+        after = names | ({APP_COLUMN} if target > 1 else set())
+        steps += [(target, step) for step in MIGRATIONS[target][1](model, after)]
+    return version, steps
+
+
+def _describe(target: int, step: Step) -> str:
+    return f"version {target} ({MIGRATIONS[target][0]}): {step.text}"
+
+
+def status(model: Model, store: str = "") -> TableStatus:
+    """``model``'s table in its store (read only)."""
+    version, steps = _plan(model)
+    pending = ["create the table at the current version (at set-up)"] if version is None else [
+        _describe(target, step) for target, step in steps]
+    return TableStatus(schema.table_key(model), store, version, pending=pending)
+
+
+def migrate(model: Model, store: str = "", *, dry_run: bool = False,
+            lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> TableStatus:
+    """Bring ``model``'s table to the current version (create it if missing); with ``dry_run``, only say how.
+
+    Idempotent: a table at the current version is left alone.  Runs in one transaction under the
+    set-up lock (see the module docstring).  On PostgreSQL, a step that waits more than
+    ``lock_timeout`` ms for the table's lock fails (and the whole migration rolls back) rather than
+    queue every worker's statements behind it.
+    """
+    if dry_run:
+        return status(model, store)
+    db = model._meta.database
+    with schema.locked(db):
+        if isinstance(db, pw.PostgresqlDatabase):
+            db.execute_sql(f"SET LOCAL lock_timeout TO {int(lock_timeout)}")  # an int: no injection
+        version, steps = _plan(model)  # again, under the lock: another run may have migrated it
+        result = TableStatus(schema.table_key(model), store, version)
+        if version is None:
+            schema.create_or_migrate(model)
+            result.applied.append(f"create the table at version {CURRENT_VERSION}")
+        else:
+            for target, step in steps:
+                step.run()
+                result.applied.append(_describe(target, step))
+            if version < CURRENT_VERSION or schema.recorded(model) is None:
+                schema.record(model, max(version, CURRENT_VERSION))
+        result.version = max(version or 0, CURRENT_VERSION)
+    return result

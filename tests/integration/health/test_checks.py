@@ -1,0 +1,111 @@
+"""The `check` command on SQLite and PostgreSQL: each finding and its severity, the exit codes, the
+environment mode, and the HTTP probe."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from datetime import timedelta
+
+import dramatiq
+import pytest
+import redis
+
+from dramatiq_unique import JobModel, redrive
+from dramatiq_unique.cli import main
+from dramatiq_unique.health import checks, commands, probe
+from dramatiq_unique.health.target import of_suite
+from dramatiq_unique.parking.groups import lock_group
+from dramatiq_unique.storage.database import open_database
+from dramatiq_unique.storage.models import utcnow
+from tests.conftest import REDIS_URL
+from tests.integration.storage.v1_schema import create_v1_table
+
+DEAD_REDIS = "redis://127.0.0.1:1/0"
+
+
+def _by(report, check):
+    return [f for f in report.findings if f.check == check]
+
+
+def _row(suite, **fields):
+    values = dict(message_id=fields.pop("message_id", None) or f"m-{utcnow().timestamp()}-{len(fields)}",
+                  actor_name="job", queue_name="default", app=suite.app, **fields)
+    return JobModel.create(**values)
+
+
+def test_findings_and_severities(suite, broker):
+    """Healthy but no re-drive pass yet: a warning; after a pass: ok.  Then an overdue waiting row, a
+    running row whose lease ran out long ago and a parked row whose lock has no holder: warnings."""
+    dramatiq.actor(lambda n: n, broker=broker, actor_name="job", track=True)
+    target = of_suite(suite)
+    report = checks.run(target, recheck=10)
+    assert _by(report, "redrive")[0].severity == checks.WARNING and report.code == checks.WARNING
+    assert {f.check for f in report.findings} == {"database", "schema", "redis", "redrive", "overdue", "parked"}
+
+    redrive(broker, suite=suite)
+    assert checks.run(target, recheck=10).code == checks.OK, checks.run(target).as_dict()
+    assert checks.run(target, max_pass_age=-1, recheck=10).code == checks.WARNING  # a pass too old
+
+    long_ago = utcnow() - timedelta(hours=1)
+    waiting = _row(suite, status="pending", process_after=long_ago)
+    _row(suite, message_id="running-1", status="running", lease_until=long_ago)
+    _row(suite, message_id="parked-1", status="pending", parked_on=lock_group("nobody-holds-it"))
+    report = checks.run(target, recheck=10)
+    overdue = _by(report, "overdue")
+    assert sorted(f.data["kind"] for f in overdue) == ["running", "waiting"]
+    assert waiting.id in next(f for f in overdue if f.data["kind"] == "waiting").data["ids"]
+    (parked,) = _by(report, "parked")
+    assert parked.severity == checks.WARNING and parked.data["count"] == 1
+    assert report.code == checks.WARNING
+    assert checks.run(target, overdue_after=3 * 3600 * 1000, recheck=10).code == checks.WARNING  # parked still
+
+
+def test_redis_quorum(suite):
+    target = of_suite(suite)
+    live = redis.Redis.from_url(REDIS_URL, socket_timeout=1)
+    dead = redis.Redis.from_url(DEAD_REDIS, socket_timeout=1, socket_connect_timeout=1)
+    target.masters = [live, live, dead]
+    assert checks.redis_masters(target).severity == checks.WARNING
+    target.masters = [live, dead, dead]
+    assert checks.redis_masters(target).severity == checks.CRITICAL
+    assert checks.run(target, recheck=10).code == checks.CRITICAL
+
+
+def test_database_down_and_schema_out_of_date(database_url, monkeypatch, capsys):
+    """Environment mode: a primary that does not answer is critical (exit 2); a version-1 table too."""
+    monkeypatch.setenv("DRAMATIQ_UNIQUE_REDIS_URL", REDIS_URL)
+    monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/test")
+    assert main(["check", "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "critical" and report["findings"][0]["check"] == "database"
+
+    db = open_database(database_url)
+    create_v1_table(db)
+    db.close()
+    monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", database_url)
+    assert main(["check"]) == 2
+    out = capsys.readouterr().out
+    assert "CRITICAL schema" in out and "migrate" in out
+    assert "parked" in out  # not checked without the app: said so
+
+
+def test_probe_over_http(suite, broker):
+    """The probe answers 200 with the report while nothing is critical, 503 when something is."""
+    target = of_suite(suite)
+    server = probe.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0)
+    commands.serve_in_thread(server)
+    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            assert answer.status == 200
+            assert json.loads(answer.read())["status"] in ("ok", "warning")
+        target.masters = [redis.Redis.from_url(DEAD_REDIS, socket_timeout=1, socket_connect_timeout=1)]
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(url, timeout=10)
+        assert failed.value.code == 503
+        assert json.loads(failed.value.read())["code"] == checks.CRITICAL
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,79 @@
+"""The check's severities and the probe's answers, without services."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+import redis
+
+from dramatiq_unique.health import checks, commands, probe
+from dramatiq_unique.health.target import Target, from_environment
+from dramatiq_unique.redis.keys import RedisKeys
+
+
+class _Client:
+    def __init__(self, up: bool) -> None:
+        self.up = up
+
+    def ping(self) -> bool:
+        if not self.up:
+            raise redis.ConnectionError("refused")
+        return True
+
+
+def _target(*ups: bool) -> Target:
+    return Target(databases=[], models=[], masters=[_Client(up) for up in ups], keys=RedisKeys("x"), app="x",
+                  lost_after=60_000, redrive_interval=5_000)
+
+
+@pytest.mark.parametrize("ups, severity", [
+    ((True,), checks.OK), ((False,), checks.CRITICAL), ((True, True, False), checks.WARNING),
+    ((True, False, False), checks.CRITICAL), ((), checks.WARNING),
+])
+def test_redis_quorum(ups, severity):
+    assert checks.redis_masters(_target(*ups)).severity == severity
+
+
+def test_the_report_is_the_worst_finding():
+    report = checks.Report([checks.Finding("a", checks.OK, ""), checks.Finding("b", checks.WARNING, "")])
+    assert report.code == 1 and report.as_dict()["status"] == "warning"
+    assert checks.Report([]).code == checks.OK
+
+
+def test_no_environment_no_target():
+    assert from_environment(environ={}) is None
+
+
+@pytest.mark.parametrize("severity, code", [(checks.OK, 200), (checks.WARNING, 200), (checks.CRITICAL, 503)])
+def test_the_probe_answers(severity, code):
+    server = probe.serve(lambda: checks.Report([checks.Finding("x", severity, "d")]), 0, host="127.0.0.1")
+    commands.serve_in_thread(server)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        try:
+            answer = urllib.request.urlopen(url, timeout=5)
+        except urllib.error.HTTPError as e:
+            answer = e
+        assert answer.status == code
+        assert json.loads(answer.read())["code"] == severity
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_failing_check_answers_503():
+    def broken() -> checks.Report:
+        raise RuntimeError("boom")
+
+    server = probe.serve(broken, 0, host="127.0.0.1")
+    commands.serve_in_thread(server)
+    try:
+        with pytest.raises(urllib.error.HTTPError) as failed:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=5)
+        assert failed.value.code == 503
+    finally:
+        server.shutdown()
+        server.server_close()

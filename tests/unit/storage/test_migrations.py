@@ -1,0 +1,64 @@
+"""Versions read from a table's columns, the plan and the lock, on SQLite (embedded, no service)."""
+
+from __future__ import annotations
+
+import peewee as pw
+import pytest
+
+from dramatiq_unique.errors import SchemaOutOfDate
+from dramatiq_unique.health.target import bound
+from dramatiq_unique.storage import migrations, schema
+from dramatiq_unique.storage.models import JobModel
+
+
+@pytest.fixture
+def db(tmp_path):
+    db = pw.SqliteDatabase(str(tmp_path / "jobs.db"))
+    yield db
+    db.close()
+
+
+def test_versions_from_columns():
+    assert schema.inferred({"id", "status"}) == 0
+    assert schema.inferred({"id", "app"}) == 1
+    assert schema.inferred({"id", "app", "history"}) == 2
+    assert max(migrations.MIGRATIONS) == schema.CURRENT_VERSION
+
+
+def test_a_missing_table_is_created_at_the_current_version(db):
+    model = bound(JobModel, db, 0)
+    assert schema.version_of(model) is None
+    assert migrations.status(model).pending  # "create the table"
+    schema.create_or_migrate(model)
+    assert schema.recorded(model) == schema.CURRENT_VERSION
+    status = migrations.status(model)
+    assert status.current and status.pending == []
+    assert migrations.migrate(model).applied == []  # nothing to do
+    schema.create_or_migrate(model)  # opening again: unchanged
+
+
+def test_an_older_table_is_refused_unless_tolerated(db):
+    model = bound(JobModel, db, 0)
+    schema.create_or_migrate(model)
+    db.execute_sql('ALTER TABLE "dramatiq_unique_jobs" DROP COLUMN "history"')
+    db.execute_sql('DELETE FROM "dramatiq_unique_schema"')  # as a release before versions left it
+    assert schema.version_of(model) == 1
+    with pytest.raises(SchemaOutOfDate, match="migrate"):
+        schema.create_or_migrate(model)
+    with schema.tolerating_old():
+        schema.create_or_migrate(model)
+    planned = migrations.migrate(model, dry_run=True)
+    assert planned.version == 1 and len(planned.pending) == 1 and "history" in planned.pending[0]
+    assert schema.version_of(model) == 1
+    done = migrations.migrate(model)
+    assert done.version == 2 and done.applied == planned.pending
+    assert schema.recorded(model) == 2
+
+
+def test_a_newer_table_is_accepted(db):
+    model = bound(JobModel, db, 0)
+    schema.create_or_migrate(model)
+    with schema.locked(db):
+        schema.record(model, schema.CURRENT_VERSION + 1)
+    schema.create_or_migrate(model)
+    assert migrations.status(model).current
