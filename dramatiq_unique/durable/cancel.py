@@ -20,7 +20,7 @@ started meanwhile is not cancelled (:class:`JobStateError`).  The same UPDATE:
 from __future__ import annotations
 
 import logging
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from dramatiq_unique import suite as _config
 from dramatiq_unique.context import MARKER
@@ -30,16 +30,21 @@ from dramatiq_unique.locks import queue
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
 
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
 logger = logging.getLogger(__name__)
 
 
-def cancel_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> JobModel:
+def cancel_job(
+    id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None, suite: Optional["Suite"] = None,
+) -> JobModel:
     """Cancel a waiting job; returns its row, now ``cancelled``.
 
     Raises :class:`JobNotFound`, or :class:`JobStateError` for a job that is running or
     finished, or that changed while it was cancelled (it started, was retried, replaced).
     """
-    suite = _config.current()
+    suite = suite or _config.current()
     job = find(suite, id_or_message_id, model)
     if job.status not in WAITING:
         raise JobStateError(f"job {job.message_id} is {job.status}: only a waiting job can be cancelled", job=job)

@@ -12,7 +12,7 @@ their plans, a test checks them).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import peewee as pw
 from dramatiq import Message
@@ -69,6 +69,25 @@ def suspect_query(model: type[JobModel], cond: Any, order: Any, page: int) -> pw
 
 def prune_query(model: type[JobModel], cutoff: datetime, page: int) -> pw.Select:
     return model.select(model.id).where((model.finished_at < cutoff) & model.status.in_(FINISHED)).limit(page)
+
+
+def prune(
+    model: type[JobModel], scope: Any, settings: Any, *, page: int, max_pages: int,
+    after_page: Callable[[], None] = lambda: None,
+) -> int:
+    """Delete ``model``'s finished rows (of ``scope``, a :meth:`Scope.where` condition) past the
+    ``retention`` setting, page by page, calling ``after_page`` after each; returns how many."""
+    # Rows hold idempotency keys for their window: keep them at least that long.
+    cutoff = after_ms(-max(settings.retention, settings.idempotency_window))
+    pruned = 0
+    for _ in range(max_pages):
+        ids = [row_id for (row_id,) in prune_query(model, cutoff, page).where(scope).tuples()]
+        if ids:
+            pruned += model.delete().where(model.id.in_(ids)).execute()
+            after_page()
+        if len(ids) < page:
+            break
+    return pruned
 
 
 def pass_queries(

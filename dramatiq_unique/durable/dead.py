@@ -83,6 +83,7 @@ def check_limit(limit: Any) -> int:
 
 def dead_jobs(
     actor_name: Optional[str] = None, since: Union[datetime, timedelta, None] = None, limit: int = DEFAULT_LIMIT,
+    *, suite: Optional["Suite"] = None,
 ) -> list[JobModel]:
     """The dead set: this app's failed jobs in every job table, the last to fail first.
 
@@ -92,7 +93,7 @@ def dead_jobs(
     if actor_name is not None and not isinstance(actor_name, str):
         raise TypeError(f"actor_name must be a str, not {type(actor_name).__name__}")
     limit, after = check_limit(limit), since_of(since)
-    suite = _config.current()
+    suite = suite or _config.current()
 
     def query(model: type[JobModel]) -> Any:
         cond = model.app.in_((suite.app, NO_APP)) & (model.status == FAILED)
@@ -107,7 +108,9 @@ def dead_jobs(
     return found[:limit]
 
 
-def retry_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None) -> JobModel:
+def retry_job(
+    id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None, suite: Optional["Suite"] = None,
+) -> JobModel:
     """Send a failed job again as a new attempt of the same job; returns its row after the send.
 
     Raises :class:`JobNotFound`, :class:`JobStateError` (not failed, or changed meanwhile: a
@@ -115,7 +118,7 @@ def retry_job(id_or_message_id: Union[int, str], *, model: Optional[type[JobMode
     key).  If the broker refuses the publish, the row is left ``pending`` for the re-drive,
     and returned so.
     """
-    suite = _config.current()
+    suite = suite or _config.current()
     job = find(suite, id_or_message_id, model)
     if job.status != FAILED:
         raise JobStateError(f"job {job.message_id} is {job.status}: only a failed job can be retried", job=job)

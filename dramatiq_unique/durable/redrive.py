@@ -286,14 +286,5 @@ class _Pass:
     # -- 4. pruning -----------------------------------------------------------------
 
     def _prune(self, model: type[JobModel]) -> None:
-        settings = self.suite.settings
-        # Rows hold idempotency keys for their window: keep them at least that long.
-        cutoff = after_ms(-max(settings.retention, settings.idempotency_window))
-        for _ in range(MAX_PAGES):
-            query = claims.prune_query(model, cutoff, self.page).where(self.scope.where(model))
-            ids = [row_id for (row_id,) in query.tuples()]
-            if ids:
-                self.counts.pruned += model.delete().where(model.id.in_(ids)).execute()
-                self._keep_lock()
-            if len(ids) < self.page:
-                break
+        self.counts.pruned += claims.prune(model, self.scope.where(model), self.suite.settings, page=self.page,
+                                           max_pages=MAX_PAGES, after_page=self._keep_lock)

@@ -2,8 +2,8 @@
 
 ``dead_jobs``, ``retry_job``, ``cancel_job`` (:mod:`dramatiq_unique.durable`) and
 ``set_concurrency_limit``/``concurrency_status`` (:mod:`dramatiq_unique.slots.limits`)
-act on the current suite; these make ``suite`` the current one first, so the
-command line and the dashboard name the suite they act on.
+are given ``suite``: the command line and the dashboard name the suite they act on,
+and the process's current suite (the last ``setup()``) stays as it was.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from dramatiq_unique import suite as _config
+from dramatiq_unique.durable import claims
 from dramatiq_unique.durable.cancel import cancel_job
 from dramatiq_unique.durable.dead import dead_jobs, retry_job
+from dramatiq_unique.durable.redrive import MAX_PAGES
+from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.ops import detail
 from dramatiq_unique.ops.listing import job_row
 from dramatiq_unique.ops.views import JobRow
@@ -27,57 +29,47 @@ if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
 
 
-def _use(suite: "Suite") -> None:
-    _config.set_current(suite)
-
-
 def dead(
     suite: "Suite", *, actor: Optional[str] = None, since: Union[datetime, timedelta, None] = None, limit: int = 100,
 ) -> list[JobRow]:
     """The dead set (:func:`dramatiq_unique.dead_jobs`), the last to fail first, as list rows."""
-    _use(suite)
-    return [job_row(suite, job, suite.stores.index_of(type(job))) for job in dead_jobs(actor, since, limit)]
+    rows = dead_jobs(actor, since, limit, suite=suite)
+    return [job_row(suite, job, suite.stores.index_of(type(job))) for job in rows]
 
 
 def retry(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
     """:func:`dramatiq_unique.retry_job` of the job ``job`` finds (JobNotFound, JobStateError, DuplicateJob)."""
-    _use(suite)
     row = detail.find(suite, id_or_message_id)
-    return retry_job(row.message_id)
+    return retry_job(row.message_id, suite=suite)
 
 
 def cancel(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
     """:func:`dramatiq_unique.cancel_job` of the job ``job`` finds (JobNotFound, JobStateError)."""
-    _use(suite)
     row = detail.find(suite, id_or_message_id)
-    return cancel_job(row.message_id)
+    return cancel_job(row.message_id, suite=suite)
 
 
 def set_limit(suite: "Suite", actor: str, limit: Optional[int], key: Any = None) -> ConcurrencyStatus:
     """:func:`dramatiq_unique.set_concurrency_limit` (``0`` halts, None restores the default),
     then the group's :func:`~dramatiq_unique.concurrency_status`."""
-    _use(suite)
-    set_concurrency_limit(actor, limit, key)
-    return concurrency_status(actor, key)
+    set_concurrency_limit(actor, limit, key, suite=suite)
+    return concurrency_status(actor, key, suite=suite)
 
 
 def limit_status(suite: "Suite", actor: str, key: Any = None) -> ConcurrencyStatus:
-    _use(suite)
-    return concurrency_status(actor, key)
+    return concurrency_status(actor, key, suite=suite)
 
 
 def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
     """Delete the finished rows past ``retention`` now, as a re-drive pass does (the same
-    statement, the same scope: this app's rows of the actors ``broker``'s process declares);
+    step, the same scope: this app's rows of the actors ``broker``'s process declares);
     returns how many."""
-    from dramatiq_unique.durable import redrive
-    from dramatiq_unique.durable.scope import Scope
-
     scope = Scope(suite, broker)
-    # The pass's own pruning step, run alone: one home for which rows may go.
-    step = redrive._Pass(suite, broker, None, scope)
+    pruned = 0
     with db_errors("pruning"):
         for index in range(len(suite.stores)):
             for base in scope.models():
-                step._prune(suite.stores.model_in(base, index))
-    return step.counts.pruned
+                model = suite.stores.model_in(base, index)
+                pruned += claims.prune(model, scope.where(model), suite.settings, page=suite.settings.redrive_page_size,
+                                       max_pages=MAX_PAGES)
+    return pruned

@@ -140,7 +140,9 @@ def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
     return woken
 
 
-def set_concurrency_limit(actor_name: str, limit: Optional[int], key: Any = None) -> int:
+def set_concurrency_limit(
+    actor_name: str, limit: Optional[int], key: Any = None, *, suite: Optional["Suite"] = None,
+) -> int:
     """Change a slot limit at run time, for every worker at once; returns the jobs it started.
 
     ``key=None`` sets the limit of all the actor's groups (those without
@@ -153,7 +155,7 @@ def set_concurrency_limit(actor_name: str, limit: Optional[int], key: Any = None
     a Redis that loses its data forgets them (the declared limits apply).
     """
     _check_limit(limit)
-    suite = _config.current()
+    suite = suite or _config.current()
     config = _slot_config(suite, actor_name)
     redis_key, group = _target(suite, config, key)
     try:
@@ -167,7 +169,7 @@ def set_concurrency_limit(actor_name: str, limit: Optional[int], key: Any = None
     return sum(wake_free(suite, g) for g in groups)
 
 
-def concurrency_status(actor_name: str, key: Any = None) -> ConcurrencyStatus:
+def concurrency_status(actor_name: str, key: Any = None, *, suite: Optional["Suite"] = None) -> ConcurrencyStatus:
     """The limit, holders and parked jobs of a group (``key`` as for :func:`set_concurrency_limit`).
 
     With ``key=None`` on an actor that has a ``concurrency_key``: the
@@ -175,7 +177,7 @@ def concurrency_status(actor_name: str, key: Any = None) -> ConcurrencyStatus:
     (which scans the suite's slot keys in Redis: an operator's call, not
     one for a hot path).
     """
-    suite = _config.current()
+    suite = suite or _config.current()
     config = _slot_config(suite, actor_name)
     gate = gate_of(suite)
     declared = config.options.get("concurrency_limit")

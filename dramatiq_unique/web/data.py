@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar
 
 from dramatiq_unique import ops
-from dramatiq_unique import suite as _config
 from dramatiq_unique.durable.dead import dead_jobs
 from dramatiq_unique.errors import InvalidOption, JobNotFound
 from dramatiq_unique.ops import labels
@@ -93,9 +92,8 @@ class DeadRow:
 def dead(suite: "Suite", actor: Optional[str], limit: int) -> list[DeadRow]:
     """The dead set through :func:`dramatiq_unique.dead_jobs`, as ``ops.dead`` reads it, with each
     job's error, which ``ops.dead``'s rows do not carry."""
-    _config.set_current(suite)  # dead_jobs reads the current suite; ops.dead sets it so too
     rows = []
-    for job in dead_jobs(actor, None, limit):
+    for job in dead_jobs(actor, None, limit, suite=suite):
         error = (job.last_error or "").strip()
         rows.append(DeadRow(job.id, job.message_id, job.actor_name,
                             labels.row_key(suite.actor_config(job.actor_name), job), job.attempts,
