@@ -101,4 +101,4 @@ class NotConfigured(DramatiqUniqueError):
 
 
 class SchemaOutOfDate(DramatiqUniqueError):
-    """A job table was made by an earlier release: run ``python -m dramatiq_unique migrate APP``"""
+    """A job table was made by an earlier release"""

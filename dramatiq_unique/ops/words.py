@@ -67,7 +67,9 @@ def _sentence(w: Waiting, now: Optional[datetime]) -> str:
         return f"waiting for {'a slot' if w.reason == 'slot' else 'the execution lock'}{of}"
     if w.reason == "slot":
         count = f"{w.held} (no limit)" if w.limit is None else f"{w.held} of {w.limit}"
-        held = f"held by {job_list(w.holders, w.held)}" if w.held else "held (it starts at the next hand-over)"
+        # None held: no holder will hand a slot on; the group's wake-up (or the re-drive, for a group
+        # whose holder died) starts the first in line.
+        held = f"held by {job_list(w.holders, w.held)}" if w.held else "held (a wake-up or the re-drive starts one)"
         return f"waiting for a slot{of}: {count} {held}; {ahead_text(w)}"
     if w.reason == "halted":
         return f"waiting for a slot{of}: the group is halted (limit 0; `limit` restores it); {ahead_text(w)}"

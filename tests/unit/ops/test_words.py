@@ -30,7 +30,8 @@ def test_a_slot_wait():
     w = Waiting(reason="slot", label="deliver_webhook customer=42", limit=2, holders=[17, 23], held=2, ahead=5)
     assert why(w) == "waiting for a slot of deliver_webhook customer=42: 2 of 2 held by jobs 17 and 23; 5 waiting ahead"
     w = Waiting(reason="slot", label="export", limit=3, holders=[], held=0, ahead=0)
-    assert why(w) == "waiting for a slot of export: 0 of 3 held (it starts at the next hand-over); first in line"
+    assert why(w) == ("waiting for a slot of export: 0 of 3 held (a wake-up or the re-drive starts one); "
+                      "first in line")
     more = Waiting(reason="slot", label="x", limit=1, holders=[1], held=1, ahead=1000, ahead_more=True)
     assert why(more).endswith("1000+ waiting ahead")
 
