@@ -258,9 +258,11 @@ def test_an_actor_wide_limit_applies_to_every_tenant_without_its_own(suite, brok
     make_worker(8)
     wait_until(lambda: concurrency_status("sync").parked == 6, timeout=10, what="6 parked jobs")
     assert set_concurrency_limit("sync", 2) == 2
-    wait_until(lambda: rec.running["a"] == rec.running["b"] == 2, timeout=2, interval=0.005,
-               what="a second job of a and b")
-    assert rec.running["own"] == 1
+    # Each tenant's peak, not both at 2 in one instant: a loaded machine may end a's first 400 ms
+    # job before b's second starts, and the claim is per tenant.
+    wait_until(lambda: rec.peak["a"] == rec.peak["b"] == 2, timeout=2, interval=0.005,
+               what="a second job of a and of b running beside the first")
+    assert rec.running["own"] <= 1
     wait_until(lambda: rec.ended() == 9, timeout=10, what="9 jobs to end")
     assert (rec.peak["a"], rec.peak["b"], rec.peak["own"]) == (2, 2, 1)
 
