@@ -72,10 +72,14 @@ def find_job(
         table = None if model is None else suite.stores.model_in(model, index)
         return ours(suite, jobs.find_job(tables, id_or_message_id, table))
 
-    found, down = each_store(suite, f"reading job {id_or_message_id}", read, indexes=indexes)
-    for job in found:
-        if job is not None:
-            return job
+    down: list[DatabaseUnavailable] = []
+    for index in range(len(suite.stores)) if indexes is None else indexes:
+        # Store by store, stopping at the first that has it: a job of the primary is found
+        # without asking (or waiting for) a secondary.
+        found, failed = each_store(suite, f"reading job {id_or_message_id}", read, indexes=[index])
+        if found and found[0] is not None:
+            return found[0]
+        down += failed
     if down:
         raise down[0]
     return None
