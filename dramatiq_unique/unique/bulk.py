@@ -180,7 +180,9 @@ class _Batch:
         """The batch's multi-row INSERT, on the primary unless every row may fail over."""
         if not writes:
             return {}
-        fields = [row.fields for row in writes]
+        # In the keys' order: two batches of the same keys wait on each other in one order, never a deadlock.
+        fields = [row.fields for row in sorted(writes, key=lambda row: row.key or "")] if writes[0].holds \
+            else [row.fields for row in writes]
         what = f"recording {len(writes)} {self.config.actor_name} jobs"
         stores = self.suite.stores
         if stores.several and self.held is None and not any(row.holds for row in writes) \
