@@ -18,6 +18,8 @@ between the INSERT and its lookup (the single send settles the race as it does f
 
 from __future__ import annotations
 
+import collections
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
@@ -25,6 +27,7 @@ from dramatiq import Middleware
 
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
+from dramatiq_unique.durable import outbox
 from dramatiq_unique.errors import InvalidOption, NotConfigured
 from dramatiq_unique.unique.bulk_batch import Batch, Item, _single
 
@@ -75,31 +78,66 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     if suite is None or config is None or not _bulk(suite, config, actor):
         return [_single(actor, item, delay) for item in parsed]
     work = batches(parsed, size)
-    # Batch k is published in this thread while batch k + 1 is written: the INSERT and the publish
-    # mostly wait on their servers, each with the GIL let go.
-    pool = ThreadPoolExecutor(1, thread_name_prefix="dramatiq-unique-send-many") if len(work) > 1 else None
-    sent: list[Message] = []
-    previous: Optional[tuple[Batch, Optional[Future]]] = None
-    try:
+    if len(work) == 1 or outbox.active() is not None:  # the INSERT in the caller's transaction: this thread
+        sent: list[Message] = []
         for items in work:
             batch = Batch(suite, config, actor, delay)
-            batch.write(items)
-            if previous is not None:
-                try:
-                    sent += previous[0].settle(previous[1])
-                except BaseException:
-                    batch.undo()  # written, never published: no phantom jobs
-                    raise
-            future = pool.submit(batch.publish) if pool is not None and batch.inserted else None
-            if future is None:
-                batch.publish()
-            previous = (batch, future)
-        if previous is not None:
-            sent += previous[0].settle(previous[1])
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
+            batch.build(items)
+            batch.store()
+            batch.publish()
+            sent += batch.settle()
+        return sent
+    return _pipelined(suite, config, actor, delay, work)
+
+
+def _pipelined(suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
+               work: list[list[Item]]) -> list["Message"]:
+    """Batch k + 2 is built in this thread while batch k + 1 is written by a helper thread and batch k
+    published by another: the INSERT and the publish mostly wait on their servers, the GIL let go.
+    Publishes keep their order; once one fails for good (or a write), no later batch is published,
+    and those written are deleted before the error is raised."""
+    go_on = threading.Event()
+    go_on.set()
+
+    def publish(batch: Batch, stored: "Future") -> None:
+        try:
+            stored.result()
+        except BaseException:  # noqa: BLE001  (raised by settle)
+            go_on.clear()
+            return
+        if go_on.is_set() and not batch.publish():
+            go_on.clear()
+
+    sent: list[Message] = []
+    pending: collections.deque = collections.deque()
+    with ThreadPoolExecutor(1, thread_name_prefix="send-many-db") as db, \
+            ThreadPoolExecutor(1, thread_name_prefix="send-many-publish") as pub:
+        try:
+            for items in work:
+                batch = Batch(suite, config, actor, delay)
+                batch.build(items)
+                stored = db.submit(batch.store)
+                pending.append((batch, stored, pub.submit(publish, batch, stored)))
+                if len(pending) > 2:
+                    sent += _settle(*pending.popleft())
+            while pending:
+                sent += _settle(*pending.popleft())
+        except BaseException:
+            go_on.clear()
+            for batch, stored, published in pending:
+                published.result()
+                if stored.exception() is None:
+                    batch.undo()
+            raise
+        finally:
+            db.submit(suite.close).result()  # the helper's database connections
     return sent
+
+
+def _settle(batch: Batch, stored: "Future", published: "Future") -> list["Message"]:
+    published.result()
+    stored.result()  # its error, if the write failed
+    return batch.settle()
 
 
 def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:

@@ -24,8 +24,6 @@ from dramatiq_unique.unique.enqueue import _needs, may_fail_over, queue_lock_ttl
 from dramatiq_unique.unique.send import check_options
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
-
     from dramatiq import Actor, Message
 
     from dramatiq_unique.suite import ActorConfig, Suite
@@ -64,50 +62,51 @@ class Batch:
         self.rows: list[_Row] = []
         self.inserted: list[_Row] = []
         self.error: Optional[BaseException] = None
+        self.published = False
         self.taken: list[tuple[str, str]] = []
 
-    def write(self, items: list[Item]) -> None:
-        """Everything up to the publish: the rows written, duplicates resolved, the rows to publish
-        in ``self.inserted`` (none if they wait for the outbox or the re-drive)."""
+    def build(self, items: list[Item]) -> None:
+        """The batch's messages and rows, checked (in the sender's thread: context variables)."""
         self.rows = rows = [self._row(args, kwargs) for args, kwargs in items]
         if rows:
             from dramatiq_unique.middleware import combinations  # the middlewares import this package
 
             combinations.check_message(self.broker, self.config.actor_name, self.config.options, {})
+
+    def store(self) -> None:
+        """The rows written, duplicates resolved, the rows to publish in ``self.inserted`` (none if they
+        wait for the outbox or the re-drive).  May run in another thread, unless in transaction()."""
         first: dict[str, _Row] = {}
         writes: list[_Row] = []
-        for row in rows:
+        for row in self.rows:
             if row.holds and row.key in first:  # a duplicate inside the batch: its first item holds the key
                 continue
             if row.holds:
                 first[row.key] = row  # type: ignore[index]
             writes.append(row)
         ids = self._insert(writes)
-        self._resolve(rows, ids, first)
+        self._resolve(self.rows, ids, first)
         self.inserted = [row for row in writes if row.message.message_id in ids]
         self._finish(self.inserted, ids)
 
-    def settle(self, future: Optional["Future"] = None) -> list["Message"]:
-        """After the publish (``future``, if it ran in another thread): what it failed kept or undone
-        (and raised), then the items left to the single send; returns one message per item."""
-        if future is not None:
-            future.result()
-        if self.inserted:
-            if self.error is not None:
-                self._failed(self.inserted, self.taken, self.error)
-            else:
-                deferral.published(self.broker)
-                for row in self.inserted:
-                    self.broker.emit_after("enqueue", row.message, self.delay)
-                    row.resolved = row.message
+    def settle(self) -> list["Message"]:
+        """After the publish: what it failed kept or undone (and raised), then the items left to the
+        single send; returns one message per item."""
+        if self.inserted and not self.published:
+            self._failed(self.inserted, self.taken, self.error or RuntimeError("not published"))
+        elif self.inserted:
+            deferral.published(self.broker)
+            for row in self.inserted:
+                self.broker.emit_after("enqueue", row.message, self.delay)
+                row.resolved = row.message
         for row in self.rows:
             if row.single:
                 row.resolved = _single(self.actor, (row.original.args, row.original.kwargs), self.delay)
         return [row.resolved for row in self.rows]  # type: ignore[misc]
 
     def undo(self) -> None:
-        """The batch before this one failed to publish and raises: this one, written, is not sent."""
-        if self.inserted:
+        """An earlier batch failed and raises: this one, written and never published, is deleted."""
+        if self.inserted and not self.published:
             self.model.delete().where(self.model.id.in_([ids_of(row) for row in self.inserted])).execute()
 
     def _row(self, args: tuple, kwargs: dict) -> _Row:
@@ -197,11 +196,15 @@ class Batch:
         if self.held is not None or self.deferred:
             self.inserted = []  # nothing to publish now
 
-    def publish(self) -> None:
+    def publish(self) -> bool:
         """Publish ``self.inserted`` in one round trip; may run in another thread (no database
-        call, no context variable): an error is kept for :meth:`settle`."""
+        call, no context variable): an error is kept for :meth:`settle`, and says whether the
+        batches after it may still be published (not if it raises: on_broker_down="raise")."""
         publisher = self.suite.publisher
         assert publisher is not None
+        if not self.inserted:
+            self.published = True
+            return True
         entries = []
         try:
             for row in self.inserted:
@@ -218,8 +221,11 @@ class Batch:
                 entries.append((row.message.queue_name, ref, row.message.encode(), lock))
             if entries:
                 publisher.publish_many(entries)
+            self.published = True
         except BaseException as error:  # noqa: BLE001  (raised by settle, in the sender's thread)
             self.error = error
+            return deferral.defers(self.suite, error)
+        return True
 
     def _failed(self, inserted: list[_Row], taken: list[tuple[str, str]], error: BaseException) -> None:
         """The publish failed: nothing of it was published (MULTI/EXEC).  The rows are kept pending
