@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from datetime import timedelta
 
 import dramatiq
@@ -261,7 +262,9 @@ def test_two_senders_of_the_same_keys_make_one_job_per_key(suite, broker):
 
 
 def test_ten_thousand_items(sqlite_url, broker, key_prefix):
-    suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+    """Batches of 5000: more parameters than one SQLite statement takes, so each INSERT is split."""
+    suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False,
+                                  send_many_batch=5_000)
 
     @dramatiq.actor(unique_args=["key"])
     def job(key):
@@ -273,3 +276,28 @@ def test_ten_thousand_items(sqlite_url, broker, key_prefix):
         assert JobModel.select().count() == 7_000 and queue_size(broker) == 7_000
     finally:
         suite.db.close()
+
+
+def test_two_processes_sending_the_same_keys_make_one_job_per_key(suite, broker, database_url, key_prefix):
+    import multiprocessing
+
+    from tests.procs import send_many_burst
+
+    @dramatiq.actor(actor_name="bulk", unique_args=["key"], unique_window=60_000)
+    def bulk(key):
+        pass
+
+    start_at = time.time() + 3  # after both children have imported and set up
+    keys = list(range(1_500))
+    jobs = [(REDIS_URL, broker.namespace, database_url, key_prefix, start_at, order) for order in (keys, keys[::-1])]
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.map_async(send_many_burst, jobs).get(60)
+    held = {r.unique_key: r.message_id for r in rows("bulk")}
+    assert len(held) == 1_500 and queue_size(broker) == 1_500, "one job per key, published once"
+    for result in results:
+        by_key = dict(result)
+        assert len(by_key) == 1_500
+        for key, message_id in by_key.items():
+            assert message_id in held.values(), key
+    first, second = (dict(r) for r in results)
+    assert first == second, "both senders resolve each key to the same job"
