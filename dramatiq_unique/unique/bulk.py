@@ -78,7 +78,9 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     if suite is None or config is None or not _bulk(suite, config, actor):
         return [_single(actor, item, delay) for item in parsed]
     work = batches(parsed, size)
-    if len(work) == 1 or outbox.active() is not None:  # the INSERT in the caller's transaction: this thread
+    # In transaction(), or in a transaction of the caller's own: the INSERT goes through the caller's
+    # connection, in this thread (a helper's connection would wait on the caller's locks).
+    if len(work) == 1 or outbox.active() is not None or any(db.in_transaction() for db in suite.stores.databases):
         sent: list[Message] = []
         for items in work:
             batch = Batch(suite, config, actor, delay)

@@ -301,3 +301,20 @@ def test_two_processes_sending_the_same_keys_make_one_job_per_key(suite, broker,
             assert message_id in held.values(), key
     first, second = (dict(r) for r in results)
     assert first == second, "both senders resolve each key to the same job"
+
+
+def test_inside_a_transaction_of_the_callers_own_the_rows_are_its(suite, broker):
+    """In peewee's atomic() (not transaction()): the rows are written in the caller's transaction,
+    as single sends' are, so a rollback takes them back (the messages went out: plain Dramatiq's way)."""
+
+    @dramatiq.actor(track=True)
+    def job(i):
+        pass
+
+    suite.settings.send_many_batch = 5
+    with pytest.raises(RuntimeError):
+        with suite.db.atomic():
+            send_many(job, [(i,) for i in range(12)])
+            assert len(rows("job")) == 12
+            raise RuntimeError("rolled back")
+    assert rows("job") == []
