@@ -135,12 +135,11 @@ class Batch:
         if not writes:
             return {}
         # In the keys' order: two batches of the same keys wait on each other in one order, never a deadlock.
-        fields = [row.fields for row in sorted(writes, key=lambda row: row.key or "")] if writes[0].holds \
-            else [row.fields for row in writes]
+        holding = any(row.holds for row in writes)
+        fields = [row.fields for row in (sorted(writes, key=lambda row: row.key or "") if holding else writes)]
         what = f"recording {len(writes)} {self.config.actor_name} jobs"
         stores = self.suite.stores
-        if stores.several and self.held is None and not any(row.holds for row in writes) \
-                and may_fail_over(self.config, {}):
+        if stores.several and self.held is None and not holding and may_fail_over(self.config, {}):
             shared: dict = dict(fields[0]["options"][MARKER])  # the same for every row: no key
             for row in fields:
                 row["options"][MARKER] = shared  # gets the store's index, as a single send's marker

@@ -318,3 +318,29 @@ def test_inside_a_transaction_of_the_callers_own_the_rows_are_its(suite, broker)
             assert len(rows("job")) == 12
             raise RuntimeError("rolled back")
     assert rows("job") == []
+
+
+def test_execution_locks_and_slots_park_at_processing_as_for_single_sends(suite, broker):
+    runs = Runs()
+    running = {"n": 0, "peak": 0}
+
+    @dramatiq.actor(unique_args=["key"], unique_lock="while_executing", max_retries=0)
+    def locked(key, n):
+        runs.add(("locked", key, n))
+
+    @dramatiq.actor(concurrency_limit=1, max_retries=0)
+    def slotted(n):
+        with runs.lock:
+            running["n"] += 1
+            running["peak"] = max(running["peak"], running["n"])
+        time.sleep(0.01)
+        with runs.lock:
+            running["n"] -= 1
+        runs.add(("slotted", n))
+
+    send_many(locked, [(k, n) for n in range(3) for k in range(2)])  # no hold: 6 jobs, 3 per key
+    send_many(slotted, [(n,) for n in range(6)])
+    assert len(rows("locked")) == 6 and all(r.unique_hold is None and r.unique_key for r in rows("locked"))
+    with running_worker(broker, threads=4):
+        wait_until(lambda: JobModel.select().where(JobModel.status == "succeeded").count() == 12, timeout=20)
+    assert len(runs.counts) == 12 and set(runs.counts.values()) == {1} and running["peak"] == 1
