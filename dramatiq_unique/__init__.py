@@ -33,6 +33,7 @@ from dramatiq_unique.observe import enable_metrics
 from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.suite import Suite
+from dramatiq_unique.unique.bulk import send_many
 
 __version__ = "0.1.0"
 
@@ -74,6 +75,7 @@ __all__ = [
     "heartbeat",
     "redrive",
     "retry_job",
+    "send_many",
     "set_concurrency_limit",
     "setup",
     "step_key",

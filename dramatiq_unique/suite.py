@@ -106,11 +106,13 @@ class Settings:
     #: With "defer": ms after a failed publish during which tracked sends are kept pending without
     #: trying the broker (each try can cost a connection attempt, or several on RabbitMQ).
     broker_down_backoff: int = 1_000
+    #: Rows :func:`dramatiq_unique.send_many` writes in one INSERT and publishes in one round trip.
+    send_many_batch: int = 1_000
 
     def __post_init__(self) -> None:
         for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size",
                      "database_connect_timeout", "database_timeout", "check_timeout", "lock_timeout",
-                     "store_down_for", "broker_down_backoff"):
+                     "store_down_for", "broker_down_backoff", "send_many_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")

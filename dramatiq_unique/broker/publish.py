@@ -31,7 +31,7 @@ from dramatiq.common import current_millis
 
 from dramatiq_unique.broker.keys import BrokerKeys
 from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.redis import lua
+from dramatiq_unique.redis import batch, lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 if TYPE_CHECKING:
@@ -101,6 +101,21 @@ class Publisher:
             args += [lock[1], int(lock[2])]
         # Fails as the broker's publish would, with redis-py's errors.
         return self.script(keys=keys, args=args)
+
+    def publish_many(self, entries: list[tuple[str, str, bytes, Optional[tuple]]]) -> None:
+        """Publish many tracked messages, each ``(queue name, broker id, body, queue lock or None)``, as
+        :meth:`do_enqueue` publishes one, in one round trip: a MULTI/EXEC (:mod:`dramatiq_unique.redis.batch`),
+        so that a failure leaves none of them published.  Raises redis-py's errors."""
+        now, broker_id = current_millis(), self.broker.broker_id
+        calls = []
+        for queue_name, ref, body, lock in entries:
+            keys = [self.keys.heartbeats(), self.keys.queue(queue_name), self.keys.messages(queue_name)]
+            args = [now, broker_id, ref, body]
+            if lock is not None:
+                keys.append(f"{LOCK_PREFIX}:{lock[0]}")
+                args += [lock[1], int(lock[2])]
+            calls.append((keys, args))
+        batch.run_all(self.script, calls)
 
 
 def settle(suite: "Suite") -> None:

@@ -69,6 +69,42 @@ def insert(model: type[JobModel], values: dict[str, Any]) -> int:
     return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
 
 
+#: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
+MAX_PARAMS = 32_000
+
+
+def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, int]:
+    """INSERT ``rows`` (field defaults filled in) with ``ON CONFLICT DO NOTHING``, in as few statements as
+    the parameter limit allows: ``{message id: row id}`` of the rows inserted; a row whose hold (or
+    idempotency key) another job holds is left out, for the caller to look its holder up."""
+    if not rows:
+        return {}
+    filled = [_with_defaults(model, row) for row in rows]
+    names = tuple(sorted({name for row in filled for name, value in row.items() if value is not None}))
+    db = model._meta.database
+    cols = ", ".join(queries.quote(db, model._meta.fields[n].column_name) for n in names)
+    mark = "(" + ", ".join([db.param] * len(names)) + ")"
+    fields = [model._meta.fields[n] for n in names]
+    per = max(1, MAX_PARAMS // len(names))
+    out: dict[str, int] = {}
+    for start in range(0, len(filled), per):
+        chunk = filled[start:start + per]
+        sql = (f"INSERT INTO {queries.jobs_table(model)} ({cols}) VALUES {', '.join([mark] * len(chunk))} "
+               "ON CONFLICT DO NOTHING RETURNING id, message_id")
+        params = [f.db_value(row.get(f.name)) for row in chunk for f in fields]
+        out.update((message_id, row_id) for row_id, message_id in db.execute_sql(sql, params).fetchall())
+    return out
+
+
+def holders(model: type[JobModel], holds: list[str], app: str = "") -> dict[str, JobModel]:
+    """:func:`holder` for many holds in one query: ``{hold: HOLDER_COLUMNS of its row}``."""
+    if not holds:
+        return {}
+    columns = [getattr(model, name) for name in HOLDER_COLUMNS] + [model.unique_hold]
+    query = model.select(*columns).where((model.app == app) & model.unique_hold.in_(holds))
+    return {str(row.unique_hold): row for row in query}
+
+
 #: What :func:`holder` reads of the job that holds a key.
 HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
 

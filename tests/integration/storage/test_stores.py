@@ -59,6 +59,32 @@ def store(message) -> int:
     return int((job.options.get(MARKER) or {}).get(STORE, 0))
 
 
+def test_send_many_fails_over_a_plain_tracked_batch_and_a_unique_one_needs_the_primary(stores_suite, broker, cluster):
+    """send_many while the primary is down: a tracked batch goes whole to the secondary (its messages
+    name it) and runs; a unique batch raises DatabaseUnavailable and sends nothing."""
+    runs: list = []
+
+    @dramatiq.actor(track=True, max_retries=0)
+    def report(n):
+        runs.append(n)
+
+    @dramatiq.actor(unique_args=["n"], max_retries=0)
+    def unique_report(n):
+        runs.append(("unique", n))
+
+    stores_suite.settings.send_many_batch = 4
+    cluster.stop()
+    try:
+        messages = dramatiq_unique.send_many(report, [(n,) for n in range(10)])
+        assert [store(m) for m in messages] == [1] * 10 and all(store_of(m.options) == 1 for m in messages)
+        with pytest.raises(DatabaseUnavailable):
+            dramatiq_unique.send_many(unique_report, [(1,), (2,)])
+        with running_worker(broker):
+            wait_until(lambda: sorted(runs) == list(range(10)), timeout=10, what="the secondary's jobs ran")
+    finally:
+        cluster.start()
+
+
 def test_with_the_primary_down_tracked_jobs_land_in_the_secondary_and_unique_sends_raise(
     stores_suite, broker, cluster, caplog
 ):
