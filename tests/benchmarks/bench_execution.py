@@ -25,13 +25,10 @@ import os
 import statistics
 import threading
 import time
-import uuid
 
 import dramatiq
-from common import REDIS_URL, on_each_database
-from dramatiq.brokers.redis import RedisBroker
+from common import on_each_database, rig
 
-import dramatiq_unique
 from dramatiq_unique.parking import lot
 
 KINDS = ("plain", "tracked", "while_executing", "until_and_while_executing")
@@ -41,12 +38,7 @@ class Run:
     """One broker + suite + the benchmark's actors under a fresh namespace."""
 
     def __init__(self, database: str) -> None:
-        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
-        self.broker = RedisBroker(url=REDIS_URL, namespace=self.ns)
-        dramatiq.set_broker(self.broker)
-        self.suite = dramatiq_unique.setup(
-            self.broker, database=database, redis=REDIS_URL, key_prefix=self.ns, redriver=False
-        )
+        self.ns, self.broker, self.suite = rig(database)
         self.done = 0
         self.lock = threading.Lock()
         self.spans: list[tuple[float, float]] = []

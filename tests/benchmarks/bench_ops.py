@@ -25,9 +25,10 @@ from typing import Any, Callable
 
 import dramatiq
 import peewee as pw
-from dramatiq.brokers.redis import RedisBroker
 
 sys.path.insert(0, str(Path(__file__).parents[2]))
+
+from common import rig  # noqa: E402  (this folder is sys.path[0] when run as a script)
 
 import dramatiq_unique  # noqa: E402
 from dramatiq_unique import JobModel, ops  # noqa: E402
@@ -79,11 +80,7 @@ def _sqlite_sql(n: int, app: str) -> str:
 class Bench:
     def __init__(self, label: str, database: str, fill: Callable[[pw.Database, int, str], None], rows: int) -> None:
         self.label = label
-        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
-        self.broker = RedisBroker(url=REDIS_URL, namespace=self.ns)
-        dramatiq.set_broker(self.broker)
-        self.suite = dramatiq_unique.setup(self.broker, database=database, redis=REDIS_URL, key_prefix=self.ns,
-                                           redriver=False)
+        self.ns, self.broker, self.suite = rig(database)
 
         @dramatiq.actor(concurrency_limit=2, concurrency_key=["customer"])
         def deliver_webhook(customer, payload=""):

@@ -40,10 +40,8 @@ import uuid
 import dramatiq
 import peewee as pw
 import procrastinate
-from common import PG, REDIS_URL, pg_database
-from dramatiq.brokers.redis import RedisBroker
+from common import PG, pg_database, rig
 
-import dramatiq_unique
 from dramatiq_unique.unique import recent
 
 
@@ -58,12 +56,7 @@ class Ours:
     """A broker, the suite, a tracked and a unique actor, and a warmed-up paused worker."""
 
     def __init__(self, database: str, schema: str, threads: int) -> None:
-        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
-        self.broker = RedisBroker(url=REDIS_URL, namespace=self.ns)
-        dramatiq.set_broker(self.broker)
-        self.suite = dramatiq_unique.setup(
-            self.broker, database=database, redis=REDIS_URL, key_prefix=self.ns, redriver=False
-        )
+        self.ns, self.broker, self.suite = rig(database)
         self.done = 0
         self.lock = threading.Lock()
 

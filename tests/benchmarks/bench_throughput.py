@@ -13,25 +13,16 @@ import argparse
 import os
 import threading
 import time
-import uuid
 
 import dramatiq
-from common import REDIS_URL, on_each_database
-from dramatiq.brokers.redis import RedisBroker
-
-import dramatiq_unique
+from common import on_each_database, rig
 
 
 class Run:
     """One broker + suite + three actors under a fresh namespace."""
 
     def __init__(self, database: str) -> None:
-        self.ns = f"bench-{uuid.uuid4().hex[:8]}"
-        self.broker = RedisBroker(url=REDIS_URL, namespace=self.ns)
-        dramatiq.set_broker(self.broker)
-        self.suite = dramatiq_unique.setup(
-            self.broker, database=database, redis=REDIS_URL, key_prefix=self.ns, redriver=False
-        )
+        self.ns, self.broker, self.suite = rig(database)
         self.done = 0
         self.sent = 0
         self.lock = threading.Lock()

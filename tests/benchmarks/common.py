@@ -6,9 +6,14 @@ import contextlib
 import os
 import tempfile
 import uuid
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 import peewee as pw
+
+if TYPE_CHECKING:
+    from dramatiq.brokers.redis import RedisBroker
+
+    import dramatiq_unique
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 PG = dict(database="test", host="127.0.0.1", user="postgres")
@@ -25,6 +30,20 @@ def pg_database() -> Iterator[str]:
     finally:
         admin.execute_sql(f'DROP SCHEMA "{schema}" CASCADE')
         admin.close()
+
+
+def rig(database: str) -> tuple[str, "RedisBroker", "dramatiq_unique.Suite"]:
+    """A fresh namespace, a Redis broker under it (made the global broker) and the suite set up on
+    ``database`` with that key prefix, the re-drive off: ``(namespace, broker, suite)``."""
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+
+    import dramatiq_unique
+
+    ns = f"bench-{uuid.uuid4().hex[:8]}"
+    broker = RedisBroker(url=REDIS_URL, namespace=ns)
+    dramatiq.set_broker(broker)
+    return ns, broker, dramatiq_unique.setup(broker, database=database, redis=REDIS_URL, key_prefix=ns, redriver=False)
 
 
 def on_each_database(bench: Callable[[str, str], None], only: Optional[str] = None) -> None:
