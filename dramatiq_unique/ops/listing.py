@@ -229,5 +229,11 @@ def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:
         actor=row.actor_name, queue=row.queue_name, status=str(row.status),
         key=labels.row_key(suite.actor_config(row.actor_name), row), attempts=row.attempts,
         created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
-        table=type(row)._meta.table_name, store=store,
+        table=type(row)._meta.table_name, store=store, error=first_line(row.last_error),
     )
+
+
+def first_line(text: Optional[str]) -> str:
+    """The first line of an error (its type and message; the traceback stays in the row)."""
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else ""

@@ -57,6 +57,8 @@ class JobRow(View):
     #: The job table it lives in, and the store (0: the primary).
     table: str
     store: int
+    #: The first line of ``last_error`` (``ConnectionError: the ledger did not answer``), or ''.
+    error: str = ""
 
 
 @dataclasses.dataclass

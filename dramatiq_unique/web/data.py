@@ -1,10 +1,9 @@
-"""What the pages read, from the ops layer, and the three things it does not give.
+"""What the pages read, from the ops layer, and the two things it does not give.
 
 The ops layer (:mod:`dramatiq_unique.ops`) reads the stores and Redis for the
 command line and for these pages alike.  Kept here: the attempts timeline's
 layout; which key value a slot group's form names (``set_concurrency_limit``
-takes the key's value, the page shows its words); and the dead set's errors
-(``ops.dead`` gives list rows without them).
+takes the key's value, the page shows its words).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar
 
 from dramatiq_unique import ops
-from dramatiq_unique.durable.dead import dead_jobs
 from dramatiq_unique.errors import InvalidOption, JobNotFound
 from dramatiq_unique.ops import labels
 from dramatiq_unique.slots.limits import key_group
@@ -71,34 +69,6 @@ def locks(suite: "Suite") -> "Listing[LockView]":
 
 def slot_groups(suite: "Suite") -> "Listing[SlotGroupView]":
     return Listing(ops.slots(suite))
-
-
-@dataclass(frozen=True)
-class DeadRow:
-    """A line of the dead set: ``ops.dead``'s, with the error that killed the job."""
-
-    id: int
-    #: What the links and the retry button name: the message id, unique in every table of every
-    #: store (``ops.dead``'s ``ref`` is the numeric id for a job of a secondary store too).
-    ref: str
-    actor: str
-    key: str
-    attempts: int
-    finished_at: Optional[datetime]
-    #: The first line of ``last_error`` (``ConnectionError: the ledger did not answer``).
-    error: str
-
-
-def dead(suite: "Suite", actor: Optional[str], limit: int) -> list[DeadRow]:
-    """The dead set through :func:`dramatiq_unique.dead_jobs`, as ``ops.dead`` reads it, with each
-    job's error, which ``ops.dead``'s rows do not carry."""
-    rows = []
-    for job in dead_jobs(actor, None, limit, suite=suite):
-        error = (job.last_error or "").strip()
-        rows.append(DeadRow(job.id, job.message_id, job.actor_name,
-                            labels.row_key(suite.actor_config(job.actor_name), job), job.attempts,
-                            job.finished_at, error.splitlines()[0] if error else ""))
-    return rows
 
 
 def _time(value: Any) -> Optional[datetime]:

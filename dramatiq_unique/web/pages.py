@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from flask import Flask, abort, render_template, request
 
+from dramatiq_unique import ops
 from dramatiq_unique.storage.models import JobStatus, utcnow
 from dramatiq_unique.web import chart, data
 from dramatiq_unique.web.present import WAITING
@@ -85,7 +86,7 @@ def slots() -> str:
 def dead() -> str:
     actor = _arg("actor")
     suite = current_suite()
-    rows = data.dead(suite, actor=actor, limit=page_size())
+    rows = ops.dead(suite, actor=actor, limit=page_size())
     retrying = data.jobs(suite, status="retrying", actor=actor, limit=page_size())
     return render_template("dead.html", rows=rows, retrying=retrying, actor=actor or "",
                            actors=sorted(suite.actors), down=retrying.down, done=_done())
