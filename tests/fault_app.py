@@ -116,9 +116,13 @@ def _body(log: EventLog, kind: str, key: str, run_ms: int, beat_ms: int) -> Any:
     deadline = time.monotonic() + run_ms / 1000
     step = (beat_ms or run_ms) / 1000
     beats = 0
-    while (left := deadline - time.monotonic()) > 0:
-        time.sleep(min(step, left))
+    while True:
+        left = deadline - time.monotonic()
+        if left > 0:
+            time.sleep(min(step, left))
         if beat_ms:
+            # Also once the work is done, before the result counts, as a careful job does: a run
+            # frozen past its deadline (SIGSTOP) then learns it lost its lease, whenever it was stopped.
             try:
                 heartbeat()
             except LockLost as e:
@@ -126,6 +130,8 @@ def _body(log: EventLog, kind: str, key: str, run_ms: int, beat_ms: int) -> Any:
                 return ZOMBIE  # swallowed on purpose: the suite must not record this outcome
             beats += 1
             log.record("beat", **run, n=beats)
+        if left <= 0:
+            break
     log.record("end", **run)
     return [os.getpid(), job.fencing_token]
 
