@@ -10,7 +10,9 @@ through Dramatiq's exposition handler, the code behind its port 9191.
 
 from __future__ import annotations
 
+import http.client
 import threading
+import time
 import urllib.request
 from http.server import HTTPServer
 from pathlib import Path
@@ -63,7 +65,18 @@ class Scrape:
 
 
 def scrape() -> Scrape:
-    """GET /metrics from Dramatiq's exposition handler, served once on a loopback port."""
+    """GET /metrics from Dramatiq's exposition handler, served once on a loopback port; a scrape that
+    fails is tried again (twice at most), as Prometheus would at its next interval: prometheus_client's
+    multiprocess collector fails on a metric file another thread has just created and not yet sized."""
+    for _ in range(2):
+        try:
+            return _scrape_once()
+        except (OSError, http.client.HTTPException):
+            time.sleep(0.05)
+    return _scrape_once()
+
+
+def _scrape_once() -> Scrape:
     from dramatiq.middleware.prometheus import _metrics_handler
 
     server = HTTPServer(("127.0.0.1", 0), _metrics_handler)

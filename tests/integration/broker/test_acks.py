@@ -99,7 +99,9 @@ def test_an_until_executing_queue_lock_is_released_when_the_message_is_rejected(
     def broken(key):
         raise RuntimeError("no")
 
+    worker.pause()  # else a fast worker may run and nack it before the lock is looked at
     sent = broken.send("k")
     assert queue_lock_of(suite, redis_client, sent.message_id) is not None
+    worker.resume()
     wait_until(lambda: dramatiq_unique.get_job(sent.message_id).status == "failed", timeout=10)
     wait_until(lambda: queue_lock_of(suite, redis_client, sent.message_id) is None, timeout=10)
