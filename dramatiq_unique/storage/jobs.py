@@ -117,21 +117,30 @@ def insert_holding(
     cleared and the insert tried again.  ``full=False``: the holder may
     carry only :data:`statements.HOLDER_COLUMNS` (a skipped send needs no more).
 
-    A plain INSERT, which fails on a clash: measured on PostgreSQL, one
-    statement that looked for the holder first and inserted only if there
-    was none cost the server 130 us of CPU more per new row, and new rows
-    are the common case (a burst of duplicates is answered earlier, see
-    :mod:`dramatiq_unique.unique.recent`).
+    On PostgreSQL one statement inserts the row or, on the clash, reads
+    the holder (:func:`statements.insert_or_holder`): a duplicate refused
+    in one round trip, not a failed INSERT and a SELECT.  Its conflict
+    check costs a new row about 20 us more of the server's CPU than a plain
+    INSERT (measured; tests/benchmarks/README.md, issue 16).
     """
     db = model._meta.database
+    row = {**fields, "unique_hold": hold}
     for _ in range(MAX_INSERT_ROUNDS):
         try:
             if db.in_transaction():
-                # A savepoint, so the clash does not abort the caller's transaction.
+                # A savepoint: another unique column's clash must not abort the caller's transaction.
                 with db.atomic():
-                    return statements.insert(model, {**fields, "unique_hold": hold}), None
-            # In autocommit a failed INSERT leaves nothing to roll back.
-            return statements.insert(model, {**fields, "unique_hold": hold}), None
+                    row_id, found = statements.insert_or_holder(model, row)
+            else:  # in autocommit a failed INSERT leaves nothing to roll back
+                row_id, found = statements.insert_or_holder(model, row)
+            if row_id is not None:
+                return row_id, None
+            # The hold was the arbiter, so an idempotency key's clash went unchecked: it wins, as below.
+            check_idempotency(model, fields)
+            if found is None:  # it committed after the statement began: read it now
+                found = statements.holder(model, hold, fields.get("app", ""))
+                if found is None:
+                    continue  # and released its hold already
         except pw.IntegrityError:
             check_idempotency(model, fields)
             found = statements.holder(model, hold, fields.get("app", ""))
@@ -139,14 +148,14 @@ def insert_holding(
                 if get(model, message_id=fields["message_id"]) is not None:
                     raise  # not the hold: this message already has a row
                 continue  # it released its hold meanwhile
-            if found.message_id == fields["message_id"]:
-                return None, found
-            if _outlived(found, window_ms):
-                model.update(unique_hold=None).where(
-                    (model.id == found.id) & (model.unique_hold == hold)
-                ).execute()
-                continue
-            return None, (get(model, id=found.id) or found) if full else found
+        if found.message_id == fields["message_id"]:
+            return None, found
+        if _outlived(found, window_ms):
+            model.update(unique_hold=None).where(
+                (model.id == found.id) & (model.unique_hold == hold)
+            ).execute()
+            continue
+        return None, (get(model, id=found.id) or found) if full else found
     raise DatabaseUnavailable(f"could not settle the unique hold {hold!r}")
 
 

@@ -11,6 +11,17 @@
 SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
 WHERE "app" = %(app)s AND "unique_hold" = %(hold)s
 
+-- name: holder_unless_inserted (postgresql)
+-- Follows "WITH inserted AS (INSERT ... ON CONFLICT ("app", "unique_hold") DO NOTHING RETURNING "id")"
+-- (statements.insert_or_holder; the INSERT's columns vary by call, so it is built there): the new row's
+-- id, with NULLs; or, when the INSERT met another row of the app holding the key, that holder's columns, as
+-- the holder block reads them.  A duplicate refused in one round trip instead of a failed INSERT and a SELECT.
+-- A holder committed after the statement began is outside its snapshot: no row at all.
+SELECT "id", NULL, NULL, NULL, NULL FROM inserted
+UNION ALL
+SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
+WHERE "app" = %(app)s AND "unique_hold" = %(hold)s AND NOT EXISTS (SELECT 1 FROM inserted)
+
 -- name: start_attempt
 -- Mark an attempt running, if it may start; {token}: given_or_next_token, or drawn_token after a draw.
 UPDATE {jobs} SET {start_set}, "parked_on" = NULL, {hold_release}

@@ -52,21 +52,56 @@ def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, A
     return out
 
 
+def _present(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
+    # NULLs are left to the columns (all nullable ones default to NULL): fewer parameters to send.
+    return {name: value for name, value in _with_defaults(model, values).items() if value is not None}
+
+
+def _insert_sql(model: type[JobModel], names: tuple[str, ...]) -> str:
+    """``INSERT INTO jobs (names) VALUES (marks)``; built here, not in queries.sql: its columns vary by call."""
+    db = model._meta.database
+    cols = ", ".join(queries.quote(db, model._meta.fields[n].column_name) for n in names)
+    return f"INSERT INTO {queries.jobs_table(model)} ({cols}) VALUES ({', '.join([db.param] * len(names))})"
+
+
 def insert(model: type[JobModel], values: dict[str, Any]) -> int:
     """INSERT one row (field defaults filled in); returns its id."""
-    # NULLs are left to the columns (all nullable ones default to NULL): fewer parameters to send.
-    values = {name: value for name, value in _with_defaults(model, values).items() if value is not None}
+    values = _present(model, values)
     names = tuple(values)
+    # Kept per column set (those present).
+    sql = queries.kept(("insert", model, names, queries.dialect_key(model)),
+                       lambda: f"{_insert_sql(model, names)} RETURNING id")
+    return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
+
+
+def insert_or_holder(model: type[JobModel], values: dict[str, Any]) -> tuple[Optional[int], Optional[JobModel]]:
+    """INSERT one row holding ``values["unique_hold"]``: ``(its id, None)``, or ``(None, the HOLDER_COLUMNS of
+    the row of its app that holds the key)``, or ``(None, None)`` when the holder committed after this
+    statement began (the caller looks it up).  PostgreSQL: one round trip (the ``holder_unless_inserted``
+    block); SQLite, which has no round trip to save: :func:`insert`, raising IntegrityError on the clash.
+
+    Another unique column's clash (the message id, an idempotency hold) raises IntegrityError, as from
+    :func:`insert`: only the hold is the conflict's arbiter."""
+    if not is_postgres(model._meta.database):
+        return insert(model, values), None
+    values = _present(model, values)
+    names = tuple(values)
+    tail = queries.render(model, "holder_unless_inserted")
 
     def build() -> str:
         db = model._meta.database
-        cols = ", ".join(queries.quote(db, model._meta.fields[n].column_name) for n in names)
-        marks = ", ".join([db.param] * len(names))
-        return f"INSERT INTO {queries.jobs_table(model)} ({cols}) VALUES ({marks}) RETURNING id"
+        arbiter = f"{queries.quote(db, 'app')}, {queries.quote(db, 'unique_hold')}"
+        insert_sql = f"{_insert_sql(model, names)} ON CONFLICT ({arbiter}) DO NOTHING RETURNING id"
+        return f"WITH inserted AS ({insert_sql}) {tail.sql}"
 
-    # Built here: its columns vary by call (those present); kept per column set.
-    sql = queries.kept(("insert", model, names, queries.dialect_key(model)), build)
-    return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
+    sql = queries.kept(("insert_or_holder", model, names, queries.dialect_key(model)), build)
+    params = _params(model, values) + tail.params({"app": values.get("app", ""), "hold": values["unique_hold"]})
+    row = prepared.execute(model._meta.database, sql, params).fetchone()
+    if row is None:
+        return None, None
+    if row[1] is None:  # the inserted branch: no message id
+        return row[0], None
+    return None, to_model(model, row, HOLDER_COLUMNS)
 
 
 #: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
