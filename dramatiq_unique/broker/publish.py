@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextvars
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from dramatiq import Middleware
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis
 
@@ -101,6 +102,15 @@ class Publisher:
             args += [lock[1], int(lock[2])]
         # Fails as the broker's publish would, with redis-py's errors.
         return self.script(keys=keys, args=args)
+
+    def batches(self) -> bool:
+        """Whether tracked messages may be published in batches (:meth:`publish_many`) on this broker: a
+        batch goes around the broker's ``enqueue``, so its ``before_enqueue`` hooks must be the suite's
+        alone (a hook of another middleware would be skipped)."""
+        if not getattr(self.broker.enqueue, "_dramatiq_unique", False):
+            return False
+        hooks = [m for m in self.broker.middleware if type(m).before_enqueue is not Middleware.before_enqueue]
+        return all(getattr(m, "suite", None) is self.suite for m in hooks)  # JobTracking's alone
 
     def publish_many(self, entries: list[tuple[str, str, bytes, Optional[tuple]]]) -> None:
         """Publish many tracked messages, each ``(queue name, broker id, body, queue lock or None)``, as

@@ -6,9 +6,11 @@ caller's database transaction (the suite's peewee Database; peewee
 connections and transactions are per thread) and publishes nothing.
 After the commit, each job is claimed (``pending`` -> ``queued``,
 conditionally, so a re-drive pass that got there first wins and nothing
-is sent twice) and published.  If the broker is down then, the rows go
-back to ``pending`` and the re-drive sends them later; the caller sees
-no error, because its transaction did commit.
+is sent twice) and published: on the suite's Redis broker, the due ones
+in batches, a claim and a publish per batch
+(:mod:`dramatiq_unique.durable.outbox_batch`).  If the broker is down
+then, the rows go back to ``pending`` and the re-drive sends them later;
+the caller sees no error, because its transaction did commit.
 
 A rollback leaves no row and publishes nothing.  Sends of untracked
 actors inside the block are held in memory and published after the
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from dramatiq.common import q_name
 
 from dramatiq_unique.broker.refs import broker_ref, resending
-from dramatiq_unique.durable import deferral
+from dramatiq_unique.durable import deferral, outbox_batch
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
 from dramatiq_unique.storage import jobs
@@ -86,8 +88,14 @@ class Outbox:
     def publish(self) -> None:
         """After commit: claim and publish every held send.  Never raises (the commit happened)."""
         down = False
-        for item in self.items:
+        rest = self.items
+        if self.suite.publisher is not None and self.suite.publisher.batches():
+            rest, down = self._publish_batches()
+        for item in rest:
             if down:
+                if item.row is None:
+                    logger.error("Could not publish untracked message %s after commit: the broker failed; it is "
+                                 "lost (track=True would keep it for the re-drive).", item.message.message_id)
                 continue  # its row stays pending for the re-drive
             try:
                 if item.row is not None and not self._claim(item):
@@ -114,6 +122,38 @@ class Outbox:
                         "would keep it for the re-drive).", item.message.message_id, exc_info=True,
                     )
         self.items = []
+
+    def _publish_batches(self) -> tuple[list[_Item], bool]:
+        """The due tracked sends on the suite's broker, in batches (durable/outbox_batch.py); returns the
+        sends left to publish one by one, and whether the broker failed (the rest then waits too)."""
+        broker = self.suite.broker
+        assert broker is not None  # it has a publisher
+        rest: list[_Item] = []
+        groups: dict[Any, list[_Item]] = {}
+        now = time.monotonic()
+        for item in self.items:
+            if item.row is not None and item.broker is broker and (item.delay is None or item.due <= now):
+                groups.setdefault(item.row[0], []).append(item)  # by store
+            else:
+                rest.append(item)
+        size = self.suite.settings.send_many_batch
+        for model, items in groups.items():
+            for start in range(0, len(items), size):
+                chunk = items[start:start + size]
+                try:
+                    sent = outbox_batch.claim_and_publish(
+                        self.suite, model, [(item.row[1], item.row[2], item.message) for item in chunk]  # type: ignore[index]
+                    )
+                except Exception as error:
+                    # After commit: pending for the re-drive (the claims were undone), logged as the suite
+                    # logs a broker outage; once for the batch.
+                    first = chunk[0].message.message_id
+                    deferral.send_failed(self.suite, broker, f"{first} (and {len(chunk) - 1} more)", error)
+                    return rest, True
+                deferral.published(broker)
+                for message in sent:
+                    broker.emit_after("enqueue", message, None)
+        return rest, False
 
     def _claim(self, item: _Item) -> bool:
         model, row_id, revision = item.row  # type: ignore[misc]

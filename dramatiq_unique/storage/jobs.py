@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import peewee as pw
 
@@ -69,13 +69,14 @@ def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int]:
 
 
 def unclaim_sends(
-    model: type[JobModel], ids: list[int], status: str, *, ref: Optional[str] = None, options: Optional[dict] = None
+    model: type[JobModel], ids: list[int], status: str, *, ref: Union[str, list[str], None] = None,
+    options: Optional[dict] = None,
 ) -> None:
     """Hand rows claimed for a send whose publish failed back to ``status`` (the re-drive
     sends them later).  Only rows still queued without a broker id: a publish that did go
     through recorded one, and a start or a newer claim moved the row on.  ``ref``: rows a
-    send wrote with the broker id ``ref`` before its publish failed (durable/deferral.py),
-    whose id goes too; ``options`` replaces theirs.
+    send wrote with the broker id ``ref`` (or one of a list, durable/outbox_batch.py) before its publish
+    failed (durable/deferral.py), whose id goes too; ``options`` replaces theirs.
 
     Not for a parked row's claim (:func:`dramatiq_unique.storage.parking_statements.unclaim`):
     that claim writes the woken message's broker id before it publishes, and its undo
@@ -86,7 +87,10 @@ def unclaim_sends(
         fields["broker_ref"] = None
     if options is not None:
         fields["options"] = options
-    published = model.broker_ref.is_null() if ref is None else model.broker_ref == ref
+    if ref is None:
+        published = model.broker_ref.is_null()
+    else:
+        published = model.broker_ref.in_(ref) if isinstance(ref, list) else model.broker_ref == ref
     model.update(**fields).where(model.id.in_(ids) & (model.status == QUEUED) & published).execute()
 
 

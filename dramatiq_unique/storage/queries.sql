@@ -22,6 +22,24 @@ UNION ALL
 SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
 WHERE "app" = %(app)s AND "unique_hold" = %(hold)s AND NOT EXISTS (SELECT 1 FROM inserted)
 
+-- name: claim_held (postgresql)
+-- The outbox's claim of a committed transaction's held sends (durable/outbox_batch.py), one statement a
+-- batch: each row pending -> queued with the broker id drawn for its message, if still as its send left
+-- it (the message id tells a reused id apart; a re-drive pass may have claimed it first).  Arrays, not a
+-- CASE and an IN list of a thousand entries each, which cost the server more than the rows (measured).
+UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = held.ref
+FROM unnest(%(ids)s::bigint[], %(message_ids)s::text[], %(revisions)s::integer[], %(refs)s::text[])
+AS held (id, message_id, revision, ref)
+WHERE {jobs}."id" = held.id AND {jobs}."message_id" = held.message_id AND {jobs}."revision" = held.revision
+AND {jobs}."status" = %(pending)s AND {jobs}."parked_on" IS NULL
+RETURNING {jobs}."id"
+
+-- name: claim_one_held (sqlite)
+-- claim_held a row at a time: SQLite has no round trip to save, and no arrays.
+UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = %(ref)s
+WHERE "id" = %(id)s AND "message_id" = %(message_id)s AND "revision" = %(revision)s
+AND "status" = %(pending)s AND "parked_on" IS NULL
+
 -- name: start_attempt
 -- Mark an attempt running, if it may start; {token}: given_or_next_token, or drawn_token after a draw.
 UPDATE {jobs} SET {start_set}, "parked_on" = NULL, {hold_release}

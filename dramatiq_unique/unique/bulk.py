@@ -23,8 +23,6 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
-from dramatiq import Middleware
-
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.durable import outbox
@@ -144,13 +142,7 @@ def _settle(batch: Batch, stored: "Future", published: "Future") -> list["Messag
 
 def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
     """Whether a batch of ``actor`` takes the bulk path (see the module's docs)."""
-    broker = actor.broker
-    if broker is not suite.broker or suite.publisher is None or not getattr(broker.enqueue, "_dramatiq_unique", 0):
+    if actor.broker is not suite.broker or suite.publisher is None or not suite.publisher.batches():
         return False
-    if config.get({}, "unique_args") is not None and \
-            config.get({}, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) == "raise":
-        return False
-    hooks = [m for m in broker.middleware if type(m).before_enqueue is not Middleware.before_enqueue]
-    return all(getattr(m, "suite", None) is suite for m in hooks)  # JobTracking's alone
-
-
+    return config.get({}, "unique_args") is None or \
+        config.get({}, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) != "raise"

@@ -4,9 +4,11 @@
 
 One producer thread on the Redis broker, with the job table on SQLite and on PostgreSQL (a fresh
 schema, dropped afterwards).  Each run times, in turn: plain Dramatiq sending ``--jobs`` messages
-one ``send()`` at a time; ``send_many`` of as many tracked jobs (``track=True``); and ``send_many``
+one ``send()`` at a time; ``send_many`` of as many tracked jobs (``track=True``); ``send_many``
 of as many unique jobs (``unique_args=["i"]``, distinct keys: each row holds its key and each
-publish writes its queue lock).  Ratios are throughput to plain Dramatiq's in the same run.
+publish writes its queue lock); and, inside ``transaction()`` (the outbox: rows written pending in
+the transaction, claimed and published after its commit), ``send_many`` of tracked jobs and as
+many single tracked sends.  Ratios are throughput to plain Dramatiq's in the same run.
 Nothing is processed: the queues are flushed between measures.
 """
 
@@ -59,24 +61,31 @@ def bench(label: str, database: str, jobs: int, runs: int) -> None:
         plain.send(i)
     dramatiq_unique.send_many(tracked, [(i,) for i in range(50)])
     dramatiq_unique.send_many(unique, [(i,) for i in range(50)])
-    ratios: dict[str, list[float]] = {"tracked": [], "unique": []}
-    rates: dict[str, list[float]] = {"plain": [], "tracked": [], "unique": []}
+    def in_transaction(send) -> None:
+        with dramatiq_unique.transaction():  # held until the commit, then claimed and published in batches
+            send()
+
+    kinds = {
+        "plain": lambda: [plain.send(i) for i in range(jobs)],
+        "tracked": lambda: dramatiq_unique.send_many(tracked, [(i,) for i in range(jobs)]),
+        "unique": lambda: dramatiq_unique.send_many(unique, [(i,) for i in range(jobs)]),
+        "outbox send_many": lambda: in_transaction(kinds["tracked"]),
+        "outbox send": lambda: in_transaction(lambda: [tracked.send(i) for i in range(jobs)]),
+    }
+    rates: dict[str, list[float]] = {kind: [] for kind in kinds}
+    ratios: dict[str, list[float]] = {kind: [] for kind in kinds if kind != "plain"}
     for run in range(runs):
-        reset()
-        rates["plain"].append(timed(lambda: [plain.send(i) for i in range(jobs)]))
-        reset()
-        rates["tracked"].append(timed(lambda: dramatiq_unique.send_many(tracked, [(i,) for i in range(jobs)])))
-        reset()
-        rates["unique"].append(timed(lambda: dramatiq_unique.send_many(unique, [(i,) for i in range(jobs)])))
+        for kind, send in kinds.items():
+            reset()
+            rates[kind].append(timed(send))
         for kind in ratios:
             ratios[kind].append(rates[kind][-1] / rates["plain"][-1])
-        print(f"{label} run {run + 1}: plain {rates['plain'][-1]:.0f}/s, "
-              f"tracked send_many {rates['tracked'][-1]:.0f}/s ({ratios['tracked'][-1]:.2f}x), "
-              f"unique send_many {rates['unique'][-1]:.0f}/s ({ratios['unique'][-1]:.2f}x)", flush=True)
-    print(f"{label}: tracked {statistics.median(ratios['tracked']):.2f}x "
-          f"({min(ratios['tracked']):.2f}-{max(ratios['tracked']):.2f}, target >= 2), "
-          f"unique {statistics.median(ratios['unique']):.2f}x "
-          f"({min(ratios['unique']):.2f}-{max(ratios['unique']):.2f}, target >= 1.5)")
+        print(f"{label} run {run + 1}: plain {rates['plain'][-1]:.0f}/s, " + ", ".join(
+            f"{kind} {rates[kind][-1]:.0f}/s ({ratios[kind][-1]:.2f}x)" for kind in ratios), flush=True)
+    targets = {"tracked": ", target >= 2", "unique": ", target >= 1.5"}
+    print(f"{label}: " + ", ".join(
+        f"{kind} {statistics.median(r):.2f}x ({min(r):.2f}-{max(r):.2f}{targets.get(kind, '')})"
+        for kind, r in ratios.items()))
     reset()
     broker.close()
     suite.db.close()

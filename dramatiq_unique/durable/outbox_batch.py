@@ -1,0 +1,80 @@
+"""A committed transaction's held sends, claimed and published in batches (:mod:`dramatiq_unique.durable.outbox`).
+
+One by one, each held send costs three round trips after the commit: its claim (``pending`` ->
+``queued``, a committed UPDATE), its publish, and the UPDATE of its broker id; measured, a
+transaction of 5,000 sends published about 400 jobs a second on PostgreSQL, a tenth of plain
+Dramatiq's per-message send.  Here a batch of up to ``send_many_batch`` rows of one store is
+claimed in one statement, which writes each row's broker id with its claim (the Redis broker's
+message ids are drawn first, as ``RedisBroker.enqueue`` draws one), and the rows claimed are
+published in one MULTI/EXEC (:meth:`dramatiq_unique.broker.publish.Publisher.publish_many`): all or
+nothing, so a failure hands every row of the batch back to ``pending`` for the re-drive.
+
+The claim is conditional as a single one is: a row a re-drive pass claimed first (between the
+commit and this publish) is left to it, and nothing is sent twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID
+from dramatiq_unique.storage import jobs, queries
+from dramatiq_unique.storage.models import JobStatus, is_postgres, utcnow
+
+if TYPE_CHECKING:
+    from dramatiq import Message
+
+    from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+#: A held send: (its row's id, the row's revision at the send, its message as held).
+Held = tuple[int, int, "Message"]
+
+
+def claim_and_publish(suite: "Suite", model: type["JobModel"], held: list[Held]) -> list["Message"]:
+    """Claim ``held``'s rows in ``model``'s table and publish the ones claimed, in one round trip each;
+    returns the messages published, as the broker published them.  If the publish fails, the rows
+    claimed go back to ``pending`` (the re-drive sends them) and the error is raised."""
+    publisher = suite.publisher
+    assert publisher is not None  # outbox.Outbox batches only where there is one
+    sent = {row_id: message.copy(options={REDIS_MESSAGE_ID: str(uuid.uuid4())}) for row_id, _, message in held}
+    claimed = _claim(model, held, {row_id: message.options[REDIS_MESSAGE_ID] for row_id, message in sent.items()})
+    messages = [sent[row_id] for row_id, _, _ in held if row_id in claimed]
+    if not messages:
+        return []
+    try:
+        publisher.publish_many([(m.queue_name, m.options[REDIS_MESSAGE_ID], m.encode(), None) for m in messages])
+    except BaseException:
+        try:
+            jobs.unclaim_sends(model, sorted(claimed), JobStatus.PENDING.value,
+                               ref=[m.options[REDIS_MESSAGE_ID] for m in messages])
+        except Exception:
+            # Left queued with a broker id the broker never had: the lost-message check sends them again.
+            logger.exception("Could not put %d jobs back to pending after their publish failed.", len(claimed))
+        raise
+    return messages
+
+
+def _claim(model: type["JobModel"], held: list[Held], refs: dict[int, str]) -> set[int]:
+    """``pending`` -> ``queued`` with each row's broker id, for the rows still as the send left them
+    (the ``claim_held`` query); the ids claimed."""
+    db = model._meta.database
+    values: dict[str, Any] = {"queued": JobStatus.QUEUED.value, "pending": JobStatus.PENDING.value,
+                              "now": model.enqueued_at.db_value(utcnow())}
+    if is_postgres(db):
+        statement = queries.render(model, "claim_held")
+        values.update(ids=[row_id for row_id, _, _ in held], message_ids=[m.message_id for _, _, m in held],
+                      revisions=[revision for _, revision, _ in held], refs=[refs[row_id] for row_id, _, _ in held])
+        return {row_id for (row_id,) in db.execute_sql(statement.sql, statement.params(values)).fetchall()}
+    statement = queries.render(model, "claim_one_held")
+    claimed = set()
+    with db.atomic():
+        for row_id, revision, message in held:
+            values.update(id=row_id, message_id=message.message_id, revision=revision, ref=refs[row_id])
+            if db.execute_sql(statement.sql, statement.params(values)).rowcount:
+                claimed.add(row_id)
+    return claimed
