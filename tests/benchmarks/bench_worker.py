@@ -142,7 +142,9 @@ class Run:
     def close(self) -> None:
         err = self.worker.stop()
         if "Traceback" in err:
-            print(f"worker log {self.log} has a traceback:\n{self.tail()}")
+            print(f"worker log {self.log} has a traceback (kept):\n{self.tail()}")
+        else:
+            os.unlink(self.log)
         self.broker.flush_all()
         keys = list(self.redis.scan_iter(match=f"*{self.ns}*", count=1000))
         if keys:
