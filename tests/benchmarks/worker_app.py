@@ -1,0 +1,98 @@
+"""The app that ``bench_worker.py``'s real ``dramatiq`` workers load: ``dramatiq worker_app``.
+
+Set up from the environment: ``BW_REDIS_URL``, ``BW_NAMESPACE`` (the broker's and the suite's key
+prefix) and ``BW_DATABASE_URL``.  Three no-op actors, one queue each, as in ``bench_throughput.py``:
+``plain`` (no options), ``tracked`` (``track=True``) and ``unique`` (``unique_args=["i"]``,
+``unique_lock="until_executing"``: a queue lock per job, released when it starts); and ``floor``,
+an untracked actor that makes, with psycopg2 on a connection of its thread's own, the two statements
+a tracked job's promise costs the database (its start's UPDATE, prepared, then its outcome's) on a
+row the benchmark inserted: plain Dramatiq plus the database's share and nothing else of ours, the
+ceiling of what ``tracked`` could reach on the same machine.  Imported
+without ``BW_DATABASE_URL`` (by the benchmark itself, after its own ``setup()``), it only declares
+the actors on the current broker.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import threading
+from typing import Any
+
+import dramatiq
+
+# The start and outcome of a tracked job's first attempt, as queries.sql renders them on PostgreSQL
+# (start_attempt; update_fenced with history_append), with fixed values where the worker's vary.
+FLOOR_START = (
+    'UPDATE "dramatiq_unique_jobs" SET "status" = \'running\', "attempts" = "attempts" + 1, "started_at" = $2, '
+    '"lease_until" = $3, "worker" = $4, "fencing_token" = COALESCE(NULL, "fencing_token" + 1), "parked_on" = NULL, '
+    '"unique_hold" = "unique_hold" WHERE "id" = $1 AND "revision" = 0 AND "status" NOT IN (\'succeeded\', \'failed\') '
+    'AND ("status" <> \'running\' OR "lease_until" IS NULL OR "lease_until" <= $2 OR "worker" LIKE \'\') '
+    'RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"'
+)
+FLOOR_FINISH = (
+    'UPDATE "dramatiq_unique_jobs" SET "status" = \'succeeded\', "finished_at" = $3, "result" = NULL, '
+    '"last_error" = NULL, "lease_until" = NULL, "history" = CASE WHEN "history" IS NULL THEN \'[\' || $4 || \']\' '
+    'ELSE "history" END WHERE "id" = $1 AND "fencing_token" = $2'
+)
+_floor = threading.local()
+
+
+def _floor_cursor() -> Any:
+    cursor = getattr(_floor, "cursor", None)
+    if cursor is None:
+        import psycopg2
+
+        dsn, _, options = os.environ["BW_DATABASE_URL"].partition("?options=")
+        conn = psycopg2.connect(dsn, options=options.replace("%3D", "="))
+        conn.autocommit = True
+        cursor = _floor.cursor = conn.cursor()
+        cursor.execute(f"PREPARE floor_start AS {FLOOR_START}")
+        cursor.execute(f"PREPARE floor_finish AS {FLOOR_FINISH}")
+    return cursor
+
+
+def setup_from_env() -> None:
+    from dramatiq.brokers.redis import RedisBroker
+
+    import dramatiq_unique
+
+    ns = os.environ["BW_NAMESPACE"]
+    broker = RedisBroker(url=os.environ["BW_REDIS_URL"], namespace=ns)
+    dramatiq.set_broker(broker)
+    dramatiq_unique.setup(broker, database=os.environ["BW_DATABASE_URL"], redis=os.environ["BW_REDIS_URL"],
+                          key_prefix=ns, redriver=False)
+
+
+def declare() -> dict[str, dramatiq.Actor]:
+    @dramatiq.actor(actor_name="plain", queue_name="plain")
+    def plain(i: int) -> None:
+        pass
+
+    @dramatiq.actor(actor_name="tracked", queue_name="tracked", track=True)
+    def tracked(i: int) -> None:
+        pass
+
+    @dramatiq.actor(actor_name="unique", queue_name="unique", unique_args=["i"], unique_lock="until_executing")
+    def unique(i: int) -> None:
+        pass
+
+    @dramatiq.actor(actor_name="floor", queue_name="floor")
+    def floor(i: int) -> None:
+        cursor = _floor_cursor()
+        now, worker = datetime.datetime.utcnow(), f"floor:{threading.get_ident()}"
+        cursor.execute("EXECUTE floor_start(%s, %s, %s, %s)", (i, now, now + datetime.timedelta(seconds=60), worker))
+        token = cursor.fetchone()[4]
+        end = datetime.datetime.utcnow()
+        entry = json.dumps({"attempt": 1, "started_at": now.isoformat(timespec="milliseconds"),
+                            "finished_at": end.isoformat(timespec="milliseconds"), "status": "succeeded",
+                            "error": None, "worker": worker})
+        cursor.execute("EXECUTE floor_finish(%s, %s, %s, %s)", (i, token, end, entry))
+
+    return {"plain": plain, "tracked": tracked, "unique": unique, "floor": floor}
+
+
+if os.environ.get("BW_DATABASE_URL"):
+    setup_from_env()
+    declare()
