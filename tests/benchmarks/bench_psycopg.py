@@ -1,6 +1,6 @@
 """psycopg 3's own statement preparation against our psycopg2 layer (storage/prepared.py), issue 16 part 3.
 
-    python tests/benchmarks/bench_psycopg.py [--calls 500] [--rounds 6] [--jobs 2000] [--repeat 3]
+    python tests/benchmarks/bench_psycopg.py [--calls 200] [--rounds 15] [--jobs 2000] [--repeat 5]
 
 On a fresh PostgreSQL schema (dropped afterwards), in one run:
 
@@ -18,7 +18,7 @@ On a fresh PostgreSQL schema (dropped afterwards), in one run:
   keepalives); prepared.py is off on the psycopg 3 ones (its EXECUTE takes no bound parameters).
 * end to end, as bench_throughput.py does (its ``Run``): tracked and unique enqueue
   (1 producer) and processing (an in-process worker of ``--threads``), psycopg2+prepared
-  against psycopg 3, taking turns, best of ``--repeat``.
+  against psycopg 3, taking turns, ``--repeat`` times.
 
 Prints figures and ratios; asserts nothing about time.
 """
@@ -87,81 +87,101 @@ class Statements:
             fields["unique_hold"] = hold
         return fields
 
-    def round(self, n: int) -> dict[str, float]:
-        """µs per call of each statement, n calls each."""
+    def round(self, n: int) -> dict[str, tuple[float, float]]:
+        """(wall, this thread's CPU) µs per call of each statement, n calls each."""
         JobModel.bind(self.db, bind_refs=False, bind_backrefs=False)
-        out: dict[str, float] = {}
+        out: dict[str, tuple[float, float]] = {}
+        clock: list[float] = []
+
+        def tick() -> None:
+            clock[:] = [time.perf_counter(), time.thread_time()]
+
+        def tock(name: str) -> None:
+            out[name] = ((time.perf_counter() - clock[0]) / n * 1e6, (time.thread_time() - clock[1]) / n * 1e6)
+
         rows = [self.fields(i) for i in range(n)]
-        t = time.perf_counter()
+        tick()
         ids = [jobs.insert(JobModel, f) for f in rows]
-        out["insert"] = (time.perf_counter() - t) / n * 1e6
-        t = time.perf_counter()
+        tock("insert")
+        tick()
         started = [jobs.start(JobModel, i, revision=0, lease_ms=60_000, worker="bench:1", release_hold=False)
                    for i in ids]
-        out["start"] = (time.perf_counter() - t) / n * 1e6
+        tock("start")
         assert all(job is not None for job in started)
         done = types.SimpleNamespace(failed=False)
         fields = [outcome(done, None, None, retries=True, retry_enqueued=False)[0] for _ in started]
-        t = time.perf_counter()
+        tick()
         for job, f in zip(started, fields, strict=True):
             assert jobs.finish(JobModel, job, release_hold=False, lease_until=None, **f)
-        out["outcome"] = (time.perf_counter() - t) / n * 1e6
+        tock("outcome")
         if not self.holds:  # the rows whose holds the lookups find (not timed)
             self.holds = [f"bench-{self.label}-{uuid.uuid4().hex}" for _ in range(n)]
             for i, hold in enumerate(self.holds):
                 jobs.insert(JobModel, self.fields(i, hold))
-        t = time.perf_counter()
+        tick()
         for hold in self.holds:
             assert statements.holder(JobModel, hold) is not None
-        out["holder"] = (time.perf_counter() - t) / n * 1e6
+        tock("holder")
         return out
 
 
-def bench_statements(url: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4)
+    return q1, statistics.median(values), q3
+
+
+def bench_statements(url: str, args: argparse.Namespace) -> None:
     dbs = {kind: open_kind(url, kind) for kind in KINDS}
     JobModel.bind(dbs["pg2+prepared"], bind_refs=False, bind_backrefs=False)
     create_tables(dbs["pg2+prepared"], [JobModel])
     benches = {kind: Statements(db, kind) for kind, db in dbs.items()}
-    figures: dict[str, dict[str, list[float]]] = {k: {s: [] for s in STATEMENTS} for k in KINDS}
+    wall: dict[str, dict[str, list[float]]] = {k: {s: [] for s in (*STATEMENTS, "sum")} for k in KINDS}
+    cpu: dict[str, dict[str, list[float]]] = {k: {s: [] for s in (*STATEMENTS, "sum")} for k in KINDS}
     order = list(KINDS)
     for r in range(args.rounds + 1):
         for kind in order if r % 2 else reversed(order):  # alternate the order: no kind always goes first
             got = benches[kind].round(args.calls)
             if r:  # round 0 warms up: connections, prepared statements, caches
                 for s in STATEMENTS:
-                    figures[kind][s].append(got[s])
+                    wall[kind][s].append(got[s][0])
+                    cpu[kind][s].append(got[s][1])
+                wall[kind]["sum"].append(sum(w for w, _ in got.values()))
+                cpu[kind]["sum"].append(sum(c for _, c in got.values()))
     # Check that each kind did as it says: the statements prepared on its connection.
     JobModel.bind(dbs["pg2+prepared"], bind_refs=False, bind_backrefs=False)
     held = {k: db.execute_sql("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] for k, db in dbs.items()}
     for db in dbs.values():
         db.close()
-    medians = {k: {s: statistics.median(v) for s, v in per.items()} for k, per in figures.items()}
-    base = medians["pg2+prepared"]
-    print(f"\n== statements, one thread, {args.calls} calls x {args.rounds} rounds: median µs per call "
-          "(ratio to pg2+prepared; above 1 is slower)")
-    print(f"{'statement':<10}" + "".join(f"{k:>24}" for k in KINDS))
-    for s in STATEMENTS:
-        cells = [f"{medians[k][s]:7.0f} ({medians[k][s] / base[s]:.2f}) "
-                 f"[{min(figures[k][s]):.0f}-{max(figures[k][s]):.0f}]" for k in KINDS]
-        print(f"{s:<10}" + "".join(f"{c:>24}" for c in cells))
-    total = {k: sum(medians[k].values()) for k in KINDS}
-    print(f"{'sum':<10}" + "".join(f"{f'{total[k]:7.0f} ({total[k] / total[order[0]]:.2f})':>24}" for k in KINDS))
+    base = order[0]
+    print(f"\n== statements, one thread, {args.calls} calls x {args.rounds} rounds, kinds taking turns: median µs "
+          f"per call, wall (client CPU), and the ratio to {base} paired by round, median [quartiles]; "
+          "above 1 is slower")
+    print(f"{'statement':<10}" + "".join(f"{k:>30}" for k in KINDS))
+    for s in (*STATEMENTS, "sum"):
+        cells = []
+        for k in KINDS:
+            ratios = [a / b for a, b in zip(wall[k][s], wall[base][s], strict=True)]
+            q1, q2, q3 = quartiles(ratios)
+            cells.append(f"{statistics.median(wall[k][s]):.0f} ({statistics.median(cpu[k][s]):.0f}) "
+                         f"{q2:.2f} [{q1:.2f}-{q3:.2f}]")
+        print(f"{s:<10}" + "".join(f"{c:>30}" for c in cells))
     print("prepared statements on each connection: " + ", ".join(f"{k} {n}" for k, n in held.items()))
-    return medians
 
 
 def bench_end_to_end(url: str, args: argparse.Namespace) -> None:
     """Rates of tracked and unique enqueue and processing, psycopg2+prepared vs psycopg 3 (default)."""
     kinds = ("pg2+prepared", "pg3")
-    best: dict[tuple, float] = {}
+    secs: dict[tuple, list[float]] = {}
 
     def run_on(kind: str) -> Run:
         run = Run(open_kind(url, kind))  # setup() turns prepared.py on: set it back for psycopg 3
         prepared.enable(run.suite.db, KINDS[kind][1] is True)
         return run
 
-    def keep(key: tuple, secs: float) -> None:
-        best[key] = min(best.get(key, secs), secs)
+    def keep(key: tuple, took: float) -> None:
+        secs.setdefault(key, []).append(took)
 
     for r in range(args.repeat):
         for kind in kinds if r % 2 else reversed(kinds):
@@ -178,21 +198,25 @@ def bench_end_to_end(url: str, args: argparse.Namespace) -> None:
                     keep(("process", job, kind), run.process(job, args.jobs, args.threads))
                 finally:
                     run.close()
-    print(f"\n== end to end, {args.jobs} no-op jobs, Redis broker, best of {args.repeat}: jobs/s")
-    print(f"{'measure':<36}{'pg2+prepared':>14}{'pg3':>10}{'pg3 / pg2':>11}")
+    print(f"\n== end to end, {args.jobs} no-op jobs, Redis broker, {args.repeat} repeats: best jobs/s, and the "
+          "ratio pg3 / pg2+prepared of the best, and paired by repeat: median [min-max]; above 1 is faster")
+    print(f"{'measure':<36}{'pg2+prepared':>14}{'pg3':>8}{'best':>7}{'paired':>20}")
     for what, width in (("enqueue", "1 producer"), ("process", f"{args.threads} worker threads")):
         for job in ("tracked", "unique"):
-            a, b = (args.jobs / best[(what, job, k)] for k in kinds)
-            print(f"{f'{job} {what} ({width})':<36}{a:>14.0f}{b:>10.0f}{b / a:>11.2f}")
+            a, b = (secs[(what, job, k)] for k in kinds)
+            paired = [x / y for x, y in zip(a, b, strict=True)]
+            spread = f"{statistics.median(paired):.2f} [{min(paired):.2f}-{max(paired):.2f}]"
+            print(f"{f'{job} {what} ({width})':<36}{args.jobs / min(a):>14.0f}{args.jobs / min(b):>8.0f}"
+                  f"{min(a) / min(b):>7.2f}{spread:>20}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=500, help="calls of each statement per round")
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--calls", type=int, default=200, help="calls of each statement per round")
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--only", choices=["statements", "end-to-end"])
     args = parser.parse_args()
     import psycopg
