@@ -7,7 +7,9 @@ On a fresh PostgreSQL schema (dropped afterwards), in one run:
 * statement level, one thread: the hot statements through the project's own functions
   (the tracked send's INSERT, an attempt's start ``UPDATE ... RETURNING``, its outcome
   UPDATE, the unique holder SELECT), µs per call, on four kinds of connection that take
-  turns within each round (the first round is a warm-up, not counted):
+  turns within each round (the first round is a warm-up, not counted); the CPU time of the
+  client thread and of the connection's server process (/proc/PID/schedstat: the server runs
+  on this machine) as well as the wall time, since the machine is shared and its wall times noisy:
 
   - ``pg2+prepared``: psycopg2 with prepared.py's PREPARE/EXECUTE (the default today);
   - ``pg2 text``: psycopg2, statements sent as text (``prepared_statements=False``);
@@ -79,6 +81,9 @@ class Statements:
         self.db, self.label = db, label
         self.config = types.SimpleNamespace(app="", extra_fields=(), fn=None)
         self.holds: list[str] = []
+        JobModel.bind(db, bind_refs=False, bind_backrefs=False)
+        #: The server process of this thread's connection, whose CPU time /proc tells to the ns.
+        self.backend = db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
 
     def fields(self, i: int, hold: Optional[str] = None) -> dict[str, Any]:
         message = dramatiq.Message(queue_name="default", actor_name="noop", args=(i,), kwargs={}, options={})
@@ -87,17 +92,24 @@ class Statements:
             fields["unique_hold"] = hold
         return fields
 
-    def round(self, n: int) -> dict[str, tuple[float, float]]:
-        """(wall, this thread's CPU) µs per call of each statement, n calls each."""
+    def server_cpu(self) -> float:
+        """Seconds of CPU the connection's server process has used (/proc/PID/schedstat, in ns)."""
+        with open(f"/proc/{self.backend}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+
+    def round(self, n: int) -> dict[str, tuple[float, float, float]]:
+        """(wall, this thread's CPU, the server process's CPU) µs per call of each statement, n calls each."""
         JobModel.bind(self.db, bind_refs=False, bind_backrefs=False)
-        out: dict[str, tuple[float, float]] = {}
+        out: dict[str, tuple[float, float, float]] = {}
         clock: list[float] = []
 
         def tick() -> None:
-            clock[:] = [time.perf_counter(), time.thread_time()]
+            clock[:] = [time.perf_counter(), time.thread_time(), self.server_cpu()]
 
         def tock(name: str) -> None:
-            out[name] = ((time.perf_counter() - clock[0]) / n * 1e6, (time.thread_time() - clock[1]) / n * 1e6)
+            now = (time.perf_counter(), time.thread_time(), self.server_cpu())
+            took = [(b - a) / n * 1e6 for a, b in zip(clock, now, strict=True)]
+            out[name] = (took[0], took[1], took[2])
 
         rows = [self.fields(i) for i in range(n)]
         tick()
@@ -137,37 +149,47 @@ def bench_statements(url: str, args: argparse.Namespace) -> None:
     JobModel.bind(dbs["pg2+prepared"], bind_refs=False, bind_backrefs=False)
     create_tables(dbs["pg2+prepared"], [JobModel])
     benches = {kind: Statements(db, kind) for kind, db in dbs.items()}
-    wall: dict[str, dict[str, list[float]]] = {k: {s: [] for s in (*STATEMENTS, "sum")} for k in KINDS}
-    cpu: dict[str, dict[str, list[float]]] = {k: {s: [] for s in (*STATEMENTS, "sum")} for k in KINDS}
+    rows = (*STATEMENTS, "sum")
+    # figures[measure][kind][statement]: one value per round; measures: wall, client CPU, server CPU, CPU.
+    figures: dict[str, dict[str, dict[str, list[float]]]] = {
+        m: {k: {s: [] for s in rows} for k in KINDS} for m in ("wall", "client", "server", "cpu")
+    }
     order = list(KINDS)
     for r in range(args.rounds + 1):
         for kind in order if r % 2 else reversed(order):  # alternate the order: no kind always goes first
             got = benches[kind].round(args.calls)
-            if r:  # round 0 warms up: connections, prepared statements, caches
-                for s in STATEMENTS:
-                    wall[kind][s].append(got[s][0])
-                    cpu[kind][s].append(got[s][1])
-                wall[kind]["sum"].append(sum(w for w, _ in got.values()))
-                cpu[kind]["sum"].append(sum(c for _, c in got.values()))
-    # Check that each kind did as it says: the statements prepared on its connection.
+            if not r:  # round 0 warms up: connections, prepared statements, caches
+                continue
+            for s in STATEMENTS:
+                wall, client, server = got[s]
+                for m, v in (("wall", wall), ("client", client), ("server", server), ("cpu", client + server)):
+                    figures[m][kind][s].append(v)
+            for m in figures:
+                figures[m][kind]["sum"].append(sum(figures[m][kind][s][-1] for s in STATEMENTS))
+    # Check that each kind did as it says: the statements prepared on its connection (and it is the same one).
     JobModel.bind(dbs["pg2+prepared"], bind_refs=False, bind_backrefs=False)
-    held = {k: db.execute_sql("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] for k, db in dbs.items()}
+    held = {k: db.execute_sql("SELECT count(*), pg_backend_pid() FROM pg_prepared_statements").fetchone()
+            for k, db in dbs.items()}
+    assert all(pid == benches[k].backend for k, (_n, pid) in held.items())
     for db in dbs.values():
         db.close()
     base = order[0]
+    med = {m: {k: {s: statistics.median(v) for s, v in per.items()} for k, per in kinds.items()}
+           for m, kinds in figures.items()}
     print(f"\n== statements, one thread, {args.calls} calls x {args.rounds} rounds, kinds taking turns: median µs "
-          f"per call, wall (client CPU), and the ratio to {base} paired by round, median [quartiles]; "
-          "above 1 is slower")
-    print(f"{'statement':<10}" + "".join(f"{k:>30}" for k in KINDS))
-    for s in (*STATEMENTS, "sum"):
+          f"per call: CPU (client + server process), wall; the ratio to {base}: of the CPU medians, and of the wall "
+          "time paired by round, median [quartiles]; above 1 is slower")
+    print(f"{'statement':<10}" + "".join(f"{k:>38}" for k in KINDS))
+    for s in rows:
         cells = []
         for k in KINDS:
-            ratios = [a / b for a, b in zip(wall[k][s], wall[base][s], strict=True)]
+            ratios = [a / b for a, b in zip(figures["wall"][k][s], figures["wall"][base][s], strict=True)]
             q1, q2, q3 = quartiles(ratios)
-            cells.append(f"{statistics.median(wall[k][s]):.0f} ({statistics.median(cpu[k][s]):.0f}) "
-                         f"{q2:.2f} [{q1:.2f}-{q3:.2f}]")
-        print(f"{s:<10}" + "".join(f"{c:>30}" for c in cells))
-    print("prepared statements on each connection: " + ", ".join(f"{k} {n}" for k, n in held.items()))
+            cpu = f"{med['client'][k][s]:.0f}+{med['server'][k][s]:.0f}"
+            cells.append(f"{cpu} {med['cpu'][k][s] / med['cpu'][base][s]:.2f}, "
+                         f"{med['wall'][k][s]:.0f} {q2:.2f} [{q1:.2f}-{q3:.2f}]")
+        print(f"{s:<10}" + "".join(f"{c:>38}" for c in cells))
+    print("prepared statements on each connection: " + ", ".join(f"{k} {n}" for k, (n, _pid) in held.items()))
 
 
 def bench_end_to_end(url: str, args: argparse.Namespace) -> None:
