@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from dramatiq_unique.storage import fencing, history, prepared, queries
+from dramatiq_unique.storage import fencing, history, queries
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, is_postgres
 
 
@@ -66,7 +66,7 @@ def insert(model: type[JobModel], values: dict[str, Any]) -> int:
 
     # Built here: its columns vary by call (those present); kept per column set.
     sql = queries.kept(("insert", model, names, queries.dialect_key(model)), build)
-    return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
+    return model._meta.database.execute_sql(sql, _params(model, values)).fetchone()[0]
 
 
 #: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
@@ -113,7 +113,7 @@ def holder(model: type[JobModel], hold: str, app: str = "") -> Optional[JobModel
     """The HOLDER_COLUMNS of the row of ``app`` holding ``hold``, if any: one small query, which a burst
     of duplicate sends makes often (:mod:`dramatiq_unique.unique.recent`).  Holds are unique per app."""
     statement = queries.render(model, "holder")
-    row = prepared.execute(model._meta.database, statement.sql, statement.params({"app": app, "hold": hold})).fetchone()
+    row = model._meta.database.execute_sql(statement.sql, statement.params({"app": app, "hold": hold})).fetchone()
     return None if row is None else to_model(model, row, HOLDER_COLUMNS)
 
 
@@ -172,7 +172,7 @@ def start(
         "succeeded": FINISHED[0], "failed": FINISHED[1], "live_after": fields["lease_until"].db_value(now_or_after),
         "woken_by": woken_by or "",
     }
-    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
+    row = db.execute_sql(statement.sql, statement.params(values)).fetchone()
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
@@ -192,7 +192,7 @@ def startable(model: type[JobModel], job_id: int, revision: int, live_after: Any
         "running": JobStatus.RUNNING.value, "live_after": model._meta.fields["lease_until"].db_value(live_after),
         "woken_by": woken_by or "",
     }
-    return prepared.execute(model._meta.database, statement.sql, statement.params(values)).fetchone() is not None
+    return model._meta.database.execute_sql(statement.sql, statement.params(values)).fetchone() is not None
 
 
 def update_fenced(
@@ -221,7 +221,7 @@ def update_fenced(
     params = _params(model, values)
     if append is not None and attempt is not None:
         params += append.params(history.values(attempt))
-    cursor = prepared.execute(model._meta.database, sql, [*params, job_id, fencing_token])
+    cursor = model._meta.database.execute_sql(sql, [*params, job_id, fencing_token])
     return cursor.rowcount
 
 
