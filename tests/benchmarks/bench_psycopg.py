@@ -11,8 +11,9 @@ On a fresh PostgreSQL schema (dropped afterwards), in one run:
   client thread and of the connection's server process (/proc/PID/schedstat: the server runs
   on this machine) as well as the wall time, since the machine is shared and its wall times noisy:
 
-  - ``pg2+prepared``: psycopg2 with prepared.py's PREPARE/EXECUTE (the default today);
-  - ``pg2 text``: psycopg2, statements sent as text (``prepared_statements=False``);
+  - ``pg2+prepared``: psycopg2 with prepared.py's PREPARE/EXECUTE (the suite's default until
+    issue 16 part 3 replaced it by psycopg 3; measured only where prepared.py still is);
+  - ``pg2 text``: psycopg2, statements sent as text (what a given psycopg2 database now gets);
   - ``pg3``: psycopg 3 (peewee's ``prefer_psycopg3``), its default ``prepare_threshold`` (5);
   - ``pg3 no-prep``: psycopg 3 with ``prepare_threshold=None`` (what a pooler needs);
 
@@ -20,7 +21,7 @@ On a fresh PostgreSQL schema (dropped afterwards), in one run:
   keepalives); prepared.py is off on the psycopg 3 ones (its EXECUTE takes no bound parameters).
 * end to end, as bench_throughput.py does (its ``Run``): tracked and unique enqueue
   (1 producer) and processing (an in-process worker of ``--threads``), psycopg2+prepared
-  against psycopg 3, taking turns, ``--repeat`` times.
+  (psycopg2 as text once prepared.py is gone) against psycopg 3, taking turns, ``--repeat`` times.
 
 Prints figures and ratios; asserts nothing about time.
 """
@@ -48,13 +49,18 @@ from common import pg_database  # noqa: E402
 from dramatiq_unique import JobModel  # noqa: E402
 from dramatiq_unique.durable.outcome import outcome  # noqa: E402
 from dramatiq_unique.storage import database as databases  # noqa: E402
-from dramatiq_unique.storage import jobs, prepared, statements  # noqa: E402
+from dramatiq_unique.storage import jobs, statements  # noqa: E402
 from dramatiq_unique.storage.models import create_tables  # noqa: E402
 from dramatiq_unique.unique.enqueue import row_fields  # noqa: E402
 
-#: Connection kinds: (label, psycopg 3?, prepare_threshold or prepared.py on/off).
+try:  # psycopg2's PREPARE/EXECUTE layer: gone since psycopg 3 replaced it (tests/benchmarks/README.md)
+    from dramatiq_unique.storage import prepared  # type: ignore[attr-defined]
+except ImportError:
+    prepared = None
+
+#: Connection kinds: label: (psycopg 3?, its prepare_threshold, or psycopg2 with prepared.py on/off).
 KINDS: dict[str, tuple[bool, Any]] = {
-    "pg2+prepared": (False, True),
+    **({"pg2+prepared": (False, True)} if prepared is not None else {}),
     "pg2 text": (False, False),
     "pg3": (True, 5),
     "pg3 no-prep": (True, None),
@@ -65,12 +71,14 @@ STATEMENTS = ("insert", "start", "outcome", "holder")
 def open_kind(url: str, kind: str) -> pw.Database:
     """A database of ``kind`` on ``url``, with the parameters the suite gives a URL."""
     pg3, setting = KINDS[kind]
-    db = databases.open_database(url, connect_timeout=10_000, timeout=60_000)
+    given = databases.open_database(url, connect_timeout=10_000, timeout=60_000)
+    params = {name: value for name, value in given.connect_params.items() if name != "prepare_threshold"}
     if pg3:
-        params = dict(db.connect_params, prefer_psycopg3=True, prepare_threshold=setting)
-        db = databases.ReconnectingPostgresqlDatabase(db.database, **params)
-        assert type(db._adapter).__name__ == "Psycopg3Adapter"
-    prepared.enable(db, setting is True)
+        params["prepare_threshold"] = setting
+    db = databases.ReconnectingPostgresqlDatabase(given.database, prefer_psycopg3=pg3, **params)
+    assert (type(db._adapter).__name__ == "Psycopg3Adapter") is pg3
+    if prepared is not None:
+        prepared.enable(db, setting is True)
     return db
 
 
@@ -198,13 +206,15 @@ def bench_statements(url: str, args: argparse.Namespace) -> None:
 
 
 def bench_end_to_end(url: str, args: argparse.Namespace) -> None:
-    """Rates of tracked and unique enqueue and processing, psycopg2+prepared vs psycopg 3 (default)."""
-    kinds = ("pg2+prepared", "pg3")
+    """Rates of tracked and unique enqueue and processing, psycopg2 (with prepared.py where it still is) vs
+    psycopg 3 (default)."""
+    kinds = (next(iter(KINDS)), "pg3")
     secs: dict[tuple, list[float]] = {}
 
     def run_on(kind: str) -> Run:
-        run = Run(open_kind(url, kind))  # setup() turns prepared.py on: set it back for psycopg 3
-        prepared.enable(run.suite.db, KINDS[kind][1] is True)
+        run = Run(open_kind(url, kind))
+        if prepared is not None:  # setup() turns prepared.py on: set it back for psycopg 3
+            prepared.enable(run.suite.db, KINDS[kind][1] is True)
         return run
 
     def keep(key: tuple, took: float) -> None:
@@ -226,8 +236,8 @@ def bench_end_to_end(url: str, args: argparse.Namespace) -> None:
                 finally:
                     run.close()
     print(f"\n== end to end, {args.jobs} no-op jobs, Redis broker, {args.repeat} repeats: best jobs/s, and the "
-          "ratio pg3 / pg2+prepared of the best, and paired by repeat: median [min-max]; above 1 is faster")
-    print(f"{'measure':<36}{'pg2+prepared':>14}{'pg3':>8}{'best':>7}{'paired':>20}")
+          f"ratio pg3 / {kinds[0]} of the best, and paired by repeat: median [min-max]; above 1 is faster")
+    print(f"{'measure':<36}{kinds[0]:>14}{'pg3':>8}{'best':>7}{'paired':>20}")
     for what, width in (("enqueue", "1 producer"), ("process", f"{args.threads} worker threads")):
         for job in ("tracked", "unique"):
             a, b = (secs[(what, job, k)] for k in kinds)
