@@ -154,8 +154,9 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 def bench_statements(url: str, args: argparse.Namespace) -> None:
     dbs = {kind: open_kind(url, kind) for kind in KINDS}
-    JobModel.bind(dbs["pg2+prepared"], bind_refs=False, bind_backrefs=False)
-    create_tables(dbs["pg2+prepared"], [JobModel])
+    base = next(iter(KINDS))  # the ratios' base: psycopg2 with prepared.py, or as text once it is gone
+    JobModel.bind(dbs[base], bind_refs=False, bind_backrefs=False)
+    create_tables(dbs[base], [JobModel])
     benches = {kind: Statements(db, kind) for kind, db in dbs.items()}
     rows = (*STATEMENTS, "sum")
     # figures[measure][kind][statement]: one value per round; measures: wall, client CPU, server CPU, CPU.
@@ -163,7 +164,6 @@ def bench_statements(url: str, args: argparse.Namespace) -> None:
         m: {k: {s: [] for s in rows} for k in KINDS} for m in ("wall", "client", "server", "cpu")
     }
     order = list(KINDS)
-    base = order[0]
     for r in range(args.rounds + 1):
         if r == 1:
             # Statistics for the rows the warm-up wrote (and plans made again on them): on the empty table's,
@@ -181,7 +181,7 @@ def bench_statements(url: str, args: argparse.Namespace) -> None:
             for m in figures:
                 figures[m][kind]["sum"].append(sum(figures[m][kind][s][-1] for s in STATEMENTS))
     # Check that each kind did as it says: the statements prepared on its connection (and it is the same one).
-    JobModel.bind(dbs["pg2+prepared"], bind_refs=False, bind_backrefs=False)
+    JobModel.bind(dbs[base], bind_refs=False, bind_backrefs=False)
     held = {k: db.execute_sql("SELECT count(*), pg_backend_pid() FROM pg_prepared_statements").fetchone()
             for k, db in dbs.items()}
     assert all(pid == benches[k].backend for k, (_n, pid) in held.items())
