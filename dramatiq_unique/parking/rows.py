@@ -103,7 +103,7 @@ def parked_counts(
         kind = pw.Case(None, [(model.parked_on.startswith(f"{SLOT}:"), SLOT)], LOCK)
         query = model.select(model.actor_name, kind, pw.fn.COUNT(model.id)).where(
             (model.app == app) & model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value)
-        ).group_by(model.actor_name, kind)
+        ).group_by(model.actor_name, pw.SQL("2"))  # by position: psycopg 3 binds the CASE's values anew there
         row: Any
         for row in query.tuples():  # tuples, which peewee's hints call models
             actor, gate, count = row

@@ -1,4 +1,17 @@
-"""Opening the job database: URLs, timeouts, reconnects and clear set-up errors.
+"""Opening the job database: URLs, the driver, timeouts, reconnects and clear set-up errors.
+
+The driver.  A PostgreSQL URL is opened with psycopg 3 (peewee's
+``prefer_psycopg3``; psycopg2 if psycopg 3 is not installed).  psycopg 3
+prepares a statement on a connection by itself once the connection has
+run it ``prepare_threshold`` times (5): the hot statements (a send, an
+attempt's start and outcome, the holder lookup) are parsed and planned
+once per connection, and the server CPU saved that way was measured in
+tests/benchmarks/README.md (issue 16 part 3, which replaced our own
+PREPARE/EXECUTE layer over psycopg2 by this).  Behind a pooler in
+*transaction* mode, ``prepared_statements=False`` in the suite's settings
+turns it off (``prepare_threshold=None``).  A peewee ``PostgresqlDatabase``
+given to ``setup()`` keeps its own driver: with psycopg2 its statements
+are sent as text.
 
 Reconnects.  Peewee keeps one connection per thread and never replaces
 it: after a PostgreSQL restart, a fail-over or an idle-connection killer,
@@ -70,9 +83,25 @@ _ADAPTED = "_dramatiq_unique_reconnects"
 
 
 class ReconnectingPostgresqlDatabase(ReconnectMixin, pw.PostgresqlDatabase):
-    """A PostgreSQL database whose threads replace a dead connection on their next statement."""
+    """A PostgreSQL database whose threads replace a dead connection on their next statement; psycopg 3's
+    unless ``prefer_psycopg3=False`` is given (or psycopg 3 is not installed)."""
 
     reconnect_errors = RECONNECT_ERRORS
+
+    def __init__(self, database: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prefer_psycopg3", True)
+        super().__init__(database, **kwargs)
+
+
+def is_psycopg3(db: pw.Database) -> bool:
+    """Whether ``db`` connects with psycopg 3."""
+    return isinstance(getattr(db, "_adapter", None), pw.Psycopg3Adapter)
+
+
+def _prepare_setting(db: pw.Database, prepared: bool) -> None:
+    # psycopg 3 prepares by itself (see the module docstring); psycopg2 takes no such parameter.
+    if not prepared and is_psycopg3(db):
+        db.connect_params.setdefault("prepare_threshold", None)
 
 
 def reconnecting(db: pw.Database) -> pw.Database:
@@ -103,18 +132,22 @@ def reconnecting(db: pw.Database) -> pw.Database:
 
 def open_database(
     database: Union[str, pw.Database], *, connect_timeout: Optional[float] = None, timeout: Optional[float] = None,
+    prepared: bool = True,
 ) -> pw.Database:
     """A peewee Database from a URL (``sqlite:///path``, ``postgresql://...``), or the given one adapted.
 
     ``connect_timeout`` and ``timeout`` (ms) bound a PostgreSQL URL's
     connecting and each statement (see the module docstring); a given
     Database keeps its own settings, except a ``connect_timeout`` it lacks.
+    ``prepared=False``: psycopg 3 prepares no statement (``prepare_threshold=None``), on a
+    given Database too unless it sets ``prepare_threshold`` itself (on its next connections).
     """
     if isinstance(database, pw.Database):
         if isinstance(database, pw.PostgresqlDatabase):
             _check_driver(database, repr(database))
             if connect_timeout:
                 database.connect_params.setdefault("connect_timeout", _seconds(connect_timeout))
+            _prepare_setting(database, prepared)
         return reconnecting(database)
     if not isinstance(database, str):
         raise InvalidOption(f"database must be a URL or a peewee Database, not {database!r}")
@@ -127,7 +160,9 @@ def open_database(
     if scheme.startswith("sqlite"):
         return _sqlite(database)
     if scheme in POSTGRES_SCHEMES:
-        return _postgres(database, connect_timeout, timeout)
+        db = _postgres(database, connect_timeout, timeout)
+        _prepare_setting(db, prepared)
+        return db
     try:
         return db_url.connect(database)
     except (RuntimeError, ValueError) as e:
@@ -170,14 +205,14 @@ def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[floa
 
 def _libpq_version() -> int:
     try:
-        import psycopg2
+        import psycopg
 
-        return int(psycopg2.__libpq_version__)
-    except Exception:  # psycopg 3, or no driver (reported by _check_driver)
+        return int(psycopg.pq.version())
+    except Exception:  # psycopg2, or no driver (reported by _check_driver)
         try:
-            import psycopg
+            import psycopg2
 
-            return int(psycopg.pq.version())
+            return int(psycopg2.__libpq_version__)
         except Exception:
             return 0
 
@@ -187,7 +222,7 @@ def _check_driver(db: pw.PostgresqlDatabase, where: str) -> None:
         db._adapter.check_driver()  # type: ignore[attr-defined]  # peewee's own check, not in its type hints
     except pw.ImproperlyConfigured as e:
         raise DependencyUnavailable(
-            f"no PostgreSQL driver for {where} ({e}): install dramatiq_unique[postgres] (psycopg2)"
+            f"no PostgreSQL driver for {where} ({e}): install dramatiq_unique[postgres] (psycopg 3)"
         ) from e
 
 

@@ -2,7 +2,7 @@
 reserved for a deck, a reserved job started, and the moves undone.
 
 Their SQL is in ``queries.sql`` (:mod:`dramatiq_unique.storage.queries`), rendered once
-per model, and prepared on PostgreSQL (:mod:`dramatiq_unique.storage.prepared`).  The
+per model (psycopg 3 prepares them on each connection that runs them often).  The
 moves on the critical path of every hand-over commit without waiting for the WAL flush
 (:func:`no_flush_wait` says why that is safe).
 """
@@ -12,9 +12,32 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
-from dramatiq_unique.storage import prepared, queries
+from dramatiq_unique.storage import queries
+from dramatiq_unique.storage.database import is_psycopg3
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, after_ms, is_postgres, utcnow
 from dramatiq_unique.storage.statements import PARTIAL, to_model
+
+#: The prefix of statements that commit without waiting for the WAL flush (:func:`no_flush_wait`).
+NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO OFF; "
+
+
+def execute(db: Any, sql: str, params: list) -> Any:
+    """``db.execute_sql(sql, params)``, returning the cursor on the statement's own result.
+
+    A statement behind :data:`NO_FLUSH_WAIT` is two in one query string, which psycopg 3's
+    server-side binding refuses with parameters: its values are bound on the client
+    (``ClientCursor.mogrify``; the server parses it each time, as psycopg2's text), and the
+    cursor moved past the ``SET``'s result.  psycopg2 binds on the client and returns the last.
+    """
+    if not (sql.startswith(NO_FLUSH_WAIT) and is_psycopg3(db)):
+        return db.execute_sql(sql, params)
+    import psycopg
+
+    with psycopg.ClientCursor(db.connection()) as client:
+        text = client.mogrify(sql, params)
+    cursor = db.execute_sql(text.replace("%", "%%"), ())  # no parameters left: %% is a literal %
+    cursor.nextset()
+    return cursor
 
 
 def no_flush_wait(db: Any) -> str:
@@ -31,7 +54,7 @@ def no_flush_wait(db: Any) -> str:
     own transaction, which must keep its own commit rules.
     """
     if is_postgres(db) and not db.in_transaction():
-        return prepared.NO_FLUSH_WAIT
+        return NO_FLUSH_WAIT
     return ""
 
 
@@ -83,7 +106,7 @@ def claim_parked(
         # The start of start_attempt and start_reserved, on a row free of unique options of its own.
         statement = queries.render(model, "claim_and_start", order=_order(order_by), guard="unique_free",
                                    token="next_token")
-    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
+    row = execute(db, statement.sql, statement.params(values)).fetchone()
     return None if row is None else to_model(model, row)
 
 
@@ -103,7 +126,7 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
         "options": fields["options"].db_value(options), "id": job_id, "revision": revision,
         "running": JobStatus.RUNNING.value, "now": fields["lease_until"].db_value(now),
     }
-    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
+    row = execute(db, statement.sql, statement.params(values)).fetchone()
     if row is None:
         return None
     return fields["created_at"].python_value(row[0]), fields["process_after"].python_value(row[1])
@@ -138,7 +161,7 @@ def reserve(
         "marker": marker, "lease_ms": float(lease_ms), "broker_ref": str(uuid.uuid4()), "app": app, "group": group,
         "pending": JobStatus.PENDING.value, "due": model._meta.fields["process_after"].db_value(utcnow()),
     }
-    found = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
+    found = execute(db, statement.sql, statement.params(values)).fetchone()
     return None if found is None else to_model(model, found, DECK_COLUMNS)
 
 
@@ -165,7 +188,7 @@ def start_reserved(
         "pending": JobStatus.PENDING.value, "marker": marker, "revision": row.revision,
         "reserved_token": row.fencing_token, "broker_ref": row.broker_ref,
     }
-    found = prepared.execute(model._meta.database, statement.sql, statement.params(values)).fetchone()
+    found = execute(model._meta.database, statement.sql, statement.params(values)).fetchone()
     if found is None:
         return None
     started = to_model(model, found, DECK_COLUMNS)
