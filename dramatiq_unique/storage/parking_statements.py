@@ -13,49 +13,37 @@ import uuid
 from typing import Any, Optional
 
 from dramatiq_unique.storage import queries
-from dramatiq_unique.storage.database import is_psycopg3
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, after_ms, is_postgres, utcnow
 from dramatiq_unique.storage.statements import PARTIAL, to_model
 
-#: The prefix of statements that commit without waiting for the WAL flush (:func:`no_flush_wait`).
-NO_FLUSH_WAIT = "SET LOCAL synchronous_commit TO OFF; "
-
 
 def execute(db: Any, sql: str, params: list) -> Any:
-    """``db.execute_sql(sql, params)``, returning the cursor on the statement's own result.
-
-    A statement behind :data:`NO_FLUSH_WAIT` is two in one query string, which psycopg 3's
-    server-side binding refuses with parameters: its values are bound on the client
-    (``ClientCursor.mogrify``; the server parses it each time, as psycopg2's text), and the
-    cursor moved past the ``SET``'s result.  psycopg2 binds on the client and returns the last.
-    """
-    if not (sql.startswith(NO_FLUSH_WAIT) and is_psycopg3(db)):
-        return db.execute_sql(sql, params)
-    import psycopg
-
-    with psycopg.ClientCursor(db.connection()) as client:
-        text = client.mogrify(sql, params)
-    cursor = db.execute_sql(text.replace("%", "%%"), ())  # no parameters left: %% is a literal %
-    cursor.nextset()
-    return cursor
+    """``db.execute_sql(sql, params)``: the one place the parking moves run (tests watch it)."""
+    return db.execute_sql(sql, params)
 
 
-def no_flush_wait(db: Any) -> str:
-    """A prefix that lets a PostgreSQL statement commit without waiting for the WAL flush.
+def render(model: type[JobModel], name: str, **slots: queries.Slot) -> queries.Statement:
+    """Query ``name``, committing without waiting for the WAL flush where that is safe (:func:`no_flush_wait`)."""
+    if no_flush_wait(model._meta.database):
+        return queries.render(model, "no_flush_wait", statement=name, **slots)
+    return queries.render(model, name, **slots)
 
-    Only for the parking moves (park, claim), which sit on the critical
-    path of every hand-over.  Safe because a later synchronous commit
+
+def no_flush_wait(db: Any) -> bool:
+    """Whether a parking move on ``db`` may commit without waiting for the WAL flush: the
+    ``no_flush_wait`` query of queries.sql, which wraps the move's statement.
+
+    Only for the parking moves (park, claim, reserve), which sit on the
+    critical path of every hand-over.  Safe because a later synchronous commit
     (the woken attempt's start, any job's outcome) flushes the WAL up to
     and past them; and if the server crashes first and loses one, the
     row is back where the re-drive looks: a lost park leaves a queued row
     whose message is gone (re-sent), a lost claim a parked row (woken).
-    Sent as one query string with the statement, it is one implicit
-    transaction in autocommit: one round trip.  Not inside the caller's
-    own transaction, which must keep its own commit rules.
+    One statement, so one round trip, and psycopg 3 prepares it as any
+    other.  Not inside the caller's own transaction, which must keep its
+    own commit rules.
     """
-    if is_postgres(db) and not db.in_transaction():
-        return NO_FLUSH_WAIT
-    return ""
+    return is_postgres(db) and not db.in_transaction()
 
 
 def db_now(db: Any) -> str:
@@ -98,7 +86,7 @@ def claim_parked(
         "pending": JobStatus.PENDING.value, "due": when,
     }
     if start is None:
-        statement = queries.render(model, "claim_parked", no_flush_wait(db), order=_order(order_by))
+        statement = render(model, "claim_parked", order=_order(order_by))
     else:
         lease_until, worker, release_hold = start
         values.update(running=JobStatus.RUNNING.value, started_at=when, worker=worker,
@@ -118,7 +106,7 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
     attempt of this very job.
     """
     db = model._meta.database
-    statement = queries.render(model, "park", no_flush_wait(db))
+    statement = render(model, "park")
     fields = model._meta.fields
     pending, queued, retrying = WAITING
     values = {
@@ -156,7 +144,7 @@ def reserve(
     reservation gets a fresh ``broker_ref``: the id its message will be delivered under, and
     its identity (any claim by another waker writes its own)."""
     db = model._meta.database
-    statement = queries.render(model, "reserve", no_flush_wait(db), order=_order(order_by))
+    statement = render(model, "reserve", order=_order(order_by))
     values = {
         "marker": marker, "lease_ms": float(lease_ms), "broker_ref": str(uuid.uuid4()), "app": app, "group": group,
         "pending": JobStatus.PENDING.value, "due": model._meta.fields["process_after"].db_value(utcnow()),

@@ -144,17 +144,16 @@ def kept(key: tuple, make: Callable[[], Any]) -> Any:
     return found
 
 
-def render(model: Model, name: str, prefix: str = "", **slots: Slot) -> Statement:
-    """Query ``name`` for ``model``'s table in its database's dialect, after ``prefix``
-    (:func:`dramatiq_unique.storage.parking_statements.no_flush_wait`); rendered once."""
+def render(model: Model, name: str, **slots: Slot) -> Statement:
+    """Query ``name`` for ``model``'s table in its database's dialect; rendered once."""
     # Slots in the caller's order (one per call site; not sorted: this runs per statement). Model: {columns}.
-    key = (name, model, prefix, tuple(slots.items()), dialect_key(model))
-    return kept(key, lambda: build(model, name, prefix, **slots))
+    key = (name, model, tuple(slots.items()), dialect_key(model))
+    return kept(key, lambda: build(model, name, **slots))
 
 
 def text(model: Model, name: str, **slots: Slot) -> str:
     """A block without parameters (an SQL expression, a fragment), rendered for ``model``."""
-    statement = render(model, name, "", **slots)
+    statement = render(model, name, **slots)
     if statement.names:
         raise ValueError(f"query {name} takes parameters: render() it")
     return statement.sql
@@ -162,15 +161,15 @@ def text(model: Model, name: str, **slots: Slot) -> str:
 
 def render_on(db: pw.Database, name: str) -> Statement:
     """Query ``name``, which names no job table (the fence table's own), for ``db``; rendered once."""
-    return kept((name, None, (db.param, tuple(db.quote), is_postgres(db))), lambda: _build(db, None, name, "", {}))
+    return kept((name, None, (db.param, tuple(db.quote), is_postgres(db))), lambda: _build(db, None, name, {}))
 
 
-def build(model: Model, name: str, prefix: str = "", **slots: Slot) -> Statement:
+def build(model: Model, name: str, **slots: Slot) -> Statement:
     """:func:`render` without keeping the text: for a statement whose length varies by call."""
-    return _build(model._meta.database, model, name, prefix, slots)
+    return _build(model._meta.database, model, name, slots)
 
 
-def _build(db: pw.Database, model: Optional[Model], name: str, prefix: str, slots: Mapping[str, Slot]) -> Statement:
+def _build(db: pw.Database, model: Optional[Model], name: str, slots: Mapping[str, Slot]) -> Statement:
     dialect = dialect_of(db)
     fixed = {"fences": quote(db, FENCES)}
     if model is not None:
@@ -204,4 +203,4 @@ def _build(db: pw.Database, model: Optional[Model], name: str, prefix: str, slot
 
     sql = block(name, 0)
     names = tuple(_PARAM.findall(sql))
-    return Statement(prefix + _PARAM.sub(lambda _: db.param, sql), names)
+    return Statement(_PARAM.sub(lambda _: db.param, sql), names)

@@ -223,6 +223,15 @@ COALESCE(strpos("options", '"unique_'), 0) = 0
 -- The row's options name no unique option of its own.
 COALESCE(instr("options", '"unique_'), 0) = 0
 
+-- name: no_flush_wait (postgresql)
+-- {statement}, a parking move's UPDATE ... RETURNING (storage/parking_statements.py), committed without
+-- waiting for the WAL flush: set_config(..., true) sets synchronous_commit for this statement's own
+-- (implicit) transaction, which reads it at its commit; the session's setting is untouched.  One
+-- statement, so psycopg 3 prepares it (a "SET LOCAL ...; UPDATE" string is two, which its server-side
+-- binding refuses).  A move that updates nothing may skip the set_config: it has nothing to flush.
+WITH moved AS ({statement})
+SELECT moved.* FROM moved, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
+
 -- name: park
 -- Park a waiting job on a group; a running row whose lease ran out counts as waiting.
 UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %(options)s

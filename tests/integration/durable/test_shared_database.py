@@ -480,9 +480,7 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         explained, generic = 0, 0
         db.execute_sql("SET plan_cache_mode = force_generic_plan")
         try:
-            no_flush_wait = parking_statements.NO_FLUSH_WAIT
-            for n, (sql, params, parking) in enumerate(statements):
-                body = sql[len(no_flush_wait):] if sql.startswith(no_flush_wait) else sql
+            for n, (body, params, parking) in enumerate(statements):
                 if parking:  # as a connection may keep it: a generic plan
                     plan_rows = generic_plan(db, f"check_{n}", body, params)
                     generic += 1

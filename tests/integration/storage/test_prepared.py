@@ -112,3 +112,21 @@ def test_a_given_psycopg2_database_is_kept_and_its_statements_sent_as_text(make_
     finally:
         worker.stop()
     assert [dramatiq_unique.get_job(m.message_id).result for m in sent] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_parking_move_is_one_statement_prepared_and_leaves_the_session_synchronous(make_suite):
+    """The parking moves commit without waiting for the WAL flush (storage/parking_statements.py): one
+    statement each, so psycopg 3 prepares it; the setting lasts for that statement's transaction only."""
+    from dramatiq_unique import JobModel
+    from dramatiq_unique.storage import jobs, parking_statements
+    from dramatiq_unique.storage.models import utcnow
+
+    suite = make_suite()
+    ids = [jobs.insert(JobModel, {"message_id": f"m{n}", "actor_name": "job", "queue_name": "default"})
+           for n in range(PREPARED_AFTER + 2)]
+    for row_id in ids:
+        assert parking_statements.park(JobModel, row_id, 0, "group", {}, utcnow()) is not None
+    assert len(prepared_here(suite, "WITH MOVED AS (UPDATE")) == 1
+    assert suite.db.execute_sql("SHOW synchronous_commit").fetchone()[0] == "on"
+    parked = JobModel.select().where(JobModel.parked_on == "group").count()
+    assert parked == len(ids)

@@ -26,6 +26,7 @@ SLOTS = {
     "start_set": {"token": "next_token"},
     "start_reserved": {"token": "next_token"},
     "table_columns": {"schema": "named_schema"},
+    "no_flush_wait": {"statement": "park"},
 }
 
 
@@ -83,6 +84,18 @@ def test_a_rendered_query_is_kept_per_dialect_and_its_parameters_are_filled_by_n
     assert queries.render(model, "holder") is first
     assert first.names == ("app", "hold")
     assert first.params({"hold": "h", "app": "a", "unused": 1}) == ["a", "h"]
+
+
+def test_a_parking_move_without_the_flush_wait_is_one_statement(model):
+    """One statement (psycopg 3 prepares it; two in one string it refuses with parameters), the move's
+    own parameters in the move's order."""
+    if queries.dialect_of(model._meta.database) != "postgresql":
+        assert queries.build(model, "park").sql.startswith("UPDATE")  # SQLite: no WAL flush to skip
+        return
+    wrapped = queries.build(model, "no_flush_wait", statement="park")
+    assert ";" not in wrapped.sql and wrapped.sql.startswith("WITH moved AS (UPDATE")
+    assert "set_config('synchronous_commit', 'off', true)" in wrapped.sql
+    assert wrapped.names == queries.build(model, "park").names
 
 
 def test_a_whole_row_returned_names_every_column_of_the_model(model):
