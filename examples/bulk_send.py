@@ -1,4 +1,6 @@
-"""Send 5,000 welcome e-mails in one call; a second call with overlapping users sends only the new ones.
+"""Send 5,000 welcome e-mails in one call; a second call with overlapping users sends only the new ones;
+a third, inside transaction(), is published only when its block commits (in batches), and a block
+that rolls back sends nothing.
 
     python examples/bulk_send.py
 
@@ -33,6 +35,31 @@ def welcome(user_id: int, plan: str = "free") -> None:
     pass
 
 
+@dramatiq.actor(track=True)
+def invoice(order_id: int) -> None:
+    pass
+
+
+def in_transaction() -> tuple[int, int]:
+    """Invoices sent with the caller's writes: (jobs published after the commit, rows a rollback left)."""
+    queue = f"{broker.namespace}:default"
+    before = broker.client.llen(queue)
+    with dramatiq_unique.transaction():
+        sent = dramatiq_unique.send_many(invoice, [(order_id,) for order_id in range(2_500)])
+        held = broker.client.llen(queue) - before  # nothing published inside the block
+    published = broker.client.llen(queue) - before
+    print(f"{len(sent)} invoices in a transaction: {held} published inside the block, {published} after its commit")
+    try:
+        with dramatiq_unique.transaction():
+            dramatiq_unique.send_many(invoice, [(order_id,) for order_id in range(2_500, 3_000)])
+            raise RuntimeError("the order failed")
+    except RuntimeError:
+        pass
+    left = dramatiq_unique.JobModel.select().where(dramatiq_unique.JobModel.actor_name == "invoice").count() - 2_500
+    print(f"a rolled-back block: {left} rows left, {broker.client.llen(queue) - before - published} published")
+    return published - held, left
+
+
 def main() -> int:
     started = time.perf_counter()
     first = dramatiq_unique.send_many(welcome, [(user_id,) for user_id in range(5_000)])
@@ -43,9 +70,10 @@ def main() -> int:
     print(f"2000 more items -> {len({m.message_id for m in second}) - reused} new jobs, {reused} resolved to existing")
     jobs = dramatiq_unique.JobModel.select().count()
     queued = broker.client.llen(f"{broker.namespace}:default")
-    broker.flush_all()
     print(f"{jobs} job rows, {queued} messages queued")
-    return 0 if (jobs, queued, reused) == (6_000, 6_000, 1_000) else 1
+    outbox = in_transaction()
+    broker.flush_all()
+    return 0 if (jobs, queued, reused, outbox) == (6_000, 6_000, 1_000, (2_500, 0)) else 1
 
 
 if __name__ == "__main__":
