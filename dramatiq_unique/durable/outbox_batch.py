@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID
 from dramatiq_unique.storage import jobs, queries
+from dramatiq_unique.storage.database import is_psycopg3
 from dramatiq_unique.storage.models import JobStatus, is_postgres, utcnow
 
 if TYPE_CHECKING:
@@ -69,7 +70,12 @@ def _claim(model: type["JobModel"], held: list[Held], refs: dict[int, str]) -> s
         statement = queries.render(model, "claim_held")
         values.update(ids=[row_id for row_id, _, _ in held], message_ids=[m.message_id for _, _, m in held],
                       revisions=[revision for _, revision, _ in held], refs=[refs[row_id] for row_id, _, _ in held])
-        return {row_id for (row_id,) in db.execute_sql(statement.sql, statement.params(values)).fetchall()}
+        if is_psycopg3(db):  # once per batch: a plan kept for it only costs (see the query's comment)
+            cursor = db.cursor()
+            cursor.execute(statement.sql, statement.params(values), prepare=False)
+        else:
+            cursor = db.execute_sql(statement.sql, statement.params(values))
+        return {row_id for (row_id,) in cursor.fetchall()}
     statement = queries.render(model, "claim_one_held")
     claimed = set()
     with db.atomic():

@@ -1,17 +1,15 @@
 """Opening the job database: URLs, the driver, timeouts, reconnects and clear set-up errors.
 
-The driver.  A PostgreSQL URL is opened with psycopg 3 (peewee's
-``prefer_psycopg3``; psycopg2 if psycopg 3 is not installed).  psycopg 3
-prepares a statement on a connection by itself once the connection has
-run it ``prepare_threshold`` times (5): the hot statements (a send, an
-attempt's start and outcome, the holder lookup) are parsed and planned
-once per connection, and the server CPU saved that way was measured in
-tests/benchmarks/README.md (issue 16 part 3, which replaced our own
-PREPARE/EXECUTE layer over psycopg2 by this).  Behind a pooler in
-*transaction* mode, ``prepared_statements=False`` in the suite's settings
-turns it off (``prepare_threshold=None``).  A peewee ``PostgresqlDatabase``
-given to ``setup()`` keeps its own driver: with psycopg2 its statements
-are sent as text.
+The driver.  A PostgreSQL URL is opened with psycopg2, whose hot
+statements :mod:`dramatiq_unique.storage.prepared` prepares once per
+connection.  psycopg 3 was measured against it (issue 16 part 3,
+tests/benchmarks/README.md): the same on single statements, about 30%
+slower on ``send_many``'s batches, so the URL keeps psycopg2 (psycopg 3
+if psycopg2 is not installed).  A peewee ``PostgresqlDatabase`` given to
+``setup()`` keeps its own driver; with psycopg 3 the connection prepares
+what it runs often by itself (``prepare_threshold``), and
+``prepared_statements=False`` in the suite's settings sets
+``prepare_threshold=None`` for a pooler in *transaction* mode.
 
 Reconnects.  Peewee keeps one connection per thread and never replaces
 it: after a PostgreSQL restart, a fail-over or an idle-connection killer,
@@ -83,14 +81,9 @@ _ADAPTED = "_dramatiq_unique_reconnects"
 
 
 class ReconnectingPostgresqlDatabase(ReconnectMixin, pw.PostgresqlDatabase):
-    """A PostgreSQL database whose threads replace a dead connection on their next statement; psycopg 3's
-    unless ``prefer_psycopg3=False`` is given (or psycopg 3 is not installed)."""
+    """A PostgreSQL database whose threads replace a dead connection on their next statement."""
 
     reconnect_errors = RECONNECT_ERRORS
-
-    def __init__(self, database: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("prefer_psycopg3", True)
-        super().__init__(database, **kwargs)
 
 
 def is_psycopg3(db: pw.Database) -> bool:
@@ -205,14 +198,14 @@ def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[floa
 
 def _libpq_version() -> int:
     try:
-        import psycopg
+        import psycopg2
 
-        return int(psycopg.pq.version())
-    except Exception:  # psycopg2, or no driver (reported by _check_driver)
+        return int(psycopg2.__libpq_version__)
+    except Exception:  # psycopg 3, or no driver (reported by _check_driver)
         try:
-            import psycopg2
+            import psycopg
 
-            return int(psycopg2.__libpq_version__)
+            return int(psycopg.pq.version())
         except Exception:
             return 0
 
@@ -222,7 +215,7 @@ def _check_driver(db: pw.PostgresqlDatabase, where: str) -> None:
         db._adapter.check_driver()  # type: ignore[attr-defined]  # peewee's own check, not in its type hints
     except pw.ImproperlyConfigured as e:
         raise DependencyUnavailable(
-            f"no PostgreSQL driver for {where} ({e}): install dramatiq_unique[postgres] (psycopg 3)"
+            f"no PostgreSQL driver for {where} ({e}): install dramatiq_unique[postgres] (psycopg2)"
         ) from e
 
 

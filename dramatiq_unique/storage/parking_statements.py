@@ -2,7 +2,7 @@
 reserved for a deck, a reserved job started, and the moves undone.
 
 Their SQL is in ``queries.sql`` (:mod:`dramatiq_unique.storage.queries`), rendered once
-per model (psycopg 3 prepares them on each connection that runs them often).  The
+per model and prepared on PostgreSQL (:mod:`dramatiq_unique.storage.prepared`).  The
 moves on the critical path of every hand-over commit without waiting for the WAL flush
 (:func:`no_flush_wait` says why that is safe).
 """
@@ -12,14 +12,14 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
-from dramatiq_unique.storage import queries
+from dramatiq_unique.storage import prepared, queries
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, after_ms, is_postgres, utcnow
 from dramatiq_unique.storage.statements import PARTIAL, to_model
 
 
 def execute(db: Any, sql: str, params: list) -> Any:
-    """``db.execute_sql(sql, params)``: the one place the parking moves run (tests watch it)."""
-    return db.execute_sql(sql, params)
+    """The one place the parking moves run (tests watch it): prepared where it can be (storage/prepared.py)."""
+    return prepared.execute(db, sql, params)
 
 
 def render(model: type[JobModel], name: str, **slots: queries.Slot) -> queries.Statement:

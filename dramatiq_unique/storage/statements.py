@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from dramatiq_unique.storage import fencing, history, queries
+from dramatiq_unique.storage import fencing, history, prepared, queries
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, is_postgres
 
 
@@ -71,7 +71,7 @@ def insert(model: type[JobModel], values: dict[str, Any]) -> int:
     # Kept per column set (those present).
     sql = queries.kept(("insert", model, names, queries.dialect_key(model)),
                        lambda: f"{_insert_sql(model, names)} RETURNING id")
-    return model._meta.database.execute_sql(sql, _params(model, values)).fetchone()[0]
+    return prepared.execute(model._meta.database, sql, _params(model, values)).fetchone()[0]
 
 
 def insert_or_holder(model: type[JobModel], values: dict[str, Any]) -> tuple[Optional[int], Optional[JobModel]]:
@@ -96,7 +96,7 @@ def insert_or_holder(model: type[JobModel], values: dict[str, Any]) -> tuple[Opt
 
     sql = queries.kept(("insert_or_holder", model, names, queries.dialect_key(model)), build)
     params = _params(model, values) + tail.params({"app": values.get("app", ""), "hold": values["unique_hold"]})
-    row = model._meta.database.execute_sql(sql, params).fetchone()
+    row = prepared.execute(model._meta.database, sql, params).fetchone()
     if row is None:
         return None, None
     if row[1] is None:  # the inserted branch: no message id
@@ -148,7 +148,7 @@ def holder(model: type[JobModel], hold: str, app: str = "") -> Optional[JobModel
     """The HOLDER_COLUMNS of the row of ``app`` holding ``hold``, if any: one small query, which a burst
     of duplicate sends makes often (:mod:`dramatiq_unique.unique.recent`).  Holds are unique per app."""
     statement = queries.render(model, "holder")
-    row = model._meta.database.execute_sql(statement.sql, statement.params({"app": app, "hold": hold})).fetchone()
+    row = prepared.execute(model._meta.database, statement.sql, statement.params({"app": app, "hold": hold})).fetchone()
     return None if row is None else to_model(model, row, HOLDER_COLUMNS)
 
 
@@ -207,7 +207,7 @@ def start(
         "succeeded": FINISHED[0], "failed": FINISHED[1], "live_after": fields["lease_until"].db_value(now_or_after),
         "woken_by": woken_by or "",
     }
-    row = db.execute_sql(statement.sql, statement.params(values)).fetchone()
+    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
@@ -227,7 +227,7 @@ def startable(model: type[JobModel], job_id: int, revision: int, live_after: Any
         "running": JobStatus.RUNNING.value, "live_after": model._meta.fields["lease_until"].db_value(live_after),
         "woken_by": woken_by or "",
     }
-    return model._meta.database.execute_sql(statement.sql, statement.params(values)).fetchone() is not None
+    return prepared.execute(model._meta.database, statement.sql, statement.params(values)).fetchone() is not None
 
 
 def update_fenced(
@@ -256,7 +256,7 @@ def update_fenced(
     params = _params(model, values)
     if append is not None and attempt is not None:
         params += append.params(history.values(attempt))
-    cursor = model._meta.database.execute_sql(sql, [*params, job_id, fencing_token])
+    cursor = prepared.execute(model._meta.database, sql, [*params, job_id, fencing_token])
     return cursor.rowcount
 
 
@@ -274,4 +274,4 @@ def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
     for first in range(0, len(items), REFS_PER_STATEMENT):
         batch = items[first:first + REFS_PER_STATEMENT]
         statement = queries.build(model, "record_refs", ref_rows=("ref_row", len(batch)))  # not kept: one per length
-        model._meta.database.execute_sql(statement.sql, [value for pair in batch for value in pair])
+        prepared.execute(model._meta.database, statement.sql, [value for pair in batch for value in pair])

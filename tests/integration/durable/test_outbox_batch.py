@@ -124,3 +124,29 @@ def test_a_batch_the_broker_fails_waits_pending_for_the_redrive(database_url, ke
         server.stop()
         broker.close()
         suite.db.close()
+
+
+def test_on_a_psycopg_3_database_the_claim_is_never_prepared(broker, pg_url, key_prefix):
+    """psycopg 3 prepares what a connection runs often; the claim of a batch, run once per batch, is kept
+    out of it (a generic plan scanned every pending row): many transactions in a row, every job published."""
+    import peewee as pw
+    from playhouse.db_url import parse
+
+    params = parse(pg_url)
+    db = pw.PostgresqlDatabase(params.pop("database"), prefer_psycopg3=True, **params)
+    dramatiq_unique.setup(broker, database=db, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+    try:
+        @dramatiq.actor(track=True)
+        def charge(order):
+            return order
+
+        messages = []
+        for block in range(8):  # past psycopg 3's prepare_threshold (5)
+            with transaction():
+                messages += dramatiq_unique.send_many(charge, [(block * 10 + n,) for n in range(10)])
+        prepared = db.execute_sql("SELECT statement FROM pg_prepared_statements").fetchall()
+        assert not [s for (s,) in prepared if "unnest" in s]
+        assert sorted(m["message_id"] for m in broker_messages(broker)) == sorted(m.message_id for m in messages)
+        assert {job_of(m).status for m in messages} == {"queued"}
+    finally:
+        db.close()

@@ -7,7 +7,6 @@ named ``job``, so that only the rows' app tells their jobs apart.
 
 from __future__ import annotations
 
-import re
 import threading
 from datetime import timedelta
 from typing import Iterator, Optional
@@ -23,7 +22,7 @@ from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.slots.gate import gate_of
-from dramatiq_unique.storage import parking_statements
+from dramatiq_unique.storage import parking_statements, prepared
 from dramatiq_unique.storage.models import after_ms, utcnow
 from dramatiq_unique.suite import set_current
 from tests.conftest import REDIS_URL
@@ -420,24 +419,13 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
         b.close()
 
 
-def generic_plan(db, name: str, body: str, params: list) -> list:
-    """EXPLAIN of ``body`` as a prepared statement's generic plan (``plan_cache_mode`` forces it)."""
-    import psycopg
-
-    count = iter(range(1, len(params) + 1))
-    db.execute_sql(f"PREPARE {name} AS " + re.sub(r"%s", lambda _: f"${next(count)}", body).replace("%", "%%"), ())
-    with psycopg.ClientCursor(db.connection()) as cursor:  # EXECUTE takes no bound parameters: literals
-        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(params))})", params)
-        return cursor.fetchall()
-
-
 def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, key_prefix, monkeypatch):
     """Given another app's backlog of 20,000 jobs parked on the same group, 5,000 of this app's
     parked on another group and 30,000 finished ones, every statement of a hand-over, a deck
     reservation, an orphan wake-up and concurrency_status() starts from an index, the group's
     ones from ``(app, parked_on, created_at)``: neither another app's queue nor another group's
-    costs a hand-over anything.  psycopg 3 prepares what a connection runs often: the parking
-    statements' generic plan (the one a connection may keep) is checked."""
+    costs a hand-over anything.  The claim and the reservation are prepared statements: their
+    generic plan (the one a connection may keep) is checked."""
     app = App(f"{key_prefix}-ix", pg_url, options=PARKING_OPTIONS["concurrency_limit"])
     db = app.suite.db
     group, table = "slot:job:all", JobModel._meta.table_name
@@ -454,19 +442,19 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         db.execute_sql(f'ANALYZE "{table}"')
         app.use()
 
-        statements: list[tuple[str, list, bool]] = []  # (sql, parameters, through parking_statements.execute)
-        run_parking, run_sql = parking_statements.execute, db.execute_sql
+        statements: list[tuple[str, list]] = []
+        run_prepared, run_sql = prepared.execute, db.execute_sql
 
-        def recording_parking(database, sql, params):
-            statements.append((sql, list(params), True))
-            return run_parking(database, sql, params)
+        def recording_prepared(database, sql, params):
+            statements.append((sql, list(params)))
+            return run_prepared(database, sql, params)
 
         def recording_sql(sql, params=None, *args, **kwargs):
             if sql.lstrip().upper().startswith("SELECT"):
-                statements.append((sql, list(params or ()), False))
+                statements.append((sql, list(params or ())))
             return run_sql(sql, params, *args, **kwargs)
 
-        monkeypatch.setattr(parking_statements, "execute", recording_parking)
+        monkeypatch.setattr(prepared, "execute", recording_prepared)
         monkeypatch.setattr(db, "execute_sql", recording_sql)
         info = gate_of(app.suite).describe(group)
         assert reserve_elsewhere(info, group, app.suite.app).message_id == "mine-0"
@@ -480,9 +468,11 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         explained, generic = 0, 0
         db.execute_sql("SET plan_cache_mode = force_generic_plan")
         try:
-            for n, (body, params, parking) in enumerate(statements):
-                if parking:  # as a connection may keep it: a generic plan
-                    plan_rows = generic_plan(db, f"check_{n}", body, params)
+            for body, params in statements:
+                name = prepared._names.get(body)
+                if name is not None:  # as the connection runs it: EXECUTE of its prepared statement
+                    args = ", ".join(["%s"] * len(params))
+                    plan_rows = db.execute_sql(f"EXPLAIN EXECUTE {name}({args})", params).fetchall()
                     generic += 1
                 else:
                     plan_rows = db.execute_sql("EXPLAIN " + body, params).fetchall()
