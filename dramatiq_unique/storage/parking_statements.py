@@ -39,8 +39,8 @@ def no_flush_wait(db: Any) -> bool:
     and past them; and if the server crashes first and loses one, the
     row is back where the re-drive looks: a lost park leaves a queued row
     whose message is gone (re-sent), a lost claim a parked row (woken).
-    One statement, so one round trip, and psycopg 3 prepares it as any
-    other.  Not inside the caller's own transaction, which must keep its
+    One statement, so one round trip, prepared as the other hot
+    statements are.  Not inside the caller's own transaction, which must keep its
     own commit rules.
     """
     return is_postgres(db) and not db.in_transaction()
