@@ -15,7 +15,7 @@ import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.observe import events
-from dramatiq_unique.storage import history, statements
+from dramatiq_unique.storage import conflicts, history, statements
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
 
 logger = logging.getLogger(__name__)
@@ -121,22 +121,24 @@ def insert_holding(
     cleared and the insert tried again.  ``full=False``: the holder may
     carry only :data:`statements.HOLDER_COLUMNS` (a skipped send needs no more).
 
-    On PostgreSQL one statement inserts the row or, on the clash, reads
-    the holder (:func:`statements.insert_or_holder`): a duplicate refused
-    in one round trip, not a failed INSERT and a SELECT.  Its conflict
-    check costs a new row about 20 us more of the server's CPU than a plain
-    INSERT (measured; tests/benchmarks/README.md, issue 16).
+    An actor whose keys were found held often lately inserts with one
+    statement that reads the holder on the clash (:mod:`dramatiq_unique.storage.conflicts`
+    says when, and what each way costs); the others insert plainly and read
+    the holder after the unique index refused the row.
     """
     db = model._meta.database
     row = {**fields, "unique_hold": hold}
+    actor_name = fields["actor_name"]
+    insert = statements.insert_or_holder if conflicts.expect_holder(actor_name) else _plain
     for _ in range(MAX_INSERT_ROUNDS):
         try:
             if db.in_transaction():
-                # A savepoint: another unique column's clash must not abort the caller's transaction.
+                # A savepoint: a clash must not abort the caller's transaction.
                 with db.atomic():
-                    row_id, found = statements.insert_or_holder(model, row)
+                    row_id, found = insert(model, row)
             else:  # in autocommit a failed INSERT leaves nothing to roll back
-                row_id, found = statements.insert_or_holder(model, row)
+                row_id, found = insert(model, row)
+            conflicts.record(actor_name, held=row_id is None)
             if row_id is not None:
                 return row_id, None
             # The hold was the arbiter, so an idempotency key's clash went unchecked: it wins, as below.
@@ -146,6 +148,7 @@ def insert_holding(
                 if found is None:
                     continue  # and released its hold already
         except pw.IntegrityError:
+            conflicts.record(actor_name, held=True)
             check_idempotency(model, fields)
             found = statements.holder(model, hold, fields.get("app", ""))
             if found is None:
@@ -161,6 +164,10 @@ def insert_holding(
             continue
         return None, (get(model, id=found.id) or found) if full else found
     raise DatabaseUnavailable(f"could not settle the unique hold {hold!r}")
+
+
+def _plain(model: type[JobModel], row: dict[str, Any]) -> tuple[Optional[int], Optional[JobModel]]:
+    return statements.insert(model, row), None  # a clash raises IntegrityError
 
 
 def holder(model: type[JobModel], hold: str, window_ms: Optional[float], app: str = "") -> Optional[JobModel]:

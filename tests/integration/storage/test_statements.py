@@ -13,10 +13,17 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
-from dramatiq_unique.storage import jobs, statements
+from dramatiq_unique.storage import conflicts, jobs, statements
 from dramatiq_unique.storage.models import is_postgres
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
+
+
+@pytest.fixture(params=["plain", "one statement"])
+def insert_kind(request, monkeypatch) -> str:
+    """jobs.insert_holding either way (storage/conflicts.py chooses by the actor's recent clashes)."""
+    monkeypatch.setattr(conflicts, "expect_holder", lambda actor_name: request.param == "one statement")
+    return request.param
 
 
 def fields(message_id: str, app: str = "", **more) -> dict:
@@ -53,7 +60,7 @@ def test_apps_do_not_share_holds(suite):
     assert a is not None and b is not None and a != b
 
 
-def test_an_idempotency_key_held_elsewhere_still_wins_over_the_unique_hold(suite):
+def test_an_idempotency_key_held_elsewhere_still_wins_over_the_unique_hold(suite, insert_kind):
     jobs.insert_holding(JobModel, fields("m1", idempotency_key="k", idempotency_hold="report::k"), "report:1", None)
     with pytest.raises(jobs.IdempotencyHeld):
         jobs.insert_holding(JobModel, fields("m2", idempotency_key="k", idempotency_hold="report::k"), "report:1", None)
@@ -71,10 +78,11 @@ def pg_suite(broker, pg_url, key_prefix) -> Iterator[dramatiq_unique.Suite]:
     suite.db.close()
 
 
-def test_a_holder_that_commits_while_the_insert_waits_is_found(pg_suite, pg_url):
+def test_a_holder_that_commits_while_the_insert_waits_is_found(pg_suite, pg_url, insert_kind):
     """The holder's row is written in a transaction still open when the insert runs: PostgreSQL makes the
-    insert wait for it, and after the commit the row is outside the statement's snapshot.  The send still
-    resolves to it (a second read), and no second row is written."""
+    insert wait for it; after the commit the plain INSERT fails on the index, and the one statement finds
+    the row outside its snapshot.  Either way the send resolves to it (a second read), and no second row
+    is written."""
     schema = unquote(pg_url).split("search_path=")[1]
     other = psycopg2.connect(dbname="test", host="127.0.0.1", user="postgres", options=f"-csearch_path={schema}")
     try:
@@ -111,3 +119,23 @@ def test_a_holder_that_commits_while_the_insert_waits_is_found(pg_suite, pg_url)
     row_id, holder = got[0]
     assert row_id is None and holder.message_id == "m1"
     assert JobModel.select().count() == 1
+
+
+def test_an_actor_whose_keys_are_often_held_switches_to_the_one_statement_and_back(suite, monkeypatch):
+    monkeypatch.setattr(conflicts, "_share", {})
+    used: list[str] = []
+    original = statements.insert_or_holder
+
+    def spy(model, values):
+        used.append(values["message_id"])
+        return original(model, values)
+
+    monkeypatch.setattr(statements, "insert_or_holder", spy)
+    jobs.insert_holding(JobModel, fields("holder"), "report:1", None)
+    for n in range(6):  # duplicates from "another process": refused each time
+        row_id, holder = jobs.insert_holding(JobModel, fields(f"dup{n}"), "report:1", None)
+        assert row_id is None and holder.message_id == "holder"
+    assert used == ["dup4", "dup5"]  # four refusals in a row switch it
+    for n in range(40):  # new keys: back to the plain INSERT
+        jobs.insert_holding(JobModel, {**fields(f"new{n}"), "unique_key": f"report:{n + 2}"}, f"report:{n + 2}", None)
+    assert not conflicts.expect_holder("report")
