@@ -34,15 +34,6 @@ def orders(suite):
     return Order
 
 
-@pytest.fixture
-def charge(suite):
-    @dramatiq.actor(track=True)
-    def charge(order):
-        return order
-
-    return charge
-
-
 def test_sends_are_published_only_after_commit(suite, broker, orders, charge):
     """Given sends inside transaction(), then until the commit the rows are pending,
     visible only to the caller, and nothing is in the broker; after it, all is published."""

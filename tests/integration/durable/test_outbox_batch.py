@@ -18,15 +18,6 @@ from tests.helpers import job_of, wait_until
 
 
 @pytest.fixture
-def charge(suite):
-    @dramatiq.actor(track=True)
-    def charge(order):
-        return order
-
-    return charge
-
-
-@pytest.fixture
 def batches(monkeypatch) -> list[int]:
     """The sizes of the batches claimed and published."""
     sizes: list[int] = []
