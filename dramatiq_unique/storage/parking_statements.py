@@ -17,11 +17,6 @@ from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, after_m
 from dramatiq_unique.storage.statements import PARTIAL, to_model
 
 
-def execute(db: Any, sql: str, params: list) -> Any:
-    """The one place the parking moves run (tests watch it): prepared where it can be (storage/prepared.py)."""
-    return prepared.execute(db, sql, params)
-
-
 def render(model: type[JobModel], name: str, **slots: queries.Slot) -> queries.Statement:
     """Query ``name``, committing without waiting for the WAL flush where that is safe (:func:`no_flush_wait`)."""
     if no_flush_wait(model._meta.database):
@@ -94,7 +89,7 @@ def claim_parked(
         # The start of start_attempt and start_reserved, on a row free of unique options of its own.
         statement = queries.render(model, "claim_and_start", order=_order(order_by), guard="unique_free",
                                    token="next_token")
-    row = execute(db, statement.sql, statement.params(values)).fetchone()
+    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
     return None if row is None else to_model(model, row)
 
 
@@ -114,7 +109,7 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
         "options": fields["options"].db_value(options), "id": job_id, "revision": revision,
         "running": JobStatus.RUNNING.value, "now": fields["lease_until"].db_value(now),
     }
-    row = execute(db, statement.sql, statement.params(values)).fetchone()
+    row = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
     if row is None:
         return None
     return fields["created_at"].python_value(row[0]), fields["process_after"].python_value(row[1])
@@ -149,7 +144,7 @@ def reserve(
         "marker": marker, "lease_ms": float(lease_ms), "broker_ref": str(uuid.uuid4()), "app": app, "group": group,
         "pending": JobStatus.PENDING.value, "due": model._meta.fields["process_after"].db_value(utcnow()),
     }
-    found = execute(db, statement.sql, statement.params(values)).fetchone()
+    found = prepared.execute(db, statement.sql, statement.params(values)).fetchone()
     return None if found is None else to_model(model, found, DECK_COLUMNS)
 
 
@@ -176,7 +171,7 @@ def start_reserved(
         "pending": JobStatus.PENDING.value, "marker": marker, "revision": row.revision,
         "reserved_token": row.fencing_token, "broker_ref": row.broker_ref,
     }
-    found = execute(model._meta.database, statement.sql, statement.params(values)).fetchone()
+    found = prepared.execute(model._meta.database, statement.sql, statement.params(values)).fetchone()
     if found is None:
         return None
     started = to_model(model, found, DECK_COLUMNS)
