@@ -152,11 +152,13 @@ def lock(actor: dramatiq.Actor, *args: Any, unique_ttl: Optional[int] = None, **
     unless set); ``extend()`` renews it.  Nothing is taken until
     ``acquire()`` or ``with``.
 
-    Raises :class:`InvalidOption` for an actor without ``unique_args`` or
+    Raises :class:`InvalidOption` for what is not an actor, an actor without ``unique_args`` or
     whose ``unique_lock`` takes no execution lock (``until_executing``,
     ``until_executed``, ``until_expired``), for arguments that do not fit
     it, and for a bad ``unique_ttl``.
     """
+    if not isinstance(actor, dramatiq.Actor):
+        raise InvalidOption(f"lock() takes an actor (a function declared with @dramatiq.actor), not {opt.show(actor)}")
     suite = current()
     config = suite.actor_config(actor.actor_name)
     spec = config.get({}, "unique_args") if config is not None else None

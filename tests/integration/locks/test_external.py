@@ -216,6 +216,9 @@ def test_lock_refuses_actors_and_values_it_cannot_hold(suite, broker):
     def sync(customer_id: int) -> None:
         pass
 
+    for not_an_actor in ("sync", sync.fn):
+        with pytest.raises(InvalidOption, match="takes an actor"):
+            dramatiq_unique.lock(not_an_actor, 1)
     for actor in (tracked, plain):
         with pytest.raises(InvalidOption, match="has no unique_args"):
             dramatiq_unique.lock(actor, 1)
