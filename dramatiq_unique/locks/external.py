@@ -15,10 +15,9 @@ masters), so the two exclude each other:
   :meth:`KeyLock.locked` says so.
 
 It is pottery's Redlock, used as pottery documents it: ``acquire()``,
-``extend()``, ``with``.  Its cost (a thread pool per call, 1-2 ms per
-acquire and release) is fine here, off the jobs' own path, which stays
-on the suite's scripts in the same key format
-(:mod:`dramatiq_unique.locks.redlock`).  Two things are the suite's own:
+``extend()``, ``with``.  Its cost (a thread pool per call) is fine
+here, off the jobs' own path, which stays on the suite's scripts in the
+same key format (:mod:`dramatiq_unique.locks.redlock`).  Two things are the suite's own:
 
 * :meth:`KeyLock.release` (leaving a ``with`` block too) then wakes the
   key's next parked job, as a job leaving the lock does: pottery's own
@@ -147,15 +146,17 @@ def lock(actor: dramatiq.Actor, *args: Any, unique_ttl: Optional[int] = None, **
     carries them), so ``lock(sync, 42)`` and ``lock(sync, customer_id=42)``
     hold the same key.  With ``unique_args`` a list of names, only those
     arguments are needed (the others do not change the key); with
-    ``True`` or a callable, the arguments a send would give.  ``unique_ttl`` (ms) is the lock's lease, pottery's
+    ``True`` or a callable, the arguments a send would give.
+
+    ``unique_ttl`` (ms) is the lock's lease, pottery's
     ``auto_release_time``: by default the actor's ``unique_ttl`` (60 s
     unless set); ``extend()`` renews it.  Nothing is taken until
     ``acquire()`` or ``with``.
 
-    Raises :class:`InvalidOption` for what is not an actor, an actor without ``unique_args`` or
-    whose ``unique_lock`` takes no execution lock (``until_executing``,
-    ``until_executed``, ``until_expired``), for arguments that do not fit
-    it, and for a bad ``unique_ttl``.
+    Raises :class:`InvalidOption` for what is not an actor, an actor
+    without ``unique_args`` or whose ``unique_lock`` takes no execution
+    lock (``until_executing``, ``until_executed``, ``until_expired``),
+    arguments that do not fit it, and a bad ``unique_ttl``.
     """
     if not isinstance(actor, dramatiq.Actor):
         raise InvalidOption(f"lock() takes an actor (a function declared with @dramatiq.actor), not {opt.show(actor)}")
