@@ -1,6 +1,8 @@
 """Dramatiq middlewares for jobs that must not run twice, must not run
 too many at once, and must not be lost."""
 
+from typing import TYPE_CHECKING, Any
+
 from dramatiq_unique.api import get_job, redrive, setup, start_redriver, transaction
 from dramatiq_unique.checkpoints import checkpoint, step_key
 from dramatiq_unique.context import current_job
@@ -34,6 +36,9 @@ from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, 
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.suite import Suite
 from dramatiq_unique.unique.bulk import send_many
+
+if TYPE_CHECKING:
+    from dramatiq_unique.locks.external import lock
 
 __version__ = "0.1.0"
 
@@ -73,6 +78,7 @@ __all__ = [
     "enable_metrics",
     "get_job",
     "heartbeat",
+    "lock",
     "redrive",
     "retry_job",
     "send_many",
@@ -83,3 +89,13 @@ __all__ = [
     "start_redriver",
     "transaction",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # lock() is imported on first use: importing pottery replaces json.dumps process-wide.
+    if name == "lock":
+        from dramatiq_unique.locks.external import lock
+
+        globals()["lock"] = lock
+        return lock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
