@@ -8,6 +8,7 @@ from dramatiq_unique.durable.cancel import cancel_job
 from dramatiq_unique.durable.dead import dead_jobs, retry_job
 from dramatiq_unique.durable.redrive import RedriveCounts
 from dramatiq_unique.errors import (
+    AmbiguousJobId,
     DatabaseUnavailable,
     DependencyUnavailable,
     DramatiqUniqueError,
@@ -38,6 +39,7 @@ from dramatiq_unique.unique.bulk import send_many
 __version__ = "0.1.0"
 
 __all__ = [
+    "AmbiguousJobId",
     "ConcurrencySlots",
     "ConcurrencyStatus",
     "DatabaseUnavailable",
