@@ -23,7 +23,9 @@ passes that both cover an actor never both send one job.
 Rows written by a version without the ``app`` column (a table migrated
 by schema.py, or a process of that version still running during a
 rolling upgrade) have ``app = ''``; a pass adopts those of its declared
-actors (:meth:`Scope.adopt`) before it acts on them.
+actors (:meth:`Scope.adopt`) before it acts on them.  So no app may be
+named ``''``: ``setup()`` refuses an empty ``key_prefix`` (suite.py), or
+its rows would look like those and be adopted by another app.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class Scope:
         ones, at most ``max_pages`` pages of each per pass.
         """
         names = self.actors.get(base_of(model), ())
-        if not names or self.app == NO_APP:  # key_prefix "": such rows are this app's already
+        if not names or self.app == NO_APP:  # never so: setup() refuses an empty key_prefix
             return 0
         adopted = 0
         legacy = (model.app == NO_APP) & model.actor_name.in_(names)
