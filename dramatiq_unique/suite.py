@@ -117,13 +117,9 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")
-        if not isinstance(self.key_prefix, str) or not self.key_prefix:
-            # The prefix names the app its rows belong to; "" is the app of rows written before
-            # rows had one, which any app's re-drive adopts and whose jobs every app's dead set,
-            # get_job, retry_job and cancel_job see (durable/scope.py): no app may be named so.
-            raise InvalidOption(f"setting key_prefix must be a non-empty str, not {self.key_prefix!r}: it names "
-                                "the app whose job rows are this suite's, and '' is the name of rows written "
-                                "before rows had an app, which every app sharing the database adopts")
+        if not isinstance(self.key_prefix, str) or not self.key_prefix:  # "": rows any app adopts (scope.py)
+            raise InvalidOption(f"setting key_prefix must be a non-empty str, not {self.key_prefix!r}: it names this "
+                                "app's job rows, and '' names rows written before rows had an app, which apps adopt")
         if self.on_lost not in ("redrive", "fail"):
             raise InvalidOption(f"setting on_lost must be 'redrive' or 'fail', not {self.on_lost!r}")
         if self.on_broker_down not in ("defer", "raise"):
