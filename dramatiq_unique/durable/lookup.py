@@ -15,7 +15,7 @@ from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import AmbiguousJobId, DatabaseUnavailable, JobNotFound
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel
-from dramatiq_unique.storage.stores import base_of
+from dramatiq_unique.storage.stores import base_of, unreachable
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -51,7 +51,8 @@ def each_store(
         except DatabaseUnavailable as e:
             if not stores.several:
                 raise
-            stores.mark_down(index, e, quiet=True)
+            if e.__cause__ is None or unreachable(e.__cause__):  # not a timeout or a deadlock: it answers
+                stores.mark_down(index, e, quiet=True)
             down.append(e)
     return answers, down
 
