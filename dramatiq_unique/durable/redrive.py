@@ -287,5 +287,5 @@ class _Pass:
     # -- 4. pruning -----------------------------------------------------------------
 
     def _prune(self, model: type[JobModel]) -> None:
-        self.counts.pruned += claims.prune(model, self.scope.where(model), self.suite.settings, page=self.page,
+        self.counts.pruned += claims.prune(model, self.scope.prunable(model), self.suite.settings, page=self.page,
                                            max_pages=MAX_PAGES, after_page=self._keep_lock)

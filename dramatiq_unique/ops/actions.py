@@ -69,6 +69,6 @@ def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
         for index in range(len(suite.stores)):
             for base in scope.models():
                 model = suite.stores.model_in(base, index)
-                pruned += claims.prune(model, scope.where(model), suite.settings, page=suite.settings.redrive_page_size,
-                                       max_pages=MAX_PAGES)
+                pruned += claims.prune(model, scope.prunable(model), suite.settings,
+                                       page=suite.settings.redrive_page_size, max_pages=MAX_PAGES)
     return pruned
