@@ -10,6 +10,7 @@ from dramatiq_unique.durable.cancel import cancel_job
 from dramatiq_unique.durable.dead import dead_jobs, retry_job
 from dramatiq_unique.durable.redrive import RedriveCounts
 from dramatiq_unique.errors import (
+    AmbiguousJobId,
     DatabaseUnavailable,
     DependencyUnavailable,
     DramatiqUniqueError,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AmbiguousJobId",
     "ConcurrencySlots",
     "ConcurrencyStatus",
     "DatabaseUnavailable",

@@ -52,6 +52,10 @@ class JobNotFound(DramatiqUniqueError, LookupError):
     """No job of this app has that id or message id"""
 
 
+class AmbiguousJobId(DramatiqUniqueError, LookupError):
+    """That numeric id names a job in more than one job store"""
+
+
 class JobStateError(DramatiqUniqueError):
     """The job is not in a state that allows this operation"""
 

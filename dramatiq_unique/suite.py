@@ -117,6 +117,9 @@ class Settings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")
+        if not isinstance(self.key_prefix, str) or not self.key_prefix:  # "": rows any app adopts (scope.py)
+            raise InvalidOption(f"setting key_prefix must be a non-empty str, not {self.key_prefix!r}: it names this "
+                                "app's job rows, and '' names rows written before rows had an app, which apps adopt")
         if self.on_lost not in ("redrive", "fail"):
             raise InvalidOption(f"setting on_lost must be 'redrive' or 'fail', not {self.on_lost!r}")
         if self.on_broker_down not in ("defer", "raise"):

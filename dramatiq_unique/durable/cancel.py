@@ -37,9 +37,13 @@ logger = logging.getLogger(__name__)
 
 
 def cancel_job(
-    id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None, suite: Optional["Suite"] = None,
+    id_or_message_id: Union[int, str, JobModel], *, model: Optional[type[JobModel]] = None,
+    suite: Optional["Suite"] = None,
 ) -> JobModel:
     """Cancel a waiting job; returns its row, now ``cancelled``.
+
+    The job is named as for :func:`~dramatiq_unique.retry_job`: its message id, its row, or a
+    numeric id that only one store has.
 
     Raises :class:`JobNotFound`, or :class:`JobStateError` for a job that is running or
     finished, or that changed while it was cancelled (it started, was retried, replaced).

@@ -32,7 +32,7 @@ from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import claims, lookup
 from dramatiq_unique.durable.scope import NO_APP
-from dramatiq_unique.errors import DuplicateJob, JobNotFound, JobStateError, RedisUnavailable
+from dramatiq_unique.errors import DuplicateJob, JobStateError, RedisUnavailable
 from dramatiq_unique.storage import jobs, statements
 from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique import recent
@@ -50,15 +50,16 @@ DEFAULT_LIMIT = 100
 MAX_HOLD_ROUNDS = 20
 
 
-def find(suite: "Suite", id_or_message_id: Union[int, str], model: Optional[type[JobModel]] = None) -> JobModel:
-    """A job of this suite's app, found as :func:`dramatiq_unique.get_job` finds it; raises
-    :class:`JobNotFound` for an unknown id and for another app's job (never ours to touch)."""
-    if isinstance(id_or_message_id, bool) or not isinstance(id_or_message_id, (int, str)):
-        raise TypeError(f"a job id (int) or message id (str), not {type(id_or_message_id).__name__}")
-    job = lookup.find_job(suite, id_or_message_id, model=model)
-    if job is None:
-        raise JobNotFound(f"{id_or_message_id!r}")
-    return job
+def find(
+    suite: "Suite", job: Union[int, str, JobModel], model: Optional[type[JobModel]] = None,
+) -> JobModel:
+    """The job of this suite's app that ``job`` names: its row (read again from its store), its
+    message id, or its numeric id, which must name a job in one store only (:func:`lookup.resolve`).
+    Raises :class:`JobNotFound` for an unknown id and for another app's job (never ours to touch),
+    :class:`AmbiguousJobId` for a number that jobs of several stores have."""
+    if isinstance(job, bool) or not isinstance(job, (int, str, JobModel)):
+        raise TypeError(f"a job id (int), message id (str) or job row (JobModel), not {type(job).__name__}")
+    return lookup.resolve(suite, job, model=model)
 
 
 def since_of(since: Union[datetime, timedelta, None], now: Optional[datetime] = None) -> Optional[datetime]:
@@ -109,9 +110,14 @@ def dead_jobs(
 
 
 def retry_job(
-    id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None, suite: Optional["Suite"] = None,
+    id_or_message_id: Union[int, str, JobModel], *, model: Optional[type[JobModel]] = None,
+    suite: Optional["Suite"] = None,
 ) -> JobModel:
     """Send a failed job again as a new attempt of the same job; returns its row after the send.
+
+    The job is named by its message id, its row (from ``dead_jobs()``: acted on in the store it
+    came from) or its numeric id (in ``model``, the shared table by default), which with several
+    stores must be one store's only (:class:`AmbiguousJobId` otherwise).
 
     Raises :class:`JobNotFound`, :class:`JobStateError` (not failed, or changed meanwhile: a
     second retry at once), or :class:`DuplicateJob` (``.job``: the job now holding its unique

@@ -12,9 +12,10 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 from dramatiq_unique.durable.scope import NO_APP
-from dramatiq_unique.errors import DatabaseUnavailable
+from dramatiq_unique.errors import AmbiguousJobId, DatabaseUnavailable, JobNotFound
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.storage.stores import base_of, unreachable
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -50,7 +51,8 @@ def each_store(
         except DatabaseUnavailable as e:
             if not stores.several:
                 raise
-            stores.mark_down(index, e, quiet=True)
+            if e.__cause__ is None or unreachable(e.__cause__):  # not a timeout or a deadlock: it answers
+                stores.mark_down(index, e, quiet=True)
             down.append(e)
     return answers, down
 
@@ -83,6 +85,87 @@ def find_job(
     if down:
         raise down[0]
     return None
+
+
+#: Largest job id: a bigger number names no row (and would overflow SQLite's integer).
+MAX_JOB_ID = 2**63 - 1
+
+
+def resolve(
+    suite: "Suite", job: Union[int, str, JobModel], *, model: Optional[type[JobModel]] = None,
+) -> JobModel:
+    """The one job of this app that an action (retry, cancel) names, in the store its row is in.
+
+    ``job``: the row itself (a ``JobModel``, from ``dead_jobs()`` or ``get_job()``: read again from
+    the store and table it came from), a message id (any table, any store), or a numeric id
+    (``model``, the shared table by default).  A number is one store's sequence: with several
+    stores, each may have a job of that number, and acting on the primary's when the operator
+    meant a secondary's is acting on another job.  So a number is looked up in every store: it
+    names a job only if exactly one has it (:class:`AmbiguousJobId` otherwise, naming them), and
+    while a store does not answer, a job the others have is refused too (``DatabaseUnavailable``:
+    it may have one of that number).  Raises :class:`JobNotFound` for none.
+    """
+    if isinstance(job, JobModel):
+        return _again(suite, job)
+    if isinstance(job, str):
+        ref = job.strip()
+        if not ref or not ref.isprintable():
+            raise ValueError(f"not a job id or message id: {job[:64]!r}")
+        job = int(ref) if ref.isascii() and ref.isdigit() else ref
+    if isinstance(job, str):
+        found = find_job(suite, job, model=model)
+    elif job < 0 or job > MAX_JOB_ID:
+        found = None
+    elif not suite.stores.several:
+        found = find_job(suite, job, model=model)
+    else:
+        found = _numbered(suite, job, model or suite.models[0])
+    if found is None:
+        raise JobNotFound(repr(job))
+    return found
+
+
+def _again(suite: "Suite", row: JobModel) -> JobModel:
+    """``row`` read again from the store and table it came from (so an action sees its state now)."""
+    table = type(row)
+    database = table._meta.database
+    index = next((i for i, db in enumerate(suite.stores.databases) if db is database), None)
+    if index is None or row.id is None:
+        where = "an unsaved row" if row.id is None else "a row of none of this suite's job stores"
+        raise JobNotFound(f"{row.message_id!r} ({where})")
+    table = suite.stores.model_in(base_of(table), index)
+    found, down = each_store(suite, f"reading job {row.message_id}", lambda _, __: ours(
+        suite, jobs.get(table, id=row.id, message_id=row.message_id)), indexes=[index])
+    if down:
+        raise down[0]
+    if found[0] is None:
+        raise JobNotFound(repr(row.message_id))
+    return found[0]
+
+
+def _numbered(suite: "Suite", number: int, model: type[JobModel]) -> Optional[JobModel]:
+    """The job of ``number`` in ``model`` if exactly one store has one (see :func:`resolve`)."""
+    stores = suite.stores
+
+    def read(index: int, _: list[type[JobModel]]) -> Optional[JobModel]:
+        return ours(suite, jobs.get(stores.model_in(model, index), id=number))
+
+    answers, down = each_store(suite, f"reading job {number}", read)
+    found = [row for row in answers if row is not None]
+    if len(found) > 1:
+        named = "; ".join(f"{stores.name(stores.index_of(type(row)))}: message id {row.message_id} "
+                          f"({row.actor_name}, {row.status})" for row in found)
+        raise AmbiguousJobId(f"job {number} is a job in {len(found)} stores ({named}): name the one you mean by "
+                             "its message id, or pass its row (from dead_jobs() or get_job())")
+    if found and down:
+        row = found[0]
+        raise DatabaseUnavailable(
+            f"job {number} is a job in {stores.name(stores.index_of(type(row)))} (message id {row.message_id}), "
+            f"but {'; '.join(str(e) for e in down)}, and may have a job {number} too: name the one you mean "
+            "by its message id")
+    if down:
+        raise down[0]
+    return found[0] if found else None
 
 
 def select_all(suite: "Suite", what: str, query: Callable[[type[JobModel]], Any]) -> list[JobModel]:

@@ -52,7 +52,7 @@ from dramatiq_unique.observe import events, metrics_on
 from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.storage import history, jobs, statements
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
-from dramatiq_unique.storage.stores import CONNECTION_ERRORS
+from dramatiq_unique.storage.stores import CONNECTION_ERRORS, unreachable
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -122,7 +122,8 @@ class _Pass:
                     raise
                 # One store down must not hold up the others' jobs: the next pass tries it again.
                 self.counts.errors += 1
-                stores.mark_down(index, e, quiet=True)
+                if unreachable(e):  # not for a deadlock or a timeout: the store answers, sends may use it
+                    stores.mark_down(index, e, quiet=True)
                 logger.warning("The re-drive skips job %s this pass: %s", stores.name(index), str(e).strip())
         deferral.log_backlog(self.counts.deferred)
         events.redrive_pass(self.counts)
@@ -286,5 +287,5 @@ class _Pass:
     # -- 4. pruning -----------------------------------------------------------------
 
     def _prune(self, model: type[JobModel]) -> None:
-        self.counts.pruned += claims.prune(model, self.scope.where(model), self.suite.settings, page=self.page,
+        self.counts.pruned += claims.prune(model, self.scope.prunable(model), self.suite.settings, page=self.page,
                                            max_pages=MAX_PAGES, after_page=self._keep_lock)

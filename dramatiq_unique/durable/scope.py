@@ -23,7 +23,9 @@ passes that both cover an actor never both send one job.
 Rows written by a version without the ``app`` column (a table migrated
 by schema.py, or a process of that version still running during a
 rolling upgrade) have ``app = ''``; a pass adopts those of its declared
-actors (:meth:`Scope.adopt`) before it acts on them.
+actors (:meth:`Scope.adopt`) before it acts on them.  So no app may be
+named ``''``: ``setup()`` refuses an empty ``key_prefix`` (suite.py), or
+its rows would look like those and be adopted by another app.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import peewee as pw
 
-from dramatiq_unique.storage.models import FINISHED, JobModel
+from dramatiq_unique.storage.models import FINISHED, JobModel, after_ms
 from dramatiq_unique.storage.stores import base_of
 
 if TYPE_CHECKING:
@@ -72,6 +74,27 @@ class Scope:
         # One name as "=", so PostgreSQL estimates it as well as a plain equality.
         return cond & (model.actor_name == names[0] if len(names) == 1 else model.actor_name.in_(names))
 
+    def prunable(self, model: type[JobModel]) -> Any:
+        """:meth:`where`, less the rows whose idempotency key an actor keeps longer than the pass's
+        cutoff (``max(retention, idempotency_window)`` settings, durable/claims.py's ``prune``): an
+        actor's own ``idempotency_window`` may be longer, and its key must outlive it, or a repeated
+        ``submit()`` would make a second job.  Rows without a key go with the others."""
+        settings = self.suite.settings
+        cutoff = max(settings.retention, settings.idempotency_window)
+        longer: dict[float, list[str]] = {}
+        for name in self.actors.get(base_of(model), ()):
+            config = self.suite.actors.get(name)
+            window = settings.idempotency_window if config is None else \
+                config.get({}, "idempotency_window", settings.idempotency_window)  # as submit() reads it
+            if window > cutoff:
+                longer.setdefault(window, []).append(name)
+        cond = self.where(model)
+        for window, names in sorted(longer.items()):
+            # As submit() judges a key: alive while its job was created less than the window ago.
+            cond &= ~(model.actor_name.in_(names) & model.idempotency_hold.is_null(False)
+                      & (model.created_at > after_ms(-window)))
+        return cond
+
     def lock_name(self) -> str:
         """The pass lock: one per app and set of declared actors, so a process that declares
         fewer actors (a web process) cannot keep the others' passes from running."""
@@ -89,7 +112,7 @@ class Scope:
         ones, at most ``max_pages`` pages of each per pass.
         """
         names = self.actors.get(base_of(model), ())
-        if not names or self.app == NO_APP:  # key_prefix "": such rows are this app's already
+        if not names or self.app == NO_APP:  # never so: setup() refuses an empty key_prefix
             return 0
         adopted = 0
         legacy = (model.app == NO_APP) & model.actor_name.in_(names)

@@ -16,7 +16,6 @@ from dramatiq_unique.durable.cancel import cancel_job
 from dramatiq_unique.durable.dead import dead_jobs, retry_job
 from dramatiq_unique.durable.redrive import MAX_PAGES
 from dramatiq_unique.durable.scope import Scope
-from dramatiq_unique.ops import detail
 from dramatiq_unique.ops.listing import job_row
 from dramatiq_unique.ops.views import JobRow
 from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
@@ -38,15 +37,15 @@ def dead(
 
 
 def retry(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
-    """:func:`dramatiq_unique.retry_job` of the job ``job`` finds (JobNotFound, JobStateError, DuplicateJob)."""
-    row = detail.find(suite, id_or_message_id)
-    return retry_job(row.message_id, suite=suite)
+    """:func:`dramatiq_unique.retry_job` of the job an operator named (JobNotFound, AmbiguousJobId,
+    JobStateError, DuplicateJob): a number names a job only if one store has it, as for the function."""
+    return retry_job(id_or_message_id, suite=suite)
 
 
 def cancel(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
-    """:func:`dramatiq_unique.cancel_job` of the job ``job`` finds (JobNotFound, JobStateError)."""
-    row = detail.find(suite, id_or_message_id)
-    return cancel_job(row.message_id, suite=suite)
+    """:func:`dramatiq_unique.cancel_job` of the job an operator named (JobNotFound, AmbiguousJobId,
+    JobStateError)."""
+    return cancel_job(id_or_message_id, suite=suite)
 
 
 def set_limit(suite: "Suite", actor: str, limit: Optional[int], key: Any = None) -> ConcurrencyStatus:
@@ -70,6 +69,6 @@ def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
         for index in range(len(suite.stores)):
             for base in scope.models():
                 model = suite.stores.model_in(base, index)
-                pruned += claims.prune(model, scope.where(model), suite.settings, page=suite.settings.redrive_page_size,
-                                       max_pages=MAX_PAGES)
+                pruned += claims.prune(model, scope.prunable(model), suite.settings,
+                                       page=suite.settings.redrive_page_size, max_pages=MAX_PAGES)
     return pruned

@@ -15,7 +15,10 @@ job model bound to each.
 * A store that failed is remembered as down for ``down_for`` ms, so that
   sends meanwhile go straight to the next store rather than each paying
   the connect timeout; after it the store is tried again (so new rows go
-  back to the primary once it answers).
+  back to the primary once it answers).  Failed means could not be reached
+  (:func:`unreachable`): a store that answers with an error of one
+  statement (a deadlock, a serialization failure, a statement or lock
+  timeout, a busy SQLite file) is up, and its error is the caller's.
 * ``model_in(model, 0)`` is the model itself: with one store nothing
   changes and nothing costs more.  For another store it is a subclass of
   the model bound to that store's Database, with the same table (peewee
@@ -45,6 +48,15 @@ DEFAULT_DOWN_FOR = 1_000
 #: outside a transaction: see storage/database.py's RECONNECT_ERRORS).
 CONNECTION_ERRORS = (pw.OperationalError, pw.InterfaceError)
 
+#: SQLSTATEs a server that answers raises for one statement or transaction, not for being down:
+#: class 40 (transaction rollback: serialization failure, deadlock), query_canceled (a statement
+#: timeout, a cancel) and lock_not_available (a lock timeout, NOWAIT).
+STATEMENT_ERROR_CLASSES = ("40",)
+STATEMENT_ERROR_STATES = ("57014", "55P03")
+#: SQLite's result codes of a file that answers but another connection holds: SQLITE_BUSY (the
+#: busy timeout ran out), SQLITE_LOCKED (a table locked in this process).
+SQLITE_CONTENDED = (5, 6)
+
 M = TypeVar("M", bound=pw.Model)
 T = TypeVar("T")
 Spec = Union[str, pw.Database]
@@ -57,6 +69,37 @@ BASE = "_dramatiq_unique_base"
 def base_of(model: type[M]) -> type[M]:
     """The model a store's model was made from (:meth:`Stores.model_in`); the model itself for the primary."""
     return getattr(model, BASE, model)
+
+
+def driver_error(error: BaseException) -> Optional[BaseException]:
+    """The driver's exception under peewee's wrapper (``orig``; the one it was raised from otherwise)."""
+    return getattr(error, "orig", None) or error.__cause__ or error.__context__
+
+
+def sqlstate(error: BaseException) -> Optional[str]:
+    """The SQLSTATE the server gave ``error`` (psycopg2's ``pgcode``, psycopg 3's ``sqlstate``),
+    looking under peewee's wrapper; None for an error no server answered (a connect that failed)."""
+    for candidate in (error, driver_error(error)):
+        code = getattr(candidate, "pgcode", None) or getattr(candidate, "sqlstate", None)
+        if isinstance(code, str) and code:
+            return code
+    return None
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether a database ``error`` says its store cannot be reached (a connect refused or timed
+    out, a connection lost, a server shutting down, a file that cannot be opened), as opposed to
+    one statement failing on a store that answers: a deadlock, a serialization failure, a statement
+    or lock timeout (by SQLSTATE), or a SQLite file busy with another writer (by result code)."""
+    if not isinstance(error, CONNECTION_ERRORS):
+        return False
+    code = sqlstate(error)
+    if code is not None:
+        return not (code.startswith(STATEMENT_ERROR_CLASSES) or code in STATEMENT_ERROR_STATES)
+    sqlite_code = getattr(driver_error(error), "sqlite_errorcode", None)
+    if isinstance(sqlite_code, int):
+        return sqlite_code & 0xFF not in SQLITE_CONTENDED  # the primary code under an extended one
+    return True
 
 
 def specs(database: Union[Spec, Sequence[Spec]]) -> list[Spec]:
@@ -197,6 +240,8 @@ class Stores:
             except CONNECTION_ERRORS as e:
                 if target._meta.database.in_transaction():
                     raise  # the caller's transaction is lost with it: nothing to fail over
+                if not unreachable(e):
+                    raise  # the store answers: its error (a deadlock, a timeout) is the send's
                 self.mark_down(index, e)
                 error = e
                 continue
@@ -215,7 +260,7 @@ class Stores:
             self.ensure(model, 0)
             result = write()
         except CONNECTION_ERRORS as e:
-            if not self.databases[0].in_transaction():
+            if not self.databases[0].in_transaction() and unreachable(e):
                 self.mark_down(0, e)
             raise
         self.mark_up(0)

@@ -87,8 +87,11 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
     _derived.set((message.message_id, key))
     if key is None or not _recent.seen(key):
         return None  # a key new to this process: most likely free, the insert will tell
+    ms = window(config, opts, lock)
     with jobs.db_errors(f"recording {message.actor_name} job {message.message_id}"):
-        holder = jobs.holder(config.model, key, window(config, opts, lock), config.app)
+        # As the insert would: at once while the primary is remembered down, and remembered if it is.
+        holder = suite.stores.on_primary(config.model, lambda: f"a unique send of {config.actor_name}",
+                                         lambda: jobs.holder(config.model, key, ms, config.app))
     if holder is None or holder.message_id == message.message_id:
         return None
     events.duplicate("skip", message, holder.message_id, key)  # what the lookup read: no other query

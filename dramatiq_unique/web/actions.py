@@ -17,7 +17,7 @@ from flask import Flask, abort, redirect, request, url_for
 from werkzeug.wrappers import Response
 
 from dramatiq_unique import ops
-from dramatiq_unique.errors import DuplicateJob, InvalidOption, JobNotFound, JobStateError
+from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
 from dramatiq_unique.web import data
 from dramatiq_unique.web.state import current_suite
 
@@ -54,7 +54,7 @@ def _refused(call: Callable[[], Any]) -> Any:
     except DuplicateJob as e:
         holder = getattr(e.job, "id", None)
         abort(409, f"{e}" + (f" (job {holder} holds its key)" if holder is not None else ""))
-    except JobStateError as e:
+    except (JobStateError, AmbiguousJobId) as e:
         abort(409, str(e))
     except (InvalidOption, ValueError, TypeError) as e:
         abort(400, str(e))
@@ -62,7 +62,7 @@ def _refused(call: Callable[[], Any]) -> Any:
 
 def retry(ref: str) -> Response:
     job = _refused(lambda: ops.retry(current_suite(), job_ref(ref)))
-    return _back("retried", url_for("job", ref=str(job.id) if job.id is not None else ref))
+    return _back("retried", url_for("job", ref=job.message_id))  # its number may be another store's too
 
 
 def cancel(ref: str) -> Response:

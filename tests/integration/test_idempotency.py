@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Optional
 
 import dramatiq
 import pytest
 
 import dramatiq_unique
-from dramatiq_unique import IdempotencyKeyReused, InvalidOption, JobModel, submit
+from dramatiq_unique import IdempotencyKeyReused, InvalidOption, JobModel, get_job, ops, submit
+from dramatiq_unique.storage.models import after_ms
 from tests.helpers import queue_size, wait_until
 
 
@@ -116,3 +118,34 @@ def test_submit_needs_a_tracked_actor_and_a_sane_key(suite, refund):
         submit(plain)
     with pytest.raises(InvalidOption, match="idempotency_key"):
         submit(refund, "ch_1", 1, idempotency_key="")
+
+
+DAY = 24 * 3600 * 1000
+
+
+@pytest.mark.parametrize("prune", [lambda suite, broker: dramatiq_unique.redrive(broker).pruned, ops.prune],
+                         ids=["redrive", "prune_command"])
+def test_pruning_keeps_a_key_for_its_actors_own_longer_window(suite, broker, prune):
+    """An actor whose idempotency_window (10 days) is longer than the retention and the suite's
+    window (1 day each): its finished job whose key is 3 days old is not pruned (by a re-drive
+    pass, or the prune command), and submit() with the key still returns it; one whose key
+    outlived 10 days is pruned, and so is a job of the actor with no key, past the retention."""
+    suite.settings.retention = suite.settings.idempotency_window = DAY
+
+    @dramatiq.actor(track=True, idempotency_window=10 * DAY)
+    def invoice(order):
+        return order
+
+    def finished(days: int, key: Optional[str] = None) -> JobModel:
+        job = submit(invoice, days, idempotency_key=key)[0] if key else get_job(invoice.send(days).message_id)
+        when = after_ms(-days * DAY)
+        JobModel.update(status="succeeded", created_at=when, finished_at=when).where(JobModel.id == job.id).execute()
+        return job
+
+    recent = finished(3, "inv-3")
+    old = finished(11, "inv-11")
+    plain = finished(3)
+    assert prune(suite, broker) == 2
+    assert get_job(old.id) is None and get_job(plain.id) is None
+    again, created = submit(invoice, 3, idempotency_key="inv-3")
+    assert (again.id, created) == (recent.id, False), "the key is in its actor's window: the same job"

@@ -16,7 +16,7 @@ import pytest
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from dramatiq_unique import JobModel, concurrency_status, submit
+from dramatiq_unique import InvalidOption, JobModel, concurrency_status, submit
 from dramatiq_unique.durable.redrive import redrive
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.parking import lot
@@ -486,3 +486,17 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         assert explained >= 5 and generic >= 3  # the reservation, the claim, the orphans' claims
     finally:
         app.close()
+
+
+def test_an_empty_key_prefix_is_refused_at_setup_before_the_broker_changes(database_url, key_prefix):
+    """An app named "" would write rows that look written before rows had an app: another app's
+    re-drive adopts those, and its dead set, retry_job and cancel_job see them.  setup() refuses
+    the prefix with a clear error, and leaves the broker as it was."""
+    broker = RedisBroker(url=REDIS_URL, namespace=f"{key_prefix}-empty")
+    try:
+        before = list(broker.middleware)
+        with pytest.raises(InvalidOption, match="key_prefix must be a non-empty str"):
+            dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix="", redriver=False)
+        assert broker.middleware == before
+    finally:
+        broker.close()
