@@ -4,8 +4,9 @@ Every request passes :func:`check_access` before its view runs (a Flask
 ``before_request``), so no page and no action is reachable around it:
 
 * ``basic_auth`` (standalone use): every request needs the user and password,
-  compared in constant time; a missing or wrong one gets 401 with a
-  ``WWW-Authenticate`` challenge.
+  compared in constant time (or checked by the given callable, which must
+  return ``True``: anything else, or an exception, is a refusal); a missing or
+  wrong one gets 401 with a ``WWW-Authenticate`` challenge.
 * ``auth`` (the host app's hook): called as ``auth(request, action)`` with
   ``action=None`` for a page and the action's name (``"retry"``, ``"cancel"``,
   ``"limit"``, ``"halt"``) for a POST; anything but ``True`` gets 403 (a truthy
@@ -69,7 +70,14 @@ def _basic_ok(setting: BasicAuth) -> bool:
     if not sep:
         return False
     if callable(setting):
-        return bool(setting(user, password))
+        # Only True lets the request in, as for the auth hook: a check returning a truthy object (a
+        # user row that may be inactive, "no", a non-empty error list) is no grant; one that raises
+        # lets nothing in (fails closed) and says why in the log.
+        try:
+            return setting(user, password) is True
+        except Exception:
+            logger.exception("The dashboard's basic_auth check raised: request refused")
+            return False
     want_user, want_password = setting
     # Both compared, whatever the first gives, so the time does not tell which one was wrong.
     user_ok = hmac.compare_digest(user.encode(), want_user.encode())
