@@ -12,6 +12,7 @@ repeat it); a refusal renders the error page with the status that says why.
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
+from urllib.parse import unquote
 
 from flask import Flask, abort, redirect, request, url_for
 from werkzeug.wrappers import Response
@@ -32,15 +33,47 @@ def job_ref(ref: str) -> str:
     return ref
 
 
+#: The longest ``next`` kept (a page's own path and query are far shorter).
+MAX_NEXT = 2_000
+
+
+def _path_ok(path: str) -> bool:
+    """Whether ``path`` (no query) is an absolute path of this site that reads as nothing else.
+
+    Printable ASCII only, no backslash, no empty, ``.`` or ``..`` segment: browsers drop tabs and
+    newlines anywhere in a URL and read ``\\`` as ``/``, so ``/<TAB>/evil.example`` and ``/\\evil.example``
+    become ``//evil.example``, another site; and ``/.//evil.example`` is ``//evil.example`` once
+    its dot segments are removed.  The pages' own paths (``request.full_path``) are none of these.
+    """
+    if not path.startswith("/") or "\\" in path or not all("!" <= c <= "~" for c in path):
+        return False
+    segments = path.split("/")[1:]
+    return all(s not in ("", ".", "..") for s in segments[:-1]) and segments[-1] not in (".", "..")
+
+
+def local_target(target: str) -> Optional[str]:
+    """``target`` if it is a path (and query) of this site that no browser can read as another site's,
+    else None.  The path is checked as sent and percent-decoded (a proxy or a later redirect may
+    decode ``%2F``, ``%5C``, ``%09``), to the bottom of any double encoding."""
+    if not target or len(target) > MAX_NEXT or not all("!" <= c <= "~" for c in target):
+        return None
+    path = target.split("?", 1)[0]
+    for _ in range(4):
+        if not _path_ok(path):
+            return None
+        decoded = unquote(path)
+        if decoded == path:
+            return target
+        path = decoded
+    return None  # encoded more deeply than any page of ours
+
+
 def _back(done: str, fallback: str) -> Response:
-    """Back to the page the form was on (a path of this app only), with the outcome's word."""
-    target = request.form.get("next", "")
-    # Only a path of ours: "//host" or "/\\host" would leave the site (an open redirect).
-    if not target.startswith("/") or target.startswith(("//", "/\\")) or "\n" in target or "\r" in target:
-        target = fallback
-    else:
-        target = (request.script_root or "") + target
-    path, _, query = target.partition("?")
+    """Back to the page the form was on (a path of this app only, see :func:`local_target`), with the
+    outcome's word; else to ``fallback`` (a path the app built)."""
+    local = local_target(request.form.get("next", ""))
+    target = fallback if local is None else (request.script_root or "") + local
+    path, _, query = target.split("#", 1)[0].partition("?")
     kept = [part for part in query.split("&") if part and not part.startswith("done=")]
     return redirect(path + "?" + "&".join([*kept, f"done={done}"]), code=303)
 

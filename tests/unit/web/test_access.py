@@ -55,7 +55,8 @@ def test_a_basic_auth_callable_lets_in_only_on_true():
     def broken(user, password):
         raise RuntimeError("the password store is down")
 
-    assert make_app(basic_auth=broken).test_client().get("/static/style.css", headers=_basic("u", "p")).status_code == 401
+    failing = make_app(basic_auth=broken).test_client()
+    assert failing.get("/static/style.css", headers=_basic("u", "p")).status_code == 401
     right = make_app(basic_auth=lambda user, password: (user, password) == ("u", "p")).test_client()
     assert right.get("/static/style.css", headers=_basic("u", "p")).status_code == 200
     assert right.get("/static/style.css", headers=_basic("u", "x")).status_code == 401
