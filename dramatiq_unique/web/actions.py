@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from urllib.parse import unquote
 
 from flask import Flask, abort, redirect, request, url_for
+from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
 from dramatiq_unique import ops
@@ -111,15 +112,54 @@ def _group_key() -> tuple[str, Optional[Any]]:
     return actor, _refused(lambda: data.group_key(current_suite(), actor, words, group))
 
 
-def limit() -> Response:
-    actor, key = _group_key()
+def requested_limit() -> Optional[int]:
+    """The limit the form asks for (None: ``default``); ValueError for anything else.  The view and
+    the action's name (:func:`_limit_action`) read it through this one function, so what the hook is
+    asked about is what is done.  ASCII digits only: ``"\u0660"`` is a digit to ``int()`` (a zero)."""
     raw = request.form.get("limit", "").strip()
     if raw == "default":
-        value: Optional[int] = None
-    elif raw.isdigit() and int(raw) <= MAX_LIMIT:
-        value = int(raw)
-    else:
-        abort(400, f"a limit is a whole number from 0 to {MAX_LIMIT}, or default")
+        return None
+    if raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_LIMIT)) and int(raw) <= MAX_LIMIT:
+        return int(raw)
+    raise ValueError(f"a limit is a whole number from 0 to {MAX_LIMIT}, or default")
+
+
+def _default_halts() -> bool:
+    """Whether removing the form's override leaves its group halted: what it falls back to (the actor's
+    override or declared limit, for a group; the declared limit, for the actor) is 0."""
+    try:
+        actor, key = _group_key()
+    except HTTPException:  # a form the view refuses (400): nothing is done
+        return False
+    whole = ops.limit_status(current_suite(), actor, None)
+    return (whole.limit if key is not None else whole.default) == 0
+
+
+def _limit_action() -> str:
+    try:
+        value = requested_limit()
+    except ValueError:  # refused by the view (400): nothing is done
+        return "limit"
+    return "halt" if value == 0 or (value is None and _default_halts()) else "limit"
+
+
+#: The action each endpoint that changes state does, as the auth hook is asked about it: decided by what
+#: the request does, not by its route (a limit of 0 is a halt, whichever form sends it).  Called after
+#: the CSRF check, before the view.  An endpoint missing here cannot be POSTed to (404).
+ACTION_OF: dict[str, Callable[[], str]] = {
+    "retry": lambda: "retry",
+    "cancel": lambda: "cancel",
+    "limit": _limit_action,
+    "halt": lambda: "halt",
+}
+
+
+def limit() -> Response:
+    actor, key = _group_key()
+    try:
+        value = requested_limit()
+    except ValueError as e:
+        abort(400, str(e))
     _refused(lambda: ops.set_limit(current_suite(), actor, value, key))
     return _back("default" if value is None else ("halted" if value == 0 else "limit"), url_for("slots"))
 

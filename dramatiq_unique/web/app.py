@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Endpoints that change state, by the action name the auth hook is asked about.
-ACTION_OF = {"retry": "retry", "cancel": "cancel", "limit": "limit", "halt": "halt"}
-
-
 def make_app(
     suite: "Optional[Suite]" = None, *, read_only: bool = False, auth: Optional[AuthHook] = None,
     basic_auth: Optional[BasicAuth] = None, secret_key: Union[str, bytes, None] = None,
@@ -41,8 +37,9 @@ def make_app(
     each request, so the app can be made before the set-up).  ``read_only``: no actions (no
     buttons; every POST gets 403).  ``auth``: the host's hook, ``auth(request, action) -> bool``,
     asked with ``action=None`` for each page and with ``"retry"``, ``"cancel"``, ``"limit"`` or
-    ``"halt"`` for each action.  ``basic_auth``: ``(user, password)`` (or a callable checking
-    them) that every request must carry.  ``secret_key``: signs CSRF tokens; give the same one to
+    ``"halt"`` for each action, named by what it does (a limit of 0 is ``"halt"``); only ``True``
+    allows.  ``basic_auth``: ``(user, password)`` (or a callable checking them, that returns
+    ``True`` to let in) that every request must carry.  ``secret_key``: signs CSRF tokens; give the same one to
     every process that serves the dashboard behind one address (default: random per app).
     """
     if auth is not None and not callable(auth):
@@ -67,7 +64,7 @@ def make_app(
 
     @app.before_request
     def _guard() -> Optional[Response]:
-        return check_access(access, ACTION_OF.get(request.endpoint or ""))
+        return check_access(access, actions.ACTION_OF.get(request.endpoint or ""))
 
     @app.after_request
     def _headers(response: Response) -> Response:

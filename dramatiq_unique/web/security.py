@@ -9,7 +9,8 @@ Every request passes :func:`check_access` before its view runs (a Flask
   wrong one gets 401 with a ``WWW-Authenticate`` challenge.
 * ``auth`` (the host app's hook): called as ``auth(request, action)`` with
   ``action=None`` for a page and the action's name (``"retry"``, ``"cancel"``,
-  ``"limit"``, ``"halt"``) for a POST; anything but ``True`` gets 403 (a truthy
+  ``"limit"``, ``"halt"``) for a POST, named by what the POST does, not by its
+  route: a limit of 0, or a return to a default of 0, is ``"halt"``; anything but ``True`` gets 403 (a truthy
   string is no grant: a hook returning ``"no"`` by mistake must not open the
   door), and so does a hook that raises.  The host can so
   let operators see everything and only some of them act.
@@ -117,17 +118,22 @@ def can_act(access: Access) -> bool:
     return any(can(access, action) for action in ACTIONS)
 
 
-def check_access(access: Access, action: Optional[str]) -> Optional[Response]:
-    """None if the request may go on; else the refusal (401, 403)."""
+def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Optional[Response]:
+    """None if the request may go on; else the refusal (401, 403).  ``action_of``: for an endpoint that
+    changes state, what tells the action this request does (from its form), asked once the CSRF token
+    is checked; None for a page."""
     if access.basic_auth is not None and not _basic_ok(access.basic_auth):
         return challenge(access.realm)
     if request.method not in ("GET", "HEAD"):
         if access.read_only:
             abort(403, "the dashboard is read-only")
-        if action not in ACTIONS:
+        if action_of is None:
             abort(404)
         check_origin()
         check_csrf(access)
+        action = action_of()
+        if action not in ACTIONS:
+            abort(404)
         if not may(access, action):
             abort(403, f"not allowed to {action}")
     elif not may(access, None):
