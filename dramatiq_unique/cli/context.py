@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from dramatiq_unique.cli.output import visible
 from dramatiq_unique.errors import DramatiqUniqueError
+from dramatiq_unique.redaction import redact
 
 if TYPE_CHECKING:
     import dramatiq
@@ -93,7 +94,7 @@ class Context:
             self.out.write(visible(text().rstrip("\n"), keep="\n") + "\n")
 
     def say(self, message: str) -> None:
-        self.err.write(visible(message.rstrip("\n"), keep="\n") + "\n")
+        self.err.write(visible(redact(message.rstrip("\n")), keep="\n") + "\n")
 
 
 def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":

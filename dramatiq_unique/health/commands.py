@@ -15,6 +15,7 @@ import peewee as pw
 
 from dramatiq_unique.health import checks, probe
 from dramatiq_unique.health.target import Target, tables
+from dramatiq_unique.redaction import redact
 from dramatiq_unique.storage import migrations, schema
 
 Emit = Callable[[Any, Callable[[], str]], None]
@@ -58,7 +59,7 @@ def _each_table(target: Target, work: Any) -> list[migrations.TableStatus]:
             results.append(work(model, store))
         except pw.DatabaseError as e:  # a store down: the others go on, and the command exits 1
             model._meta.database.close()
-            results.append(migrations.TableStatus(schema.table_key(model), store, None, error=str(e).strip()))
+            results.append(migrations.TableStatus(schema.table_key(model), store, None, error=redact(str(e).strip())))
     return results
 
 

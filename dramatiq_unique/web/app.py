@@ -18,6 +18,7 @@ from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
+from dramatiq_unique.redaction import redact
 from dramatiq_unique.web import actions, pages, present, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
 
@@ -86,7 +87,8 @@ def make_app(
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException) -> tuple[str, int]:
-        return render_template("error.html", code=error.code, message=error.description), error.code or 500
+        message = redact(error.description or "")
+        return render_template("error.html", code=error.code, message=message), error.code or 500
 
     @app.errorhandler(DependencyUnavailable)
     def _unavailable(error: DependencyUnavailable) -> tuple[str, int]:
@@ -100,8 +102,8 @@ def make_app(
 
     @app.errorhandler(redis_lib.RedisError)
     def _redis_down(error: redis_lib.RedisError) -> tuple[str, int]:
-        logger.warning("Dashboard: Redis: %s", error)
-        return render_template("error.html", code=503, message=f"Redis could not be reached: {error}"), 503
+        logger.warning("Dashboard: Redis: %s", redact(str(error)))
+        return render_template("error.html", code=503, message=f"Redis could not be reached: {redact(str(error))}"), 503
 
     pages.register(app)
     actions.register(app)
