@@ -18,6 +18,7 @@ from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
+from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
 from dramatiq_unique.web import actions, pages, present, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
@@ -56,6 +57,7 @@ def make_app(
     else:
         secret = secret_key.encode() if isinstance(secret_key, str) else bytes(secret_key)
     access = Access(read_only=read_only, auth=auth, basic_auth=basic_auth, secret=secret)
+    RedactPasswords.install()  # the dashboard may run in a process that has not called setup()
 
     app = Flask(__name__, template_folder="templates", static_folder="static", static_url_path="/static")
     app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_TITLE=title, DU_PAGE_SIZE=page_size,
