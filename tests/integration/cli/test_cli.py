@@ -126,11 +126,13 @@ def test_prune_redrive_and_web(run, app, scene, monkeypatch):
     code, _, err = run(["web", app])
     assert code == 2 and "pip install dramatiq_unique[web]" in err
     served: list = []
+    import dramatiq_unique.web.serve  # noqa: F401  (imported by the command itself; the fake replaces the package)
+
     fake = types.ModuleType("dramatiq_unique.web")
     fake.serve = lambda suite, **options: served.append((suite, options))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dramatiq_unique.web", fake)
     assert run(["web", app, "--port", "8099"])[0] == 0
-    assert served[0][1] == {"host": "127.0.0.1", "port": 8099, "read_only": False}
+    assert served[0][1] == {"host": "127.0.0.1", "port": 8099, "read_only": False, "allow_anonymous": False}
     assert run(["web", "--port", "8099"], env=True)[0] == 0
     assert served[1][1]["read_only"] is True
 
