@@ -9,7 +9,7 @@ import signal
 import threading
 
 from dramatiq_unique.cli.context import Context, Usage
-from dramatiq_unique.cli.output import visible
+from dramatiq_unique.cli.output import LINES, visible
 from dramatiq_unique.cli.registry import command
 from dramatiq_unique.durable.redrive import redrive as redrive_pass
 from dramatiq_unique.durable.scheduler import start_redriver
@@ -90,4 +90,4 @@ def _log_visibly() -> None:
 
 class _VisibleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        return visible(super().format(record), keep="\n")
+        return visible(super().format(record), keep=LINES)

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
-from dramatiq_unique.cli.output import visible
+from dramatiq_unique.cli.output import LINES, visible
 from dramatiq_unique.errors import DramatiqUniqueError
 from dramatiq_unique.redaction import redact
 
@@ -91,10 +91,10 @@ class Context:
             self.out.write(visible(json.dumps(data, indent=2, ensure_ascii=False, default=str), keep="\n",
                                    json=True) + "\n")
         else:
-            self.out.write(visible(text().rstrip("\n"), keep="\n") + "\n")
+            self.out.write(visible(text().rstrip("\n"), keep=LINES) + "\n")
 
     def say(self, message: str) -> None:
-        self.err.write(visible(redact(message.rstrip("\n")), keep="\n") + "\n")
+        self.err.write(visible(redact(message.rstrip("\n")), keep=LINES) + "\n")
 
 
 def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":

@@ -9,6 +9,8 @@ from dramatiq_unique.ops.words import duration
 
 #: Characters of a cell kept (a longer one is cut, with an ellipsis).
 MAX_CELL = 48
+#: The control characters a text of several lines keeps (``visible(text, keep=LINES)``).
+LINES = "\n\t"
 
 
 def visible(text: str, *, keep: str = "", json: bool = False) -> str:
@@ -19,7 +21,7 @@ def visible(text: str, *, keep: str = "", json: bool = False) -> str:
     does an 8-bit CSI (``\\x9b``); CR and backspace overwrite what was printed; bidi overrides
     reorder it.  Each non-printable character (``str.isprintable``: controls, format characters,
     separators other than the space) becomes ``\\x1b``, ``\\u202e``...; ``keep`` lists those left
-    as they are (``"\\n"`` for text of several lines).  ``json=True``: as JSON escapes
+    as they are (``"\\n\\t"`` for text of several lines, as a driver's error has).  ``json=True``: as JSON escapes
     (``\\u001b``), for text that is JSON (``json.dumps`` leaves DEL, C1 and bidi characters raw).
     """
     if text.isprintable() or all(c.isprintable() or c in keep for c in text):
@@ -68,5 +70,5 @@ def pairs(items: Iterable[tuple[str, Any]]) -> str:
     """``name: value`` lines, the names aligned (a value of several lines keeps its own)."""
     items = list(items)
     width = max((len(name) for name, _ in items), default=0)
-    return "\n".join(f"{name.ljust(width)}  {visible(v, keep=chr(10)) if isinstance(v, str) else cell(v)}"
-                     for name, v in items)
+    shown = [(name, visible(v, keep=LINES) if isinstance(v, str) else cell(v)) for name, v in items]
+    return "\n".join(f"{name.ljust(width)}  {v}" for name, v in shown)

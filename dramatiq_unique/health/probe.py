@@ -65,9 +65,9 @@ def short(report: Report) -> dict[str, Any]:
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: ProbeServer
     timeout = CLIENT_TIMEOUT
-    # The Server header names no Python version.
-    server_version = "dramatiq-unique-probe"
-    sys_version = ""
+
+    def version_string(self) -> str:
+        return "dramatiq-unique-probe"  # the Server header: no Python version
 
     def do_GET(self) -> None:  # noqa: N802  (http.server's name)
         try:

@@ -151,8 +151,8 @@ def open_database(
         if "=" in database:  # libpq's key/value form: "host=db password=... dbname=jobs"
             raise InvalidOption(
                 f"database {redact(database)!r} is not a URL: write the key/value string as one, "
-                "postgresql://user:password@host:5432/name?sslmode=require (percent-encode a password's "
-                "special characters), or give a peewee PostgresqlDatabase"
+                "postgresql://user@host:5432/name?sslmode=require with the password after the user and a "
+                "colon (percent-encoded), or give a peewee PostgresqlDatabase"
             )
         raise InvalidOption(
             f"database {database!r} is not a URL: write sqlite:///{database} for a SQLite file "

@@ -117,6 +117,8 @@ def test_bad_input_gives_usage_or_not_found(run, app, scene):
 
 
 def test_prune_redrive_and_web(run, app, scene, monkeypatch):
+    import dramatiq_unique.web.serve  # noqa: F401  (the command imports it too; the fake below replaces the package)
+
     code, out, _ = run(["prune", app, "--json"])
     assert code == 0 and json.loads(out) == {"pruned": 0}
     code, out, _ = run(["redrive", app, "--once"])
@@ -126,8 +128,6 @@ def test_prune_redrive_and_web(run, app, scene, monkeypatch):
     code, _, err = run(["web", app])
     assert code == 2 and "pip install dramatiq_unique[web]" in err
     served: list = []
-    import dramatiq_unique.web.serve  # noqa: F401  (imported by the command itself; the fake replaces the package)
-
     fake = types.ModuleType("dramatiq_unique.web")
     fake.serve = lambda suite, **options: served.append((suite, options))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dramatiq_unique.web", fake)
