@@ -115,7 +115,7 @@ def _group_key() -> tuple[str, Optional[Any]]:
 def requested_limit() -> Optional[int]:
     """The limit the form asks for (None: ``default``); ValueError for anything else.  The view and
     the action's name (:func:`_limit_action`) read it through this one function, so what the hook is
-    asked about is what is done.  ASCII digits only: ``"\u0660"`` is a digit to ``int()`` (a zero)."""
+    asked about is what is done.  ASCII digits only: ``"\\u0660"`` is a digit to ``int()`` (a zero)."""
     raw = request.form.get("limit", "").strip()
     if raw == "default":
         return None
@@ -129,9 +129,9 @@ def _default_halts() -> bool:
     override or declared limit, for a group; the declared limit, for the actor) is 0."""
     try:
         actor, key = _group_key()
-    except HTTPException:  # a form the view refuses (400): nothing is done
+        whole = ops.limit_status(current_suite(), actor, None)
+    except (HTTPException, InvalidOption):  # a form the view refuses (400): nothing is done
         return False
-    whole = ops.limit_status(current_suite(), actor, None)
     return (whole.limit if key is not None else whole.default) == 0
 
 

@@ -50,6 +50,10 @@ def test_a_hook_that_refuses_halt_is_asked_halt_for_every_form_that_halts(suite,
     def deliver(customer):
         pass
 
+    @dramatiq.actor(track=True)
+    def tracked_only(n):
+        pass
+
     asked = []
 
     def no_halting(request, action):
@@ -76,6 +80,8 @@ def test_a_hook_that_refuses_halt_is_asked_halt_for_every_form_that_halts(suite,
     assert post("/slots/halt") == (403, "halt")
     for not_a_number in ("\u0660", "\u00b2", "\uff10", "0x0", "-0", "1" * 5000):  # int("\u0660") == 0
         assert post("/slots/limit", limit=not_a_number)[0] == 400, ascii(not_a_number)
+    for other in ({"actor": "nobody"}, {"actor": "tracked_only"}):  # refused, not a 500
+        assert post("/slots/limit", limit="default", **other)[0] == 400, other
     assert limit() == 3
     # Back to the default is a halt when the default it falls back to is 0 (the actor halted as a whole).
     assert post("/slots/limit", limit="default") == (303, "limit") and limit() == 2
