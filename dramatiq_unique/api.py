@@ -12,7 +12,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
 from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
-from dramatiq_unique.logs import ResultWarningFilter
+from dramatiq_unique.logs import RedactPasswords, ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
 from dramatiq_unique.redis.checks import check_redis
 from dramatiq_unique.slots.limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
@@ -37,6 +37,7 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     several Redlock masters, a majority must answer; ``check_redis=False``
     skips the Redis check).
     """
+    RedactPasswords.install()  # before the set-up's own warnings (a store down)
     suite = Suite(database=database, redis=redis, **settings)
     if suite.settings.check_redis:
         try:

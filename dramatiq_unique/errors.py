@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq.middleware import MiddlewareError
 
+from dramatiq_unique.redaction import redact
+
 if TYPE_CHECKING:
     # A job row (a JobModel) is typed as peewee's Model: the job tables import these errors.
     import peewee as pw
@@ -22,7 +24,9 @@ class DramatiqUniqueError(MiddlewareError):
     """A dramatiq_unique error."""
 
     def __init__(self, detail: str = "", **context: Any) -> None:
-        self.detail = detail
+        # A message may name a URL, a DSN or a settings dict: never with its password (it reaches
+        # logs, terminals, the dashboard).
+        self.detail = detail = redact(detail) if isinstance(detail, str) else detail
         self.context = context
         message = (self.__doc__ or "").strip()
         super().__init__(f"{message}: {detail}" if detail else message)

@@ -1,14 +1,18 @@
-"""The log lines of Dramatiq and APScheduler that the suite silences, and why.
+"""The log lines of Dramatiq and APScheduler that the suite silences, and why; and no password in its own.
 
 Each filter drops records that say something the suite already handles
 by design, so that what is left in the logs is worth reading.  They are
-installed once per logger, by whoever first needs them.
+installed once per logger, by whoever first needs them.  :class:`RedactPasswords`
+drops nothing: it writes a password that reached one of the suite's own log
+lines (a driver's error quoting a connection string) as ``***``.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
+
+from dramatiq_unique.redaction import redact
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -64,3 +68,26 @@ class QuietTicks(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno > logging.INFO or "dramatiq_unique re-drive" not in record.getMessage()
+
+
+class RedactPasswords(logging.Filter):
+    """Writes any password in a suite log line (its message, arguments or traceback) as ``***``."""
+
+    @classmethod
+    def install(cls) -> None:
+        """On every logger of the suite's modules imported so far (a logger's filter sees only its own
+        records, not its children's)."""
+        for name in list(logging.root.manager.loggerDict):
+            if name == "dramatiq_unique" or name.startswith("dramatiq_unique."):
+                _install(cls, name)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        hidden = redact(message)
+        if hidden != message:
+            record.msg, record.args = hidden, ()
+        if record.exc_info and not record.exc_text:
+            trace = logging.Formatter().formatException(record.exc_info)
+            if redact(trace) != trace:  # else the handler's own formatter renders it, as without this filter
+                record.exc_text = redact(trace)
+        return True

@@ -33,6 +33,9 @@ def target_of(ctx: Context, args: argparse.Namespace) -> Target:
 def _check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe-port", type=int, metavar="PORT", help="serve the check as an HTTP probe on PORT")
     p.add_argument("--probe-host", default="0.0.0.0", metavar="HOST", help="the probe's address (0.0.0.0)")
+    p.add_argument("--probe-details", action="store_true",
+                   help="the probe answers the whole report (store hosts, database user and name, job ids), not "
+                        "only a status and each check's severity: for a port only operators reach")
     p.add_argument("--overdue-after", type=int, default=checks.DEFAULT_OVERDUE_AFTER, metavar="MS",
                    help="ms a job may be overdue before it is reported (5 minutes)")
     p.add_argument("--max-pass-age", type=int, default=None, metavar="MS",
@@ -45,7 +48,8 @@ def check(ctx: Context, args: argparse.Namespace) -> int:
     target = target_of(ctx, args)
     try:
         return commands.check(target, ctx.emit, overdue_after=args.overdue_after, max_pass_age=args.max_pass_age,
-                              probe_port=args.probe_port, probe_host=args.probe_host, say=ctx.say)
+                              probe_port=args.probe_port, probe_host=args.probe_host, say=ctx.say,
+                              probe_details=args.probe_details)
     finally:
         target.close()
 

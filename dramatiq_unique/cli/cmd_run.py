@@ -9,6 +9,7 @@ import signal
 import threading
 
 from dramatiq_unique.cli.context import Context, Usage
+from dramatiq_unique.cli.output import LINES, visible
 from dramatiq_unique.cli.registry import command
 from dramatiq_unique.durable.redrive import redrive as redrive_pass
 from dramatiq_unique.durable.scheduler import start_redriver
@@ -31,7 +32,7 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
         ctx.json = True  # one line of JSON, with or without --json, as this command always printed
         ctx.out.write(json.dumps(counts.as_dict()) + "\n")
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_visibly()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -49,15 +50,44 @@ def _web_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--read-only", action="store_true", help="no actions (always so without the app)")
+    p.add_argument("--allow-anonymous", action="store_true",
+                   help="on an address other than loopback, serve the actions without basic auth")
 
 
-@command("web", help="serve the dashboard (needs the web extra)", arguments=_web_arguments, load=False)
+@command("web", help="serve the dashboard (needs the web extra); basic auth: DRAMATIQ_UNIQUE_WEB_AUTH=user:password",
+         arguments=_web_arguments, load=False)
 def web(ctx: Context, args: argparse.Namespace) -> int:
     try:
         from dramatiq_unique.web import serve  # type: ignore[import-not-found,unused-ignore]  # the [web] extra
+        from dramatiq_unique.web.serve import (  # type: ignore[import-not-found,unused-ignore]
+            AUTH_ENV,
+            basic_auth_from_env,
+            exposed,
+        )
     except ImportError as e:
         raise Usage(f"the dashboard is not installed ({e}): pip install dramatiq_unique[web]") from e
     suite = ctx.load()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(suite, host=args.host, port=args.port, read_only=args.read_only or ctx.read_only)
+    read_only = args.read_only or ctx.read_only
+    # Said in this command line's own words (serve() names its Python arguments).
+    if exposed(args.host, guarded=basic_auth_from_env() is not None, read_only=read_only,
+               allow_anonymous=args.allow_anonymous):
+        raise Usage(f"serving the dashboard on {args.host} lets anyone who reaches it retry, cancel and halt jobs: "
+                    f"set {AUTH_ENV}=user:password (basic auth), or give --read-only, or --allow-anonymous")
+    _log_visibly()
+    serve(suite, host=args.host, port=args.port, read_only=read_only, allow_anonymous=args.allow_anonymous)
     return 0
+
+
+def _log_visibly() -> None:
+    """Log lines to the terminal, any control character of a job's data written out; unless the app
+    configured logging itself (its handlers are left as they are)."""
+    if logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(_VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+class _VisibleFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return visible(super().format(record), keep=LINES)

@@ -9,7 +9,9 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
+from dramatiq_unique.cli.output import LINES, visible
 from dramatiq_unique.errors import DramatiqUniqueError
+from dramatiq_unique.redaction import redact
 
 if TYPE_CHECKING:
     import dramatiq
@@ -83,14 +85,16 @@ class Context:
     # -- output ------------------------------------------------------------------------
 
     def emit(self, data: Any, text: Callable[[], str]) -> None:
-        """``data`` as JSON with ``--json``, else ``text()``."""
+        """``data`` as JSON with ``--json``, else ``text()``; no control character of the data reaches
+        the terminal raw (:func:`~dramatiq_unique.cli.output.visible`)."""
         if self.json:
-            self.out.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+            self.out.write(visible(json.dumps(data, indent=2, ensure_ascii=False, default=str), keep="\n",
+                                   json=True) + "\n")
         else:
-            self.out.write(text().rstrip("\n") + "\n")
+            self.out.write(visible(text().rstrip("\n"), keep=LINES) + "\n")
 
     def say(self, message: str) -> None:
-        self.err.write(message.rstrip("\n") + "\n")
+        self.err.write(visible(redact(message.rstrip("\n")), keep=LINES) + "\n")
 
 
 def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":

@@ -1,4 +1,4 @@
-"""Readable tables for a terminal: aligned columns, cut cells, times to the second."""
+"""Readable tables for a terminal: aligned columns, cut cells, times to the second, no raw control characters."""
 
 from __future__ import annotations
 
@@ -9,6 +9,35 @@ from dramatiq_unique.ops.words import duration
 
 #: Characters of a cell kept (a longer one is cut, with an ellipsis).
 MAX_CELL = 48
+#: The control characters a text of several lines keeps (``visible(text, keep=LINES)``).
+LINES = "\n\t"
+
+
+def visible(text: str, *, keep: str = "", json: bool = False) -> str:
+    """``text`` with every character a terminal would act on rather than show written out as an escape.
+
+    Job arguments and errors are anyone's data: ESC starts colour, cursor and screen-clearing
+    sequences and OSC ones (a window title, a hyperlink, the clipboard on some terminals), and so
+    does an 8-bit CSI (``\\x9b``); CR and backspace overwrite what was printed; bidi overrides
+    reorder it.  Each non-printable character (``str.isprintable``: controls, format characters,
+    separators other than the space) becomes ``\\x1b``, ``\\u202e``...; ``keep`` lists those left
+    as they are (``"\\n\\t"`` for text of several lines, as a driver's error has).  ``json=True``: as JSON escapes
+    (``\\u001b``), for text that is JSON (``json.dumps`` leaves DEL, C1 and bidi characters raw).
+    """
+    if text.isprintable() or all(c.isprintable() or c in keep for c in text):
+        return text
+    out = []
+    for c in text:
+        if c.isprintable() or c in keep:
+            out.append(c)
+        elif not json:
+            out.append(c.encode("unicode_escape").decode("ascii"))
+        elif ord(c) > 0xFFFF:  # a JSON escape is UTF-16: a pair of surrogates
+            high, low = divmod(ord(c) - 0x10000, 0x400)
+            out.append(f"\\u{0xD800 + high:04x}\\u{0xDC00 + low:04x}")
+        else:
+            out.append(f"\\u{ord(c):04x}")
+    return "".join(out)
 
 
 def cell(value: Any) -> str:
@@ -17,8 +46,8 @@ def cell(value: Any) -> str:
     if isinstance(value, datetime):
         return value.replace(microsecond=0).isoformat(sep=" ")
     if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value) or "-"
-    text = " ".join(str(value).split())  # one line: an error's newlines would break the table
+        return visible(",".join(str(v) for v in value)) or "-"
+    text = visible(" ".join(str(value).split()))  # one line: an error's newlines would break the table
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
@@ -41,4 +70,5 @@ def pairs(items: Iterable[tuple[str, Any]]) -> str:
     """``name: value`` lines, the names aligned (a value of several lines keeps its own)."""
     items = list(items)
     width = max((len(name) for name, _ in items), default=0)
-    return "\n".join(f"{name.ljust(width)}  {v if isinstance(v, str) else cell(v)}" for name, v in items)
+    shown = [(name, visible(v, keep=LINES) if isinstance(v, str) else cell(v)) for name, v in items]
+    return "\n".join(f"{name.ljust(width)}  {v}" for name, v in shown)

@@ -31,6 +31,7 @@ import peewee as pw
 import redis as redis_lib
 
 from dramatiq_unique.health.target import Target, tables
+from dramatiq_unique.redaction import redact
 from dramatiq_unique.storage import migrations, schema
 from dramatiq_unique.storage.models import WAITING, JobStatus, after_ms
 
@@ -70,7 +71,7 @@ class Report:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
+    text = redact(str(error).strip())  # a driver's error may quote the connection string
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 

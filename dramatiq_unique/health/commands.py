@@ -15,6 +15,7 @@ import peewee as pw
 
 from dramatiq_unique.health import checks, probe
 from dramatiq_unique.health.target import Target, tables
+from dramatiq_unique.redaction import redact
 from dramatiq_unique.storage import migrations, schema
 
 Emit = Callable[[Any, Callable[[], str]], None]
@@ -23,15 +24,17 @@ Emit = Callable[[Any, Callable[[], str]], None]
 def check(
     target: Target, emit: Emit, *, overdue_after: float = checks.DEFAULT_OVERDUE_AFTER,
     max_pass_age: Optional[float] = None, probe_port: Optional[int] = None, probe_host: str = "0.0.0.0",
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = print, probe_details: bool = False,
 ) -> int:
-    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted."""
+    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (a status and
+    short reason; the findings themselves with ``probe_details``, see :mod:`~dramatiq_unique.health.probe`)."""
     def report() -> checks.Report:
         return checks.run(target, overdue_after=overdue_after, max_pass_age=max_pass_age)
 
     if probe_port is not None:
-        server = probe.serve(report, probe_port, host=probe_host)
-        say(f"health probe on http://{probe_host}:{server.server_address[1]}/")
+        server = probe.serve(report, probe_port, host=probe_host, details=probe_details)
+        say(f"health probe on http://{probe_host}:{server.server_address[1]}/"
+            + (" (with details: store addresses, job ids)" if probe_details else ""))
         try:
             server.serve_forever()
         except KeyboardInterrupt:
@@ -58,7 +61,7 @@ def _each_table(target: Target, work: Any) -> list[migrations.TableStatus]:
             results.append(work(model, store))
         except pw.DatabaseError as e:  # a store down: the others go on, and the command exits 1
             model._meta.database.close()
-            results.append(migrations.TableStatus(schema.table_key(model), store, None, error=str(e).strip()))
+            results.append(migrations.TableStatus(schema.table_key(model), store, None, error=redact(str(e).strip())))
     return results
 
 

@@ -1,8 +1,12 @@
 """``check --probe-port N``: the same findings as an HTTP probe, for orchestrators (Kubernetes, Nomad...).
 
-Any ``GET`` runs the checks and answers with the JSON report: ``200`` while the worst finding is ok or a
-warning, ``503`` when one is critical (a warning is for a person to look at, not a reason for an
-orchestrator to restart or take a worker out).  Built on the standard library's ``http.server`` alone.
+Any ``GET`` runs the checks and answers ``200`` while the worst finding is ok or a warning, ``503`` when
+one is critical (a warning is for a person to look at, not a reason for an orchestrator to restart or
+take a worker out), with a short reason: the status and each check's worst severity
+(``{"status": "critical", "code": 2, "checks": {"database": "critical", "redis": "ok", ...}}``).  Anyone
+who reaches the port reads it, so it names no host, user, database, table or job: the full report
+(the ``check`` command's findings) only with ``details=True`` (``check --probe-details``), for a port
+that only operators reach.  Built on the standard library's ``http.server`` alone.
 Runs of the checks take turns (a slow probe is not piled up on), and a report younger than
 ``cache_ms`` is served again; every call the checks make is bounded by the services' timeouts, and a
 client is given ``CLIENT_TIMEOUT`` to send its request.
@@ -17,7 +21,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from dramatiq_unique.health.checks import CRITICAL, Report
+from dramatiq_unique.health.checks import CRITICAL, NAMES, OK, Report
+from dramatiq_unique.logs import RedactPasswords
+from dramatiq_unique.redaction import redact
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +36,12 @@ DEFAULT_CACHE = 1_000
 class ProbeServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], run_checks: Callable[[], Report], *, cache_ms: float = DEFAULT_CACHE):
+    def __init__(self, address: tuple[str, int], run_checks: Callable[[], Report], *, cache_ms: float = DEFAULT_CACHE,
+                 details: bool = False):
         super().__init__(address, _Handler)
         self.run_checks = run_checks
         self.cache_ms = cache_ms
+        self.details = details
         self._lock = threading.Lock()
         self._last: Optional[tuple[float, Report]] = None
 
@@ -46,17 +54,30 @@ class ProbeServer(http.server.ThreadingHTTPServer):
             return report
 
 
+def short(report: Report) -> dict[str, Any]:
+    """What the probe answers without ``details``: the status, and each check's worst severity."""
+    worst: dict[str, int] = {}
+    for finding in report.findings:
+        worst[finding.check] = max(worst.get(finding.check, OK), finding.severity)
+    return {"status": NAMES[report.code], "code": report.code, "checks": {k: NAMES[v] for k, v in worst.items()}}
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: ProbeServer
     timeout = CLIENT_TIMEOUT
 
+    def version_string(self) -> str:
+        return "dramatiq-unique-probe"  # the Server header: no Python version
+
     def do_GET(self) -> None:  # noqa: N802  (http.server's name)
         try:
             report = self.server.report()
-            body, code = report.as_dict(), (503 if report.code >= CRITICAL else 200)
+            body = report.as_dict() if self.server.details else short(report)
+            code = 503 if report.code >= CRITICAL else 200
         except Exception as e:  # the probe must answer, not hang up
             logger.exception("The health check failed.")
-            body, code = {"status": "critical", "code": CRITICAL, "error": f"{type(e).__name__}: {e}"}, 503
+            error = redact(f"{type(e).__name__}: {e}") if self.server.details else type(e).__name__
+            body, code = {"status": "critical", "code": CRITICAL, "error": error}, 503
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -70,7 +91,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 def serve(run_checks: Callable[[], Report], port: int, *, host: str = "0.0.0.0",
-          cache_ms: float = DEFAULT_CACHE) -> ProbeServer:
+          cache_ms: float = DEFAULT_CACHE, details: bool = False) -> ProbeServer:
     """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving:
-    call ``serve_forever()`` (and ``shutdown()`` from another thread)."""
-    return ProbeServer((host, port), run_checks, cache_ms=cache_ms)
+    call ``serve_forever()`` (and ``shutdown()`` from another thread).  ``details``: answer the full
+    report, store addresses and job ids included (see the module docstring)."""
+    RedactPasswords.install()  # the check may run without an app, so without setup()
+    return ProbeServer((host, port), run_checks, cache_ms=cache_ms, details=details)

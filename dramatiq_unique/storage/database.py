@@ -47,6 +47,7 @@ from playhouse import db_url
 from playhouse.shortcuts import ReconnectMixin
 
 from dramatiq_unique.errors import DatabaseUnavailable, DependencyUnavailable, InvalidOption
+from dramatiq_unique.redaction import HIDDEN, redact
 
 #: Default SQLite pragmas: WAL lets readers run beside the one writer, and
 #: the busy timeout makes concurrent writers wait instead of failing.
@@ -143,9 +144,16 @@ def open_database(
             _prepare_setting(database, prepared)
         return reconnecting(database)
     if not isinstance(database, str):
-        raise InvalidOption(f"database must be a URL or a peewee Database, not {database!r}")
+        # Its type only: a dict or a tuple of settings would show its password.
+        raise InvalidOption(f"database must be a URL or a peewee Database, not a {type(database).__name__}")
     scheme = urlparse(database).scheme
     if not scheme or "://" not in database:
+        if "=" in database:  # libpq's key/value form: "host=db password=... dbname=jobs"
+            raise InvalidOption(
+                f"database {redact(database)!r} is not a URL: write the key/value string as one, "
+                "postgresql://user@host:5432/name?sslmode=require with the password after the user and a "
+                "colon (percent-encoded), or give a peewee PostgresqlDatabase"
+            )
         raise InvalidOption(
             f"database {database!r} is not a URL: write sqlite:///{database} for a SQLite file "
             "(four slashes for an absolute path), or postgresql://user@host:5432/name"
@@ -168,7 +176,7 @@ def _sqlite(url: str) -> pw.Database:
     if path != ":memory:" and not path.startswith("file:"):
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
-            raise InvalidOption(f"database {url!r}: the folder {folder} does not exist; create it first")
+            raise InvalidOption(f"database {address(url)!r}: the folder {folder} does not exist; create it first")
     # IMMEDIATE transactions take the write lock at BEGIN, so two
     # writers queue on the busy timeout instead of one failing.
     return pw.SqliteDatabase(path, pragmas=DEFAULT_SQLITE_PRAGMAS, lock_type="IMMEDIATE", timeout=30)
@@ -225,27 +233,34 @@ def _seconds(ms: float) -> int:
 
 
 def address(url: str) -> str:
-    """A database URL without its password or query (for messages)."""
+    """A database URL without its password or query (for messages).  Read after :func:`redact`, so
+    that a password holding an unencoded ``/`` or ``@`` (which ``urlparse`` splits wrongly) and a
+    port that is no number show nothing of it either."""
+    url = redact(url).split("?", 1)[0].split("#", 1)[0]
     parsed = urlparse(url)
     if not parsed.netloc:
-        return url.split("?", 1)[0]
+        return url
+    try:
+        port = f":{parsed.port}" if parsed.port else ""
+    except ValueError:  # a port that is no number: shown as written
+        port = ":" + parsed.netloc.rsplit(":", 1)[-1]
     user = f"{parsed.username}@" if parsed.username else ""
-    host = parsed.hostname or ""
-    port = f":{parsed.port}" if parsed.port else ""
-    return f"{parsed.scheme}://{user}{host}{port}{parsed.path}"
+    return f"{parsed.scheme}://{user}{parsed.hostname or ''}{port}{parsed.path}"
 
 
 def describe(db: pw.Database) -> str:
-    """Where a peewee Database points (for messages; never its password)."""
+    """Where a peewee Database points (for messages; never its password, even when its database
+    name is a libpq string or a URL that holds one, as psycopg accepts)."""
+    name = redact(str(db.database))
     if isinstance(db, pw.PostgresqlDatabase):
         params = db.connect_params
         user = f"{params['user']}@" if params.get("user") else ""
         host = params.get("host") or "localhost"
         port = f":{params['port']}" if params.get("port") else ""
-        return f"PostgreSQL at postgresql://{user}{host}{port}/{db.database}"
+        return f"PostgreSQL at postgresql://{user}{host}{port}/{name}"
     if isinstance(db, pw.SqliteDatabase):
-        return f"SQLite at {db.database}"
-    return f"{type(db).__name__} {db.database}"
+        return f"SQLite at {name}"
+    return f"{type(db).__name__} {name}"
 
 
 def check(db: pw.Database) -> None:
@@ -253,4 +268,13 @@ def check(db: pw.Database) -> None:
     try:
         db.connect(reuse_if_open=True)
     except (pw.OperationalError, pw.InterfaceError) as e:
-        raise DatabaseUnavailable(f"{describe(db)}: {str(e).strip()}") from e
+        raise DatabaseUnavailable(f"{describe(db)}: {_scrub(str(e).strip(), db)}") from e
+
+
+def _scrub(text: str, db: pw.Database) -> str:
+    """A driver's error without the database's password: libpq may quote a token of the connection
+    string it could not parse (``invalid percent-encoded token: "..."``), which no pattern finds."""
+    password = (getattr(db, "connect_params", None) or {}).get("password")
+    if isinstance(password, str) and password:
+        text = text.replace(password, HIDDEN)
+    return redact(text)

@@ -18,6 +18,8 @@ from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
+from dramatiq_unique.logs import RedactPasswords
+from dramatiq_unique.redaction import redact
 from dramatiq_unique.web import actions, pages, present, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
 
@@ -25,10 +27,6 @@ if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
-
-#: Endpoints that change state, by the action name the auth hook is asked about.
-ACTION_OF = {"retry": "retry", "cancel": "cancel", "limit": "limit", "halt": "halt"}
-
 
 def make_app(
     suite: "Optional[Suite]" = None, *, read_only: bool = False, auth: Optional[AuthHook] = None,
@@ -41,8 +39,9 @@ def make_app(
     each request, so the app can be made before the set-up).  ``read_only``: no actions (no
     buttons; every POST gets 403).  ``auth``: the host's hook, ``auth(request, action) -> bool``,
     asked with ``action=None`` for each page and with ``"retry"``, ``"cancel"``, ``"limit"`` or
-    ``"halt"`` for each action.  ``basic_auth``: ``(user, password)`` (or a callable checking
-    them) that every request must carry.  ``secret_key``: signs CSRF tokens; give the same one to
+    ``"halt"`` for each action, named by what it does (a limit of 0 is ``"halt"``); only ``True``
+    allows.  ``basic_auth``: ``(user, password)`` (or a callable checking them, that returns
+    ``True`` to let in) that every request must carry.  ``secret_key``: signs CSRF tokens; give the same one to
     every process that serves the dashboard behind one address (default: random per app).
     """
     if auth is not None and not callable(auth):
@@ -58,6 +57,7 @@ def make_app(
     else:
         secret = secret_key.encode() if isinstance(secret_key, str) else bytes(secret_key)
     access = Access(read_only=read_only, auth=auth, basic_auth=basic_auth, secret=secret)
+    RedactPasswords.install()  # the dashboard may run in a process that has not called setup()
 
     app = Flask(__name__, template_folder="templates", static_folder="static", static_url_path="/static")
     app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_TITLE=title, DU_PAGE_SIZE=page_size,
@@ -67,7 +67,7 @@ def make_app(
 
     @app.before_request
     def _guard() -> Optional[Response]:
-        return check_access(access, ACTION_OF.get(request.endpoint or ""))
+        return check_access(access, actions.ACTION_OF.get(request.endpoint or ""))
 
     @app.after_request
     def _headers(response: Response) -> Response:
@@ -89,7 +89,8 @@ def make_app(
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException) -> tuple[str, int]:
-        return render_template("error.html", code=error.code, message=error.description), error.code or 500
+        message = redact(error.description or "")
+        return render_template("error.html", code=error.code, message=message), error.code or 500
 
     @app.errorhandler(DependencyUnavailable)
     def _unavailable(error: DependencyUnavailable) -> tuple[str, int]:
@@ -103,8 +104,8 @@ def make_app(
 
     @app.errorhandler(redis_lib.RedisError)
     def _redis_down(error: redis_lib.RedisError) -> tuple[str, int]:
-        logger.warning("Dashboard: Redis: %s", error)
-        return render_template("error.html", code=503, message=f"Redis could not be reached: {error}"), 503
+        logger.warning("Dashboard: Redis: %s", redact(str(error)))
+        return render_template("error.html", code=503, message=f"Redis could not be reached: {redact(str(error))}"), 503
 
     pages.register(app)
     actions.register(app)

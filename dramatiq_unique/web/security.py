@@ -4,11 +4,13 @@ Every request passes :func:`check_access` before its view runs (a Flask
 ``before_request``), so no page and no action is reachable around it:
 
 * ``basic_auth`` (standalone use): every request needs the user and password,
-  compared in constant time; a missing or wrong one gets 401 with a
-  ``WWW-Authenticate`` challenge.
+  compared in constant time (or checked by the given callable, which must
+  return ``True``: anything else, or an exception, is a refusal); a missing or
+  wrong one gets 401 with a ``WWW-Authenticate`` challenge.
 * ``auth`` (the host app's hook): called as ``auth(request, action)`` with
   ``action=None`` for a page and the action's name (``"retry"``, ``"cancel"``,
-  ``"limit"``, ``"halt"``) for a POST; anything but ``True`` gets 403 (a truthy
+  ``"limit"``, ``"halt"``) for a POST, named by what the POST does, not by its
+  route: a limit of 0, or a return to a default of 0, is ``"halt"``; anything but ``True`` gets 403 (a truthy
   string is no grant: a hook returning ``"no"`` by mistake must not open the
   door), and so does a hook that raises.  The host can so
   let operators see everything and only some of them act.
@@ -69,7 +71,14 @@ def _basic_ok(setting: BasicAuth) -> bool:
     if not sep:
         return False
     if callable(setting):
-        return bool(setting(user, password))
+        # Only True lets the request in, as for the auth hook: a check returning a truthy object (a
+        # user row that may be inactive, "no", a non-empty error list) is no grant; one that raises
+        # lets nothing in (fails closed) and says why in the log.
+        try:
+            return setting(user, password) is True
+        except Exception:
+            logger.exception("The dashboard's basic_auth check raised: request refused")
+            return False
     want_user, want_password = setting
     # Both compared, whatever the first gives, so the time does not tell which one was wrong.
     user_ok = hmac.compare_digest(user.encode(), want_user.encode())
@@ -109,17 +118,22 @@ def can_act(access: Access) -> bool:
     return any(can(access, action) for action in ACTIONS)
 
 
-def check_access(access: Access, action: Optional[str]) -> Optional[Response]:
-    """None if the request may go on; else the refusal (401, 403)."""
+def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Optional[Response]:
+    """None if the request may go on; else the refusal (401, 403).  ``action_of``: for an endpoint that
+    changes state, what tells the action this request does (from its form), asked once the CSRF token
+    is checked; None for a page."""
     if access.basic_auth is not None and not _basic_ok(access.basic_auth):
         return challenge(access.realm)
     if request.method not in ("GET", "HEAD"):
         if access.read_only:
             abort(403, "the dashboard is read-only")
-        if action not in ACTIONS:
+        if action_of is None:
             abort(404)
         check_origin()
         check_csrf(access)
+        action = action_of()
+        if action not in ACTIONS:
+            abort(404)
         if not may(access, action):
             abort(403, f"not allowed to {action}")
     elif not may(access, None):

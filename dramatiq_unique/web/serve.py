@@ -59,6 +59,12 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def exposed(host: str, *, guarded: bool, read_only: bool, allow_anonymous: bool) -> bool:
+    """Whether serving on ``host`` would let anyone who reaches it act: not loopback, no basic auth
+    or hook (``guarded``), not read-only, and anonymous access not asked for."""
+    return not _loopback(host) and not guarded and not read_only and not allow_anonymous
+
+
 def basic_auth_from_env() -> Optional[tuple[str, str]]:
     value = os.environ.get(AUTH_ENV)
     if not value:
@@ -78,7 +84,7 @@ def make_server(
     if basic_auth is None:
         basic_auth = basic_auth_from_env()
     guarded = basic_auth is not None or app_options.get("auth") is not None
-    if not _loopback(host) and not guarded and not read_only and not allow_anonymous:
+    if exposed(host, guarded=guarded, read_only=read_only, allow_anonymous=allow_anonymous):
         raise InvalidOption(
             f"serving the dashboard on {host} lets anyone who reaches it retry, cancel and halt jobs: set "
             f"basic_auth (or {AUTH_ENV}=user:password), read_only=True, or allow_anonymous=True"

@@ -41,3 +41,21 @@ def test_a_filter_is_installed_once():
     QuietTicks.install()
     QuietTicks.install()
     assert sum(isinstance(f, QuietTicks) for f in logger.filters) == 1
+
+
+def test_a_password_in_a_suite_log_line_is_written_as_stars(caplog):
+    from dramatiq_unique.logs import RedactPasswords
+    from dramatiq_unique.storage import stores  # a module of the suite that logs
+
+    RedactPasswords.install()
+    logger = logging.getLogger(stores.__name__)
+    assert any(isinstance(f, RedactPasswords) for f in logger.filters)
+    with caplog.at_level(logging.INFO, logger=stores.__name__):
+        logger.warning("Job %s does not answer (%s)", "store 1", 'database "host=db password=s3cr3t-pw" is missing')
+        try:
+            raise RuntimeError("could not connect to postgresql://app:s3cr3t-pw@db/jobs")
+        except RuntimeError:
+            logger.exception("The health check failed.")
+        logger.info("Job %s answers again.", "store 1")
+    assert "s3cr3t-pw" not in caplog.text and "password=***" in caplog.text and "app:***@db" in caplog.text
+    assert "Job store 1 answers again." in caplog.text

@@ -117,6 +117,8 @@ def test_bad_input_gives_usage_or_not_found(run, app, scene):
 
 
 def test_prune_redrive_and_web(run, app, scene, monkeypatch):
+    import dramatiq_unique.web.serve  # noqa: F401  (the command imports it too; the fake below replaces the package)
+
     code, out, _ = run(["prune", app, "--json"])
     assert code == 0 and json.loads(out) == {"pruned": 0}
     code, out, _ = run(["redrive", app, "--once"])
@@ -130,7 +132,7 @@ def test_prune_redrive_and_web(run, app, scene, monkeypatch):
     fake.serve = lambda suite, **options: served.append((suite, options))  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dramatiq_unique.web", fake)
     assert run(["web", app, "--port", "8099"])[0] == 0
-    assert served[0][1] == {"host": "127.0.0.1", "port": 8099, "read_only": False}
+    assert served[0][1] == {"host": "127.0.0.1", "port": 8099, "read_only": False, "allow_anonymous": False}
     assert run(["web", "--port", "8099"], env=True)[0] == 0
     assert served[1][1]["read_only"] is True
 

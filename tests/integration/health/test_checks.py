@@ -4,6 +4,7 @@ environment mode, and the HTTP probe."""
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -20,6 +21,7 @@ from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.storage.database import open_database
 from dramatiq_unique.storage.models import utcnow
 from tests.conftest import REDIS_URL
+from tests.durable import free_port
 from tests.integration.storage.v1_schema import create_v1_table
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"
@@ -109,3 +111,60 @@ def test_probe_over_http(suite, broker):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, dict(answer.headers), answer.read().decode()
+    except urllib.error.HTTPError as failed:
+        return failed.code, dict(failed.headers), failed.read().decode()
+
+
+def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked(suite, broker, monkeypatch):
+    """Anyone who reaches the probe's port learns no host, user, database, table, job id or version."""
+    target = of_suite(suite)
+    long_ago = utcnow() - timedelta(hours=1)
+    job = _row(suite, status="pending", process_after=long_ago)
+    secrets = ("postgresql://", "SQLite at", "127.0.0.1", "postgres@", JobModel._meta.table_name,
+               str(suite.db.database), f"[{job.id}", "Python")
+    bodies = {}
+    for details in (False, True):
+        server = probe.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0, details=details)
+        commands.serve_in_thread(server)
+        try:
+            code, headers, body = _get(f"http://127.0.0.1:{server.server_address[1]}/")
+        finally:
+            server.shutdown()
+            server.server_close()
+        assert code == 200, body  # an overdue job and no re-drive pass yet: warnings
+        bodies[details] = body
+        said = body + json.dumps(headers)
+        assert details or not [s for s in secrets if s in said], (s for s in secrets if s in said)
+    short = json.loads(bodies[False])
+    assert short["status"] == "warning" and short["checks"]["database"] == "ok"
+    assert short["checks"]["overdue"] == "warning" and short["checks"]["redis"] == "ok"
+    assert str(suite.db.database) in bodies[True] and f"[{job.id}" in bodies[True]  # the whole report, when asked
+
+    # The command line: --probe-details reaches the probe (the server is the real one, stopped after a GET).
+    answers = []
+    real_serve = probe.serve
+
+    def serve_once(*args, **kwargs):
+        server = real_serve(*args, **kwargs)
+
+        def ask():
+            answers.append(_get(f"http://127.0.0.1:{server.server_address[1]}/"))
+            server.shutdown()
+
+        threading.Thread(target=ask, daemon=True).start()
+        return server
+
+    monkeypatch.setattr(probe, "serve", serve_once)
+    monkeypatch.setenv("DRAMATIQ_UNIQUE_REDIS_URL", REDIS_URL)
+    monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", f"postgresql://app:pw@127.0.0.1:{free_port()}/secretdb")
+    for words, shows in ((["check", "--probe-port", "0", "--probe-host", "127.0.0.1"], False),
+                         (["check", "--probe-port", "0", "--probe-host", "127.0.0.1", "--probe-details"], True)):
+        assert main(words) == 0
+        code, _, body = answers.pop()
+        assert code == 503 and ("secretdb" in body) is shows and "pw@" not in body, body

@@ -38,3 +38,25 @@ def test_without_a_suite_the_pages_say_so(monkeypatch):
     monkeypatch.setattr(suite_module, "_current", None)
     response = make_app().test_client().get("/jobs")
     assert response.status_code == 503 and b"setup() has not been called" in response.data
+
+
+def _basic(user: str, password: str) -> dict:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_a_basic_auth_callable_lets_in_only_on_true():
+    class Inactive:  # a user row, truthy, that the check returned instead of a verdict
+        active = False
+
+    for answer in ("no", 1, [False], Inactive(), {"ok": False}):
+        client = make_app(basic_auth=lambda user, password, answer=answer: answer).test_client()
+        assert client.get("/static/style.css", headers=_basic("u", "p")).status_code == 401, answer
+
+    def broken(user, password):
+        raise RuntimeError("the password store is down")
+
+    failing = make_app(basic_auth=broken).test_client()
+    assert failing.get("/static/style.css", headers=_basic("u", "p")).status_code == 401
+    right = make_app(basic_auth=lambda user, password: (user, password) == ("u", "p")).test_client()
+    assert right.get("/static/style.css", headers=_basic("u", "p")).status_code == 200
+    assert right.get("/static/style.css", headers=_basic("u", "x")).status_code == 401
