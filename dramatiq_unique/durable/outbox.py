@@ -28,12 +28,13 @@ wrote it, so a held send that outlived its rollback (a savepoint made
 past peewee, on the driver's cursor) finds nothing to claim: a duplicate
 that replaces a waiting job's arguments (``unique_on_conflict="replace"``)
 sets the row ``pending`` and stamps it with the id of its held send
-(:meth:`Block.stamp`), and only the send that
-stamped it last publishes it.  A rolled-back replace and a committed one
-may give the row the same revision; never the same stamp.  Unique sends inside
-the block rely on the database's unique index alone: a Redis queue lock
-taken for a send that is then rolled back would name a job that does
-not exist.
+(:meth:`Block.stamp`), and only the send that stamped it last publishes
+it.  A rolled-back replace and a committed one may give the row the same
+revision; never the same stamp.
+
+Unique sends inside the block rely on the database's unique index alone:
+a Redis queue lock taken for a send that is then rolled back would name
+a job that does not exist.
 """
 
 from __future__ import annotations
