@@ -12,13 +12,29 @@ in batches, a claim and a publish per batch
 then, the rows go back to ``pending`` and the re-drive sends them later;
 the caller sees no error, because its transaction did commit.
 
+The held sends follow the caller's transaction exactly
+(:mod:`dramatiq_unique.storage.savepoints`): a savepoint that rolls back
+(a nested ``atomic()`` or ``transaction()``, ``sp.rollback()``) drops
+what was sent inside it, as the database drops its rows; the
+transaction's rollback (``txn.rollback()``, an exception) drops all it
+held; a ``txn.commit()`` inside the block publishes what it committed.
 A rollback leaves no row and publishes nothing.  Sends of untracked
 actors inside the block are held in memory and published after the
 commit too; having no row, they cannot be re-driven if the broker is
-down at that moment (set ``track=True`` for that).  Unique sends inside
-the block rely on the database's unique index alone: a Redis queue lock
-taken for a send that is then rolled back would name a job that does
-not exist.
+down at that moment (set ``track=True`` for that).
+
+A tracked send's claim also checks that the row is still as that send
+wrote it, so a held send that outlived its rollback (a savepoint made
+past peewee, on the driver's cursor) finds nothing to claim: a duplicate
+that replaces a waiting job's arguments (``unique_on_conflict="replace"``)
+sets the row ``pending`` and stamps it with the id of its held send
+(:meth:`Block.stamp`), and only the send that stamped it last publishes
+it.  A rolled-back replace and a committed one may give the row the same
+revision; never the same stamp.
+
+Unique sends inside the block rely on the database's unique index alone:
+a Redis queue lock taken for a send that is then rolled back would name
+a job that does not exist.
 """
 
 from __future__ import annotations
@@ -28,15 +44,17 @@ import contextvars
 import dataclasses
 import logging
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+import peewee as pw
 from dramatiq.common import q_name
 
 from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.durable import deferral, outbox_batch
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
-from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage import jobs, savepoints
 from dramatiq_unique.storage.models import JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -58,32 +76,72 @@ class Deferred(DramatiqUniqueError):
 
 @dataclasses.dataclass
 class _Item:
+    suite: "Suite"
     broker: "Broker"
     message: "Message"
     delay: Optional[int]
     #: time.monotonic() at which the delay runs out.
     due: float
-    #: (model, row id, revision) of a job row written in the transaction.
+    #: (model, row id, revision) of the job row the send wrote in the transaction.
     row: Optional[tuple[type["JobModel"], int, int]]
+    #: What a replace wrote into its row's ``broker_ref`` (see the module docstring); None for an insert.
+    stamp: Optional[str] = None
 
 
-class Outbox:
-    """The sends held by one ``transaction()`` block."""
+class Block:
+    """A ``transaction()`` block open in this thread: its sends are held in the database transaction."""
 
     def __init__(self, suite: "Suite") -> None:
         self.suite = suite
-        self.items: list[_Item] = []
         self.open = True
 
     def defer(
-        self, broker: "Broker", message: "Message", delay: Optional[int], row: Optional[tuple] = None
+        self, broker: "Broker", message: "Message", delay: Optional[int], row: Optional[tuple] = None, *,
+        stamp: Optional[str] = None,
     ) -> Deferred:
         """Hold ``message`` until commit; returns the exception that stops the broker's enqueue."""
         clean = dataclasses.replace(
             message, queue_name=q_name(message.queue_name), options=job_options(message.options)
         )
-        self.items.append(_Item(broker, clean, delay, time.monotonic() + (delay or 0) / 1000, row))
+        due = time.monotonic() + (delay or 0) / 1000
+        savepoints.hold(self.suite.db, publish_held, _Item(self.suite, broker, clean, delay, due, row, stamp))
         return Deferred(clean)
+
+    def stamp(self, model: type["JobModel"]) -> tuple[str, dict[str, Any]]:
+        """A replace of a waiting job in this block: the id of the send it will hold, and what the replace
+        writes besides the new arguments: the row waits ``pending``, out of the broker, with that id in its
+        ``broker_ref`` (which the send's claim checks); a parked row stays parked (it is woken from the row)."""
+        stamp = uuid.uuid4().hex
+        writes = {"enqueued_at": None, "broker_ref": stamp, "checked_at": None, "missing_since": None}
+        held: dict[str, Any] = {name: pw.Case(None, [(model.parked_on.is_null(), value)], getattr(model, name))
+                                for name, value in writes.items()}
+        held["status"] = JobStatus.PENDING.value  # a parked row is pending already
+        return stamp, held
+
+
+def publish_held(items: list[_Item]) -> None:
+    """After commit: the held sends that the commit kept, claimed and published, each suite's by its
+    :class:`Outbox`.  Not inside a block: a ``txn.commit()`` within one publishes from inside it."""
+    token = _active.set(None)
+    try:
+        suites: dict[int, Outbox] = {}
+        for item in items:
+            outbox = suites.get(id(item.suite))
+            if outbox is None:
+                outbox = suites[id(item.suite)] = Outbox(item.suite)
+            outbox.items.append(item)
+        for outbox in suites.values():
+            outbox.publish()
+    finally:
+        _active.reset(token)
+
+
+class Outbox:
+    """The sends of one suite that one commit kept."""
+
+    def __init__(self, suite: "Suite") -> None:
+        self.suite = suite
+        self.items: list[_Item] = []
 
     def publish(self) -> None:
         """After commit: claim and publish every held send.  Never raises (the commit happened)."""
@@ -99,7 +157,7 @@ class Outbox:
                 continue  # its row stays pending for the re-drive
             try:
                 if item.row is not None and not self._claim(item):
-                    continue  # a re-drive pass sent it already
+                    continue  # a re-drive pass sent it already, or a later send wrote the row
                 # What is left of the delay; none once due (straight to the queue).
                 left = int((item.due - time.monotonic()) * 1000) if item.delay is not None else 0
                 delay = left if left > 0 else None
@@ -142,7 +200,8 @@ class Outbox:
                 chunk = items[start:start + size]
                 try:
                     sent = outbox_batch.claim_and_publish(
-                        self.suite, model, [(item.row[1], item.row[2], item.message) for item in chunk]  # type: ignore[index]
+                        self.suite, model,
+                        [(item.row[1], item.row[2], item.stamp, item.message) for item in chunk],  # type: ignore[index]
                     )
                 except Exception as error:
                     # After commit: pending for the re-drive (the claims were undone), logged as the suite
@@ -156,19 +215,21 @@ class Outbox:
         return rest, False
 
     def _claim(self, item: _Item) -> bool:
+        """``pending`` -> ``queued``, if the row is still as this send left it (see the claim_held query)."""
         model, row_id, revision = item.row  # type: ignore[misc]
-        return bool(
-            model.update(status=JobStatus.QUEUED.value, enqueued_at=utcnow())
-            .where(
-                (model.id == row_id)
-                # SQLite may reuse the id of a rolled-back row: the message id tells them apart.
-                & (model.message_id == item.message.message_id)
-                & (model.status == JobStatus.PENDING.value)
-                & (model.revision == revision)
-                & model.parked_on.is_null()
-            )
-            .execute()
+        cond = (
+            (model.id == row_id)
+            # SQLite may reuse the id of a rolled-back row: the message id tells them apart.
+            & (model.message_id == item.message.message_id)
+            & (model.status == JobStatus.PENDING.value)
+            & (model.revision == revision)
+            & model.parked_on.is_null()
         )
+        if item.stamp is not None:
+            cond &= model.broker_ref == item.stamp  # the send that last wrote the row is this one
+        # The stamp goes with the claim: the broker's id is written after the publish.
+        return bool(model.update(status=JobStatus.QUEUED.value, enqueued_at=utcnow(), broker_ref=None).where(cond)
+                    .execute())
 
     def _unclaim(self, item: _Item) -> None:
         model, row_id, _ = item.row  # type: ignore[misc]
@@ -179,34 +240,32 @@ class Outbox:
             logger.exception("Could not put job %s back to pending.", item.message.message_id)
 
 
-_active: contextvars.ContextVar[Optional[Outbox]] = contextvars.ContextVar("dramatiq_unique_outbox", default=None)
+_active: contextvars.ContextVar[Optional[Block]] = contextvars.ContextVar("dramatiq_unique_outbox", default=None)
 
 
-def active() -> Optional[Outbox]:
-    """The outbox of the ``transaction()`` block this thread is in, if any."""
-    outbox = _active.get()
-    return outbox if outbox is not None and outbox.open else None
+def active() -> Optional[Block]:
+    """The ``transaction()`` block this thread is in, if any (a context copied to another thread is
+    not in it: the transaction is the opening thread's, as peewee's transactions are per thread)."""
+    block = _active.get()
+    return block if block is not None and block.open and block.suite.db.in_transaction() else None
 
 
 @contextlib.contextmanager
 def opened(suite: "Suite") -> Iterator[Any]:
-    """A database transaction of ``suite`` whose sends this outbox holds until it commits.
+    """A database transaction of ``suite`` whose sends are held until it commits.
 
     The public face is :func:`dramatiq_unique.unique.send.transaction`, which first puts the
-    broker's enqueue in place (the enqueue side hands its sends to the outbox, not the
-    other way round).  Yields peewee's transaction object.
+    broker's enqueue in place (the enqueue side hands its sends to the block, not the
+    other way round).  Yields peewee's transaction object: a savepoint when the thread is in a
+    transaction already (a block nested in another, or in the caller's own ``atomic()``).  The
+    sends are held in that transaction (:mod:`dramatiq_unique.storage.savepoints`): whatever rolls
+    back drops the ones it covers, and the outermost commit publishes the rest.
     """
-    parent = active()
-    outbox = Outbox(suite)
-    token = _active.set(outbox)
+    block = Block(suite)
+    token = _active.set(block)
     try:
         with suite.db.atomic() as txn:
             yield txn
-            outbox.open = False
-            if parent is not None and parent.suite is suite:
-                parent.items.extend(outbox.items)  # published (or dropped) with the parent
-            elif outbox.items:
-                suite.db.after_commit(outbox.publish)
     finally:
-        outbox.open = False
+        block.open = False
         _active.reset(token)

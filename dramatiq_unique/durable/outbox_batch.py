@@ -10,14 +10,15 @@ published in one MULTI/EXEC (:meth:`dramatiq_unique.broker.publish.Publisher.pub
 nothing, so a failure hands every row of the batch back to ``pending`` for the re-drive.
 
 The claim is conditional as a single one is: a row a re-drive pass claimed first (between the
-commit and this publish) is left to it, and nothing is sent twice.
+commit and this publish) is left to it, and nothing is sent twice; a row that a later send
+wrote (a replace, stamped with another id) is left to that send.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID
 from dramatiq_unique.storage import jobs, queries
@@ -32,8 +33,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: A held send: (its row's id, the row's revision at the send, its message as held).
-Held = tuple[int, int, "Message"]
+#: A held send: (its row's id, the row's revision at the send, the stamp a replace wrote into the row's
+#: ``broker_ref`` or None (durable/outbox.py), its message as held).
+Held = tuple[int, int, Optional[str], "Message"]
 
 
 def claim_and_publish(suite: "Suite", model: type["JobModel"], held: list[Held]) -> list["Message"]:
@@ -42,16 +44,18 @@ def claim_and_publish(suite: "Suite", model: type["JobModel"], held: list[Held])
     claimed go back to ``pending`` (the re-drive sends them) and the error is raised."""
     publisher = suite.publisher
     assert publisher is not None  # outbox.Outbox batches only where there is one
-    sent = {row_id: message.copy(options={REDIS_MESSAGE_ID: str(uuid.uuid4())}) for row_id, _, message in held}
-    claimed = _claim(model, held, {row_id: message.options[REDIS_MESSAGE_ID] for row_id, message in sent.items()})
-    messages = [sent[row_id] for row_id, _, _ in held if row_id in claimed]
+    # Each held send its own broker id, which the claim returns: a row is claimed by at most one of
+    # them (the one it is still as that send left it), not always the last one held for it.
+    sent = [message.copy(options={REDIS_MESSAGE_ID: str(uuid.uuid4())}) for _, _, _, message in held]
+    claimed = _claim(model, held, [m.options[REDIS_MESSAGE_ID] for m in sent])
+    messages = [m for m in sent if m.options[REDIS_MESSAGE_ID] in claimed]
     if not messages:
         return []
     try:
         publisher.publish_many([(m.queue_name, m.options[REDIS_MESSAGE_ID], m.encode(), None) for m in messages])
     except BaseException:
         try:
-            jobs.unclaim_sends(model, sorted(claimed), JobStatus.PENDING.value,
+            jobs.unclaim_sends(model, sorted(set(claimed.values())), JobStatus.PENDING.value,
                                ref=[m.options[REDIS_MESSAGE_ID] for m in messages])
         except Exception:
             # Left queued with a broker id the broker never had: the lost-message check sends them again.
@@ -60,27 +64,28 @@ def claim_and_publish(suite: "Suite", model: type["JobModel"], held: list[Held])
     return messages
 
 
-def _claim(model: type["JobModel"], held: list[Held], refs: dict[int, str]) -> set[int]:
-    """``pending`` -> ``queued`` with each row's broker id, for the rows still as the send left them
-    (the ``claim_held`` query); the ids claimed."""
+def _claim(model: type["JobModel"], held: list[Held], refs: list[str]) -> dict[str, int]:
+    """``pending`` -> ``queued`` with each row's broker id (``refs``, one per held send), for the rows still
+    as the send left them (the ``claim_held`` query); {broker id: row id} of the sends that claimed one."""
     db = model._meta.database
     values: dict[str, Any] = {"queued": JobStatus.QUEUED.value, "pending": JobStatus.PENDING.value,
                               "now": model.enqueued_at.db_value(utcnow())}
     if is_postgres(db):
         statement = queries.render(model, "claim_held")
-        values.update(ids=[row_id for row_id, _, _ in held], message_ids=[m.message_id for _, _, m in held],
-                      revisions=[revision for _, revision, _ in held], refs=[refs[row_id] for row_id, _, _ in held])
+        values.update(ids=[row_id for row_id, _, _, _ in held], message_ids=[m.message_id for _, _, _, m in held],
+                      revisions=[revision for _, revision, _, _ in held], stamps=[stamp for _, _, stamp, _ in held],
+                      refs=refs)
         if is_psycopg3(db):  # once per batch: a plan kept for it only costs (see the query's comment)
             cursor = db.cursor()
             cursor.execute(statement.sql, statement.params(values), prepare=False)
         else:
             cursor = db.execute_sql(statement.sql, statement.params(values))
-        return {row_id for (row_id,) in cursor.fetchall()}
+        return {ref: row_id for (row_id, ref) in cursor.fetchall()}
     statement = queries.render(model, "claim_one_held")
-    claimed = set()
+    claimed: dict[str, int] = {}
     with db.atomic():
-        for row_id, revision, message in held:
-            values.update(id=row_id, message_id=message.message_id, revision=revision, ref=refs[row_id])
+        for (row_id, revision, stamp, message), ref in zip(held, refs, strict=True):
+            values.update(id=row_id, message_id=message.message_id, revision=revision, stamp=stamp, ref=ref)
             if db.execute_sql(statement.sql, statement.params(values)).rowcount:
-                claimed.add(row_id)
+                claimed[ref] = row_id
     return claimed

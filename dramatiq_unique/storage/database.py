@@ -28,6 +28,11 @@ logic, see :func:`reconnecting`), so the caller's models and transactions
 keep sharing it.  SQLite
 files have no connection to lose and are opened as before.
 
+Savepoints.  Every Database opened here, from a URL or given, tells the
+journal of :mod:`dramatiq_unique.storage.savepoints` of its savepoints and
+rollbacks (wrapped in place, as for reconnects), so what the outbox holds
+for a commit follows the caller's nested ``atomic()`` blocks.
+
 Timeouts.  A PostgreSQL URL gets ``connect_timeout`` (a server that takes
 the connection but never answers its start-up), ``statement_timeout``
 (a statement the server does not finish), and TCP keepalives with
@@ -48,6 +53,7 @@ from playhouse.shortcuts import ReconnectMixin
 
 from dramatiq_unique.errors import DatabaseUnavailable, DependencyUnavailable, InvalidOption
 from dramatiq_unique.redaction import HIDDEN, redact
+from dramatiq_unique.storage import savepoints
 
 #: Default SQLite pragmas: WAL lets readers run beside the one writer, and
 #: the busy timeout makes concurrent writers wait instead of failing.
@@ -136,6 +142,12 @@ def open_database(
     ``prepared=False``: psycopg 3 prepares no statement (``prepare_threshold=None``), on a
     given Database too unless it sets ``prepare_threshold`` itself (on its next connections).
     """
+    return savepoints.track(_open(database, connect_timeout, timeout, prepared))
+
+
+def _open(
+    database: Union[str, pw.Database], connect_timeout: Optional[float], timeout: Optional[float], prepared: bool
+) -> pw.Database:
     if isinstance(database, pw.Database):
         if isinstance(database, pw.PostgresqlDatabase):
             _check_driver(database, repr(database))

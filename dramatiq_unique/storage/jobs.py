@@ -183,11 +183,13 @@ def _outlived(job: JobModel, window_ms: Optional[float]) -> bool:
 
 
 def replace(
-    model: type[JobModel], holder: JobModel, hold: str, args: list, kwargs: dict, process_after: datetime
+    model: type[JobModel], holder: JobModel, hold: str, args: list, kwargs: dict, process_after: datetime,
+    *, held: Optional[dict[str, Any]] = None,
 ) -> Optional[JobModel]:
-    """Give a waiting holder new arguments and due time; None if it is no longer waiting."""
+    """Give a waiting holder new arguments and due time (and ``held``: outbox.Block.stamp's writes for a
+    replace held until the caller's commit); None if it is no longer waiting."""
     updated = (
-        model.update(args=args, kwargs=kwargs, process_after=process_after, revision=model.revision + 1)
+        model.update(args=args, kwargs=kwargs, process_after=process_after, revision=model.revision + 1, **(held or {}))
         .where((model.id == holder.id) & (model.unique_hold == hold) & model.status.in_(WAITING))
         .returning(model)
         .execute()

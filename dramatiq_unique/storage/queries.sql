@@ -25,23 +25,26 @@ WHERE "app" = %(app)s AND "unique_hold" = %(hold)s AND NOT EXISTS (SELECT 1 FROM
 -- name: claim_held (postgresql)
 -- The outbox's claim of a committed transaction's held sends (durable/outbox_batch.py), one statement a
 -- batch: each row pending -> queued with the broker id drawn for its message, if still as its send left
--- it (the message id tells a reused id apart; a re-drive pass may have claimed it first).  Arrays, not a
+-- it (the message id tells a reused id apart; a re-drive pass may have claimed it first; a replace's send
+-- claims only the row that its own stamp is in, durable/outbox.py).  Arrays, not a
 -- CASE and an IN list of a thousand entries each, which cost the server more than the rows (measured).
 -- "id" = ANY(ids) as well, for the planner.  Never prepared (outbox_batch.py): a generic plan, made on a
 -- small table's statistics, scanned every pending row for each held one (measured on psycopg 3, which
 -- prepares what a connection runs often: the outbox slowed run by run, 5,500 to 1,200 jobs/s).
 UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = held.ref
-FROM unnest(%(ids)s::bigint[], %(message_ids)s::text[], %(revisions)s::integer[], %(refs)s::text[])
-AS held (id, message_id, revision, ref)
+FROM unnest(%(ids)s::bigint[], %(message_ids)s::text[], %(revisions)s::integer[], %(stamps)s::text[],
+%(refs)s::text[]) AS held (id, message_id, revision, stamp, ref)
 WHERE {jobs}."id" = ANY(%(ids)s::bigint[])
 AND {jobs}."id" = held.id AND {jobs}."message_id" = held.message_id AND {jobs}."revision" = held.revision
+AND (held.stamp IS NULL OR {jobs}."broker_ref" = held.stamp)
 AND {jobs}."status" = %(pending)s AND {jobs}."parked_on" IS NULL
-RETURNING {jobs}."id"
+RETURNING {jobs}."id", held.ref
 
 -- name: claim_one_held (sqlite)
 -- claim_held a row at a time: SQLite has no round trip to save, and no arrays.
 UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = %(ref)s
 WHERE "id" = %(id)s AND "message_id" = %(message_id)s AND "revision" = %(revision)s
+AND (%(stamp)s IS NULL OR "broker_ref" = %(stamp)s)
 AND "status" = %(pending)s AND "parked_on" IS NULL
 
 -- name: start_attempt

@@ -54,7 +54,8 @@ class Redirect(DramatiqUniqueError):
     """Internal: the send resolves to an existing job"""
 
     # Raised by before_enqueue, caught by the broker's wrapped enqueue (send.py), which returns
-    # the existing job's message (or, with ``resend``, sends the replaced job again).
+    # the existing job's message (or, with ``resend``, sends the replaced job again: its row's
+    # ``marker``, ``model``, and the ``stamp`` of a replace held for the outbox).
 
     def __init__(self, message_id: str, *, resend: Optional[dict] = None) -> None:
         super().__init__(message_id)
@@ -273,12 +274,16 @@ def _conflict(
     why = ""
     if conflict == "replace":
         args, kwargs = args_to_row(message.args, message.kwargs)
-        replaced = jobs.replace(config.model, holder, key, args, kwargs, after_ms(delay))
+        # Inside transaction(): the new message is held until the commit, and claims the row only if
+        # this replace is the last committed write of it (durable/outbox.py).
+        block = outbox.active()
+        stamp, held = block.stamp(config.model) if block is not None else (None, None)
+        replaced = jobs.replace(config.model, holder, key, args, kwargs, after_ms(delay), held=held)
         if replaced is not None:
             marker = dict((replaced.options or {}).get(MARKER) or {})
             marker.update(id=replaced.id, rev=replaced.revision)
             events.duplicate("replace", message, replaced.message_id, key)
-            raise Redirect(replaced.message_id, resend={"marker": marker})
+            raise Redirect(replaced.message_id, resend={"marker": marker, "model": config.model, "stamp": stamp})
         refreshed = jobs.get(config.model, id=holder.id)
         if refreshed is None or refreshed.unique_hold != key:
             return False

@@ -69,10 +69,12 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         except Redirect as redirect:
             if redirect.resend is None:
                 return message.copy(message_id=redirect.message_id)
-            resent = message.copy(message_id=redirect.message_id, options={MARKER: redirect.resend["marker"]})
+            marker = redirect.resend["marker"]
+            resent = message.copy(message_id=redirect.message_id, options={MARKER: marker})
             held = outbox.active()
-            if held is not None:
-                return held.defer(broker, resent, delay).message
+            if held is not None:  # with its row, which the replace set pending: claimed at the commit
+                row = (redirect.resend["model"], marker["id"], marker["rev"])
+                return held.defer(broker, resent, delay, row, stamp=redirect.resend["stamp"]).message
             return _resend_replaced(suite, broker, original, resent, delay)
         except outbox.Deferred as deferred:  # inside transaction(): published after commit; or kept pending
             return deferred.message
@@ -166,11 +168,13 @@ def check_options(suite: "Suite", message: "Message", delay: Optional[int] = Non
 def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
     """A database transaction whose sends are published only after it commits.
 
-    Yields peewee's transaction object.  Nested blocks are savepoints;
-    their sends are published with the outermost block's commit (and
-    dropped if an enclosing block rolls back).  If the caller already
-    holds a peewee transaction on the same database, publishing waits
-    for that transaction's commit.  See :mod:`dramatiq_unique.durable.outbox`.
+    Yields peewee's transaction object.  Nested blocks are savepoints.
+    The sends follow the transaction: those made inside a savepoint
+    that rolls back (a nested block, a nested ``atomic()``) or before
+    the transaction's rollback are never published; the rest are
+    published when the outermost transaction commits (the caller's
+    own, if it holds one on the same database).  See
+    :mod:`dramatiq_unique.durable.outbox`.
     """
     suite = suite or _config.current()
     if suite.broker is not None:

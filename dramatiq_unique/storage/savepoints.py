@@ -1,0 +1,228 @@
+"""What a transaction holds for its commit, kept as the database keeps the transaction's writes.
+
+Peewee runs ``after_commit`` callbacks when the outermost transaction commits and forgets them when
+it rolls back, but nothing hears of a savepoint (a nested ``atomic()``, ``db.savepoint()``) that
+rolls back: ``ROLLBACK TO SAVEPOINT`` undoes its writes in the database, while whatever was kept in
+memory for the commit stays.  :func:`hold` keeps such things (the outbox's held sends,
+:mod:`dramatiq_unique.durable.outbox`) in a journal of the thread's transaction that follows the
+statements the database follows:
+
+- ``SAVEPOINT n`` marks the journal's length;
+- ``RELEASE [SAVEPOINT] n`` forgets the marks from ``n`` on: what they held now belongs to the
+  enclosing level, as their writes do;
+- ``ROLLBACK TO [SAVEPOINT] n`` cuts the journal back to ``n``'s mark (``n`` itself stays, as in
+  the database);
+- the transaction's rollback (``txn.rollback()``, an exception, a failed commit) empties it, and a
+  ``BEGIN`` starts a new one;
+- the commit hands every entry to its flush, in order, once (through peewee's ``after_commit``, so
+  a ``txn.commit()`` inside the block flushes what it committed).
+
+The statements are seen where every peewee path sends them, whoever made the savepoint (``atomic()``,
+``savepoint()``, a ``DatabaseProxy``, a Database subclass, SQL run with ``execute_sql``): the
+Database's ``execute_sql``, ``rollback`` and ``begin``, which :func:`track` wraps in place (as
+:func:`dramatiq_unique.storage.database.reconnecting` does), so a Database given to ``setup()``
+keeps its class and stays the one the caller's models use.  A savepoint made on the driver's own
+cursor, past peewee, is not seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Callable, Optional
+
+import peewee as pw
+
+logger = logging.getLogger(__name__)
+
+#: Takes the items one transaction held with it, after that transaction committed.
+Flush = Callable[[list[Any]], None]
+
+#: Set on a Database that :func:`track` wrapped; the journal's attribute on its per-thread state.
+_TRACKED = "_dramatiq_unique_savepoints"
+_JOURNAL = "_dramatiq_unique_journal"
+
+_NAME = r'(?P<name>"(?:[^"]|"")+"|\w+)'
+_SAVEPOINT = re.compile(rf"\s*SAVEPOINT\s+{_NAME}\s*;?\s*$", re.IGNORECASE)
+_RELEASE = re.compile(rf"\s*RELEASE\s+(?:SAVEPOINT\s+)?{_NAME}\s*;?\s*$", re.IGNORECASE)
+_ROLLBACK_TO = re.compile(rf"\s*ROLLBACK\s+(?:(?:TRANSACTION|WORK)\s+)?TO\s+(?:SAVEPOINT\s+)?{_NAME}\s*;?\s*$",
+                          re.IGNORECASE)
+_ROLLBACK = re.compile(r"\s*(?:ROLLBACK|ABORT)(?:\s+(?:TRANSACTION|WORK))?\s*;?\s*$", re.IGNORECASE)
+#: How the statements above begin: any other statement costs one test.
+_HEADS = frozenset(("SA", "RE", "RO", "AB"))
+
+
+class _Journal:
+    """What one thread's transaction on one Database holds for its commit, and its savepoints' marks."""
+
+    __slots__ = ("entries", "marks", "registered", "closed")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[Flush, Any]] = []
+        #: (savepoint name, the journal's length when it began), oldest first.
+        self.marks: list[tuple[str, int]] = []
+        #: Its commit() waits among peewee's commit callbacks.
+        self.registered = False
+        self.closed = False
+
+    def commit(self) -> None:
+        """After the transaction committed: each flush gets its items, in order.  Never raises: peewee
+        would take an error here for a failed commit and roll back a transaction that committed."""
+        if self.closed:
+            return
+        self.closed = True
+        entries, self.entries = self.entries, []
+        groups: dict[Flush, list[Any]] = {}
+        for flush, item in entries:
+            groups.setdefault(flush, []).append(item)
+        for flush, items in groups.items():
+            try:
+                flush(items)
+            except Exception:
+                logger.exception("Could not hand %d items over after a commit.", len(items))
+
+    def drop(self) -> None:
+        """The transaction rolled back: nothing it held is handed over (its commit callback, should
+        peewee still run it, does nothing)."""
+        self.closed = True
+        self.entries = []
+        self.marks = []
+
+    def savepoint(self, name: str) -> None:
+        self.marks.append((name, len(self.entries)))
+
+    def release(self, name: str) -> None:
+        at = self._find(name)
+        if at is not None:
+            del self.marks[at:]
+
+    def roll_back_to(self, name: str) -> None:
+        at = self._find(name)
+        # A savepoint the journal never saw began before anything it holds (the journal is made at
+        # the transaction's first savepoint or hold): all of it goes.
+        kept = self.marks[at][1] if at is not None else 0
+        if at is not None:
+            del self.marks[at + 1:]
+        del self.entries[kept:]
+
+    def _find(self, name: str) -> Optional[int]:
+        # The newest savepoint of that name, as the database picks it.
+        for at in range(len(self.marks) - 1, -1, -1):
+            if self.marks[at][0] == name:
+                return at
+        return None
+
+
+def _journal(db: pw.Database, *, create: bool) -> Optional[_Journal]:
+    """The journal of this thread's transaction on ``db`` (a new one if ``create``)."""
+    state = _state(db)
+    journal: Optional[_Journal] = getattr(state, _JOURNAL, None)
+    if journal is not None and (
+        journal.closed or (journal.registered and journal.commit not in state.commit_callbacks)
+    ):  # committed, or its commit passed it by (a callback before it raised; the connection was reset)
+        journal = None
+    if journal is None and create:
+        journal = _Journal()
+        setattr(state, _JOURNAL, journal)
+    return journal
+
+
+def _end(db: pw.Database) -> None:
+    state = _state(db)
+    journal: Optional[_Journal] = getattr(state, _JOURNAL, None)
+    if journal is not None:
+        journal.drop()
+        setattr(state, _JOURNAL, None)
+
+
+def _state(db: pw.Database) -> Any:
+    """Peewee's per-thread connection state of ``db`` (its transactions and commit callbacks)."""
+    return db._state  # type: ignore[attr-defined]
+
+
+def hold(db: pw.Database, flush: Flush, item: Any) -> None:
+    """Keep ``item`` until this thread's transaction on ``db`` commits, then hand it to ``flush`` (with
+    the other items held for the same flush); never, if the savepoint or transaction it was held in
+    rolls back.  ``db`` must be :func:`track`-ed and in a transaction."""
+    if not getattr(db, _TRACKED, False):
+        raise RuntimeError(f"{db!r} does not follow savepoints: open it with storage.database.open_database")
+    if not db.in_transaction():
+        raise RuntimeError("hold() outside a transaction: nothing would tell it a commit from a rollback")
+    journal = _journal(db, create=True)
+    assert journal is not None
+    if not journal.registered:
+        db.after_commit(journal.commit)
+        journal.registered = True
+    journal.entries.append((flush, item))
+
+
+def _name(quoted: str) -> str:
+    # As the database compares them: a quoted name as written, a bare one in any case.
+    if quoted.startswith('"'):
+        return quoted[1:-1].replace('""', '"')
+    return quoted.lower()
+
+
+def _seen(db: pw.Database, sql: str) -> None:
+    """A statement ``db`` ran without an error: the journal follows it if it moves a savepoint."""
+    match = _SAVEPOINT.match(sql)
+    if match:
+        journal = _journal(db, create=True)
+        assert journal is not None
+        journal.savepoint(_name(match["name"]))
+        return
+    match = _RELEASE.match(sql)
+    if match:
+        journal = _journal(db, create=False)
+        if journal is not None:
+            journal.release(_name(match["name"]))
+        return
+    if _ROLLBACK.match(sql):
+        _end(db)
+
+
+def _rolled_back_to(db: pw.Database, sql: str) -> bool:
+    """``sql`` rolls back to a savepoint (whether or not it succeeds): cut the journal back."""
+    match = _ROLLBACK_TO.match(sql)
+    if not match:
+        return False
+    journal = _journal(db, create=False)
+    if journal is not None:
+        journal.roll_back_to(_name(match["name"]))
+    return True
+
+
+def track(db: pw.Database) -> pw.Database:
+    """Make ``db`` tell :func:`hold`'s journal of its savepoints and transactions, in place; returns it."""
+    if getattr(db, _TRACKED, False):
+        return db
+    execute_sql, rollback, begin = db.execute_sql, db.rollback, db.begin
+
+    def tracking_execute_sql(sql: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(sql, str) or (sql[:2].upper() not in _HEADS and not sql[:1].isspace()):
+            return execute_sql(sql, *args, **kwargs)
+        try:
+            cursor = execute_sql(sql, *args, **kwargs)
+        except BaseException:
+            # A failed ROLLBACK TO still ends what the savepoint held: the transaction cannot commit it.
+            _rolled_back_to(db, sql)
+            raise
+        if not _rolled_back_to(db, sql):
+            _seen(db, sql)
+        return cursor
+
+    def tracking_rollback(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return rollback(*args, **kwargs)
+        finally:
+            _end(db)
+
+    def tracking_begin(*args: Any, **kwargs: Any) -> Any:
+        _end(db)  # a new transaction holds nothing yet, whatever the last one left
+        return begin(*args, **kwargs)
+
+    db.execute_sql = tracking_execute_sql  # type: ignore[method-assign]
+    db.rollback = tracking_rollback  # type: ignore[method-assign]
+    db.begin = tracking_begin  # type: ignore[method-assign]
+    setattr(db, _TRACKED, True)
+    return db
