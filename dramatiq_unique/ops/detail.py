@@ -112,7 +112,8 @@ def _parked(suite: "Suite", row: JobModel) -> Waiting:
     if kind_of(group) == SLOT:
         key = slot_key_of(group)
         label = " ".join(filter(None, [actor, labels.render(config, "concurrency_key", row, key)]))
-        held, limit, _, _, _ = gate_of(suite).status(group)
+        status = gate_of(suite).status(group)
+        held, limit = status.held, status.limit
         ids = gates.slot_holders(suite, actor).get(key, [])
         return Waiting(
             reason="halted" if limit == 0 else "slot", label=label, limit=None if limit < 0 else limit,

@@ -115,7 +115,8 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
         if config is not None and not has_slots(config):
             continue
         group = slot_group(key)
-        held, limit, _, _, _ = gate.status(group)
+        status = gate.status(group)
+        held, limit = status.held, status.limit
         with db_errors("reading a slot group's jobs"):
             if name not in running:
                 running[name] = gates.slot_holders(suite, name)
