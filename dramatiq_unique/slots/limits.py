@@ -29,6 +29,8 @@ from dramatiq_unique.unique.keys import canonical, digest
 if TYPE_CHECKING:
     from dramatiq_unique.suite import ActorConfig, Suite
 
+#: The largest limit (the limits' table keeps a 32-bit integer).
+MAX_LIMIT = 2**31 - 1
 #: Jobs one call wakes per group at most (a limit raised by more than this fills up as jobs finish).
 MAX_WAKE = 1_000
 
@@ -52,8 +54,9 @@ class ConcurrencyStatus:
 
 
 def _check_limit(limit: Any) -> None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise InvalidOption(f"a concurrency limit must be a whole number, 0 or more, or None, not {limit!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT):
+        raise InvalidOption(f"a concurrency limit must be a whole number from 0 to {MAX_LIMIT}, or None, "
+                            f"not {str(limit)[:40]!r}")
 
 
 def _slot_config(suite: "Suite", actor_name: str) -> "ActorConfig":
