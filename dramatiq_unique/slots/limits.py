@@ -174,7 +174,9 @@ def set_concurrency_limit(
     ``concurrency_limit``.  Raising a limit starts parked jobs at once,
     one per newly free slot, in their order.  Overrides are kept in the
     database (the primary store) and copied to Redis: a Redis that loses
-    its data gets them back before its next slot decision.
+    its data gets them back before its next slot decision.  Called inside
+    a transaction of the caller's, the row commits or rolls back with it
+    (Redis's copy is written at once: call it outside one).
     """
     _check_limit(limit)
     suite = suite or _config.current()
