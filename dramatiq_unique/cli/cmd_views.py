@@ -62,6 +62,8 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
         ]
         if view.why:
             items.append(("why", view.why))
+        if view.slot:
+            items.append(("slot", view.slot))
         items += [
             ("key", view.key or "-"), ("arguments", cell(_json_text(view.args) + " " + _json_text(view.kwargs))),
             ("attempts", view.attempts), ("fencing token", view.fencing_token), ("created", view.created_at),
@@ -105,14 +107,43 @@ def locks(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-@command("slots", help="slot groups: limit, holders, waiters, halted",
+def _limit_text(g: Any) -> Any:
+    if g.limit_from == "unknown":
+        return "?"  # declared by the app: give APP to see it
+    return "none" if g.limit is None else g.limit
+
+
+def _holders(g: Any) -> list[str]:
+    """Every holder named (a list: a table cuts no list); a woken one still in the broker marked ``(queued)``."""
+    return [f"{i}(queued)" if i in g.queued_holders else str(i) for i in g.holders]
+
+
+@command("slots", help="slot groups: limit (and where it comes from), every holder, waiters, halted",
          arguments=lambda p: p.add_argument("--actor", help="one actor's groups"))
 def slots(ctx: Context, args: argparse.Namespace) -> int:
     groups = ops.slots(ctx.load(), actor=args.actor)
-    headers = ("actor", "key", "limit", "held", "holders", "waiting", "waiters", "halted")
-    rows = [(g.actor, g.key, "none" if g.limit is None else g.limit, g.held, g.holders, g.waiting, g.waiters,
+    headers = ("actor", "key", "limit", "from", "held", "holders", "waiting", "waiters", "halted")
+    rows = [(g.actor, g.key, _limit_text(g), g.limit_from, g.held, _holders(g), g.waiting, g.waiters,
              "HALTED" if g.halted else "") for g in groups]
-    ctx.emit([g.as_dict() for g in groups], lambda: table(headers, rows, empty="(no slot group)"))
+
+    def text() -> str:
+        lines = [table(headers, rows, empty="(no slot group)")]
+        lines += [f"{g.actor} {g.key}: {g.note}" for g in groups if g.note]
+        if any(g.limit_from == "unknown" for g in groups):
+            lines.append("?: declared by the app, which this command did not import (give APP to see it)")
+        return "\n".join(lines)
+
+    ctx.emit([g.as_dict() for g in groups], text)
+    return 0
+
+
+@command("limits", help="the limits set at run time, with their keys in words (`limit ... default` removes one)",
+         arguments=lambda p: p.add_argument("--actor", help="one actor's limits"))
+def limits(ctx: Context, args: argparse.Namespace) -> int:
+    found = ops.limits(ctx.load(), actor=args.actor)
+    rows = [(o.actor, o.key, o.limit, o.set_at) for o in found]
+    ctx.emit([o.as_dict() for o in found],
+             lambda: table(("actor", "key", "limit", "set"), rows, empty="(no limit set at run time)"))
     return 0
 
 

@@ -157,6 +157,9 @@ def _read_only_suite() -> type:
     from dramatiq_unique.suite import Suite
 
     class ReadOnlySuite(Suite):
+        #: Nothing is created or written (slots/overrides.py reads this too).
+        writes = False
+
         def register_model(self, model: Any) -> None:
             with self._lock:
                 if model not in self.models:

@@ -87,7 +87,8 @@ class Attempt(View):
 class Waiting(View):
     """Why a waiting job waits, as facts; :func:`dramatiq_unique.ops.words.why` puts them in words."""
 
-    #: "slot", "lock", "halted", "due", "queued", "retrying", "pending".
+    #: "slot", "lock", "halted", "due", "queued", "woken" (queued, holding the slot it was woken
+    #: with), "retrying", "pending".
     reason: str
     #: The group in words: ``deliver_webhook customer=42``.
     label: str = ""
@@ -137,6 +138,9 @@ class JobView(View):
     waiting: Optional[Waiting]
     #: ``waiting`` in words ('' when the job does not wait).
     why: str
+    #: The concurrency slot the job holds, in words ('' when it holds none): a running job of an
+    #: actor with slots, or a woken one still waiting in the broker with the slot it was handed.
+    slot: str = ""
 
 
 @dataclasses.dataclass
@@ -163,13 +167,37 @@ class SlotGroupView(View):
     actor: str
     key: str
     group: str
-    #: The limit in force; None: no limit.
+    #: The limit in force; None: no limit, or not known here (``limit_from`` says which).
     limit: Optional[int]
     held: int
+    #: Every holder the job tables name: running jobs, then woken ones waiting in the broker.
     holders: list[int]
     waiters: list[int]
     waiting: int
     halted: bool
+    #: Where ``limit`` comes from: "override" (the group's own), "actor override", "message" (the
+    #: group's last message brought it), "declared", "none" (no limit), or "unknown" (declared by
+    #: the app, which this process did not import).
+    limit_from: str = ""
+    #: The holders that were woken with their slot and wait in the broker for a worker thread.
+    queued_holders: list[int] = dataclasses.field(default_factory=list)
+    #: What the numbers need said: more held than the limit, holders no job row names, a Redis
+    #: that lost the run-time limits.
+    note: str = ""
+
+
+@dataclasses.dataclass
+class OverrideView(View):
+    """A limit set at run time (``set_concurrency_limit``, ``limit``), as the database keeps it."""
+
+    actor: str
+    #: The key in words (``customer=42``); "(all)" for the actor's own limit; the group's hash
+    #: (``#0ef2770d1a2b``) when its words are not known.
+    key: str
+    #: The group's key (``<actor>:<digest>``), or '' for the actor's own limit.
+    group: str
+    limit: int
+    set_at: Optional[datetime]
 
 
 @dataclasses.dataclass

@@ -1,5 +1,8 @@
 """The migrations from one schema version to the next, and applying them (``migrate``, ``status``).
 
+The job tables' versions (the run-time limits' table, ``dramatiq_unique_limits``, is at its
+first version, 1: created at set-up, or by ``migrate``, with nothing to migrate yet):
+
 =======  ====================================================================
 version  what it adds
 =======  ====================================================================
@@ -103,6 +106,12 @@ MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {
     2: ("per-attempt history", _to_v2),
 }
 assert max(MIGRATIONS) == CURRENT_VERSION, "a migration to every version up to CURRENT_VERSION"
+#: The migrations of the suite's other tables (the limits' table has had one version).
+OTHER_MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {}
+
+
+def migrations_of(model: Model) -> dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]]:
+    return MIGRATIONS if schema.is_job_table(model) else OTHER_MIGRATIONS
 
 
 @dataclasses.dataclass
@@ -132,25 +141,25 @@ def _plan(model: Model) -> tuple[Optional[int], list[tuple[int, Step]]]:
     if not names:
         return None, []
     found = schema.recorded(model)
-    version = schema.inferred(names) if found is None else found
+    version = schema.inferred(names, model) if found is None else found
     steps = []
-    for target in range(version + 1, CURRENT_VERSION + 1):
+    for target in range(version + 1, schema.target_version(model) + 1):
         # A later migration's look at the columns counts what the earlier ones add.
         after = names | ({APP_COLUMN} if target > 1 else set())
-        steps += [(target, step) for step in MIGRATIONS[target][1](model, after)]
+        steps += [(target, step) for step in migrations_of(model)[target][1](model, after)]
     return version, steps
 
 
-def _describe(target: int, step: Step) -> str:
-    return f"version {target} ({MIGRATIONS[target][0]}): {step.text}"
+def _describe(model: Model, target: int, step: Step) -> str:
+    return f"version {target} ({migrations_of(model)[target][0]}): {step.text}"
 
 
 def status(model: Model, store: str = "") -> TableStatus:
     """``model``'s table in its store (read only)."""
     version, steps = _plan(model)
     pending = ["create the table at the current version (at set-up)"] if version is None else [
-        _describe(target, step) for target, step in steps]
-    return TableStatus(schema.table_key(model), store, version, pending=pending)
+        _describe(model, target, step) for target, step in steps]
+    return TableStatus(schema.table_key(model), store, version, target=schema.target_version(model), pending=pending)
 
 
 def migrate(model: Model, store: str = "", *, dry_run: bool = False,
@@ -169,15 +178,16 @@ def migrate(model: Model, store: str = "", *, dry_run: bool = False,
         if isinstance(db, pw.PostgresqlDatabase):
             db.execute_sql(f"SET LOCAL lock_timeout TO {int(lock_timeout)}")  # an int: no injection
         version, steps = _plan(model)  # again, under the lock: another run may have migrated it
-        result = TableStatus(schema.table_key(model), store, version)
+        current = schema.target_version(model)
+        result = TableStatus(schema.table_key(model), store, version, target=current)
         if version is None:
             schema.create_or_migrate(model)
-            result.applied.append(f"create the table at version {CURRENT_VERSION}")
+            result.applied.append(f"create the table at version {current}")
         else:
             for target, step in steps:
                 step.run()
-                result.applied.append(_describe(target, step))
-            if version < CURRENT_VERSION or schema.recorded(model) is None:
-                schema.record(model, max(version, CURRENT_VERSION))
-        result.version = max(version or 0, CURRENT_VERSION)
+                result.applied.append(_describe(model, target, step))
+            if version < current or schema.recorded(model) is None:
+                schema.record(model, max(version, current))
+        result.version = max(version or 0, current)
     return result

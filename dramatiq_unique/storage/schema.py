@@ -6,7 +6,9 @@ version, recorded per store in a table of its own,
 when it was set).  A table with no row there was made by a release that
 recorded none: its version is read from its columns (no ``app``: 0; no
 ``history``: 1; else 2), so the releases before versioning need no
-bookkeeping of their own.
+bookkeeping of their own.  The suite's other tables (the run-time limits,
+``dramatiq_unique_limits``) are versioned the same way, each with a
+version of its own (the model's ``dramatiq_unique_version``; :func:`target_version`).
 
 Opening a table (``setup()``, an actor's ``job_model`` at declaration, a
 store that answers again):
@@ -122,8 +124,21 @@ def columns(model: type[pw.Model]) -> set[str]:
     return {column.name for column in db.get_columns(model._meta.table_name, model._meta.schema)}
 
 
-def inferred(names: set[str]) -> int:
-    """The version of a table that recorded none, from its columns."""
+def target_version(model: type[pw.Model]) -> int:
+    """The version this release gives ``model``'s table: :data:`CURRENT_VERSION` for a job table,
+    the model's own ``dramatiq_unique_version`` for another table of the suite's."""
+    return int(getattr(model, "dramatiq_unique_version", CURRENT_VERSION))
+
+
+def is_job_table(model: type[pw.Model]) -> bool:
+    return not hasattr(model, "dramatiq_unique_version")
+
+
+def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
+    """The version of a table that recorded none, from its columns (another table of the suite's
+    than a job table recorded its version from the first: one without is at its first version)."""
+    if model is not None and not is_job_table(model):
+        return 1
     if APP_COLUMN not in names:
         return 0
     return 2 if HISTORY_COLUMN in names else 1
@@ -145,7 +160,7 @@ def version_of(model: type[pw.Model]) -> Optional[int]:
     if not names:
         return None
     found = recorded(model)
-    return inferred(names) if found is None else found
+    return inferred(names, model) if found is None else found
 
 
 def record(model: type[pw.Model], version: int) -> None:
@@ -171,9 +186,10 @@ def _versions_exist(db: pw.Database) -> bool:
 
 
 def out_of_date(model: type[pw.Model], version: int) -> SchemaOutOfDate:
+    kind = "job table" if is_job_table(model) else "table"
     return SchemaOutOfDate(
-        f"the job table {table_key(model)} in {model._meta.database.database!r} is at schema version {version}, "
-        f"this release needs version {CURRENT_VERSION}: run {COMMAND} (migrations are additive: workers of the "
+        f"the {kind} {table_key(model)} in {model._meta.database.database!r} is at schema version {version}, "
+        f"this release needs version {target_version(model)}: run {COMMAND} (migrations are additive: workers of the "
         f"earlier release may keep running meanwhile)"
     )
 
@@ -182,17 +198,17 @@ def create_or_migrate(model: type[pw.Model]) -> None:
     """Open ``model``'s table (see the module docstring): create it at the current version if missing,
     refuse it if older (unless :func:`tolerating_old`), add the indexes it lacks if current."""
     db = model._meta.database
+    target = target_version(model)
     with locked(db):
         version = version_of(model)
         if version is None:
             model._schema.create_table(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager
             model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
-            record(model, CURRENT_VERSION)
-        elif version < CURRENT_VERSION:
+            record(model, target)
+        elif version < target:
             if not getattr(_tolerant, "on", False):
                 raise out_of_date(model, version)
-            logger.info("%s is at schema version %d of %d; to be migrated.", table_key(model), version,
-                        CURRENT_VERSION)
+            logger.info("%s is at schema version %d of %d; to be migrated.", table_key(model), version, target)
         else:
             model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
             if recorded(model) is None:

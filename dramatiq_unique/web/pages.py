@@ -79,8 +79,10 @@ def locks() -> str:
 
 
 def slots() -> str:
-    found = data.slot_groups(current_suite())
-    return render_template("slots.html", groups=found.items, down=found.down, done=_done())
+    suite = current_suite()
+    found = data.slot_groups(suite)
+    return render_template("slots.html", groups=found.items, limits=data.limits(suite), down=found.down,
+                           done=_done())
 
 
 def dead() -> str:

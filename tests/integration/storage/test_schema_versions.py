@@ -16,6 +16,7 @@ import dramatiq_unique
 from dramatiq_unique import JobModel, SchemaOutOfDate
 from dramatiq_unique.cli import main
 from dramatiq_unique.health.target import bound
+from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage import migrations, schema
 from dramatiq_unique.storage.database import open_database
 from tests.conftest import REDIS_URL
@@ -153,8 +154,9 @@ def test_a_store_down(v1_db, database_url, monkeypatch, capsys):
     """With the second store down, migrate migrates the first and exits 1; status names the error."""
     monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", f"{database_url} postgresql://postgres@127.0.0.1:1/test")
     assert main(["migrate", "--json"]) == 1
-    first, second = json.loads(capsys.readouterr().out)
+    first, second, limits = json.loads(capsys.readouterr().out)
     assert first["version"] == 2 and first["error"] is None and second["error"]
+    assert (limits["table"], limits["version"], limits["error"]) == ("dramatiq_unique_limits", 1, None)
     assert main(["status"]) == 1
     assert "ERROR" in capsys.readouterr().out
 
@@ -169,7 +171,8 @@ def test_an_open_transaction_of_an_old_worker_bounds_the_wait(pg_url, monkeypatc
         with worker.atomic():
             worker.execute_sql('SELECT count(*) FROM "dramatiq_unique_jobs"').fetchone()
             assert main(["migrate", "--lock-timeout", "200", "--json"]) == 1
-            (result,) = json.loads(capsys.readouterr().out)
+            result, limits = json.loads(capsys.readouterr().out)
+            assert limits["table"] == "dramatiq_unique_limits" and limits["error"] is None
             assert "lock timeout" in result["error"] and schema.version_of(bound(JobModel, db, 0)) == 1
         assert main(["migrate"]) == 0
     finally:
@@ -180,6 +183,24 @@ def test_an_open_transaction_of_an_old_worker_bounds_the_wait(pg_url, monkeypatc
 def test_a_new_database_is_created_at_the_current_version(suite):
     assert schema.recorded(JobModel) == schema.CURRENT_VERSION
     assert migrations.status(JobModel).current
+
+
+def test_the_limits_table_has_a_version_of_its_own(suite, database_url, monkeypatch, capsys):
+    """The run-time limits' table is created at set-up at its own version (1), not the job tables' (2);
+    status lists it; migrate creates it in a database whose job tables exist without it."""
+    limits = overrides.model_of(suite)
+    assert schema.recorded(limits) == 1 and migrations.status(limits).current
+    monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", database_url)
+    assert main(["status", "--json"]) == 0
+    assert {t["table"]: (t["version"], t["target"]) for t in json.loads(capsys.readouterr().out)} == {
+        "dramatiq_unique_jobs": (2, 2), "dramatiq_unique_limits": (1, 1)}
+    limits._meta.database.execute_sql(f'DROP TABLE {limits._meta.table_name}')
+    assert main(["status"]) == 1
+    assert "dramatiq_unique_limits" in capsys.readouterr().out
+    assert main(["migrate", "--json"]) == 0
+    applied = {t["table"]: t["applied"] for t in json.loads(capsys.readouterr().out)}
+    assert applied == {"dramatiq_unique_jobs": [], "dramatiq_unique_limits": ["create the table at version 1"]}
+    assert schema.version_of(limits) == 1
 
 
 APP = '''
@@ -219,7 +240,7 @@ def test_the_commands_with_an_app(v1_db, database_url, key_prefix, tmp_path, mon
     try:
         assert main(["status", name, "--path", str(tmp_path), "--json"]) == 1
         tables = {t["table"]: t["version"] for t in json.loads(capsys.readouterr().out)}
-        assert tables == {"dramatiq_unique_jobs": 1, "export_jobs": 1}
+        assert tables == {"dramatiq_unique_jobs": 1, "export_jobs": 1, "dramatiq_unique_limits": 1}
         assert main(["migrate", name, "--path", str(tmp_path)]) == 0
         capsys.readouterr()
         assert main(["status", name, "--path", str(tmp_path)]) == 0
