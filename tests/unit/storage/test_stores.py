@@ -76,10 +76,11 @@ def test_a_send_fails_over_to_the_next_store_and_remembers_the_primary_down(two,
     clock = [1000.0]  # the stores' clock, moved by hand: a loaded machine cannot make down_for pass early
     monkeypatch.setattr("dramatiq_unique.storage.stores.time.monotonic", lambda: clock[0])
     tried = []
+    sends = iter(range(1_000_000))
 
     def insert(model):
         tried.append(model._meta.database)
-        return statements.insert(model, fields(f"m{len(tried)}-{time.monotonic()}"))
+        return statements.insert(model, fields(f"m{len(tried)}-{next(sends)}"))
 
     marker: dict = {}
     model, row_id = two.insert(Jobs, insert, marker)
