@@ -129,7 +129,10 @@ def stats(ctx: Context, args: argparse.Namespace) -> int:
                                          for a, c in sorted(s.by_actor.items())], empty="(no jobs)"),
             "",
             f"finished per minute: {' '.join(str(n) for n in s.throughput)}",
-            f"waiting  p50 {ms(s.waiting_ms['p50'])}  p95 {ms(s.waiting_ms['p95'])}",
+            f"waiting  p50 {ms(s.waiting_ms['p50'])}  p95 {ms(s.waiting_ms['p95'])}"
+            "  (created or due to started, time parked included)",
+            f"parked   p50 {ms(s.parked_ms['p50'])}  p95 {ms(s.parked_ms['p95'])}"
+            f"  ({s.parked} of {s.timed} jobs waited parked for a lock or a slot)",
             f"running  p50 {ms(s.running_ms['p50'])}  p95 {ms(s.running_ms['p95'])}",
         ]
         lines += [f"not read: {down}" for down in s.down]
