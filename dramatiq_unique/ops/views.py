@@ -76,8 +76,8 @@ class Attempt(View):
     """One attempt of a job (from the row's ``history`` when it has one, else the last attempt)."""
 
     attempt: int
-    started_at: Optional[Any]
-    finished_at: Optional[Any]
+    started_at: Optional[datetime]
+    finished_at: Optional[datetime]
     status: Optional[str]
     error: Optional[str]
     worker: Optional[str]
@@ -101,7 +101,7 @@ class Waiting(View):
     token: Optional[int] = None
     #: ms until the lock's lease runs out.
     left_ms: Optional[float] = None
-    #: ms until the job comes due.
+    #: ms until the job comes due (negative: overdue by that much).
     due_in_ms: Optional[float] = None
     since: Optional[datetime] = None
     #: What could not be learned (a store that did not answer), said after the sentence.

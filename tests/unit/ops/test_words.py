@@ -58,3 +58,9 @@ def test_due_queued_and_pending():
         "due in 1 s (Redis did not answer)")
     assert why(Waiting(reason="slot", label="export", note="not all known: Redis down")) == (
         "waiting for a slot of export (not all known: Redis down)")
+
+
+def test_an_overdue_retry_says_by_how_much_not_due_in_0_ms():
+    assert why(Waiting(reason="retrying", due_in_ms=-180_000)) == "failed, retrying: next attempt overdue by 3 m"
+    assert why(Waiting(reason="retrying", due_in_ms=0)) == "failed, retrying: next attempt overdue by 0 ms"
+    assert why(Waiting(reason="retrying", due_in_ms=1)) == "failed, retrying: next attempt due in 1 ms"
