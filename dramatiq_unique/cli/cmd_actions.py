@@ -7,7 +7,7 @@ import argparse
 
 from dramatiq_unique import ops
 from dramatiq_unique.cli import values
-from dramatiq_unique.cli.context import Context, Refused
+from dramatiq_unique.cli.context import Context, Usage
 from dramatiq_unique.cli.output import pairs
 from dramatiq_unique.cli.registry import command
 from dramatiq_unique.ops.views import JobView
@@ -44,7 +44,7 @@ def limit(ctx: Context, args: argparse.Namespace) -> int:
     suite = ctx.load()
     config = suite.actor_config(actor)
     if config is None:
-        raise Refused(f"no actor {actor!r} with concurrency slots is declared in the app")
+        raise Usage(f"no actor {actor!r} with concurrency slots is declared in the app")
     key = None if key_text is None else ops.limit_key(config, key_text)
     status = ops.set_limit(suite, actor, value, key)
     group = f"{actor} {key_text}" if key_text else actor
