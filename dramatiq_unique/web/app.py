@@ -18,7 +18,7 @@ from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
-from dramatiq_unique.web import actions, pages, present, security
+from dramatiq_unique.web import actions, bulk, pages, present, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Endpoints that change state, by the action name the auth hook is asked about.
-ACTION_OF = {"retry": "retry", "cancel": "cancel", "limit": "limit", "halt": "halt"}
+ACTION_OF = {"retry": "retry", "cancel": "cancel", "limit": "limit", "halt": "halt", "retry_all": "retry_all",
+             "cancel_all": "cancel_all"}
 
 
 def make_app(
@@ -40,10 +41,11 @@ def make_app(
     ``suite``: the suite to show (default: the last :func:`dramatiq_unique.setup`'s, looked up at
     each request, so the app can be made before the set-up).  ``read_only``: no actions (no
     buttons; every POST gets 403).  ``auth``: the host's hook, ``auth(request, action) -> bool``,
-    asked with ``action=None`` for each page and with ``"retry"``, ``"cancel"``, ``"limit"`` or
-    ``"halt"`` for each action.  ``basic_auth``: ``(user, password)`` (or a callable checking
-    them) that every request must carry.  ``secret_key``: signs CSRF tokens; give the same one to
-    every process that serves the dashboard behind one address (default: random per app).
+    asked with ``action=None`` for each page and with ``"retry"``, ``"cancel"``, ``"limit"``,
+    ``"halt"``, ``"retry_all"`` or ``"cancel_all"`` for each action.  ``basic_auth``: ``(user,
+    password)`` (or a callable checking them) that every request must carry.  ``secret_key``: signs
+    CSRF tokens; give the same one to every process that serves the dashboard behind one address
+    (default: random per app).
     """
     if auth is not None and not callable(auth):
         raise InvalidOption(f"auth must be a callable auth(request, action) -> bool, not {auth!r}")
@@ -108,5 +110,6 @@ def make_app(
 
     pages.register(app)
     actions.register(app)
+    bulk.register(app)
     return app
 
