@@ -81,7 +81,7 @@ def described(action: str, sel: Selection, key: Optional[str] = None) -> str:
     if sel.actor:
         parts.append(f"of {sel.actor}")
     if key:
-        parts.append(f"with the key {key}")
+        parts.append(f"with the key {key!r}")
     if sel.error:
         parts.append(f"whose error holds {sel.error!r}")
     if sel.since is not None:
