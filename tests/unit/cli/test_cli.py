@@ -24,8 +24,9 @@ def run(words, env=None):
 def test_every_command_is_registered():
     parser()
     assert {"jobs", "job", "locks", "slots", "dead", "retry", "cancel", "limit", "stats", "prune", "redrive",
-            "web"} <= set(COMMANDS)
-    assert {name for name, c in COMMANDS.items() if c.writes} >= {"retry", "cancel", "limit", "prune", "redrive"}
+            "web", "retry-all", "cancel-all"} <= set(COMMANDS)
+    assert {name for name, c in COMMANDS.items() if c.writes} >= {"retry", "cancel", "limit", "prune", "redrive",
+                                                                   "retry-all", "cancel-all"}
 
 
 def test_usage_errors_exit_2():
