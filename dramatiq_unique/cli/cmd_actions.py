@@ -7,7 +7,7 @@ import argparse
 
 from dramatiq_unique import ops
 from dramatiq_unique.cli import values
-from dramatiq_unique.cli.context import Context, Refused
+from dramatiq_unique.cli.context import Context, Usage
 from dramatiq_unique.cli.output import pairs
 from dramatiq_unique.cli.registry import command
 from dramatiq_unique.ops.views import JobView
@@ -45,7 +45,7 @@ def limit(ctx: Context, args: argparse.Namespace) -> int:
     suite = ctx.load()
     config = suite.actor_config(actor)
     if config is None:
-        raise Refused(f"no actor {actor!r} with concurrency slots is declared in the app")
+        raise Usage(f"no actor {actor!r} with concurrency slots is declared in the app")
     target = ops.limit_target(suite, config, key_text)
     status = ops.set_group_limit(suite, actor, target.group, value, words=target.words, key=target.key)
     if target.warning and value is not None:

@@ -8,7 +8,7 @@ from typing import Any
 from dramatiq_unique import ops
 from dramatiq_unique.cli import values
 from dramatiq_unique.cli.context import Context
-from dramatiq_unique.cli.output import cell, ms, pairs, table
+from dramatiq_unique.cli.output import detail, ms, pairs, table
 from dramatiq_unique.cli.registry import command
 from dramatiq_unique.ops.listing import DEFAULT_LIMIT
 from dramatiq_unique.ops.views import JobRow
@@ -65,13 +65,13 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
         if view.slot:
             items.append(("slot", view.slot))
         items += [
-            ("key", view.key or "-"), ("arguments", cell(_json_text(view.args) + " " + _json_text(view.kwargs))),
+            ("key", view.key or "-"), ("arguments", detail(_json_text(view.args) + " " + _json_text(view.kwargs))),
             ("attempts", view.attempts), ("fencing token", view.fencing_token), ("created", view.created_at),
             ("enqueued", view.enqueued_at), ("due", view.process_after), ("started", view.started_at),
             ("finished", view.finished_at), ("worker", view.worker), ("parked on", view.parked_on),
             ("table", view.table),
             ("checkpoints", ", ".join(view.checkpoints) if isinstance(view.checkpoints, dict) else "-"),
-            ("result", cell(_json_text(view.result)) if view.result is not None else "-"),
+            ("result", detail(_json_text(view.result)) if view.result is not None else "-"),
         ]
         lines = [pairs(items)]
         if view.history:
@@ -91,10 +91,15 @@ def _dead_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=100, help="rows at most (default 100)")
 
 
-@command("dead", help="the dead set: failed jobs, the last to fail first", arguments=_dead_arguments)
+DEAD_HEADERS = ("ref", "actor", "key", "attempts", "failed", "error")
+
+
+@command("dead", help="the dead set: failed jobs of tracked actors, the last to fail first",
+         arguments=_dead_arguments)
 def dead(ctx: Context, args: argparse.Namespace) -> int:
     rows = ops.dead(ctx.load(), actor=args.actor, since=values.since(args.since), limit=args.limit)
-    ctx.emit([r.as_dict() for r in rows], lambda: table(ROW_HEADERS, _rows(rows), empty="(the dead set is empty)"))
+    lines = [(r.ref, r.actor, r.key, r.attempts, r.finished_at, r.error) for r in rows]
+    ctx.emit([r.as_dict() for r in rows], lambda: table(DEAD_HEADERS, lines, empty="(the dead set is empty)"))
     return 0
 
 
@@ -160,7 +165,10 @@ def stats(ctx: Context, args: argparse.Namespace) -> int:
                                          for a, c in sorted(s.by_actor.items())], empty="(no jobs)"),
             "",
             f"finished per minute: {' '.join(str(n) for n in s.throughput)}",
-            f"waiting  p50 {ms(s.waiting_ms['p50'])}  p95 {ms(s.waiting_ms['p95'])}",
+            f"waiting  p50 {ms(s.waiting_ms['p50'])}  p95 {ms(s.waiting_ms['p95'])}"
+            "  (created or due to started, time parked included)",
+            f"parked   p50 {ms(s.parked_ms['p50'])}  p95 {ms(s.parked_ms['p95'])}"
+            f"  ({s.parked} of {s.timed} jobs waited parked for a lock or a slot)",
             f"running  p50 {ms(s.running_ms['p50'])}  p95 {ms(s.running_ms['p95'])}",
         ]
         lines += [f"not read: {down}" for down in s.down]

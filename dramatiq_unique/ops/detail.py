@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from dramatiq_unique.durable import lookup
@@ -60,8 +61,8 @@ def history(row: JobModel) -> list[Attempt]:
     if isinstance(kept, list) and kept:
         return [
             Attempt(
-                attempt=int(item.get("attempt") or i + 1), started_at=item.get("started_at"),
-                finished_at=item.get("finished_at"), status=item.get("status"), error=item.get("error"),
+                attempt=int(item.get("attempt") or i + 1), started_at=moment(item.get("started_at")),
+                finished_at=moment(item.get("finished_at")), status=item.get("status"), error=item.get("error"),
                 worker=item.get("worker"),
             )
             for i, item in enumerate(kept) if isinstance(item, dict)
@@ -76,6 +77,18 @@ def history(row: JobModel) -> list[Attempt]:
     )]
 
 
+def moment(value: Any) -> Optional[datetime]:
+    """A time of the ``history`` column (JSON: ISO text) as the datetime the row's own columns are."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None
+
+
 def waiting_of(suite: "Suite", row: JobModel) -> Optional[Waiting]:
     """Why ``row`` waits, as facts; None when it does not wait."""
     status, now = str(row.status), utcnow()
@@ -86,7 +99,7 @@ def waiting_of(suite: "Suite", row: JobModel) -> Optional[Waiting]:
         except DependencyUnavailable as e:
             return Waiting(reason=kind_of(row.parked_on), label=row.actor_name, note=f"not all known: {e}")
     if status == JobStatus.RETRYING.value:
-        return Waiting(reason="retrying", due_in_ms=max(due_in or 0, 0))
+        return Waiting(reason="retrying", due_in_ms=due_in)
     if status in (JobStatus.PENDING.value, JobStatus.QUEUED.value) and due_in is not None and due_in > 0:
         return Waiting(reason="due", due_in_ms=due_in)
     if status == JobStatus.QUEUED.value:

@@ -76,8 +76,8 @@ class Attempt(View):
     """One attempt of a job (from the row's ``history`` when it has one, else the last attempt)."""
 
     attempt: int
-    started_at: Optional[Any]
-    finished_at: Optional[Any]
+    started_at: Optional[datetime]
+    finished_at: Optional[datetime]
     status: Optional[str]
     error: Optional[str]
     worker: Optional[str]
@@ -102,7 +102,7 @@ class Waiting(View):
     token: Optional[int] = None
     #: ms until the lock's lease runs out.
     left_ms: Optional[float] = None
-    #: ms until the job comes due.
+    #: ms until the job comes due (negative: overdue by that much).
     due_in_ms: Optional[float] = None
     since: Optional[datetime] = None
     #: What could not be learned (a store that did not answer), said after the sentence.
@@ -211,7 +211,14 @@ class Stats(View):
     by_actor: dict[str, dict[str, int]]
     #: Jobs finished per minute, oldest minute first (``minutes`` values).
     throughput: list[int]
-    #: Percentiles, ms, of the jobs finished in the window: {"p50": .., "p95": ..}.
+    #: Percentiles, ms, of the jobs finished in the window: {"p50": .., "p95": ..}.  Waiting: from when the
+    #: job could first run (created, or due) to its last attempt's start, time parked included.
     waiting_ms: dict[str, Optional[float]]
     running_ms: dict[str, Optional[float]]
     down: list[str] = dataclasses.field(default_factory=list)
+    #: Of the jobs whose last attempt was parked for a lock or a slot: from first parked to started.
+    parked_ms: dict[str, Optional[float]] = dataclasses.field(default_factory=lambda: {"p50": None, "p95": None})
+    #: The jobs the timings are of (the newest finished in the window, at most ops.stats.MAX_SAMPLE),
+    #: and how many of them were parked.
+    timed: int = 0
+    parked: int = 0

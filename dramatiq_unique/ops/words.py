@@ -7,6 +7,7 @@ current time, so each sentence is tested without a store:
 * "waiting for the execution lock of report user=7: held by job 12 (token 7, 41 s left); 2 waiting ahead"
 * "due in 3 m", "queued since 2026-11-24 21:03:12 UTC (4 m)"
 * "holds a slot of deliver_webhook customer=42: 3 held (jobs 17, 23 and 31), limit lowered to 1 while they ran"
+* "failed, retrying: next attempt overdue by 2 m" (its due time passed and no worker took it yet)
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def _sentence(w: Waiting, now: Optional[datetime]) -> str:
     if w.reason == "due":
         return f"due in {duration(w.due_in_ms)}"
     if w.reason == "retrying":
+        if w.due_in_ms is not None and w.due_in_ms <= 0:
+            return f"failed, retrying: next attempt overdue by {duration(-w.due_in_ms)}"
         return f"failed, retrying: next attempt due in {duration(w.due_in_ms)}"
     since = when(w.since)
     if w.since is not None and now is not None:

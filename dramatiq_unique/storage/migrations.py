@@ -16,6 +16,10 @@ version  what it adds
          declares their actor (durable/scope.py)
 2        the nullable ``history`` column (JSON text: the attempts, see
          storage/history.py), added by ``playhouse.migrate``
+3        the nullable ``parked_at`` and ``parked_attempt`` columns (when a job
+         was first parked in its wait, and at which attempt: the time parked
+         that ``stats`` and the dashboard show), added by ``playhouse.migrate``;
+         rows parked before it count as never parked
 =======  ====================================================================
 
 Every step is additive and idempotent (it looks before it acts), only the
@@ -40,7 +44,7 @@ import peewee as pw
 from playhouse import migrate as pw_migrate
 
 from dramatiq_unique.storage import queries, schema
-from dramatiq_unique.storage.schema import APP_COLUMN, CURRENT_VERSION, HISTORY_COLUMN
+from dramatiq_unique.storage.schema import APP_COLUMN, CURRENT_VERSION, HISTORY_COLUMN, PARKED_COLUMNS
 
 #: Indexes before version 1 that the app-leading ones replace: (columns, unique).
 OLD_INDEXES = (
@@ -100,10 +104,23 @@ def _to_v2(model: Model, names: set[str]) -> list[Step]:
         migrator.add_column(table, HISTORY_COLUMN, pw.TextField(null=True))))]
 
 
+def _to_v3(model: Model, names: set[str]) -> list[Step]:
+    migrator = pw_migrate.SchemaMigrator.from_database(model._meta.database, schema=model._meta.schema)
+    table = model._meta.table_name
+    at, attempt = PARKED_COLUMNS
+    fields = {at: pw.DateTimeField(null=True), attempt: pw.IntegerField(null=True)}
+    types = {at: "TIMESTAMP", attempt: "INTEGER"}
+    # A column the table has already (a job_model that declared it) is left as it is.
+    return [Step(f"add column {name} {types[name]} NULL (when the job was first parked in its wait)",
+                 lambda name=name: pw_migrate.migrate(migrator.add_column(table, name, fields[name])))  # type: ignore[misc]
+            for name in PARKED_COLUMNS if name not in names]
+
+
 #: version: (its name, its steps for a table whose columns are given).
 MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {
     1: ("app column and app-first indexes", _to_v1),
     2: ("per-attempt history", _to_v2),
+    3: ("time parked", _to_v3),
 }
 assert max(MIGRATIONS) == CURRENT_VERSION, "a migration to every version up to CURRENT_VERSION"
 #: The migrations of the suite's other tables (the limits' table has had one version).
@@ -145,7 +162,7 @@ def _plan(model: Model) -> tuple[Optional[int], list[tuple[int, Step]]]:
     steps = []
     for target in range(version + 1, schema.target_version(model) + 1):
         # A later migration's look at the columns counts what the earlier ones add.
-        after = names | ({APP_COLUMN} if target > 1 else set())
+        after = names | ({APP_COLUMN} if target > 1 else set()) | ({HISTORY_COLUMN} if target > 2 else set())
         steps += [(target, step) for step in migrations_of(model)[target][1](model, after)]
     return version, steps
 

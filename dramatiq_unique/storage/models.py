@@ -141,6 +141,12 @@ class JobModel(pw.Model):
     missing_since = pw.DateTimeField(null=True)
     #: The finished attempts, oldest first, the last few kept (schema version 2; storage/history.py).
     history = JSONField(null=True)
+    #: When the job was first parked in its current wait for a lock or a slot, and its ``attempts``
+    #: then, so that the wait parked is told apart from an earlier attempt's (schema version 3; the
+    #: park statement writes both, ops/stats.py reads them: ``started_at - parked_at`` of the attempt
+    #: numbered ``parked_attempt + 1``).
+    parked_at = pw.DateTimeField(null=True)
+    parked_attempt = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "dramatiq_unique_jobs"

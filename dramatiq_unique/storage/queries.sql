@@ -240,8 +240,12 @@ WITH moved AS ({statement})
 SELECT moved.* FROM moved, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
 
 -- name: park
--- Park a waiting job on a group; a running row whose lease ran out counts as waiting.
-UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %(options)s
+-- Park a waiting job on a group; a running row whose lease ran out counts as waiting.  "parked_at" keeps
+-- when the job was first parked in this wait: a job woken and parked again before it started keeps it, one
+-- parked after an attempt started (a retry, a crashed attempt's re-delivery) gets now ("attempts" moved on).
+UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %(options)s,
+"parked_at" = CASE WHEN "parked_attempt" = "attempts" THEN "parked_at" ELSE %(now)s END,
+"parked_attempt" = "attempts"
 WHERE "id" = %(id)s AND "revision" = %(revision)s AND ("status" IN (%(pending)s, %(queued)s, %(retrying)s)
 OR ("status" = %(running)s AND "lease_until" < %(now)s)) RETURNING "created_at", "process_after"
 

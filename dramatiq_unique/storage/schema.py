@@ -5,7 +5,7 @@ version, recorded per store in a table of its own,
 ``dramatiq_unique_schema`` (one row per job table: its name, its version,
 when it was set).  A table with no row there was made by a release that
 recorded none: its version is read from its columns (no ``app``: 0; no
-``history``: 1; else 2), so the releases before versioning need no
+``history``: 1; no ``parked_at``: 2; else 3), so the releases before versioning need no
 bookkeeping of their own.  The suite's other tables (the run-time limits,
 ``dramatiq_unique_limits``) are versioned the same way, each with a
 version of its own (the model's ``dramatiq_unique_version``; :func:`target_version`).
@@ -51,13 +51,15 @@ from dramatiq_unique.storage import queries
 logger = logging.getLogger(__name__)
 
 #: The schema version this release writes and reads (storage/migrations.py lists how to reach it).
-CURRENT_VERSION = 2
+CURRENT_VERSION = 3
 #: The table that records each job table's version, in every store.
 VERSIONS_TABLE = "dramatiq_unique_schema"
 #: The column every row's app is kept in (queries.sql: add_app_column); version 1 added it.
 APP_COLUMN = "app"
 #: The per-attempt history (version 2).
 HISTORY_COLUMN = "history"
+#: When a job was first parked in its wait, and at which attempt (version 3).
+PARKED_COLUMNS = ("parked_at", "parked_attempt")
 #: What the refusal tells the operator to run.
 COMMAND = "python -m dramatiq_unique migrate APP (or: dramatiq-unique migrate APP)"
 
@@ -141,7 +143,9 @@ def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
         return 1
     if APP_COLUMN not in names:
         return 0
-    return 2 if HISTORY_COLUMN in names else 1
+    if HISTORY_COLUMN not in names:
+        return 1
+    return 3 if PARKED_COLUMNS[0] in names else 2
 
 
 def recorded(model: type[pw.Model]) -> Optional[int]:

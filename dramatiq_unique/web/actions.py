@@ -151,6 +151,8 @@ ACTION_OF: dict[str, Callable[[], str]] = {
     "cancel": lambda: "cancel",
     "limit": _limit_action,
     "halt": lambda: "halt",
+    "retry_all": lambda: "retry_all",
+    "cancel_all": lambda: "cancel_all",
 }
 
 

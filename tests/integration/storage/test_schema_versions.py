@@ -52,7 +52,7 @@ def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_u
     failed = insert_v1(v1_db, app=key_prefix, actor_name="job", status="failed")
     indexes = index_names(v1_db)
 
-    with pytest.raises(SchemaOutOfDate, match="version 1.*needs version 2.*migrate"):
+    with pytest.raises(SchemaOutOfDate, match="version 1.*needs version 3.*migrate"):
         _setup(broker, database_url, key_prefix)
 
     assert main(["status"]) == 1
@@ -66,9 +66,10 @@ def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_u
 
     assert main(["migrate"]) == 0
     assert "add column history" in capsys.readouterr().out
+    assert {"history", "parked_at", "parked_attempt"} <= schema.columns(bound(JobModel, v1_db, 0))
     assert main(["migrate", "--json"]) == 0  # again: nothing to do
     again = json.loads(capsys.readouterr().out)
-    assert again[0]["applied"] == [] and again[0]["version"] == 2
+    assert again[0]["applied"] == [] and again[0]["version"] == schema.CURRENT_VERSION
     assert main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["current"] is True
     assert index_names(v1_db) == indexes  # no index dropped or added
@@ -111,7 +112,7 @@ def test_a_job_model_with_extra_columns_and_indexes(database_url, broker, key_pr
         with pytest.raises(SchemaOutOfDate, match="export_jobs"):
             dramatiq.actor(lambda customer_id: None, broker=broker, actor_name="export", job_model=ExportJob)
         result = migrations.migrate(bound(ExportJob, db, 0))
-        assert result.version == 2 and len(result.applied) == 1
+        assert result.version == schema.CURRENT_VERSION and len(result.applied) == 3  # history, parked_*
         assert {"customer_id", "history"} <= schema.columns(bound(ExportJob, db, 0))
         assert "exportjob_customer_id" in index_names(db, "export_jobs")
         dramatiq.actor(lambda customer_id: None, broker=broker, actor_name="export", job_model=ExportJob)
@@ -128,8 +129,8 @@ def test_two_migrations_at_once(v1_db, env, database_url):
     outputs = [run.communicate(timeout=60) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     applied = [json.loads(out)[0]["applied"] for out, _ in outputs]
-    assert sorted(len(a) for a in applied) == [0, 1], applied
-    assert schema.version_of(bound(JobModel, v1_db, 0)) == 2
+    assert sorted(len(a) for a in applied) == [0, 3], applied
+    assert schema.version_of(bound(JobModel, v1_db, 0)) == schema.CURRENT_VERSION
 
 
 def test_an_interrupted_migration_leaves_the_earlier_version(v1_db, monkeypatch):
@@ -147,7 +148,7 @@ def test_an_interrupted_migration_leaves_the_earlier_version(v1_db, monkeypatch)
         migrations.migrate(model)
     assert "history" not in schema.columns(model) and schema.version_of(model) == 1
     monkeypatch.setitem(migrations.MIGRATIONS, 2, steps)
-    assert migrations.migrate(model).version == 2
+    assert migrations.migrate(model).version == schema.CURRENT_VERSION
 
 
 def test_a_store_down(v1_db, database_url, monkeypatch, capsys):
@@ -155,7 +156,7 @@ def test_a_store_down(v1_db, database_url, monkeypatch, capsys):
     monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", f"{database_url} postgresql://postgres@127.0.0.1:1/test")
     assert main(["migrate", "--json"]) == 1
     first, second, limits = json.loads(capsys.readouterr().out)
-    assert first["version"] == 2 and first["error"] is None and second["error"]
+    assert first["version"] == schema.CURRENT_VERSION and first["error"] is None and second["error"]
     assert (limits["table"], limits["version"], limits["error"]) == ("dramatiq_unique_limits", 1, None)
     assert main(["status"]) == 1
     assert "ERROR" in capsys.readouterr().out

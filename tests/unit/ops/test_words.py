@@ -80,3 +80,9 @@ def test_a_woken_job_that_waits_in_the_broker_holds_its_slot():
     w = Waiting(reason="woken", label="sync customer=42", since=now - timedelta(seconds=41))
     assert why(w, now) == ("woken with a slot of sync customer=42, which it holds: queued since "
                            "2026-11-24 21:06:31 UTC (41 s) for a worker thread to start it")
+
+
+def test_an_overdue_retry_says_by_how_much_not_due_in_0_ms():
+    assert why(Waiting(reason="retrying", due_in_ms=-180_000)) == "failed, retrying: next attempt overdue by 3 m"
+    assert why(Waiting(reason="retrying", due_in_ms=0)) == "failed, retrying: next attempt overdue by 0 ms"
+    assert why(Waiting(reason="retrying", due_in_ms=1)) == "failed, retrying: next attempt due in 1 ms"
