@@ -187,14 +187,14 @@ def test_a_new_database_is_created_at_the_current_version(suite):
 
 
 def test_the_limits_table_has_a_version_of_its_own(suite, database_url, monkeypatch, capsys):
-    """The run-time limits' table is created at set-up at its own version (1), not the job tables' (2);
+    """The run-time limits' table is created at set-up at its own version (1), not the job tables';
     status lists it; migrate creates it in a database whose job tables exist without it."""
     limits = overrides.model_of(suite)
     assert schema.recorded(limits) == 1 and migrations.status(limits).current
     monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", database_url)
     assert main(["status", "--json"]) == 0
     assert {t["table"]: (t["version"], t["target"]) for t in json.loads(capsys.readouterr().out)} == {
-        "dramatiq_unique_jobs": (2, 2), "dramatiq_unique_limits": (1, 1)}
+        "dramatiq_unique_jobs": (schema.CURRENT_VERSION, schema.CURRENT_VERSION), "dramatiq_unique_limits": (1, 1)}
     limits._meta.database.execute_sql(f'DROP TABLE {limits._meta.table_name}')
     assert main(["status"]) == 1
     assert "dramatiq_unique_limits" in capsys.readouterr().out
