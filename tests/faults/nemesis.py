@@ -1,0 +1,445 @@
+"""The nemesis: random faults from a seed, under a stream of sends, judged from a history.
+
+A run starts servers of its own on free ports (a redis-server for the broker and the suite, a
+throwaway PostgreSQL cluster for the job table: tests/servers.py), a fleet of `dramatiq` worker
+processes (tests/faults/nemesis_app.py: every kind of actor), re-drive passes, and producer threads
+that send jobs of every kind, duplicates among them.  Meanwhile the nemesis picks, every 2 to 6
+seconds, one of these faults, which may overlap (a worker frozen while Redis is down):
+
+- ``kill``: SIGKILL a worker process (a supervisor starts another);
+- ``stop``: SIGSTOP a worker process for 0.5 to 8 s (past its leases and the broker's heartbeat
+  timeout, or not), then SIGCONT;
+- ``redis-kill``: kill -9 the redis-server, and start it again, empty, 0.5 to 3 s later;
+- ``redis-pause``: ``DEBUG SLEEP`` or SIGSTOP the redis-server for 0.5 to 4 s;
+- ``pg-restart``: stop PostgreSQL with ``-m immediate`` (a crash) and start it 0.5 to 3 s later.
+
+Then every fault is healed, the sends stop, and the run waits (bounded) for every job to finish;
+tests/faults/checker.py judges the history with the job table.  The seed decides the faults, their
+times, lengths and targets, and the sends; the machine decides the rest, so a replay repeats the
+schedule, not every interleaving.
+
+    python3 -m tests.faults.nemesis --minutes 30 --seed 1234    # a soak; prints its figures
+
+``tests/faults/test_nemesis.py`` runs it for about three minutes in the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Optional
+
+import redis
+
+from dramatiq_unique import JobModel
+from tests.durable import RedisServer
+from tests.faults import checker
+from tests.faults import history as hist
+from tests.faults.harness import Fleet, Redriver, prefix
+from tests.faults.nemesis_app import KINDS, App, build
+from tests.servers import PostgresCluster
+from tests.workers import CliWorker
+
+#: ms of the actors' run, drawn per send.
+RUN_MS = (100, 300, 600, 1_000, 2_000)
+#: Faults by weight: worker faults are the common ones.
+FAULTS = {"kill": 3, "stop": 3, "redis-kill": 1, "redis-pause": 1, "pg-restart": 1}
+
+
+@dataclasses.dataclass
+class Settings:
+    """A run's settings; ``seconds`` is the length of the fault phase."""
+
+    seconds: float
+    seed: int
+    workers: int = 3
+    threads: int = 3
+    producers: int = 2
+    #: Seconds the jobs have, once every fault is healed, to finish (the run fails past it).
+    recovery: float = 150
+    ttl: int = 3_000
+    heartbeat_timeout: int = 4_000
+    maintenance_chance: int = 50_000
+    lost_after: int = 1_000
+
+    def replay(self) -> str:
+        return f"python3 -m tests.faults.nemesis --seed {self.seed} --minutes {self.seconds / 60:g}"
+
+
+def fresh_seed() -> int:
+    return secrets.randbelow(1_000_000)
+
+
+class DebuggableRedis(RedisServer):
+    """A throwaway redis-server that takes ``DEBUG SLEEP`` (Redis 7 refuses DEBUG by default)."""
+
+    def start(self) -> "DebuggableRedis":
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is needed on PATH"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
+             "--enable-debug-command", "local"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=5)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.RedisError as e:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise AssertionError(f"redis-server on port {self.port} did not start") from e
+                time.sleep(0.05)
+        client.close()
+        return self
+
+
+class NemesisFleet(Fleet):
+    """The fault suite's fleet of `dramatiq tests.faults.nemesis_app` workers, supervised: a worker
+    group that ended by itself (its process died at boot while a server was down, say) is
+    recorded (``died``) and replaced."""
+
+    def spawn(self) -> CliWorker:
+        worker = CliWorker("tests.faults.nemesis_app", self.env, processes=1, threads=self.threads,
+                           stderr_path=self.log_dir / f"worker-{len(self.workers) + len(self.retired)}.log")
+        self.workers.append(worker)
+        self._known = getattr(self, "_known", {})
+        self._known[id(worker)] = []
+        return worker
+
+    def supervise(self) -> None:
+        for worker in list(self.workers):
+            children = worker.children()
+            if children:
+                self._known[id(worker)] = children
+            if worker.process.poll() is None:
+                continue
+            for pid in self._known.get(id(worker), []):
+                self.frozen.discard(pid)
+                self.log.record("died", pid=pid, code=worker.process.returncode)
+            self.workers.remove(worker)
+            self.retired.append(worker)
+            self.spawn()
+
+    def live(self) -> list[int]:
+        """Worker processes neither frozen nor on their way out."""
+        return sorted(pid for pid in self.pids() if pid not in self.frozen)
+
+
+class Nemesis:
+    """The faults of one run: :meth:`tick` starts the next one when due and heals those whose time came."""
+
+    def __init__(self, settings: Settings, history: hist.History, fleet: NemesisFleet, server: DebuggableRedis,
+                 cluster: PostgresCluster) -> None:
+        self.rng = random.Random(f"{settings.seed}-faults")
+        self.history = history
+        self.fleet = fleet
+        self.server = server
+        self.cluster = cluster
+        self.heals: list[tuple[float, str, Callable[[], None]]] = []
+        self.busy: set[str] = set()  # "redis", "pg": one fault of a server at a time
+        self.count = 0
+        self.next_at = time.monotonic() + self.rng.uniform(2, 6)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for heal in [h for h in self.heals if h[0] <= now]:
+            self.heals.remove(heal)
+            heal[2]()
+        self.fleet.supervise()
+        if now >= self.next_at:
+            kind = self.rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
+            getattr(self, "_" + kind.replace("-", "_"))()
+            self.next_at = time.monotonic() + self.rng.uniform(2, 6)
+
+    def heal_all(self) -> None:
+        for heal in sorted(self.heals):
+            heal[2]()
+        self.heals = []
+
+    def _begin(self, kind: str, **fields: Any) -> int:
+        self.count += 1
+        self.history.record("fault", kind=kind, id=self.count, phase="begin", **fields)
+        return self.count
+
+    def _end(self, kind: str, ident: int) -> None:
+        self.history.record("fault", kind=kind, id=ident, phase="end")
+
+    def _later(self, seconds: float, what: str, fn: Callable[[], None]) -> None:
+        self.heals.append((time.monotonic() + seconds, what, fn))
+
+    def _kill(self) -> None:
+        live = self.fleet.live()
+        if live:
+            self.fleet.kill(self.rng.choice(live))
+
+    def _stop(self) -> None:
+        live = self.fleet.live()
+        if not live:
+            return
+        pid = self.rng.choice(live)
+        seconds = self.rng.uniform(0.5, 8)
+        self.fleet.stop(pid)
+
+        def cont() -> None:
+            with contextlib.suppress(StopIteration, AssertionError):
+                self.fleet.cont(pid)
+
+        self._later(seconds, "cont", cont)
+
+    def _redis_kill(self) -> None:
+        if "redis" in self.busy:
+            return
+        self.busy.add("redis")
+        seconds = self.rng.uniform(0.5, 3)
+        ident = self._begin("redis-kill")
+        self.server.stop()
+
+        def restart() -> None:
+            self.server.start()
+            self._end("redis-kill", ident)
+            self.busy.discard("redis")
+
+        self._later(seconds, "redis", restart)
+
+    def _redis_pause(self) -> None:
+        if "redis" in self.busy:
+            return
+        self.busy.add("redis")
+        seconds = self.rng.uniform(0.5, 4)
+        if self.rng.random() < 0.5:
+            ident = self._begin("redis-pause", how="DEBUG SLEEP")
+            client = redis.Redis(port=self.server.port, socket_timeout=seconds + 30, socket_connect_timeout=5)
+
+            def sleep() -> None:
+                try:
+                    client.execute_command("DEBUG", "SLEEP", f"{seconds:.2f}")
+                finally:
+                    client.close()
+                    self._end("redis-pause", ident)
+                    self.busy.discard("redis")
+
+            threading.Thread(target=sleep, name="redis-sleep", daemon=True).start()
+            return
+        assert self.server.proc is not None
+        pid = self.server.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        ident = self._begin("redis-pause", how="SIGSTOP")
+
+        def cont() -> None:
+            self._end("redis-pause", ident)  # before the signal, as Fleet.cont does
+            os.kill(pid, signal.SIGCONT)
+            self.busy.discard("redis")
+
+        self._later(seconds, "redis", cont)
+
+    def _pg_restart(self) -> None:
+        if "pg" in self.busy:
+            return
+        self.busy.add("pg")
+        seconds = self.rng.uniform(0.5, 3)
+        ident = self._begin("pg-restart")
+        self.cluster.stop("immediate")
+
+        def start() -> None:
+            self.cluster.start()
+            self._end("pg-restart", ident)
+            self.busy.discard("pg")
+
+        self._later(seconds, "pg", start)
+
+
+class Producers:
+    """Threads sending jobs of every kind, with duplicates, each from a seeded stream."""
+
+    def __init__(self, app: App, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(i,), name=f"producer-{i}", daemon=True)
+                        for i in range(settings.producers)]
+        for thread in self.threads:
+            thread.start()
+
+    def _run(self, i: int) -> None:
+        rng = random.Random(f"{self.settings.seed}-sends-{i}")
+        names = list(KINDS)
+        weights = [KINDS[name].weight for name in names]
+        n = 0
+        try:
+            while not self.stop.is_set():
+                kind = rng.choices(names, weights=weights)[0]
+                key = f"k{rng.randrange(KINDS[kind].keys)}"
+                run_ms = rng.choice(RUN_MS)
+                fail_until = rng.randint(1, 2) if kind in ("retry", "steps") else 0
+                for _ in range(2 if rng.random() < 0.2 else 1):  # now and then the same job sent twice
+                    n += 1
+                    self.send(kind, (key, i * 1_000_000 + n, run_ms, fail_until))
+                self.stop.wait(rng.uniform(0.2, 0.8))
+        finally:
+            self.app.suite.close()  # this thread's connection
+
+    def send(self, kind: str, args: tuple) -> None:
+        message = self.app.actors[kind].message_with_options(args=args)
+        history = self.app.history
+        history.record("send", built=message.message_id, kind=kind)
+        try:
+            sent = self.app.broker.enqueue(message)
+        except Exception as e:  # noqa: BLE001 - a fault in progress: the checker accounts for it
+            history.record("refused", built=message.message_id, error=f"{type(e).__name__}: {str(e)[:120]}")
+        else:
+            history.record("sent", built=message.message_id, returned=sent.message_id)
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+            assert not thread.is_alive(), "a producer hung"
+
+
+def env_of(settings: Settings, *, redis_url: str, database_url: str, directory: Path) -> dict[str, str]:
+    key_prefix = prefix()
+    return {
+        "DU_NEMESIS_APP": "1",
+        "DU_REDIS_URL": redis_url,
+        "DU_NAMESPACE": f"{key_prefix}-broker",
+        "DU_DATABASE_URL": database_url,
+        "DU_KEY_PREFIX": key_prefix,
+        "DU_HISTORY_DIR": str(directory),
+        "DU_TTL": str(settings.ttl),
+        "DU_HEARTBEAT_TIMEOUT": str(settings.heartbeat_timeout),
+        "DU_MAINTENANCE_CHANCE": str(settings.maintenance_chance),
+        "DU_LOST_AFTER": str(settings.lost_after),
+    }
+
+
+def unfinished(app: App) -> Optional[int]:
+    """Job rows not finished yet (None: the database does not answer)."""
+    try:
+        return JobModel.select().where(JobModel.status.not_in(["succeeded", "failed", "cancelled"])).count()
+    except Exception:  # noqa: BLE001 - still recovering
+        return None
+    finally:
+        app.suite.close()
+
+
+def run(settings: Settings, directory: Path, say: Callable[[str], None] = print) -> tuple[list[str], dict]:
+    """One run in ``directory`` (its histories and the workers' logs stay there); returns the
+    checker's ``(violations, figures)``."""
+    say(f"nemesis seed={settings.seed} for {settings.seconds:.0f}s of faults, in {directory} "
+        f"(replay: {settings.replay()})")
+    history_dir = directory / "history"
+    history_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as cleanup:
+        cluster = PostgresCluster()
+        cleanup.callback(cluster.remove)
+        cluster.start()
+        server = DebuggableRedis().start()
+        cleanup.callback(server.stop)
+        env = env_of(settings, redis_url=server.url, database_url=cluster.url, directory=history_dir)
+        app = build(env)
+        cleanup.callback(app.close)
+        fleet = NemesisFleet(env, app.history, directory, size=settings.workers, threads=settings.threads)  # type: ignore[arg-type]
+        cleanup.callback(fleet.close)
+        redriver = Redriver(app, interval=0.5)  # type: ignore[arg-type]
+        cleanup.callback(redriver.close)
+        nemesis = Nemesis(settings, app.history, fleet, server, cluster)
+        cleanup.callback(nemesis.heal_all)
+        producers = Producers(app, settings)
+        cleanup.callback(producers.stop.set)
+
+        end = time.monotonic() + settings.seconds
+        while time.monotonic() < end:
+            nemesis.tick()
+            time.sleep(0.05)
+        producers.close()
+        nemesis.heal_all()
+        healed = app.history.record("healed")
+        deadline = healed + settings.recovery
+        left = unfinished(app)
+        while (left is None or left > 0) and time.monotonic() < deadline:
+            fleet.supervise()
+            time.sleep(1)
+            left = unfinished(app)
+        app.history.record("settled", left=left)
+        time.sleep(3)  # a job that would run again after it finished has the time to show it
+        fleet.close()
+        redriver.close()
+        rows = [row_of(job) for job in JobModel.select().where(JobModel.app == env["DU_KEY_PREFIX"])]
+        app.suite.close()
+    with open(directory / "rows.json", "w") as f:  # with the history: --recheck judges the run again
+        json.dump({"ttl": settings.ttl, "rows": [vars(row) for row in rows]}, f)
+    problems, figures = checker.check(hist.read(history_dir), rows, ttl_ms=settings.ttl)
+    figures.update(seed=settings.seed, fault_phase_s=settings.seconds, redrive_passes=redriver.passes,
+                   redrive_counts={k: v for k, v in sorted(redriver.counts.items()) if v})
+    if left:
+        figures["unfinished_after_recovery"] = left
+    return problems, figures
+
+
+#: The columns of a job row the checker reads.
+ROW_COLUMNS = ("message_id", "actor_name", "status", "result", "parked_on", "lease_until", "attempts", "worker",
+               "last_error", "fencing_token")
+
+
+def row_of(job: JobModel) -> SimpleNamespace:
+    return SimpleNamespace(**{name: _plain(getattr(job, name)) for name in ROW_COLUMNS})
+
+
+def _plain(value: Any) -> Any:
+    return value if value is None or isinstance(value, (int, float, list, dict)) else str(value)
+
+
+def recheck(directory: Path) -> tuple[list[str], dict]:
+    """Judge a finished run again from what it left in ``directory`` (its history and rows.json)."""
+    with open(directory / "rows.json") as f:
+        saved = json.load(f)
+    rows = [SimpleNamespace(**row) for row in saved["rows"]]
+    return checker.check(hist.read(directory / "history"), rows, ttl_ms=saved["ttl"])
+
+
+def summary(problems: list[str], figures: dict) -> str:
+    text = "NEMESIS " + json.dumps(figures, sort_keys=False)
+    if problems:
+        text += f"\n{len(problems)} violations:\n" + "\n".join(problems[:30])
+    return text
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m tests.faults.nemesis", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=3.0, help="length of the fault phase")
+    parser.add_argument("--seed", type=int, default=None, help="the seed to replay (default: a fresh one)")
+    parser.add_argument("--dir", default=None, help="where the histories and logs go (default: a new temp dir)")
+    parser.add_argument("--recheck", metavar="DIR", default=None,
+                        help="judge the run left in DIR again (after a change to the checker), run nothing")
+    args = parser.parse_args(argv)
+    if args.recheck:
+        problems, figures = recheck(Path(args.recheck))
+        print(summary(problems, figures), flush=True)
+        return 1 if problems else 0
+    settings = Settings(seconds=args.minutes * 60, seed=fresh_seed() if args.seed is None else args.seed,
+                        recovery=max(150.0, args.minutes * 10))
+    directory = Path(args.dir or tempfile.mkdtemp(prefix="du-nemesis-"))
+    problems, figures = run(settings, directory)
+    print(summary(problems, figures), flush=True)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
