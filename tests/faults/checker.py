@@ -333,6 +333,7 @@ def reruns(parsed: Parsed, ttl_ms: float, figures: dict) -> list[str]:
     for job, runs in parsed.of_job().items():
         last_done = max((r.until for r in runs if r.done is not None), default=None)
         runs = sorted(runs, key=lambda r: (r.token, r.start))  # the order of its attempts
+        healed = None
         for run, after in zip(runs, runs[1:], strict=False):
             causes = explain(run, parsed, ttl_ms)
             if not causes:
@@ -340,9 +341,10 @@ def reruns(parsed: Parsed, ttl_ms: float, figures: dict) -> list[str]:
                 continue
             names = {name for name, _ in causes}
             by_cause[next(c for c in CAUSES if c in names)] += 1
-            healed = max(end for _, end in causes)
-            if last_done is not None and healed != float("inf"):
-                recovery = max(recovery, last_done - healed)
+            healed = max(end for name, end in causes if name != "retry") if names != {"retry"} else None
+        # The job's recovery: from the end of the fault that cut its last cut run to its last run's end.
+        if last_done is not None and healed is not None and healed != float("inf"):
+            recovery = max(recovery, last_done - healed)
     figures["reruns"] = dict(sorted(by_cause.items()))
     figures["longest_recovery_s"] = round(recovery, 1)
     return problems
