@@ -101,12 +101,12 @@ def test_an_exception_between_request_and_reply_does_not_leave_a_reply_behind(se
     client = redis.Redis.from_url(server.url)
     echo = scripts.register(client, ECHO)
     echo(keys=["k"], args=["warm", 0])
-    link = scripts._link(client)
+    link = scripts.link_of(client)
 
-    def interrupted() -> None:
+    def interrupted(*args, **kwargs) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(link, "_read", interrupted)
+    monkeypatch.setattr(link.conn, "read_response", interrupted)
     with pytest.raises(KeyboardInterrupt):
         echo(keys=["k"], args=["lost", 1])
     monkeypatch.undo()
