@@ -20,7 +20,7 @@ from dramatiq_unique.redis.scripts import Script, link_of
 
 
 def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list:
-    """Run ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC; returns its replies.
+    """Run ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC; returns its replies, one per call.
     Raises redis-py's errors: a connection error, or the first error reply (then none of it ran,
     unless a script itself failed part way)."""
     commands: list[tuple[Any, ...]] = [("MULTI",), ("SCRIPT", "LOAD", script.text)]  # a restarted server knows it again
@@ -45,4 +45,4 @@ def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
     for reply in result or ():
         if isinstance(reply, ResponseError):
             raise reply
-    return list(result or ())
+    return list(result or ())[1:]  # the SCRIPT LOAD's reply left out
