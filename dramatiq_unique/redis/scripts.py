@@ -23,12 +23,16 @@ the whole cost of the outage; see :mod:`dramatiq_unique.locks.redlock`).
 redis-py's own retries are off on these connections for the same reason.
 
 A call may also be *posted* (:meth:`Script.post`): sent without waiting
-for its reply, which is read before the link's next call, or by a later
-post if redis-py's ``can_read()`` says it is already there.  A thread
-that waits for a reply gives up the GIL, and under load gets it back
-only after other threads' turns.  A unique job's queue lock is freed at
-its start this way (the thread's own later calls come after it on the
-same connection, so a send from inside the job finds it free).
+for its reply, which is read before the link's next call (or by a post
+that finds :data:`MAX_UNREAD` replies owed).  A thread that waits for a
+reply gives up the GIL, and under load gets it back only after other
+threads' turns.  A unique job's queue lock is freed at its start this way
+(the thread's own later calls come after it on the same connection, so a
+send from inside the job finds it free).  A post does not look for
+replies already there: redis-py's ``can_read()`` would (it sees TLS bytes
+already decrypted too), but at the price of several system calls per
+post, each a turn at the GIL given up; the next call reads them all at
+once.
 
 Anything raised between a request and its reply (Dramatiq's
 ``TimeLimit`` raised into the thread, say) closes the connection, as
@@ -92,7 +96,7 @@ class _Link:
             else:
                 self.conn.send_packed_command(self.conn.pack_commands(commands), check_health=check)
             if self.unread:  # their replies come first
-                redo = self._settle(block=True)
+                redo = self._settle()
             replies = [self._reply() for _ in commands]
         except BaseException:
             # A broken connection, a timeout, or an exception raised into the thread mid-call
@@ -107,8 +111,8 @@ class _Link:
         """Send ``command`` (an EVALSHA of ``text``) without waiting for its reply."""
         redo: list[tuple[Command, str]] = []
         try:
-            if self.unread:
-                redo = self._settle(block=len(self.unread) >= MAX_UNREAD)
+            if len(self.unread) >= MAX_UNREAD:
+                redo = self._settle()
             self.conn.send_command(*command, check_health=not self.unread)
             self.unread.append((command, text))
         except BaseException:
@@ -123,12 +127,11 @@ class _Link:
         except ResponseError as e:  # an error reply: the connection is still in step
             return e
 
-    def _settle(self, block: bool) -> list[tuple[Command, str]]:
-        """Read the replies of posted calls (without ``block``: those already here); returns
-        the calls the server did not run for want of their script."""
+    def _settle(self) -> list[tuple[Command, str]]:
+        """Read the replies of posted calls; returns the calls the server did not run for want
+        of their script."""
         redo: list[tuple[Command, str]] = []
-        # can_read() sees TLS bytes already decrypted too (redis-py checks the SSL buffer).
-        while self.unread and (block or self.conn.can_read()):
+        while self.unread:
             command, text = self.unread.popleft()
             reply = self._reply()
             if isinstance(reply, NoScriptError):
