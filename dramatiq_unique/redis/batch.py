@@ -30,7 +30,7 @@ def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
         link = link_of(script.client)
         fresh = not link.answered
         try:
-            replies = link.call(*commands)
+            replies = link.call_all(commands)
         except RedisConnectionError:
             if fresh or attempt == 2:
                 raise

@@ -85,26 +85,40 @@ class _Link:
         #: thread that goes idle may never make).
         self.known: set[str] = set()
 
-    def call(self, *commands: Command) -> list:
-        """Send ``commands`` in one write; their replies, an error reply as its exception."""
-        redo: list[tuple[Command, str]] = []
+    def call(self, command: Command) -> Any:
+        """Send ``command`` and return its reply, an error reply as its exception."""
+        redo = None
         try:
-            # No health-check PING while posted replies are due: it would read one of theirs.
-            check = not self.unread
-            if len(commands) == 1:
-                self.conn.send_command(*commands[0], check_health=check)
-            else:
-                self.conn.send_packed_command(self.conn.pack_commands(commands), check_health=check)
-            if self.unread:  # their replies come first
+            if self.unread:  # their replies come first; no health-check PING: it would read one of theirs
+                self.conn.send_command(*command, check_health=False)
                 redo = self._settle()
-            replies = [self._reply() for _ in commands]
+            else:
+                self.conn.send_command(*command)
+            reply = self._reply()
         except BaseException:
             # A broken connection, a timeout, or an exception raised into the thread mid-call
             # (Dramatiq's TimeLimit): a reply may be left unread, so start afresh.
             self.close()
             raise
         self.answered = True
-        self._redo(redo)
+        if redo:
+            self._redo(redo)
+        return reply
+
+    def call_all(self, commands: Sequence[Command]) -> list:
+        """Send ``commands`` in one write; their replies, as :meth:`call` gives them."""
+        redo = None
+        try:
+            self.conn.send_packed_command(self.conn.pack_commands(commands), check_health=not self.unread)
+            if self.unread:
+                redo = self._settle()
+            replies = [self._reply() for _ in commands]
+        except BaseException:
+            self.close()
+            raise
+        self.answered = True
+        if redo:
+            self._redo(redo)
         return replies
 
     def post(self, command: Command, text: str) -> None:
@@ -123,7 +137,7 @@ class _Link:
     def _reply(self) -> Any:
         try:
             # Bytes, whatever the client's decode_responses: the callers parse them.
-            return self.conn.read_response(disable_decoding=True)
+            return self.conn.read_response(True)  # disable_decoding
         except ResponseError as e:  # an error reply: the connection is still in step
             return e
 
@@ -187,7 +201,7 @@ class Script:
         for attempt in range(1, ATTEMPTS + 1):
             fresh = not link.answered
             try:
-                reply = link.call(command)[0]
+                reply = link.call(command)
             except RedisConnectionError:
                 # Sent again only over a connection that had worked (a restarted Redis, a
                 # connection killed while idle), and once: a fresh one that failed means the
@@ -198,7 +212,7 @@ class Script:
                 continue
             if isinstance(reply, NoScriptError):
                 # Redis restarted or flushed its scripts: load it, send again.
-                loaded = link.call(("SCRIPT", "LOAD", self.text))[0]
+                loaded = link.call(("SCRIPT", "LOAD", self.text))
                 if isinstance(loaded, ResponseError):
                     raise loaded
                 continue
