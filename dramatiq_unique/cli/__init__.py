@@ -3,8 +3,20 @@
 ``dramatiq-unique COMMAND [APP] [WORDS] [--json]``: APP is the app module, imported as
 Dramatiq's CLI imports it (``package.module``, ``package.module:broker`` or
 ``package.module:setup_callable``); without it the suite is opened read-only from
-``DRAMATIQ_UNIQUE_DATABASE_URL`` and ``DRAMATIQ_UNIQUE_REDIS_URL``.  Exit codes: 0 ok,
-1 not found or refused (a store that does not answer included), 2 usage.
+``DRAMATIQ_UNIQUE_DATABASE_URL`` and ``DRAMATIQ_UNIQUE_REDIS_URL``.
+
+Exit codes, one rule for every command (:data:`EXIT_RULE`):
+
+* 0: done;
+* 1: understood, but not done: no such job, a job in the wrong state or whose key another job
+  holds, a change refused (read-only, not confirmed), a store or Redis that does not answer;
+* 2: not understood, as argparse answers a bad option: a command, option, word or value that
+  is not one (a time, a status, a limit, a key, an id), missing or extra words, an actor that
+  the app does not declare with what the command acts on, no app and no environment, a
+  database URL the suite does not support.  The same command line never succeeds.
+
+``check`` alone answers as monitoring expects: 0 ok, 1 warning, 2 critical (and 2 for a
+command line it does not understand).
 
 The commands live in the ``cmd_*`` modules of this package, registered by name
 (:mod:`dramatiq_unique.cli.registry` says how to add one).
@@ -21,11 +33,20 @@ from typing import Optional, Sequence
 
 from dramatiq_unique.cli.context import Context, Refused, Usage, looks_like_app
 from dramatiq_unique.cli.registry import COMMANDS, Command, command, split_words
-from dramatiq_unique.errors import DependencyUnavailable, DramatiqUniqueError, JobNotFound, JobStateError
+from dramatiq_unique.errors import (
+    DependencyUnavailable,
+    DramatiqUniqueError,
+    InvalidOption,
+    JobNotFound,
+    JobStateError,
+)
 
 __all__ = ["COMMANDS", "Context", "Refused", "Usage", "command", "main"]
 
-#: Errors that mean "not found or refused": exit 1.
+#: The exit codes, in words (the module's docstring says which error gives which).
+EXIT_RULE = ("Exit codes: 0 done; 1 not done: not found, refused, or a store or Redis did not answer; "
+             "2 not understood: a bad command, option, word or value (check: 0 ok, 1 warning, 2 critical).")
+#: Errors that mean "understood, but not done": exit 1.
 REFUSED = (JobNotFound, JobStateError, Refused, DependencyUnavailable)
 
 
@@ -40,8 +61,7 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="dramatiq-unique", description="See and steer the jobs, locks and slots of a dramatiq_unique app.",
         epilog="Each command takes the app module first (package.module[:broker]), as dramatiq does; without it, "
-               "DRAMATIQ_UNIQUE_DATABASE_URL and DRAMATIQ_UNIQUE_REDIS_URL open the jobs read-only. "
-               "Exit codes: 0 ok, 1 not found or refused, 2 usage.",
+               "DRAMATIQ_UNIQUE_DATABASE_URL and DRAMATIQ_UNIQUE_REDIS_URL open the jobs read-only. " + EXIT_RULE,
     )
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in sorted(COMMANDS.values(), key=lambda c: c.name):
@@ -79,7 +99,7 @@ def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = N
     except (Usage, ValueError) as e:  # InvalidOption is a ValueError: a bad limit or key for the actor
         ctx.say(f"{cmd.name}: {_what(e)}")
         return 2
-    except DramatiqUniqueError as e:  # DuplicateJob, InvalidOption...: refused as asked
+    except DramatiqUniqueError as e:  # DuplicateJob, IdempotencyKeyReused...: understood, not done
         ctx.say(f"{cmd.name}: {_what(e)}")
         return 1
 
@@ -87,7 +107,9 @@ def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = N
 def _what(error: Exception) -> str:
     if isinstance(error, JobNotFound):
         return f"no job {error.detail} in this app"
-    return error.detail if isinstance(error, (Refused, Usage)) else str(error)
+    if isinstance(error, (Refused, Usage, InvalidOption, JobStateError)) and error.detail:
+        return error.detail  # says it all: the class's own words would only come before it
+    return str(error)
 
 
 def entry_point() -> None:

@@ -7,7 +7,7 @@ import argparse
 
 from dramatiq_unique import ops
 from dramatiq_unique.cli import values
-from dramatiq_unique.cli.context import Context, Refused
+from dramatiq_unique.cli.context import Context, Usage
 from dramatiq_unique.cli.output import pairs
 from dramatiq_unique.cli.registry import command
 from dramatiq_unique.ops.views import JobView
@@ -36,20 +36,25 @@ def cancel(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-@command("limit", help="set a slot limit at run time: N, halt (0) or default; KEY in words (customer=42)",
-         positionals=("ACTOR", "[KEY]", "N|halt|default"), writes=True)
+@command("limit", help="set a slot limit at run time: N, halt (0) or default (removes it); KEY in words "
+         "(customer=42), or a group's #hash as `slots` and `limits` show it", positionals=("ACTOR", "[KEY]",
+         "N|halt|default"), writes=True)
 def limit(ctx: Context, args: argparse.Namespace) -> int:
     words = args.words
     actor, key_text, value = words[0], (words[1] if len(words) == 3 else None), values.limit(words[-1])
     suite = ctx.load()
     config = suite.actor_config(actor)
     if config is None:
-        raise Refused(f"no actor {actor!r} with concurrency slots is declared in the app")
-    key = None if key_text is None else ops.limit_key(config, key_text)
-    status = ops.set_limit(suite, actor, value, key)
-    group = f"{actor} {key_text}" if key_text else actor
-    data = {"actor": actor, "key": key_text, "limit": status.limit, "default": status.default,
-            "override": status.override, "holders": status.holders, "parked": status.parked}
+        raise Usage(f"no actor {actor!r} with concurrency slots is declared in the app")
+    target = ops.limit_target(suite, config, key_text)
+    status = ops.set_group_limit(suite, actor, target.group, value, words=target.words, key=target.key)
+    if target.warning and value is not None:
+        ctx.say(f"limit: warning: {target.warning}")
+    shown = target.words or (key_text if target.group else None)
+    group = f"{actor} {shown}" if shown else actor
+    data = {"actor": actor, "key": shown, "group": target.group, "limit": status.limit, "default": status.default,
+            "override": status.override, "holders": status.holders, "parked": status.parked,
+            "warning": target.warning if value is not None else ""}
     ctx.emit(data, lambda: pairs([
         ("group", group), ("limit", "none" if status.limit is None else status.limit),
         ("override", "-" if status.override is None else status.override),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import threading
@@ -19,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def _redrive_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=int, default=None, metavar="MS", help="ms between passes")
-    p.add_argument("--once", action="store_true", help="run one pass, print its counts, exit")
+    p.add_argument("--once", action="store_true", help="run one pass, print its counts (--json: as JSON), exit")
 
 
 @command("redrive", help="run the re-drive (lost, due and retrying jobs; pruning)", arguments=_redrive_arguments,
@@ -28,9 +27,11 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
     suite = ctx.load()
     broker = ctx.broker or suite.broker
     if args.once:
-        counts = redrive_pass(broker, suite=suite)
-        ctx.json = True  # one line of JSON, with or without --json, as this command always printed
-        ctx.out.write(json.dumps(counts.as_dict()) + "\n")
+        counts = redrive_pass(broker, suite=suite).as_dict()
+        if not counts.pop("ran"):
+            ctx.emit({"ran": False, **counts}, lambda: "another process is running a pass: this one did nothing")
+            return 0
+        ctx.emit({"ran": True, **counts}, lambda: "one pass: " + ", ".join(f"{n} {what}" for what, n in counts.items()))
         return 0
     _log_visibly()
     stop = threading.Event()

@@ -8,7 +8,7 @@ from typing import Any
 from dramatiq_unique import ops
 from dramatiq_unique.cli import values
 from dramatiq_unique.cli.context import Context
-from dramatiq_unique.cli.output import cell, ms, pairs, table
+from dramatiq_unique.cli.output import detail, ms, pairs, table
 from dramatiq_unique.cli.registry import command
 from dramatiq_unique.ops.listing import DEFAULT_LIMIT
 from dramatiq_unique.ops.views import JobRow
@@ -62,14 +62,16 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
         ]
         if view.why:
             items.append(("why", view.why))
+        if view.slot:
+            items.append(("slot", view.slot))
         items += [
-            ("key", view.key or "-"), ("arguments", cell(_json_text(view.args) + " " + _json_text(view.kwargs))),
+            ("key", view.key or "-"), ("arguments", detail(_json_text(view.args) + " " + _json_text(view.kwargs))),
             ("attempts", view.attempts), ("fencing token", view.fencing_token), ("created", view.created_at),
             ("enqueued", view.enqueued_at), ("due", view.process_after), ("started", view.started_at),
             ("finished", view.finished_at), ("worker", view.worker), ("parked on", view.parked_on),
             ("table", view.table),
             ("checkpoints", ", ".join(view.checkpoints) if isinstance(view.checkpoints, dict) else "-"),
-            ("result", cell(_json_text(view.result)) if view.result is not None else "-"),
+            ("result", detail(_json_text(view.result)) if view.result is not None else "-"),
         ]
         lines = [pairs(items)]
         if view.history:
@@ -89,10 +91,15 @@ def _dead_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=100, help="rows at most (default 100)")
 
 
-@command("dead", help="the dead set: failed jobs, the last to fail first", arguments=_dead_arguments)
+DEAD_HEADERS = ("ref", "actor", "key", "attempts", "failed", "error")
+
+
+@command("dead", help="the dead set: failed jobs of tracked actors, the last to fail first",
+         arguments=_dead_arguments)
 def dead(ctx: Context, args: argparse.Namespace) -> int:
     rows = ops.dead(ctx.load(), actor=args.actor, since=values.since(args.since), limit=args.limit)
-    ctx.emit([r.as_dict() for r in rows], lambda: table(ROW_HEADERS, _rows(rows), empty="(the dead set is empty)"))
+    lines = [(r.ref, r.actor, r.key, r.attempts, r.finished_at, r.error) for r in rows]
+    ctx.emit([r.as_dict() for r in rows], lambda: table(DEAD_HEADERS, lines, empty="(the dead set is empty)"))
     return 0
 
 
@@ -105,14 +112,43 @@ def locks(ctx: Context, args: argparse.Namespace) -> int:
     return 0
 
 
-@command("slots", help="slot groups: limit, holders, waiters, halted",
+def _limit_text(g: Any) -> Any:
+    if g.limit_from == "unknown":
+        return "?"  # declared by the app: give APP to see it
+    return "none" if g.limit is None else g.limit
+
+
+def _holders(g: Any) -> list[str]:
+    """Every holder named (a list: a table cuts no list); a woken one still in the broker marked ``(queued)``."""
+    return [f"{i}(queued)" if i in g.queued_holders else str(i) for i in g.holders]
+
+
+@command("slots", help="slot groups: limit (and where it comes from), every holder, waiters, halted",
          arguments=lambda p: p.add_argument("--actor", help="one actor's groups"))
 def slots(ctx: Context, args: argparse.Namespace) -> int:
     groups = ops.slots(ctx.load(), actor=args.actor)
-    headers = ("actor", "key", "limit", "held", "holders", "waiting", "waiters", "halted")
-    rows = [(g.actor, g.key, "none" if g.limit is None else g.limit, g.held, g.holders, g.waiting, g.waiters,
+    headers = ("actor", "key", "limit", "from", "held", "holders", "waiting", "waiters", "halted")
+    rows = [(g.actor, g.key, _limit_text(g), g.limit_from, g.held, _holders(g), g.waiting, g.waiters,
              "HALTED" if g.halted else "") for g in groups]
-    ctx.emit([g.as_dict() for g in groups], lambda: table(headers, rows, empty="(no slot group)"))
+
+    def text() -> str:
+        lines = [table(headers, rows, empty="(no slot group)")]
+        lines += [f"{g.actor} {g.key}: {g.note}" for g in groups if g.note]
+        if any(g.limit_from == "unknown" for g in groups):
+            lines.append("?: declared by the app, which this command did not import (give APP to see it)")
+        return "\n".join(lines)
+
+    ctx.emit([g.as_dict() for g in groups], text)
+    return 0
+
+
+@command("limits", help="the limits set at run time, with their keys in words (`limit ... default` removes one)",
+         arguments=lambda p: p.add_argument("--actor", help="one actor's limits"))
+def limits(ctx: Context, args: argparse.Namespace) -> int:
+    found = ops.limits(ctx.load(), actor=args.actor)
+    rows = [(o.actor, o.key, o.limit, o.set_at) for o in found]
+    ctx.emit([o.as_dict() for o in found],
+             lambda: table(("actor", "key", "limit", "set"), rows, empty="(no limit set at run time)"))
     return 0
 
 
@@ -129,7 +165,10 @@ def stats(ctx: Context, args: argparse.Namespace) -> int:
                                          for a, c in sorted(s.by_actor.items())], empty="(no jobs)"),
             "",
             f"finished per minute: {' '.join(str(n) for n in s.throughput)}",
-            f"waiting  p50 {ms(s.waiting_ms['p50'])}  p95 {ms(s.waiting_ms['p95'])}",
+            f"waiting  p50 {ms(s.waiting_ms['p50'])}  p95 {ms(s.waiting_ms['p95'])}"
+            "  (created or due to started, time parked included)",
+            f"parked   p50 {ms(s.parked_ms['p50'])}  p95 {ms(s.parked_ms['p95'])}"
+            f"  ({s.parked} of {s.timed} jobs waited parked for a lock or a slot)",
             f"running  p50 {ms(s.running_ms['p50'])}  p95 {ms(s.running_ms['p95'])}",
         ]
         lines += [f"not read: {down}" for down in s.down]

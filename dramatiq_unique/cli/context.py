@@ -57,6 +57,8 @@ class Context:
     json: bool = False
     out: TextIO = dataclasses.field(default_factory=lambda: sys.stdout)
     err: TextIO = dataclasses.field(default_factory=lambda: sys.stderr)
+    #: Where a question's answer is read (:meth:`confirm`).
+    inp: TextIO = dataclasses.field(default_factory=lambda: sys.stdin)
     suite: "Optional[Suite]" = None
     broker: "Optional[dramatiq.Broker]" = None
     #: True when the suite came from the environment: nothing may be changed.
@@ -95,6 +97,13 @@ class Context:
 
     def say(self, message: str) -> None:
         self.err.write(visible(redact(message.rstrip("\n")), keep=LINES) + "\n")
+
+    def confirm(self, question: str) -> bool:
+        """Ask ``question`` (on stderr: stdout stays the command's answer); True only for y or yes.  No
+        answer (the end of the input: a script without ``--yes``) is no."""
+        self.err.write(f"{question} [y/N] ")
+        self.err.flush()
+        return self.inp.readline().strip().lower() in ("y", "yes")
 
 
 def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
@@ -157,6 +166,9 @@ def _read_only_suite() -> type:
     from dramatiq_unique.suite import Suite
 
     class ReadOnlySuite(Suite):
+        #: Nothing is created or written (slots/overrides.py reads this too).
+        writes = False
+
         def register_model(self, model: Any) -> None:
             with self._lock:
                 if model not in self.models:

@@ -9,6 +9,8 @@ from dramatiq_unique.ops.words import duration
 
 #: Characters of a cell kept (a longer one is cut, with an ellipsis).
 MAX_CELL = 48
+#: Characters of a value shown on a view of one job (as the dashboard's job page shows).
+MAX_DETAIL = 20_000
 #: The control characters a text of several lines keeps (``visible(text, keep=LINES)``).
 LINES = "\n\t"
 
@@ -49,6 +51,14 @@ def cell(value: Any) -> str:
         return visible(",".join(str(v) for v in value)) or "-"
     text = visible(" ".join(str(value).split()))  # one line: an error's newlines would break the table
     return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def detail(text: str) -> str:
+    """A value shown whole, on a view of one thing (a job's arguments, its result), cut only past
+    :data:`MAX_DETAIL` characters, saying how much was left out."""
+    if len(text) <= MAX_DETAIL:
+        return text
+    return f"{text[:MAX_DETAIL]}… ({len(text) - MAX_DETAIL} characters more: --json prints them all)"
 
 
 def ms(value: Optional[float]) -> str:

@@ -10,7 +10,7 @@ such module is imported when the command line starts, see ``__init__``)::
     def status(ctx: Context, args) -> int:
         suite = ctx.load()            # the app's suite, or one from the environment (read-only)
         ctx.emit({"version": 3}, lambda: "version 3")
-        return 0                      # 0 ok, 1 not found or refused, 2 usage
+        return 0                      # 0 done, 1 not done (refused, not found), 2 not understood
 
 ``writes=True`` marks a command that changes state: it is refused (exit 1) when
 the suite comes from the environment instead of the app.  ``positionals`` names

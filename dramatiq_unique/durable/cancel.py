@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 from dramatiq_unique import suite as _config
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable.dead import find
+from dramatiq_unique.durable.dead import find, named
 from dramatiq_unique.errors import JobStateError
 from dramatiq_unique.locks import queue
 from dramatiq_unique.storage import jobs
@@ -51,7 +51,7 @@ def cancel_job(
     suite = suite or _config.current()
     job = find(suite, id_or_message_id, model)
     if job.status not in WAITING:
-        raise JobStateError(f"job {job.message_id} is {job.status}: only a waiting job can be cancelled", job=job)
+        raise JobStateError(f"{named(job)} is {job.status}: only a waiting job can be cancelled", job=job)
     table = type(job)
     fields = {
         table.status: JobStatus.CANCELLED.value,
@@ -67,7 +67,7 @@ def cancel_job(
         if not table.update(fields).where(cond).execute():
             now = jobs.get(table, id=job.id)
             state = "gone" if now is None else f"now {now.status}"
-            raise JobStateError(f"job {job.message_id} changed while it was cancelled: {state}", job=now)
+            raise JobStateError(f"{named(job)} changed while it was cancelled: {state}", job=now)
         logger.info("Job %s (%s) cancelled while %s.", job.message_id, job.actor_name, job.status)
         # After the row: the hold decided who may send the key; the lock only names the waiting job.
         token = ((job.options or {}).get(MARKER) or {}).get("qt")

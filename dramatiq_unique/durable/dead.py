@@ -62,6 +62,12 @@ def find(
     return lookup.resolve(suite, job, model=model)
 
 
+def named(job: JobModel) -> str:
+    """A job in an error: by its id, which an operator may have typed, and its message id, unique in every
+    table of every store."""
+    return f"job {job.id} ({job.message_id})"
+
+
 def since_of(since: Union[datetime, timedelta, None], now: Optional[datetime] = None) -> Optional[datetime]:
     """``since`` as the job table's time (naive UTC): a datetime (an aware one converted, a
     naive one taken as UTC), or a timedelta meaning that long before ``now``."""
@@ -127,7 +133,7 @@ def retry_job(
     suite = suite or _config.current()
     job = find(suite, id_or_message_id, model)
     if job.status != FAILED:
-        raise JobStateError(f"job {job.message_id} is {job.status}: only a failed job can be retried", job=job)
+        raise JobStateError(f"{named(job)} is {job.status}: only a failed job can be retried", job=job)
     config = suite.actor_config(job.actor_name)
     if config is None:  # its lock type, window and broker are the actor's
         raise JobStateError(f"actor {job.actor_name} is not declared in this process: declare it to retry its jobs",
@@ -188,11 +194,11 @@ def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str]
                 table.update(unique_hold=None).where((table.id == found.id) & (table.unique_hold == key)).execute()
                 continue
             holder = jobs.get(table, id=found.id) or found
-            raise DuplicateJob(f"job {holder.message_id} ({holder.status}) holds the key of job {job.message_id}",
+            raise DuplicateJob(f"{named(holder)}, {holder.status}, holds the key of {named(job)}",
                                job=holder) from None
         if claimed:
             return claimed[0]
         now = jobs.get(table, id=job.id)
         state = "gone" if now is None else f"now {now.status}"
-        raise JobStateError(f"job {job.message_id} changed meanwhile: {state}", job=now)
-    raise JobStateError(f"could not take the key of job {job.message_id} back: it keeps changing hands", job=job)
+        raise JobStateError(f"{named(job)} changed meanwhile: {state}", job=now)
+    raise JobStateError(f"could not take the key of {named(job)} back: it keeps changing hands", job=job)

@@ -14,6 +14,9 @@ warning, and the others go on) and every job table in it:
    ``on_lost`` applies;
 4. deletes finished rows older than ``retention``.
 
+Before step 2, at most once per ``lost_after``: rows in a combination of columns
+that no state allows (none should be) are set right, loudly (repair.py).
+
 Step 1 is the primary's alone: only its jobs park (storage/stores.py).
 
 Every step acts only on rows of this process's app, of actors it declares
@@ -41,15 +44,16 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
 from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import claims, deferral
+from dramatiq_unique.durable import claims, deferral, repair
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
 from dramatiq_unique.durable.counts import RedriveCounts, record_end
 from dramatiq_unique.durable.lost import actor_options, retries_exhausted
 from dramatiq_unique.durable.scope import Scope
-from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events, metrics_on
 from dramatiq_unique.parking import lot, rows
+from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage import history, jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 from dramatiq_unique.storage.stores import CONNECTION_ERRORS, unreachable
@@ -138,6 +142,8 @@ class _Pass:
                 stores.ensure(base, index)  # a store down at set-up gets its tables now
             model = stores.model_in(base, index)
             self.counts.adopted += self.scope.adopt(model, self.page, MAX_PAGES)
+            if repair.due(self.suite, model):  # before the sends and the lost check, which then take them
+                self.counts.repaired += repair.repair(model, self.scope.where(model))
             self._send_due(model)
             self._check_lost(model)
             self._prune(model)
@@ -155,6 +161,15 @@ class _Pass:
         # Parked rows (pending, parked_on set) wait for an execution lock or a slot;
         # sending them would only park them again.  Their wake-ups live in Redis and
         # can be lost (a holder killed, Redis wiped): wake every group with no holder.
+        # The run-time limits first: a Redis that lost them (or a replica promoted without a later
+        # change) gets them back before a group is woken at its declared limit.
+        try:
+            if overrides.check(self.suite):
+                logger.info("The re-drive put back run-time limits that Redis had lost or held otherwise.")
+        except DatabaseUnavailable:
+            pass  # the primary is down: the pass reports it, and looks again next time
+        except RedisUnavailable as e:
+            logger.warning("The re-drive could not compare the run-time limits with Redis: %s", e)
         self.counts.woken += lot.wake_orphans(self.suite)
         if metrics_on():  # the parked-jobs gauge: one query per table, only with metrics on
             events.parked_counts(rows.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))

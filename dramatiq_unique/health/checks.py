@@ -30,7 +30,7 @@ from typing import Any, Optional
 import peewee as pw
 import redis as redis_lib
 
-from dramatiq_unique.health.target import Target, tables
+from dramatiq_unique.health.target import Target, schema_tables, tables
 from dramatiq_unique.redaction import redact
 from dramatiq_unique.storage import migrations, schema
 from dramatiq_unique.storage.models import WAITING, JobStatus, after_ms
@@ -92,7 +92,7 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
             continue
         up.add(index)
         findings.append(Finding("database", OK, f"{name} answers", {"store": index}))
-    for index, model in tables(target):
+    for index, model in schema_tables(target):
         if index not in up:
             continue
         status = migrations.status(model, target.store_name(index))

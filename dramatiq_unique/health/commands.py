@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import peewee as pw
 
 from dramatiq_unique.health import checks, probe
-from dramatiq_unique.health.target import Target, tables
+from dramatiq_unique.health.target import Target, schema_tables
 from dramatiq_unique.redaction import redact
 from dramatiq_unique.storage import migrations, schema
 
@@ -55,7 +55,7 @@ def check(
 
 def _each_table(target: Target, work: Any) -> list[migrations.TableStatus]:
     results = []
-    for index, model in tables(target):
+    for index, model in schema_tables(target):
         store = target.store_name(index)
         try:
             results.append(work(model, store))

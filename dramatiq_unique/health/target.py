@@ -22,8 +22,9 @@ import peewee as pw
 import redis as redis_lib
 
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
+from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage.database import describe, open_database
-from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.storage.models import JobModel, bound_limits
 from dramatiq_unique.suite import Settings, app_name
 
 #: The environment variables of the mode without an app.
@@ -50,6 +51,8 @@ class Target:
     #: The app's suite, when an app was imported (the parked-rows finding needs its gates).
     suite: Optional[Any] = None
     model_in: Callable[[type[JobModel], int], type[JobModel]] = lambda model, index: model
+    #: The suite's other tables, in the primary store (the run-time limits'), bound to it.
+    others: list[type[pw.Model]] = dataclasses.field(default_factory=list)
 
     def store_name(self, index: int) -> str:
         return f"store {index} ({describe(self.databases[index])})"
@@ -66,6 +69,7 @@ def of_suite(suite: Any) -> Target:
         databases=list(suite.stores.databases), models=list(suite.models), masters=list(suite.masters),
         keys=suite.keys, app=suite.app, lost_after=suite.settings.lost_after,
         redrive_interval=suite.settings.redrive_interval, suite=suite, model_in=suite.stores.model_in,
+        others=[overrides.model_of(suite)],
     )
 
 
@@ -104,10 +108,16 @@ def from_environment(
     return Target(
         databases=databases, models=[JobModel], masters=masters, keys=RedisKeys(prefix), app=app_name(prefix),
         lost_after=DEFAULT_LOST_AFTER, redrive_interval=Settings.redrive_interval, model_in=model_in,
+        others=[bound_limits(databases[0])],
     )
 
 
 def tables(target: Target) -> list[tuple[int, type[JobModel]]]:
     """Every (store index, job model bound to that store) of the target."""
     return [(index, target.model_in(model, index)) for index in range(len(target.databases)) for model in target.models]
+
+
+def schema_tables(target: Target) -> list[tuple[int, type[pw.Model]]]:
+    """What ``status`` and ``migrate`` look at: :func:`tables`, then the suite's other tables (in the primary)."""
+    return [*tables(target), *((0, model) for model in target.others)]
 

@@ -22,6 +22,7 @@ from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import slot_group
+from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import HeldSlot, declared_limit, gate_of, group_key, has_slots, ttl_of
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import after_ms
@@ -80,6 +81,7 @@ class ConcurrencySlots(Middleware):
         if local_handoff is not None:
             self.parking.local_handoff = local_handoff
         self.gate = gate_of(suite)
+        overrides.open_table(suite)  # the run-time limits are kept there (slots/overrides.py)
 
     @property
     def actor_options(self) -> set[str]:

@@ -100,6 +100,9 @@ class JobTracking(Middleware):
             job = self._start(config, message, ctx)
         except _DB_ERRORS as e:
             raise DatabaseUnavailable(f"starting {message.actor_name} job {message.message_id}: {e}") from e
+        if job is not None and job.__data__.get("queue_name") is None:
+            # A start reads back a few columns only; the attempt's metrics are labelled by its queue.
+            job.__data__["queue_name"] = message.queue_name
         ctx.job = job
         context.activate(ctx)
 

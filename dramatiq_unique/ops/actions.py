@@ -18,6 +18,7 @@ from dramatiq_unique.durable.redrive import MAX_PAGES
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.ops.listing import job_row
 from dramatiq_unique.ops.views import JobRow
+from dramatiq_unique.slots import limits
 from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
 from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import JobModel
@@ -57,6 +58,15 @@ def set_limit(suite: "Suite", actor: str, limit: Optional[int], key: Any = None)
 
 def limit_status(suite: "Suite", actor: str, key: Any = None) -> ConcurrencyStatus:
     return concurrency_status(actor, key, suite=suite)
+
+
+def set_group_limit(
+    suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None, key: Any = None,
+) -> ConcurrencyStatus:
+    """The limit of a level named by its group key ('' for the actor's own; see
+    :func:`~dramatiq_unique.ops.limitkeys.resolve`), then its status."""
+    limits.set_group_limit(actor, group, limit, suite=suite, words=words, key=key)
+    return limits.group_status(actor, group, suite=suite)
 
 
 def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:

@@ -1,15 +1,16 @@
-"""One job, as ``job ID`` shows it: the row, its attempts, and, while it waits, why."""
+"""One job, as ``job ID`` shows it: the row, its attempts, while it waits why, and the slot it holds."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
 from dramatiq_unique.ops import gates, labels, words
 from dramatiq_unique.ops.views import Attempt, JobView, Waiting
-from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_key_of, unique_key_of
-from dramatiq_unique.slots.gate import gate_of
+from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
+from dramatiq_unique.slots.gate import gate_of, group_key, has_slots
 from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
 
@@ -40,7 +41,9 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
     row = find(suite, id_or_message_id)
     config = suite.actor_config(row.actor_name)
     with db_errors(f"reading why job {row.id} waits"):
-        waiting = waiting_of(suite, row)
+        waiting, slot = waiting_of(suite, row), slot_of(suite, row)
+    if slot is not None and row.status == JobStatus.QUEUED.value and (waiting is None or waiting.reason == "queued"):
+        waiting = Waiting(reason="woken", label=slot[1], since=row.enqueued_at or row.created_at)
     return JobView(
         id=row.id, message_id=row.message_id, actor=row.actor_name, queue=row.queue_name, status=str(row.status),
         key=labels.row_key(config, row), args=row.args, kwargs=row.kwargs, attempts=row.attempts,
@@ -48,7 +51,7 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
         started_at=row.started_at, finished_at=row.finished_at, last_error=row.last_error, result=row.result,
         fencing_token=row.fencing_token, checkpoints=row.checkpoints, worker=row.worker, parked_on=row.parked_on,
         table=type(row)._meta.table_name, history=history(row), waiting=waiting,
-        why=words.why(waiting, utcnow()),
+        why=words.why(waiting, utcnow()), slot=slot[0] if slot is not None else "",
     )
 
 
@@ -58,8 +61,8 @@ def history(row: JobModel) -> list[Attempt]:
     if isinstance(kept, list) and kept:
         return [
             Attempt(
-                attempt=int(item.get("attempt") or i + 1), started_at=item.get("started_at"),
-                finished_at=item.get("finished_at"), status=item.get("status"), error=item.get("error"),
+                attempt=int(item.get("attempt") or i + 1), started_at=moment(item.get("started_at")),
+                finished_at=moment(item.get("finished_at")), status=item.get("status"), error=item.get("error"),
                 worker=item.get("worker"),
             )
             for i, item in enumerate(kept) if isinstance(item, dict)
@@ -74,6 +77,18 @@ def history(row: JobModel) -> list[Attempt]:
     )]
 
 
+def moment(value: Any) -> Optional[datetime]:
+    """A time of the ``history`` column (JSON: ISO text) as the datetime the row's own columns are."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    return None
+
+
 def waiting_of(suite: "Suite", row: JobModel) -> Optional[Waiting]:
     """Why ``row`` waits, as facts; None when it does not wait."""
     status, now = str(row.status), utcnow()
@@ -84,7 +99,7 @@ def waiting_of(suite: "Suite", row: JobModel) -> Optional[Waiting]:
         except DependencyUnavailable as e:
             return Waiting(reason=kind_of(row.parked_on), label=row.actor_name, note=f"not all known: {e}")
     if status == JobStatus.RETRYING.value:
-        return Waiting(reason="retrying", due_in_ms=max(due_in or 0, 0))
+        return Waiting(reason="retrying", due_in_ms=due_in)
     if status in (JobStatus.PENDING.value, JobStatus.QUEUED.value) and due_in is not None and due_in > 0:
         return Waiting(reason="due", due_in_ms=due_in)
     if status == JobStatus.QUEUED.value:
@@ -92,6 +107,39 @@ def waiting_of(suite: "Suite", row: JobModel) -> Optional[Waiting]:
     if status == JobStatus.PENDING.value:
         return Waiting(reason="pending", since=row.created_at)
     return None
+
+
+def slot_of(suite: "Suite", row: JobModel) -> Optional[tuple[str, str]]:
+    """The slot ``row``'s job holds, as (its line, the group in words); None if it holds none.
+
+    A running job of an actor with slots holds one (it took it before it started); a queued one
+    holds one when it was woken with it and still waits in the broker (the gate noted it).  A
+    store or Redis that does not answer leaves the line out: it says what is known.
+    """
+    status = str(row.status)
+    config = suite.actor_config(row.actor_name)
+    if status not in (JobStatus.RUNNING.value, JobStatus.QUEUED.value) or config is None:
+        return None
+    options = row.options or {}
+    if not has_slots(config, options):
+        return None
+    try:
+        key = group_key(config, options, tuple(row.args or ()), dict(row.kwargs or {}))
+    except Exception:  # arguments that no longer bind: no group to name
+        return None
+    actor = row.actor_name
+    try:
+        found = gate_of(suite).status(slot_group(key))
+    except DependencyUnavailable:
+        return None
+    queued = gates.woken_holders(suite, actor, found.waiting_holders)
+    if status == JobStatus.QUEUED.value and row.id not in {r.id for r in queued}:
+        return None
+    holders = sorted(set(gates.slot_holders(suite, actor).get(key, [])) | {r.id for r in queued})
+    words_of = labels.render(config, "concurrency_key", row, key)
+    label = " ".join(filter(None, [actor, words_of]))
+    limit = None if found.limit < 0 else found.limit
+    return words.holding(label, found.held, limit, holders), label
 
 
 def _parked(suite: "Suite", row: JobModel) -> Waiting:
@@ -112,10 +160,12 @@ def _parked(suite: "Suite", row: JobModel) -> Waiting:
     if kind_of(group) == SLOT:
         key = slot_key_of(group)
         label = " ".join(filter(None, [actor, labels.render(config, "concurrency_key", row, key)]))
-        held, limit, _, _, _ = gate_of(suite).status(group)
-        ids = gates.slot_holders(suite, actor).get(key, [])
+        found = gate_of(suite).status(group)
+        queued = [r.id for r in gates.woken_holders(suite, actor, found.waiting_holders)]
+        ids = sorted(set(gates.slot_holders(suite, actor).get(key, [])) | set(queued))
+        held, limit = found.held, found.limit
         return Waiting(
             reason="halted" if limit == 0 else "slot", label=label, limit=None if limit < 0 else limit,
-            holders=ids[:held] if held else [], held=held, ahead=ahead, ahead_more=more,
+            holders=ids if held else [], held=held, ahead=ahead, ahead_more=more,
         )
     return Waiting(reason="pending", label=group, since=row.created_at, ahead=ahead, ahead_more=more)

@@ -5,14 +5,17 @@ group's sorted set); the job tables know which job runs under which key.
 So a holder's job is a ``running`` row of the key: for a lock, the row
 whose ``unique_key`` it is (with the fencing token it drew); for a slot
 group, the running rows of the actor whose arguments give the group's
-key.  Waiters are the rows parked on the group (``parked_on``), in the
-order they start (``unique_order_by``), read through the
-``(app, parked_on, created_at)`` index, a bounded number at a time.
+key, and the jobs woken with one of its slots that still wait in the
+broker for a worker thread (``queued``): those the gate notes by message
+id (:meth:`~dramatiq_unique.slots.gate.SlotGate.note`).  Waiters are the
+rows parked on the group (``parked_on``), in the order they start
+(``unique_order_by``), read through the ``(app, parked_on, created_at)``
+index, a bounded number at a time.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.slots.gate import group_key
@@ -27,7 +30,7 @@ MAX_COUNTED = 1_000
 #: Running rows of one actor read to find its slot holders.
 MAX_RUNNING = 1_000
 
-PENDING, RUNNING = JobStatus.PENDING.value, JobStatus.RUNNING.value
+PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
 
 
 def tables(suite: "Suite", actor: str) -> list[type[JobModel]]:
@@ -112,6 +115,21 @@ def slot_holders(suite: "Suite", actor: str) -> dict[str, list[int]]:
             continue
         holders.setdefault(key, []).append(row.id)
     return holders
+
+
+def woken_holders(suite: "Suite", actor: str, message_ids: Sequence[str]) -> list[JobModel]:
+    """The rows of ``message_ids`` (jobs the slot gate noted as handed a slot while they wait in the
+    broker) that still wait so (``queued``); a running one is found as such, any other holds nothing."""
+    found: list[JobModel] = []
+    if not message_ids:
+        return found
+    for table in tables(suite, actor):
+        query = table.select().where(
+            (table.app == suite.app) & table.message_id.in_(list(message_ids)[:MAX_RUNNING])
+            & (table.status == QUEUED)
+        )
+        found += list(query)
+    return sorted(found, key=lambda row: row.id)
 
 
 def one_row(suite: "Suite", actor: str, group: str) -> Optional[JobModel]:

@@ -7,9 +7,16 @@ are taken from the newest :data:`MAX_SAMPLE` jobs finished in it.  On
 PostgreSQL the percentiles are computed in SQL (``percentile_cont``); on
 SQLite, which has none, in Python from the sample.
 
-Waiting time is ``started_at - max(enqueued_at, process_after)`` (from
-when the job could have run to when its last attempt started), running
-time ``finished_at - started_at``, both of the last attempt.
+Waiting time is ``started_at - max(created_at, process_after)``: from
+when the job could first run (its creation, or its due time: a delay, a
+retry's backoff) to when its last attempt started, the time it spent
+parked for a lock or a slot included.  Not from ``enqueued_at``, which
+the wake-up of a parked job rewrites (a job parked for minutes would
+count as having waited the moment between its wake-up and its start).
+Parked time is ``started_at - parked_at`` of the jobs whose last
+attempt was parked (``parked_attempt`` is the attempt before it): from
+when it was first parked to when it started.  Running time is
+``finished_at - started_at``, of the last attempt.
 """
 
 from __future__ import annotations
@@ -34,24 +41,30 @@ MAX_SAMPLE = 10_000
 MAX_MINUTES = 1_440
 OPEN = (*WAITING, JobStatus.RUNNING.value)
 
+# The three timings of one row, ms: waiting, running, parked (NULL: the last attempt was not parked).
+_PG_COLUMNS = """
+EXTRACT(EPOCH FROM started_at - GREATEST(created_at, process_after)) * 1000 AS w,
+EXTRACT(EPOCH FROM finished_at - started_at) * 1000 AS r,
+CASE WHEN parked_attempt = attempts - 1 THEN EXTRACT(EPOCH FROM started_at - parked_at) * 1000 END AS p
+"""
 _PG_TIMES = """
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY w), percentile_cont(0.95) WITHIN GROUP (ORDER BY w),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY r), percentile_cont(0.95) WITHIN GROUP (ORDER BY r), count(*)
-FROM (SELECT EXTRACT(EPOCH FROM started_at - GREATEST(COALESCE(enqueued_at, created_at), process_after)) * 1000 AS w,
-             EXTRACT(EPOCH FROM finished_at - started_at) * 1000 AS r
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY r), percentile_cont(0.95) WITHIN GROUP (ORDER BY r),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY p), percentile_cont(0.95) WITHIN GROUP (ORDER BY p),
+       count(*), count(p)
+FROM (SELECT {columns}
       FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
       ORDER BY finished_at DESC LIMIT {limit}) AS sample
 """
 _PG_SAMPLE = """
-SELECT EXTRACT(EPOCH FROM started_at - GREATEST(COALESCE(enqueued_at, created_at), process_after)) * 1000,
-       EXTRACT(EPOCH FROM finished_at - started_at) * 1000
+SELECT {columns}
 FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
 ORDER BY finished_at DESC LIMIT {limit}
 """
 _SQLITE_TIMES = """
-SELECT (julianday(started_at) - julianday(MAX(COALESCE(enqueued_at, created_at),
-                                              COALESCE(process_after, enqueued_at, created_at)))) * 86400000,
-       (julianday(finished_at) - julianday(started_at)) * 86400000
+SELECT (julianday(started_at) - julianday(MAX(created_at, COALESCE(process_after, created_at)))) * 86400000,
+       (julianday(finished_at) - julianday(started_at)) * 86400000,
+       CASE WHEN parked_attempt = attempts - 1 THEN (julianday(started_at) - julianday(parked_at)) * 86400000 END
 FROM {table} WHERE app IN (?, ?) AND finished_at >= ? AND started_at IS NOT NULL
 ORDER BY finished_at DESC LIMIT {limit}
 """
@@ -78,7 +91,7 @@ def stats(suite: "Suite", *, minutes: int = 15) -> Stats:
     by_actor: dict[str, dict[str, int]] = {}
     per_minute = [0] * minutes
     pg_times: list[tuple[Any, ...]] = []
-    samples: list[tuple[float, float]] = []
+    samples: list[tuple[float, float, Optional[float]]] = []
 
     single = len(suite.models) * len(suite.stores) == 1
 
@@ -89,8 +102,9 @@ def stats(suite: "Suite", *, minutes: int = 15) -> Stats:
             _times(suite, table, cutoff, pg_times, samples, in_sql=single)
 
     _, down = lookup.each_store(suite, "reading the stats", read)
-    waiting, running = _percentiles(pg_times, samples)
-    return Stats(minutes, by_status, by_actor, per_minute, waiting, running, [str(e) for e in down])
+    waiting, running, parked, timed, parked_jobs = _percentiles(pg_times, samples)
+    return Stats(minutes, by_status, by_actor, per_minute, waiting, running, [str(e) for e in down],
+                 parked_ms=parked, timed=timed, parked=parked_jobs)
 
 
 def _counts(suite: "Suite", t: type[JobModel], cutoff: Any, by_status: dict, by_actor: dict) -> None:
@@ -127,22 +141,29 @@ def _times(suite: "Suite", t: type[JobModel], cutoff: Any, pg: list, samples: li
     db = t._meta.database
     params = (suite.app, NO_APP, cutoff)
     if is_postgres(db) and in_sql:
-        row = db.execute_sql(_PG_TIMES.format(table=_name(t), limit=MAX_SAMPLE), params).fetchone()
-        if row and row[4]:
+        sql = _PG_TIMES.format(columns=_PG_COLUMNS, table=_name(t), limit=MAX_SAMPLE)
+        row = db.execute_sql(sql, params).fetchone()
+        if row and row[6]:
             pg.append(row)
         return
-    sql = (_PG_SAMPLE if is_postgres(db) else _SQLITE_TIMES).format(table=_name(t), limit=MAX_SAMPLE)
-    samples.extend((float(w), float(r)) for w, r in db.execute_sql(sql, params).fetchall()
-                   if w is not None and r is not None)
+    if is_postgres(db):
+        sql = _PG_SAMPLE.format(columns=_PG_COLUMNS, table=_name(t), limit=MAX_SAMPLE)
+    else:
+        sql = _SQLITE_TIMES.format(table=_name(t), limit=MAX_SAMPLE)
+    samples.extend((float(w), float(r), None if p is None else float(p))
+                   for w, r, p in db.execute_sql(sql, params).fetchall() if w is not None and r is not None)
 
 
-def _percentiles(pg: list, samples: list[tuple[float, float]]) -> tuple[dict, dict]:
+def _percentiles(pg: list, samples: list[tuple[float, float, Optional[float]]]) -> tuple[dict, dict, dict, int, int]:
+    """(waiting, running, parked) percentiles, the jobs they are of, and how many of those were parked."""
     if pg:
-        w50, w95, r50, r95, _ = (None if v is None else float(v) for v in pg[0])
-        return {"p50": w50, "p95": w95}, {"p50": r50, "p95": r95}
-    waits, runs = [max(w, 0.0) for w, _ in samples], [max(r, 0.0) for _, r in samples]
+        w50, w95, r50, r95, p50, p95 = (None if v is None else float(v) for v in pg[0][:6])
+        return {"p50": w50, "p95": w95}, {"p50": r50, "p95": r95}, {"p50": p50, "p95": p95}, pg[0][6], pg[0][7]
+    waits, runs = [max(w, 0.0) for w, _, _ in samples], [max(r, 0.0) for _, r, _ in samples]
+    parks = [max(p, 0.0) for _, _, p in samples if p is not None]
     return ({"p50": percentile(waits, 0.5), "p95": percentile(waits, 0.95)},
-            {"p50": percentile(runs, 0.5), "p95": percentile(runs, 0.95)})
+            {"p50": percentile(runs, 0.5), "p95": percentile(runs, 0.95)},
+            {"p50": percentile(parks, 0.5), "p95": percentile(parks, 0.95)}, len(samples), len(parks))
 
 
 def _name(t: type[JobModel]) -> str:

@@ -76,8 +76,8 @@ class Attempt(View):
     """One attempt of a job (from the row's ``history`` when it has one, else the last attempt)."""
 
     attempt: int
-    started_at: Optional[Any]
-    finished_at: Optional[Any]
+    started_at: Optional[datetime]
+    finished_at: Optional[datetime]
     status: Optional[str]
     error: Optional[str]
     worker: Optional[str]
@@ -87,7 +87,8 @@ class Attempt(View):
 class Waiting(View):
     """Why a waiting job waits, as facts; :func:`dramatiq_unique.ops.words.why` puts them in words."""
 
-    #: "slot", "lock", "halted", "due", "queued", "retrying", "pending".
+    #: "slot", "lock", "halted", "due", "queued", "woken" (queued, holding the slot it was woken
+    #: with), "retrying", "pending".
     reason: str
     #: The group in words: ``deliver_webhook customer=42``.
     label: str = ""
@@ -101,7 +102,7 @@ class Waiting(View):
     token: Optional[int] = None
     #: ms until the lock's lease runs out.
     left_ms: Optional[float] = None
-    #: ms until the job comes due.
+    #: ms until the job comes due (negative: overdue by that much).
     due_in_ms: Optional[float] = None
     since: Optional[datetime] = None
     #: What could not be learned (a store that did not answer), said after the sentence.
@@ -137,6 +138,9 @@ class JobView(View):
     waiting: Optional[Waiting]
     #: ``waiting`` in words ('' when the job does not wait).
     why: str
+    #: The concurrency slot the job holds, in words ('' when it holds none): a running job of an
+    #: actor with slots, or a woken one still waiting in the broker with the slot it was handed.
+    slot: str = ""
 
 
 @dataclasses.dataclass
@@ -163,13 +167,37 @@ class SlotGroupView(View):
     actor: str
     key: str
     group: str
-    #: The limit in force; None: no limit.
+    #: The limit in force; None: no limit, or not known here (``limit_from`` says which).
     limit: Optional[int]
     held: int
+    #: Every holder the job tables name: running jobs, then woken ones waiting in the broker.
     holders: list[int]
     waiters: list[int]
     waiting: int
     halted: bool
+    #: Where ``limit`` comes from: "override" (the group's own), "actor override", "message" (the
+    #: group's last message brought it), "declared", "none" (no limit), or "unknown" (declared by
+    #: the app, which this process did not import).
+    limit_from: str = ""
+    #: The holders that were woken with their slot and wait in the broker for a worker thread.
+    queued_holders: list[int] = dataclasses.field(default_factory=list)
+    #: What the numbers need said: more held than the limit, holders no job row names, a Redis
+    #: that lost the run-time limits.
+    note: str = ""
+
+
+@dataclasses.dataclass
+class OverrideView(View):
+    """A limit set at run time (``set_concurrency_limit``, ``limit``), as the database keeps it."""
+
+    actor: str
+    #: The key in words (``customer=42``); "(all)" for the actor's own limit; the group's hash
+    #: (``#0ef2770d1a2b``) when its words are not known.
+    key: str
+    #: The group's key (``<actor>:<digest>``), or '' for the actor's own limit.
+    group: str
+    limit: int
+    set_at: Optional[datetime]
 
 
 @dataclasses.dataclass
@@ -183,7 +211,14 @@ class Stats(View):
     by_actor: dict[str, dict[str, int]]
     #: Jobs finished per minute, oldest minute first (``minutes`` values).
     throughput: list[int]
-    #: Percentiles, ms, of the jobs finished in the window: {"p50": .., "p95": ..}.
+    #: Percentiles, ms, of the jobs finished in the window: {"p50": .., "p95": ..}.  Waiting: from when the
+    #: job could first run (created, or due) to its last attempt's start, time parked included.
     waiting_ms: dict[str, Optional[float]]
     running_ms: dict[str, Optional[float]]
     down: list[str] = dataclasses.field(default_factory=list)
+    #: Of the jobs whose last attempt was parked for a lock or a slot: from first parked to started.
+    parked_ms: dict[str, Optional[float]] = dataclasses.field(default_factory=lambda: {"p50": None, "p95": None})
+    #: The jobs the timings are of (the newest finished in the window, at most ops.stats.MAX_SAMPLE),
+    #: and how many of them were parked.
+    timed: int = 0
+    parked: int = 0

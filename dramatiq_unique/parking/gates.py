@@ -66,6 +66,9 @@ class Gate(Protocol):
     #   hand_over(group, token) -> (outcome, token): release_unless_flagged that re-issues
     #     the gate to a fresh token when it keeps it;
     #   flag_and_take(group, ttl_ms, delay_ms) -> token or None: flag the group, then take.
+    # Optional, where a gate names its holders for the operator's views (SlotGate does):
+    #   note(group, token, message_id): the gate under ``token`` went to that job, which waits in
+    #     the broker for a worker thread (its row says queued, and holds the gate all the same).
 
 
 def gate_ttl(gate: Gate, group: str) -> float:

@@ -87,6 +87,8 @@ class Waking:
                         jobs.unclaim(info.model, row, group)
                         return None
                     token = grant
+                    if row.status == JobStatus.QUEUED.value:  # it waits in the broker, holding the gate
+                        self._note(gate, group, grant, row)
                     # Who granted it and when (monotonic ms): a job woken in this process soon after
                     # may take up its reservation without asking Redis again (ConcurrencySlots).
                     wake = {"g": group, "t": grant, "w": self.suite.worker_id, "at": int(time.monotonic() * 1000),
@@ -136,6 +138,15 @@ class Waking:
             except Exception:  # Redis is down too: the lock expires and the re-drive wakes
                 pass
             return None
+
+    def _note(self, gate: Gate, group: str, token: str, row: JobModel) -> None:
+        note = getattr(gate, "note", None)  # see Gate: only the operator's views read it
+        if note is None:
+            return
+        try:
+            note(group, token, row.message_id)
+        except DependencyUnavailable:
+            logger.debug("Could not note job %s as the holder of %s.", row.message_id, group, exc_info=True)
 
     def wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
         try:

@@ -36,6 +36,10 @@ class RedisKeys:
         """A slot group's run-time limit (``set_concurrency_limit(..., key=...)``)."""
         return f"{self.prefix}:limit:{group}"
 
+    def slot_jobs(self, group: str) -> str:
+        """A slot group's notes: which job (message id) each token handed to a job waiting in the broker is for."""
+        return f"{self.prefix}:slot-jobs:{group}"
+
     def message_limit(self, group: str) -> str:
         """A slot group's limit as the last message that brought its own ``concurrency_limit`` gave it."""
         return f"{self.prefix}:message-limit:{group}"
@@ -43,6 +47,11 @@ class RedisKeys:
     def actor_limit(self, actor_name: str) -> str:
         """The run-time limit of all an actor's slot groups (``set_concurrency_limit(..., key=None)``)."""
         return f"{self.prefix}:actor-limit:{actor_name}"
+
+    def limits_loaded(self) -> str:
+        """Set when Redis holds every run-time limit of the app's database (slots/overrides.py): gone with a
+        flush or a restart without persistence, and then the slot scripts decide nothing until they are back."""
+        return f"{self.prefix}:limits-loaded"
 
     def wakeups(self) -> str:
         return f"{self.prefix}:wakeups"

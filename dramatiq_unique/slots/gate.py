@@ -21,7 +21,15 @@ next.  The group's limit is read in the same script:
 
 So a new limit applies to every worker's next decision at once.  A
 group over its limit (lowered, or halted with 0) keeps its running jobs
-and hands no freed slot on until it is under the limit again.
+and hands no freed slot on until it is under the limit again.  The
+overrides are kept in the database too (:mod:`dramatiq_unique.slots.overrides`):
+a script that finds Redis without them answers ``LIMITS_UNKNOWN``, and
+the gate puts them back and asks again.
+
+A woken job that waits in the broker holds the slot it was handed; the
+job it is given to is noted next to the group (:meth:`SlotGate.note`), so
+that an operator's view names every holder (a running holder is found by
+its row).
 
 Slots are a :class:`~dramatiq_unique.parking.gates.Gate` with up to ``limit``
 holders: a job that finds its group full is parked, and a holder that
@@ -34,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import redis as redis_lib
 
@@ -46,6 +54,7 @@ from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
 from dramatiq_unique.parking.waking import RETRY_DELAY
 from dramatiq_unique.redis import lua
+from dramatiq_unique.slots import overrides
 from dramatiq_unique.unique.keys import derive_key
 
 if TYPE_CHECKING:
@@ -83,6 +92,26 @@ def ttl_of(config: "ActorConfig", message_options: Optional[dict] = None) -> flo
     return float(config.get(message_options or {}, "concurrency_ttl", opt.DEFAULT_CONCURRENCY_TTL))
 
 
+class GroupStatus(NamedTuple):
+    """A slot group as :meth:`SlotGate.status` reads it."""
+
+    held: int
+    #: The limit in force (-1: none).
+    limit: int
+    #: The group's override and the actor's, as Redis holds them (None: none).
+    own: Optional[int]
+    actor: Optional[int]
+    #: ms until a holder's lease runs out (-1: halted).
+    wait: float
+    #: Whether Redis holds the run-time limits (False: it lost them, and the overrides above are
+    #: not to be trusted until they are put back).
+    loaded: bool = True
+    #: The limit the group's last message brought (None: none).
+    message: Optional[int] = None
+    #: Message ids of the jobs handed a slot while they wait in the broker (noted: :meth:`SlotGate.note`).
+    waiting_holders: tuple[str, ...] = ()
+
+
 class SlotGate:
     """Concurrency slots as a parking :class:`~dramatiq_unique.parking.gates.Gate`.
 
@@ -105,11 +134,13 @@ class SlotGate:
         self._renew = lua.register(client, "slot_renew")
         self._status = lua.register(client, "slot_status")
         self._flag_and_take = lua.register(client, "slot_flag_and_take")
+        self._note = lua.register(client, "slot_note")
 
     def _keys(self, group: str) -> list[str]:
         key = slot_key_of(group)
         keys = self.suite.keys
-        return [keys.slots(key), keys.limit(key), keys.actor_limit(actor_of(group)), keys.message_limit(key)]
+        return [keys.slots(key), keys.limit(key), keys.actor_limit(actor_of(group)), keys.message_limit(key),
+                keys.limits_loaded()]
 
     def _config(self, group: str) -> "Optional[ActorConfig]":
         return self.suite.actor_config(actor_of(group))
@@ -119,8 +150,16 @@ class SlotGate:
         return UNLIMITED if config is None else declared_limit(config)
 
     def _call(self, script: Any, group: str, args: list, extra_keys: tuple = ()) -> Any:
+        keys = [*self._keys(group), *extra_keys]
         try:
-            return script(keys=[*self._keys(group), *extra_keys], args=args)
+            try:
+                return script(keys=keys, args=args)
+            except redis_lib.ResponseError as e:
+                if not str(e).startswith(overrides.LIMITS_UNKNOWN):
+                    raise
+            # Redis lost the run-time limits: put them back from the database, then decide.
+            overrides.restore_if_lost(self.suite)
+            return script(keys=keys, args=args)
         except redis_lib.RedisError as e:
             raise RedisUnavailable(f"concurrency slots of {group!r}: {e}") from e
 
@@ -142,12 +181,28 @@ class SlotGate:
     def renew(self, group: str, token: str, ttl_ms: float, limit: int) -> bool:
         return bool(self._call(self._renew, group, [limit, token, int(ttl_ms)]))
 
-    def status(self, group: str, limit: Optional[int] = None) -> tuple[int, int, Optional[int], Optional[int], float]:
-        """(holders, effective limit, group override, actor override, ms until a lease runs out)."""
+    def status(self, group: str, limit: Optional[int] = None) -> GroupStatus:
+        """The group's holders, limit and overrides (:class:`GroupStatus`); a suite that may write puts
+        the run-time limits back first if Redis lost them."""
         default = self._default(group) if limit is None else limit
-        held, effective, own, actor, wait = self._call(self._status, group, [default])
+        notes = self.suite.keys.slot_jobs(slot_key_of(group))
+        reply = self._call(self._status, group, [default], (notes,))
+        if not int(reply[5]) and overrides.restore_if_lost(self.suite):
+            reply = self._call(self._status, group, [default], (notes,))
         as_int = lambda v: None if v is None else int(v)  # noqa: E731
-        return int(held), int(effective), as_int(own), as_int(actor), float(wait)
+        held, effective, own, actor, wait, loaded, message = reply[:7]
+        waiting = tuple(v.decode() if isinstance(v, bytes) else str(v) for v in reply[7:])
+        return GroupStatus(int(held), int(effective), as_int(own), as_int(actor), float(wait), bool(int(loaded)),
+                           as_int(message), waiting)
+
+    def note(self, group: str, token: str, message_id: str) -> None:
+        """``token``'s slot was handed to the job of ``message_id``, which waits in the broker for a worker
+        thread: noted next to the group, for the operator's views (the notes of tokens that left are dropped)."""
+        key, keys = slot_key_of(group), self.suite.keys
+        try:
+            self._note(keys=[keys.slots(key), keys.slot_jobs(key)], args=[token, message_id])
+        except redis_lib.RedisError as e:
+            raise RedisUnavailable(f"noting a holder of {group!r}: {e}") from e
 
     # -- the Gate protocol ------------------------------------------------------
 
@@ -201,7 +256,7 @@ class SlotGate:
             raise RedisUnavailable(f"releasing a slot of {group!r}: {e}") from e
 
     def retry_in(self, group: str) -> float:
-        wait = self.status(group)[4]
+        wait = self.status(group).wait
         return HALTED_RETRY if wait < 0 else wait
 
 

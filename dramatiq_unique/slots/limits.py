@@ -1,10 +1,12 @@
 """Run-time concurrency limits: :func:`set_concurrency_limit` and :func:`concurrency_status`.
 
-Limits set here live in Redis (see :mod:`dramatiq_unique.slots.gate`), so
-every worker's next decision uses them.  Raising a limit wakes parked
-jobs at once, one per newly free slot; lowering it lets running jobs
-finish and starts nothing new until the group is under the new limit;
-``0`` halts a group (its jobs stay parked, nothing is lost).
+Limits set here are kept in the database and copied to Redis (see
+:mod:`dramatiq_unique.slots.overrides`), where every worker's next decision
+reads them (:mod:`dramatiq_unique.slots.gate`); a Redis that loses its data
+gets them back.  Raising a limit wakes parked jobs at once, one per newly
+free slot; lowering it lets running jobs finish and starts nothing new
+until the group is under the new limit; ``0`` halts a group (its jobs stay
+parked, nothing is lost).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import InvalidOption, RedisUnavailable
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_actor
+from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import declared_limit, gate_of, has_slots
 from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.unique.keys import canonical, digest
@@ -26,6 +29,8 @@ from dramatiq_unique.unique.keys import canonical, digest
 if TYPE_CHECKING:
     from dramatiq_unique.suite import ActorConfig, Suite
 
+#: The largest limit (the limits' table keeps a 32-bit integer).
+MAX_LIMIT = 2**31 - 1
 #: Jobs one call wakes per group at most (a limit raised by more than this fills up as jobs finish).
 MAX_WAKE = 1_000
 
@@ -49,8 +54,9 @@ class ConcurrencyStatus:
 
 
 def _check_limit(limit: Any) -> None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise InvalidOption(f"a concurrency limit must be a whole number, 0 or more, or None, not {limit!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT):
+        raise InvalidOption(f"a concurrency limit must be a whole number from 0 to {MAX_LIMIT}, or None, "
+                            f"not {str(limit)[:40]!r}")
 
 
 def _slot_config(suite: "Suite", actor_name: str) -> "ActorConfig":
@@ -72,6 +78,11 @@ def key_group(config: "ActorConfig", key: Any) -> str:
     when it is a callable, and a dict of every argument (defaults
     included) when it is ``True``.
     """
+    return f"{config.actor_name}:{digest(canonical(_selected(config, key)))}"
+
+
+def _selected(config: "ActorConfig", key: Any) -> Any:
+    """What the digest of ``key``'s group is taken of (InvalidOption for a key the actor cannot have)."""
     spec = config.options.get("concurrency_key")
     name = config.actor_name
     if spec is None:
@@ -96,17 +107,27 @@ def key_group(config: "ActorConfig", key: Any) -> str:
             selected = dict(zip(names, key, strict=True))
         else:
             raise InvalidOption(f"key for {name!r} must be a dict of {names} (or a tuple in that order)")
-    return f"{name}:{digest(canonical(selected))}"
+    return selected
 
 
-def _target(suite: "Suite", config: "ActorConfig", key: Any) -> tuple[str, Optional[str]]:
-    """(the Redis key of the override, the one group it limits, or None for all the actor's groups)."""
+def key_words(config: "ActorConfig", key: Any) -> str:
+    """``key`` in words, as the operator's views show keys: ``customer=42 region=eu`` (a str
+    value bare, others as JSON), or the str a key callable returns."""
+    selected = _selected(config, key)
+    if not isinstance(selected, dict):
+        return str(selected)
+    return " ".join(f"{name}={value if isinstance(value, str) else canonical(value)}"
+                    for name, value in selected.items())
+
+
+def _level(config: "ActorConfig", key: Any) -> tuple[str, Optional[str]]:
+    """(the override's group: '' for the actor's own, the one group it limits or None for all the actor's)."""
     if key is not None:
         group = key_group(config, key)
-        return suite.keys.limit(group), slot_group(group)
+        return group, slot_group(group)
     if config.options.get("concurrency_key") is None:
-        return suite.keys.actor_limit(config.actor_name), slot_group(whole_actor(config.actor_name))
-    return suite.keys.actor_limit(config.actor_name), None
+        return "", slot_group(whole_actor(config.actor_name))
+    return "", None
 
 
 def _parked_groups(config: "ActorConfig") -> list[str]:
@@ -151,21 +172,46 @@ def set_concurrency_limit(
     wait.  ``None`` removes the override at that level: the group falls
     back to the actor's override, then to the declared
     ``concurrency_limit``.  Raising a limit starts parked jobs at once,
-    one per newly free slot, in their order.  Overrides live in Redis:
-    a Redis that loses its data forgets them (the declared limits apply).
+    one per newly free slot, in their order.  Overrides are kept in the
+    database (the primary store) and copied to Redis: a Redis that loses
+    its data gets them back before its next slot decision.  Called inside
+    a transaction of the caller's, the row commits or rolls back with it
+    (Redis's copy is written at once: call it outside one).
     """
     _check_limit(limit)
     suite = suite or _config.current()
     config = _slot_config(suite, actor_name)
-    redis_key, group = _target(suite, config, key)
-    try:
-        if limit is None:
-            suite.redis.delete(redis_key)
-        else:
-            suite.redis.set(redis_key, int(limit))
-    except redis_lib.RedisError as e:
-        raise RedisUnavailable(f"setting the concurrency limit of {actor_name!r}: {e}") from e
-    groups = [group] if group is not None else _parked_groups(config)
+    group, _ = _level(config, key)
+    words = None if key is None else key_words(config, key)
+    return set_group_limit(actor_name, group, limit, suite=suite, words=words, key=key)
+
+
+def set_group_limit(
+    actor_name: str, group: str, limit: Optional[int], *, suite: "Suite", words: Optional[str] = None, key: Any = None,
+) -> int:
+    """:func:`set_concurrency_limit` for a level named by its group key (the operator's surfaces name
+    the groups they list so): '' for the actor's own limit, else one of the actor's groups
+    (``<actor>:<digest>``, as ``concurrency_status`` and the ``slots`` view give it), whether or
+    not a job has its key.  ``words``/``key``: the key, to keep with the override (an override's
+    own are kept when not given).  Returns the jobs it started."""
+    _check_limit(limit)
+    config = _slot_config(suite, actor_name)
+    keyed = config.options.get("concurrency_key") is not None
+    if group == whole_actor(actor_name) and not keyed:
+        group = ""
+    if group and (not keyed or group.rsplit(":", 1)[0] != actor_name):
+        raise InvalidOption(f"{group!r} is not a slot group of actor {actor_name!r}")
+    if group and words is None and limit is not None:
+        kept = overrides.find(suite, actor_name, group)
+        if kept is not None:
+            words, key = kept.words, kept.key
+    overrides.write(suite, actor_name, group, limit, words=words, key=key)
+    if group:
+        groups = [slot_group(group)]
+    elif not keyed:
+        groups = [slot_group(whole_actor(actor_name))]
+    else:
+        groups = _parked_groups(config)
     return sum(wake_free(suite, g) for g in groups)
 
 
@@ -179,29 +225,37 @@ def concurrency_status(actor_name: str, key: Any = None, *, suite: Optional["Sui
     """
     suite = suite or _config.current()
     config = _slot_config(suite, actor_name)
-    gate = gate_of(suite)
+    level, group = _level(config, key)
+    return _status(suite, config, key, level, group)
+
+
+def group_status(actor_name: str, group: str, *, suite: "Suite") -> ConcurrencyStatus:
+    """:func:`concurrency_status` of a level named by its group key, as :func:`set_group_limit` takes it."""
+    config = _slot_config(suite, actor_name)
+    keyed = config.options.get("concurrency_key") is not None
+    if not keyed or group in ("", whole_actor(actor_name)):
+        return _status(suite, config, None, "", None if keyed else slot_group(whole_actor(actor_name)))
+    kept = overrides.find(suite, actor_name, group)
+    return _status(suite, config, kept.key if kept is not None else None, group, slot_group(group))
+
+
+def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str, group: Optional[str]) -> ConcurrencyStatus:
+    actor_name, gate = config.actor_name, gate_of(suite)
     declared = config.options.get("concurrency_limit")
-    _, group = _target(suite, config, key)
     model = config.model
     waiting = (model.app == suite.app) & (model.status == JobStatus.PENDING.value)  # another app's are not ours
     if group is not None:
-        holders, limit, own, actor_wide, _ = gate.status(group, declared_limit(config))
-        override = own if key is not None else actor_wide
+        status = gate.status(group, declared_limit(config))
+        holders, limit = status.held, status.limit
+        override = status.own if level else status.actor
         parked = model.select().where(waiting & (model.parked_on == group)).count()
     else:
-        holders, override = _all_holders(suite, config), _actor_override(suite, actor_name)
+        kept = overrides.find(suite, actor_name, "")
+        holders, override = _all_holders(suite, config), None if kept is None else kept.limit
         limit = declared_limit(config) if override is None else override
         prefix = slot_groups_of(actor_name)
         parked = model.select().where(waiting & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)).count()
     return ConcurrencyStatus(actor_name, key, None if limit < 0 else limit, declared, override, holders, parked)
-
-
-def _actor_override(suite: "Suite", actor_name: str) -> Optional[int]:
-    try:
-        value = suite.redis.get(suite.keys.actor_limit(actor_name))
-    except redis_lib.RedisError as e:
-        raise RedisUnavailable(f"reading the concurrency limit of {actor_name!r}: {e}") from e
-    return None if value is None else int(value)
 
 
 def _all_holders(suite: "Suite", config: "ActorConfig") -> int:
@@ -212,7 +266,7 @@ def _all_holders(suite: "Suite", config: "ActorConfig") -> int:
     try:
         for raw in suite.redis.scan_iter(match=pattern, count=1000):
             name = raw.decode() if isinstance(raw, bytes) else raw
-            total += gate.status(slot_group(name[len(slots_prefix):]), declared_limit(config))[0]
+            total += gate.status(slot_group(name[len(slots_prefix):]), declared_limit(config)).held
     except redis_lib.RedisError as e:
         raise RedisUnavailable(f"reading the concurrency slots of {config.actor_name!r}: {e}") from e
     return total

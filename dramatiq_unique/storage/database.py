@@ -182,9 +182,13 @@ def _open(
         _prepare_setting(db, prepared)
         return db
     try:
-        return db_url.connect(database)
+        db = db_url.connect(database)
     except (RuntimeError, ValueError) as e:
         raise InvalidOption(f"database {address(database)}: {e}") from e
+    if not isinstance(db, (pw.SqliteDatabase, pw.PostgresqlDatabase)):  # peewee names MySQL and others too
+        raise InvalidOption(f"database {address(database)}: the job tables run on SQLite (sqlite:///path) or "
+                            f"PostgreSQL (postgresql://user@host:5432/name), not on {type(db).__name__}")
+    return db
 
 
 def _sqlite(url: str) -> pw.Database:

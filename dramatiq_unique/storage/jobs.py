@@ -456,7 +456,9 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
     attempt left to write it: without this, it would stay ``running`` until the
     re-drive reported a job that did finish as lost, and ran it again.  The attempt
     is recognised by what only its own start wrote (``worker``, ``attempts``); a newer
-    attempt of the same job rewrites both, and then owns the row.
+    attempt of the same job rewrites both, and then owns the row.  So must ``running``, not
+    parked: a row that a delivery parked (the park cleared ``worker``) or the re-drive sent
+    again is no longer this attempt's; written over, it would be in two states at once.
     """
     if release_hold:
         fields["unique_hold"] = None
@@ -468,7 +470,7 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
     cond = (
         (model.id == job.id) & (model.worker == job.worker) & (model.attempts == job.attempts)
         & (model.fencing_token > job.fencing_token) & model.unique_key.is_null(False)
-        & model.status.not_in(FINISHED) & pw.fn.EXISTS(taken)
+        & (model.status == JobStatus.RUNNING.value) & model.parked_on.is_null() & pw.fn.EXISTS(taken)
     )
     appended = {model.history: history.append(model, attempt_of(job, fields))}
     return bool(model.update(appended, **fields).where(cond).execute())
@@ -569,8 +571,10 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
     """Park a waiting job on ``group`` (status pending, ``parked_on`` set); returns its
     ``(created_at, process_after)`` (its place in the queue), or None if it is not waiting.
 
-    A running row whose lease ran out counts as waiting: it is a crashed
-    attempt of this very job.
+    A running row whose lease ran out counts as waiting: it is a crashed or
+    stalled attempt of this very job, which is over.  Its fencing token moves on
+    and its ``worker`` and lease go (queries.sql says why): should the attempt
+    wake, nothing it writes lands on the parked row.
     """
     fields = model._meta.fields
     pending, queued, retrying = WAITING

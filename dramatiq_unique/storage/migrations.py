@@ -1,5 +1,8 @@
 """The migrations from one schema version to the next, and applying them (``migrate``, ``status``).
 
+The job tables' versions (the run-time limits' table, ``dramatiq_unique_limits``, is at its
+first version, 1: created at set-up, or by ``migrate``, with nothing to migrate yet):
+
 =======  ====================================================================
 version  what it adds
 =======  ====================================================================
@@ -13,6 +16,10 @@ version  what it adds
          declares their actor (durable/scope.py)
 2        the nullable ``history`` column (JSON text: the attempts, see
          storage/history.py), added by ``playhouse.migrate``
+3        the nullable ``parked_at`` and ``parked_attempt`` columns (when a job
+         was first parked in its wait, and at which attempt: the time parked
+         that ``stats`` and the dashboard show), added by ``playhouse.migrate``;
+         rows parked before it count as never parked
 =======  ====================================================================
 
 Every step is additive and idempotent (it looks before it acts), only the
@@ -37,7 +44,7 @@ import peewee as pw
 from playhouse import migrate as pw_migrate
 
 from dramatiq_unique.storage import queries, schema
-from dramatiq_unique.storage.schema import APP_COLUMN, CURRENT_VERSION, HISTORY_COLUMN
+from dramatiq_unique.storage.schema import APP_COLUMN, CURRENT_VERSION, HISTORY_COLUMN, PARKED_COLUMNS
 
 #: Indexes before version 1 that the app-leading ones replace: (columns, unique).
 OLD_INDEXES = (
@@ -97,12 +104,31 @@ def _to_v2(model: Model, names: set[str]) -> list[Step]:
         migrator.add_column(table, HISTORY_COLUMN, pw.TextField(null=True))))]
 
 
+def _to_v3(model: Model, names: set[str]) -> list[Step]:
+    migrator = pw_migrate.SchemaMigrator.from_database(model._meta.database, schema=model._meta.schema)
+    table = model._meta.table_name
+    at, attempt = PARKED_COLUMNS
+    fields = {at: pw.DateTimeField(null=True), attempt: pw.IntegerField(null=True)}
+    types = {at: "TIMESTAMP", attempt: "INTEGER"}
+    # A column the table has already (a job_model that declared it) is left as it is.
+    return [Step(f"add column {name} {types[name]} NULL (when the job was first parked in its wait)",
+                 lambda name=name: pw_migrate.migrate(migrator.add_column(table, name, fields[name])))  # type: ignore[misc]
+            for name in PARKED_COLUMNS if name not in names]
+
+
 #: version: (its name, its steps for a table whose columns are given).
 MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {
     1: ("app column and app-first indexes", _to_v1),
     2: ("per-attempt history", _to_v2),
+    3: ("time parked", _to_v3),
 }
 assert max(MIGRATIONS) == CURRENT_VERSION, "a migration to every version up to CURRENT_VERSION"
+#: The migrations of the suite's other tables (the limits' table has had one version).
+OTHER_MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {}
+
+
+def migrations_of(model: Model) -> dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]]:
+    return MIGRATIONS if schema.is_job_table(model) else OTHER_MIGRATIONS
 
 
 @dataclasses.dataclass
@@ -132,25 +158,25 @@ def _plan(model: Model) -> tuple[Optional[int], list[tuple[int, Step]]]:
     if not names:
         return None, []
     found = schema.recorded(model)
-    version = schema.inferred(names) if found is None else found
+    version = schema.inferred(names, model) if found is None else found
     steps = []
-    for target in range(version + 1, CURRENT_VERSION + 1):
+    for target in range(version + 1, schema.target_version(model) + 1):
         # A later migration's look at the columns counts what the earlier ones add.
-        after = names | ({APP_COLUMN} if target > 1 else set())
-        steps += [(target, step) for step in MIGRATIONS[target][1](model, after)]
+        after = names | ({APP_COLUMN} if target > 1 else set()) | ({HISTORY_COLUMN} if target > 2 else set())
+        steps += [(target, step) for step in migrations_of(model)[target][1](model, after)]
     return version, steps
 
 
-def _describe(target: int, step: Step) -> str:
-    return f"version {target} ({MIGRATIONS[target][0]}): {step.text}"
+def _describe(model: Model, target: int, step: Step) -> str:
+    return f"version {target} ({migrations_of(model)[target][0]}): {step.text}"
 
 
 def status(model: Model, store: str = "") -> TableStatus:
     """``model``'s table in its store (read only)."""
     version, steps = _plan(model)
     pending = ["create the table at the current version (at set-up)"] if version is None else [
-        _describe(target, step) for target, step in steps]
-    return TableStatus(schema.table_key(model), store, version, pending=pending)
+        _describe(model, target, step) for target, step in steps]
+    return TableStatus(schema.table_key(model), store, version, target=schema.target_version(model), pending=pending)
 
 
 def migrate(model: Model, store: str = "", *, dry_run: bool = False,
@@ -169,15 +195,16 @@ def migrate(model: Model, store: str = "", *, dry_run: bool = False,
         if isinstance(db, pw.PostgresqlDatabase):
             db.execute_sql(f"SET LOCAL lock_timeout TO {int(lock_timeout)}")  # an int: no injection
         version, steps = _plan(model)  # again, under the lock: another run may have migrated it
-        result = TableStatus(schema.table_key(model), store, version)
+        current = schema.target_version(model)
+        result = TableStatus(schema.table_key(model), store, version, target=current)
         if version is None:
             schema.create_or_migrate(model)
-            result.applied.append(f"create the table at version {CURRENT_VERSION}")
+            result.applied.append(f"create the table at version {current}")
         else:
             for target, step in steps:
                 step.run()
-                result.applied.append(_describe(target, step))
-            if version < CURRENT_VERSION or schema.recorded(model) is None:
-                schema.record(model, max(version, CURRENT_VERSION))
-        result.version = max(version or 0, CURRENT_VERSION)
+                result.applied.append(_describe(model, target, step))
+            if version < current or schema.recorded(model) is None:
+                schema.record(model, max(version, current))
+        result.version = max(version or 0, current)
     return result

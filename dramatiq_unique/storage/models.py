@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, cast
 
 import peewee as pw
 
@@ -142,6 +142,12 @@ class JobModel(pw.Model):
     missing_since = pw.DateTimeField(null=True)
     #: The finished attempts, oldest first, the last few kept (schema version 2; storage/history.py).
     history = JSONField(null=True)
+    #: When the job was first parked in its current wait for a lock or a slot, and its ``attempts``
+    #: then, so that the wait parked is told apart from an earlier attempt's (schema version 3; the
+    #: park statement writes both, ops/stats.py reads them: ``started_at - parked_at`` of the attempt
+    #: numbered ``parked_attempt + 1``).
+    parked_at = pw.DateTimeField(null=True)
+    parked_attempt = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
@@ -162,6 +168,50 @@ class JobModel(pw.Model):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.actor_name} {self.status} {self.message_id}>"
+
+
+class LimitModel(pw.Model):
+    """A concurrency limit set at run time (:func:`dramatiq_unique.set_concurrency_limit`), kept.
+
+    Redis holds the copy the slot scripts read; this row is what survives Redis losing its
+    data (slots/overrides.py puts it back).  One row per app and level: an actor's own
+    override (``group_key`` '') or one slot group's (``<actor>:<digest>``).  The key's words
+    and value are kept with it, so an operator sees ``customer=42`` rather than a hash, and
+    can take it back.  The table lives in the primary store; each suite binds a copy of the
+    model to its own database (:func:`bound_limits`).
+    """
+
+    #: This table's schema version (storage/schema.py; the job tables have their own).
+    dramatiq_unique_version = 1
+
+    id = pw.BigAutoField()
+    app = pw.CharField(max_length=255)
+    actor_name = pw.CharField(max_length=255)
+    #: The slot group's key (``<actor>:<digest>``), or '' for the actor's own override.
+    group_key = pw.CharField(max_length=300, default="")
+    concurrency_limit = pw.IntegerField()
+    #: The key in words (``customer=42``); NULL for the actor's own override, or when not known
+    #: (an override adopted from a Redis that had it without a row).
+    words = pw.TextField(null=True)
+    #: The key as ``set_concurrency_limit`` took it (JSON), NULL when not known.
+    key = JSONField(null=True)
+    set_at = pw.DateTimeField(default=utcnow)
+
+    class Meta:
+        table_name = "dramatiq_unique_limits"
+        indexes = ((("app", "actor_name", "group_key"), True),)
+
+
+def bound_limits(db: pw.Database) -> type[LimitModel]:
+    """:class:`LimitModel` bound to ``db``: a subclass of the suite's own (the class itself stays
+    unbound, so two suites of one process each write to their own database)."""
+    meta = LimitModel._meta
+    made: Any = cast(Any, type(LimitModel))("LimitModel", (LimitModel,), {
+        "Meta": type("Meta", (), {"database": db, "table_name": meta.table_name, "schema": meta.schema}),
+        "__module__": LimitModel.__module__, "__doc__": LimitModel.__doc__,
+    })
+    made._meta.name = meta.name  # peewee names indexes after it: the same names in every copy
+    return cast(type[LimitModel], made)
 
 
 def base_field_names() -> frozenset[str]:

@@ -5,8 +5,10 @@ version, recorded per store in a table of its own,
 ``dramatiq_unique_schema`` (one row per job table: its name, its version,
 when it was set).  A table with no row there was made by a release that
 recorded none: its version is read from its columns (no ``app``: 0; no
-``history``: 1; else 2), so the releases before versioning need no
-bookkeeping of their own.
+``history``: 1; no ``parked_at``: 2; else 3), so the releases before versioning need no
+bookkeeping of their own.  The suite's other tables (the run-time limits,
+``dramatiq_unique_limits``) are versioned the same way, each with a
+version of its own (the model's ``dramatiq_unique_version``; :func:`target_version`).
 
 Opening a table (``setup()``, an actor's ``job_model`` at declaration, a
 store that answers again):
@@ -49,13 +51,15 @@ from dramatiq_unique.storage import queries
 logger = logging.getLogger(__name__)
 
 #: The schema version this release writes and reads (storage/migrations.py lists how to reach it).
-CURRENT_VERSION = 2
+CURRENT_VERSION = 3
 #: The table that records each job table's version, in every store.
 VERSIONS_TABLE = "dramatiq_unique_schema"
 #: The column every row's app is kept in (queries.sql: add_app_column); version 1 added it.
 APP_COLUMN = "app"
 #: The per-attempt history (version 2).
 HISTORY_COLUMN = "history"
+#: When a job was first parked in its wait, and at which attempt (version 3).
+PARKED_COLUMNS = ("parked_at", "parked_attempt")
 #: What the refusal tells the operator to run.
 COMMAND = "python -m dramatiq_unique migrate APP (or: dramatiq-unique migrate APP)"
 
@@ -122,11 +126,26 @@ def columns(model: type[pw.Model]) -> set[str]:
     return {column.name for column in db.get_columns(model._meta.table_name, model._meta.schema)}
 
 
-def inferred(names: set[str]) -> int:
-    """The version of a table that recorded none, from its columns."""
+def target_version(model: type[pw.Model]) -> int:
+    """The version this release gives ``model``'s table: :data:`CURRENT_VERSION` for a job table,
+    the model's own ``dramatiq_unique_version`` for another table of the suite's."""
+    return int(getattr(model, "dramatiq_unique_version", CURRENT_VERSION))
+
+
+def is_job_table(model: type[pw.Model]) -> bool:
+    return not hasattr(model, "dramatiq_unique_version")
+
+
+def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
+    """The version of a table that recorded none, from its columns (another table of the suite's
+    than a job table recorded its version from the first: one without is at its first version)."""
+    if model is not None and not is_job_table(model):
+        return 1
     if APP_COLUMN not in names:
         return 0
-    return 2 if HISTORY_COLUMN in names else 1
+    if HISTORY_COLUMN not in names:
+        return 1
+    return 3 if PARKED_COLUMNS[0] in names else 2
 
 
 def recorded(model: type[pw.Model]) -> Optional[int]:
@@ -145,7 +164,7 @@ def version_of(model: type[pw.Model]) -> Optional[int]:
     if not names:
         return None
     found = recorded(model)
-    return inferred(names) if found is None else found
+    return inferred(names, model) if found is None else found
 
 
 def record(model: type[pw.Model], version: int) -> None:
@@ -171,9 +190,10 @@ def _versions_exist(db: pw.Database) -> bool:
 
 
 def out_of_date(model: type[pw.Model], version: int) -> SchemaOutOfDate:
+    kind = "job table" if is_job_table(model) else "table"
     return SchemaOutOfDate(
-        f"the job table {table_key(model)} in {model._meta.database.database!r} is at schema version {version}, "
-        f"this release needs version {CURRENT_VERSION}: run {COMMAND} (migrations are additive: workers of the "
+        f"the {kind} {table_key(model)} in {model._meta.database.database!r} is at schema version {version}, "
+        f"this release needs version {target_version(model)}: run {COMMAND} (migrations are additive: workers of the "
         f"earlier release may keep running meanwhile)"
     )
 
@@ -182,17 +202,17 @@ def create_or_migrate(model: type[pw.Model]) -> None:
     """Open ``model``'s table (see the module docstring): create it at the current version if missing,
     refuse it if older (unless :func:`tolerating_old`), add the indexes it lacks if current."""
     db = model._meta.database
+    target = target_version(model)
     with locked(db):
         version = version_of(model)
         if version is None:
             model._schema.create_table(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager
             model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
-            record(model, CURRENT_VERSION)
-        elif version < CURRENT_VERSION:
+            record(model, target)
+        elif version < target:
             if not getattr(_tolerant, "on", False):
                 raise out_of_date(model, version)
-            logger.info("%s is at schema version %d of %d; to be migrated.", table_key(model), version,
-                        CURRENT_VERSION)
+            logger.info("%s is at schema version %d of %d; to be migrated.", table_key(model), version, target)
         else:
             model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
             if recorded(model) is None:

@@ -104,12 +104,12 @@ def cancel(ref: str) -> Response:
     return _back("cancelled", url_for("job", ref=ref))
 
 
-def _group_key() -> tuple[str, Optional[Any]]:
+def _group_key() -> tuple[str, Any]:
     actor = request.form.get("actor", "").strip()
     if not actor or len(actor) > 200:
         abort(400, "which actor?")
     words, group = request.form.get("key", ""), request.form.get("group", "")
-    return actor, _refused(lambda: data.group_key(current_suite(), actor, words, group))
+    return actor, _refused(lambda: data.slot_target(current_suite(), actor, words, group))
 
 
 def requested_limit() -> Optional[int]:
@@ -132,7 +132,7 @@ def _default_halts() -> bool:
         whole = ops.limit_status(current_suite(), actor, None)
     except (HTTPException, InvalidOption):  # a form the view refuses (400): nothing is done
         return False
-    return (whole.limit if key is not None else whole.default) == 0
+    return (whole.limit if key.group else whole.default) == 0
 
 
 def _limit_action() -> str:
@@ -151,6 +151,8 @@ ACTION_OF: dict[str, Callable[[], str]] = {
     "cancel": lambda: "cancel",
     "limit": _limit_action,
     "halt": lambda: "halt",
+    "retry_all": lambda: "retry_all",
+    "cancel_all": lambda: "cancel_all",
 }
 
 
@@ -160,13 +162,13 @@ def limit() -> Response:
         value = requested_limit()
     except ValueError as e:
         abort(400, str(e))
-    _refused(lambda: ops.set_limit(current_suite(), actor, value, key))
+    _refused(lambda: ops.set_group_limit(current_suite(), actor, key.group, value, words=key.words, key=key.key))
     return _back("default" if value is None else ("halted" if value == 0 else "limit"), url_for("slots"))
 
 
 def halt() -> Response:
     actor, key = _group_key()
-    _refused(lambda: ops.set_limit(current_suite(), actor, 0, key))
+    _refused(lambda: ops.set_group_limit(current_suite(), actor, key.group, 0, words=key.words, key=key.key))
     return _back("halted", url_for("slots"))
 
 

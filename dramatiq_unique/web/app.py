@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
-from dramatiq_unique.web import actions, pages, present, security
+from dramatiq_unique.web import actions, bulk, pages, present, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
@@ -38,8 +38,9 @@ def make_app(
     ``suite``: the suite to show (default: the last :func:`dramatiq_unique.setup`'s, looked up at
     each request, so the app can be made before the set-up).  ``read_only``: no actions (no
     buttons; every POST gets 403).  ``auth``: the host's hook, ``auth(request, action) -> bool``,
-    asked with ``action=None`` for each page and with ``"retry"``, ``"cancel"``, ``"limit"`` or
-    ``"halt"`` for each action, named by what it does (a limit of 0 is ``"halt"``); only ``True``
+    asked with ``action=None`` for each page and with ``"retry"``, ``"cancel"``, ``"limit"``,
+    ``"halt"``, ``"retry_all"`` or ``"cancel_all"`` for each action, named by what it does (a limit
+    of 0 is ``"halt"``); only ``True``
     allows.  ``basic_auth``: ``(user, password)`` (or a callable checking them, that returns
     ``True`` to let in) that every request must carry.  ``secret_key``: signs CSRF tokens; give the same one to
     every process that serves the dashboard behind one address (default: random per app).
@@ -109,5 +110,6 @@ def make_app(
 
     pages.register(app)
     actions.register(app)
+    bulk.register(app)
     return app
 

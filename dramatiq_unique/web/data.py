@@ -2,8 +2,8 @@
 
 The ops layer (:mod:`dramatiq_unique.ops`) reads the stores and Redis for the
 command line and for these pages alike.  Kept here: the attempts timeline's
-layout; which key value a slot group's form names (``set_concurrency_limit``
-takes the key's value, the page shows its words).
+layout; which level a slot group's form names (the page shows a key's words,
+and posts the group's key with them).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar
 
 from dramatiq_unique import ops
 from dramatiq_unique.errors import InvalidOption, JobNotFound
-from dramatiq_unique.ops import labels
-from dramatiq_unique.slots.limits import key_group
+from dramatiq_unique.ops import limitkeys
+from dramatiq_unique.parking.groups import whole_actor
+from dramatiq_unique.slots.limits import key_group, key_words
 from dramatiq_unique.storage.models import utcnow
 
 if TYPE_CHECKING:
-    from dramatiq_unique.ops.views import JobView, LockView, Page, SlotGroupView, Stats
+    from dramatiq_unique.ops.views import JobView, LockView, OverrideView, Page, SlotGroupView, Stats
     from dramatiq_unique.suite import Suite
 
 T = TypeVar("T")
@@ -114,37 +115,27 @@ def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
     return spans
 
 
-def group_key(suite: "Suite", actor: str, words: str, group: str) -> Optional[Any]:
-    """The ``key`` argument of ``set_concurrency_limit`` for the group a slots form names.
+def limits(suite: "Suite") -> "list[OverrideView]":
+    return ops.limits(suite)
 
-    ``words`` is the key as the page showed it (``customer=42``), ``group`` the group's
-    key (``<actor>:<digest>``), which settles what the words cannot: whether 42 was sent
-    as an int or a str (``ops.limit_key`` reads the words alone).  '' or ``(all)``: the
-    actor-wide limit (``key=None``).
-    """
+
+def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "limitkeys.Target":
+    """The level a slots form names: ``group``, the group's key as the page listed it (``<actor>:<digest>``;
+    '' for the actor's own limit), which settles what the words cannot (whether 42 was sent as an int or a
+    str, a group whose words are not known).  ``words``, the key as the page showed it (``customer=42``,
+    a ``#hash``, ``(all)``), must name that group: a form of another row, or a forged one, is refused.
+    Without ``group``, the words alone (as ``limit`` on the command line reads them)."""
     config = suite.actor_config(actor)
     if config is None:
         raise InvalidOption(f"no actor {actor!r} is declared in this process")
-    spec = config.options.get("concurrency_key")
-    words = words.strip()
-    if spec is None or not words or words == "(all)":
-        return None
-    want = group or None
-    if callable(spec) and not isinstance(spec, (list, tuple)):
-        candidates: list[Any] = [words]
-    elif "=" not in words:
-        candidates = [ops.limit_key(config, words), words]
-    else:
-        parsed = labels.parse(words)
-        candidates = [{}]
-        for name, value in parsed.items():
-            choices = [value] if isinstance(value, str) else [value, labels.value_text(value)]
-            candidates = [{**c, name: choice} for c in candidates for choice in choices]
-    for candidate in candidates:
-        try:
-            derived = key_group(config, candidate)
-        except InvalidOption:
-            continue
-        if want is None or derived == want:
-            return candidate
-    raise InvalidOption(f"no slot group of {actor!r} has the key {words!r}")
+    words, group = words.strip(), group.strip()
+    if not group:
+        return ops.limit_target(suite, config, words)
+    if group not in limitkeys.named_groups(suite, config, words):
+        raise InvalidOption(f"no slot group of {actor!r} has the key {words!r}")
+    if group == whole_actor(actor) and config.options.get("concurrency_key") is None:
+        return limitkeys.Target("")  # the actor's own limit
+    for value in ([] if words.startswith("#") else limitkeys.candidates(config, words)):
+        if key_group(config, value) == group:
+            return limitkeys.Target(group, key_words(config, value), value)
+    return limitkeys.Target(group)  # named by its hash: the words kept with its limit stay

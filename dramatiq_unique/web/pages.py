@@ -23,11 +23,16 @@ from dramatiq_unique.web.state import current_suite, page_size
 SINCE = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 #: Minutes the overview's chart covers.
 MINUTES = 30
-#: What an action's redirect may say (``?done=``): fixed words, never text from the request.
+#: What an action's redirect may say (``?done=``): fixed words, never text from the request, but for
+#: the counts of a bulk action (``n``, ``blocked``: whole numbers, or nothing is said of them).
 DONE = {
     "retried": "The job was sent again.", "cancelled": "The job was cancelled.", "limit": "The limit was set.",
     "default": "The group is back to its default limit.", "halted": "The group is halted: its jobs stay parked.",
+    "retried_all": "{n} dead jobs are due again: the re-drive sends them.",
+    "cancelled_all": "{n} waiting jobs were cancelled.",
 }
+#: Said after a bulk retry that left jobs in the dead set.
+BLOCKED = " {blocked} stay in the dead set: another job holds their key."
 #: Characters a filter field may hold (a longer one is refused, not cut).
 MAX_FILTER = 200
 
@@ -39,8 +44,18 @@ def _arg(name: str) -> Optional[str]:
     return value or None
 
 
+def _count(name: str) -> Optional[int]:
+    value = request.args.get(name, "")
+    return int(value) if value.isdigit() and len(value) < 19 else None
+
+
 def _done() -> Optional[str]:
-    return DONE.get(request.args.get("done", ""))
+    text = DONE.get(request.args.get("done", ""))
+    if text is None or "{n}" not in text:
+        return text
+    n, blocked = _count("n"), _count("blocked")
+    said = text.format(n=f"{n:,}" if n is not None else "The")
+    return said + (BLOCKED.format(blocked=f"{blocked:,}") if blocked else "")
 
 
 def overview() -> str:
@@ -79,8 +94,10 @@ def locks() -> str:
 
 
 def slots() -> str:
-    found = data.slot_groups(current_suite())
-    return render_template("slots.html", groups=found.items, down=found.down, done=_done())
+    suite = current_suite()
+    found = data.slot_groups(suite)
+    return render_template("slots.html", groups=found.items, limits=data.limits(suite), down=found.down,
+                           done=_done())
 
 
 def dead() -> str:

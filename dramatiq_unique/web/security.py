@@ -9,7 +9,7 @@ Every request passes :func:`check_access` before its view runs (a Flask
   wrong one gets 401 with a ``WWW-Authenticate`` challenge.
 * ``auth`` (the host app's hook): called as ``auth(request, action)`` with
   ``action=None`` for a page and the action's name (``"retry"``, ``"cancel"``,
-  ``"limit"``, ``"halt"``) for a POST, named by what the POST does, not by its
+  ``"limit"``, ``"halt"``, ``"retry_all"``, ``"cancel_all"``) for a POST, named by what the POST does, not by its
   route: a limit of 0, or a return to a default of 0, is ``"halt"``; anything but ``True`` gets 403 (a truthy
   string is no grant: a hook returning ``"no"`` by mistake must not open the
   door), and so does a hook that raises.  The host can so
@@ -44,7 +44,7 @@ BasicAuth = Union[tuple[str, str], Callable[[str, str], bool]]
 CSRF_COOKIE = "du_csrf"
 CSRF_FIELD = "csrf_token"
 #: The actions a POST may name (what the hook is asked about).
-ACTIONS = ("retry", "cancel", "limit", "halt")
+ACTIONS = ("retry", "cancel", "limit", "halt", "retry_all", "cancel_all")
 
 
 @dataclass

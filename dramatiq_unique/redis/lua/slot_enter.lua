@@ -7,6 +7,7 @@
 -- KEYS[3]  the actor's limit override: a string (<prefix>:actor-limit:<actor name>)
 -- KEYS[4]  the limit the group's last message brought: a string
 --          (<prefix>:message-limit:<group key>)
+-- KEYS[5]  set while Redis holds every run-time limit: a string (<prefix>:limits-loaded)
 -- ARGV[1]  the declared limit (-1: none); the first of KEYS[2..4] that is set comes before it
 -- ARGV[2]  the job's token
 -- ARGV[3]  the lease, ms
@@ -22,6 +23,7 @@
 
 if ARGV[5] ~= '' then redis.call('set', KEYS[4], ARGV[5], 'PX', 86400000) end
 -- #include _slot_prelude.lua
+if not loaded then return unknown() end
 if redis.call('zscore', KEYS[1], ARGV[2]) then hold(ARGV[2], tonumber(ARGV[3])) return {1, 0} end
 if ARGV[4] ~= '' and redis.call('zrem', KEYS[1], ARGV[4]) == 1 then held = held - 1 end
 if full(held) then return {0, wait()} end

@@ -8,9 +8,10 @@
 -- KEYS[3]  the actor's limit override: a string (<prefix>:actor-limit:<actor name>)
 -- KEYS[4]  the limit the group's last message brought: a string
 --          (<prefix>:message-limit:<group key>)
--- KEYS[5]  the woken message's queue's message hash: message id -> body
+-- KEYS[5]  set while Redis holds every run-time limit: a string (<prefix>:limits-loaded)
+-- KEYS[6]  the woken message's queue's message hash: message id -> body
 --          (<namespace>:<queue>.msgs)
--- KEYS[6]  this worker's ack set for that queue: a set of message ids
+-- KEYS[7]  this worker's ack set for that queue: a set of message ids
 --          (<namespace>:__acks__.<worker id>.<queue>)
 -- ARGV[1]  the declared limit (-1: none); the first of KEYS[2..4] that is set comes before it
 -- ARGV[2]  the token that holds the slot
@@ -25,10 +26,11 @@
 -- may be taken by now).
 
 -- #include _slot_prelude.lua
+if not loaded then return unknown() end
 if redis.call('zscore', KEYS[1], ARGV[3]) then return 1 end
 if redis.call('zrem', KEYS[1], ARGV[2]) == 0 then return 0 end
 if full(held - 1) then return 0 end
 hold(ARGV[3], tonumber(ARGV[4]))
-redis.call('hset', KEYS[5], ARGV[5], ARGV[6])
-redis.call('sadd', KEYS[6], ARGV[5])
+redis.call('hset', KEYS[6], ARGV[5], ARGV[6])
+redis.call('sadd', KEYS[7], ARGV[5])
 return 1

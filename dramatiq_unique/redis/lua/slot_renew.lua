@@ -7,6 +7,7 @@
 -- KEYS[3]  the actor's limit override: a string (<prefix>:actor-limit:<actor name>)
 -- KEYS[4]  the limit the group's last message brought: a string
 --          (<prefix>:message-limit:<group key>)
+-- KEYS[5]  set while Redis holds every run-time limit: a string (<prefix>:limits-loaded)
 -- ARGV[1]  the declared limit (-1: none); the first of KEYS[2..4] that is set comes before it
 -- ARGV[2]  the holder's token
 -- ARGV[3]  the new lease, ms
@@ -16,6 +17,7 @@
 -- Safe to repeat: a repeat renews again.
 
 -- #include _slot_prelude.lua
+if not loaded then return unknown() end
 if redis.call('zscore', KEYS[1], ARGV[2]) or not full(held) then
   hold(ARGV[2], tonumber(ARGV[3]))
   return 1

@@ -27,13 +27,16 @@ def app(tmp_path, broker) -> str:
 
 @pytest.fixture
 def run(tmp_path, suite, database_url, key_prefix) -> Run:
-    """``run(words, env=False)``: the command line in this process, with the app (``APP`` in words
-    is replaced by it) or, with ``env=True``, from the environment only."""
+    """``run(words, env=False, answer="")``: the command line in this process, with the app (``APP`` in
+    words is replaced by it) or, with ``env=True``, from the environment only; ``answer`` is what the
+    operator types when a command asks."""
 
-    def run_(words: list[str], *, env: bool = False, environ: Optional[dict] = None) -> tuple[int, str, str]:
+    def run_(words: list[str], *, env: bool = False, environ: Optional[dict] = None,
+             answer: str = "") -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
         variables = {DATABASE_ENV: database_url, REDIS_ENV: REDIS_URL, PREFIX_ENV: key_prefix} if env else {}
-        ctx = Context(out=out, err=err, env=environ if environ is not None else variables)
+        ctx = Context(out=out, err=err, inp=io.StringIO(answer),
+                      env=environ if environ is not None else variables)
         try:
             code = main([*words, "--path", str(tmp_path)], context=ctx)
         finally:

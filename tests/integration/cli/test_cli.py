@@ -107,7 +107,8 @@ def test_bad_input_gives_usage_or_not_found(run, app, scene):
         (["jobs", app, "--status", "nope"], 2), (["jobs", app, "--limit", "0"], 2),
         (["jobs", app, "--since", "then"], 2),
         (["jobs", app, "--key", " "], 2), (["nonsense"], 2), (["job", app], 2), (["job", app, "1", "2"], 2),
-        (["limit", app, "no_actor", "3"], 1), (["limit", app, "deliver_webhook", "customer=42", "lots"], 2),
+        (["limit", app, "no_actor", "3"], 2), (["limit", app, "report", "3"], 2),
+        (["limit", app, "deliver_webhook", "customer=42", "lots"], 2),
         (["limit", app, "deliver_webhook", "region=eu", "3"], 2), (["jobs", "no_such_module:broker"], 2),
         (["stats", app, "--minutes", "0"], 2),
     ):
@@ -116,13 +117,42 @@ def test_bad_input_gives_usage_or_not_found(run, app, scene):
         assert "Traceback" not in err
 
 
+def test_the_dead_set_names_each_job_s_error(run, app, scene):
+    code, out, _ = run(["dead", app])
+    header, line = out.splitlines()
+    assert code == 0 and header.split() == ["REF", "ACTOR", "KEY", "ATTEMPTS", "FAILED", "ERROR"]
+    assert line.split()[0] == str(scene.dead) and line.endswith("RuntimeError: broken 2")
+
+
+def test_a_job_s_arguments_are_shown_whole_and_its_attempt_times_as_times(run, app, scene, broker):
+    long = "z" * 300
+    message = broker.get_actor("fine").send(long)
+    wait_until(lambda: JobModel.get(JobModel.message_id == message.message_id).status == "succeeded", timeout=10)
+    job_id = JobModel.get(JobModel.message_id == message.message_id).id
+    code, out, _ = run(["job", app, str(job_id)])
+    assert code == 0 and f'["{long}"] {{}}' in out and out.count(long) == 2  # the arguments and the result
+    code, out, _ = run(["job", app, str(scene.dead)])
+    [attempt] = [line for line in out.splitlines() if line.startswith("1 ")]
+    # 2026-11-24 22:09:51, not the history column's ISO text (2026-11-24T22:09:51.246)
+    assert attempt.split()[1:3] == ["failed", JobModel.get_by_id(scene.dead).started_at.strftime("%Y-%m-%d")], attempt
+
+
+def test_a_refusal_names_the_job_by_the_id_typed(run, app, scene):
+    code, _, err = run(["retry", app, str(scene.done)])
+    assert code == 1 and f"job {scene.done} (" in err and "only a failed job can be retried" in err, err
+    code, _, err = run(["cancel", app, str(scene.done)])
+    assert code == 1 and f"job {scene.done} (" in err, err
+
+
 def test_prune_redrive_and_web(run, app, scene, monkeypatch):
     import dramatiq_unique.web.serve  # noqa: F401  (the command imports it too; the fake below replaces the package)
 
     code, out, _ = run(["prune", app, "--json"])
     assert code == 0 and json.loads(out) == {"pruned": 0}
-    code, out, _ = run(["redrive", app, "--once"])
+    code, out, _ = run(["redrive", app, "--once", "--json"])
     assert code == 0 and json.loads(out)["ran"] is True
+    code, out, _ = run(["redrive", app, "--once"])
+    assert code == 0 and out.startswith("one pass: ") and "0 pruned" in out and "{" not in out
 
     monkeypatch.setitem(sys.modules, "dramatiq_unique.web", None)  # the extra is not installed
     code, _, err = run(["web", app])

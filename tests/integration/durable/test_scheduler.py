@@ -138,11 +138,11 @@ def test_the_command_line_runs_one_pass(suite, broker, database_url, key_prefix)
     messages = [quick_job.send(n) for n in range(3)]
     make_pending(messages, broker)
     done = subprocess.run(
-        [sys.executable, "-m", "dramatiq_unique", "redrive", "tests.redrive_app", "--once"],
+        [sys.executable, "-m", "dramatiq_unique", "redrive", "tests.redrive_app", "--once", "--json"],
         cwd=ROOT, env=cli_env(database_url, key_prefix), capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    counts = json.loads(done.stdout)
     assert counts["ran"] is True and counts["sent"] == 3
     assert all(job_of(m).status == "queued" for m in messages)
 

@@ -13,7 +13,7 @@ import dramatiq_unique
 from dramatiq_unique import JobModel
 from dramatiq_unique.durable.redrive import redrive
 from dramatiq_unique.health.target import bound
-from dramatiq_unique.storage import migrations
+from dramatiq_unique.storage import migrations, schema
 from dramatiq_unique.storage.database import open_database
 from dramatiq_unique.storage.models import is_postgres, utcnow
 from tests.conftest import REDIS_URL
@@ -97,7 +97,7 @@ def test_migrate_upgrades_a_table_of_the_earlier_version(legacy_db, database_url
     broker = RedisBroker(url=REDIS_URL, namespace=f"{key_prefix}-broker")
     with pytest.raises(dramatiq_unique.SchemaOutOfDate, match="version 0"):
         dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
-    assert migrations.migrate(bound(JobModel, db, 0)).version == 2
+    assert migrations.migrate(bound(JobModel, db, 0)).version == schema.CURRENT_VERSION
     suite = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
     try:
         dramatiq.actor(lambda n: n, broker=broker, actor_name="job", track=True)

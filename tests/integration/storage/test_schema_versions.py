@@ -16,6 +16,7 @@ import dramatiq_unique
 from dramatiq_unique import JobModel, SchemaOutOfDate
 from dramatiq_unique.cli import main
 from dramatiq_unique.health.target import bound
+from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage import migrations, schema
 from dramatiq_unique.storage.database import open_database
 from tests.conftest import REDIS_URL
@@ -51,7 +52,7 @@ def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_u
     failed = insert_v1(v1_db, app=key_prefix, actor_name="job", status="failed")
     indexes = index_names(v1_db)
 
-    with pytest.raises(SchemaOutOfDate, match="version 1.*needs version 2.*migrate"):
+    with pytest.raises(SchemaOutOfDate, match="version 1.*needs version 3.*migrate"):
         _setup(broker, database_url, key_prefix)
 
     assert main(["status"]) == 1
@@ -65,9 +66,10 @@ def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_u
 
     assert main(["migrate"]) == 0
     assert "add column history" in capsys.readouterr().out
+    assert {"history", "parked_at", "parked_attempt"} <= schema.columns(bound(JobModel, v1_db, 0))
     assert main(["migrate", "--json"]) == 0  # again: nothing to do
     again = json.loads(capsys.readouterr().out)
-    assert again[0]["applied"] == [] and again[0]["version"] == 2
+    assert again[0]["applied"] == [] and again[0]["version"] == schema.CURRENT_VERSION
     assert main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["current"] is True
     assert index_names(v1_db) == indexes  # no index dropped or added
@@ -110,7 +112,7 @@ def test_a_job_model_with_extra_columns_and_indexes(database_url, broker, key_pr
         with pytest.raises(SchemaOutOfDate, match="export_jobs"):
             dramatiq.actor(lambda customer_id: None, broker=broker, actor_name="export", job_model=ExportJob)
         result = migrations.migrate(bound(ExportJob, db, 0))
-        assert result.version == 2 and len(result.applied) == 1
+        assert result.version == schema.CURRENT_VERSION and len(result.applied) == 3  # history, parked_*
         assert {"customer_id", "history"} <= schema.columns(bound(ExportJob, db, 0))
         assert "exportjob_customer_id" in index_names(db, "export_jobs")
         dramatiq.actor(lambda customer_id: None, broker=broker, actor_name="export", job_model=ExportJob)
@@ -127,8 +129,8 @@ def test_two_migrations_at_once(v1_db, env, database_url):
     outputs = [run.communicate(timeout=60) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     applied = [json.loads(out)[0]["applied"] for out, _ in outputs]
-    assert sorted(len(a) for a in applied) == [0, 1], applied
-    assert schema.version_of(bound(JobModel, v1_db, 0)) == 2
+    assert sorted(len(a) for a in applied) == [0, 3], applied
+    assert schema.version_of(bound(JobModel, v1_db, 0)) == schema.CURRENT_VERSION
 
 
 def test_an_interrupted_migration_leaves_the_earlier_version(v1_db, monkeypatch):
@@ -146,15 +148,16 @@ def test_an_interrupted_migration_leaves_the_earlier_version(v1_db, monkeypatch)
         migrations.migrate(model)
     assert "history" not in schema.columns(model) and schema.version_of(model) == 1
     monkeypatch.setitem(migrations.MIGRATIONS, 2, steps)
-    assert migrations.migrate(model).version == 2
+    assert migrations.migrate(model).version == schema.CURRENT_VERSION
 
 
 def test_a_store_down(v1_db, database_url, monkeypatch, capsys):
     """With the second store down, migrate migrates the first and exits 1; status names the error."""
     monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", f"{database_url} postgresql://postgres@127.0.0.1:1/test")
     assert main(["migrate", "--json"]) == 1
-    first, second = json.loads(capsys.readouterr().out)
-    assert first["version"] == 2 and first["error"] is None and second["error"]
+    first, second, limits = json.loads(capsys.readouterr().out)
+    assert first["version"] == schema.CURRENT_VERSION and first["error"] is None and second["error"]
+    assert (limits["table"], limits["version"], limits["error"]) == ("dramatiq_unique_limits", 1, None)
     assert main(["status"]) == 1
     assert "ERROR" in capsys.readouterr().out
 
@@ -169,7 +172,8 @@ def test_an_open_transaction_of_an_old_worker_bounds_the_wait(pg_url, monkeypatc
         with worker.atomic():
             worker.execute_sql('SELECT count(*) FROM "dramatiq_unique_jobs"').fetchone()
             assert main(["migrate", "--lock-timeout", "200", "--json"]) == 1
-            (result,) = json.loads(capsys.readouterr().out)
+            result, limits = json.loads(capsys.readouterr().out)
+            assert limits["table"] == "dramatiq_unique_limits" and limits["error"] is None
             assert "lock timeout" in result["error"] and schema.version_of(bound(JobModel, db, 0)) == 1
         assert main(["migrate"]) == 0
     finally:
@@ -180,6 +184,24 @@ def test_an_open_transaction_of_an_old_worker_bounds_the_wait(pg_url, monkeypatc
 def test_a_new_database_is_created_at_the_current_version(suite):
     assert schema.recorded(JobModel) == schema.CURRENT_VERSION
     assert migrations.status(JobModel).current
+
+
+def test_the_limits_table_has_a_version_of_its_own(suite, database_url, monkeypatch, capsys):
+    """The run-time limits' table is created at set-up at its own version (1), not the job tables';
+    status lists it; migrate creates it in a database whose job tables exist without it."""
+    limits = overrides.model_of(suite)
+    assert schema.recorded(limits) == 1 and migrations.status(limits).current
+    monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", database_url)
+    assert main(["status", "--json"]) == 0
+    assert {t["table"]: (t["version"], t["target"]) for t in json.loads(capsys.readouterr().out)} == {
+        "dramatiq_unique_jobs": (schema.CURRENT_VERSION, schema.CURRENT_VERSION), "dramatiq_unique_limits": (1, 1)}
+    limits._meta.database.execute_sql(f'DROP TABLE {limits._meta.table_name}')
+    assert main(["status"]) == 1
+    assert "dramatiq_unique_limits" in capsys.readouterr().out
+    assert main(["migrate", "--json"]) == 0
+    applied = {t["table"]: t["applied"] for t in json.loads(capsys.readouterr().out)}
+    assert applied == {"dramatiq_unique_jobs": [], "dramatiq_unique_limits": ["create the table at version 1"]}
+    assert schema.version_of(limits) == 1
 
 
 APP = '''
@@ -219,7 +241,7 @@ def test_the_commands_with_an_app(v1_db, database_url, key_prefix, tmp_path, mon
     try:
         assert main(["status", name, "--path", str(tmp_path), "--json"]) == 1
         tables = {t["table"]: t["version"] for t in json.loads(capsys.readouterr().out)}
-        assert tables == {"dramatiq_unique_jobs": 1, "export_jobs": 1}
+        assert tables == {"dramatiq_unique_jobs": 1, "export_jobs": 1, "dramatiq_unique_limits": 1}
         assert main(["migrate", name, "--path", str(tmp_path)]) == 0
         capsys.readouterr()
         assert main(["status", name, "--path", str(tmp_path)]) == 0

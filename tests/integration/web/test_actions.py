@@ -134,7 +134,8 @@ def test_the_host_hook_decides_who_sees_and_who_acts(suite, broker, flaky, key_p
     assert "retry" in asked
     asked.clear()
     dash.page("/dead", headers=viewer)
-    assert sorted(asked, key=str) == sorted([None, "retry", "cancel", "limit", "halt"], key=str)  # once each
+    assert sorted(asked, key=str) == sorted([None, "retry", "cancel", "limit", "halt", "retry_all", "cancel_all"],
+                                            key=str)  # once each
     # A hook may grant one action and not the others: only its buttons show.
     only_retry = Dash(make_app(suite, auth=lambda request, action: action in (None, "retry")).test_client())
     html = only_retry.page("/dead")

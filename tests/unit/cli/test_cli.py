@@ -24,8 +24,9 @@ def run(words, env=None):
 def test_every_command_is_registered():
     parser()
     assert {"jobs", "job", "locks", "slots", "dead", "retry", "cancel", "limit", "stats", "prune", "redrive",
-            "web"} <= set(COMMANDS)
-    assert {name for name, c in COMMANDS.items() if c.writes} >= {"retry", "cancel", "limit", "prune", "redrive"}
+            "web", "retry-all", "cancel-all"} <= set(COMMANDS)
+    assert {name for name, c in COMMANDS.items() if c.writes} >= {"retry", "cancel", "limit", "prune", "redrive",
+                                                                   "retry-all", "cancel-all"}
 
 
 def test_usage_errors_exit_2():
@@ -87,3 +88,21 @@ def test_values():
     assert since("2026-11-24T21:00+01:00") == datetime(2026, 11, 24, 20, 0)
     with pytest.raises(ValueError):
         since("yesterday")
+
+
+@pytest.mark.parametrize("command", ["check", "status", "migrate", "jobs"])
+def test_a_database_url_the_suite_does_not_run_on_is_a_usage_error_not_a_traceback(command):
+    env = {"DRAMATIQ_UNIQUE_DATABASE_URL": "mysql://ops:s3cret@db.example/jobs",
+           "DRAMATIQ_UNIQUE_REDIS_URL": "redis://127.0.0.1:1"}
+    code, _, err = run([command], env=env)
+    assert code == 2 and "SQLite" in err and "PostgreSQL" in err and "Traceback" not in err, err
+    assert "s3cret" not in err
+
+
+def test_a_value_of_one_job_is_shown_whole_up_to_a_bound():
+    from dramatiq_unique.cli.output import MAX_DETAIL, detail
+
+    long = "x" * 500
+    assert detail(long) == long
+    cut = detail("y" * (MAX_DETAIL + 10))
+    assert cut.startswith("y" * MAX_DETAIL) and cut.endswith("(10 characters more: --json prints them all)")

@@ -58,3 +58,31 @@ def test_due_queued_and_pending():
         "due in 1 s (Redis did not answer)")
     assert why(Waiting(reason="slot", label="export", note="not all known: Redis down")) == (
         "waiting for a slot of export (not all known: Redis down)")
+
+
+def test_more_held_than_the_limit_is_explained():
+    from dramatiq_unique.ops.words import holding, over_limit
+
+    assert over_limit(2, 2) == "" and over_limit(3, None) == ""
+    assert over_limit(3, 1) == "3 held, limit lowered to 1 while they ran"
+    assert over_limit(2, 0) == "2 held, halted while they ran"
+    w = Waiting(reason="slot", label="sync", limit=1, holders=[4, 5, 6], held=3, ahead=0)
+    assert why(w) == ("waiting for a slot of sync: 3 of 1 held by jobs 4, 5 and 6 (limit lowered to 1 while they "
+                      "ran); first in line")
+    assert holding("sync", 3, 1, [4, 5, 6]) == (
+        "holds a slot of sync: 3 held (jobs 4, 5 and 6), limit lowered to 1 while they ran")
+    assert holding("sync k=1", 1, 2, [4]) == "holds a slot of sync k=1: 1 of 2 held (job 4)"
+    assert holding("sync", 1, None, [4]) == "holds a slot of sync: 1 held, no limit (job 4)"
+
+
+def test_a_woken_job_that_waits_in_the_broker_holds_its_slot():
+    now = datetime(2026, 11, 24, 21, 7, 12)
+    w = Waiting(reason="woken", label="sync customer=42", since=now - timedelta(seconds=41))
+    assert why(w, now) == ("woken with a slot of sync customer=42, which it holds: queued since "
+                           "2026-11-24 21:06:31 UTC (41 s) for a worker thread to start it")
+
+
+def test_an_overdue_retry_says_by_how_much_not_due_in_0_ms():
+    assert why(Waiting(reason="retrying", due_in_ms=-180_000)) == "failed, retrying: next attempt overdue by 3 m"
+    assert why(Waiting(reason="retrying", due_in_ms=0)) == "failed, retrying: next attempt overdue by 0 ms"
+    assert why(Waiting(reason="retrying", due_in_ms=1)) == "failed, retrying: next attempt due in 1 ms"

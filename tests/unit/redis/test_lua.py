@@ -45,7 +45,7 @@ def header(text: str) -> str:
 
 
 def test_the_scripts_are_there():
-    assert len(SCRIPTS) == 20
+    assert len(SCRIPTS) == 21
     assert FRAGMENTS == ["_slot_prelude", "_wakeup_flag"]
 
 

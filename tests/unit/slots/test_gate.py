@@ -61,13 +61,13 @@ def test_a_message_may_override_the_slot_options():
     assert has_slots(config(send_webhook, track=True), {"concurrency_limit": 1})
 
 
-@pytest.mark.parametrize("limit", [-1, 1.5, True, "3", [2]])
+@pytest.mark.parametrize("limit", [-1, 1.5, True, "3", [2], 2**31, 10**20])
 def test_bad_limits(limit):
     with pytest.raises(InvalidOption):
         _check_limit(limit)
 
 
-@pytest.mark.parametrize("limit", [None, 0, 1, 500])
+@pytest.mark.parametrize("limit", [None, 0, 1, 500, 2**31 - 1])
 def test_good_limits(limit):
     _check_limit(limit)
 

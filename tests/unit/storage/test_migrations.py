@@ -22,6 +22,7 @@ def test_versions_from_columns():
     assert schema.inferred({"id", "status"}) == 0
     assert schema.inferred({"id", "app"}) == 1
     assert schema.inferred({"id", "app", "history"}) == 2
+    assert schema.inferred({"id", "app", "history", "parked_at", "parked_attempt"}) == 3
     assert max(migrations.MIGRATIONS) == schema.CURRENT_VERSION
 
 
@@ -51,8 +52,22 @@ def test_an_older_table_is_refused_unless_tolerated(db):
     assert planned.version == 1 and len(planned.pending) == 1 and "history" in planned.pending[0]
     assert schema.version_of(model) == 1
     done = migrations.migrate(model)
-    assert done.version == 2 and done.applied == planned.pending
-    assert schema.recorded(model) == 2
+    assert done.version == schema.CURRENT_VERSION and done.applied == planned.pending
+    assert schema.recorded(model) == schema.CURRENT_VERSION
+
+
+def test_a_table_of_version_2_gets_the_parked_columns(db):
+    model = bound(JobModel, db, 0)
+    schema.create_or_migrate(model)
+    for column in ("parked_at", "parked_attempt"):
+        db.execute_sql(f'ALTER TABLE "dramatiq_unique_jobs" DROP COLUMN "{column}"')
+    db.execute_sql('DELETE FROM "dramatiq_unique_schema"')
+    assert schema.version_of(model) == 2
+    planned = migrations.migrate(model, dry_run=True)
+    assert [step.split(": ", 1)[1].split()[:3] for step in planned.pending] == [
+        ["add", "column", "parked_at"], ["add", "column", "parked_attempt"]]
+    assert migrations.migrate(model).version == 3
+    assert {"parked_at", "parked_attempt"} <= schema.columns(model) and schema.recorded(model) == 3
 
 
 def test_a_newer_table_is_accepted(db):

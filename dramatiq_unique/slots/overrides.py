@@ -1,0 +1,283 @@
+"""Run-time limits, kept: each override in the database, a copy in Redis for the slot scripts.
+
+:func:`dramatiq_unique.set_concurrency_limit` writes both (:func:`write`): the row, then the
+Redis key, inside the row's transaction, so a Redis that does not answer leaves the row as it
+was (the caller sees ``RedisUnavailable``).  The row is the record; Redis may lose its copy
+(a flush, a restart without persistence, a fail-over to a replica that had not got it):
+
+* A marker key (``<prefix>:limits-loaded``) says that Redis holds every override.  Every slot
+  script that decides (enter, hand over, renew, take) looks at it in the same call, and
+  without it answers ``LIMITS_UNKNOWN`` rather than decide at the declared limit; the gate
+  then puts the overrides back (:func:`restore_if_lost`) and asks again.  So a group an
+  operator halted stays halted through a flush, and a slot decision reads no table as long
+  as the marker is there.
+* Each re-drive pass compares the rows with Redis (:func:`check`: one query of a small table
+  and one MGET) and puts back what differs: a replica promoted with the marker but without a
+  later change.
+
+A change and a restore take turns (an advisory lock of the app's on PostgreSQL, the write lock
+on SQLite), so a restore that read a row being removed cannot put it back after the removal,
+nor adopt a key a change is writing.
+When the marker is missing, overrides found in Redis without a row (set by a release that
+kept none) are adopted: kept, without their words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+import weakref
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import peewee as pw
+import redis as redis_lib
+
+from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
+from dramatiq_unique.storage import schema
+from dramatiq_unique.storage.database import describe
+from dramatiq_unique.storage.jobs import db_errors
+from dramatiq_unique.storage.models import LimitModel, bound_limits, is_postgres, utcnow
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
+
+logger = logging.getLogger(__name__)
+
+#: What a slot script answers when the marker is missing (redis/lua/_slot_prelude.lua).
+LIMITS_UNKNOWN = "LIMITS_UNKNOWN"
+#: Named in the PostgreSQL advisory lock that changes and restores of an app's limits take turns on.
+LOCK_NAME = "dramatiq_unique.slots.overrides"
+#: Overrides read at most by a listing or a restore (an app has a handful; a bound all the same).
+MAX_OVERRIDES = 10_000
+
+# Restores of one process take turns: after a flush every thread's next slot call finds the
+# marker gone, and one restore is enough.
+_restoring = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """A limit set at run time: the actor's own (``group`` '') or one slot group's."""
+
+    actor: str
+    #: The group's key (``<actor>:<digest>``), or '' for the actor's own override.
+    group: str
+    limit: int
+    #: The key in words (``customer=42``); None for the actor's own, or when not known.
+    words: Optional[str]
+    #: The key as ``set_concurrency_limit`` took it; None when not known.
+    key: Any
+    set_at: Optional[datetime]
+
+
+def redis_key(suite: "Suite", actor: str, group: str) -> str:
+    """Where Redis holds the override of ``actor`` (``group`` '') or of one of its groups."""
+    return suite.keys.limit(group) if group else suite.keys.actor_limit(actor)
+
+
+_models: "weakref.WeakKeyDictionary[Suite, type[LimitModel]]" = weakref.WeakKeyDictionary()
+_models_lock = threading.Lock()
+
+
+def writes(suite: "Suite") -> bool:
+    """Whether ``suite`` may write (the command line's suite from the environment may not)."""
+    return bool(getattr(suite, "writes", True))
+
+
+def model_of(suite: "Suite") -> type[LimitModel]:
+    """The limits' table of ``suite``'s primary store (its model bound there, made once)."""
+    with _models_lock:
+        model = _models.get(suite)
+        if model is None:
+            model = _models[suite] = bound_limits(suite.db)
+        return model
+
+
+def open_table(suite: "Suite") -> None:
+    """Create the limits' table in the primary if missing (at set-up, by ConcurrencySlots); a primary that
+    does not answer, of several stores, gets it at its first use."""
+    if not writes(suite):
+        return
+    model = model_of(suite)
+    try:
+        suite.stores.ensure(model, 0)
+    except (pw.OperationalError, pw.InterfaceError) as e:
+        if not suite.stores.several:
+            raise DatabaseUnavailable(f"creating {model._meta.table_name} in {describe(suite.db)}: {e}") from e
+        logger.warning("Could not create %s in %s (%s); it is created at its first use.",
+                       model._meta.table_name, describe(suite.db), e)
+
+
+def _model(suite: "Suite") -> type[LimitModel]:
+    model = model_of(suite)
+    if writes(suite):
+        with db_errors("opening the run-time limits' table"):
+            suite.stores.ensure(model, 0)  # a primary down at set-up gets the table now
+    return model
+
+
+@contextlib.contextmanager
+def _turns(db: pw.Database, app: str) -> Iterator[None]:
+    """A transaction no other change or restore of the app's limits runs in (see the module docstring):
+    on PostgreSQL an advisory lock of the app's, on SQLite the write lock from the start."""
+    if isinstance(db, pw.SqliteDatabase) and not db.in_transaction():
+        with db.atomic(lock_type="IMMEDIATE"):
+            yield
+    else:
+        with db.atomic():
+            if is_postgres(db):
+                lock = int.from_bytes(hashlib.sha256(f"{LOCK_NAME}:{app}".encode()).digest()[:8], "big", signed=True)
+                db.execute_sql("SELECT pg_advisory_xact_lock(%s)", [lock])
+            yield
+
+
+def _of(row: LimitModel) -> Override:
+    return Override(row.actor_name, row.group_key or "", int(row.concurrency_limit), row.words, row.key, row.set_at)
+
+
+def _rows(model: type[LimitModel], app: str) -> list[LimitModel]:
+    query = model.select().where(model.app == app).order_by(model.actor_name, model.group_key).limit(MAX_OVERRIDES)
+    return list(query)
+
+
+def _as_json(key: Any) -> Any:
+    """``key`` if JSON can keep it as it is (a tuple becomes a list: set_concurrency_limit takes both)."""
+    try:
+        return json.loads(json.dumps(key))
+    except (TypeError, ValueError):
+        return None
+
+
+def write(
+    suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None, key: Any = None,
+) -> None:
+    """Set (``limit`` an int) or remove (None) the override of ``actor`` (``group`` '') or of one group:
+    the row, and Redis's copy in the row's transaction."""
+    model = _model(suite)
+    db = model._meta.database
+    target = redis_key(suite, actor, group)
+    level = (model.app == suite.app) & (model.actor_name == actor) & (model.group_key == group)
+    with db_errors(f"recording the concurrency limit of {actor!r}"), _turns(db, suite.app):
+        if limit is None:
+            model.delete().where(level).execute()
+        else:
+            now, kept = utcnow(), _as_json(key)
+            model.insert(
+                app=suite.app, actor_name=actor, group_key=group, concurrency_limit=int(limit), words=words, key=kept,
+                set_at=now,
+            ).on_conflict(
+                conflict_target=[model.app, model.actor_name, model.group_key],
+                update={model.concurrency_limit: int(limit), model.words: words,
+                        model.key: kept, model.set_at: now},
+            ).execute()
+        try:
+            if limit is None:
+                suite.redis.delete(target)
+            else:
+                suite.redis.set(target, int(limit))
+        except redis_lib.RedisError as e:  # raised inside the transaction: the row is as it was
+            raise RedisUnavailable(f"setting the concurrency limit of {actor!r}: {e}") from e
+
+
+def listing(suite: "Suite", actor: Optional[str] = None) -> list[Override]:
+    """The app's overrides (of ``actor``, or all), by actor and group: the database's record."""
+    with db_errors("reading the run-time limits"):
+        model = _model(suite)
+        if not writes(suite) and not schema.columns(model):
+            return []  # a database the app has not yet set up with this release: none kept
+        rows = _rows(model, suite.app)
+    return [_of(row) for row in rows if actor is None or row.actor_name == actor]
+
+
+def find(suite: "Suite", actor: str, group: str) -> Optional[Override]:
+    """The override of ``actor`` (``group`` '') or of one of its groups, or None."""
+    return next((o for o in listing(suite, actor) if o.group == group), None)
+
+
+def restore(suite: "Suite") -> int:
+    """Put every override of the app back in Redis and set the marker; when the marker was missing,
+    adopt first the overrides Redis has without a row.  Returns how many overrides it wrote."""
+    model = _model(suite)
+    client, marker = suite.redis, suite.keys.limits_loaded()
+    with db_errors("restoring the run-time limits"), _turns(model._meta.database, suite.app):
+        rows = [_of(row) for row in _rows(model, suite.app)]
+        try:
+            if not client.exists(marker):
+                rows += _adopt(suite, model, rows)
+            with client.pipeline(transaction=True) as pipe:
+                for o in rows:
+                    pipe.set(redis_key(suite, o.actor, o.group), o.limit)
+                pipe.set(marker, 1)
+                pipe.execute()
+        except redis_lib.RedisError as e:
+            raise RedisUnavailable(f"restoring the run-time limits: {e}") from e
+    return len(rows)
+
+
+def restore_if_lost(suite: "Suite") -> int:
+    """:func:`restore` if the marker is missing (a slot script found it so); 0 if another thread did it
+    meanwhile, or if this suite may not write (the command line's from the environment)."""
+    if not writes(suite):
+        return 0
+    with _restoring:
+        try:
+            if suite.redis.exists(suite.keys.limits_loaded()):
+                return 0
+        except redis_lib.RedisError as e:
+            raise RedisUnavailable(f"reading the run-time limits' marker: {e}") from e
+        return restore(suite)
+
+
+def check(suite: "Suite") -> int:
+    """For each re-drive pass: :func:`restore` if Redis misses the marker or any override, or holds
+    another value than the row; returns the overrides written (0 when all were in place)."""
+    if not writes(suite):
+        return 0
+    model = _model(suite)
+    with db_errors("reading the run-time limits"):
+        rows = _rows(model, suite.app)
+    names = [redis_key(suite, row.actor_name, row.group_key or "") for row in rows]
+    try:
+        values = suite.redis.mget([*names, suite.keys.limits_loaded()])
+    except redis_lib.RedisError as e:
+        raise RedisUnavailable(f"reading the run-time limits: {e}") from e
+    if values[-1] is not None and all(
+        value is not None and int(value) == row.concurrency_limit for value, row in zip(values, rows, strict=False)
+    ):
+        return 0
+    return restore(suite)
+
+
+def _adopt(suite: "Suite", model: type[LimitModel], known: list[Override]) -> list[Override]:
+    """Overrides in Redis without a row (a release that kept none wrote them): recorded, without words."""
+    have = {redis_key(suite, o.actor, o.group) for o in known}
+    found: list[Override] = []
+    for prefix, of_group in ((suite.keys.limit(""), True), (suite.keys.actor_limit(""), False)):
+        for name in _scan(suite, prefix):
+            full = prefix + name
+            if full in have or len(found) >= MAX_OVERRIDES:
+                continue
+            raw = suite.redis.get(full)
+            try:
+                limit = int(raw) if raw is not None else None
+            except ValueError:
+                limit = None
+            if limit is None or limit < 0:
+                continue
+            actor, group = (name.rsplit(":", 1)[0], name) if of_group else (name, "")
+            model.insert(app=suite.app, actor_name=actor, group_key=group, concurrency_limit=limit,
+                         set_at=utcnow()).on_conflict_ignore().execute()
+            found.append(Override(actor, group, limit, None, None, None))
+    return found
+
+
+def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
+    pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
+    for raw in suite.redis.scan_iter(match=pattern, count=1000):
+        name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        yield name[len(prefix):]
