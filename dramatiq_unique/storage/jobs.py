@@ -3,12 +3,11 @@
 Each function runs its named statement of ``queries.sql`` through
 :mod:`dramatiq_unique.storage.queries`, which renders it for the model's
 table and prepares it on PostgreSQL: on the hot paths peewee's query
-builder costs more Python time than the round trip it makes (about 150 us
-per statement, measured in tests/benchmarks/bench_throughput.py).  Values
-still go through each field's ``db_value`` and rows through
-``python_value``, so the results are the same as peewee's.  Writes off the
-hot paths (a replace, an undone claim, a revoked attempt's outcome) are
-peewee queries.
+builder costs more Python time than the round trip it makes
+(tests/benchmarks/README.md).  Values still go through each field's
+``db_value`` and rows through ``python_value``, so the results are the
+same as peewee's.  Writes off the hot paths (a replace, an undone claim, a
+revoked attempt's outcome) are peewee queries.
 
 Every write that records an attempt's outcome is conditional on the
 attempt's ``fencing_token``: a worker whose lease ran out and whose job

@@ -39,14 +39,14 @@ marks and a flat list of values, row after row (thousands of values,
 named by nothing); and an expression embedded in a peewee query
 (:func:`fragment`) takes peewee's marks, as the rest of that query does.
 
-Preparing, psycopg2 (:func:`execute`).  Measured on this project's 2-core
-machine, an attempt's start costs the server about 210 us of CPU sent as
-text and about 145 us as ``EXECUTE`` of a statement prepared on the
-connection; a tracked job makes three such statements.  Each connection
-(peewee keeps one per thread) prepares a statement the first time it runs
-it, outside a transaction of the caller's (a failed PREPARE would abort
-it).  A statement the server will not prepare (a parameter whose type it
-cannot infer) is sent as text from then on.  A connection whose prepared
+Preparing, psycopg2 (:func:`execute`).  A statement prepared on the
+connection costs the server less CPU than the same text parsed and planned
+each time (tests/benchmarks/README.md), and a tracked job makes three on
+its hot path (send, start, outcome).  Each connection (peewee keeps one
+per thread) prepares a statement the first time it runs it, outside a
+transaction of the caller's (a failed PREPARE would abort it).  A statement
+the server will not prepare (a parameter whose type it cannot infer) is
+sent as text from then on.  A connection whose prepared
 statements went (a pooler's ``DISCARD ALL``, a reconnect: names are kept
 per connection object) prepares again on "prepared statement ... does not
 exist".  psycopg 3 prepares by itself after ``prepare_threshold`` runs, so
