@@ -18,7 +18,7 @@ from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfig
 from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
-from dramatiq_unique.storage import prepared
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage import stores as _stores
 from dramatiq_unique.storage.database import check as check_database
 from dramatiq_unique.storage.database import describe
@@ -77,7 +77,7 @@ class Settings:
     #: Rows a re-drive pass handles per page.
     redrive_page_size: int = 500
     #: Whether the hot statements (send, start, outcome, parking moves) are prepared once per PostgreSQL
-    #: connection (psycopg2: :mod:`dramatiq_unique.storage.prepared`; psycopg 3: its ``prepare_threshold``);
+    #: connection (psycopg2: :mod:`dramatiq_unique.storage.queries`; psycopg 3: its ``prepare_threshold``);
     #: False behind a pooler in transaction mode.
     prepared_statements: bool = True
     #: ms a new PostgreSQL connection may take (libpq's ``connect_timeout``, in whole seconds, at least 2):
@@ -187,7 +187,7 @@ class Suite:
             for spec in _stores.specs(database)
         ]
         for db in databases:
-            prepared.enable(db, self.settings.prepared_statements)
+            queries.enable(db, self.settings.prepared_statements)
         #: The job stores, the primary first (one, unless ``database`` listed several).
         self.stores = _stores.Stores(databases, down_for=self.settings.store_down_for)
         #: The primary store's Database.

@@ -1,7 +1,7 @@
 """Opening the job database: URLs, the driver, timeouts, reconnects and clear set-up errors.
 
 The driver.  A PostgreSQL URL is opened with psycopg2, whose hot
-statements :mod:`dramatiq_unique.storage.prepared` prepares once per
+statements :mod:`dramatiq_unique.storage.queries` prepares once per
 connection.  psycopg 3 was measured against it (issue 16 part 3,
 tests/benchmarks/README.md): the same on single statements, about 30%
 slower on ``send_many``'s batches, so the URL keeps psycopg2 (psycopg 3
@@ -91,6 +91,11 @@ class ReconnectingPostgresqlDatabase(ReconnectMixin, pw.PostgresqlDatabase):
     """A PostgreSQL database whose threads replace a dead connection on their next statement."""
 
     reconnect_errors = RECONNECT_ERRORS
+
+
+def is_postgres(db: pw.Database) -> bool:
+    """Whether ``db`` is a PostgreSQL database (any driver)."""
+    return isinstance(db, pw.PostgresqlDatabase)
 
 
 def is_psycopg3(db: pw.Database) -> bool:
