@@ -42,6 +42,7 @@ connection).  A parameter the URL sets itself wins.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any, Optional, Union
@@ -54,6 +55,8 @@ from playhouse.shortcuts import ReconnectMixin
 from dramatiq_unique.errors import DatabaseUnavailable, DependencyUnavailable, InvalidOption
 from dramatiq_unique.redaction import HIDDEN, redact
 from dramatiq_unique.storage import savepoints
+
+logger = logging.getLogger(__name__)
 
 #: Default SQLite pragmas: WAL lets readers run beside the one writer, and
 #: the busy timeout makes concurrent writers wait instead of failing.
@@ -87,10 +90,64 @@ POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresext", "postgresqlext", "p
 _ADAPTED = "_dramatiq_unique_reconnects"
 
 
-class ReconnectingPostgresqlDatabase(ReconnectMixin, pw.PostgresqlDatabase):
+class BoundedPostgresqlDatabase(pw.PostgresqlDatabase):
+    """A PostgreSQL database whose statements the suite bounds (``statement_timeout``) even through
+    a pooler that refuses the start-up option it is set by (see the module's docs, "Poolers")."""
+
+    #: The ``options`` start-up parameter that the suite added: ``-c statement_timeout=...``.
+    suite_option: Optional[str] = None
+    #: ms each statement is bounded by with ``SET LOCAL``, once the server refused the start-up option.
+    local_timeout: Optional[int] = None
+
+    def _connect(self) -> Any:
+        try:
+            return super()._connect()  # type: ignore[misc]  # peewee's, not in its type hints
+        except Exception as e:
+            if self.suite_option is None or not refused_options(e):
+                raise
+            options = str(self.connect_params.get("options") or "").replace(self.suite_option, "").strip()
+            if options:
+                raise InvalidOption(
+                    f"{describe(self)} refused the start-up parameter options ({_scrub(str(e).strip(), self)}), "
+                    f"which sets {options!r} from the URL: a pooler such as PgBouncer passes none on; set it on "
+                    "the database role instead (ALTER ROLE ... SET ...)") from e
+            self.connect_params.pop("options", None)
+            self.local_timeout = int(self.suite_option.rsplit("=", 1)[1])
+            logger.info("%s refused the start-up parameter options (a pooler such as PgBouncer): each statement "
+                        "is bounded by SET LOCAL statement_timeout = %d instead.", describe(self), self.local_timeout)
+            return super()._connect()  # type: ignore[misc]
+
+    def execute_sql(self, sql: str, params: Any = None) -> Any:
+        if self.local_timeout is not None and not self.in_transaction() and not is_psycopg3(self):
+            # One string, one round trip: the server runs it as one implicit transaction, so the SET LOCAL
+            # holds for the statement after it, on whichever server connection the pooler lends.
+            sql = f"SET LOCAL statement_timeout = {self.local_timeout}; {sql}"
+        return super().execute_sql(sql, params)
+
+    def begin(self, isolation_level: Any = None) -> None:
+        if self.local_timeout is None:
+            return super().begin(isolation_level)
+        if isolation_level is None:
+            isolation_level = self._isolation_level  # type: ignore[attr-defined]  # peewee's, as its begin() reads it
+        stmt = "BEGIN"
+        if isolation_level:
+            level = self._adapter.isolation_level_str(isolation_level)  # type: ignore[attr-defined]
+            stmt = f"BEGIN TRANSACTION ISOLATION LEVEL {level}"
+        with pw.__exception_wrapper__:  # type: ignore[attr-defined]  # what peewee's own begin() runs under
+            self.cursor().execute(f"{stmt}; SET LOCAL statement_timeout = {self.local_timeout}")
+        return None
+
+
+class ReconnectingPostgresqlDatabase(ReconnectMixin, BoundedPostgresqlDatabase):
     """A PostgreSQL database whose threads replace a dead connection on their next statement."""
 
     reconnect_errors = RECONNECT_ERRORS
+
+
+def refused_options(error: BaseException) -> bool:
+    """Whether ``error`` is a server's (a pooler's) refusal of the ``options`` start-up parameter."""
+    text = str(error)
+    return "unsupported startup parameter" in text and "options" in text
 
 
 def is_psycopg3(db: pw.Database) -> bool:
@@ -102,6 +159,14 @@ def _prepare_setting(db: pw.Database, prepared: bool) -> None:
     # psycopg 3 prepares by itself (see the module docstring); psycopg2 takes no such parameter.
     if not prepared and is_psycopg3(db):
         db.connect_params.setdefault("prepare_threshold", None)
+
+
+def set_prepare_threshold(db: pw.Database) -> None:
+    """psycopg 3 prepares nothing on ``db``'s next connections, nor on this thread's open one."""
+    if is_psycopg3(db):
+        db.connect_params["prepare_threshold"] = None
+        if not db.is_closed():
+            db.connection().prepare_threshold = None
 
 
 def reconnecting(db: pw.Database) -> pw.Database:
@@ -205,10 +270,12 @@ def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[floa
         raise InvalidOption(f"database {address(url)} names no database: postgresql://user@host:5432/name")
     if connect_timeout:
         params.setdefault("connect_timeout", _seconds(connect_timeout))
+    own_option = None
     if timeout:
         options = str(params.get("options") or "")
         if "statement_timeout" not in options:
-            params["options"] = f"{options} -c statement_timeout={int(timeout)}".strip()
+            own_option = f"-c statement_timeout={int(timeout)}"
+            params["options"] = f"{options} {own_option}".strip()
         if _libpq_version() >= 120000:  # older libpq refuses the parameter
             params.setdefault("tcp_user_timeout", int(timeout))
         params.setdefault("keepalives", 1)
@@ -216,6 +283,7 @@ def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[floa
         params.setdefault("keepalives_interval", max(1, math.ceil(timeout / 6000)))
         params.setdefault("keepalives_count", 3)
     db = ReconnectingPostgresqlDatabase(name, **params)
+    db.suite_option = own_option
     _check_driver(db, address(url))
     return db
 
@@ -294,3 +362,46 @@ def _scrub(text: str, db: pw.Database) -> str:
     if isinstance(password, str) and password:
         text = text.replace(password, HIDDEN)
     return redact(text)
+
+
+def _client_pid(conn: Any) -> Optional[int]:
+    """The backend process id the server (or a pooler) gave this connection at start-up."""
+    info = getattr(conn, "info", None)
+    pid = getattr(info, "backend_pid", None) if info is not None else None
+    if pid is None and hasattr(conn, "get_backend_pid"):
+        pid = conn.get_backend_pid()
+    return int(pid) if pid is not None else None
+
+
+def _server_pid(conn: Any) -> int:
+    cur = conn.cursor()
+    try:
+        cur.execute("SELECT pg_backend_pid()")
+        return int(cur.fetchone()[0])
+    finally:
+        cur.close()
+
+
+def transaction_pooled(db: pw.Database, tries: int = 3) -> bool:
+    """Whether ``db`` reaches PostgreSQL through a pooler that lends a server connection per
+    transaction (PgBouncer's ``pool_mode = transaction`` or ``statement``).
+
+    A pooler answers the start-up with a backend id of its own, not the server process's; that
+    tells a pooler.  Its mode: two client connections open at once, each running a statement in
+    turn, run on one server process only if the first's was handed back after its statement
+    (in session mode it stays the first's until it closes).  A busy pool may hand the second
+    another idle server connection, so the turn is tried ``tries`` times; one match is proof.
+    """
+    if not isinstance(db, pw.PostgresqlDatabase):
+        return False
+    conn = db.connection()
+    if _client_pid(conn) in (None, _server_pid(conn)):
+        return False
+    other = db._connect()  # type: ignore[attr-defined]  # a connection beside the thread's, made as peewee makes it
+    try:
+        for _ in range(tries):
+            if _server_pid(conn) == _server_pid(other):
+                return True
+    finally:
+        other.close()
+    return False
