@@ -2,7 +2,7 @@
 
 Configured by ``DU_*`` variables (the test passes the same values to its own :func:`build`):
 
-``DU_REDIS_URL``            the broker's Redis
+``DU_REDIS_URL``            the broker's Redis (a ``redis+sentinel://`` URL: a service behind Sentinel)
 ``DU_LOCK_REDIS_URL``       the suite's Redis (locks, slots, parking); default: the broker's
 ``DU_LOG_REDIS_URL``        where the event log goes; default: the suite's
 ``DU_NAMESPACE``            the broker's namespace
@@ -44,6 +44,7 @@ from dramatiq.middleware import Middleware
 
 import dramatiq_unique
 from dramatiq_unique import LockLost, current_job, heartbeat
+from dramatiq_unique.redis.servers import is_sentinel_url
 
 #: KEYS[1] the sequence, KEYS[2] the list; ARGV[1] the event as a JSON array.  The list's order
 #: is the order of the sequence numbers: one script, run atomically by the server.
@@ -144,10 +145,13 @@ def build(env: Mapping[str, str]) -> App:
     key_prefix = env["DU_KEY_PREFIX"]
     ttl = int(env.get("DU_TTL", "2000"))
     limit = int(env.get("DU_LIMIT", "2"))
-    broker = RedisBroker(url=broker_url, namespace=env["DU_NAMESPACE"],
-                         heartbeat_timeout=int(env.get("DU_HEARTBEAT_TIMEOUT", "3000")),
-                         maintenance_chance=int(env.get("DU_MAINTENANCE_CHANCE", "1000")),
-                         socket_timeout=5, socket_connect_timeout=5)
+    timings = dict(namespace=env["DU_NAMESPACE"], heartbeat_timeout=int(env.get("DU_HEARTBEAT_TIMEOUT", "3000")),
+                   maintenance_chance=int(env.get("DU_MAINTENANCE_CHANCE", "1000")))
+    if is_sentinel_url(broker_url):  # a service behind Sentinel: the broker on the master of the moment
+        broker = RedisBroker(client=dramatiq_unique.redis_client(broker_url, socket_timeout=5,
+                                                                 socket_connect_timeout=5), **timings)
+    else:
+        broker = RedisBroker(url=broker_url, socket_timeout=5, socket_connect_timeout=5, **timings)
     dramatiq.set_broker(broker)
     suite = dramatiq_unique.setup(broker, database=env["DU_DATABASE_URL"], redis=lock_url,
                                   key_prefix=key_prefix, redriver=False,

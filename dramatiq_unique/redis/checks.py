@@ -21,12 +21,17 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.redis.servers import describe
 
 logger = logging.getLogger(__name__)
 
 
 def address(client: redis_lib.Redis) -> str:
-    """Where a client points: ``redis://host:port/db`` (``rediss://``, ``unix://``), without credentials."""
+    """Where a client points: ``redis://host:port/db`` (``rediss://``, ``unix://``, ``redis+sentinel://``),
+    without credentials."""
+    sentinel = describe(client)
+    if sentinel is not None:
+        return sentinel
     kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
     db = kwargs.get("db", 0)
     if kwargs.get("path"):
