@@ -20,7 +20,8 @@ the event under it, so no clock is compared across processes):
 
 - ``start`` when the actor begins, ``beat`` after each ``heartbeat()`` that
   held, ``lost`` when one raised ``LockLost``, ``end`` when the actor body is
-  done (all inside the actor, so while its lock or slot is held);
+  done (all inside the actor, so while its lock or slot is held); ``fail``
+  when a tracked run asked to fail (``fail_first``) raises, to be retried;
 - ``done`` from a middleware whose ``after_process_message`` runs after every
   suite middleware's: the outcome of the run has been recorded (or tried).
 
@@ -110,10 +111,17 @@ class App:
         self.log.close()
 
 
-def _body(log: EventLog, kind: str, key: str, run_ms: int, beat_ms: int) -> Any:
+class Deliberate(Exception):
+    """Raised by a run asked to fail (``fail_first``): its job is retried by Dramatiq's Retries."""
+
+
+def _body(log: EventLog, kind: str, key: str, run_ms: int, beat_ms: int, fail_first: int = 0) -> Any:
     job = current_job()
     run = dict(kind=kind, job=job.message_id, key=key, token=job.fencing_token, attempt=job.attempts)
     log.record("start", **run)
+    if job.attempts <= fail_first:
+        log.record("fail", **run)
+        raise Deliberate(f"attempt {job.attempts} fails on purpose")
     deadline = time.monotonic() + run_ms / 1000
     step = (beat_ms or run_ms) / 1000
     beats = 0
@@ -177,8 +185,8 @@ def build(env: Mapping[str, str]) -> App:
         return _body(log, "slot", tenant, run_ms, beat_ms)
 
     @dramatiq.actor(actor_name="fault_tracked", track=True, unique_ttl=ttl, **retries)
-    def tracked(key: str, n: int, run_ms: int = 50, beat_ms: int = 0) -> Any:
-        return _body(log, "tracked", key, run_ms, beat_ms)
+    def tracked(key: str, n: int, run_ms: int = 50, beat_ms: int = 0, fail_first: int = 0) -> Any:
+        return _body(log, "tracked", key, run_ms, beat_ms, fail_first)
 
     return App(broker, suite, log, unique, while_executing, slot, tracked)
 

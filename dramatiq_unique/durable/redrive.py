@@ -240,8 +240,10 @@ class _Pass:
             model.update(checked_at=utcnow(), missing_since=None).where(
                 model.id.in_([row.id for row in present]) & (model.status == status)
             ).execute()
-            if self.probe is not None and status in (RUNNING, QUEUED):
+            if self.probe is not None:
                 self.counts.requeued += self.probe.requeue_orphans(present)
+                if status == RETRYING:  # a retry a live worker dropped (broker/presence.py)
+                    self.counts.released += self.probe.release_stranded(present)
         claimed = []
         for row, answer in zip(rows, answers, strict=True):
             if answer is Presence.DEAD:
