@@ -84,8 +84,17 @@ def heartbeat() -> float:
         give_up(ctx, e)
         raise
     left.append(_renew_row(ctx))
+    remaining = min(left) - (time.monotonic() - started)
+    if remaining <= 0:
+        # The renewal took longer than the lease (a network cut, a stalled server, a frozen process):
+        # counted from when it was sent, the lease may have run out before it landed, and a newer
+        # attempt may hold the job by now.  A late "yes" is not a hold.
+        error = LockLost(f"renewing the leases of job {ctx.message.message_id} took "
+                         f"{time.monotonic() - started:.1f} s, longer than the lease")
+        give_up(ctx, error)
+        raise error
     events.heartbeat(ctx.job)
-    return max(0.0, min(left) - (time.monotonic() - started))
+    return remaining
 
 
 def _renew_row(ctx: "JobContext") -> float:

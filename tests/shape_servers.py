@@ -380,11 +380,13 @@ def namespaces_unavailable() -> Optional[str]:
 
 
 class Hosts:
-    """``count`` hosts in network namespaces ``du-<tag>-<i>``, each with a veth pair into the host's
-    namespace: host side ``10.233.<subnet + i>.1``, namespace side ``.2`` (a /24 of its own each, a
-    test range of ours).  Servers listen on the host-side addresses; :meth:`cut` takes a host's
-    link down, :meth:`heal` brings it back.  :meth:`remove` deletes everything (veths go with
-    their namespace), whatever state a failed test left.
+    """``count`` hosts in network namespaces ``du-<tag>-<i>``, each joined to the host's namespace by two
+    veth pairs, each pair a /24 of its own in a test range of ours: the *link* (host side
+    ``10.233.<subnet + i>.1``, the namespace's ``.2``), which :meth:`cut` takes down and :meth:`heal` brings
+    back, and an *observer* link (``10.233.<subnet + 100 + i>.x``) that stays up, for the test's own
+    event log: what a cut-off host does is recorded in the order it happens, not when its packets get
+    through.  Servers listen on the host-side addresses.  :meth:`remove` deletes everything (veths go
+    with their namespace), whatever state a failed test left.
     """
 
     def __init__(self, count: int, *, tag: str, subnet: int = 10) -> None:
@@ -396,22 +398,23 @@ class Hosts:
         """The host namespace's address on host ``index``'s link (servers listen there)."""
         return f"10.233.{self.subnets[index]}.1"
 
-    def address(self, index: int) -> str:
-        return f"10.233.{self.subnets[index]}.2"
+    def observer_address(self, index: int) -> str:
+        """The host namespace's address on host ``index``'s observer link."""
+        return f"10.233.{self.subnets[index] + 100}.1"
 
     def create(self) -> "Hosts":
         self.remove()  # a run that died earlier
         for name, veth, subnet in zip(self.names, self.veths, self.subnets, strict=True):
-            inner = veth[:-1] + "n"
             _ip("netns", "add", name)
-            _ip("link", "add", veth, "type", "veth", "peer", "name", inner)
-            _ip("link", "set", inner, "netns", name)
-            _ip("addr", "add", f"10.233.{subnet}.1/24", "dev", veth)
-            _ip("link", "set", veth, "up")
-            _ip("-n", name, "addr", "add", f"10.233.{subnet}.2/24", "dev", inner)
-            _ip("-n", name, "link", "set", inner, "up")
             _ip("-n", name, "link", "set", "lo", "up")
-            _ip("-n", name, "route", "add", "default", "via", f"10.233.{subnet}.1")
+            for outer, net in ((veth, subnet), (veth[:-1] + "o", subnet + 100)):
+                inner = outer + "n"
+                _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+                _ip("link", "set", inner, "netns", name)
+                _ip("addr", "add", f"10.233.{net}.1/24", "dev", outer)
+                _ip("link", "set", outer, "up")
+                _ip("-n", name, "addr", "add", f"10.233.{net}.2/24", "dev", inner)
+                _ip("-n", name, "link", "set", inner, "up")
         return self
 
     def prefix(self, index: int) -> list[str]:
@@ -421,19 +424,20 @@ class Hosts:
     def cut(self, index: int) -> None:
         """The host's link down, on both ends: its packets go nowhere, as with a pulled cable."""
         _ip("link", "set", self.veths[index], "down")
-        _ip("-n", self.names[index], "link", "set", self.veths[index][:-1] + "n", "down")
+        _ip("-n", self.names[index], "link", "set", self.veths[index] + "n", "down")
 
     def heal(self, index: int) -> None:
         _ip("link", "set", self.veths[index], "up")
-        _ip("-n", self.names[index], "link", "set", self.veths[index][:-1] + "n", "up")
-        _ip("-n", self.names[index], "route", "replace", "default", "via", self.host_address(index))
+        _ip("-n", self.names[index], "link", "set", self.veths[index] + "n", "up")
 
     def remove(self) -> None:
-        existing = _ip("netns", "list", check=False).stdout
+        existing = [line.split()[0] for line in _ip("netns", "list", check=False).stdout.splitlines() if line]
         for name, veth in zip(self.names, self.veths, strict=True):
-            if name in existing.split():
+            if name in existing:
                 _ip("netns", "del", name, check=False)
-            _ip("link", "del", veth, check=False)
+            for outer in (veth, veth[:-1] + "o"):
+                if _ip("link", "show", outer, check=False).returncode == 0:
+                    _ip("link", "del", outer, check=False)
 
 
 @contextlib.contextmanager
