@@ -252,7 +252,7 @@ class Suite:
             return  # a store down at set-up: its statements are prepared (a pooler's errors are survived)
         try:
             pooled = transaction_pooled(db)
-        except (pw.DatabaseError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 - a probe's failure (the driver's errors): statements stay prepared
             logger.warning("Could not tell whether %s is behind a pooler in transaction mode: %s", describe(db), e)
             return
         if not pooled:

@@ -45,6 +45,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import selectors
+import time
 from typing import Any, Optional, Union
 from urllib.parse import urlparse
 
@@ -382,26 +384,55 @@ def _server_pid(conn: Any) -> int:
         cur.close()
 
 
-def transaction_pooled(db: pw.Database, tries: int = 3) -> bool:
+def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
     """Whether ``db`` reaches PostgreSQL through a pooler that lends a server connection per
-    transaction (PgBouncer's ``pool_mode = transaction`` or ``statement``).
+    transaction (PgBouncer's ``pool_mode = transaction`` or ``statement``), over psycopg2.
 
     A pooler answers the start-up with a backend id of its own, not the server process's; that
-    tells a pooler.  Its mode: two client connections open at once, each running a statement in
-    turn, run on one server process only if the first's was handed back after its statement
-    (in session mode it stays the first's until it closes).  A busy pool may hand the second
-    another idle server connection, so the turn is tried ``tries`` times; one match is proof.
+    tells a pooler.  Its mode: a second client connection, opened beside this thread's, runs a
+    statement right after this one's; it runs on the same server process only if the first's was
+    handed back after its statement (in session mode it stays the first's until it closes).  A
+    busy pool may hand the second another idle server connection, so the turn is tried ``tries``
+    times; one match is proof.  The second connection waits ``wait_ms`` at most for its answers: a
+    pool in session mode with every server connection taken keeps it waiting (that is no
+    transaction pooling), and set-up must not wait for the pooler's ``query_wait_timeout``.
     """
-    if not isinstance(db, pw.PostgresqlDatabase):
+    if not isinstance(db, pw.PostgresqlDatabase) or is_psycopg3(db):
         return False
     conn = db.connection()
     if _client_pid(conn) in (None, _server_pid(conn)):
         return False
-    other = db._connect()  # type: ignore[attr-defined]  # a connection beside the thread's, made as peewee makes it
+    import psycopg2
+
+    deadline = time.monotonic() + wait_ms / 1000
+    other = psycopg2.connect(dbname=db.database, **db.connect_params, async_=True)
     try:
+        if not _answered(other, deadline):
+            return False
         for _ in range(tries):
-            if _server_pid(conn) == _server_pid(other):
+            first = _server_pid(conn)
+            cur = other.cursor()
+            cur.execute("SELECT pg_backend_pid()")
+            if not _answered(other, deadline):
+                return False
+            if int(cur.fetchone()[0]) == first:
                 return True
     finally:
         other.close()
     return False
+
+
+def _answered(conn: Any, deadline: float) -> bool:
+    """Drive an asynchronous psycopg2 connection until its work is done; False at ``deadline``."""
+    from psycopg2 import extensions as ext
+
+    while True:
+        state = conn.poll()
+        if state == ext.POLL_OK:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        with selectors.DefaultSelector() as selector:
+            selector.register(conn.fileno(), selectors.EVENT_WRITE if state == ext.POLL_WRITE else selectors.EVENT_READ)
+            selector.select(left)

@@ -213,7 +213,9 @@ def test_cost_per_job_from_one_to_three_hosts(hosts, tmp_path):
         servers = Servers(servers_cleanup, hosts)
         for count in range(1, HOSTS + 1):
             with contextlib.ExitStack() as cleanup:
-                app, fleet, _ = rig(cleanup, servers, count, tmp_path / f"hosts-{count}")
+                directory = tmp_path / f"hosts-{count}"
+                directory.mkdir()
+                app, fleet, _ = rig(cleanup, servers, count, directory)
                 started(app, fleet)
                 parts = {"workers": [p for w in fleet.workers for p in _tree(w.process.pid)],
                          "redis": [servers.redis.proc.pid],

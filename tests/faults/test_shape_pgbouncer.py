@@ -17,6 +17,7 @@ than allowed, no job ran beside itself, the reruns are no more than the kill cut
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import peewee as pw
 import pytest
@@ -104,6 +105,38 @@ def test_a_statement_prepared_under_a_transaction_pooler_is_refused_when_asked_f
             dramatiq_unique.Suite(database=url, redis="redis://127.0.0.1:1/0", prepared_statements=True)
         suite = dramatiq_unique.Suite(database=url, redis="redis://127.0.0.1:1/0")
         assert getattr(suite.db, prepared._OFF) is True
+        suite.close()
+    finally:
+        bouncer.remove()
+
+
+def test_a_wait_for_a_server_connection_ends_at_the_poolers_query_wait_timeout(cluster):
+    """Session mode with a pool smaller than the threads: a thread whose connection finds no free server
+    connection waits in PgBouncer, before PostgreSQL (statement_timeout cannot bound it); its
+    ``query_wait_timeout`` (2 s here; README "Deploying" says how to size pools and set it) ends the wait
+    and the call raises DatabaseUnavailable, instead of waiting PgBouncer's default two minutes."""
+    bouncer = PgBouncer("127.0.0.1", cluster.port, mode="session", pool_size=1,
+                        settings={"query_wait_timeout": "2"}).start()
+    try:
+        suite = dramatiq_unique.Suite(database=bouncer.url(database(cluster)), redis="redis://127.0.0.1:1/0")
+        suite.db.execute_sql("SELECT 1")  # this thread's connection holds the one server connection
+        errors: list[BaseException] = []
+
+        def other_thread() -> None:
+            try:
+                dramatiq_unique.get_job("no-such-message")
+            except BaseException as e:  # noqa: BLE001 - judged below
+                errors.append(e)
+            finally:
+                suite.close()
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), "the wait for a server connection was not bounded"
+        # PgBouncer closes the connection (psycopg2 says "server closed the connection"); the call was retried
+        # once on a new connection, as after any dropped connection, and waited once more.
+        assert errors and isinstance(errors[0], dramatiq_unique.DatabaseUnavailable), errors
         suite.close()
     finally:
         bouncer.remove()

@@ -36,7 +36,7 @@ def acl(key_prefix: str, *, locks: bool = True) -> str:
     keys = f"~{key_prefix}-broker ~{key_prefix}-broker:* ~{key_prefix}:*"
     if locks:
         keys += f" ~redlock:{key_prefix}:*"
-    return f"user app on >app-secret {keys} &* +@all"
+    return f"user app on >app-secret {keys} &* +@all -@admin"
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["acl", "tls-acl"])
