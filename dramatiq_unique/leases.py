@@ -123,6 +123,22 @@ def _renew_row(ctx: "JobContext") -> float:
     return ttl / 1000
 
 
+def check_start(ctx: "JobContext", began: float) -> None:
+    """Right after an attempt's start (begun at ``time.monotonic()`` ``began``): raise LockLost, before the
+    actor runs, if the start took longer than the row's lease (``unique_ttl``).  A reply that arrives late
+    (a network cut that heals, a stalled server) may report a start whose lease ran out long ago; the
+    re-drive may have sent the job again, and it may even have run and succeeded."""
+    job = ctx.job
+    if job is None:
+        return
+    ttl = float(ctx.config.get(ctx.message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    took = time.monotonic() - began
+    if took * 1000 >= ttl:
+        error = LockLost(f"starting job {ctx.message.message_id} took {took:.1f} s, longer than its lease")
+        give_up(ctx, error)
+        raise error
+
+
 def give_up(ctx: "JobContext", error: LockLost) -> None:
     """Remember that the attempt lost its hold: it must not be recorded as succeeded."""
     ctx.extras[LOST] = error

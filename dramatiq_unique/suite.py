@@ -19,10 +19,10 @@ from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
-from dramatiq_unique.storage import prepared
+from dramatiq_unique.storage import poolers, prepared
 from dramatiq_unique.storage import stores as _stores
 from dramatiq_unique.storage.database import check as check_database
-from dramatiq_unique.storage.database import describe, set_prepare_threshold, transaction_pooled
+from dramatiq_unique.storage.database import describe
 from dramatiq_unique.storage.models import JobModel, base_field_names, open_database
 
 if TYPE_CHECKING:
@@ -79,9 +79,8 @@ class Settings:
     redrive_page_size: int = 500
     #: Whether the hot statements (send, start, outcome, parking moves) are prepared once per PostgreSQL
     #: connection (psycopg2: :mod:`dramatiq_unique.storage.prepared`; psycopg 3: its ``prepare_threshold``);
-    #: None (the default): prepared unless :func:`dramatiq_unique.setup` finds the database behind a pooler in
-    #: transaction mode (PgBouncer's ``pool_mode = transaction``), which lends each transaction another server
-    #: connection, where a statement prepared on one would be missing; True there is refused.
+    #: None: prepared unless the database is behind a pooler in transaction mode, where True is refused
+    #: (:mod:`dramatiq_unique.storage.poolers`).
     prepared_statements: Optional[bool] = None
     #: ms a new PostgreSQL connection may take (libpq's ``connect_timeout``, in whole seconds, at least 2):
     #: bounds a server that takes the connection but never answers.
@@ -184,21 +183,17 @@ class Suite:
         if unknown:
             raise InvalidOption(f"unknown settings: {', '.join(sorted(unknown))}")
         self.settings = Settings(**settings)
-        databases = [
-            open_database(spec, connect_timeout=self.settings.database_connect_timeout,
-                          timeout=self.settings.database_timeout,
-                          prepared=self.settings.prepared_statements is not False)
-            for spec in _stores.specs(database)
-        ]
-        for db in databases:
-            prepared.enable(db, self.settings.prepared_statements is not False)
+        prepare = self.settings.prepared_statements is not False
+        databases = [open_database(spec, connect_timeout=self.settings.database_connect_timeout,
+                                   timeout=self.settings.database_timeout, prepared=prepare)
+                     for spec in _stores.specs(database)]
         #: The job stores, the primary first (one, unless ``database`` listed several).
         self.stores = _stores.Stores(databases, down_for=self.settings.store_down_for)
         #: The primary store's Database.
         self.db = databases[0]
         self._check_stores()  # fail fast, naming the server
-        for db in databases:
-            self._check_pooler(db)
+        for db in databases:  # not behind a pooler in transaction mode (storage/poolers.py)
+            prepared.enable(db, prepare and not poolers.configure(db, self.settings.prepared_statements))
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
@@ -244,28 +239,6 @@ class Suite:
                 self.stores.mark_down(index, e, quiet=True)
         if len(errors) == len(self.stores):
             raise DatabaseUnavailable(f"no job store answers: {'; '.join(errors)}")
-
-    def _check_pooler(self, db: pw.Database) -> None:
-        """Prepared statements off behind a pooler in transaction mode (refused if asked for)."""
-        setting = self.settings.prepared_statements
-        if setting is False or not isinstance(db, pw.PostgresqlDatabase) or db.is_closed():
-            return  # a store down at set-up: its statements are prepared (a pooler's errors are survived)
-        try:
-            pooled = transaction_pooled(db)
-        except Exception as e:  # noqa: BLE001 - a probe's failure (the driver's errors): statements stay prepared
-            logger.warning("Could not tell whether %s is behind a pooler in transaction mode: %s", describe(db), e)
-            return
-        if not pooled:
-            return
-        if setting:
-            raise InvalidOption(
-                f"{describe(db)} is behind a pooler in transaction mode (PgBouncer's pool_mode = transaction), "
-                "which runs each transaction on another server connection: a prepared statement would be missing "
-                "there; set prepared_statements=False (or None, the default), or use session mode")
-        logger.info("%s is behind a pooler in transaction mode: the suite's statements are not prepared.",
-                    describe(db))
-        prepared.enable(db, False)
-        set_prepare_threshold(db)
 
     def register_model(self, model: type[JobModel]) -> None:
         with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from datetime import timedelta
@@ -199,3 +200,32 @@ def test_a_renewal_that_took_longer_than_the_lease_raises_lock_lost(suite, broke
     assert isinstance(outcome[0], LockLost) and "longer than the lease" in str(outcome[0]), outcome
     wait_until(lambda: row(message).status != "running", timeout=10)
     assert row(message).status != "succeeded"
+
+
+def test_a_start_that_took_longer_than_the_lease_does_not_run_the_actor(suite, broker, database_url):
+    """Given a job whose start waits a second for its row (another transaction holds it: a stalled server,
+    or a network cut whose reply arrives once it heals) with a 400 ms lease, then the actor does not run on
+    that start: the attempt ends with LockLost before it, and the retry runs it."""
+    from dramatiq_unique.storage.database import open_database
+    from tests.durable import running_worker
+
+    runs = []
+
+    @dramatiq.actor(track=True, unique_ttl=400, max_retries=3, min_backoff=100, max_backoff=100)
+    def late(n):
+        runs.append(time.monotonic())
+
+    message = late.send(1)
+    other = open_database(database_url)
+    table, job_id = dramatiq_unique.JobModel._meta.table_name, row(message).id
+    with running_worker(broker):
+        with other.atomic():
+            other.execute_sql(f'UPDATE "{table}" SET attempts = attempts WHERE id = {other.param}', [job_id])
+            time.sleep(1.0)  # the worker's start waits for the row meanwhile
+            released = time.monotonic()
+        other.close()
+        wait_until(lambda: row(message).status == "succeeded", timeout=20)
+    job = row(message)
+    assert len(runs) == 1 and job.attempts == 2, (runs, job.attempts)
+    assert "longer than its lease" in json.dumps(job.history), job.history
+    assert runs[0] > released
