@@ -3,7 +3,9 @@
 :class:`PostgresCluster` is a throwaway PostgreSQL cluster (``initdb`` and
 ``pg_ctl`` from ``pg_config --bindir``, run as the ``postgres`` user when
 the tests run as root) that a test may stop, restart or kill.  The Redis
-counterpart is :class:`tests.durable.RedisServer`.
+counterpart is :class:`tests.durable.RedisServer`; :class:`PrivateRedis` is
+one with what the shared Redis lacks: TLS only (with :class:`Certificates`
+made by the ``openssl`` command), a password, ACL users.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ import subprocess
 import tempfile
 import time
 import uuid
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Sequence
+from urllib.parse import quote, urlencode
 
 import psycopg2
+import redis
 
 from tests.durable import free_port
 
@@ -133,3 +138,110 @@ class PostgresCluster:
             self.stop("immediate")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _openssl(*args: object) -> None:
+    done = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True, timeout=START_TIMEOUT)
+    if done.returncode != 0:
+        raise AssertionError(f"openssl {args[0]} failed ({done.returncode}): {done.stderr}")
+
+
+#: Keys on the P-256 curve: made at once, where RSA keys take a while on a busy machine.
+_NEW_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+class Certificates:
+    """A certificate authority of the test's own and, signed by it, a server certificate (for
+    127.0.0.1 and localhost) and a client certificate, made with ``openssl`` in ``directory``."""
+
+    def __init__(self, directory: "str | os.PathLike[str]") -> None:
+        self.dir = Path(directory)
+        self.ca, self.ca_key = self.dir / "ca.crt", self.dir / "ca.key"
+        _openssl("req", "-x509", *_NEW_KEY, "-keyout", self.ca_key, "-out", self.ca, "-days", "2",
+                 "-subj", "/CN=dramatiq_unique test CA",
+                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+        self.server_cert, self.server_key = self._sign(
+            "server", ["subjectAltName=IP:127.0.0.1,DNS:localhost", "extendedKeyUsage=serverAuth"])
+        self.client_cert, self.client_key = self._sign("client", ["extendedKeyUsage=clientAuth"])
+
+    def _sign(self, name: str, extensions: list[str]) -> tuple[Path, Path]:
+        key, request, cert = (self.dir / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
+        ext_file = self.dir / f"{name}.ext"
+        extensions += ["basicConstraints=CA:FALSE", "subjectKeyIdentifier=hash", "authorityKeyIdentifier=keyid"]
+        ext_file.write_text("\n".join(extensions) + "\n")
+        _openssl("req", *_NEW_KEY, "-keyout", key, "-out", request, "-subj", f"/CN=dramatiq_unique test {name}")
+        _openssl("x509", "-req", "-in", request, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
+                 "-days", "2", "-extfile", ext_file, "-out", cert)
+        return cert, key
+
+
+class PrivateRedis:
+    """A redis-server of the test's own, without persistence: ``start()``, ``stop()`` (a SIGKILL),
+    ``url``, ``client()``; started again on the same port with the same settings.
+
+    ``tls``: it speaks TLS only (``--port 0``, ``--tls-port``), with the server certificate of these
+    :class:`Certificates`; ``client_certs``: clients must show one signed by their CA (``url``
+    then names the client certificate).  ``password``: ``requirepass`` (the default user's).
+    ``args``: more settings, as on redis-server's command line.
+    """
+
+    def __init__(self, *, tls: Optional[Certificates] = None, client_certs: bool = False,
+                 password: Optional[str] = None, args: Sequence[str] = (), port: int = 0) -> None:
+        self.port = port or free_port()
+        self.tls, self.client_certs, self.password, self.args = tls, client_certs, password, list(args)
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        """A URL of the server as its default user (with its password, if any)."""
+        return self.url_as(None, self.password)
+
+    def url_as(self, username: Optional[str], password: Optional[str]) -> str:
+        """A URL of the server for ``username`` (None: the default user) with ``password``; over TLS,
+        with the client's TLS settings in its query, as redis-py reads them."""
+        who = ""
+        if password is not None:
+            who = f"{quote(username or '', safe='')}:{quote(password, safe='')}@"
+        if self.tls is None:
+            return f"redis://{who}127.0.0.1:{self.port}/0"
+        query = {"ssl_ca_certs": str(self.tls.ca)}
+        if self.client_certs:
+            query.update(ssl_certfile=str(self.tls.client_cert), ssl_keyfile=str(self.tls.client_key))
+        return f"rediss://{who}127.0.0.1:{self.port}/0?{urlencode(query)}"
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    def start(self) -> "PrivateRedis":
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is needed on PATH"
+        argv = [binary, "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"]
+        if self.tls is None:
+            argv += ["--port", str(self.port)]
+        else:
+            argv += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.tls.server_cert),
+                     "--tls-key-file", str(self.tls.server_key), "--tls-ca-cert-file", str(self.tls.ca),
+                     "--tls-auth-clients", "yes" if self.client_certs else "no"]
+        if self.password is not None:
+            argv += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(argv + self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        probe = self.client(socket_connect_timeout=1, socket_timeout=1)
+        deadline = time.monotonic() + START_TIMEOUT
+        try:
+            while True:
+                try:
+                    probe.ping()
+                    return self
+                except redis.ConnectionError as e:
+                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                        self.stop()
+                        raise AssertionError(f"redis-server on port {self.port} did not start") from e
+                    time.sleep(0.05)
+        finally:
+            probe.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=START_TIMEOUT)
+            self.proc = None

@@ -3,11 +3,10 @@
 - :class:`PgBouncer`: Debian's ``pgbouncer`` in front of a PostgreSQL (a :class:`tests.servers.PostgresCluster`),
   in transaction or session mode, run as the ``postgres`` user (PgBouncer refuses root);
 - :class:`SentinelGroup`: a Redis master, a replica and three ``redis-server --sentinel``;
-- :class:`Certificates` and :class:`PrivateRedis`: a Redis over TLS (certificates made with ``openssl``), with
-  ACL users from a config file of its own;
 - :class:`Hosts`: worker "hosts" in network namespaces, each joined to the host's namespace by a veth pair.
 
-Nothing here installs anything: ``.ci/run`` installs PgBouncer.
+Redis over TLS and with ACL users: :class:`tests.servers.PrivateRedis`.  Nothing here installs anything:
+``.ci/run`` installs PgBouncer.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
-from urllib.parse import quote, urlencode
 
 import psycopg2
 import redis
@@ -129,103 +127,6 @@ class PgBouncer:
 
 
 # -- Redis ----------------------------------------------------------------------------------------
-
-
-def _openssl(*args: object) -> None:
-    done = subprocess.run(["openssl", *map(str, args)], capture_output=True, text=True, timeout=START_TIMEOUT)
-    if done.returncode != 0:
-        raise AssertionError(f"openssl {args[0]} failed ({done.returncode}): {done.stderr}")
-
-
-#: Keys on the P-256 curve: made at once, where RSA keys take a while on a busy machine.
-_NEW_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-
-
-class Certificates:
-    """A certificate authority of the test's own and, signed by it, a server certificate (for
-    127.0.0.1 and localhost) and a client certificate, made with ``openssl`` in ``directory``."""
-
-    def __init__(self, directory: "str | os.PathLike[str]") -> None:
-        self.dir = Path(directory)
-        self.ca, self.ca_key = self.dir / "ca.crt", self.dir / "ca.key"
-        _openssl("req", "-x509", *_NEW_KEY, "-keyout", self.ca_key, "-out", self.ca, "-days", "2",
-                 "-subj", "/CN=dramatiq_unique test CA",
-                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-        self.server_cert, self.server_key = self._sign(
-            "server", ["subjectAltName=IP:127.0.0.1,DNS:localhost", "extendedKeyUsage=serverAuth"])
-        self.client_cert, self.client_key = self._sign("client", ["extendedKeyUsage=clientAuth"])
-
-    def _sign(self, name: str, extensions: list[str]) -> tuple[Path, Path]:
-        key, request, cert = (self.dir / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
-        ext_file = self.dir / f"{name}.ext"
-        extensions += ["basicConstraints=CA:FALSE", "subjectKeyIdentifier=hash", "authorityKeyIdentifier=keyid"]
-        ext_file.write_text("\n".join(extensions) + "\n")
-        _openssl("req", *_NEW_KEY, "-keyout", key, "-out", request, "-subj", f"/CN=dramatiq_unique test {name}")
-        _openssl("x509", "-req", "-in", request, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
-                 "-days", "2", "-extfile", ext_file, "-out", cert)
-        return cert, key
-
-
-class PrivateRedis:
-    """A redis-server of the test's own, without persistence: ``start()``, ``stop()`` (a SIGKILL), ``url``.
-
-    ``tls``: TLS only, with the server certificate of these :class:`Certificates`; ``client_certs``:
-    clients must show one signed by their CA.  ``users``: ACL rules, one ``user ...`` line each, in a
-    config file of its own (the default user keeps every right, for the test's own looks).
-    ``bind``: the address it listens on.
-    """
-
-    def __init__(self, *, tls: Optional[Certificates] = None, client_certs: bool = False,
-                 users: Sequence[str] = (), args: Sequence[str] = (), port: int = 0,
-                 bind: str = "127.0.0.1") -> None:
-        self.port, self.bind = port or free_port(), bind
-        self.tls, self.client_certs, self.users, self.args = tls, client_certs, list(users), list(args)
-        self.proc: Optional[subprocess.Popen] = None
-        self.dir = Path(tempfile.mkdtemp(prefix="du-redis-"))
-
-    @property
-    def url(self) -> str:
-        return self.url_as(None, None)
-
-    def url_as(self, username: Optional[str], password: Optional[str]) -> str:
-        """A URL of the server for ``username`` with ``password``; over TLS, with the client's TLS
-        settings in its query, as redis-py reads them."""
-        who = f"{quote(username or '', safe='')}:{quote(password, safe='')}@" if password is not None else ""
-        if self.tls is None:
-            return f"redis://{who}{self.bind}:{self.port}/0"
-        query = {"ssl_ca_certs": str(self.tls.ca)}
-        if self.client_certs:
-            query.update(ssl_certfile=str(self.tls.client_cert), ssl_keyfile=str(self.tls.client_key))
-        return f"rediss://{who}{self.bind}:{self.port}/0?{urlencode(query)}"
-
-    def start(self) -> "PrivateRedis":
-        config = self.dir / "redis.conf"
-        config.write_text("".join(line + "\n" for line in self.users))
-        argv = [shutil.which("redis-server") or "redis-server", str(config), "--save", "", "--appendonly", "no",
-                "--bind", self.bind]
-        if self.tls is None:
-            argv += ["--port", str(self.port)]
-        else:
-            argv += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.tls.server_cert),
-                     "--tls-key-file", str(self.tls.server_key), "--tls-ca-cert-file", str(self.tls.ca),
-                     "--tls-auth-clients", "yes" if self.client_certs else "no"]
-        self.proc = subprocess.Popen(argv + self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        probe = redis.Redis.from_url(self.url, socket_connect_timeout=1, socket_timeout=1)
-        try:
-            _wait(probe.ping, f"redis-server on port {self.port}", proc=self.proc)
-        finally:
-            probe.close()
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=START_TIMEOUT)
-            self.proc = None
-
-    def remove(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class SentinelGroup:

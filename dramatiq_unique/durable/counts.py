@@ -53,6 +53,8 @@ class RedriveCounts:
     errors: int = 0
     #: Rows written without an app (an earlier version) that this app took (scope.py).
     adopted: int = 0
+    #: Rows found in a combination of columns that no state allows, and set right (repair.py).
+    repaired: int = 0
     #: Jobs sent (of ``sent`` and ``redriven``) that were kept pending because the broker was down (deferral.py).
     deferred: int = 0
 

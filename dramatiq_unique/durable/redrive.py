@@ -14,6 +14,9 @@ warning, and the others go on) and every job table in it:
    ``on_lost`` applies;
 4. deletes finished rows older than ``retention``.
 
+Before step 2, at most once per ``lost_after``: rows in a combination of columns
+that no state allows (none should be) are set right, loudly (repair.py).
+
 Step 1 is the primary's alone: only its jobs park (storage/stores.py).
 
 Every step acts only on rows of this process's app, of actors it declares
@@ -40,7 +43,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
 from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import claims, deferral
+from dramatiq_unique.durable import claims, deferral, repair
 from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
 from dramatiq_unique.durable.counts import RedriveCounts, record_end
 from dramatiq_unique.durable.lost import actor_options, retries_exhausted
@@ -138,6 +141,8 @@ class _Pass:
                 stores.ensure(base, index)  # a store down at set-up gets its tables now
             model = stores.model_in(base, index)
             self.counts.adopted += self.scope.adopt(model, self.page, MAX_PAGES)
+            if repair.due(self.suite, model):  # before the sends and the lost check, which then take them
+                self.counts.repaired += repair.repair(model, self.scope.where(model))
             self._send_due(model)
             self._check_lost(model)
             self._prune(model)

@@ -1,37 +1,43 @@
-"""Lua scripts on the hot paths, called over a connection of the calling thread's own.
+"""Lua scripts on the hot paths, called over a redis-py connection of the calling thread's own.
 
 Every lock, slot and wake-up operation of a job is one ``EVALSHA``.
-Through redis-py's client each costs about 80 us of Python time (the
-pool's check-out with a readiness poll, retries, metrics hooks, its
-general-purpose packer and parser), against about 20 us sent straight
-over a socket (measured on this project's 2-core machine with redis-py
-8): for a unique job that was more than its database write.  So each
-thread keeps one connection per client: redis-py opens it, with the
-client's own settings (address, TLS, password, database), and the
-requests and replies then go over its socket, in RESP2.  Our scripts
-reply with integers, strings, nil and flat arrays, which is all the
-reader below parses.
+Through redis-py's client each would also pay the pool's check-out and
+the client's command machinery; so each thread holds one redis-py
+:class:`~redis.connection.Connection` per client, made from the client's
+pool (its connection class and settings: address, TLS, password, ACL
+user, database, protocol), never checked out of the pool, and calls a
+script with ``send_command("EVALSHA", ...)`` and ``read_response()``.
+The benchmarks page (tests/benchmarks/README.md) has the figures.
 
 What redis-py's client would do for us and we do here instead: load the
 script when the server does not know it (``NOSCRIPT``), and reconnect
 when the connection broke (a restarted Redis).  A call is sent again only
-when a connection that had worked broke under it: the first send may have
-run with its reply lost, so every script of ours is safe to repeat (it
-recognises its caller's token: a repeated acquire finds the lock already
-its own, a repeated slot enter its slot already held).  A connection that
-could not be opened, or a call that timed out, is not sent again: the
-server is down or stalled, and another send would only wait as long
-again (against a Redlock master that is down, that wait is the whole
-cost of the outage; see :mod:`dramatiq_unique.locks.redlock`).
+when a connection that had worked broke under it, and once: the first
+send may have run with its reply lost, so every script of ours is safe
+to repeat (it recognises its caller's token: a repeated acquire finds the
+lock already its own, a repeated slot enter its slot already held).  A
+connection that could not be opened, or a call that timed out, is not
+sent again: the server is down or stalled, and another send would only
+wait as long again (against a Redlock master that is down, that wait is
+the whole cost of the outage; see :mod:`dramatiq_unique.locks.redlock`).
+redis-py's own retries are off on these connections for the same reason.
 
 A call may also be *posted* (:meth:`Script.post`): sent without waiting
-for its reply, which is read before the link's next call, or by a later
-post if it is already there.  A thread that waits for a reply gives up
-the GIL, and under load gets it back only after another thread's turn:
-measured here, 150 to 250 us of CPU per wait, against 30 to 50 us in an
-idle process.  A unique job's queue lock is freed at its start this way
+for its reply, which is read before the link's next call (or by a post
+that finds :data:`MAX_UNREAD` replies owed).  A thread that waits for a
+reply gives up the GIL, and under load gets it back only after other
+threads' turns.  A unique job's queue lock is freed at its start this way
 (the thread's own later calls come after it on the same connection, so a
-send from inside the job finds it free).
+send from inside the job finds it free).  A post does not look for
+replies already there: redis-py's ``can_read()`` would (it sees TLS bytes
+already decrypted too), but at the price of several system calls per
+post, each a turn at the GIL given up; the next call reads them all at
+once.
+
+Anything raised between a request and its reply (Dramatiq's
+``TimeLimit`` raised into the thread, say) closes the connection, as
+redis-py does, so no later call takes that reply for its own; a forked
+child opens connections of its own.
 """
 
 from __future__ import annotations
@@ -40,16 +46,15 @@ import collections
 import hashlib
 import logging
 import os
-import select
-import socket
 import threading
 import weakref
 from typing import Any, Sequence
 
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 logger = logging.getLogger(__name__)
 
@@ -58,174 +63,107 @@ logger = logging.getLogger(__name__)
 ATTEMPTS = 3
 #: Posted calls whose replies a link leaves unread before it waits for them.
 MAX_UNREAD = 64
-_CRLF = b"\r\n"
 
-
-def pack(*args: Any) -> bytes:
-    """A command in the Redis protocol."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-def _readable(sock: socket.socket) -> bool:
-    """Whether ``sock`` has data now.  poll(), not select(): select() refuses a descriptor
-    above 1023, which a busy process (or a long test run) reaches."""
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
+#: A command: its name and arguments, as redis-py's ``send_command`` takes them.
+Command = tuple[Any, ...]
 
 
 class _Link:
-    """One thread's connection to one Redis: opened by redis-py, then spoken to directly."""
+    """One thread's redis-py connection to one Redis, and the posted calls whose replies are to come."""
 
     def __init__(self, pool: Any) -> None:
-        kwargs = dict(pool.connection_kwargs, protocol=2)  # the reader below speaks RESP2
-        # Server push messages (redis-py 7+'s maintenance notifications) need RESP3: not on this link.
-        kwargs.pop("maint_notifications_config", None)
-        kwargs.pop("maint_notifications_pool_handler", None)
+        # The client's own settings; no retry inside redis-py: when to send again is ours to say.
+        kwargs = dict(pool.connection_kwargs, retry=Retry(NoBackoff(), 0))
         self.conn = pool.connection_class(**kwargs)
         self.pid = os.getpid()
-        self.sock: Any = None
-        self.buf, self.pos = b"", 0
+        #: Whether a reply came over the open connection: only then is a broken call sent again.
+        self.answered = False
         #: Posted calls whose replies are still to be read, oldest first: (command, script text).
-        self.unread: collections.deque[tuple[bytes, str]] = collections.deque()
+        self.unread: collections.deque[tuple[Command, str]] = collections.deque()
         #: Scripts this connection has seen the server run: only those are posted (a posted
         #: call the server does not know is run again only at the link's next call, which a
         #: thread that goes idle may never make).
         self.known: set[str] = set()
 
-    def call(self, command: bytes) -> Any:
-        redo: list[tuple[bytes, str]] = []
+    def call(self, command: Command) -> Any:
+        """Send ``command`` and return its reply, an error reply as its exception."""
+        redo = None
         try:
-            self._connect()
-            self.sock.sendall(command)
-            if self.unread:  # their replies come first
-                redo = self._settle(block=True)
-            reply = self._read()
-        except OSError as e:  # socket.timeout included
-            self._failed(e)
+            if self.unread:  # their replies come first; no health-check PING: it would read one of theirs
+                self.conn.send_command(*command, check_health=False)
+                redo = self._settle()
+            else:
+                self.conn.send_command(*command)
+            reply = self._reply()
         except BaseException:
-            # Anything else mid-call (an unparsable reply, or an exception raised into the
-            # thread, as Dramatiq's TimeLimit does) may leave a reply unread: a later call
-            # would take it for its own.  Start afresh, as redis-py does.
+            # A broken connection, a timeout, or an exception raised into the thread mid-call
+            # (Dramatiq's TimeLimit): a reply may be left unread, so start afresh.
             self.close()
             raise
-        self._redo(redo)
+        self.answered = True
+        if redo:
+            self._redo(redo)
         return reply
 
-    def post(self, command: bytes, text: str) -> None:
-        """Send ``command`` (an EVALSHA of ``text``) without waiting for its reply."""
-        redo: list[tuple[bytes, str]] = []
+    def call_all(self, commands: Sequence[Command]) -> list:
+        """Send ``commands`` in one write; their replies, as :meth:`call` gives them."""
+        redo = None
         try:
-            self._connect()
+            self.conn.send_packed_command(self.conn.pack_commands(commands), check_health=not self.unread)
             if self.unread:
-                redo = self._settle(block=len(self.unread) >= MAX_UNREAD)
-            self.sock.sendall(command)
+                redo = self._settle()
+            replies = [self._reply() for _ in commands]
+        except BaseException:
+            self.close()
+            raise
+        self.answered = True
+        if redo:
+            self._redo(redo)
+        return replies
+
+    def post(self, command: Command, text: str) -> None:
+        """Send ``command`` (an EVALSHA of ``text``) without waiting for its reply."""
+        redo: list[tuple[Command, str]] = []
+        try:
+            if len(self.unread) >= MAX_UNREAD:
+                redo = self._settle()
+            self.conn.send_command(*command, check_health=not self.unread)
             self.unread.append((command, text))
-        except OSError as e:
-            self._failed(e)
         except BaseException:
             self.close()
             raise
         self._redo(redo)
 
-    def _connect(self) -> None:
-        if self.sock is None:
-            self.conn.connect()
-            self.sock = self.conn._sock  # redis-py keeps the socket private
+    def _reply(self) -> Any:
+        try:
+            # Bytes, whatever the client's decode_responses: the callers parse them.
+            return self.conn.read_response(True)  # disable_decoding
+        except ResponseError as e:  # an error reply: the connection is still in step
+            return e
 
-    def _failed(self, e: OSError) -> None:
-        self.close()
-        kind = RedisTimeoutError if isinstance(e, TimeoutError) else RedisConnectionError
-        raise kind(f"Redis call failed: {e}") from e
-
-    def _settle(self, block: bool) -> list[tuple[bytes, str]]:
-        """Read the replies of posted calls (without ``block``: those already here); returns
-        the calls the server did not run for want of their script."""
-        redo: list[tuple[bytes, str]] = []
-        if not block:
-            try:
-                if self.sock.gettimeout() is None:
-                    data = self.sock.recv(65536, socket.MSG_DONTWAIT)
-                elif _readable(self.sock):  # a timeout would make recv wait
-                    data = self.sock.recv(65536)
-                else:
-                    return redo
-            except BlockingIOError:
-                return redo
-            if not data:
-                raise RedisConnectionError("Redis closed the connection")
-            self.buf, self.pos = self.buf[self.pos :] + data, 0
-        while self.unread and (block or self._complete()):
+    def _settle(self) -> list[tuple[Command, str]]:
+        """Read the replies of posted calls; returns the calls the server did not run for want
+        of their script."""
+        redo: list[tuple[Command, str]] = []
+        while self.unread:
             command, text = self.unread.popleft()
-            value = self._read()
-            if isinstance(value, NoScriptError):
+            reply = self._reply()
+            if isinstance(reply, NoScriptError):
                 redo.append((command, text))
-            elif isinstance(value, ResponseError):
-                logger.warning("A Redis script posted without waiting failed: %s", value)
+            elif isinstance(reply, ResponseError):
+                logger.warning("A Redis script posted without waiting failed: %s", reply)
         return redo
 
-    def _complete(self) -> bool:
-        """Whether the buffer holds a whole reply of one line or one string (no array)."""
-        end = self.buf.find(_CRLF, self.pos)
-        if end < 0 or self.buf[self.pos : self.pos + 1] == b"*":
-            return False
-        if self.buf[self.pos : self.pos + 1] == b"$":
-            size = int(self.buf[self.pos + 1 : end])
-            return size < 0 or len(self.buf) >= end + 2 + size + 2
-        return True
-
-    def _redo(self, redo: list[tuple[bytes, str]]) -> None:
+    def _redo(self, redo: list[tuple[Command, str]]) -> None:
         for command, text in redo:  # Redis restarted or flushed its scripts: load, run now
-            self.call(pack("SCRIPT", "LOAD", text))
+            self.call(("SCRIPT", "LOAD", text))
             self.call(command)
 
     def close(self) -> None:
         self.unread.clear()
         self.known.clear()  # the next server (a restarted Redis) may not know them
-        self.sock, self.buf, self.pos = None, b"", 0
+        self.answered = False
         self.conn.disconnect()
-
-    def _fill(self) -> None:
-        data = self.sock.recv(65536)
-        if not data:
-            raise RedisConnectionError("Redis closed the connection")
-        self.buf, self.pos = self.buf[self.pos :] + data, 0
-
-    def _line(self) -> bytes:
-        while True:
-            end = self.buf.find(_CRLF, self.pos)
-            if end >= 0:
-                line, self.pos = self.buf[self.pos : end], end + 2
-                return line
-            self._fill()
-
-    def _read(self) -> Any:
-        line = self._line()
-        kind, rest = line[:1], line[1:]
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            size = int(rest)
-            if size < 0:
-                return None
-            while len(self.buf) - self.pos < size + 2:
-                self._fill()
-            data, self.pos = self.buf[self.pos : self.pos + size], self.pos + size + 2
-            return data
-        if kind == b"*":
-            size = int(rest)
-            return None if size < 0 else [self._read() for _ in range(size)]
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            message = rest.decode(errors="replace")
-            return (NoScriptError if message.startswith("NOSCRIPT") else ResponseError)(message)
-        self.close()  # out of step with the server: start afresh
-        raise RedisConnectionError(f"unexpected reply from Redis: {line[:50]!r}")
 
 
 class _Links(threading.local):
@@ -237,7 +175,8 @@ class _Links(threading.local):
 _local = _Links()
 
 
-def _link(client: redis.Redis) -> _Link:
+def link_of(client: redis.Redis) -> _Link:
+    """This thread's link to ``client``'s server."""
     pool = client.connection_pool
     link = _local.by_pool.get(pool)
     if link is None or link.pid != os.getpid():  # a forked child must not share its parent's socket
@@ -256,11 +195,11 @@ class Script:
         self.sha = hashlib.sha1(text.encode()).hexdigest()
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        link = _link(self.client)
-        command = pack("EVALSHA", self.sha, len(keys), *keys, *args)
+        link = link_of(self.client)
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
         resent = False
         for attempt in range(1, ATTEMPTS + 1):
-            fresh = link.sock is None
+            fresh = not link.answered
             try:
                 reply = link.call(command)
             except RedisConnectionError:
@@ -273,7 +212,7 @@ class Script:
                 continue
             if isinstance(reply, NoScriptError):
                 # Redis restarted or flushed its scripts: load it, send again.
-                loaded = link.call(pack("SCRIPT", "LOAD", self.text))
+                loaded = link.call(("SCRIPT", "LOAD", self.text))
                 if isinstance(loaded, ResponseError):
                     raise loaded
                 continue
@@ -286,11 +225,11 @@ class Script:
     def post(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
         """Run the script without waiting for its reply (see the module's docs); a script
         unknown to the server is loaded and run before the link's next call returns."""
-        link = _link(self.client)
+        link = link_of(self.client)
         if self.sha not in link.known:  # first use on this connection: wait, loading it if need be
             self(keys, args)
             return
-        link.post(pack("EVALSHA", self.sha, len(keys), *keys, *args), self.text)
+        link.post(("EVALSHA", self.sha, len(keys), *keys, *args), self.text)
 
 
 def register(client: redis.Redis, text: str) -> Script:

@@ -16,7 +16,7 @@ import peewee as pw
 from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import conflicts, history, statements
-from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, utcnow
+from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, after_ms, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -256,7 +256,9 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
     attempt left to write it: without this, it would stay ``running`` until the
     re-drive reported a job that did finish as lost, and ran it again.  The attempt
     is recognised by what only its own start wrote (``worker``, ``attempts``); a newer
-    attempt of the same job rewrites both, and then owns the row.
+    attempt of the same job rewrites both, and then owns the row.  So must ``running``, not
+    parked: a row that a delivery parked (the park cleared ``worker``) or the re-drive sent
+    again is no longer this attempt's; written over, it would be in two states at once.
     """
     if release_hold:
         fields["unique_hold"] = None
@@ -268,7 +270,7 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
     cond = (
         (model.id == job.id) & (model.worker == job.worker) & (model.attempts == job.attempts)
         & (model.fencing_token > job.fencing_token) & model.unique_key.is_null(False)
-        & model.status.not_in(FINISHED) & pw.fn.EXISTS(taken)
+        & (model.status == JobStatus.RUNNING.value) & model.parked_on.is_null() & pw.fn.EXISTS(taken)
     )
     appended = {model.history: history.append(model, attempt_of(job, fields))}
     return bool(model.update(appended, **fields).where(cond).execute())

@@ -97,8 +97,10 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
     """Park a waiting job on ``group`` (status pending, ``parked_on`` set); returns its
     ``(created_at, process_after)`` (its place in the queue), or None if it is not waiting.
 
-    A running row whose lease ran out counts as waiting: it is a crashed
-    attempt of this very job.
+    A running row whose lease ran out counts as waiting: it is a crashed or
+    stalled attempt of this very job, which is over.  Its fencing token moves on
+    and its ``worker`` and lease go (queries.sql says why): should the attempt
+    wake, nothing it writes lands on the parked row.
     """
     db = model._meta.database
     statement = render(model, "park")

@@ -240,12 +240,19 @@ WITH moved AS ({statement})
 SELECT moved.* FROM moved, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
 
 -- name: park
--- Park a waiting job on a group; a running row whose lease ran out counts as waiting.  "parked_at" keeps
--- when the job was first parked in this wait: a job woken and parked again before it started keeps it, one
--- parked after an attempt started (a retry, a crashed attempt's re-delivery) gets now ("attempts" moved on).
+-- Park a waiting job on a group; a running row whose lease ran out counts as waiting.  Such a row's
+-- attempt is over (its worker stalled or died) and the job waits again: its token moves on, so the
+-- attempt's fenced writes (heartbeat, checkpoints, retry, outcome) are refused should it wake, and
+-- its worker and lease go, so jobs.finish_revoked no longer takes it for the row's attempt.
+-- "parked_at" keeps when the job was first parked in this wait: a job woken and parked again before it
+-- started keeps it, one parked after an attempt started (a retry, a crashed attempt's re-delivery) gets
+-- now ("attempts" moved on).  SET reads the row as it was: the CASEs see the old status.
 UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %(options)s,
 "parked_at" = CASE WHEN "parked_attempt" = "attempts" THEN "parked_at" ELSE %(now)s END,
-"parked_attempt" = "attempts"
+"parked_attempt" = "attempts",
+"fencing_token" = CASE WHEN "status" = %(running)s THEN "fencing_token" + 1 ELSE "fencing_token" END,
+"worker" = CASE WHEN "status" = %(running)s THEN NULL ELSE "worker" END,
+"lease_until" = CASE WHEN "status" = %(running)s THEN NULL ELSE "lease_until" END
 WHERE "id" = %(id)s AND "revision" = %(revision)s AND ("status" IN (%(pending)s, %(queued)s, %(retrying)s)
 OR ("status" = %(running)s AND "lease_until" < %(now)s)) RETURNING "created_at", "process_after"
 

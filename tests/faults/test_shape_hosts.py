@@ -42,8 +42,8 @@ from tests.faults.harness import (
 )
 from tests.faults.shape_load import LIMIT, Load, judge, ran
 from tests.faults.test_shape_pgbouncer import database
-from tests.servers import PostgresCluster
-from tests.shape_servers import Hosts, PgBouncer, PrivateRedis, namespaces_unavailable
+from tests.servers import PostgresCluster, PrivateRedis
+from tests.shape_servers import Hosts, PgBouncer, namespaces_unavailable
 from tests.workers import CliWorker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -107,10 +107,10 @@ class Servers:
         self.bouncer.start()
         cleanup.callback(self.bouncer.remove)
         self.redis = PrivateRedis(args=["--bind", "127.0.0.1", *addresses, "--protected-mode", "no"]).start()
-        cleanup.callback(self.redis.remove)
+        cleanup.callback(self.redis.stop)
         observers = [hosts.observer_address(i) for i in range(HOSTS)]
         self.log = PrivateRedis(args=["--bind", "127.0.0.1", *observers, "--protected-mode", "no"]).start()
-        cleanup.callback(self.log.remove)
+        cleanup.callback(self.log.stop)
 
     def envs(self, count: int) -> tuple[dict[str, str], list[dict[str, str]]]:
         """The test process's variables, and each of ``count`` hosts' (the same servers at its own address)."""

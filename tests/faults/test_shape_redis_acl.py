@@ -23,20 +23,20 @@ from dramatiq.brokers.redis import RedisBroker
 import dramatiq_unique
 from tests.faults.harness import fault_env, open_runs_by_pid, prefix, report, start_rig, wait_for
 from tests.faults.shape_load import LIMIT, Load, judge
-from tests.shape_servers import Certificates, PrivateRedis
+from tests.servers import Certificates, PrivateRedis
 
 pytestmark = pytest.mark.slow
 
 SENDS = 300
 
 
-def acl(key_prefix: str, *, locks: bool = True) -> str:
-    """The ACL line of a user limited to the app's keys (and, with ``locks=False``, not its locks)."""
+def acl(key_prefix: str, *, locks: bool = True) -> list[str]:
+    """redis-server's arguments for a user limited to the app's keys (and, with ``locks=False``, not its locks)."""
     # Dramatiq's dispatch.lua is given the namespace itself as its one key.
-    keys = f"~{key_prefix}-broker ~{key_prefix}-broker:* ~{key_prefix}:*"
+    keys = [f"~{key_prefix}-broker", f"~{key_prefix}-broker:*", f"~{key_prefix}:*"]
     if locks:
-        keys += f" ~redlock:{key_prefix}:*"
-    return f"user app on >app-secret {keys} &* +@all -@admin"
+        keys.append(f"~redlock:{key_prefix}:*")
+    return ["--user", "app", "on", ">app-secret", *keys, "&*", "+@all", "-@admin"]
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["acl", "tls-acl"])
@@ -44,8 +44,8 @@ def test_an_acl_user_limited_to_the_apps_keys(tls, tmp_path):
     key_prefix = prefix()
     certs = Certificates(tmp_path) if tls else None
     with contextlib.ExitStack() as cleanup:
-        server = PrivateRedis(tls=certs, client_certs=tls, users=[acl(key_prefix)]).start()
-        cleanup.callback(server.remove)
+        server = PrivateRedis(tls=certs, client_certs=tls, args=acl(key_prefix)).start()
+        cleanup.callback(server.stop)
         env = fault_env(broker_url=server.url_as("app", "app-secret"), log_url=server.url,
                         database_url=f"sqlite:///{tmp_path / 'jobs.db'}", key_prefix=key_prefix, limit=LIMIT)
         app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=3)
@@ -63,7 +63,7 @@ def test_an_acl_user_limited_to_the_apps_keys(tls, tmp_path):
 
 def test_an_acl_without_the_locks_is_named_in_the_error(tmp_path):
     key_prefix = prefix()
-    server = PrivateRedis(users=[acl(key_prefix, locks=False)]).start()
+    server = PrivateRedis(args=acl(key_prefix, locks=False)).start()
     try:
         url = server.url_as("app", "app-secret")
         broker = RedisBroker(url=url, namespace=f"{key_prefix}-broker")
@@ -83,4 +83,4 @@ def test_an_acl_without_the_locks_is_named_in_the_error(tmp_path):
         suite.close()
         broker.close()
     finally:
-        server.remove()
+        server.stop()

@@ -20,13 +20,11 @@ import dramatiq_unique
 from dramatiq_unique import JobModel
 from dramatiq_unique.broker.keys import BrokerKeys
 from tests.helpers import wait_until
-from tests.shape_servers import PrivateRedis
+from tests.servers import PrivateRedis
 
 
 def test_a_retry_a_live_worker_dropped_when_its_redis_restarted_is_run(tmp_path, key_prefix):
-    server = PrivateRedis(args=["--appendonly", "yes", "--appendfsync", "always"])
-    server.args += ["--dir", str(server.dir)]
-    server.start()
+    server = PrivateRedis(args=["--appendonly", "yes", "--appendfsync", "always", "--dir", str(tmp_path)]).start()
     worker = None
     try:
         broker = RedisBroker(url=server.url, namespace=f"{key_prefix}-broker")
@@ -74,4 +72,4 @@ def test_a_retry_a_live_worker_dropped_when_its_redis_restarted_is_run(tmp_path,
     finally:
         if worker is not None:
             worker.stop(timeout=10_000)
-        server.remove()
+        server.stop()

@@ -13,6 +13,7 @@ over the network, by a proxy that drops a reply and closes the connection.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Iterator
 
 import pytest
@@ -41,18 +42,21 @@ class LoseNextReply:
     it, as a connection reset between the server's reply and our read would."""
 
     def __init__(self, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.link = scripts._link(client)
-        self.link._connect()  # an open connection: a break on it is what a resend is for
+        self.link = scripts.link_of(client)
+        self.link.call(("PING",))  # an open connection that answered: a break on it is what a resend is for
         self.lost = 0
-        read = self.link._read
+        conn = self.link.conn
+        read = conn.read_response
 
-        def read_then_break() -> Any:
-            read()  # the server ran the call and replied
+        def read_then_break(*args: Any, **kwargs: Any) -> Any:
+            with contextlib.suppress(redis.ResponseError):  # an error reply is a reply lost all the same
+                read(*args, **kwargs)  # the server ran the call and replied
             self.lost += 1
-            monkeypatch.setattr(self.link, "_read", read)  # only once
-            raise ConnectionResetError("connection reset after the reply was sent")
+            monkeypatch.setattr(conn, "read_response", read)  # only once
+            conn.disconnect()  # what redis-py does when its socket fails
+            raise redis.ConnectionError("Error while reading: connection reset after the reply was sent")
 
-        monkeypatch.setattr(self.link, "_read", read_then_break)
+        monkeypatch.setattr(conn, "read_response", read_then_break)
 
 
 # -- each lock script, twice ---------------------------------------------------------------------
@@ -182,16 +186,21 @@ def test_a_transfer_whose_reply_was_lost_on_one_redlock_master_still_counts(monk
             server.stop()
 
 
-def test_a_script_is_not_sent_again_over_a_connection_that_never_opened(monkeypatch):
-    """Given a server that is down, Then a call fails after one connection attempt (no resends)."""
+@pytest.mark.parametrize("made_by", ["from_url", "Redis"])
+def test_a_script_is_not_sent_again_over_a_connection_that_never_opened(made_by, monkeypatch):
+    """Given a server that is down, Then a call fails after one connection attempt: no resend of
+    ours, and none of redis-py's (``redis.Redis(...)`` comes with retries and back-off)."""
     server = RedisServer().start()
-    client = redis.Redis.from_url(server.url, socket_connect_timeout=0.5)
+    if made_by == "from_url":
+        client = redis.Redis.from_url(server.url, socket_connect_timeout=0.5)
+    else:
+        client = redis.Redis(host="127.0.0.1", port=server.port, socket_connect_timeout=0.5)
     server.stop()
     script = scripts.register(client, "return 1")
-    link = scripts._link(client)
+    conn = scripts.link_of(client).conn
     connects = []
-    real = link._connect
-    monkeypatch.setattr(link, "_connect", lambda: (connects.append(1), real())[1])
+    real = conn._connect  # redis-py's own: one socket opened per call of it
+    monkeypatch.setattr(conn, "_connect", lambda: (connects.append(1), real())[1])
     with pytest.raises(redis.ConnectionError):
         script()
     assert len(connects) == 1

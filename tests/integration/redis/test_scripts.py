@@ -1,24 +1,30 @@
-"""Our Lua script calls over each thread's own connection (dramatiq_unique.redis.scripts), on real redis-servers."""
+"""Our Lua script calls over each thread's own connection (dramatiq_unique.redis.scripts), on real
+redis-servers: each test over plain TCP and over TLS (with client certificates)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
-from typing import Iterator
+import time
+from typing import Any, Iterator, Union
 
 import pytest
 import redis
+from redis.connection import _HiredisParser, _RESP2Parser, _RESP3Parser
 
 from dramatiq_unique.redis import scripts
 from tests.durable import RedisServer
+from tests.servers import PrivateRedis
 
 ECHO = "return {1, ARGV[1], redis.call('get', KEYS[1]), tonumber(ARGV[2])}"
 
 
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
+@pytest.fixture(params=["tcp", "tls"])
+def server(request, certs) -> Iterator[Union[RedisServer, PrivateRedis]]:
     """A redis-server of the test's own, so it can be flushed and restarted."""
-    own = RedisServer().start()
+    own = RedisServer() if request.param == "tcp" else PrivateRedis(tls=certs, client_certs=True)
+    own.start()
     try:
         yield own
     finally:
@@ -101,12 +107,12 @@ def test_an_exception_between_request_and_reply_does_not_leave_a_reply_behind(se
     client = redis.Redis.from_url(server.url)
     echo = scripts.register(client, ECHO)
     echo(keys=["k"], args=["warm", 0])
-    link = scripts._link(client)
+    link = scripts.link_of(client)
 
-    def interrupted() -> None:
+    def interrupted(*args, **kwargs) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(link, "_read", interrupted)
+    monkeypatch.setattr(link.conn, "read_response", interrupted)
     with pytest.raises(KeyboardInterrupt):
         echo(keys=["k"], args=["lost", 1])
     monkeypatch.undo()
@@ -183,3 +189,79 @@ def test_a_posted_call_on_a_stopped_server_raises_a_connection_error(server):
             incr(keys=["n"], args=[0])
     server.start()
     assert incr(keys=["n"], args=[0]) == 0, "a new server: the link reconnects"
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_replies_are_bytes_in_either_protocol_whatever_the_clients_decoding(server, protocol):
+    """Given clients speaking RESP2 and RESP3, one decoding replies to str, Then script replies come
+    back as bytes (what the callers parse) and a batch's too."""
+    from dramatiq_unique.redis import batch
+
+    client = redis.Redis.from_url(server.url, protocol=protocol, decode_responses=True)
+    echo = scripts.register(client, ECHO)
+    assert echo(keys=["missing"], args=["é", 8]) == [1, "é".encode(), None, 8]
+    assert batch.run_all(echo, [(["a"], ["x", 1]), (["b"], ["y", 2])]) == [[1, b"x", None, 1], [1, b"y", None, 2]]
+
+
+@pytest.mark.parametrize("parser", [_HiredisParser, _RESP2Parser, _RESP3Parser], ids=lambda p: p.__name__)
+@pytest.mark.parametrize("timeout", [None, 5], ids=["no-timeout", "timeout"])
+def test_posted_replies_are_read_in_order_with_each_parser(server, parser, timeout):
+    """Given each of redis-py's parsers, with and without a socket timeout, When many calls are
+    posted, Then a link owes at most MAX_UNREAD replies, and the next call reads them, in order."""
+    protocol = 3 if parser is _RESP3Parser else 2
+    client = redis.Redis.from_url(server.url, socket_timeout=timeout, parser_class=parser, protocol=protocol)
+    incr = scripts.register(client, INCR_BY)
+    assert incr(keys=["n"], args=[1]) == 1
+    link = scripts.link_of(client)
+    posts = scripts.MAX_UNREAD * 2 + 3
+    for _ in range(posts):
+        incr.post(keys=["n"], args=[1])
+        assert 1 <= len(link.unread) <= scripts.MAX_UNREAD
+    assert incr(keys=["n"], args=[0]) == 1 + posts
+    assert not link.unread
+
+
+def test_two_posts_in_a_row_without_a_socket_timeout(server):
+    """Given a client without a socket timeout, When a thread posts twice without a call between,
+    Then both run (over TLS, a recv with MSG_DONTWAIT raised ValueError and the post was lost)."""
+    client = redis.Redis.from_url(server.url, socket_timeout=None)
+    incr = scripts.register(client, INCR_BY)
+    assert incr(keys=["n"], args=[1]) == 1
+    incr.post(keys=["n"], args=[10])
+    incr.post(keys=["n"], args=[100])
+    assert incr(keys=["n"], args=[0]) == 111
+
+
+def test_a_health_check_never_takes_a_posted_reply(server):
+    """Given a client with redis-py's health checks, When a check would be due while posted
+    replies are unread, Then no PING is sent in between (it would read a posted reply as its own)."""
+    client = redis.Redis.from_url(server.url, health_check_interval=1)
+    incr = scripts.register(client, INCR_BY)
+    assert incr(keys=["n"], args=[1]) == 1
+    incr.post(keys=["n"], args=[1])
+    time.sleep(1.2)  # a check is due
+    incr.post(keys=["n"], args=[1])
+    time.sleep(1.2)
+    assert incr(keys=["n"], args=[0]) == 3
+    time.sleep(1.2)  # nothing posted: the check runs, and the call gets its own reply
+    assert incr(keys=["n"], args=[1]) == 4
+
+
+def test_a_call_that_timed_out_is_not_sent_again(server, monkeypatch):
+    """Given a server that stalls (SIGSTOP) under an open connection, Then a call raises redis-py's
+    TimeoutError after one send, and the next call, once the server resumed, gets its own reply."""
+    client = redis.Redis.from_url(server.url, socket_timeout=0.5)
+    echo = scripts.register(client, ECHO)
+    echo(keys=["k"], args=["warm", 0])
+    conn = scripts.link_of(client).conn
+    sends: list[Any] = []
+    real = conn.send_packed_command
+    monkeypatch.setattr(conn, "send_packed_command", lambda *a, **k: (sends.append(a), real(*a, **k))[1])
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(redis.TimeoutError):
+            echo(keys=["k"], args=["stalled", 1])
+        assert len(sends) == 1
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert echo(keys=["k"], args=["mine", 2])[1] == b"mine"

@@ -1,0 +1,206 @@
+"""The nemesis's faults: a Redis that takes ``DEBUG SLEEP``, a supervised fleet of workers, and the
+schedule of faults that a seed draws (tests/faults/nemesis.py runs them)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, Callable
+
+import redis
+
+from tests.durable import RedisServer
+from tests.faults import history as hist
+from tests.faults.harness import Fleet
+from tests.servers import PostgresCluster
+from tests.workers import CliWorker
+
+#: Faults by weight: worker faults are the common ones.
+FAULTS = {"kill": 3, "stop": 3, "redis-kill": 1, "redis-pause": 1, "pg-restart": 1}
+
+
+class DebuggableRedis(RedisServer):
+    """A throwaway redis-server that takes ``DEBUG SLEEP`` (Redis 7 refuses DEBUG by default)."""
+
+    def start(self) -> "DebuggableRedis":
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is needed on PATH"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
+             "--enable-debug-command", "local"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=5)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.RedisError as e:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise AssertionError(f"redis-server on port {self.port} did not start") from e
+                time.sleep(0.05)
+        client.close()
+        return self
+
+
+class NemesisFleet(Fleet):
+    """The fault suite's fleet of `dramatiq tests.faults.nemesis_app` workers, supervised: a worker
+    group that ended by itself (its process died at boot while a server was down, say) is
+    recorded (``died``) and replaced."""
+
+    def spawn(self) -> CliWorker:
+        worker = CliWorker("tests.faults.nemesis_app", self.env, processes=1, threads=self.threads,
+                           stderr_path=self.log_dir / f"worker-{len(self.workers) + len(self.retired)}.log")
+        self.workers.append(worker)
+        self._known = getattr(self, "_known", {})
+        self._known[id(worker)] = []
+        return worker
+
+    def supervise(self) -> None:
+        for worker in list(self.workers):
+            children = worker.children()
+            if children:
+                self._known[id(worker)] = children
+            if worker.process.poll() is None:
+                continue
+            for pid in self._known.get(id(worker), []):
+                self.frozen.discard(pid)
+                self.log.record("died", pid=pid, code=worker.process.returncode)
+            self.workers.remove(worker)
+            self.retired.append(worker)
+            self.spawn()
+
+    def live(self) -> list[int]:
+        """Worker processes neither frozen nor on their way out."""
+        return sorted(pid for pid in self.pids() if pid not in self.frozen)
+
+
+class Nemesis:
+    """The faults of one run: :meth:`tick` starts the next one when due and heals those whose time came."""
+
+    def __init__(self, seed: int, history: hist.History, fleet: NemesisFleet, server: DebuggableRedis,
+                 cluster: PostgresCluster) -> None:
+        self.rng = random.Random(f"{seed}-faults")
+        self.history = history
+        self.fleet = fleet
+        self.server = server
+        self.cluster = cluster
+        self.heals: list[tuple[float, str, Callable[[], None]]] = []
+        self.busy: set[str] = set()  # "redis", "pg": one fault of a server at a time
+        self.count = 0
+        self.next_at = time.monotonic() + self.rng.uniform(2, 6)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for heal in [h for h in self.heals if h[0] <= now]:
+            self.heals.remove(heal)
+            heal[2]()
+        self.fleet.supervise()
+        if now >= self.next_at:
+            kind = self.rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
+            getattr(self, "_" + kind.replace("-", "_"))()
+            self.next_at = time.monotonic() + self.rng.uniform(2, 6)
+
+    def heal_all(self) -> None:
+        for heal in sorted(self.heals):
+            heal[2]()
+        self.heals = []
+
+    def _begin(self, kind: str, **fields: Any) -> int:
+        self.count += 1
+        self.history.record("fault", kind=kind, id=self.count, phase="begin", **fields)
+        return self.count
+
+    def _end(self, kind: str, ident: int) -> None:
+        self.history.record("fault", kind=kind, id=ident, phase="end")
+
+    def _later(self, seconds: float, what: str, fn: Callable[[], None]) -> None:
+        self.heals.append((time.monotonic() + seconds, what, fn))
+
+    def _kill(self) -> None:
+        live = self.fleet.live()
+        if live:
+            self.fleet.kill(self.rng.choice(live))
+
+    def _stop(self) -> None:
+        live = self.fleet.live()
+        if not live:
+            return
+        pid = self.rng.choice(live)
+        seconds = self.rng.uniform(0.5, 8)
+        self.fleet.stop(pid)
+
+        def cont() -> None:
+            with contextlib.suppress(StopIteration, AssertionError):
+                self.fleet.cont(pid)
+
+        self._later(seconds, "cont", cont)
+
+    def _redis_kill(self) -> None:
+        if "redis" in self.busy:
+            return
+        self.busy.add("redis")
+        seconds = self.rng.uniform(0.5, 3)
+        ident = self._begin("redis-kill")
+        self.server.stop()
+
+        def restart() -> None:
+            self.server.start()
+            self._end("redis-kill", ident)
+            self.busy.discard("redis")
+
+        self._later(seconds, "redis", restart)
+
+    def _redis_pause(self) -> None:
+        if "redis" in self.busy:
+            return
+        self.busy.add("redis")
+        seconds = self.rng.uniform(0.5, 4)
+        if self.rng.random() < 0.5:
+            ident = self._begin("redis-pause", how="DEBUG SLEEP")
+            client = redis.Redis(port=self.server.port, socket_timeout=seconds + 30, socket_connect_timeout=5)
+
+            def sleep() -> None:
+                try:
+                    client.execute_command("DEBUG", "SLEEP", f"{seconds:.2f}")
+                finally:
+                    client.close()
+                    self._end("redis-pause", ident)
+                    self.busy.discard("redis")
+
+            threading.Thread(target=sleep, name="redis-sleep", daemon=True).start()
+            return
+        assert self.server.proc is not None
+        pid = self.server.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        ident = self._begin("redis-pause", how="SIGSTOP")
+
+        def cont() -> None:
+            self._end("redis-pause", ident)  # before the signal, as Fleet.cont does
+            os.kill(pid, signal.SIGCONT)
+            self.busy.discard("redis")
+
+        self._later(seconds, "redis", cont)
+
+    def _pg_restart(self) -> None:
+        if "pg" in self.busy:
+            return
+        self.busy.add("pg")
+        seconds = self.rng.uniform(0.5, 3)
+        ident = self._begin("pg-restart")
+        self.cluster.stop("immediate")
+
+        def start() -> None:
+            self.cluster.start()
+            self._end("pg-restart", ident)
+            self.busy.discard("pg")
+
+        self._later(seconds, "pg", start)
