@@ -118,3 +118,23 @@ def describe(client: Any) -> Optional[str]:
     scheme = "rediss+sentinel" if pool.connection_kwargs.get("ssl") or "SSL" in pool.connection_class.__name__ \
         else "redis+sentinel"
     return f"{scheme}://{hosts}/{pool.service_name}/{pool.connection_kwargs.get('db', 0)}"
+
+
+def discover_master(client: Any, timeout_ms: float) -> tuple[str, int]:
+    """The address of the master that a Sentinel client's sentinels name now, each asked within
+    ``timeout_ms`` and once (not with their clients' own timeouts and retries)."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    pool = client.connection_pool
+    manager = pool.sentinel_manager
+    seconds = timeout_ms / 1000
+    kwargs = {**manager.sentinel_kwargs, "socket_timeout": seconds, "socket_connect_timeout": seconds,
+              "retry": Retry(NoBackoff(), 0)}
+    probe = Sentinel([_address(s) for s in manager.sentinels], sentinel_kwargs=kwargs)
+    try:
+        host, port = probe.discover_master(pool.service_name)
+        return str(host), int(port)
+    finally:
+        for sentinel in probe.sentinels:
+            sentinel.close()

@@ -48,3 +48,14 @@ def test_identity_names_the_server_or_the_service():
     assert identity(one) != identity(a)
     assert not is_sentinel_url("redis://h/0") and is_sentinel_url("redis+sentinel://h/svc")
     assert describe(a) is None
+
+
+def test_sentinels_that_name_no_master_are_said_so_at_the_check():
+    """setup()'s check asks each sentinel once within check_timeout (not with their clients' own five
+    seconds and retries) and says that no sentinel named a master, without a wall of client reprs."""
+    from dramatiq_unique import RedisUnavailable
+    from dramatiq_unique.redis.checks import ping
+
+    with pytest.raises(RedisUnavailable, match="no sentinel named a master of service 'svc' within 500 ms") as error:
+        ping(redis_client("redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc/0"), 500, "Redis")
+    assert len(str(error.value)) < 300
