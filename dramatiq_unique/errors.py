@@ -102,8 +102,10 @@ class RedisPermissionDenied(RedisUnavailable):
 
 
 def permission_refused(error: Any) -> bool:
-    """Whether ``error`` (a Redis error, or its text) is a refusal by the user's ACL."""
-    return NOPERM in str(error)
+    """Whether ``error`` (a Redis error, or its text) is a refusal by the user's ACL: redis-py's
+    ``NoPermissionError`` drops the ``NOPERM`` code from its text, a script's reply keeps it."""
+    text = str(error)
+    return NOPERM in text or type(error).__name__ == "NoPermissionError" or "user has no permissions" in text
 
 
 class UnsupportedVersion(DependencyUnavailable):
