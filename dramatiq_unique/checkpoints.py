@@ -19,7 +19,7 @@ from typing import Any, Callable, TypeVar
 from dramatiq_unique.context import JobContext, require
 from dramatiq_unique.errors import LockLost, NotSerializable
 from dramatiq_unique.observe import events
-from dramatiq_unique.storage import jobs, statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import dumps
 
 T = TypeVar("T")
@@ -63,7 +63,7 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
     done[name] = stored
     with jobs.db_errors(f"recording step {name!r} of job {job.message_id}"):
-        recorded = statements.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
+        recorded = jobs.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
     if not recorded:
         events.fenced_out(job, "checkpoint")
         raise LockLost(f"job {job.message_id} was started again by a newer attempt; step {name!r} not recorded")

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq_unique.errors import NotInJob
-from dramatiq_unique.storage.statements import PARTIAL
+from dramatiq_unique.storage.jobs import PARTIAL
 from dramatiq_unique.storage.stores import STORE
 
 if TYPE_CHECKING:

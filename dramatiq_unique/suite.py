@@ -19,7 +19,7 @@ from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
-from dramatiq_unique.storage import poolers, prepared
+from dramatiq_unique.storage import poolers, queries
 from dramatiq_unique.storage import stores as _stores
 from dramatiq_unique.storage.database import check as check_database
 from dramatiq_unique.storage.database import describe
@@ -78,7 +78,7 @@ class Settings:
     #: Rows a re-drive pass handles per page.
     redrive_page_size: int = 500
     #: Whether the hot statements (send, start, outcome, parking moves) are prepared once per PostgreSQL
-    #: connection (psycopg2: :mod:`dramatiq_unique.storage.prepared`; psycopg 3: its ``prepare_threshold``);
+    #: connection (psycopg2: :mod:`dramatiq_unique.storage.queries`; psycopg 3: its ``prepare_threshold``);
     #: None: prepared unless the database is behind a pooler in transaction mode, where True is refused
     #: (:mod:`dramatiq_unique.storage.poolers`).
     prepared_statements: Optional[bool] = None
@@ -193,7 +193,7 @@ class Suite:
         self.db = databases[0]
         self._check_stores()  # fail fast, naming the server
         for db in databases:  # not behind a pooler in transaction mode (storage/poolers.py)
-            prepared.enable(db, prepare and not poolers.configure(db, self.settings.prepared_statements))
+            queries.enable(db, prepare and not poolers.configure(db, self.settings.prepared_statements))
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of

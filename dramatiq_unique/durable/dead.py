@@ -33,7 +33,7 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import claims, lookup
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import DuplicateJob, JobStateError, RedisUnavailable
-from dramatiq_unique.storage import jobs, statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.enqueue import queue_lock_ttl, take_queue_lock
@@ -169,7 +169,7 @@ def retry_job(
             jobs.unclaim_sends(table, [row.id], PENDING)
             logger.warning("Could not send job %s again (%s): left pending for the re-drive.", job.message_id, e)
         else:
-            statements.record_refs(table, {row.id: broker_ref(sent)})
+            jobs.record_refs(table, {row.id: broker_ref(sent)})
         return jobs.get(table, id=row.id) or row
 
 
@@ -187,7 +187,7 @@ def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str]
                 claimed = list(update.execute())
         except pw.IntegrityError:
             assert key is not None  # only the hold has a unique index that this UPDATE touches
-            found = statements.holder(table, key, job.app)
+            found = jobs.read_holder(table, key, job.app)
             if found is None:
                 continue  # it let the key go meanwhile
             if jobs.holder(table, key, window, job.app) is None:  # sent longer than unique_window ago

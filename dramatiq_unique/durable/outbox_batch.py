@@ -71,21 +71,21 @@ def _claim(model: type["JobModel"], held: list[Held], refs: list[str]) -> dict[s
     values: dict[str, Any] = {"queued": JobStatus.QUEUED.value, "pending": JobStatus.PENDING.value,
                               "now": model.enqueued_at.db_value(utcnow())}
     if is_postgres(db):
-        statement = queries.render(model, "claim_held")
+        query = queries.statement(model, "claim_held")
         values.update(ids=[row_id for row_id, _, _, _ in held], message_ids=[m.message_id for _, _, _, m in held],
                       revisions=[revision for _, revision, _, _ in held], stamps=[stamp for _, _, stamp, _ in held],
                       refs=refs)
         if is_psycopg3(db):  # once per batch: a plan kept for it only costs (see the query's comment)
             cursor = db.cursor()
-            cursor.execute(statement.sql, statement.params(values), prepare=False)
+            cursor.execute(query.sql, values, prepare=False)
         else:
-            cursor = db.execute_sql(statement.sql, statement.params(values))
+            cursor = db.execute_sql(query.sql, values)
         return {ref: row_id for (row_id, ref) in cursor.fetchall()}
-    statement = queries.render(model, "claim_one_held")
+    query = queries.statement(model, "claim_one_held")
     claimed: dict[str, int] = {}
     with db.atomic():
         for (row_id, revision, stamp, message), ref in zip(held, refs, strict=True):
             values.update(id=row_id, message_id=message.message_id, revision=revision, stamp=stamp, ref=ref)
-            if db.execute_sql(statement.sql, statement.params(values)).rowcount:
+            if db.execute_sql(query.sql, values).rowcount:
                 claimed[ref] = row_id
     return claimed

@@ -53,7 +53,7 @@ from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events, metrics_on
 from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.storage import history, jobs, statements
+from dramatiq_unique.storage import history, jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 from dramatiq_unique.storage.stores import CONNECTION_ERRORS, unreachable
 
@@ -212,7 +212,7 @@ class _Pass:
                 break
             refs[row.id] = sent.options.get("redis_message_id") or row.message_id
             self.counts.deferred += deferral.was_deferred(row)
-        statements.record_refs(model, refs)  # a ref set meanwhile is newer: kept
+        jobs.record_refs(model, refs)  # a ref set meanwhile is newer: kept
         return len(refs)
 
     # -- 3. lost jobs ---------------------------------------------------------------

@@ -17,7 +17,7 @@ stays small:
   copy dropped) are not failures: :func:`dramatiq_unique.guard.own_skip` tells them apart.
 * A second delivery of a job whose attempt is still running (a dead-worker requeue,
   a broker redelivery, a stale copy) must not run beside it.  Its start is refused
-  (:func:`dramatiq_unique.storage.statements.start`), and rather than being dropped, which would
+  (:func:`dramatiq_unique.storage.jobs.start`), and rather than being dropped, which would
   leave the job to the re-drive should the live attempt die, the copy is sent again,
   delayed until the live attempt's lease has run out: if that attempt finished by
   then, the copy is dropped as a finished job's; if it died, the copy runs the job.

@@ -24,7 +24,7 @@ from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import slot_group
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import HeldSlot, declared_limit, gate_of, group_key, has_slots, ttl_of
-from dramatiq_unique.storage import jobs, parking_statements, statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import after_ms
 from dramatiq_unique.suite import ActorConfig, Suite
 
@@ -138,7 +138,7 @@ class ConcurrencySlots(Middleware):
             if not entered:
                 if started is not None:  # its start is undone: it waits parked, as not started
                     with jobs.db_errors(f"parking job {message.message_id}"):
-                        parking_statements.unstart(config.model, started, group)
+                        jobs.unstart(config.model, started, group)
                 self._park(config, message, group, ttl if wait < 0 else wait)
             if started is not None:
                 started = self._still_ours(config, message, group, token, started)
@@ -159,7 +159,7 @@ class ConcurrencySlots(Middleware):
         past the lease): the message is dropped and the slot handed on."""
         lease = after_ms(float(config.get(message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)))
         with jobs.db_errors(f"starting job {message.message_id}"):
-            renewed = statements.update_fenced(config.model, started.id, started.fencing_token, {"lease_until": lease})
+            renewed = jobs.update_fenced(config.model, started.id, started.fencing_token, {"lease_until": lease})
         if renewed:
             started.__data__["lease_until"] = lease
             return started

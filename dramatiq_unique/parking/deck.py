@@ -10,7 +10,7 @@ other wakers skip it while its reservation lasts.
 
 When a holder here leaves, the first row on deck is *started* in the
 database by a compare-and-set on what its reservation read
-(:func:`dramatiq_unique.storage.parking_statements.start_reserved`: still pending, reserved
+(:func:`dramatiq_unique.storage.jobs.start_reserved`: still pending, reserved
 by us under the same broker id, revision and fencing token; the start
 draws the next token).  Only then are the slot passed to it and its
 message, rebuilt from the row the start returned, written for this
@@ -21,7 +21,7 @@ another process (this one stalled past the reservation, or the other's
 clock runs ahead) fails the compare-and-set: nothing is delivered from
 the deck, the row goes back to the queue the usual way, and no fencing
 token goes to two attempts.  A start whose slot cannot be passed is
-undone (:func:`~dramatiq_unique.storage.parking_statements.unstart`).  The next rows are
+undone (:func:`~dramatiq_unique.storage.jobs.unstart`).  The next rows are
 reserved after the delivery: one synchronous commit and one Redis call
 on the critical path of a hand-over.
 
@@ -60,7 +60,7 @@ from dramatiq_unique.observe import events
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.places import Places, max_wait, place_of
-from dramatiq_unique.storage import parking_statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class OnDeck:
             late = None
             rows: list[JobModel] = []
             try:
-                row = parking_statements.reserve(
+                row = jobs.reserve(
                     info.model, group, info.order_by, self.marker, info.ttl_ms, app=self.parking.suite.app
                 )
                 rows = [] if row is None else [row]
@@ -173,7 +173,7 @@ class OnDeck:
         started = None
         if (time.monotonic() - deck.since) * 1000 < max_wait(info):  # else its reservation may be running out
             try:  # verified and started before anything is delivered: a stale reservation starts nothing
-                started = parking_statements.start_reserved(
+                started = jobs.start_reserved(
                     info.model, row, self.marker, f"{parking.suite.worker_id}:woken", info.start.lease_ms
                 )
             except Exception:
@@ -230,7 +230,7 @@ class OnDeck:
         model = info.model
         try:
             if started is not None:
-                parking_statements.unstart(model, started, group)
+                jobs.unstart(model, started, group)
             model.update(worker=None, lease_until=None).where(
                 (model.id == row.id) & (model.status == JobStatus.PENDING.value) & (model.worker == self.marker)
             ).execute()

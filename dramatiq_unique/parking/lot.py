@@ -78,7 +78,7 @@ from dramatiq_unique.parking.flags import Flags, Watchdog
 from dramatiq_unique.parking.gates import KEPT, NOT_HELD, WAKE, Gate, gate_ttl
 from dramatiq_unique.parking.prestart import Started
 from dramatiq_unique.parking.waking import DEFAULT_PAGE, Waking
-from dramatiq_unique.storage import jobs, parking_statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, utcnow
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ class Parking(Waking):
         reserved = marker.pop(WAKE, None)
         marker[events.PARKED_AT] = events.now_ms()  # the wait's start, read when it takes up its gate
         options = job_options(message.options, marker)
-        place = parking_statements.park(model, job_id, revision, group, options, utcnow())
+        place = jobs.park(model, job_id, revision, group, options, utcnow())
         if place is None:
             return False
         if isinstance(reserved, dict) and reserved.get("g") != group:

@@ -15,7 +15,7 @@ import peewee as pw
 
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.parking.groups import LOCK, SLOT
-from dramatiq_unique.storage import jobs, parking_statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique.enqueue import row_fields
 
@@ -32,7 +32,7 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
     that ran out between them looked neither due nor reserved, and its row was stranded.
     """
     model, now = info.model, utcnow()
-    clock = pw.SQL(parking_statements.db_now(model._meta.database))  # reservations run by the database's clock
+    clock = pw.SQL(jobs.db_now(model._meta.database))  # reservations run by the database's clock
     free = model.lease_until.is_null() | (model.lease_until <= clock)
     row: Any = model.select(  # a tuple (.tuples()), which peewee's hints call a model
         pw.fn.COUNT(pw.Case(None, [(free, 1)], None)), pw.fn.MIN(pw.Case(None, [(free, None)], model.lease_until)),
@@ -68,18 +68,18 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
 # -- reservations (deck.py) ----------------------------------------------------------
 #
 # A reservation's lease is written and read by the database's clock
-# (parking_statements.db_now), so processes whose clocks disagree agree on when it ends.
+# (jobs.db_now), so processes whose clocks disagree agree on when it ends.
 # Safety does not rest on any clock: a reserved row is started by a compare-and-set
-# on what its reservation read (parking_statements.start_reserved), which fails once anyone else has
+# on what its reservation read (jobs.start_reserved), which fails once anyone else has
 # claimed, started, re-parked or replaced it.
 
 
 def reserve_many(info: "GroupInfo", group: str, marker: str, count: int, *, app: str) -> list[JobModel]:
-    """Up to ``count`` rows reserved (:func:`~dramatiq_unique.storage.parking_statements.reserve`),
+    """Up to ``count`` rows reserved (:func:`~dramatiq_unique.storage.jobs.reserve`),
     each for the group's slot lease."""
     rows: list[JobModel] = []
     for _ in range(count):
-        found = parking_statements.reserve(info.model, group, info.order_by, marker, info.ttl_ms, app=app)
+        found = jobs.reserve(info.model, group, info.order_by, marker, info.ttl_ms, app=app)
         if found is None:
             break
         rows.append(found)

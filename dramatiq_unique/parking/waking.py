@@ -23,7 +23,7 @@ from dramatiq_unique.observe import events
 from dramatiq_unique.parking import rows
 from dramatiq_unique.parking.gates import KEPT, RELEASED, WAKE, Gate, GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import kind_of
-from dramatiq_unique.storage import parking_statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus, after_ms, utcnow
 
 if TYPE_CHECKING:
@@ -83,8 +83,8 @@ class Waking:
                     if grant is None:  # nothing was sent: a start the claim wrote is undone too
                         if row.status == JobStatus.RUNNING.value:
                             self.started.take(row.message_id, row.revision)
-                            parking_statements.unstart(info.model, row, group)
-                        parking_statements.unclaim(info.model, row, group)
+                            jobs.unstart(info.model, row, group)
+                        jobs.unclaim(info.model, row, group)
                         return None
                     token = grant
                     if row.status == JobStatus.QUEUED.value:  # it waits in the broker, holding the gate
@@ -97,7 +97,7 @@ class Waking:
                         self.delivery.send(rebuild(row, {WAKE: wake}), row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
-                        parking_statements.unclaim(info.model, row, group)
+                        jobs.unclaim(info.model, row, group)
                         raise
                     return row
                 # Nobody left: clear the flag, then look again (a waiter flags after it parks).
@@ -173,7 +173,7 @@ class Waking:
         if info.start is not None and self.delivery.local and self.delivery.worker is not None:
             # Delivered to this process's worker: the claim starts the attempt too.
             start = (after_ms(info.start.lease_ms, now), f"{self.suite.worker_id}:woken", info.start.release_hold)
-        row = parking_statements.claim_parked(
+        row = jobs.claim_parked(
             info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app
         )
         if row is not None and start is not None and row.status == JobStatus.RUNNING.value:

@@ -6,7 +6,7 @@ Two ways to insert a row holding a key on PostgreSQL, measured on this project's
 * a plain INSERT, which the unique index refuses on a clash; the holder is then read by a
   second statement: a refused duplicate costs two round trips;
 * one statement that inserts with ``ON CONFLICT DO NOTHING`` and reads the holder unless it
-  inserted (:func:`dramatiq_unique.storage.statements.insert_or_holder`): a refused duplicate
+  inserted (:func:`dramatiq_unique.storage.jobs.insert_or_holder`): a refused duplicate
   costs one round trip, but every new row about 23 us more of the server's CPU (35 us of wall
   time a send) for the speculative insertion.
 

@@ -1,7 +1,7 @@
 """Opening the job database: URLs, the driver, timeouts, reconnects and clear set-up errors.
 
 The driver.  A PostgreSQL URL is opened with psycopg2, whose hot
-statements :mod:`dramatiq_unique.storage.prepared` prepares once per
+statements :mod:`dramatiq_unique.storage.queries` prepares once per
 connection.  psycopg 3 was measured against it (issue 16 part 3,
 tests/benchmarks/README.md): the same on single statements, about 30%
 slower on ``send_many``'s batches, so the URL keeps psycopg2 (psycopg 3
@@ -37,9 +37,8 @@ Timeouts.  A PostgreSQL URL gets ``connect_timeout`` (a server that takes
 the connection but never answers its start-up), ``statement_timeout``
 (a statement the server does not finish), and TCP keepalives with
 ``tcp_user_timeout`` (a server or network that died under an open
-connection).  A parameter the URL sets itself wins.  A pooler that refuses the
-``options`` start-up parameter (PgBouncer) gets ``SET LOCAL statement_timeout``
-with each statement instead (:mod:`dramatiq_unique.storage.poolers`).
+connection).  A parameter the URL sets itself wins; through a pooler that refuses ``options``, each
+statement gets ``SET LOCAL statement_timeout`` instead (:mod:`dramatiq_unique.storage.poolers`).
 """
 
 from __future__ import annotations
@@ -94,6 +93,11 @@ class ReconnectingPostgresqlDatabase(ReconnectMixin, BoundedPostgresqlDatabase):
     """A PostgreSQL database whose threads replace a dead connection on their next statement."""
 
     reconnect_errors = RECONNECT_ERRORS
+
+
+def is_postgres(db: pw.Database) -> bool:
+    """Whether ``db`` is a PostgreSQL database (any driver)."""
+    return isinstance(db, pw.PostgresqlDatabase)
 
 
 def _prepare_setting(db: pw.Database, prepared: bool) -> None:

@@ -57,20 +57,15 @@ def draw(model: type["JobModel"], key: str, job_id: Optional[int] = None) -> int
     a draw that is not followed by its revocation (a crash, an error) runs
     no job, and the next draw of the key revokes the same rows.
     """
-    db = model._meta.database
     values = {"key": key, "own": -1 if job_id is None else int(job_id), "running": JobStatus.RUNNING.value}
-    if is_postgres(db):
-        statement = queries.render(model, "draw_and_revoke", token="drawn_token")
-        return int(db.execute_sql(statement.sql, statement.params(values)).fetchone()[0])
-    statement = queries.render(model, "draw_token")
-    values["token"] = token = int(db.execute_sql(statement.sql, statement.params(values)).fetchone()[0])
-    statement = queries.render(model, "revoke_older", token="given_token")
-    db.execute_sql(statement.sql, statement.params(values))
+    if is_postgres(model._meta.database):
+        return int(queries.run(model, "draw_and_revoke", values).fetchone()[0])
+    values["token"] = token = int(queries.run(model, "draw_token", values).fetchone()[0])
+    queries.run(model, "revoke_older", values)
     return token
 
 
 def current(db: pw.Database, key: str) -> int:
     """The newest token handed out for ``key`` (0 if none): for inspection and tests."""
-    statement = queries.render_on(db, "current_token")
-    row = db.execute_sql(statement.sql, statement.params({"key": key})).fetchone()
+    row = queries.execute(db, queries.on(db, "current_token"), {"key": key}).fetchone()
     return 0 if row is None else int(row[0])

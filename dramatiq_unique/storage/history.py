@@ -11,8 +11,9 @@ attempt follows), or ``lost`` (the re-drive found it gone); ``error`` is the fir
 ``last_error``).  Times are naive UTC, as every time of the row.
 
 The entry is appended by the statement that writes the attempt's outcome, in SQL (queries.sql:
-history_append), so it costs no read and no statement of its own; only the last :data:`MAX_ENTRIES`
-are kept, so a job retried for ever cannot grow its row without bound.
+update_fenced_with_history, or history_append in peewee's writes), so it costs no read and no statement
+of its own; only the last :data:`MAX_ENTRIES` are kept, so a job retried for ever cannot grow its row
+without bound.
 """
 
 from __future__ import annotations
@@ -44,11 +45,10 @@ def entry(*, attempt: int, started_at: Any, finished_at: Any, status: str, error
 
 
 def values(item: dict[str, Any], keep: int = MAX_ENTRIES) -> dict[str, Any]:
-    """The parameters of queries.sql's history_append."""
+    """The parameters of queries.sql's history_append and update_fenced_with_history."""
     return {"entry": dumps(item), "keep": max(1, int(keep))}
 
 
 def append(model: type[pw.Model], item: dict[str, Any], keep: int = MAX_ENTRIES) -> pw.Node:
     """The new value of ``history`` with ``item`` appended, for a peewee UPDATE (the re-drive's writes)."""
-    statement = queries.render(model, "history_append")
-    return pw.SQL(statement.sql, statement.params(values(item, keep)))
+    return queries.fragment(model, "history_append", values(item, keep))

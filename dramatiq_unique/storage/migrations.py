@@ -81,7 +81,7 @@ def _to_v1(model: Model, names: set[str]) -> list[Step]:
     steps = []
     if APP_COLUMN not in names:
         steps.append(Step(f"add column {APP_COLUMN} VARCHAR(255) NOT NULL DEFAULT ''",
-                          lambda: db.execute_sql(queries.text(model, "add_app_column"))))
+                          lambda: db.execute_sql(queries.statement(model, "add_app_column").sql)))
     steps.append(Step("create the model's indexes that are missing (app first)",
                       lambda: model._schema.create_indexes(safe=True)))  # type: ignore[attr-defined]
     wanted = {tuple(columns) for columns, _ in model._meta.indexes}

@@ -23,8 +23,9 @@ from typing import Any, Iterable, Optional, cast
 import peewee as pw
 
 from dramatiq_unique.storage import schema
-from dramatiq_unique.storage.database import (  # noqa: F401  (models.open_database for callers)
+from dramatiq_unique.storage.database import (  # noqa: F401  (models.open_database, is_postgres for callers)
     DEFAULT_SQLITE_PRAGMAS,
+    is_postgres,
     open_database,
 )
 
@@ -54,7 +55,7 @@ class JobStatus(str, enum.Enum):
 #: States in which a job still waits for an attempt.
 WAITING = (JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RETRYING.value)
 #: States a job never leaves (but :func:`dramatiq_unique.retry_job` sends a failed one again).
-#: storage/statements.py passes FINISHED[0] and FINISHED[1] to queries.sql by position: keep their order.
+#: storage/jobs.py passes FINISHED[0] and FINISHED[1] to queries.sql as %(succeeded)s and %(failed)s: keep their order.
 #: A cancelled row needs no place there: cancelling bumps its revision, which no message carries.
 FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 
@@ -151,7 +152,7 @@ class JobModel(pw.Model):
     class Meta:
         table_name = "dramatiq_unique_jobs"
         # Each starts with app: a pass reads its own app's rows only, a waker its own app's
-        # parked rows (parking_statements.py), and the holds of two apps never collide (see durable/scope.py;
+        # parked rows (the parking moves of jobs.py), and the holds of two apps never collide (see durable/scope.py;
         # schema.py replaces the indexes of older tables).
         indexes = (
             (("app", "status", "process_after"), False),
@@ -159,7 +160,7 @@ class JobModel(pw.Model):
             (("app", "finished_at"), False),
             (("app", "unique_hold"), True),
             (("app", "idempotency_hold"), True),
-            # With created_at: a group's next job (the queue_head block of queries.sql) is read in order and
+            # With created_at: a group's next job (the queue head of queries.sql's claims) is read in order and
             # the scan stops at the first due one; without it, PostgreSQL's generic plan of the
             # prepared claim scanned all the app's pending rows for the sort (measured).
             (("app", "parked_on", "created_at"), False),
@@ -215,10 +216,6 @@ def bound_limits(db: pw.Database) -> type[LimitModel]:
 
 def base_field_names() -> frozenset[str]:
     return frozenset(JobModel._meta.fields)
-
-
-def is_postgres(db: pw.Database) -> bool:
-    return isinstance(db, pw.PostgresqlDatabase)
 
 
 def create_tables(db: pw.Database, models: Iterable[type[JobModel]]) -> None:

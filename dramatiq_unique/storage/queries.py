@@ -1,97 +1,115 @@
-"""The suite's raw SQL, read once from ``queries.sql`` and rendered per table and dialect.
+"""The suite's raw SQL: the named statements of ``queries.sql``, rendered per job table and run.
 
 The hot statements (a send, an attempt's start, its outcome, the parking
 moves) skip peewee's query builder, which costs more Python time than the
-round trip it makes (:mod:`dramatiq_unique.storage.statements` says how
-much).  Their text lives in one file, as Procrastinate keeps its own: a
-block per statement, named by a ``-- name:`` line and described by the
-comment lines under it.  A block whose name ends in ``(postgresql)`` or
-``(sqlite)`` is that dialect's variant; a block without one serves both.
+round trip it makes.  Their text lives in one file, as Procrastinate keeps
+its own: each statement written out in full under a ``-- name: … --``
+header, with a ``(postgresql)`` or ``(sqlite)`` variant where the dialects
+differ, and its description on the comment lines under the header.
 
-What a block may hold besides SQL, and what it renders to:
+A statement names no table or column that varies by deployment except
+through these identifiers, substituted once per job table (``{jobs}``,
+``{fences}``, ``{columns}``), or per call where the caller names the
+columns (the rest; a column name is a word, ``\\w+``)::
 
-``{jobs}``, ``{fences}``
-    the job table (with its schema) and the fencing-token table, quoted;
-``{columns}``, ``{jobs_columns}``
-    every column of the model, plain or qualified by the job table (a
-    model may add columns: a RETURNING of the whole row names them all);
-``{block}``
-    another block, in the same dialect; ``{slot}`` a block the caller
-    names at render time (``slot="block"``, or ``("block", n)`` for ``n``
-    copies joined by commas);
-``[a | b]``
-    a value of a conditional write: ``a`` alone, or, when the caller names a
-    ``guard`` block, ``CASE WHEN <guard> THEN a ELSE b END`` (a start that
-    only some rows take, yet writes the same list as every other start);
-``"column"``
-    an identifier, quoted as the database quotes them;
-``%(name)s``
-    a parameter: rendered as the database's parameter mark, in order, and
-    filled by name (:meth:`Statement.params`), so a statement's parameter
-    order is written down once, in the SQL.
+    {jobs}         the job table, quoted, in its schema
+    {fences}       the fencing-token table
+    {columns}      every column of the model, qualified by the table's name:
+                   a RETURNING of the whole row, whatever columns a model adds
+    {order_by}     the column the caller serves a queue by
+    {fields}       the columns the call writes, quoted
+    {values}       their parameters, %(column)s each
+    {assignments}  "column" = %(column)s for each
+    {rows}         (a batch's INSERT) one ({values}) per row
 
-Rendered text is kept per (statement, model, slots, dialect, table): the
-database's part by what the text depends on, not by ``id(database)``, which
-a new Database object may reuse after the old one is gone.
+A column's parameter is named by the column: a statement's own parameter
+of the same name (``insert_or_holder``'s ``%(app)s``) reads the same value.
+There is nothing else: no blocks included in others, no choices made at
+render time.  A statement that must repeat another's text repeats it, and
+tests/unit/storage/test_queries.py checks that the copies agree.
+
+Parameters are written ``%(name)s`` and given as a dict, which may hold
+more than the statement reads.  psycopg2 and psycopg 3 take that style as
+it is; for SQLite each mark is rewritten once, when the statement is
+rendered, to ``:name``, the named style of sqlite3, which takes the same
+dict (peewee's own marks, ``?`` and ``%s``, are positional: named ones let
+a statement read a value twice and keep the order written once, in the
+SQL).  Two exceptions: a batch's ``{rows}`` take the driver's positional
+marks and a flat list of values, row after row (thousands of values,
+named by nothing); and an expression embedded in a peewee query
+(:func:`fragment`) takes peewee's marks, as the rest of that query does.
+
+Preparing, psycopg2 (:func:`execute`).  A statement prepared on the
+connection costs the server less CPU than the same text parsed and planned
+each time (tests/benchmarks/README.md), and a tracked job makes three on
+its hot path (send, start, outcome).  Each connection (peewee keeps one
+per thread) prepares a statement the first time it runs it, outside a
+transaction of the caller's (a failed PREPARE would abort it).  A statement
+the server will not prepare (a parameter whose type it cannot infer) is
+sent as text from then on.  A connection whose prepared
+statements went (a pooler's ``DISCARD ALL``, a reconnect: names are kept
+per connection object) prepares again on "prepared statement ... does not
+exist".  psycopg 3 prepares by itself after ``prepare_threshold`` runs, so
+its statements go straight to it; ``prepared_statements=False`` in
+:func:`dramatiq_unique.setup` turns both off.
+
+Names.  A prepared statement is named by a hash of its exact text
+(``dramatiq_unique_`` and 32 hex digits of BLAKE2b; no parameter types are
+declared, the server infers them from the text), never by the order a
+process first ran it: two processes that share a server connection through
+a pooler then give one name to one statement only, and a name found
+prepared already (``already exists``) is that same statement.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Sequence
 
 import peewee as pw
+
+from dramatiq_unique.storage.database import is_postgres, is_psycopg3
 
 #: A peewee model class with a job table (this module imports no model: the schema uses it too).
 Model = type[pw.Model]
 
-#: The file of named queries, next to this module (for messages).  It is package data, read
+#: The file of named statements, next to this module (for messages).  It is package data, read
 #: through importlib.resources as redis/lua.py reads the scripts: a zipped install has no file.
 PATH = "dramatiq_unique/storage/queries.sql"
 #: The fencing-token table (:mod:`dramatiq_unique.storage.fencing`).
 FENCES = "dramatiq_unique_fences"
+#: Prefix of the prepared statements' names.
+PREFIX = "dramatiq_unique_"
 
-_HEADER = re.compile(r"^-- name: (\w+)(?: \((postgresql|sqlite)\))?\s*$")
-_PLACE = re.compile(r"\{(\w+)\}")
+_HEADER = re.compile(r"^-- name: (\w+)(?: \((postgresql|sqlite)\))? --[ \t]*$", re.M)
 _PARAM = re.compile(r"%\((\w+)\)s")
-_IDENT = re.compile(r'"(\w+)"')
-_CHOICE = re.compile(r"\[([^\[\]|]+)\|([^\[\]|]+)\]")
-
-Slot = Union[str, tuple[str, int]]
+_IDENTIFIER = re.compile(r"\{(jobs|fences|columns|order_by|fields|values|assignments|rows)\}")
+_WORD = re.compile(r"\w+")
 
 
-def is_postgres(db: pw.Database) -> bool:
-    return isinstance(db, pw.PostgresqlDatabase)
+def parse(text: str) -> dict[tuple[str, Optional[str]], str]:
+    """The statements of a queries file: {(name, dialect or None): the SQL, its lines joined by spaces}."""
+    split = _HEADER.split(text)  # the preamble, then (name, dialect, body) again and again
+    found: dict[tuple[str, Optional[str]], str] = {}
+    for name, dialect, body in zip(split[1::3], split[2::3], split[3::3], strict=True):
+        lines = [line.strip() for line in body.splitlines()]
+        sql = " ".join(line for line in lines if line and not line.startswith("--"))
+        if not sql or (name, dialect) in found:
+            raise ValueError(f"{PATH}: statement {name} ({dialect or 'both dialects'}) is empty or written twice")
+        found[(name, dialect)] = sql
+    return found
+
+
+STATEMENTS = parse(resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8"))
 
 
 def dialect_of(db: pw.Database) -> str:
     return "postgresql" if is_postgres(db) else "sqlite"
-
-
-def parse(text: str) -> dict[tuple[str, Optional[str]], str]:
-    """The blocks of a queries file: {(name, dialect or None): body on one line}."""
-    blocks: dict[tuple[str, Optional[str]], list[str]] = {}
-    body: Optional[list[str]] = None
-    for line in text.splitlines():
-        header = _HEADER.match(line)
-        if header:
-            key = (header.group(1), header.group(2))
-            if key in blocks:
-                raise ValueError(f"{PATH}: query {key} is defined twice")
-            body = blocks[key] = []
-        elif line.startswith("--") or not line.strip():
-            continue  # a description, or a blank line between blocks
-        elif body is None:
-            raise ValueError(f"{PATH}: SQL before the first '-- name:' line: {line!r}")
-        else:
-            body.append(line.strip())
-    return {key: " ".join(lines) for key, lines in blocks.items()}
-
-
-BLOCKS = parse(resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8"))
 
 
 def quote(db: pw.Database, name: str) -> str:
@@ -105,102 +123,184 @@ def table(db: pw.Database, name: str, schema: Optional[str] = None) -> str:
     return f"{quote(db, schema)}.{quote(db, name)}" if schema else quote(db, name)
 
 
-def jobs_table(model: Model) -> str:
-    """The model's job table, quoted and in its schema."""
-    meta = model._meta
-    return table(meta.database, meta.table_name, meta.schema)
-
-
-def dialect_key(model: Model) -> tuple:
-    """What a statement's text depends on besides the statement itself."""
-    meta, db = model._meta, model._meta.database
-    return (meta.table_name, meta.schema, db.param, tuple(db.quote), is_postgres(db))
-
-
 @dataclass(frozen=True)
-class Statement:
-    """A rendered query: its text and the names of its parameters, in order."""
+class Query:
+    """A statement rendered for one job table and dialect: its text, and how it runs prepared."""
 
+    name: str
     sql: str
-    names: tuple[str, ...]
+    #: The name of the prepared statement (a hash of :attr:`prepare_sql`), its text with ``$n`` marks,
+    #: and the ``EXECUTE`` that runs it with the same parameters as :attr:`sql`.  PostgreSQL only.
+    prepared_name: str = ""
+    prepare_sql: str = ""
+    execute_sql: str = ""
+    #: The parameters, by name, in the order of their first mark.
+    params: tuple[str, ...] = field(default=())
 
-    def params(self, values: Mapping[str, Any]) -> list[Any]:
-        """The statement's parameters, in order, from ``values`` by name."""
-        return [values[name] for name in self.names]
+    @classmethod
+    def of(cls, name: str, sql: str, postgres: bool) -> "Query":
+        """``sql`` (``%(name)s`` marks, identifiers substituted) made ready for its dialect."""
+        params = tuple(dict.fromkeys(_PARAM.findall(sql)))
+        if not postgres:
+            return cls(name, _PARAM.sub(r":\1", sql), params=params)
+        number = {param: n for n, param in enumerate(params, 1)}
+        prepare = _PARAM.sub(lambda m: f"${number[m.group(1)]}", sql)
+        prepared_name = PREFIX + hashlib.blake2b(prepare.encode(), digest_size=16).hexdigest()
+        marks = f"({', '.join(f'%({p})s' for p in params)})" if params else ""
+        return cls(name, sql, prepared_name, prepare, f"EXECUTE {prepared_name}{marks}", params)
 
 
-_cache: dict[tuple, Any] = {}
-_cache_lock = threading.Lock()
-
-
-def kept(key: tuple, make: Callable[[], Any]) -> Any:
-    """``make()``'s result, made once per ``key``: the one cache of rendered SQL."""
-    found = _cache.get(key)
+def text_of(name: str, dialect: str) -> str:
+    """The text of statement ``name`` in ``dialect``, as the file has it."""
+    found = STATEMENTS.get((name, dialect)) or STATEMENTS.get((name, None))
     if found is None:
-        with _cache_lock:
-            found = _cache.get(key)
-            if found is None:
-                found = _cache[key] = make()
+        raise KeyError(f"no statement {name!r} for {dialect} in {PATH}")
     return found
 
 
-def render(model: Model, name: str, **slots: Slot) -> Statement:
-    """Query ``name`` for ``model``'s table in its database's dialect; rendered once."""
-    # Slots in the caller's order (one per call site; not sorted: this runs per statement). Model: {columns}.
-    key = (name, model, tuple(slots.items()), dialect_key(model))
-    return kept(key, lambda: build(model, name, **slots))
+_rendered: dict[tuple, Query] = {}
 
 
-def text(model: Model, name: str, **slots: Slot) -> str:
-    """A block without parameters (an SQL expression, a fragment), rendered for ``model``."""
-    statement = render(model, name, **slots)
-    if statement.names:
-        raise ValueError(f"query {name} takes parameters: render() it")
-    return statement.sql
+def statement(
+    model: Model, name: str, *, order_by: Optional[str] = None, written: Sequence[str] = (),
+) -> Query:
+    """Statement ``name`` for ``model``'s table in its database's dialect; rendered once.
+
+    ``order_by``: the column of ``{order_by}``; ``written``: the columns of ``{fields}``, ``{values}``
+    and ``{assignments}`` (kept per column set: a statement's columns vary by call).
+    """
+    meta = model._meta
+    db = meta.database
+    # The database by what the text depends on (its class: dialect, quotes), not by id(db), which a
+    # new Database may reuse after the old one is gone; the model for its columns.
+    key = (name, model, meta.table_name, meta.schema, type(db), order_by, tuple(written))
+    found = _rendered.get(key)
+    if found is None:
+        found = _rendered.setdefault(key, Query.of(name, _render(model, name, order_by, written), is_postgres(db)))
+    return found
 
 
-def render_on(db: pw.Database, name: str) -> Statement:
-    """Query ``name``, which names no job table (the fence table's own), for ``db``; rendered once."""
-    return kept((name, None, (db.param, tuple(db.quote), is_postgres(db))), lambda: _build(db, None, name, {}))
+def on(db: pw.Database, name: str) -> Query:
+    """Statement ``name`` that names no job table (the fencing-token table's own), for ``db``."""
+    key = (name, None, None, None, type(db), None, ())
+    found = _rendered.get(key)
+    if found is None:
+        sql = text_of(name, dialect_of(db)).replace("{fences}", quote(db, FENCES))
+        found = _rendered.setdefault(key, Query.of(name, sql, is_postgres(db)))
+    return found
 
 
-def build(model: Model, name: str, **slots: Slot) -> Statement:
-    """:func:`render` without keeping the text: for a statement whose length varies by call."""
-    return _build(model._meta.database, model, name, slots)
+def _render(model: Model, name: str, order_by: Optional[str] = None, written: Sequence[str] = (),
+            rows: int = 0) -> str:
+    """Statement ``name``'s text for ``model``, its identifiers substituted, its marks as written."""
+    meta = model._meta
+    db = meta.database
+    text = text_of(name, dialect_of(db))
+    for column in (*written, *([order_by] if order_by else [])):
+        if not _WORD.fullmatch(column):
+            raise ValueError(f"statement {name}: {column!r} is not a column name")
+    named = meta.table_name
+    identifiers = {
+        "jobs": table(db, meta.table_name, meta.schema),
+        "fences": quote(db, FENCES),
+        "columns": ", ".join(f"{quote(db, named)}.{quote(db, f.column_name)}" for f in meta.sorted_fields),
+        "order_by": quote(db, order_by) if order_by else "",
+        "fields": ", ".join(quote(db, c) for c in written),
+        "values": ", ".join(f"%({c})s" for c in written),
+        "assignments": ", ".join(f"{quote(db, c)} = %({c})s" for c in written),
+        "rows": ", ".join([f"({', '.join([db.param] * len(written))})"] * rows),
+    }
+    if (set(_IDENTIFIER.findall(text)) & {"fields", "values", "assignments", "rows"}) and not written:
+        raise ValueError(f"statement {name} writes the columns the call names: none were named")
+    return _IDENTIFIER.sub(lambda m: identifiers[m.group(1)], text)
 
 
-def _build(db: pw.Database, model: Optional[Model], name: str, slots: Mapping[str, Slot]) -> Statement:
-    dialect = dialect_of(db)
-    fixed = {"fences": quote(db, FENCES)}
-    if model is not None:
-        jobs = fixed["jobs"] = jobs_table(model)
-        columns = [f.column_name for f in model._meta.sorted_fields]
-        fixed["columns"] = ", ".join(quote(db, c) for c in columns)
-        fixed["jobs_columns"] = ", ".join(f"{jobs}.{quote(db, c)}" for c in columns)
+def rows_statement(model: Model, name: str, written: Sequence[str], rows: int) -> str:
+    """Statement ``name`` with ``{rows}``: ``rows`` rows of the ``written`` columns, in the driver's
+    positional marks; run with a flat list of values, row after row.  Not kept: its length is the batch's."""
+    return _render(model, name, written=written, rows=rows)
 
-    def block(block_name: str, depth: int) -> str:
-        body = BLOCKS.get((block_name, dialect)) or BLOCKS.get((block_name, None))
-        if body is None:
-            raise KeyError(f"no query {block_name!r} for {dialect} in {PATH}")
-        if depth > 8:
-            raise ValueError(f"query {name!r}: blocks include each other in a loop")
-        if tuple(db.quote) != ('"', '"'):
-            body = _IDENT.sub(lambda m: quote(db, m.group(1)), body)
-        body = _CHOICE.sub(choose, body)
-        return _PLACE.sub(lambda m: place(m.group(1), depth + 1), body)
 
-    def choose(choice: re.Match) -> str:
-        then, otherwise = choice.group(1).strip(), choice.group(2).strip()
-        return f"CASE WHEN {{guard}} THEN {then} ELSE {otherwise} END" if "guard" in slots else then
+def fragment(model: Model, name: str, params: Mapping[str, Any]) -> pw.SQL:
+    """An expression of the file (``now``, ``history_append``) for a peewee query, in peewee's own marks."""
+    db = model._meta.database
+    text = text_of(name, dialect_of(db))
+    order = _PARAM.findall(text)
+    return pw.SQL(_PARAM.sub(lambda _: db.param, text), [params[p] for p in order])
 
-    def place(word: str, depth: int) -> str:
-        if word in fixed:
-            return fixed[word]
-        slot = slots.get(word)
-        if isinstance(slot, tuple):
-            return ", ".join([block(slot[0], depth)] * slot[1])
-        return block(slot if slot is not None else word, depth)
 
-    sql = block(name, 0)
-    names = tuple(_PARAM.findall(sql))
-    return Statement(_PARAM.sub(lambda _: db.param, sql), names)
+def expression(db: pw.Database, name: str) -> str:
+    """An expression of the file that takes no parameters (``now``), as written for ``db``."""
+    return text_of(name, dialect_of(db))
+
+
+def run(model: Model, name: str, params: Mapping[str, Any], **identifiers: Any) -> Any:
+    """Statement ``name`` on ``model``'s table with ``params``, prepared where it can be; returns the cursor."""
+    return execute(model._meta.database, statement(model, name, **identifiers), params)
+
+
+# -- preparing (psycopg2) --------------------------------------------------------------
+
+#: Set on a peewee Database whose statements are prepared.
+_ON = "_dramatiq_unique_prepares"
+
+_unpreparable: set[str] = set()
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        # Per connection: the names prepared on it (a new connection starts empty).
+        self.done: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+_local = _Local()
+
+
+def enable(db: pw.Database, on: bool) -> None:
+    """Whether ``db``'s statements are prepared by :func:`execute` (the ``prepared_statements``
+    setting): on psycopg2 only; psycopg 3 prepares by itself (its ``prepare_threshold``)."""
+    setattr(db, _ON, on and is_postgres(db) and not is_psycopg3(db))
+
+
+def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
+    """``query`` on ``db`` with ``params``, as a prepared statement where it can be; returns the cursor."""
+    name = query.prepared_name
+    if not getattr(db, _ON, False) or name in _unpreparable:
+        return db.execute_sql(query.sql, params)
+    if name not in _done(db):
+        if db.in_transaction() or not _prepare(db, query):
+            return db.execute_sql(query.sql, params)  # a failed PREPARE would abort the caller's transaction
+        _done(db).add(name)  # on the connection it ran on: a reconnect may have replaced the one above
+    try:
+        return db.execute_sql(query.execute_sql, params)
+    except pw.DatabaseError as e:
+        if "prepared statement" not in str(e) or db.in_transaction():
+            raise
+        # A pooler dropped it, or the database reconnected (a new session has no
+        # prepared statements): prepare it again, once, on the connection now in use.
+        _done(db).discard(name)
+        if not _prepare(db, query):
+            return db.execute_sql(query.sql, params)
+        _done(db).add(name)
+        return db.execute_sql(query.execute_sql, params)
+
+
+def _done(db: pw.Database) -> "set[str]":
+    """The names prepared on this thread's current connection of ``db`` (a new connection has none)."""
+    conn = db.connection()
+    done = _local.done.get(conn)
+    if done is None:
+        done = _local.done[conn] = set()
+    return done
+
+
+def _prepare(db: pw.Database, query: Query) -> bool:
+    try:
+        db.execute_sql(f"PREPARE {query.prepared_name} AS {query.prepare_sql}")
+        return True
+    except pw.DatabaseError as e:
+        if "already exists" in str(e):  # the same text, by its name: prepared on this session before
+            return True
+        if isinstance(e, pw.ProgrammingError):  # the statement itself (not the connection): for good
+            _unpreparable.add(query.prepared_name)
+        return False

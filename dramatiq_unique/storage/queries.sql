@@ -1,36 +1,144 @@
--- The suite's raw SQL: the statements of the hot paths, by name.
--- Rendered per table and dialect by dramatiq_unique/storage/queries.py, whose docstring
--- explains {placeholders}, "identifiers" and %(parameters)s.  Column and table names are
--- those of deployed databases: change none.
+-- The suite's SQL, by name: each statement written out in full, once, or once per dialect where
+-- PostgreSQL and SQLite differ.  File format (read by dramatiq_unique/storage/queries.py):
+--
+--   -- name: statement_name --                 one statement for both dialects, or
+--   -- name: statement_name (postgresql) --    that dialect's own (then the other has its own too)
+--   -- What it does, on comment lines under the header.
+--   SQL, with %(name)s parameters and these identifiers, substituted per job table:
+--     {jobs}      the job table, quoted, in its schema      {fences}   the fencing-token table
+--     {columns}   every column of the model, qualified by the table's name (a model may add columns)
+--     {order_by}  the column a group's queue is served by: "created_at" or "process_after"
+--     {fields}, {values}, {assignments}: the columns the call writes; their %(column)s parameters;
+--                 "column" = %(column)s for each
+--     {rows}      (insert_many) one ({values}) per row of a batch
+--
+-- Two entries are expressions, not statements, for peewee queries to embed: now, history_append.
+-- A statement that repeats another's text (a start's SET list, a group's queue head, a move
+-- committed without the WAL flush wait) repeats it exactly: tests/unit/storage/test_queries.py
+-- checks.  Column and table names are those of deployed databases: change none.
 
 
--- == job rows (storage/statements.py) ===================================================
+-- == job rows ==========================================================================
 
--- name: holder
+-- name: insert --
+-- One row, with the columns the call gives (field defaults filled in by the caller).
+INSERT INTO {jobs} ({fields}) VALUES ({values}) RETURNING "id"
+
+-- name: insert_or_holder (postgresql) --
+-- A row holding a unique key, or, when a row of its app holds the key already, that holder: the new row's
+-- id with NULLs, or the holder's columns as "holder" reads them.  A duplicate refused in one round trip
+-- instead of a failed INSERT and a SELECT.  A holder committed after the statement began is outside its
+-- snapshot: no row at all.
+WITH inserted AS (INSERT INTO {jobs} ({fields}) VALUES ({values})
+ON CONFLICT ("app", "unique_hold") DO NOTHING RETURNING "id")
+SELECT "id", NULL, NULL, NULL, NULL FROM inserted
+UNION ALL
+SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
+WHERE "app" = %(app)s AND "unique_hold" = %(unique_hold)s AND NOT EXISTS (SELECT 1 FROM inserted)
+
+-- name: insert_many --
+-- A batch's rows in one statement; a row whose hold (or idempotency key) another job holds is left out.
+INSERT INTO {jobs} ({fields}) VALUES {rows} ON CONFLICT DO NOTHING RETURNING "id", "message_id"
+
+-- name: holder --
 -- The row of an app that holds a unique key: the few columns a skipped send needs.
 SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
 WHERE "app" = %(app)s AND "unique_hold" = %(hold)s
 
--- name: holder_unless_inserted (postgresql)
--- Follows "WITH inserted AS (INSERT ... ON CONFLICT ("app", "unique_hold") DO NOTHING RETURNING "id")"
--- (statements.insert_or_holder; the INSERT's columns vary by call, so it is built there): the new row's
--- id, with NULLs; or, when the INSERT met another row of the app holding the key, that holder's columns, as
--- the holder block reads them.  A duplicate refused in one round trip instead of a failed INSERT and a SELECT.
--- A holder committed after the statement began is outside its snapshot: no row at all.
-SELECT "id", NULL, NULL, NULL, NULL FROM inserted
-UNION ALL
-SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
-WHERE "app" = %(app)s AND "unique_hold" = %(hold)s AND NOT EXISTS (SELECT 1 FROM inserted)
+-- name: start_attempt --
+-- Mark an attempt running, if it may start: the message's revision, not finished, and no other attempt
+-- running under a live lease (a running row whose lease ran out is a crashed attempt's; one a waker's claim
+-- started is its woken delivery's).  The attempt's token: the one drawn beforehand (SQLite), or the next.
+UPDATE {jobs} SET "status" = %(running)s, "attempts" = "attempts" + 1, "started_at" = %(started_at)s,
+"lease_until" = %(lease_until)s, "worker" = %(worker)s, "fencing_token" = COALESCE(%(token)s, "fencing_token" + 1),
+"parked_on" = NULL, "unique_hold" = CASE WHEN %(release_hold)s = 1 THEN NULL ELSE "unique_hold" END
+WHERE "id" = %(id)s AND "revision" = %(revision)s AND "status" NOT IN (%(succeeded)s, %(failed)s)
+AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live_after)s
+OR "worker" LIKE %(woken_by)s)
+RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
 
--- name: claim_held (postgresql)
+-- name: start_attempt_fenced (postgresql) --
+-- start_attempt after the key's next fencing token is drawn (draw_and_revoke's "drawn"), and the key's
+-- older running attempts fenced out, in one statement.  The starting row itself is left to the main UPDATE
+-- (PostgreSQL does not update a row twice in a statement); the revocation is joined to it ("me") to keep
+-- to its app's rows.
+WITH drawn AS (INSERT INTO {fences} ("key", "token") VALUES (%(key)s, 1)
+ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING "token"),
+revoked AS (UPDATE {jobs} SET "fencing_token" = (SELECT "token" FROM drawn) FROM {jobs} AS me
+WHERE {jobs}."unique_key" = %(key)s AND {jobs}."status" = 'running'
+AND {jobs}."fencing_token" < (SELECT "token" FROM drawn) AND me."id" = %(id)s AND {jobs}."id" <> me."id"
+AND {jobs}."app" = me."app")
+UPDATE {jobs} SET "status" = %(running)s, "attempts" = "attempts" + 1, "started_at" = %(started_at)s,
+"lease_until" = %(lease_until)s, "worker" = %(worker)s, "fencing_token" = (SELECT "token" FROM drawn),
+"parked_on" = NULL, "unique_hold" = CASE WHEN %(release_hold)s = 1 THEN NULL ELSE "unique_hold" END
+WHERE "id" = %(id)s AND "revision" = %(revision)s AND "status" NOT IN (%(succeeded)s, %(failed)s)
+AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live_after)s
+OR "worker" LIKE %(woken_by)s)
+RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
+
+-- name: startable --
+-- Whether start_attempt would take the row now (its conditions, read only).
+SELECT 1 FROM {jobs}
+WHERE "id" = %(id)s AND "revision" = %(revision)s AND "status" NOT IN (%(succeeded)s, %(failed)s)
+AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live_after)s
+OR "worker" LIKE %(woken_by)s)
+
+-- name: update_fenced --
+-- Write the columns the call gives to a row whose fencing token is still the attempt's.
+UPDATE {jobs} SET {assignments} WHERE "id" = %(row_id)s AND "fencing_token" = %(attempt_token)s
+
+-- name: update_fenced_with_history (postgresql) --
+-- update_fenced, the attempt's %(entry)s appended to the row's history and only the last %(keep)s entries
+-- kept: jsonb concatenation, trimmed by a jsonpath slice, cast back to text.  A job's first outcome (most
+-- jobs have one) finds no history: a text of one entry, with no JSON parsed.
+UPDATE {jobs} SET {assignments}, "history" = CASE WHEN "history" IS NULL THEN '[' || CAST(%(entry)s AS text) || ']'
+ELSE CAST(jsonb_path_query_array(CAST("history" AS jsonb) || jsonb_build_array(CAST(%(entry)s AS jsonb)),
+'$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
+WHERE "id" = %(row_id)s AND "fencing_token" = %(attempt_token)s
+
+-- name: update_fenced_with_history (sqlite) --
+-- update_fenced, the attempt's %(entry)s appended to the row's history; the oldest entry goes when %(keep)s
+-- are there.  A job's first outcome finds no history: a text of one entry, with no JSON parsed.
+UPDATE {jobs} SET {assignments}, "history" = CASE WHEN "history" IS NULL THEN '[' || %(entry)s || ']'
+WHEN json_array_length("history") >= %(keep)s
+THEN json_insert(json_remove("history", '$[0]'), '$[#]', json(%(entry)s))
+ELSE json_insert("history", '$[#]', json(%(entry)s)) END
+WHERE "id" = %(row_id)s AND "fencing_token" = %(attempt_token)s
+
+-- name: history_append (postgresql) --
+-- An expression: the row's history with %(entry)s appended, the last %(keep)s kept (for the re-drive's
+-- peewee writes; update_fenced_with_history writes the same).
+CASE WHEN "history" IS NULL THEN '[' || CAST(%(entry)s AS text) || ']'
+ELSE CAST(jsonb_path_query_array(CAST("history" AS jsonb) || jsonb_build_array(CAST(%(entry)s AS jsonb)),
+'$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
+
+-- name: history_append (sqlite) --
+-- An expression: the row's history with %(entry)s appended, the oldest going when %(keep)s are there.
+CASE WHEN "history" IS NULL THEN '[' || %(entry)s || ']'
+WHEN json_array_length("history") >= %(keep)s
+THEN json_insert(json_remove("history", '$[0]'), '$[#]', json(%(entry)s))
+ELSE json_insert("history", '$[#]', json(%(entry)s)) END
+
+-- name: record_refs (postgresql) --
+-- Record the broker's ids of sent rows (%(ids)s and %(refs)s, arrays of one length); a ref set meanwhile is kept.
+UPDATE {jobs} SET "broker_ref" = sent.ref FROM unnest(%(ids)s::bigint[], %(refs)s::text[]) AS sent (id, ref)
+WHERE {jobs}."id" = sent.id AND {jobs}."broker_ref" IS NULL
+
+-- name: record_refs (sqlite) --
+-- Record the broker's ids of sent rows (%(refs)s: a JSON list of [id, ref] pairs); a ref set meanwhile is kept.
+UPDATE {jobs} SET "broker_ref" = sent.ref
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS ref FROM json_each(%(refs)s)) AS sent
+WHERE {jobs}."id" = sent.id AND {jobs}."broker_ref" IS NULL
+
+-- name: claim_held (postgresql) --
 -- The outbox's claim of a committed transaction's held sends (durable/outbox_batch.py), one statement a
 -- batch: each row pending -> queued with the broker id drawn for its message, if still as its send left
 -- it (the message id tells a reused id apart; a re-drive pass may have claimed it first; a replace's send
--- claims only the row that its own stamp is in, durable/outbox.py).  Arrays, not a
--- CASE and an IN list of a thousand entries each, which cost the server more than the rows (measured).
--- "id" = ANY(ids) as well, for the planner.  Never prepared (outbox_batch.py): a generic plan, made on a
--- small table's statistics, scanned every pending row for each held one (measured on psycopg 3, which
--- prepares what a connection runs often: the outbox slowed run by run, 5,500 to 1,200 jobs/s).
+-- claims only the row that its own stamp is in, durable/outbox.py).  Arrays, not a CASE and an IN list of
+-- a thousand entries each, which cost the server more than the rows (measured).  "id" = ANY(ids) as well,
+-- for the planner.  Never prepared: a generic plan, made on a small table's statistics, scanned every
+-- pending row for each held one (measured on psycopg 3, which prepares what a connection runs often: the
+-- outbox slowed run by run, 5,500 to 1,200 jobs/s).
 UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = held.ref
 FROM unnest(%(ids)s::bigint[], %(message_ids)s::text[], %(revisions)s::integer[], %(stamps)s::text[],
 %(refs)s::text[]) AS held (id, message_id, revision, stamp, ref)
@@ -40,206 +148,70 @@ AND (held.stamp IS NULL OR {jobs}."broker_ref" = held.stamp)
 AND {jobs}."status" = %(pending)s AND {jobs}."parked_on" IS NULL
 RETURNING {jobs}."id", held.ref
 
--- name: claim_one_held (sqlite)
+-- name: claim_one_held (sqlite) --
 -- claim_held a row at a time: SQLite has no round trip to save, and no arrays.
 UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = %(ref)s
 WHERE "id" = %(id)s AND "message_id" = %(message_id)s AND "revision" = %(revision)s
 AND (%(stamp)s IS NULL OR "broker_ref" = %(stamp)s)
 AND "status" = %(pending)s AND "parked_on" IS NULL
 
--- name: start_attempt
--- Mark an attempt running, if it may start; {token}: given_or_next_token, or drawn_token after a draw.
-UPDATE {jobs} SET {start_set}, "parked_on" = NULL, {hold_release}
-WHERE {startable_row}
-RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
-
--- name: start_attempt_fenced (postgresql)
--- start_attempt after the key's next fencing token is drawn, and older attempts fenced out, in the same statement.
-WITH drawn AS ({draw_token}), revoked AS ({revoke_for_start}) {start_attempt}
-
--- name: startable
--- Whether start_attempt would take the row now (read only).
-SELECT 1 FROM {jobs} WHERE {startable_row}
-
--- name: startable_row
--- The row may start: the message's revision, not finished, and no other attempt running under a live lease
--- (a running row whose lease ran out is a crashed attempt's; one a waker's claim started is its woken delivery's).
-"id" = %(id)s AND "revision" = %(revision)s AND "status" NOT IN (%(succeeded)s, %(failed)s)
-AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live_after)s
-OR "worker" LIKE %(woken_by)s)
-
--- name: start_set
--- What every start of an attempt writes: start_attempt, claim_and_start and start_reserved must agree.
--- [a | b]: a claim_and_start (guard: unique_free) leaves a row with unique options queued, as b says.
-"status" = [%(running)s | %(queued)s], "attempts" = ["attempts" + 1 | "attempts"],
-"started_at" = [%(started_at)s | "started_at"], "lease_until" = [%(lease_until)s | "lease_until"],
-"worker" = [%(worker)s | "worker"], "fencing_token" = [{token} | "fencing_token"]
-
--- name: hold_release
--- A start's release of the unique hold, when the lock type frees the key as the job starts.
-"unique_hold" = [CASE WHEN %(release_hold)s = 1 THEN NULL ELSE "unique_hold" END | "unique_hold"]
-
--- name: given_or_next_token
--- The attempt's token: the one drawn beforehand (SQLite), or the row's next one.
-COALESCE(%(token)s, "fencing_token" + 1)
-
--- name: next_token
--- The attempt's token: the row's next one.
-"fencing_token" + 1
-
--- name: record_refs
--- Record the broker's ids of sent rows ({ref_rows}: ref_row, once per row); a ref set meanwhile is kept.
-WITH v(id, ref) AS (VALUES {ref_rows})
-UPDATE {jobs} SET "broker_ref" = (SELECT v.ref FROM v WHERE v.id = {jobs}."id")
-WHERE "id" IN (SELECT v.id FROM v) AND "broker_ref" IS NULL
-
--- name: ref_row
--- One row of record_refs' VALUES.
-(%(id)s, %(ref)s)
-
-
--- name: history_append (postgresql)
--- The row's history (storage/history.py) with %(entry)s appended and only the last %(keep)s entries kept:
--- jsonb concatenation, trimmed by a jsonpath slice, cast back to text.  A job's first outcome (most jobs
--- have one) finds no history: a text of one entry, with no JSON parsed.
-CASE WHEN "history" IS NULL THEN '[' || CAST(%(entry)s AS text) || ']'
-ELSE CAST(jsonb_path_query_array(CAST("history" AS jsonb) || jsonb_build_array(CAST(%(entry)s AS jsonb)),
-'$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
-
--- name: history_append (sqlite)
--- The row's history (storage/history.py) with %(entry)s appended; the oldest entry goes when %(keep)s are there.
--- A job's first outcome finds no history: a text of one entry, with no JSON parsed.
-CASE WHEN "history" IS NULL THEN '[' || %(entry)s || ']'
-WHEN json_array_length("history") >= %(keep)s
-THEN json_insert(json_remove("history", '$[0]'), '$[#]', json(%(entry)s))
-ELSE json_insert("history", '$[#]', json(%(entry)s)) END
 
 -- == fencing tokens (storage/fencing.py) ================================================
 
--- name: draw_token
+-- name: draw_token --
 -- The key's next token: one statement on SQLite (3.35 and later) and PostgreSQL.
 INSERT INTO {fences} ("key", "token") VALUES (%(key)s, 1)
 ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING "token"
 
--- name: revoke_older
--- Rows of the key still running under an older token lose their attempt (their token moves on to
--- {token}); the drawing job's own row stops being parked (it runs now).  Only rows of the drawing
--- job's app: another app's job of the same key is not ours to fence.
+-- name: revoke_older (sqlite) --
+-- After draw_token: rows of the key still running under an older token lose their attempt (their token
+-- moves on to %(token)s); the drawing job's own row stops being parked (it runs now).  Only rows of the
+-- drawing job's app: another app's job of the same key is not ours to fence.
 UPDATE {jobs} SET
-"fencing_token" = CASE WHEN "id" = %(own)s THEN "fencing_token" ELSE {token} END,
+"fencing_token" = CASE WHEN "id" = %(own)s THEN "fencing_token" ELSE %(token)s END,
 "parked_on" = CASE WHEN "id" = %(own)s THEN NULL ELSE "parked_on" END
 WHERE "unique_key" = %(key)s
-AND (("status" = %(running)s AND "fencing_token" < {token} AND "id" <> %(own)s)
+AND (("status" = %(running)s AND "fencing_token" < %(token)s AND "id" <> %(own)s)
 OR ("id" = %(own)s AND "parked_on" IS NOT NULL))
 AND "app" = COALESCE((SELECT me."app" FROM {jobs} AS me WHERE me."id" = %(own)s), "app")
 
--- name: drawn_token
--- The token a draw_token in a CTE named "drawn" handed out.
-(SELECT "token" FROM drawn)
-
--- name: given_token
--- A token drawn by a statement of its own (SQLite).
-%(token)s
-
--- name: draw_and_revoke (postgresql)
+-- name: draw_and_revoke (postgresql) --
 -- draw_token, then revoke_older, as one statement (the revocation in a data-modifying CTE).
-WITH drawn AS ({draw_token}), revoked AS ({revoke_older}) SELECT "token" FROM drawn
+WITH drawn AS (INSERT INTO {fences} ("key", "token") VALUES (%(key)s, 1)
+ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING "token"),
+revoked AS (UPDATE {jobs} SET
+"fencing_token" = CASE WHEN "id" = %(own)s THEN "fencing_token" ELSE (SELECT "token" FROM drawn) END,
+"parked_on" = CASE WHEN "id" = %(own)s THEN NULL ELSE "parked_on" END
+WHERE "unique_key" = %(key)s
+AND (("status" = %(running)s AND "fencing_token" < (SELECT "token" FROM drawn) AND "id" <> %(own)s)
+OR ("id" = %(own)s AND "parked_on" IS NOT NULL))
+AND "app" = COALESCE((SELECT me."app" FROM {jobs} AS me WHERE me."id" = %(own)s), "app"))
+SELECT "token" FROM drawn
 
--- name: revoke_for_start (postgresql)
--- The revocation of start_attempt_fenced: older running attempts of the key fenced out.  The starting
--- row itself is left to the main statement (PostgreSQL does not update one row twice in a statement);
--- joined to it ("me") to keep to its app's rows without another parameter.
-UPDATE {jobs} SET "fencing_token" = {token} FROM {jobs} AS me
-WHERE {jobs}."unique_key" = %(key)s AND {jobs}."status" = 'running'
-AND {jobs}."fencing_token" < {token} AND me."id" = %(id)s AND {jobs}."id" <> me."id"
-AND {jobs}."app" = me."app"
-
--- name: current_token
+-- name: current_token --
 -- The newest token handed out for a key.
 SELECT "token" FROM {fences} WHERE "key" = %(key)s
 
 
--- == parking (storage/parking_statements.py) ============================================
+-- == parking ===========================================================================
+--
+-- A group's next job (its queue head) is the first due, unreserved row of an app parked on it, in
+-- serving order ({order_by}); the same subquery in every claim and reservation.  The moves named
+-- *_no_flush_wait are the move above them, committed without waiting for the WAL flush
+-- (storage/jobs.py: no_flush_wait says when that is safe): set_config(..., true) sets
+-- synchronous_commit for that statement's own (implicit) transaction, which reads it at its commit;
+-- the session's setting is untouched.  One statement, so psycopg 3 prepares it too (a
+-- "SET LOCAL ...; UPDATE" string is two, which its server-side binding refuses).
 
--- name: now (postgresql)
--- The database's clock, in the job table's time format (naive UTC).
+-- name: now (postgresql) --
+-- An expression: the database's clock, in the job table's time format (naive UTC).
 (statement_timestamp() AT TIME ZONE 'UTC')
 
--- name: now (sqlite)
--- The database's clock, in the job table's time format (naive UTC); SQLite's is the machine's.
+-- name: now (sqlite) --
+-- An expression: the database's clock, in the job table's time format (naive UTC); SQLite's is the machine's.
 strftime('%Y-%m-%d %H:%M:%f', 'now')
 
--- name: now_plus_lease (postgresql)
--- The database's clock, %(lease_ms)s later.
-((statement_timestamp() AT TIME ZONE 'UTC') + CAST(%(lease_ms)s AS double precision) * INTERVAL '1 millisecond')
-
--- name: now_plus_lease (sqlite)
--- The database's clock, %(lease_ms)s later.
-strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || (CAST(%(lease_ms)s AS REAL) / 1000.0) || ' seconds')
-
--- name: queue_head
--- A group's next due, unreserved parked row of one app, in serving order ({order}: by_created_at or
--- by_process_after).  The one definition of "next" for claims and reservations.
-SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
-AND ("lease_until" IS NULL OR "lease_until" <= {now})
-AND ("process_after" IS NULL OR "process_after" <= %(due)s)
-ORDER BY {order}, "id" LIMIT 1
-
--- name: by_created_at
--- Serving order: happens-before.
-"created_at"
-
--- name: by_process_after
--- Serving order: first ready, first served.
-"process_after"
-
--- name: claim_parked (postgresql)
--- Claim a group's next job (pending to queued).  A join on the locked head, so the update finds its
--- row by primary key (with "id = (subquery)" the planner may scan the status index for it instead).
-UPDATE {jobs} SET "status" = %(queued)s, {claimed}
-FROM ({queue_head} FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
-RETURNING {jobs_columns}
-
--- name: claim_parked (sqlite)
--- Claim a group's next job (pending to queued).  No row locks: the head is checked again as it is updated.
-UPDATE {jobs} SET "status" = %(queued)s, {claimed}
-WHERE "id" = ({queue_head}) AND "parked_on" = %(group)s AND "status" = %(pending)s
-RETURNING {columns}
-
--- name: claim_and_start (postgresql)
--- claim_parked, the attempt started in the same statement (guard: unique_free) unless the row's options name a unique option.
-UPDATE {jobs} SET {start_set}, {hold_release}, {claimed}
-FROM ({queue_head} FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
-RETURNING {jobs_columns}
-
--- name: claim_and_start (sqlite)
--- claim_parked, the attempt started in the same statement (guard: unique_free) unless the row's options name a unique option.
-UPDATE {jobs} SET {start_set}, {hold_release}, {claimed}
-WHERE "id" = ({queue_head}) AND "parked_on" = %(group)s AND "status" = %(pending)s
-RETURNING {columns}
-
--- name: claimed
--- What every claim of a parked row writes besides its status: out of the group, due for delivery.
-"parked_on" = NULL, "enqueued_at" = %(now)s, "broker_ref" = %(broker_ref)s, "missing_since" = NULL
-
--- name: unique_free (postgresql)
--- The row's options name no unique option of its own.
-COALESCE(strpos("options", '"unique_'), 0) = 0
-
--- name: unique_free (sqlite)
--- The row's options name no unique option of its own.
-COALESCE(instr("options", '"unique_'), 0) = 0
-
--- name: no_flush_wait (postgresql)
--- {statement}, a parking move's UPDATE ... RETURNING (storage/parking_statements.py), committed without
--- waiting for the WAL flush: set_config(..., true) sets synchronous_commit for this statement's own
--- (implicit) transaction, which reads it at its commit; the session's setting is untouched.  One
--- statement, so psycopg 3 prepares it (a "SET LOCAL ...; UPDATE" string is two, which its server-side
--- binding refuses).  A move that updates nothing may skip the set_config: it has nothing to flush.
-WITH moved AS ({statement})
-SELECT moved.* FROM moved, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
-
--- name: park
+-- name: park --
 -- Park a waiting job on a group; a running row whose lease ran out counts as waiting.  Such a row's
 -- attempt is over (its worker stalled or died) and the job waits again: its token moves on, so the
 -- attempt's fenced writes (heartbeat, checkpoints, retry, outcome) are refused should it wake, and
@@ -256,27 +228,145 @@ UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %
 WHERE "id" = %(id)s AND "revision" = %(revision)s AND ("status" IN (%(pending)s, %(queued)s, %(retrying)s)
 OR ("status" = %(running)s AND "lease_until" < %(now)s)) RETURNING "created_at", "process_after"
 
--- name: reserve (postgresql)
--- Reserve a group's next job for a process's deck, until the database's clock passes the lease.
-UPDATE {jobs} SET "worker" = %(marker)s, "lease_until" = {now_plus_lease}, "broker_ref" = %(broker_ref)s
-FROM ({queue_head} FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
+-- name: park_no_flush_wait (postgresql) --
+-- park, committed without waiting for the WAL flush.
+WITH moved AS (UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %(options)s,
+"parked_at" = CASE WHEN "parked_attempt" = "attempts" THEN "parked_at" ELSE %(now)s END,
+"parked_attempt" = "attempts",
+"fencing_token" = CASE WHEN "status" = %(running)s THEN "fencing_token" + 1 ELSE "fencing_token" END,
+"worker" = CASE WHEN "status" = %(running)s THEN NULL ELSE "worker" END,
+"lease_until" = CASE WHEN "status" = %(running)s THEN NULL ELSE "lease_until" END
+WHERE "id" = %(id)s AND "revision" = %(revision)s AND ("status" IN (%(pending)s, %(queued)s, %(retrying)s)
+OR ("status" = %(running)s AND "lease_until" < %(now)s)) RETURNING "created_at", "process_after")
+SELECT moved.* FROM moved, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
+
+-- name: claim_parked (postgresql) --
+-- Claim a group's next job (pending to queued), out of the group, due for delivery under %(broker_ref)s.
+-- A join on the locked head, so the update finds its row by primary key (with "id = (subquery)" the
+-- planner may scan the status index for it instead).
+UPDATE {jobs} SET "status" = %(queued)s,
+"parked_on" = NULL, "enqueued_at" = %(now)s, "broker_ref" = %(broker_ref)s, "missing_since" = NULL
+FROM (SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= (statement_timestamp() AT TIME ZONE 'UTC'))
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order_by}, "id" LIMIT 1
+FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
+RETURNING {columns}
+
+-- name: claim_parked_no_flush_wait (postgresql) --
+-- claim_parked, committed without waiting for the WAL flush.
+WITH moved AS (UPDATE {jobs} SET "status" = %(queued)s,
+"parked_on" = NULL, "enqueued_at" = %(now)s, "broker_ref" = %(broker_ref)s, "missing_since" = NULL
+FROM (SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= (statement_timestamp() AT TIME ZONE 'UTC'))
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order_by}, "id" LIMIT 1
+FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
+RETURNING {columns})
+SELECT moved.* FROM moved, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
+
+-- name: claim_parked (sqlite) --
+-- Claim a group's next job (pending to queued).  No row locks: the head is checked again as it is updated.
+UPDATE {jobs} SET "status" = %(queued)s,
+"parked_on" = NULL, "enqueued_at" = %(now)s, "broker_ref" = %(broker_ref)s, "missing_since" = NULL
+WHERE "id" = (SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order_by}, "id" LIMIT 1
+) AND "parked_on" = %(group)s AND "status" = %(pending)s
+RETURNING {columns}
+
+-- name: claim_and_start (postgresql) --
+-- claim_parked, the attempt started in the same statement (as start_attempt does, with the row's next
+-- token), unless the row's options name a unique option of its own: such a row is left queued, as a
+-- plain claim leaves it, for its delivery's own start.
+UPDATE {jobs} SET
+"status" = CASE WHEN COALESCE(strpos("options", '"unique_'), 0) = 0 THEN %(running)s ELSE %(queued)s END,
+"attempts" = CASE WHEN COALESCE(strpos("options", '"unique_'), 0) = 0 THEN "attempts" + 1 ELSE "attempts" END,
+"started_at" = CASE WHEN COALESCE(strpos("options", '"unique_'), 0) = 0 THEN %(started_at)s ELSE "started_at" END,
+"lease_until" = CASE WHEN COALESCE(strpos("options", '"unique_'), 0) = 0 THEN %(lease_until)s ELSE "lease_until" END,
+"worker" = CASE WHEN COALESCE(strpos("options", '"unique_'), 0) = 0 THEN %(worker)s ELSE "worker" END,
+"fencing_token" = CASE WHEN COALESCE(strpos("options", '"unique_'), 0) = 0
+THEN "fencing_token" + 1 ELSE "fencing_token" END,
+"unique_hold" = CASE WHEN COALESCE(strpos("options", '"unique_'), 0) = 0 AND %(release_hold)s = 1
+THEN NULL ELSE "unique_hold" END,
+"parked_on" = NULL, "enqueued_at" = %(now)s, "broker_ref" = %(broker_ref)s, "missing_since" = NULL
+FROM (SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= (statement_timestamp() AT TIME ZONE 'UTC'))
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order_by}, "id" LIMIT 1
+FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
+RETURNING {columns}
+
+-- name: claim_and_start (sqlite) --
+-- claim_and_start as on PostgreSQL, its head checked again as it is updated (no row locks).
+UPDATE {jobs} SET
+"status" = CASE WHEN COALESCE(instr("options", '"unique_'), 0) = 0 THEN %(running)s ELSE %(queued)s END,
+"attempts" = CASE WHEN COALESCE(instr("options", '"unique_'), 0) = 0 THEN "attempts" + 1 ELSE "attempts" END,
+"started_at" = CASE WHEN COALESCE(instr("options", '"unique_'), 0) = 0 THEN %(started_at)s ELSE "started_at" END,
+"lease_until" = CASE WHEN COALESCE(instr("options", '"unique_'), 0) = 0 THEN %(lease_until)s ELSE "lease_until" END,
+"worker" = CASE WHEN COALESCE(instr("options", '"unique_'), 0) = 0 THEN %(worker)s ELSE "worker" END,
+"fencing_token" = CASE WHEN COALESCE(instr("options", '"unique_'), 0) = 0
+THEN "fencing_token" + 1 ELSE "fencing_token" END,
+"unique_hold" = CASE WHEN COALESCE(instr("options", '"unique_'), 0) = 0 AND %(release_hold)s = 1
+THEN NULL ELSE "unique_hold" END,
+"parked_on" = NULL, "enqueued_at" = %(now)s, "broker_ref" = %(broker_ref)s, "missing_since" = NULL
+WHERE "id" = (SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order_by}, "id" LIMIT 1
+) AND "parked_on" = %(group)s AND "status" = %(pending)s
+RETURNING {columns}
+
+-- name: reserve (postgresql) --
+-- Reserve a group's next job for a process's deck, until the database's clock passes %(lease_ms)s from now.
+UPDATE {jobs} SET "worker" = %(marker)s, "broker_ref" = %(broker_ref)s, "lease_until" =
+((statement_timestamp() AT TIME ZONE 'UTC') + CAST(%(lease_ms)s AS double precision) * INTERVAL '1 millisecond')
+FROM (SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= (statement_timestamp() AT TIME ZONE 'UTC'))
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order_by}, "id" LIMIT 1
+FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
 RETURNING {jobs}."id", {jobs}."message_id", {jobs}."actor_name", {jobs}."queue_name", {jobs}."args",
 {jobs}."kwargs", {jobs}."options", {jobs}."status", {jobs}."revision", {jobs}."attempts",
 {jobs}."unique_key", {jobs}."fencing_token", {jobs}."checkpoints", {jobs}."broker_ref",
 {jobs}."created_at", {jobs}."process_after"
 
--- name: reserve (sqlite)
+-- name: reserve_no_flush_wait (postgresql) --
+-- reserve, committed without waiting for the WAL flush.
+WITH moved AS (UPDATE {jobs} SET "worker" = %(marker)s, "broker_ref" = %(broker_ref)s, "lease_until" =
+((statement_timestamp() AT TIME ZONE 'UTC') + CAST(%(lease_ms)s AS double precision) * INTERVAL '1 millisecond')
+FROM (SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= (statement_timestamp() AT TIME ZONE 'UTC'))
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order_by}, "id" LIMIT 1
+FOR UPDATE SKIP LOCKED) AS head WHERE {jobs}."id" = head."id"
+RETURNING {jobs}."id", {jobs}."message_id", {jobs}."actor_name", {jobs}."queue_name", {jobs}."args",
+{jobs}."kwargs", {jobs}."options", {jobs}."status", {jobs}."revision", {jobs}."attempts",
+{jobs}."unique_key", {jobs}."fencing_token", {jobs}."checkpoints", {jobs}."broker_ref",
+{jobs}."created_at", {jobs}."process_after")
+SELECT moved.* FROM moved, (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
+
+-- name: reserve (sqlite) --
 -- Reserve a group's next job for a process's deck; SQLite checks the head again as it is updated.
-UPDATE {jobs} SET "worker" = %(marker)s, "lease_until" = {now_plus_lease}, "broker_ref" = %(broker_ref)s
-WHERE "id" = ({queue_head}) AND "parked_on" = %(group)s AND "status" = %(pending)s
-AND ("lease_until" IS NULL OR "lease_until" <= {now})
+UPDATE {jobs} SET "worker" = %(marker)s, "broker_ref" = %(broker_ref)s, "lease_until" =
+strftime('%Y-%m-%d %H:%M:%f', 'now', '+' || (CAST(%(lease_ms)s AS REAL) / 1000.0) || ' seconds')
+WHERE "id" = (SELECT "id" FROM {jobs} WHERE "app" = %(app)s AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
+AND ("process_after" IS NULL OR "process_after" <= %(due)s)
+ORDER BY {order_by}, "id" LIMIT 1
+) AND "parked_on" = %(group)s AND "status" = %(pending)s
+AND ("lease_until" IS NULL OR "lease_until" <= strftime('%Y-%m-%d %H:%M:%f', 'now'))
 RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "status",
 "revision", "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at",
 "process_after"
 
--- name: start_reserved
--- Start a row this process reserved, if it is still as its reservation read it (a compare-and-set).
-UPDATE {jobs} SET {start_set}, "parked_on" = NULL, "enqueued_at" = %(started_at)s, "missing_since" = NULL
+-- name: start_reserved --
+-- Start a row this process reserved, if it is still as its reservation read it (a compare-and-set), as
+-- start_attempt starts one, with the row's next token.
+UPDATE {jobs} SET "status" = %(running)s, "attempts" = "attempts" + 1, "started_at" = %(started_at)s,
+"lease_until" = %(lease_until)s, "worker" = %(worker)s, "fencing_token" = "fencing_token" + 1,
+"parked_on" = NULL, "enqueued_at" = %(started_at)s, "missing_since" = NULL
 WHERE "id" = %(id)s AND "status" = %(pending)s AND "worker" = %(marker)s AND "revision" = %(revision)s
 AND "fencing_token" = %(reserved_token)s AND "broker_ref" = %(broker_ref)s
 RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "status",
@@ -284,24 +374,17 @@ RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "opt
 "process_after"
 
 
--- == the job table's schema (storage/schema.py) =========================================
+-- == the job table's schema (storage/schema.py, storage/migrations.py) =====================
 
--- name: add_app_column (postgresql)
+-- name: add_app_column (postgresql) --
 -- Add the app column to a job table of an earlier version: a constant default, so no rewrite of the table.
 ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS "app" VARCHAR(255) NOT NULL DEFAULT ''
 
--- name: add_app_column (sqlite)
+-- name: add_app_column (sqlite) --
 -- Add the app column to a job table of an earlier version: a constant default, so no rewrite of the table.
 ALTER TABLE {jobs} ADD COLUMN "app" VARCHAR(255) NOT NULL DEFAULT ''
 
--- name: table_columns (postgresql)
--- A table's column names, in the schema given ({schema}: named_schema) or that the search_path resolves.
-SELECT column_name FROM information_schema.columns WHERE table_name = %(table)s AND table_schema = {schema}
-
--- name: named_schema (postgresql)
--- The schema a model names.
-%(schema)s
-
--- name: current_schema (postgresql)
--- The first schema of the connection's search_path.
-current_schema()
+-- name: table_columns (postgresql) --
+-- A table's column names, in the schema given (%(schema)s), or else the first of the search_path.
+SELECT column_name FROM information_schema.columns
+WHERE table_name = %(table)s AND table_schema = COALESCE(%(schema)s, current_schema())

@@ -120,8 +120,8 @@ def columns(model: type[pw.Model]) -> set[str]:
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):
         meta = model._meta
-        statement = queries.render(model, "table_columns", schema="named_schema" if meta.schema else "current_schema")
-        cursor = db.execute_sql(statement.sql, statement.params({"table": meta.table_name, "schema": meta.schema}))
+        query = queries.statement(model, "table_columns")
+        cursor = db.execute_sql(query.sql, {"table": meta.table_name, "schema": meta.schema})
         return {name for (name,) in cursor.fetchall()}
     return {column.name for column in db.get_columns(model._meta.table_name, model._meta.schema)}
 

@@ -1,7 +1,7 @@
 """Sending many jobs at once: :func:`send_many`.
 
 A batch of up to ``send_many_batch`` items of a tracked actor is one multi-row INSERT with
-``ON CONFLICT DO NOTHING RETURNING`` (:func:`dramatiq_unique.storage.statements.insert_many`): a row
+``ON CONFLICT DO NOTHING RETURNING`` (:func:`dramatiq_unique.storage.jobs.insert_many`): a row
 whose unique key another job holds is left out, and the holders of those keys are read in one query.
 Then the rows inserted are published in one round trip on the Redis broker
 (:meth:`dramatiq_unique.broker.publish.Publisher.publish_many`), queue locks with them.  Each row is

@@ -17,7 +17,7 @@ from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.observe import events
-from dramatiq_unique.storage import jobs, statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.enqueue import _needs, may_fail_over, queue_lock_ttl, row_fields, take_queue_lock
@@ -144,12 +144,12 @@ class Batch:
             for row in fields:
                 row["options"][MARKER] = shared  # gets the store's index, as a single send's marker
             with jobs.db_errors(what):
-                self.model, ids = stores.insert(self.model, lambda target: statements.insert_many(target, fields),
+                self.model, ids = stores.insert(self.model, lambda target: jobs.insert_many(target, fields),
                                                 shared)
             return ids
         with jobs.db_errors(what):
             return stores.on_primary(self.model, lambda: _needs(self.config, {}, self.held),
-                                     lambda: statements.insert_many(self.model, fields))
+                                     lambda: jobs.insert_many(self.model, fields))
 
     def _resolve(self, rows: list[_Row], ids: dict[str, int], first: dict[str, _Row]) -> None:
         """Settle every row that was not inserted: a duplicate of a job in the table or of an
@@ -160,7 +160,7 @@ class Batch:
         found: dict = {}
         if lost:
             with jobs.db_errors(f"looking up the holders of {len(lost)} {self.config.actor_name} keys"):
-                found = statements.holders(self.model, [row.key for row in lost], self.config.app)  # type: ignore[misc]
+                found = jobs.holders(self.model, [row.key for row in lost], self.config.app)  # type: ignore[misc]
         window = recent.window(self.config, {}, self.lock)
         for row in rows:
             if row.message.message_id in ids:

@@ -1,4 +1,4 @@
-"""psycopg 3's own statement preparation against our psycopg2 layer (storage/prepared.py), issue 16 part 3.
+"""psycopg 3's own statement preparation against our psycopg2 layer (storage/queries.py), issue 16 part 3.
 
     python tests/benchmarks/bench_psycopg.py [--calls 200] [--rounds 15] [--jobs 2000] [--repeat 5]
 
@@ -11,17 +11,16 @@ On a fresh PostgreSQL schema (dropped afterwards), in one run:
   client thread and of the connection's server process (/proc/PID/schedstat: the server runs
   on this machine) as well as the wall time, since the machine is shared and its wall times noisy:
 
-  - ``pg2+prepared``: psycopg2 with prepared.py's PREPARE/EXECUTE (the suite's default until
-    issue 16 part 3 replaced it by psycopg 3; measured only where prepared.py still is);
+  - ``pg2+prepared``: psycopg2 with storage/queries.py's PREPARE/EXECUTE (the suite's default);
   - ``pg2 text``: psycopg2, statements sent as text (what a given psycopg2 database now gets);
   - ``pg3``: psycopg 3 (peewee's ``prefer_psycopg3``), its default ``prepare_threshold`` (5);
   - ``pg3 no-prep``: psycopg 3 with ``prepare_threshold=None`` (what a pooler needs);
 
   every connection has the connection parameters ``open_database`` gives a URL (timeouts,
-  keepalives); prepared.py is off on the psycopg 3 ones (its EXECUTE takes no bound parameters).
+  keepalives); our preparing is off on the psycopg 3 ones (psycopg 3 prepares by itself).
 * end to end, as bench_throughput.py does (its ``Run``): tracked and unique enqueue
   (1 producer) and processing (an in-process worker of ``--threads``), psycopg2+prepared
-  (psycopg2 as text once prepared.py is gone) against psycopg 3, taking turns, ``--repeat`` times.
+  against psycopg 3, taking turns, ``--repeat`` times.
 
 Prints figures and ratios; asserts nothing about time.
 """
@@ -49,18 +48,13 @@ from common import pg_database  # noqa: E402
 from dramatiq_unique import JobModel  # noqa: E402
 from dramatiq_unique.durable.outcome import outcome  # noqa: E402
 from dramatiq_unique.storage import database as databases  # noqa: E402
-from dramatiq_unique.storage import jobs, statements  # noqa: E402
+from dramatiq_unique.storage import jobs, queries  # noqa: E402
 from dramatiq_unique.storage.models import create_tables  # noqa: E402
 from dramatiq_unique.unique.enqueue import row_fields  # noqa: E402
 
-try:  # psycopg2's PREPARE/EXECUTE layer: gone since psycopg 3 replaced it (tests/benchmarks/README.md)
-    from dramatiq_unique.storage import prepared  # type: ignore[attr-defined]
-except ImportError:
-    prepared = None
-
-#: Connection kinds: label: (psycopg 3?, its prepare_threshold, or psycopg2 with prepared.py on/off).
+#: Connection kinds: label: (psycopg 3?, its prepare_threshold, or psycopg2 with our preparing on/off).
 KINDS: dict[str, tuple[bool, Any]] = {
-    **({"pg2+prepared": (False, True)} if prepared is not None else {}),
+    "pg2+prepared": (False, True),
     "pg2 text": (False, False),
     "pg3": (True, 5),
     "pg3 no-prep": (True, None),
@@ -77,13 +71,12 @@ def open_kind(url: str, kind: str) -> pw.Database:
         params["prepare_threshold"] = setting
     db = databases.ReconnectingPostgresqlDatabase(given.database, prefer_psycopg3=pg3, **params)
     assert (type(db._adapter).__name__ == "Psycopg3Adapter") is pg3
-    if prepared is not None:
-        prepared.enable(db, setting is True)
+    queries.enable(db, setting is True)
     return db
 
 
 class Statements:
-    """The four hot statements through storage/jobs.py and storage/statements.py, on one database."""
+    """The four hot statements through storage/jobs.py, on one database."""
 
     def __init__(self, db: pw.Database, label: str) -> None:
         self.db, self.label = db, label
@@ -140,7 +133,7 @@ class Statements:
                 jobs.insert(JobModel, self.fields(i, hold))
         tick()
         for hold in self.holds:
-            assert statements.holder(JobModel, hold) is not None
+            assert jobs.read_holder(JobModel, hold) is not None
         tock("holder")
         return out
 
@@ -154,7 +147,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
 
 def bench_statements(url: str, args: argparse.Namespace) -> None:
     dbs = {kind: open_kind(url, kind) for kind in KINDS}
-    base = next(iter(KINDS))  # the ratios' base: psycopg2 with prepared.py, or as text once it is gone
+    base = next(iter(KINDS))  # the ratios' base: psycopg2, prepared
     JobModel.bind(dbs[base], bind_refs=False, bind_backrefs=False)
     create_tables(dbs[base], [JobModel])
     benches = {kind: Statements(db, kind) for kind, db in dbs.items()}
@@ -206,15 +199,14 @@ def bench_statements(url: str, args: argparse.Namespace) -> None:
 
 
 def bench_end_to_end(url: str, args: argparse.Namespace) -> None:
-    """Rates of tracked and unique enqueue and processing, psycopg2 (with prepared.py where it still is) vs
+    """Rates of tracked and unique enqueue and processing, psycopg2 (prepared) vs
     psycopg 3 (default)."""
     kinds = (next(iter(KINDS)), "pg3")
     secs: dict[tuple, list[float]] = {}
 
     def run_on(kind: str) -> Run:
         run = Run(open_kind(url, kind))
-        if prepared is not None:  # setup() turns prepared.py on: set it back for psycopg 3
-            prepared.enable(run.suite.db, KINDS[kind][1] is True)
+        queries.enable(run.suite.db, KINDS[kind][1] is True)  # setup() turns our preparing on: as the kind says
         return run
 
     def keep(key: tuple, took: float) -> None:

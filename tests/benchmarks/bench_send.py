@@ -36,7 +36,7 @@ import redis
 from common import PG, REDIS_URL, pg_database, rig
 
 from dramatiq_unique import JobModel
-from dramatiq_unique.storage import statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, utcnow
 
 
@@ -80,7 +80,7 @@ def senders(url: str) -> tuple[dict[str, Callable[[int], object]], Callable[[], 
     def our_insert(i: int) -> None:
         # The fields a tracked send writes (unique/enqueue.py: row_fields), without the publish.
         now = utcnow()
-        statements.insert(JobModel, {
+        jobs.insert(JobModel, {
             "app": suite.settings.key_prefix, "message_id": uuid.uuid4().hex, "actor_name": "tracked",
             "queue_name": "tracked", "args": [i], "kwargs": {}, "options": {"_du": {}},
             "status": JobStatus.QUEUED.value, "created_at": now, "enqueued_at": now, "process_after": now,

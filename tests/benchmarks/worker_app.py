@@ -22,8 +22,8 @@ from typing import Any
 
 import dramatiq
 
-# The start and outcome of a tracked job's first attempt, as queries.sql renders them on PostgreSQL
-# (start_attempt; update_fenced with history_append), with fixed values where the worker's vary.
+# The start and outcome of a tracked job's first attempt, as queries.sql has them on PostgreSQL
+# (start_attempt; update_fenced_with_history), with fixed values where the worker's vary.
 FLOOR_START = (
     'UPDATE "dramatiq_unique_jobs" SET "status" = \'running\', "attempts" = "attempts" + 1, "started_at" = $2, '
     '"lease_until" = $3, "worker" = $4, "fencing_token" = COALESCE(NULL, "fencing_token" + 1), "parked_on" = NULL, '

@@ -23,7 +23,7 @@ import peewee as pw
 import pytest
 
 import dramatiq_unique
-from dramatiq_unique.storage import prepared
+from dramatiq_unique.storage import queries
 from tests.durable import RedisServer
 from tests.faults.harness import fault_env, open_runs_by_pid, prefix, report, start_rig, wait_for
 from tests.faults.shape_load import LIMIT, Load, judge
@@ -73,7 +73,7 @@ def test_pgbouncer_with_its_defaults(mode, cluster, tmp_path):
                         limit=LIMIT, lost_after=2_000)
         app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=THREADS)
         db = app.suite.db
-        assert getattr(db, prepared._OFF) is (mode == "transaction"), "prepared statements off in transaction mode"
+        assert getattr(db, queries._ON) is (mode != "transaction"), "prepared statements off in transaction mode"
         # Bounded through the pooler: the start-up option was refused, SET LOCAL bounds each statement.
         assert db.local_timeout == app.suite.settings.database_timeout
         db.local_timeout = 300
@@ -104,7 +104,7 @@ def test_a_statement_prepared_under_a_transaction_pooler_is_refused_when_asked_f
         with pytest.raises(dramatiq_unique.InvalidOption, match="prepared_statements=False"):
             dramatiq_unique.Suite(database=url, redis="redis://127.0.0.1:1/0", prepared_statements=True)
         suite = dramatiq_unique.Suite(database=url, redis="redis://127.0.0.1:1/0")
-        assert getattr(suite.db, prepared._OFF) is True
+        assert getattr(suite.db, queries._ON) is False
         suite.close()
     finally:
         bouncer.remove()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import dramatiq
 import pytest
@@ -22,7 +22,7 @@ from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.slots.gate import gate_of
-from dramatiq_unique.storage import parking_statements, prepared
+from dramatiq_unique.storage import jobs, queries
 from dramatiq_unique.storage.models import after_ms, utcnow
 from dramatiq_unique.suite import set_current
 from tests.conftest import REDIS_URL
@@ -107,7 +107,7 @@ def make_pending(row_id: int) -> None:
 
 def reserve_elsewhere(info, group: str, app: str):
     """A reservation of the group's next row by another process ("elsewhere"), for a minute."""
-    return parking_statements.reserve(info.model, group, info.order_by, "elsewhere:1:deck", 60_000, app=app)
+    return jobs.reserve(info.model, group, info.order_by, "elsewhere:1:deck", 60_000, app=app)
 
 def test_a_pass_never_touches_another_apps_jobs(apps):
     """Given app B's jobs in every state a pass acts on (due pending, lost from its broker,
@@ -396,7 +396,7 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
         a.use()
         info = gate_of(a.suite).describe(group)
         assert lot.wake_orphans(a.suite) == 0 and broker_messages(a.broker) == []
-        assert parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app) is None
+        assert jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app) is None
         assert reserve_elsewhere(info, group, a.suite.app) is None
         assert parked.waiting_in(info, group, app=a.suite.app) is None
         assert concurrency_status("job").parked == 0
@@ -407,7 +407,7 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
         assert parked.waiting_in(info, group, app=a.suite.app) == 0
         reserved = reserve_elsewhere(info, group, a.suite.app)
         assert reserved is not None and reserved.id == a_rows[0].id
-        claimed = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app)
+        claimed = jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app)
         assert claimed is not None and claimed.id == a_rows[1].id
         assert lot.wake_orphans(a.suite) == 1  # the last of A's: its slot is free
         assert [m["message_id"] for m in broker_messages(a.broker)] == [a_rows[2].message_id]
@@ -442,23 +442,23 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         db.execute_sql(f'ANALYZE "{table}"')
         app.use()
 
-        statements: list[tuple[str, list]] = []
-        run_prepared, run_sql = prepared.execute, db.execute_sql
+        statements: list[tuple[Any, Any]] = []
+        run_prepared, run_sql = queries.execute, db.execute_sql
 
-        def recording_prepared(database, sql, params):
-            statements.append((sql, list(params)))
-            return run_prepared(database, sql, params)
+        def recording_prepared(database, query, params):
+            statements.append((query, dict(params)))
+            return run_prepared(database, query, params)
 
         def recording_sql(sql, params=None, *args, **kwargs):
             if sql.lstrip().upper().startswith("SELECT"):
                 statements.append((sql, list(params or ())))
             return run_sql(sql, params, *args, **kwargs)
 
-        monkeypatch.setattr(prepared, "execute", recording_prepared)
+        monkeypatch.setattr(queries, "execute", recording_prepared)
         monkeypatch.setattr(db, "execute_sql", recording_sql)
         info = gate_of(app.suite).describe(group)
         assert reserve_elsewhere(info, group, app.suite.app).message_id == "mine-0"
-        claimed = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=app.suite.app)
+        claimed = jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=app.suite.app)
         assert claimed is not None
         assert parked.waiting_in(info, group, app=app.suite.app) == 0
         assert concurrency_status("job").parked == 2
@@ -468,13 +468,13 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         explained, generic = 0, 0
         db.execute_sql("SET plan_cache_mode = force_generic_plan")
         try:
-            for body, params in statements:
-                name = prepared._names.get(body)
-                if name is not None:  # as the connection runs it: EXECUTE of its prepared statement
-                    args = ", ".join(["%s"] * len(params))
-                    plan_rows = db.execute_sql(f"EXPLAIN EXECUTE {name}({args})", params).fetchall()
+            for query, params in statements:
+                if isinstance(query, queries.Query):  # as the connection runs it: EXECUTE of its prepared statement
+                    body = query.sql
+                    plan_rows = db.execute_sql("EXPLAIN " + query.execute_sql, params).fetchall()
                     generic += 1
                 else:
+                    body = query
                     plan_rows = db.execute_sql("EXPLAIN " + body, params).fetchall()
                 plan = "\n".join(row[0] for row in plan_rows)
                 assert "Seq Scan" not in plan, f"{body}\n{plan}"

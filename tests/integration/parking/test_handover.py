@@ -21,7 +21,7 @@ from dramatiq_unique import JobModel
 from dramatiq_unique.parking import places
 from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.slots.gate import gate_of
-from dramatiq_unique.storage import parking_statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import after_ms, utcnow
 from tests.helpers import wait_until
 from tests.integration.parking.helpers import reserved
@@ -114,7 +114,7 @@ def test_a_reserved_row_another_process_took_is_not_delivered_from_the_deck(suit
     # The reservation ran out (as the other process sees it), and the other process claims and starts it.
     JobModel.update(lease_until=after_ms(-60_000)).where(JobModel.id == first.id).execute()
     group = first.parked_on
-    other = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "other-ref",
+    other = jobs.claim_parked(JobModel, group, "created_at", utcnow(), "other-ref",
                                      (after_ms(60_000), "elsewhere:1:woken", False), app=suite.app)
     assert other is not None and other.id == first.id and other.status == "running"
     release.set()
@@ -173,7 +173,7 @@ def _state(suite: Any, actor_name: str, group: str) -> str:
 
     client = redis.Redis.from_url(REDIS_URL)
     db = JobModel._meta.database
-    lines = [f"db now {db.execute_sql(f'SELECT {parking_statements.db_now(db)}').fetchone()[0]}; redis {client.time()}"]
+    lines = [f"db now {db.execute_sql(f'SELECT {jobs.db_now(db)}').fetchone()[0]}; redis {client.time()}"]
     for r in rows(actor_name):
         lines.append(f"row {r.id} args={r.args} status={r.status} worker={r.worker} lease_until={r.lease_until} "
                      f"parked_on={r.parked_on} attempts={r.attempts} ref={r.broker_ref}")
@@ -290,9 +290,9 @@ def test_reservations_run_by_the_database_clock_not_by_a_skewed_waker(suite, bro
     JobModel.create(message_id="m0", actor_name="job", queue_name="default", args=[0], status="pending",
                     parked_on=group, created_at=after_ms(-10_000), app=suite.app)
     info = gate_of(suite).describe(group)
-    assert parking_statements.reserve(info.model, group, info.order_by, "elsewhere:1:deck", 60_000, app=suite.app)
+    assert jobs.reserve(info.model, group, info.order_by, "elsewhere:1:deck", 60_000, app=suite.app)
     ahead = after_ms(120_000)
-    assert parking_statements.claim_parked(JobModel, group, "created_at", ahead, "ref", app=suite.app) is None
+    assert jobs.claim_parked(JobModel, group, "created_at", ahead, "ref", app=suite.app) is None
     assert 50_000 < parked.waiting_in(info, group, app=suite.app) <= 60_000
 
 

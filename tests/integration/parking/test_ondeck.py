@@ -12,7 +12,7 @@ import dramatiq_unique
 from dramatiq_unique import JobModel, concurrency_status
 from dramatiq_unique.parking import places
 from dramatiq_unique.slots.gate import gate_of
-from dramatiq_unique.storage import parking_statements
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from tests.helpers import wait_until
 from tests.integration.parking.helpers import reserved
@@ -55,13 +55,13 @@ def test_a_job_from_the_deck_runs_only_once_its_start_is_in_the_database(suite, 
     """Given the start of a job from the deck written slowly, When the job runs, Then its row already says
     running, under the attempt's own fencing token and worker (the start is written before the delivery);
     its outcome is recorded: one attempt, succeeded."""
-    written = parking_statements.start_reserved
+    written = jobs.start_reserved
 
     def slow_start(*args, **kwargs):
         time.sleep(0.3)
         return written(*args, **kwargs)
 
-    monkeypatch.setattr(parking_statements, "start_reserved", slow_start)
+    monkeypatch.setattr(jobs, "start_reserved", slow_start)
     rec, seen = Recorder(), {}
 
     @dramatiq.actor(concurrency_limit=1)
@@ -113,13 +113,13 @@ def test_other_wakers_skip_a_reserved_row_until_its_reservation_ends(suite, brok
                         status=JobStatus.PENDING.value, parked_on=group, created_at=after_ms(i - 10_000),
                         app=suite.app)
     info = gate_of(suite).describe(group)
-    first = parking_statements.reserve(JobModel, group, info.order_by, "elsewhere:1:deck", 200, app=suite.app)
+    first = jobs.reserve(JobModel, group, info.order_by, "elsewhere:1:deck", 200, app=suite.app)
     assert first is not None and first.args == [0]
-    claimed = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
+    claimed = jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
     assert claimed is not None and claimed.args == [1]
-    assert parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app) is None
+    assert jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app) is None
     time.sleep(0.25)
-    again = parking_statements.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
+    again = jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=suite.app)
     assert again is not None and again.args == [0]
 
 

@@ -248,7 +248,7 @@ def test_a_claim_can_start_the_woken_attempt_unless_its_message_brought_unique_o
     """Given two parked rows, one whose message brought its own unique_lock, When each is claimed
     with a start (prestart.py), Then the plain one is running (attempt counted, fencing token drawn,
     unique hold released) and the other is only claimed, left to start the ordinary way."""
-    from dramatiq_unique.storage import parking_statements
+    from dramatiq_unique.storage import jobs as store
     from dramatiq_unique.storage.models import after_ms
 
     plain = new_row(1, status="pending", parked_on="t:pre", unique_hold="k1", fencing_token=4)
@@ -257,8 +257,8 @@ def test_a_claim_can_start_the_woken_attempt_unless_its_message_brought_unique_o
     own.save()
     now = utcnow()
     start = (after_ms(60_000, now), "host:1:woken", True)
-    first = parking_statements.claim_parked(JobModel, "t:pre", "created_at", now, "ref-1", start, app=suite.app)
-    second = parking_statements.claim_parked(JobModel, "t:pre", "created_at", now, "ref-2", start, app=suite.app)
+    first = store.claim_parked(JobModel, "t:pre", "created_at", now, "ref-1", start, app=suite.app)
+    second = store.claim_parked(JobModel, "t:pre", "created_at", now, "ref-2", start, app=suite.app)
     assert (first.id, first.status, first.attempts, first.fencing_token) == (plain.id, "running", 1, 5)
     assert (first.unique_hold, first.worker, first.broker_ref, first.parked_on) == (None, "host:1:woken", "ref-1", None)
     assert (second.id, second.status, second.attempts, second.unique_hold) == (own.id, "queued", 0, "k2")

@@ -294,7 +294,7 @@ def test_a_cut_inside_a_transaction_is_not_retried_and_the_next_call_works(priva
 def test_prepared_statements_are_prepared_again_on_the_new_connection(private_suite, broker, cluster):
     """Given tracked sends prepared on a connection, When the session is cut, Then the next send
     reconnects, prepares its statement on the new session and records it there."""
-    from dramatiq_unique.storage import prepared
+    from dramatiq_unique.storage import queries
 
     @dramatiq.actor(track=True)
     def prepared_send(n):
@@ -309,4 +309,4 @@ def test_prepared_statements_are_prepared_again_on_the_new_connection(private_su
     cluster.terminate_backends()
     assert status(prepared_send.send(2).message_id) == "queued"
     assert names_here() == names, "prepared again on the new session"
-    assert prepared._done(private_suite.db) == names, "and known there, so it is not prepared a third time"
+    assert queries._done(private_suite.db) == names, "and known there, so it is not prepared a third time"

@@ -1,4 +1,4 @@
-"""Prepared statements on PostgreSQL (dramatiq_unique.storage.prepared), on a real server."""
+"""Prepared statements on PostgreSQL (dramatiq_unique.storage.queries), on a real server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import peewee as pw
 import pytest
 
 import dramatiq_unique
-from dramatiq_unique.storage import prepared
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.database import is_psycopg3
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
@@ -83,9 +83,9 @@ def test_jobs_run_and_record_with_prepared_statements_and_without(make_suite, br
 def test_a_statement_the_server_cannot_prepare_is_sent_as_text(make_suite):
     """Given a statement whose parameter type the server cannot infer, Then it is sent as text."""
     suite = make_suite()
-    statement = "SELECT %s IS NULL"
-    assert prepared.execute(suite.db, statement, [None]).fetchone() == (True,)
-    assert prepared.execute(suite.db, statement, [1]).fetchone() == (False,)
+    query = queries.Query.of("untyped", "SELECT %(value)s IS NULL", postgres=True)
+    assert queries.execute(suite.db, query, {"value": None}).fetchone() == (True,)
+    assert queries.execute(suite.db, query, {"value": 1}).fetchone() == (False,)
     assert not prepared_here(suite)
 
 
@@ -125,18 +125,78 @@ def test_a_given_psycopg_3_database_prepares_by_itself(make_suite, broker, pg_ur
 
 
 def test_a_parking_move_is_one_prepared_statement_and_leaves_the_session_synchronous(make_suite):
-    """The parking moves commit without waiting for the WAL flush (storage/parking_statements.py): one
+    """The parking moves commit without waiting for the WAL flush (storage/jobs.py: no_flush_wait): one
     statement each, prepared as any other; the setting lasts for that statement's transaction only."""
     from dramatiq_unique import JobModel
-    from dramatiq_unique.storage import jobs, parking_statements
+    from dramatiq_unique.storage import jobs
     from dramatiq_unique.storage.models import utcnow
 
     suite = make_suite()
     ids = [jobs.insert(JobModel, {"message_id": f"m{n}", "actor_name": "job", "queue_name": "default"})
            for n in range(3)]
     for row_id in ids:
-        assert parking_statements.park(JobModel, row_id, 0, "group", {}, utcnow()) is not None
+        assert jobs.park(JobModel, row_id, 0, "group", {}, utcnow()) is not None
     rows = suite.db.execute_sql("SELECT statement FROM pg_prepared_statements").fetchall()
     assert len([s for (s,) in rows if "WITH moved AS (UPDATE" in s]) == 1
     assert suite.db.execute_sql("SHOW synchronous_commit").fetchone()[0] == "on"
     assert JobModel.select().where(JobModel.parked_on == "group").count() == len(ids)
+
+
+#: Run in a process of its own: runs the named statements in the order given (argv[2:]) on a connection of
+#: its own, prepared, and prints what that session prepared, as JSON {name: statement}.
+PREPARING_PROCESS = """
+import json, sys
+import peewee as pw
+from playhouse.db_url import parse
+from dramatiq_unique import JobModel
+from dramatiq_unique.storage import fencing, models, queries
+
+params = parse(sys.argv[1])
+db = pw.PostgresqlDatabase(params.pop("database"), **params)
+queries.enable(db, True)
+values = {"app": "", "hold": "h", "key": "k", "id": 0, "revision": 0, "succeeded": "succeeded",
+          "failed": "failed", "running": "running", "live_after": None, "woken_by": ""}
+with db.bind_ctx([JobModel], bind_refs=False, bind_backrefs=False):
+    models.create_tables(db, [JobModel])
+    fencing.create_table(db)
+    for name in sys.argv[2:]:
+        query = queries.on(db, name) if name == "current_token" else queries.statement(JobModel, name)
+        queries.execute(db, query, values).fetchall()
+rows = db.execute_sql("SELECT name, statement FROM pg_prepared_statements").fetchall()
+print(json.dumps(dict(rows)))
+"""
+
+
+def prepared_by_a_process(pg_url: str, names: list[str]) -> dict[str, str]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.workers import ROOT
+
+    done = subprocess.run([sys.executable, "-c", PREPARING_PROCESS, pg_url, *names], cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_a_statement_has_the_same_prepared_name_in_every_process_whatever_their_order(pg_url):
+    """Given two processes (two sessions) that prepare the same statements in opposite orders, Then each
+    statement has one name in both, and different statements have different names: through a pooler that
+    hands one server session to both, a name never runs another statement's text."""
+    order = ["holder", "startable", "current_token"]
+    first = prepared_by_a_process(pg_url, order)
+    second = prepared_by_a_process(pg_url, order[::-1])
+    assert len(first) == len(second) == 3
+    assert first == second, "one name, one text, in both processes"
+    assert len(set(first.values())) == 3 and all(name.startswith("dramatiq_unique_") for name in first)
+
+
+def test_a_prepared_name_is_a_hash_of_the_exact_text():
+    """Same text, same name, from any two renderings; a text differing by one character, another name."""
+    a = queries.Query.of("a", 'SELECT 1 FROM "t" WHERE "id" = %(id)s', postgres=True)
+    b = queries.Query.of("b", 'SELECT 1 FROM "t" WHERE "id" = %(id)s', postgres=True)
+    c = queries.Query.of("a", 'SELECT 1 FROM "u" WHERE "id" = %(id)s', postgres=True)
+    assert a.prepared_name == b.prepared_name != c.prepared_name
+    assert a.prepare_sql == 'SELECT 1 FROM "t" WHERE "id" = $1'
+    assert a.execute_sql == f"EXECUTE {a.prepared_name}(%(id)s)"

@@ -1,4 +1,4 @@
-"""A unique send's row or its holder in one statement (statements.insert_or_holder, jobs.insert_holding),
+"""A unique send's row or its holder in one statement (jobs.insert_or_holder, jobs.insert_holding),
 on SQLite and on a real PostgreSQL."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
-from dramatiq_unique.storage import conflicts, jobs, statements
+from dramatiq_unique.storage import conflicts, jobs
 from dramatiq_unique.storage.models import is_postgres
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
@@ -32,14 +32,14 @@ def fields(message_id: str, app: str = "", **more) -> dict:
 
 
 def test_a_new_hold_is_inserted_and_a_held_one_answers_its_holder(suite):
-    first, none = statements.insert_or_holder(JobModel, {**fields("m1"), "unique_hold": "report:1"})
+    first, none = jobs.insert_or_holder(JobModel, {**fields("m1"), "unique_hold": "report:1"})
     assert first is not None and none is None
 
     if not is_postgres(suite.db):  # no round trip to save: the clash raises, as a plain INSERT's
         with pytest.raises(pw.IntegrityError):
-            statements.insert_or_holder(JobModel, {**fields("m2"), "unique_hold": "report:1"})
+            jobs.insert_or_holder(JobModel, {**fields("m2"), "unique_hold": "report:1"})
         return
-    row_id, holder = statements.insert_or_holder(JobModel, {**fields("m2"), "unique_hold": "report:1"})
+    row_id, holder = jobs.insert_or_holder(JobModel, {**fields("m2"), "unique_hold": "report:1"})
     assert row_id is None
     assert (holder.id, holder.message_id, holder.status) == (first, "m1", "queued")
     assert holder.created_at is not None
@@ -49,14 +49,14 @@ def test_a_new_hold_is_inserted_and_a_held_one_answers_its_holder(suite):
 @pytest.mark.parametrize("kind", ["holder", "message id"])
 def test_only_the_hold_is_the_arbiter(suite, kind):
     """Another unique column's clash still raises, as a plain INSERT's does (the callers rely on it)."""
-    statements.insert_or_holder(JobModel, {**fields("m1"), "unique_hold": "report:1"})
+    jobs.insert_or_holder(JobModel, {**fields("m1"), "unique_hold": "report:1"})
     with pytest.raises(pw.IntegrityError):
-        statements.insert_or_holder(JobModel, {**fields("m1"), "unique_hold": "report:2"})
+        jobs.insert_or_holder(JobModel, {**fields("m1"), "unique_hold": "report:2"})
 
 
 def test_apps_do_not_share_holds(suite):
-    a, _ = statements.insert_or_holder(JobModel, {**fields("m1", app="a"), "unique_hold": "report:1"})
-    b, _ = statements.insert_or_holder(JobModel, {**fields("m2", app="b"), "unique_hold": "report:1"})
+    a, _ = jobs.insert_or_holder(JobModel, {**fields("m1", app="a"), "unique_hold": "report:1"})
+    b, _ = jobs.insert_or_holder(JobModel, {**fields("m2", app="b"), "unique_hold": "report:1"})
     assert a is not None and b is not None and a != b
 
 
@@ -124,13 +124,13 @@ def test_a_holder_that_commits_while_the_insert_waits_is_found(pg_suite, pg_url,
 def test_an_actor_whose_keys_are_often_held_switches_to_the_one_statement_and_back(suite, monkeypatch):
     monkeypatch.setattr(conflicts, "_share", {})
     used: list[str] = []
-    original = statements.insert_or_holder
+    original = jobs.insert_or_holder
 
     def spy(model, values):
         used.append(values["message_id"])
         return original(model, values)
 
-    monkeypatch.setattr(statements, "insert_or_holder", spy)
+    monkeypatch.setattr(jobs, "insert_or_holder", spy)
     jobs.insert_holding(JobModel, fields("holder"), "report:1", None)
     for n in range(6):  # duplicates from "another process": refused each time
         row_id, holder = jobs.insert_holding(JobModel, fields(f"dup{n}"), "report:1", None)

@@ -8,7 +8,7 @@ import peewee as pw
 import pytest
 
 from dramatiq_unique.health.target import bound
-from dramatiq_unique.storage import history, schema, statements
+from dramatiq_unique.storage import history, jobs, schema
 from dramatiq_unique.storage.models import JobModel
 
 
@@ -31,19 +31,19 @@ def test_an_entry_keeps_the_first_line_of_the_error():
 
 
 def test_the_outcome_appends_and_keeps_the_last_entries(model):
-    job_id = statements.insert(model, {"message_id": "m", "actor_name": "a", "queue_name": "q"})
+    job_id = jobs.insert(model, {"message_id": "m", "actor_name": "a", "queue_name": "q"})
     for n in range(1, history.MAX_ENTRIES + 4):
         item = history.entry(attempt=n, started_at=None, finished_at=None, status="retrying", error=None, worker="w")
-        assert statements.update_fenced(model, job_id, 0, {"attempts": n}, attempt=item) == 1
+        assert jobs.update_fenced(model, job_id, 0, {"attempts": n}, attempt=item) == 1
     kept = model.get_by_id(job_id).history
     assert [e["attempt"] for e in kept] == list(range(4, history.MAX_ENTRIES + 4))
     # A write of other columns (a checkpoint, a lease) leaves the history alone.
-    statements.update_fenced(model, job_id, 0, {"attempts": 99})
+    jobs.update_fenced(model, job_id, 0, {"attempts": 99})
     assert len(model.get_by_id(job_id).history) == history.MAX_ENTRIES
 
 
 def test_a_fenced_out_attempt_appends_nothing(model):
-    job_id = statements.insert(model, {"message_id": "m", "actor_name": "a", "queue_name": "q", "fencing_token": 5})
+    job_id = jobs.insert(model, {"message_id": "m", "actor_name": "a", "queue_name": "q", "fencing_token": 5})
     item = history.entry(attempt=1, started_at=None, finished_at=None, status="succeeded", error=None, worker="w")
-    assert statements.update_fenced(model, job_id, 4, {"status": "succeeded"}, attempt=item) == 0
+    assert jobs.update_fenced(model, job_id, 4, {"status": "succeeded"}, attempt=item) == 0
     assert model.get_by_id(job_id).history is None
