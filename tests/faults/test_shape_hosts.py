@@ -63,14 +63,20 @@ IDLE_S = 2.0
 CUT_S = 2 * (max(TTL + LOST_AFTER, HEARTBEAT_TIMEOUT) + 2 * 250) / 1000
 
 
+#: Each test's namespaces and subnets (10.233.<subnet + i>.0/24): xdist may run both tests at once.
+NETWORKS = {"test_three_hosts_one_cut_off_then_healed": ("hcut", 10),
+            "test_cost_per_job_from_one_to_three_hosts": ("hcost", 20)}
+
+
 @pytest.fixture
-def hosts():
+def hosts(request):
     reason = namespaces_unavailable()
     if reason is not None:
         if os.environ.get("CI") == "true":
             pytest.fail(f"network namespaces are needed under CI: {reason}")
         pytest.skip(reason)
-    made = Hosts(HOSTS, tag="hosts", subnet=10)
+    tag, subnet = NETWORKS[request.node.originalname]
+    made = Hosts(HOSTS, tag=tag, subnet=subnet)
     try:
         yield made.create()
     finally:
