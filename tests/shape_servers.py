@@ -118,6 +118,8 @@ class PgBouncer:
                 self.proc.kill()
             self.proc.wait(timeout=START_TIMEOUT)
             self.proc = None
+            # Killed, it leaves its pid file, and a start on it would refuse ("is another instance running?").
+            (self.dir / "pgbouncer.pid").unlink(missing_ok=True)
 
     def remove(self) -> None:
         try:
