@@ -3,7 +3,8 @@
 The package's docstrings name other objects the Sphinx way (:func:`get_job`,
 :class:`~dramatiq_unique.errors.LockLost`), which mkdocstrings would print as is.  A
 public name (one of ``dramatiq_unique.__all__``, rendered on the API page) becomes a
-link to its entry; any other name becomes code.
+link to its entry; any other name becomes code.  A placeholder such as ``<key_prefix>``
+in plain text is escaped, so that Markdown shows it rather than hide it as a tag.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 import griffe
 
 ROLE = re.compile(r":(?:func|class|mod|meth|attr|data|exc|obj):`(~?)([\w.]+)`")
+#: A placeholder such as <key_prefix>, which Markdown would take for an HTML tag and hide.
+PLACEHOLDER = re.compile(r"<([a-z_]+)>")
 
 
 def public_names() -> set[str]:
@@ -40,7 +43,14 @@ def markdown(match: re.Match) -> str:
     return f"`{shown}`"
 
 
+def placeholders(text: str) -> str:
+    """``<name>`` outside code spans written as text (inside them Markdown shows it as is)."""
+    parts = text.split("`")
+    parts[::2] = [PLACEHOLDER.sub(r"&lt;\1&gt;", part) for part in parts[::2]]
+    return "`".join(parts)
+
+
 class SphinxRoles(griffe.Extension):
     def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = ROLE.sub(markdown, obj.docstring.value)
+            obj.docstring.value = placeholders(ROLE.sub(markdown, obj.docstring.value))

@@ -25,6 +25,7 @@ from dramatiq_unique.errors import (
     NotConfigured,
     NotInJob,
     NotSerializable,
+    RedisPermissionDenied,
     RedisUnavailable,
     SchemaOutOfDate,
     UnsupportedVersion,
@@ -33,6 +34,7 @@ from dramatiq_unique.idempotency import submit
 from dramatiq_unique.leases import heartbeat
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
 from dramatiq_unique.observe import enable_metrics
+from dramatiq_unique.redis.servers import client_from_url as redis_client
 from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.suite import Suite
@@ -66,6 +68,7 @@ __all__ = [
     "NotConfigured",
     "NotInJob",
     "NotSerializable",
+    "RedisPermissionDenied",
     "RedisUnavailable",
     "RedriveCounts",
     "Redriver",
@@ -81,6 +84,7 @@ __all__ = [
     "get_job",
     "heartbeat",
     "lock",
+    "redis_client",
     "redrive",
     "retry_job",
     "send_many",

@@ -28,7 +28,7 @@ class DramatiqUniqueError(MiddlewareError):
         # logs, terminals, the dashboard).
         self.detail = detail = redact(detail) if isinstance(detail, str) else detail
         self.context = context
-        message = (self.__doc__ or "").strip()
+        message = " ".join((self.__doc__ or "").split())  # a docstring's lines make one line
         super().__init__(f"{message}: {detail}" if detail else message)
 
 
@@ -80,8 +80,32 @@ class DatabaseUnavailable(DependencyUnavailable):
     """The job table could not be reached"""
 
 
+#: How Redis begins the reply to a command that the user's ACL does not allow.
+NOPERM = "NOPERM"
+
+
 class RedisUnavailable(DependencyUnavailable):
     """Redis could not be reached for a lock"""
+
+    def __new__(cls, detail: Any = "", **context: Any) -> "RedisUnavailable":
+        # Every wrapper of a Redis error raises this class: one Redis refused for want of a right
+        # says so instead (a subclass: handled as any Redis failure, nothing sent or run unprotected).
+        if cls is RedisUnavailable and permission_refused(detail):
+            cls = RedisPermissionDenied
+        return super().__new__(cls, detail)
+
+
+class RedisPermissionDenied(RedisUnavailable):
+    """Redis refused the suite's user a key or a command (NOPERM: its ACL); an ACL user needs the keys
+    <key_prefix>:* and redlock:<key_prefix>:* (the locks, in pottery's format), and the broker's <namespace> and
+    <namespace>:* (docs/operations/deploying.md)"""
+
+
+def permission_refused(error: Any) -> bool:
+    """Whether ``error`` (a Redis error, or its text) is a refusal by the user's ACL: redis-py's
+    ``NoPermissionError`` drops the ``NOPERM`` code from its text, a script's reply keeps it."""
+    text = str(error)
+    return NOPERM in text or type(error).__name__ == "NoPermissionError" or "user has no permissions" in text
 
 
 class UnsupportedVersion(DependencyUnavailable):

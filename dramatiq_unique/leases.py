@@ -84,8 +84,17 @@ def heartbeat() -> float:
         give_up(ctx, e)
         raise
     left.append(_renew_row(ctx))
+    remaining = min(left) - (time.monotonic() - started)
+    if remaining <= 0:
+        # The renewal took longer than the lease (a network cut, a stalled server, a frozen process):
+        # counted from when it was sent, the lease may have run out before it landed, and a newer
+        # attempt may hold the job by now.  A late "yes" is not a hold.
+        error = LockLost(f"renewing the leases of job {ctx.message.message_id} took "
+                         f"{time.monotonic() - started:.1f} s, longer than the lease")
+        give_up(ctx, error)
+        raise error
     events.heartbeat(ctx.job)
-    return max(0.0, min(left) - (time.monotonic() - started))
+    return remaining
 
 
 def _renew_row(ctx: "JobContext") -> float:
@@ -112,6 +121,22 @@ def _renew_row(ctx: "JobContext") -> float:
         raise error
     ctx.extras[_LEASE_WRITTEN] = now
     return ttl / 1000
+
+
+def check_start(ctx: "JobContext", began: float) -> None:
+    """Right after an attempt's start (begun at ``time.monotonic()`` ``began``): raise LockLost, before the
+    actor runs, if the start took longer than the row's lease (``unique_ttl``).  A reply that arrives late
+    (a network cut that heals, a stalled server) may report a start whose lease ran out long ago; the
+    re-drive may have sent the job again, and it may even have run and succeeded."""
+    job = ctx.job
+    if job is None:
+        return
+    ttl = float(ctx.config.get(ctx.message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    took = time.monotonic() - began
+    if took * 1000 >= ttl:
+        error = LockLost(f"starting job {ctx.message.message_id} took {took:.1f} s, longer than its lease")
+        give_up(ctx, error)
+        raise error
 
 
 def give_up(ctx: "JobContext", error: LockLost) -> None:

@@ -18,7 +18,8 @@ from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfig
 from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
-from dramatiq_unique.storage import queries
+from dramatiq_unique.redis.servers import client_from_url
+from dramatiq_unique.storage import poolers, queries
 from dramatiq_unique.storage import stores as _stores
 from dramatiq_unique.storage.database import check as check_database
 from dramatiq_unique.storage.database import describe
@@ -78,8 +79,9 @@ class Settings:
     redrive_page_size: int = 500
     #: Whether the hot statements (send, start, outcome, parking moves) are prepared once per PostgreSQL
     #: connection (psycopg2: :mod:`dramatiq_unique.storage.queries`; psycopg 3: its ``prepare_threshold``);
-    #: False behind a pooler in transaction mode.
-    prepared_statements: bool = True
+    #: None: prepared unless the database is behind a pooler in transaction mode, where True is refused
+    #: (:mod:`dramatiq_unique.storage.poolers`).
+    prepared_statements: Optional[bool] = None
     #: ms a new PostgreSQL connection may take (libpq's ``connect_timeout``, in whole seconds, at least 2):
     #: bounds a server that takes the connection but never answers.
     database_connect_timeout: int = DEFAULT_DATABASE_CONNECT_TIMEOUT
@@ -150,7 +152,7 @@ def _redis_clients(spec: RedisSpec) -> list[redis_lib.Redis]:
     clients = []
     for item in items:
         if isinstance(item, str):
-            clients.append(redis_lib.Redis.from_url(item))
+            clients.append(client_from_url(item))
         elif isinstance(item, redis_lib.Redis):
             clients.append(item)
         else:
@@ -181,18 +183,17 @@ class Suite:
         if unknown:
             raise InvalidOption(f"unknown settings: {', '.join(sorted(unknown))}")
         self.settings = Settings(**settings)
-        databases = [
-            open_database(spec, connect_timeout=self.settings.database_connect_timeout,
-                          timeout=self.settings.database_timeout, prepared=self.settings.prepared_statements)
-            for spec in _stores.specs(database)
-        ]
-        for db in databases:
-            queries.enable(db, self.settings.prepared_statements)
+        prepare = self.settings.prepared_statements is not False
+        databases = [open_database(spec, connect_timeout=self.settings.database_connect_timeout,
+                                   timeout=self.settings.database_timeout, prepared=prepare)
+                     for spec in _stores.specs(database)]
         #: The job stores, the primary first (one, unless ``database`` listed several).
         self.stores = _stores.Stores(databases, down_for=self.settings.store_down_for)
         #: The primary store's Database.
         self.db = databases[0]
         self._check_stores()  # fail fast, naming the server
+        for db in databases:  # not behind a pooler in transaction mode (storage/poolers.py)
+            queries.enable(db, prepare and not poolers.configure(db, self.settings.prepared_statements))
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of

@@ -2,7 +2,7 @@
 
 Configured by ``DU_*`` variables (the test passes the same values to its own :func:`build`):
 
-``DU_REDIS_URL``            the broker's Redis
+``DU_REDIS_URL``            the broker's Redis (a ``redis+sentinel://`` URL: a service behind Sentinel)
 ``DU_LOCK_REDIS_URL``       the suite's Redis (locks, slots, parking); default: the broker's
 ``DU_LOG_REDIS_URL``        where the event log goes; default: the suite's
 ``DU_NAMESPACE``            the broker's namespace
@@ -20,7 +20,8 @@ the event under it, so no clock is compared across processes):
 
 - ``start`` when the actor begins, ``beat`` after each ``heartbeat()`` that
   held, ``lost`` when one raised ``LockLost``, ``end`` when the actor body is
-  done (all inside the actor, so while its lock or slot is held);
+  done (all inside the actor, so while its lock or slot is held); ``fail``
+  when a tracked run asked to fail (``fail_first``) raises, to be retried;
 - ``done`` from a middleware whose ``after_process_message`` runs after every
   suite middleware's: the outcome of the run has been recorded (or tried).
 
@@ -44,6 +45,7 @@ from dramatiq.middleware import Middleware
 
 import dramatiq_unique
 from dramatiq_unique import LockLost, current_job, heartbeat
+from dramatiq_unique.redis.servers import is_sentinel_url
 
 #: KEYS[1] the sequence, KEYS[2] the list; ARGV[1] the event as a JSON array.  The list's order
 #: is the order of the sequence numbers: one script, run atomically by the server.
@@ -109,10 +111,17 @@ class App:
         self.log.close()
 
 
-def _body(log: EventLog, kind: str, key: str, run_ms: int, beat_ms: int) -> Any:
+class Deliberate(Exception):
+    """Raised by a run asked to fail (``fail_first``): its job is retried by Dramatiq's Retries."""
+
+
+def _body(log: EventLog, kind: str, key: str, run_ms: int, beat_ms: int, fail_first: int = 0) -> Any:
     job = current_job()
     run = dict(kind=kind, job=job.message_id, key=key, token=job.fencing_token, attempt=job.attempts)
     log.record("start", **run)
+    if job.attempts <= fail_first:
+        log.record("fail", **run)
+        raise Deliberate(f"attempt {job.attempts} fails on purpose")
     deadline = time.monotonic() + run_ms / 1000
     step = (beat_ms or run_ms) / 1000
     beats = 0
@@ -144,10 +153,13 @@ def build(env: Mapping[str, str]) -> App:
     key_prefix = env["DU_KEY_PREFIX"]
     ttl = int(env.get("DU_TTL", "2000"))
     limit = int(env.get("DU_LIMIT", "2"))
-    broker = RedisBroker(url=broker_url, namespace=env["DU_NAMESPACE"],
-                         heartbeat_timeout=int(env.get("DU_HEARTBEAT_TIMEOUT", "3000")),
-                         maintenance_chance=int(env.get("DU_MAINTENANCE_CHANCE", "1000")),
-                         socket_timeout=5, socket_connect_timeout=5)
+    timings = dict(namespace=env["DU_NAMESPACE"], heartbeat_timeout=int(env.get("DU_HEARTBEAT_TIMEOUT", "3000")),
+                   maintenance_chance=int(env.get("DU_MAINTENANCE_CHANCE", "1000")))
+    if is_sentinel_url(broker_url):  # a service behind Sentinel: the broker on the master of the moment
+        broker = RedisBroker(client=dramatiq_unique.redis_client(broker_url, socket_timeout=5,
+                                                                 socket_connect_timeout=5), **timings)
+    else:
+        broker = RedisBroker(url=broker_url, socket_timeout=5, socket_connect_timeout=5, **timings)
     dramatiq.set_broker(broker)
     suite = dramatiq_unique.setup(broker, database=env["DU_DATABASE_URL"], redis=lock_url,
                                   key_prefix=key_prefix, redriver=False,
@@ -173,8 +185,8 @@ def build(env: Mapping[str, str]) -> App:
         return _body(log, "slot", tenant, run_ms, beat_ms)
 
     @dramatiq.actor(actor_name="fault_tracked", track=True, unique_ttl=ttl, **retries)
-    def tracked(key: str, n: int, run_ms: int = 50, beat_ms: int = 0) -> Any:
-        return _body(log, "tracked", key, run_ms, beat_ms)
+    def tracked(key: str, n: int, run_ms: int = 50, beat_ms: int = 0, fail_first: int = 0) -> Any:
+        return _body(log, "tracked", key, run_ms, beat_ms, fail_first)
 
     return App(broker, suite, log, unique, while_executing, slot, tracked)
 

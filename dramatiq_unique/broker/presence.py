@@ -104,6 +104,48 @@ class RedisProbe:
             self._maintain(script, queue_name)
         return len(queues)
 
+    def release_stranded(self, rows: "Iterable[JobModel]") -> int:
+        """Hand back to its delay queue each row's delayed message that a *live* worker fetched and
+        no longer holds; returns how many.
+
+        A worker keeps the delayed messages it fetched in memory until they are due, their ids in its
+        ack set; when its connection to Redis breaks (a Sentinel fail-over, a restart), Dramatiq's
+        consumer starts afresh with an empty delay queue, and the ids stay in the ack set of a worker
+        that is alive, so no maintenance hands them back: the message is "present" for good and never
+        runs.  ``rows`` are retrying rows due ``lost_after`` ago whose message was found present: a
+        worker that still held it would have moved it to its queue by then.  Should one still hold it,
+        the copy is a duplicate delivery, which the job's start refuses.
+        """
+        broker: Any = self.broker
+        script = getattr(broker, "scripts", {}).get("dispatch")
+        heartbeat_timeout = getattr(broker, "heartbeat_timeout", None)
+        rows = [row for row in rows if row.broker_ref]
+        if not rows or script is None or heartbeat_timeout is None:
+            return 0
+        now = current_millis()
+        workers = [w.decode() if isinstance(w, bytes) else w
+                   for w in self.client.zrangebyscore(self.keys.heartbeats(), now - heartbeat_timeout, "+inf")]
+        if not workers:
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        probes = []
+        for row in rows:
+            for worker in workers:
+                pipe.sismember(self.keys.acks(worker, dq_name(row.queue_name)), row.broker_ref)
+                probes.append((row, worker))
+        released = 0
+        unpack = broker._max_unpack_size() if hasattr(broker, "_max_unpack_size") else 4000
+        for (row, worker), held in zip(probes, pipe.execute(), strict=True):
+            if not held:
+                continue
+            # Dramatiq's own requeue, as that worker's shutdown would run it: out of its ack set, back to the queue.
+            script(args=["requeue", current_millis(), dq_name(row.queue_name), worker, heartbeat_timeout,
+                         broker.dead_message_ttl, 0, unpack, row.broker_ref], keys=[self.namespace])
+            released += 1
+            logger.warning("Job %s's retry was held by live worker %s, which no longer has it (its connection to "
+                           "Redis broke): handed back to queue %r.", row.message_id, worker, dq_name(row.queue_name))
+        return released
+
     def _maintain(self, script, queue_name: str) -> None:
         broker: Any = self.broker  # the Redis broker's own attributes (compat.py), which Broker does not declare
         unpack = broker._max_unpack_size() if hasattr(broker, "_max_unpack_size") else 4000

@@ -34,6 +34,7 @@ from dramatiq_unique.broker.keys import BrokerKeys
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.redis import batch, lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
+from dramatiq_unique.redis.servers import identity
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -44,8 +45,7 @@ _pending: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("dram
 
 
 def _server(client: Any) -> tuple:
-    kwargs = client.connection_pool.connection_kwargs
-    return (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db", 0))
+    return identity(client)  # a Sentinel pool has no host or port: its service names it
 
 
 class Publisher:

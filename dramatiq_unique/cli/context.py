@@ -150,11 +150,11 @@ def from_env(env: dict[str, str]) -> "Suite":
         db.close()
     if not exists:
         raise Refused(f"no job table {JobModel._meta.table_name} in {DATABASE_ENV}: has the app set up the suite?")
-    import redis as redis_lib
+    from dramatiq_unique.redis.servers import client_from_url
 
     settings = {"key_prefix": env[PREFIX_ENV]} if env.get(PREFIX_ENV) else {}
     # Bounded, so that a Redis that does not answer costs seconds, not the system's connect timeout.
-    client = redis_lib.Redis.from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT / 1000,
+    client = client_from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT / 1000,
                                       socket_timeout=CONNECT_TIMEOUT / 1000)
     return _read_only_suite()(database=database, redis=client, **settings)
 

@@ -45,6 +45,8 @@ class RedriveCounts:
     failed: int = 0
     #: Queues whose messages held by dead workers were handed back (Redis broker).
     requeued: int = 0
+    #: Retries handed back to their delay queue from a live worker that had dropped them (Redis broker).
+    released: int = 0
     #: Finished rows deleted after ``retention``.
     pruned: int = 0
     #: Sends that failed (broker down); those jobs wait for the next pass.

@@ -36,6 +36,7 @@ import dramatiq.errors
 import redis
 
 from dramatiq_unique.context import MARKER
+from dramatiq_unique.redis import servers
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus
 
@@ -77,6 +78,9 @@ def describe(broker: Any) -> str:
     name = type(broker).__name__
     client = getattr(broker, "client", None)
     if client is not None:  # the Redis broker
+        sentinel = servers.describe(client)
+        if sentinel is not None:
+            return f"{name} at {sentinel}"
         kwargs = client.connection_pool.connection_kwargs
         return f"{name} at {kwargs.get('host', kwargs.get('path'))}:{kwargs.get('port', '')}"
     params = getattr(broker, "parameters", None)

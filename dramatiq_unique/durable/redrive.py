@@ -23,10 +23,9 @@ Every step acts only on rows of this process's app, of actors it declares
 on ``broker`` (scope.py): apps that share the database never touch each
 other's jobs, and a row is never sent into a broker that cannot run it.
 
-Correctness does not rest on the pass lock, which only saves work: rows
-are claimed by conditional UPDATEs (after ``SELECT ... FOR UPDATE SKIP
-LOCKED`` on PostgreSQL; SQLite's IMMEDIATE transactions serialise the
-writers), so two passes never both send one job.  A claim also bumps the
+Correctness does not rest on the pass lock, which only saves work: rows are claimed by conditional
+UPDATEs (after ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite's IMMEDIATE transactions
+serialise the writers), so two passes never both send one job.  A claim also bumps the
 row's ``revision``, which the worker checks when the job starts: an
 older copy of a re-sent message is skipped, never run beside the new one.
 """
@@ -245,8 +244,9 @@ class _Pass:
             model.update(checked_at=utcnow(), missing_since=None).where(
                 model.id.in_([row.id for row in present]) & (model.status == status)
             ).execute()
-            if self.probe is not None and status in (RUNNING, QUEUED):
+            if self.probe is not None:  # held by dead workers; a retry a live worker dropped (presence.py)
                 self.counts.requeued += self.probe.requeue_orphans(present)
+                self.counts.released += self.probe.release_stranded(present) if status == RETRYING else 0
         claimed = []
         for row, answer in zip(rows, answers, strict=True):
             if answer is Presence.DEAD:

@@ -11,7 +11,9 @@ finding        what is looked at                                       severity 
 ``redrive``    the app's last re-drive pass ended recently             warning (none recorded, or
                                                                        older than ``max_pass_age``)
 ``overdue``    waiting rows due ``overdue_after`` ago and not parked;  warning
-               running rows whose lease ran out ``overdue_after`` ago
+               running rows whose lease ran out ``overdue_after`` ago;
+               retrying rows due ``lost_after`` and two re-drive
+               intervals ago (by then the re-drive sent them again)
 ``parked``     parked rows whose gate has no live holder (at two       warning
                looks ``recheck`` ms apart: parking/lot.py's test)
 =============  ======================================================  ==========================
@@ -151,25 +153,39 @@ def last_pass(target: Target, max_age: Optional[float] = None) -> Optional[Findi
     return None
 
 
+def retry_overdue_after(target: Target) -> float:
+    """ms after it was due that a retrying row is reported: the re-drive finds a retry whose message the
+    broker lost (or a worker dropped) ``lost_after`` after it was due, and sends it at its next pass or
+    the one after; a backlog in front of the retry also shows, as it should."""
+    return target.lost_after + 2 * target.redrive_interval
+
+
 def overdue(target: Target, up: set[int], overdue_after: float = DEFAULT_OVERDUE_AFTER) -> list[Finding]:
     findings = []
     cutoff = after_ms(-overdue_after)
+    retry_after = min(overdue_after, retry_overdue_after(target))
+    retry_cutoff = after_ms(-retry_after)
     for index, model in tables(target):
         if index not in up:
             continue
         mine = model.app == target.app
-        waiting = (mine & model.status.in_(WAITING) & model.parked_on.is_null()
+        not_retrying = [status for status in WAITING if status != JobStatus.RETRYING.value]
+        waiting = (mine & model.status.in_(not_retrying) & model.parked_on.is_null()
                    & (pw.fn.COALESCE(model.process_after, model.created_at) < cutoff))
+        retrying = (mine & (model.status == JobStatus.RETRYING.value) & model.parked_on.is_null()
+                    & (pw.fn.COALESCE(model.process_after, model.created_at) < retry_cutoff))
         running = mine & (model.status == JobStatus.RUNNING.value) & (model.lease_until < cutoff)
         where = f"{model._meta.table_name} in {target.store_name(index)}"
-        for kind, cond in (("waiting", waiting), ("running", running)):
+        for kind, cond, after in (("waiting", waiting, overdue_after), ("retrying", retrying, retry_after),
+                                  ("running", running, overdue_after)):
             count = model.select().where(cond).count()
-            data = {"store": index, "table": model._meta.table_name, "kind": kind, "count": count}
+            data = {"store": index, "table": model._meta.table_name, "kind": kind, "count": count,
+                    "overdue_after_ms": int(after)}
             if count:
                 ids = [row.id for row in model.select(model.id).where(cond).order_by(model.id).limit(SAMPLE)]
-                what = "due" if kind == "waiting" else "with their lease run out"
+                what = "with their lease run out" if kind == "running" else "due"
                 findings.append(Finding("overdue", WARNING, f"{count} {kind} job(s) of {where} {what} more than "
-                                        f"{overdue_after / 1000:.0f} s ago (e.g. {ids})", {**data, "ids": ids}))
+                                        f"{after / 1000:g} s ago (e.g. {ids})", {**data, "ids": ids}))
     if not findings:
         findings.append(Finding("overdue", OK, "no overdue jobs", {"overdue_after_ms": overdue_after}))
     return findings

@@ -22,6 +22,7 @@ import peewee as pw
 import redis as redis_lib
 
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
+from dramatiq_unique.redis.servers import client_from_url
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage.database import describe, open_database
 from dramatiq_unique.storage.models import JobModel, bound_limits
@@ -102,7 +103,7 @@ def from_environment(
             found = models[(model, index)] = bound(model, databases[index], index)
         return found
 
-    masters = [redis_lib.Redis.from_url(url, socket_timeout=timeout / 1000, socket_connect_timeout=timeout / 1000)
+    masters = [client_from_url(url, socket_timeout=timeout / 1000, socket_connect_timeout=timeout / 1000)
                for url in env.get(REDIS_ENV, "").split()]
     prefix = key_prefix or DEFAULT_KEY_PREFIX
     return Target(

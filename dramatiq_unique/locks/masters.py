@@ -38,6 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from dramatiq_unique.redis import scripts
+from dramatiq_unique.redis.servers import describe
 
 #: ms each Redlock master may take to connect or to answer (the ``lock_timeout`` setting).
 DEFAULT_LOCK_TIMEOUT = 100
@@ -205,6 +206,9 @@ class Master:
 
 
 def _where(client: redis.Redis) -> str:
+    sentinel = describe(client)
+    if sentinel is not None:
+        return sentinel
     kwargs = client.connection_pool.connection_kwargs
     return kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import ClassVar
 
 import peewee as pw
@@ -11,7 +12,7 @@ from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
 from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
 
-from dramatiq_unique import context
+from dramatiq_unique import context, leases
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox, refused
@@ -96,6 +97,7 @@ class JobTracking(Middleware):
             # Started by another JobTracking of this broker (setup() called on it again): the
             # same delivery, not a duplicate, which a second start would refuse and skip.
             return
+        began = time.monotonic()
         try:
             job = self._start(config, message, ctx)
         except _DB_ERRORS as e:
@@ -105,6 +107,7 @@ class JobTracking(Middleware):
             job.__data__["queue_name"] = message.queue_name
         ctx.job = job
         context.activate(ctx)
+        leases.check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
 
     def _start(self, config, message, ctx):
         marker = message.options.get(MARKER) or {}

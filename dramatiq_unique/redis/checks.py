@@ -19,14 +19,20 @@ from typing import Any, Optional, Sequence
 import redis as redis_lib
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import SentinelConnectionPool
 
 from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.redis.servers import describe, discover_master
 
 logger = logging.getLogger(__name__)
 
 
 def address(client: redis_lib.Redis) -> str:
-    """Where a client points: ``redis://host:port/db`` (``rediss://``, ``unix://``), without credentials."""
+    """Where a client points: ``redis://host:port/db`` (``rediss://``, ``unix://``, ``redis+sentinel://``),
+    without credentials."""
+    sentinel = describe(client)
+    if sentinel is not None:
+        return sentinel
     kwargs: dict[str, Any] = client.connection_pool.connection_kwargs
     db = kwargs.get("db", 0)
     if kwargs.get("path"):
@@ -39,13 +45,16 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
     """One PING over a new connection bounded by ``timeout_ms``; RedisUnavailable if it fails."""
     pool = client.connection_pool
     seconds = timeout_ms / 1000
+    bounded = {"socket_timeout": seconds, "socket_connect_timeout": seconds,
+               "retry": Retry(NoBackoff(), 0), "retry_on_error": [], "retry_on_timeout": False}
     try:
-        conn = pool.connection_class(**{
-            **pool.connection_kwargs,
-            "socket_timeout": seconds, "socket_connect_timeout": seconds,
-            "retry": Retry(NoBackoff(), 0), "retry_on_error": [], "retry_on_timeout": False,
-        })
-    except Exception:  # a pool of an unusual kind (Sentinel...): ask the client itself
+        if isinstance(pool, SentinelConnectionPool):
+            conn = _sentinel_master(client, timeout_ms, role, bounded)
+        else:
+            conn = pool.connection_class(**{**pool.connection_kwargs, **bounded})
+    except RedisUnavailable:
+        raise
+    except Exception:  # a pool of an unusual kind: ask the client itself
         conn = None
     try:
         if conn is None:
@@ -62,6 +71,22 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
     finally:
         if conn is not None:
             conn.disconnect()
+
+
+def _sentinel_master(client: redis_lib.Redis, timeout_ms: float, role: str, bounded: dict[str, Any]) -> Any:
+    """A connection to the master the sentinels name now, each asked within ``timeout_ms`` (not with the
+    sentinels' own timeouts and retries); RedisUnavailable, saying so, if none names one."""
+    pool: Any = client.connection_pool
+    try:
+        host, port = discover_master(client, timeout_ms)
+    except (redis_lib.RedisError, OSError) as e:
+        raise RedisUnavailable(
+            f"{role} at {address(client)}: no sentinel named a master of service {pool.service_name!r} within "
+            f"{timeout_ms:g} ms ({type(e).__name__}); are the sentinels running, and is the URL right?"
+        ) from e
+    kwargs = {key: value for key, value in pool.connection_kwargs.items() if key != "connection_pool"}
+    connection_class = redis_lib.SSLConnection if "SSL" in pool.connection_class.__name__ else redis_lib.Connection
+    return connection_class(**{**kwargs, **bounded, "host": host, "port": port})
 
 
 def check_redis(masters: Sequence[redis_lib.Redis], broker_client: Optional[Any], timeout_ms: float) -> None:

@@ -7,7 +7,7 @@ the client's command machinery; so each thread holds one redis-py
 pool (its connection class and settings: address, TLS, password, ACL
 user, database, protocol), never checked out of the pool, and calls a
 script with ``send_command("EVALSHA", ...)`` and ``read_response()``.
-The benchmarks page (tests/benchmarks/README.md) has the figures.
+The benchmarks page (docs/discussions/benchmarks.md) has the figures.
 
 What redis-py's client would do for us and we do here instead: load the
 script when the server does not know it (``NOSCRIPT``), and reconnect
@@ -85,10 +85,17 @@ class _Link:
         #: thread that goes idle may never make).
         self.known: set[str] = set()
 
+    def _connect(self) -> None:
+        # A Sentinel connection finds the master in connect(), which redis-py 8's send_command skips for
+        # its own connect_check_health(): unconnected, it would reach the default localhost:6379.
+        if self.conn._sock is None:
+            self.conn.connect()
+
     def call(self, command: Command) -> Any:
         """Send ``command`` and return its reply, an error reply as its exception."""
         redo = None
         try:
+            self._connect()
             if self.unread:  # their replies come first; no health-check PING: it would read one of theirs
                 self.conn.send_command(*command, check_health=False)
                 redo = self._settle()
@@ -109,6 +116,7 @@ class _Link:
         """Send ``commands`` in one write; their replies, as :meth:`call` gives them."""
         redo = None
         try:
+            self._connect()
             self.conn.send_packed_command(self.conn.pack_commands(commands), check_health=not self.unread)
             if self.unread:
                 redo = self._settle()
@@ -125,6 +133,7 @@ class _Link:
         """Send ``command`` (an EVALSHA of ``text``) without waiting for its reply."""
         redo: list[tuple[Command, str]] = []
         try:
+            self._connect()
             if len(self.unread) >= MAX_UNREAD:
                 redo = self._settle()
             self.conn.send_command(*command, check_health=not self.unread)

@@ -3,7 +3,7 @@
 The driver.  A PostgreSQL URL is opened with psycopg2, whose hot
 statements :mod:`dramatiq_unique.storage.queries` prepares once per
 connection.  psycopg 3 was measured against it (issue 16 part 3,
-tests/benchmarks/README.md): the same on single statements, about 30%
+docs/discussions/benchmarks.md): the same on single statements, about 30%
 slower on ``send_many``'s batches, so the URL keeps psycopg2 (psycopg 3
 if psycopg2 is not installed).  A peewee ``PostgresqlDatabase`` given to
 ``setup()`` keeps its own driver; with psycopg 3 the connection prepares
@@ -37,7 +37,8 @@ Timeouts.  A PostgreSQL URL gets ``connect_timeout`` (a server that takes
 the connection but never answers its start-up), ``statement_timeout``
 (a statement the server does not finish), and TCP keepalives with
 ``tcp_user_timeout`` (a server or network that died under an open
-connection).  A parameter the URL sets itself wins.
+connection).  A parameter the URL sets itself wins; through a pooler that refuses ``options``, each
+statement gets ``SET LOCAL statement_timeout`` instead (:mod:`dramatiq_unique.storage.poolers`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from playhouse.shortcuts import ReconnectMixin
 from dramatiq_unique.errors import DatabaseUnavailable, DependencyUnavailable, InvalidOption
 from dramatiq_unique.redaction import HIDDEN, redact
 from dramatiq_unique.storage import savepoints
+from dramatiq_unique.storage.poolers import BoundedPostgresqlDatabase, is_psycopg3
 
 #: Default SQLite pragmas: WAL lets readers run beside the one writer, and
 #: the busy timeout makes concurrent writers wait instead of failing.
@@ -87,7 +89,7 @@ POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresext", "postgresqlext", "p
 _ADAPTED = "_dramatiq_unique_reconnects"
 
 
-class ReconnectingPostgresqlDatabase(ReconnectMixin, pw.PostgresqlDatabase):
+class ReconnectingPostgresqlDatabase(ReconnectMixin, BoundedPostgresqlDatabase):
     """A PostgreSQL database whose threads replace a dead connection on their next statement."""
 
     reconnect_errors = RECONNECT_ERRORS
@@ -96,11 +98,6 @@ class ReconnectingPostgresqlDatabase(ReconnectMixin, pw.PostgresqlDatabase):
 def is_postgres(db: pw.Database) -> bool:
     """Whether ``db`` is a PostgreSQL database (any driver)."""
     return isinstance(db, pw.PostgresqlDatabase)
-
-
-def is_psycopg3(db: pw.Database) -> bool:
-    """Whether ``db`` connects with psycopg 3."""
-    return isinstance(getattr(db, "_adapter", None), pw.Psycopg3Adapter)
 
 
 def _prepare_setting(db: pw.Database, prepared: bool) -> None:
@@ -210,10 +207,12 @@ def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[floa
         raise InvalidOption(f"database {address(url)} names no database: postgresql://user@host:5432/name")
     if connect_timeout:
         params.setdefault("connect_timeout", _seconds(connect_timeout))
+    own_option = None
     if timeout:
         options = str(params.get("options") or "")
         if "statement_timeout" not in options:
-            params["options"] = f"{options} -c statement_timeout={int(timeout)}".strip()
+            own_option = f"-c statement_timeout={int(timeout)}"
+            params["options"] = f"{options} {own_option}".strip()
         if _libpq_version() >= 120000:  # older libpq refuses the parameter
             params.setdefault("tcp_user_timeout", int(timeout))
         params.setdefault("keepalives", 1)
@@ -221,6 +220,7 @@ def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[floa
         params.setdefault("keepalives_interval", max(1, math.ceil(timeout / 6000)))
         params.setdefault("keepalives_count", 3)
     db = ReconnectingPostgresqlDatabase(name, **params)
+    db.suite_option = own_option
     _check_driver(db, address(url))
     return db
 

@@ -21,6 +21,8 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
+import redis
+
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker import compat, publish
@@ -28,7 +30,7 @@ from dramatiq_unique.broker.acks import Acks
 from dramatiq_unique.broker.refs import is_resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import deferral, outbox
-from dramatiq_unique.errors import InvalidOption
+from dramatiq_unique.errors import InvalidOption, RedisPermissionDenied, permission_refused
 from dramatiq_unique.guard import describe, guarded
 from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.created import Created, created_rows
@@ -89,6 +91,8 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
                     item.undo()
                 except Exception:  # the original error matters more
                     logger.exception("Could not undo a job row after a failed send.")
+            if isinstance(error, redis.ResponseError) and permission_refused(error):
+                raise RedisPermissionDenied(f"sending {describe(message)}: {error}") from error
             raise
         finally:
             publish.restore(pending)

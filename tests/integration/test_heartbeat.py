@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from datetime import timedelta
@@ -166,3 +167,65 @@ def test_heartbeat_outside_a_job_raises_not_in_job(suite):
         heartbeat()
     with pytest.raises(NotInJob):
         current_job()
+
+
+def test_a_renewal_that_took_longer_than_the_lease_raises_lock_lost(suite, broker, worker, database_url):
+    """Given a 400 ms lease whose renewal waits a second (another transaction holds the job's row: a
+    stalled server, a network cut that heals, a frozen process), then heartbeat() raises LockLost
+    instead of returning: counted from when it was sent, the lease may have run out before it landed."""
+    from dramatiq_unique.storage.database import open_database
+
+    ready, go, outcome = threading.Event(), threading.Event(), []
+
+    @dramatiq.actor(track=True, unique_ttl=400, max_retries=0)
+    def slow(n):
+        ready.set()
+        go.wait(10)
+        time.sleep(0.05)  # past a tenth of the lease: the row is written, not skipped
+        try:
+            outcome.append(heartbeat())
+        except LockLost as e:
+            outcome.append(e)
+
+    message = slow.send(1)
+    assert ready.wait(10)
+    other = open_database(database_url)
+    table, job_id = dramatiq_unique.JobModel._meta.table_name, row(message).id
+    with other.atomic():
+        other.execute_sql(f'UPDATE "{table}" SET attempts = attempts WHERE id = {other.param}', [job_id])
+        go.set()
+        time.sleep(1.0)
+    other.close()
+    wait_until(lambda: outcome, timeout=10)
+    assert isinstance(outcome[0], LockLost) and "longer than the lease" in str(outcome[0]), outcome
+    wait_until(lambda: row(message).status != "running", timeout=10)
+    assert row(message).status != "succeeded"
+
+
+def test_a_start_that_took_longer_than_the_lease_does_not_run_the_actor(suite, broker, database_url):
+    """Given a job whose start waits a second for its row (another transaction holds it: a stalled server,
+    or a network cut whose reply arrives once it heals) with a 400 ms lease, then the actor does not run on
+    that start: the attempt ends with LockLost before it, and the retry runs it."""
+    from dramatiq_unique.storage.database import open_database
+    from tests.durable import running_worker
+
+    runs = []
+
+    @dramatiq.actor(track=True, unique_ttl=400, max_retries=3, min_backoff=100, max_backoff=100)
+    def late(n):
+        runs.append(time.monotonic())
+
+    message = late.send(1)
+    other = open_database(database_url)
+    table, job_id = dramatiq_unique.JobModel._meta.table_name, row(message).id
+    with running_worker(broker):
+        with other.atomic():
+            other.execute_sql(f'UPDATE "{table}" SET attempts = attempts WHERE id = {other.param}', [job_id])
+            time.sleep(1.0)  # the worker's start waits for the row meanwhile
+            released = time.monotonic()
+        other.close()
+        wait_until(lambda: row(message).status == "succeeded", timeout=20)
+    job = row(message)
+    assert len(runs) == 1 and job.attempts == 2, (runs, job.attempts)
+    assert "longer than its lease" in json.dumps(job.history), job.history
+    assert runs[0] > released

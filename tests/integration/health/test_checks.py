@@ -168,3 +168,18 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
         assert main(words) == 0
         code, _, body = answers.pop()
         assert code == 503 and ("secretdb" in body) is shows and "pw@" not in body, body
+
+
+def test_a_retry_overdue_by_lost_after_and_two_passes_is_reported(suite, broker):
+    """A retrying row is reported once it is due ``lost_after`` and two re-drive intervals ago (70 s with
+    the defaults), not after the five minutes a waiting row gets (a backlog); one due less is not."""
+    dramatiq.actor(lambda n: n, broker=broker, actor_name="job", track=True)
+    redrive(broker, suite=suite)
+    target = of_suite(suite)
+    assert checks.retry_overdue_after(target) == suite.settings.lost_after + 2 * suite.settings.redrive_interval
+    late = _row(suite, status="retrying", process_after=utcnow() - timedelta(seconds=100))
+    _row(suite, status="retrying", process_after=utcnow() - timedelta(seconds=30))
+    _row(suite, status="queued", process_after=utcnow() - timedelta(seconds=100))  # a backlog: not yet
+    (finding,) = _by(checks.run(target, recheck=10), "overdue")
+    assert finding.severity == checks.WARNING and finding.data["kind"] == "retrying"
+    assert finding.data["ids"] == [late.id] and "more than 70 s ago" in finding.detail

@@ -1,0 +1,142 @@
+"""PostgreSQL through PgBouncer (Debian's, 1.18), in transaction and in session mode, with its defaults.
+
+A throwaway PostgreSQL cluster behind a PgBouncer of the test's own, configured as a new user leaves
+it: no ``ignore_startup_parameters`` (so the ``options`` start-up parameter is refused), the default
+``server_reset_query``; in transaction mode a pool of 4 server connections for 2 worker processes of 3
+threads, 2 producer threads and the re-drive (transaction pooling shares them), in session mode one
+server connection per client connection (``threads + 3`` per worker process, see docs/operations/deploying.md).
+The suite is set up with its defaults (``prepared_statements`` left alone).  A few hundred mixed
+sends while two `dramatiq` workers run them; one worker process is SIGKILLed mid-run.
+
+Asserted: setup() works through the pooler; in transaction mode it found the pooler and prepares
+nothing, in session mode it prepares as usual; statements are bounded by ``database_timeout`` all the
+same (a ``pg_sleep`` through the pooler is cancelled); every job succeeded, no key had more holders
+than allowed, no job ran beside itself, the reruns are no more than the kill cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import peewee as pw
+import pytest
+
+import dramatiq_unique
+from dramatiq_unique.storage import queries
+from tests.durable import RedisServer
+from tests.faults.harness import fault_env, open_runs_by_pid, prefix, report, start_rig, wait_for
+from tests.faults.shape_load import LIMIT, Load, judge
+from tests.servers import PostgresCluster
+from tests.shape_servers import PgBouncer
+
+pytestmark = pytest.mark.slow
+
+SENDS = 300
+THREADS = 3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = PostgresCluster()
+    try:
+        yield cluster.start()
+    finally:
+        cluster.remove()
+
+
+def database(cluster: PostgresCluster) -> str:
+    """A database of the test's own on the cluster (a pooler passes no search_path: no schema URL)."""
+    import psycopg2
+
+    name = prefix()
+    conn = psycopg2.connect(host="127.0.0.1", port=cluster.port, user="postgres", dbname="postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    conn.close()
+    return name
+
+
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_pgbouncer_with_its_defaults(mode, cluster, tmp_path):
+    # Session mode holds a server connection per client connection: per worker process its threads, its
+    # two consumers (default and delay queue) and its main thread; here too the producers and the re-drive.
+    pool = 4 if mode == "transaction" else 2 * (THREADS + 3) + 8
+    bouncer = PgBouncer("127.0.0.1", cluster.port, mode=mode, pool_size=pool)
+    with contextlib.ExitStack() as cleanup:
+        bouncer.start()
+        cleanup.callback(bouncer.remove)
+        server = RedisServer().start()
+        cleanup.callback(server.stop)
+        env = fault_env(broker_url=server.url, database_url=bouncer.url(database(cluster)), key_prefix=prefix(),
+                        limit=LIMIT, lost_after=2_000)
+        app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=THREADS)
+        db = app.suite.db
+        assert getattr(db, queries._ON) is (mode != "transaction"), "prepared statements off in transaction mode"
+        # Bounded through the pooler: the start-up option was refused, SET LOCAL bounds each statement.
+        assert db.local_timeout == app.suite.settings.database_timeout
+        db.local_timeout = 300
+        with pytest.raises(pw.DatabaseError, match="statement timeout"):
+            db.execute_sql("SELECT pg_sleep(5)")
+        with pytest.raises(pw.DatabaseError, match="statement timeout"), db.atomic():
+            db.execute_sql("SELECT pg_sleep(5)")
+        db.local_timeout = app.suite.settings.database_timeout
+
+        load = Load(app, SENDS).start()
+        busy = wait_for(lambda: [pid for pid, runs in open_runs_by_pid(app.log, fleet.pids()).items() if runs],
+                        timeout=60, what="a worker process running a job")
+        kill = fleet.kill(busy[0])
+        load.join()
+        figures, rows, log = judge(app, fleet, tmp_path, load)
+        waited = max(row[-2] if mode else 0 for row in bouncer.admin("SHOW POOLS") if row[0] != "pgbouncer")
+    last_done = max(r.t_done for r in log.runs if r.t_done is not None)
+    report(figures.line(f"shape-pgbouncer-{mode}", 1, last_done - log.seq_time(kill), sends=len(load.sent),
+                        pool=pool, slowest_send_s=round(load.slowest, 1), maxwait_s=waited))
+
+
+def test_a_statement_prepared_under_a_transaction_pooler_is_refused_when_asked_for(cluster):
+    """prepared_statements=True, asked for outright, is refused at setup() behind a transaction pooler,
+    naming the setting; None (the default) turns them off; False needs no probe."""
+    bouncer = PgBouncer("127.0.0.1", cluster.port, mode="transaction", pool_size=4).start()
+    try:
+        url = bouncer.url(database(cluster))
+        with pytest.raises(dramatiq_unique.InvalidOption, match="prepared_statements=False"):
+            dramatiq_unique.Suite(database=url, redis="redis://127.0.0.1:1/0", prepared_statements=True)
+        suite = dramatiq_unique.Suite(database=url, redis="redis://127.0.0.1:1/0")
+        assert getattr(suite.db, queries._ON) is False
+        suite.close()
+    finally:
+        bouncer.remove()
+
+
+def test_a_wait_for_a_server_connection_ends_at_the_poolers_query_wait_timeout(cluster):
+    """Session mode with a pool smaller than the threads: a thread whose connection finds no free server
+    connection waits in PgBouncer, before PostgreSQL (statement_timeout cannot bound it); its
+    ``query_wait_timeout`` (2 s here; docs/operations/deploying.md says how to size pools and set it) ends the wait
+    and the call raises DatabaseUnavailable, instead of waiting PgBouncer's default two minutes."""
+    bouncer = PgBouncer("127.0.0.1", cluster.port, mode="session", pool_size=1,
+                        settings={"query_wait_timeout": "2"}).start()
+    try:
+        suite = dramatiq_unique.Suite(database=bouncer.url(database(cluster)), redis="redis://127.0.0.1:1/0")
+        suite.db.execute_sql("SELECT 1")  # this thread's connection holds the one server connection
+        errors: list[BaseException] = []
+
+        def other_thread() -> None:
+            try:
+                dramatiq_unique.get_job("no-such-message")
+            except BaseException as e:  # noqa: BLE001 - judged below
+                errors.append(e)
+            finally:
+                suite.close()
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join(60)
+        assert not thread.is_alive(), "the wait for a server connection was not bounded"
+        # PgBouncer closes the connection (psycopg2 says "server closed the connection"); the call was retried
+        # once on a new connection, as after any dropped connection, and waited once more.
+        assert errors and isinstance(errors[0], dramatiq_unique.DatabaseUnavailable), errors
+        suite.close()
+    finally:
+        bouncer.remove()
