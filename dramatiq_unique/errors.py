@@ -98,7 +98,7 @@ class RedisUnavailable(DependencyUnavailable):
 class RedisPermissionDenied(RedisUnavailable):
     """Redis refused the suite's user a key or a command (NOPERM: its ACL); an ACL user needs the keys
     <key_prefix>:* and redlock:<key_prefix>:* (the locks, in pottery's format), and the broker's <namespace> and
-    <namespace>:* (README, "Deploying")"""
+    <namespace>:* (docs/operations/deploying.md)"""
 
 
 def permission_refused(error: Any) -> bool:

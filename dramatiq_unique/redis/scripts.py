@@ -7,7 +7,7 @@ the client's command machinery; so each thread holds one redis-py
 pool (its connection class and settings: address, TLS, password, ACL
 user, database, protocol), never checked out of the pool, and calls a
 script with ``send_command("EVALSHA", ...)`` and ``read_response()``.
-The benchmarks page (tests/benchmarks/README.md) has the figures.
+The benchmarks page (docs/discussions/benchmarks.md) has the figures.
 
 What redis-py's client would do for us and we do here instead: load the
 script when the server does not know it (``NOSCRIPT``), and reconnect

@@ -1,7 +1,7 @@
 """Which INSERT a unique send makes: chosen by how often its actor's keys were found held lately.
 
 Two ways to insert a row holding a key on PostgreSQL, measured on this project's machine
-(tests/benchmarks/README.md, issue 16):
+(docs/discussions/benchmarks.md):
 
 * a plain INSERT, which the unique index refuses on a clash; the holder is then read by a
   second statement: a refused duplicate costs two round trips;

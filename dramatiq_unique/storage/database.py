@@ -3,7 +3,7 @@
 The driver.  A PostgreSQL URL is opened with psycopg2, whose hot
 statements :mod:`dramatiq_unique.storage.queries` prepares once per
 connection.  psycopg 3 was measured against it (issue 16 part 3,
-tests/benchmarks/README.md): the same on single statements, about 30%
+docs/discussions/benchmarks.md): the same on single statements, about 30%
 slower on ``send_many``'s batches, so the URL keeps psycopg2 (psycopg 3
 if psycopg2 is not installed).  A peewee ``PostgresqlDatabase`` given to
 ``setup()`` keeps its own driver; with psycopg 3 the connection prepares

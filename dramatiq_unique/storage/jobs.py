@@ -4,7 +4,7 @@ Each function runs its named statement of ``queries.sql`` through
 :mod:`dramatiq_unique.storage.queries`, which renders it for the model's
 table and prepares it on PostgreSQL: on the hot paths peewee's query
 builder costs more Python time than the round trip it makes
-(tests/benchmarks/README.md).  Values still go through each field's
+(docs/discussions/benchmarks.md).  Values still go through each field's
 ``db_value`` and rows through ``python_value``, so the results are the
 same as peewee's.  Writes off the hot paths (a replace, an undone claim, a
 revoked attempt's outcome) are peewee queries.

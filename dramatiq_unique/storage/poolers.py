@@ -11,8 +11,8 @@ connection the pooler lends), and after ``BEGIN`` in a transaction: one
 round trip either way.  A session-level ``SET`` would not do in
 transaction mode: it sticks to one server connection, which other clients
 get next.  A role-level ``ALTER ROLE ... SET statement_timeout`` bounds
-every server connection too, at no cost per statement (README,
-"Deploying").
+every server connection too, at no cost per statement
+(docs/operations/deploying.md).
 
 Prepared statements.  In transaction mode each transaction may run on
 another server connection, where a statement prepared on the first is

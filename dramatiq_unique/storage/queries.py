@@ -41,7 +41,7 @@ named by nothing); and an expression embedded in a peewee query
 
 Preparing, psycopg2 (:func:`execute`).  A statement prepared on the
 connection costs the server less CPU than the same text parsed and planned
-each time (tests/benchmarks/README.md), and a tracked job makes three on
+each time (docs/discussions/benchmarks.md), and a tracked job makes three on
 its hot path (send, start, outcome).  Each connection (peewee keeps one
 per thread) prepares a statement the first time it runs it, outside a
 transaction of the caller's (a failed PREPARE would abort it).  A statement

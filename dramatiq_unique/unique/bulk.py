@@ -64,7 +64,8 @@ def batches(items: list[Item], size: int) -> list[list[Item]]:
 
 def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = None) -> list["Message"]:
     """Send one job per item; returns one message per item, in order, each as ``send()`` would return
-    it (a duplicate's message is the existing job's).  See the README, "Sending many jobs at once"."""
+    it (a duplicate's message is the existing job's).  How each option behaves in bulk: the docs' how-to,
+    "Sending many jobs at once" (docs/howto/send-many.md)."""
     parsed = items_of(items)
     opt.check_delay(delay)
     try:

@@ -125,7 +125,7 @@ def test_one_master_down_jobs_flow_two_down_none_runs_both_back_all_finish(broke
             name = f"{tag}-{i}"
             if i % 2:
                 # Keys of the batch's own: a master that was stalled may keep, once it resumes, leases
-                # its stall held up (README, "Honest limits"), until they expire.
+                # its stall held up (docs/howto/execution-locks.md, "Crashes and outages"), until they expire.
                 message = serial.send_with_options(args=(f"{tag}-k{i % 4}", name), delay=delay or None)
                 name = f"serial-{name}"
             else:

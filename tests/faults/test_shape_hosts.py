@@ -57,7 +57,7 @@ HEARTBEAT_TIMEOUT = 3_000
 #: Jobs of each measure of the cost per job, and the idle time measured before them (s).
 JOBS = 300
 IDLE_S = 2.0
-#: How long the host stays cut off: twice the documented recovery time (README "Deploying": a running
+#: How long the host stays cut off: twice the documented recovery time (docs/operations/deploying.md: a running
 #: job's lease and lost_after, or the broker's heartbeat_timeout for the messages it had fetched, and
 #: two re-drive passes).
 CUT_S = 2 * (max(TTL + LOST_AFTER, HEARTBEAT_TIMEOUT) + 2 * 250) / 1000
@@ -215,7 +215,7 @@ def _postmaster(cluster: PostgresCluster) -> Optional[int]:
 
 def test_cost_per_job_from_one_to_three_hosts(hosts, tmp_path):
     """The same load on 1, 2 and 3 hosts: CPU per job of the workers, Redis, PgBouncer and PostgreSQL
-    (reported; tests/benchmarks/README.md keeps the figures).  Each host adds its idle polling, nothing
+    (reported; docs/discussions/benchmarks.md keeps the figures).  Each host adds its idle polling, nothing
     per job."""
     figures = []
     with contextlib.ExitStack() as servers_cleanup:

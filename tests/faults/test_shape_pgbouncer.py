@@ -4,7 +4,7 @@ A throwaway PostgreSQL cluster behind a PgBouncer of the test's own, configured 
 it: no ``ignore_startup_parameters`` (so the ``options`` start-up parameter is refused), the default
 ``server_reset_query``; in transaction mode a pool of 4 server connections for 2 worker processes of 3
 threads, 2 producer threads and the re-drive (transaction pooling shares them), in session mode one
-server connection per client connection (``threads + 3`` per worker process, see README "Deploying").
+server connection per client connection (``threads + 3`` per worker process, see docs/operations/deploying.md).
 The suite is set up with its defaults (``prepared_statements`` left alone).  A few hundred mixed
 sends while two `dramatiq` workers run them; one worker process is SIGKILLed mid-run.
 
@@ -113,7 +113,7 @@ def test_a_statement_prepared_under_a_transaction_pooler_is_refused_when_asked_f
 def test_a_wait_for_a_server_connection_ends_at_the_poolers_query_wait_timeout(cluster):
     """Session mode with a pool smaller than the threads: a thread whose connection finds no free server
     connection waits in PgBouncer, before PostgreSQL (statement_timeout cannot bound it); its
-    ``query_wait_timeout`` (2 s here; README "Deploying" says how to size pools and set it) ends the wait
+    ``query_wait_timeout`` (2 s here; docs/operations/deploying.md says how to size pools and set it) ends the wait
     and the call raises DatabaseUnavailable, instead of waiting PgBouncer's default two minutes."""
     bouncer = PgBouncer("127.0.0.1", cluster.port, mode="session", pool_size=1,
                         settings={"query_wait_timeout": "2"}).start()

@@ -3,7 +3,7 @@ TLS with client certificates.
 
 A redis-server of the test's own with a user ``app`` whose ACL allows only the app's keys: the broker's
 namespace, the suite's ``key_prefix`` and the locks under ``redlock:<key_prefix>`` (pottery's format,
-README "Deploying"); the broker and the suite use that user, the event log the default user.  A few
+docs/operations/deploying.md); the broker and the suite use that user, the event log the default user.  A few
 hundred mixed sends while two `dramatiq` workers run them, one worker process SIGKILLed mid-run.
 
 Asserted: every send returned; every job succeeded, no key had more holders than allowed, no job ran

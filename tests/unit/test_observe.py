@@ -21,7 +21,7 @@ from dramatiq_unique.observe import enable_metrics, events, metrics_on
 from dramatiq_unique.observe.state import state
 from tests import prom
 
-#: Every metric, as the README lists it (the exposition's names: counters end in _total).
+#: Every metric, as docs/operations/metrics.md lists it (the exposition's names: counters end in _total).
 NAMES = {
     "dramatiq_unique_duplicates_total", "dramatiq_unique_waits_total", "dramatiq_unique_wait_seconds",
     "dramatiq_unique_handover_seconds", "dramatiq_unique_parked_jobs", "dramatiq_unique_fenced_writes_refused_total",
