@@ -249,7 +249,7 @@ def servers() -> Iterator[list[RedisServer]]:
 
 def test_with_three_masters_the_lock_is_held_on_a_majority_and_wakes_the_jobs(broker, sqlite_url, key_prefix,
                                                                            servers):
-    """Given a suite on three Redis masters, Then lock() holds the key on each (pottery's Redlock over the
+    """Given a suite on three Redis masters, Then lock() holds the key on a majority (pottery's Redlock over the
     suite's bounded clients), a job of the key parks and starts after the release; with one master
     stopped, the same still holds (a majority), and with two stopped, acquire raises rather than wait."""
     suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=[s.url for s in servers], key_prefix=key_prefix,
@@ -267,8 +267,11 @@ def test_with_three_masters_the_lock_is_held_on_a_majority_and_wakes_the_jobs(br
         assert held.masters == frozenset(node.client for node in suite.locks.nodes)
         assert held.acquire(blocking=False)
         plain = [redis.Redis.from_url(s.url) for s in servers]
-        tokens = {client.get(held.key) for client in plain}
-        assert len(tokens) == 1 and None not in tokens, "the same token on every master"
+        # pottery returns once a majority answered and leaves the last master's answer behind: the key
+        # is on at least two of the three, each with the one token.
+        tokens = [client.get(held.key) for client in plain]
+        held_on = [token for token in tokens if token is not None]
+        assert len(held_on) >= 2 and len(set(held_on)) == 1, f"one token on a majority: {tokens}"
         first = sync.send(42, 1)
         wait_until(lambda: parked(first), timeout=WAIT, what="the job parked")
         held.release()
