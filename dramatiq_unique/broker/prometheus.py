@@ -21,7 +21,7 @@ time it ran.
 It reads the middleware's attributes (``message_start_times``,
 ``inprogress_messages``, ``delayed_messages``,
 ``inprogress_delayed_messages``), those of Dramatiq 2.x
-(:data:`dramatiq_unique.broker.compat.SUPPORTED`); an instance without
+(:data:`dramatiq_unique.broker.keys.SUPPORTED`); an instance without
 them is left as it is.
 """
 

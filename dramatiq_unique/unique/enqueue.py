@@ -28,12 +28,11 @@ import peewee as pw
 from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.broker import publish
 from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured
+from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
@@ -150,9 +149,6 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
     if deferred:
         raise outbox.Deferred(dataclasses.replace(message, options=job_options(message.options)))
-    ref = redis_ref(message)
-    if suite.publisher is not None and ref and not publish.expected(ref):
-        suite.publisher.expect(ref)  # a tracked message: published over our own connection
 
 
 def may_fail_over(config: "ActorConfig", opts: dict) -> bool:
@@ -252,16 +248,17 @@ def _insert_unique(
 
 def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
     """The queue lock of a send that holds its key: whoever held the lock held it for a job
-    that no longer waits, so it is overwritten (on one master; with several, taken if free).
-    On the Redis broker it is written with the publish."""
+    that no longer waits, so it is overwritten (on one master; with several, taken if free)."""
     token = message.message_id
-    ref = redis_ref(message)
-    if suite.publisher is not None and ref and suite.publisher.expect(ref, (lock_name, token, ttl)):
-        return
-    if suite.locks.single:
-        suite.locks.force(lock_name, token, ttl)
-    else:
-        suite.locks.acquire(lock_name, ttl, token=token)
+    try:
+        if suite.locks.single:
+            suite.locks.force(lock_name, token, ttl)
+        else:
+            suite.locks.acquire(lock_name, ttl, token=token)
+    except RedisUnavailable:
+        if suite.publisher is None or not suite.publisher.shares_server:
+            raise
+        # The broker's server is down too: its publish fails as the broker's (kept for the re-drive).
 
 
 def _conflict(

@@ -25,8 +25,8 @@ import redis
 
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
-from dramatiq_unique.broker import compat, publish
-from dramatiq_unique.broker.acks import Acks
+from dramatiq_unique.broker import keys
+from dramatiq_unique.broker.publish import Publisher
 from dramatiq_unique.broker.refs import is_resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import deferral, outbox
@@ -48,16 +48,14 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
     if getattr(broker.enqueue, "_dramatiq_unique", False):
         return
-    compat.check(broker)
+    keys.check(broker)
     original = broker.enqueue
-    suite.publisher = publish.Publisher.install(broker, suite)
-    suite.acks = Acks.install(broker, locks=suite.publisher is not None and suite.publisher.locks)
+    suite.publisher = Publisher.install(broker, suite)
 
     @functools.wraps(original)
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
         created: list[Created] = []
         token = created_rows.set(created)
-        pending = publish.forget()
         try:
             with guarded(f"checking {describe(message)} for a duplicate"):
                 check_options(suite, message, delay)
@@ -65,7 +63,6 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
             if holder is not None:
                 return message.copy(message_id=holder)
             sent = original(message, delay=delay)
-            publish.settle(suite)
             deferral.published(broker)
             return sent
         except Redirect as redirect:
@@ -95,7 +92,6 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
                 raise RedisPermissionDenied(f"sending {describe(message)}: {error}") from error
             raise
         finally:
-            publish.restore(pending)
             created_rows.reset(token)
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
