@@ -1,22 +1,6 @@
-"""Is a job's message still in the broker?  The re-drive's lost-message check.
-
-The Redis broker keeps every message in the hash ``<ns>:<queue>.msgs``
-(``<ns>:<queue>.DQ.msgs`` while delayed) from enqueue until it is acked
-or dead-lettered; the queue list and the consumers' unacked sets only
-hold ids into that hash (see dramatiq/brokers/redis/dispatch.lua).  So
-one ``HEXISTS`` per job, on the ``redis_message_id`` that the job row
-keeps in ``broker_ref``, answers whether the message is anywhere in the
-broker: queued, delayed, prefetched or being processed.
-
-Keeping ``broker_ref`` costs a write when a delayed message is promoted
-to its queue (the broker gives it a new id then); the alternative,
-scanning the queues' hashes for the Dramatiq ``message_id``, costs a
-full read of every backlog on every pass.
-
-RabbitMQ cannot be asked whether it holds one message, so there is no
-probe for it: the re-drive trusts its durable queues for published jobs
-and relies on lease expiry for running ones (see redrive.py).
-"""
+"""Is a job's message still in the broker?  The re-drive's lost-message check, one ``HEXISTS`` per
+job on the Redis broker, and the hand-back of messages that dead or reconnected workers hold
+(docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
@@ -73,14 +57,8 @@ class RedisProbe:
         return out
 
     def requeue_orphans(self, rows: "Iterable[JobModel]") -> int:
-        """Hand messages held by dead consumers back to their queues; returns how many queues were swept.
-
-        A worker killed mid-job leaves its message in its unacked set.
-        Dramatiq moves such messages back when a consumer happens to run
-        its maintenance (0.1% of broker commands by default), which can
-        take a long time on a quiet queue; the re-drive runs that same
-        maintenance for the queues where it saw such a message.
-        """
+        """Hand messages held by dead consumers back to their queues, by Dramatiq's own maintenance
+        (which a quiet queue may not run for long); returns how many queues were swept."""
         rows = [row for row in rows if row.broker_ref]
         heartbeat_timeout = getattr(self.broker, "heartbeat_timeout", None)
         script = getattr(self.broker, "scripts", {}).get("dispatch")
@@ -105,17 +83,9 @@ class RedisProbe:
         return len(queues)
 
     def release_stranded(self, rows: "Iterable[JobModel]") -> int:
-        """Hand back to its delay queue each row's delayed message that a *live* worker fetched and
-        no longer holds; returns how many.
-
-        A worker keeps the delayed messages it fetched in memory until they are due, their ids in its
-        ack set; when its connection to Redis breaks (a Sentinel fail-over, a restart), Dramatiq's
-        consumer starts afresh with an empty delay queue, and the ids stay in the ack set of a worker
-        that is alive, so no maintenance hands them back: the message is "present" for good and never
-        runs.  ``rows`` are retrying rows due ``lost_after`` ago whose message was found present: a
-        worker that still held it would have moved it to its queue by then.  Should one still hold it,
-        the copy is a duplicate delivery, which the job's start refuses.
-        """
+        """Hand back to its delay queue each row's delayed message that a *live* worker fetched and no
+        longer holds (its connection broke: its delay queue starts empty); returns how many.  ``rows``:
+        retrying rows due ``lost_after`` ago whose message was found present."""
         broker: Any = self.broker
         script = getattr(broker, "scripts", {}).get("dispatch")
         heartbeat_timeout = getattr(broker, "heartbeat_timeout", None)
@@ -147,7 +117,7 @@ class RedisProbe:
         return released
 
     def _maintain(self, script, queue_name: str) -> None:
-        broker: Any = self.broker  # the Redis broker's own attributes (compat.py), which Broker does not declare
+        broker: Any = self.broker  # the Redis broker's own attributes, which Broker does not declare
         unpack = broker._max_unpack_size() if hasattr(broker, "_max_unpack_size") else 4000
         args = [
             "qsize", current_millis(), queue_name, broker.broker_id, broker.heartbeat_timeout,

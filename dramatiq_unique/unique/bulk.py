@@ -39,8 +39,7 @@ Item = tuple[tuple, dict]
 
 
 def items_of(items: Iterable[Any]) -> list[Item]:
-    """Each item as ``(args, kwargs)``: an args tuple (or list), a kwargs dict, or an ``(args, kwargs)``
-    pair.  All are checked before anything is sent."""
+    """Each item (an args tuple or list, a kwargs dict, an ``(args, kwargs)`` pair) as ``(args, kwargs)``."""
     if isinstance(items, (str, bytes, dict)):
         raise InvalidOption(f"send_many takes a list of items, not {type(items).__name__}")
     out: list[Item] = []
@@ -67,8 +66,8 @@ def batches(items: list[Item], size: int) -> list[list[Item]]:
 
 def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = None) -> list["Message"]:
     """Send one job per item; returns one message per item, in order, each as ``send()`` would return
-    it (a duplicate's message is the existing job's).  How each option behaves in bulk: the docs' how-to,
-    "Sending many jobs at once" (docs/howto/send-many.md)."""
+    it (a duplicate's message is the existing job's).  How each option behaves in bulk:
+    docs/howto/send-many.md."""
     parsed = items_of(items)
     opt.check_delay(delay)
     try:
@@ -96,10 +95,8 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
 
 def _pipelined(suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
                work: list[list[Item]]) -> list["Message"]:
-    """Batch k + 2 is built in this thread while batch k + 1 is written by a helper thread and batch k
-    published by another: the INSERT and the publish mostly wait on their servers, the GIL let go.
-    Publishes keep their order; once one fails for good (or a write), no later batch is published,
-    and those written are deleted before the error is raised."""
+    """Batch k + 2 built here while k + 1 is written by a helper thread and k published by another;
+    once a publish fails for good (or a write), no later batch is published, those written deleted."""
     go_on = threading.Event()
     go_on.set()
 
@@ -153,7 +150,6 @@ def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
 
 
 def _single(actor: "Actor", item: Item, delay: Optional[int]) -> "Message":
-    """One item through the single send."""
     return actor.send_with_options(args=item[0], kwargs=item[1], delay=delay)
 
 
@@ -169,7 +165,8 @@ class _Row:
 
 
 class Batch:
-    """One batch of a tracked actor's items (see :mod:`dramatiq_unique.unique.bulk`)."""
+    """One batch of a tracked actor's items: built, stored, published (maybe in another thread while
+    the next batch is stored), settled."""
 
     def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int]) -> None:
         self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
@@ -194,8 +191,8 @@ class Batch:
             combinations.check_message(self.broker, self.config.actor_name, self.config.options, {})
 
     def store(self) -> None:
-        """The rows written, duplicates resolved, the rows to publish in ``self.inserted`` (none if they
-        wait for the outbox or the re-drive).  May run in another thread, unless in transaction()."""
+        """Write the rows, resolve duplicates; those to publish in ``self.inserted`` (none if they wait for
+        the outbox or the re-drive).  May run in another thread, unless in transaction()."""
         first: dict[str, _Row] = {}
         writes: list[_Row] = []
         for row in self.rows:
@@ -210,8 +207,8 @@ class Batch:
         self._finish(self.inserted, ids)
 
     def settle(self) -> list["Message"]:
-        """After the publish: what it failed kept or undone (and raised), then the items left to the
-        single send; returns one message per item."""
+        """After the publish: a failure kept or undone (and raised), then the items left to the single
+        send; one message per item."""
         if self.inserted and not self.published:
             self._failed(self.inserted, self.error or RuntimeError("not published"))
         elif self.inserted:
@@ -225,9 +222,16 @@ class Batch:
         return [row.resolved for row in self.rows]  # type: ignore[misc]
 
     def undo(self) -> None:
-        """An earlier batch failed and raises: this one, written and never published, is deleted."""
-        if self.inserted and not self.published:
-            self.model.delete().where(self.model.id.in_([ids_of(row) for row in self.inserted])).execute()
+        """Delete the rows written and never published, and free their locks (if taken, else no-ops)."""
+        if not self.inserted or self.published:
+            return
+        self.model.delete().where(self.model.id.in_([_id(row) for row in self.inserted])).execute()
+        for row in self.inserted:
+            if row.holds:
+                try:
+                    self.suite.locks.release(self.suite.keys.queue_lock(str(row.key)), row.message.message_id)
+                except Exception:  # often the very failure being undone: it expires by itself
+                    pass
 
     def _row(self, args: tuple, kwargs: dict) -> _Row:
         original = self.actor.message_with_options(args=args, kwargs=kwargs)
@@ -286,39 +290,30 @@ class Batch:
             if row.message.message_id in ids:
                 continue
             head = first.get(row.key)  # type: ignore[arg-type]
-            if head is not row and head is not None and head.message.message_id in ids:
-                holder_id = head.message.message_id  # the batch's own job holds the key
-            else:
-                holder = found.get(row.key)
-                if holder is None or jobs._outlived(holder, window) or self.conflict != "skip":
-                    row.single = True  # replace, a key let go meanwhile, an outlived holder: as one send
-                    continue
-                holder_id = holder.message_id
-            if self.conflict != "skip":
+            own = head is not row and head is not None and head.message.message_id in ids  # the batch's job holds it
+            holder: Any = head.message if own else found.get(row.key)  # type: ignore[union-attr]
+            # replace, a key let go meanwhile, an outlived holder: as one send, after the batch
+            if self.conflict != "skip" or holder is None or (not own and jobs._outlived(holder, window)):
                 row.single = True
                 continue
-            events.duplicate("skip", row.original, holder_id, row.key)
-            row.resolved = row.original.copy(message_id=holder_id)
+            events.duplicate("skip", row.original, holder.message_id, row.key)
+            row.resolved = row.original.copy(message_id=holder.message_id)
 
     def _finish(self, inserted: list[_Row], ids: dict[str, int]) -> None:
-        """Publish the rows inserted (or hold them for the outbox, or keep them pending)."""
+        """Mark the rows inserted; those held for the outbox or kept pending are settled now."""
         for row in inserted:
-            marker = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
-            row.message.options[MARKER] = marker
-        if self.held is not None:
-            for row in inserted:
-                row_ref = (self.model, ids[row.message.message_id], 0)
+            row.message.options[MARKER] = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
+            if self.held is not None:
+                row_ref = (self.model, _id(row), 0)
                 row.resolved = self.held.defer(self.broker, row.message, self.delay, row_ref).message
-        if self.deferred:
-            for row in inserted:
+            elif self.deferred:
                 row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
         if self.held is not None or self.deferred:
             self.inserted = []  # nothing to publish now
 
     def publish(self) -> bool:
-        """Publish ``self.inserted`` in one round trip, queue locks first; may run in another thread
-        (no database call, no context variable): an error is kept for :meth:`settle`, and says whether
-        the batches after it may still be published (not if it raises: on_broker_down="raise")."""
+        """Publish ``self.inserted``, queue locks first; may run in another thread (no database call, no
+        context variable).  An error is kept for :meth:`settle`; returns whether later batches may go on."""
         publisher = self.suite.publisher
         assert publisher is not None
         try:
@@ -339,24 +334,16 @@ class Batch:
         return True
 
     def _failed(self, inserted: list[_Row], error: BaseException) -> None:
-        """The publish failed: none of it was published (MULTI/EXEC).  The rows are kept pending
-        for the re-drive if the broker is down (on_broker_down="defer"), their locks naming them;
-        else undone with their locks, and it raises."""
-        if deferral.defers(self.suite, error):
-            for row in inserted:
-                deferral.keep(self.model, ids_of(row), row.fields["broker_ref"], row.fields["options"])
-                row.resolved = row.message
-            deferral.failed(self.suite, self.broker, error)
-            return
-        self.model.delete().where(self.model.id.in_([ids_of(row) for row in inserted])).execute()
+        """Nothing was published (MULTI/EXEC): the rows kept pending for the re-drive if the broker is
+        down (on_broker_down="defer"), their locks naming them; else undone with their locks, and raise."""
+        if not deferral.defers(self.suite, error):
+            self.undo()
+            raise error
         for row in inserted:
-            if row.holds:
-                try:
-                    self.suite.locks.release(self.suite.keys.queue_lock(str(row.key)), row.message.message_id)
-                except Exception:  # often the very failure being undone: it expires by itself
-                    pass
-        raise error
+            deferral.keep(self.model, _id(row), row.fields["broker_ref"], row.fields["options"])
+            row.resolved = row.message
+        deferral.failed(self.suite, self.broker, error)
 
 
-def ids_of(row: _Row) -> int:
+def _id(row: _Row) -> int:
     return int(row.message.options[MARKER]["id"])

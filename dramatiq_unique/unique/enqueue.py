@@ -1,22 +1,6 @@
-"""The enqueue side: recording a send, and uniqueness at enqueue.
-
-JobTracking's ``before_enqueue`` calls :func:`on_enqueue` for a tracked
-actor; the broker's enqueue around it is wrapped in
-:mod:`dramatiq_unique.unique.send`, which returns the existing job's
-message on a :class:`Redirect`, and undoes (or keeps, if the broker is down)
-what the send wrote (:mod:`dramatiq_unique.unique.created`) when the publish fails.
-
-Order of operations. The database decides: a unique send inserts its row holding the key, and a
-unique index refuses it if a job holds the key, which is then looked up (a burst of duplicates is
-answered earlier, see :mod:`dramatiq_unique.unique.recent`). A send that won the key then takes the
-Redis queue lock, which names the waiting job; on the Redis broker in the same round trip as its
-publish (:mod:`dramatiq_unique.broker.publish`). A worker clears the row's hold, then releases the
-Redis lock, then runs the actor (an ``until_executing`` lock on the broker's Redis is released with
-the message's ack instead, :mod:`dramatiq_unique.broker.acks`); with ``until_executed`` it releases
-the lock first and records the outcome after, which clears the hold: once a reader sees the job
-finished, the key is free. The lock never turns a send away, so a stale one (a crash between the two
-steps) costs nothing but its memory until it expires.
-"""
+"""The enqueue side: recording a send, and uniqueness at enqueue (JobTracking's ``before_enqueue``).
+The database decides duplicates; the order of operations is in docs/discussions/how-it-is-built.md,
+"Sending"."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""A send through the suite: Dramatiq's ``broker.enqueue``, wrapped once per broker.
-
-The wrapper is put in place when the first tracked actor is declared
-(JobTracking) or a :func:`transaction` block opens (its sends must reach
-the block's outbox, tracked or not).  Around the broker's own enqueue,
-whose ``before_enqueue`` hooks record the send
-(:mod:`dramatiq_unique.unique.enqueue`), it checks the send's own
-options, answers a burst of duplicates early
-(:mod:`dramatiq_unique.unique.recent`), returns the existing job's
-message when the send resolves to one, returns a send that
-:mod:`dramatiq_unique.durable.outbox` holds until commit, and undoes the
-rows of a send whose publish failed: they would be phantom jobs; unless
-the broker is down, when it keeps them pending for the re-drive
-(:mod:`dramatiq_unique.durable.deferral`).
-"""
+"""A send through the suite: Dramatiq's ``broker.enqueue``, wrapped once per broker, around the
+``before_enqueue`` hooks that record it: early duplicates, redirects, the outbox's held sends, and
+the rows of a failed publish undone or kept for the re-drive (docs/discussions/how-it-is-built.md,
+"Sending")."""
 
 from __future__ import annotations
 
