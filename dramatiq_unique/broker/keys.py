@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import current_millis
 
 from dramatiq_unique.errors import UnsupportedVersion
 
@@ -36,6 +37,16 @@ def check(broker: Any, version: Optional[str] = None) -> None:
             f"them out, and has not been checked against this version; use {SUPPORTED} "
             f"(or RabbitmqBroker, which needs none of this)"
         )
+
+
+def dispatch(broker: Any, command: str, queue_name: str, *args: Any, worker: Optional[str] = None,
+             maintenance: int = 0, client: Any = None) -> Any:
+    """Run the Redis broker's own ``dispatch.lua`` as its ``do_<command>`` does, for ``worker`` (the
+    broker's own id by default); ``client``: a pipeline to queue it in."""
+    return broker.scripts["dispatch"](keys=[broker.namespace], client=client, args=[
+        command, current_millis(), queue_name, worker or broker.broker_id, broker.heartbeat_timeout,
+        broker.dead_message_ttl, maintenance, broker._max_unpack_size(), *args,
+    ])
 
 
 class BrokerKeys:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq import Middleware
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.common import current_millis
 
+from dramatiq_unique.broker.keys import dispatch
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks import queue
 from dramatiq_unique.redis.servers import identity
@@ -53,11 +53,8 @@ class Publisher:
         except RedisUnavailable:
             if not self.shares_server:
                 raise
-        broker = self.broker
-        dispatch, now, unpack = broker.scripts["dispatch"], current_millis(), broker._max_unpack_size()
-        with broker.client.pipeline(transaction=True) as pipe:
+        with self.broker.client.pipeline(transaction=True) as pipe:
             for queue_name, ref, body, _ in entries:
-                args = ["enqueue", now, queue_name, broker.broker_id, broker.heartbeat_timeout,
-                        broker.dead_message_ttl, broker._should_do_maintenance("enqueue"), unpack, ref, body]
-                dispatch(keys=[broker.namespace], args=args, client=pipe)
+                dispatch(self.broker, "enqueue", queue_name, ref, body, client=pipe,
+                         maintenance=self.broker._should_do_maintenance("enqueue"))
             pipe.execute()
