@@ -1,19 +1,13 @@
-"""The commands of health and schema: check, status, migrate (built in dramatiq_unique/health/).
-
-They load what they look at themselves (``load=False``): an app is imported with the schema check
-turned off (:func:`~dramatiq_unique.storage.schema.tolerating_old`), so that an app whose tables are
-out of date can still be checked and migrated; without an app, the environment's services are opened
-as they are (:func:`~dramatiq_unique.health.target.from_environment`: no table is created, and only
-``DRAMATIQ_UNIQUE_DATABASE_URL`` is needed), not as a Suite, whose set-up would create or refuse tables.
-``migrate`` is allowed without the app: it needs only the database.
-"""
+"""The commands of health and schema: check, status, migrate.  They load what they look at themselves:
+an app with the schema check off, so that an app whose tables are out of date can still be checked
+and migrated; without it, the environment's services as they are (no table created or refused)."""
 
 from __future__ import annotations
 
 import argparse
 
+from dramatiq_unique.cli import command
 from dramatiq_unique.cli.context import DATABASE_ENV, PREFIX_ENV, Context, Usage, load_app
-from dramatiq_unique.cli.registry import command
 from dramatiq_unique.health import checks, commands
 from dramatiq_unique.health.target import Target, from_environment, of_suite
 from dramatiq_unique.storage import migrations, schema

@@ -66,8 +66,7 @@ class Context:
     env: dict[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
 
     def load(self) -> "Suite":
-        """The suite: the app's (imported as Dramatiq's CLI imports a broker), else one opened
-        from the environment, read-only.  Usage if there is neither."""
+        """The app's suite, else one opened from the environment, read-only; Usage if neither."""
         if self.suite is not None:
             return self.suite
         if self.app:
@@ -84,11 +83,8 @@ class Context:
                 f"give the app module (APP or --app), which declares the actors"
             )
 
-    # -- output ------------------------------------------------------------------------
-
     def emit(self, data: Any, text: Callable[[], str]) -> None:
-        """``data`` as JSON with ``--json``, else ``text()``; no control character of the data reaches
-        the terminal raw (:func:`~dramatiq_unique.cli.output.visible`)."""
+        """``data`` as JSON with ``--json``, else ``text()``; no control character reaches the terminal raw."""
         if self.json:
             self.out.write(visible(json.dumps(data, indent=2, ensure_ascii=False, default=str), keep="\n",
                                    json=True) + "\n")
@@ -99,16 +95,14 @@ class Context:
         self.err.write(visible(redact(message.rstrip("\n")), keep=LINES) + "\n")
 
     def confirm(self, question: str) -> bool:
-        """Ask ``question`` (on stderr: stdout stays the command's answer); True only for y or yes.  No
-        answer (the end of the input: a script without ``--yes``) is no."""
+        """Ask ``question`` on stderr; True only for y or yes (the end of the input is no)."""
         self.err.write(f"{question} [y/N] ")
         self.err.flush()
         return self.inp.readline().strip().lower() in ("y", "yes")
 
 
 def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
-    """Import ``app`` with Dramatiq's own ``import_broker`` (``module``, ``module:broker``, or
-    ``module:callable`` that sets the broker up) and return the suite its ``setup()`` made."""
+    """Import ``app`` with Dramatiq's own ``import_broker`` and return the suite its ``setup()`` made."""
     from dramatiq.cli import import_broker
 
     from dramatiq_unique import suite as _config
@@ -161,7 +155,7 @@ def from_env(env: dict[str, str]) -> "Suite":
 
 def _read_only_suite() -> type:
     """A Suite that binds the job table without creating or migrating anything: the environment's
-    database role may only read (``CREATE TABLE IF NOT EXISTS`` needs the right to create)."""
+    database role may only read."""
     from dramatiq_unique.storage import schema
     from dramatiq_unique.suite import Suite
 

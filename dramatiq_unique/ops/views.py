@@ -1,9 +1,5 @@
-"""What an operator sees: plain dataclasses, each with ``as_dict()`` for JSON.
-
-The command line and the dashboard print these; nothing here reads a store.
-Times are naive UTC datetimes (the job table's) and come out of ``as_dict()``
-as ISO 8601 text; durations are milliseconds.
-"""
+"""What an operator sees: plain dataclasses, each with ``as_dict()`` for JSON.  Times are naive UTC
+(ISO text in JSON); durations are ms."""
 
 from __future__ import annotations
 
@@ -85,7 +81,7 @@ class Attempt(View):
 
 @dataclasses.dataclass
 class Waiting(View):
-    """Why a waiting job waits, as facts; :func:`dramatiq_unique.ops.words.why` puts them in words."""
+    """Why a waiting job waits, as facts; :func:`~dramatiq_unique.ops.words.why` puts them in words."""
 
     #: "slot", "lock", "halted", "due", "queued", "woken" (queued, holding the slot it was woken
     #: with), "retrying", "pending".
@@ -218,7 +214,6 @@ class Stats(View):
     down: list[str] = dataclasses.field(default_factory=list)
     #: Of the jobs whose last attempt was parked for a lock or a slot: from first parked to started.
     parked_ms: dict[str, Optional[float]] = dataclasses.field(default_factory=lambda: {"p50": None, "p95": None})
-    #: The jobs the timings are of (the newest finished in the window, at most ops.stats.MAX_SAMPLE),
-    #: and how many of them were parked.
+    #: The jobs the timings are of (the newest finished in the window, bounded), and how many were parked.
     timed: int = 0
     parked: int = 0
