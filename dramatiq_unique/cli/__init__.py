@@ -51,14 +51,6 @@ class Command:
     #: Load the suite before ``run`` (False: the command calls ``ctx.load()`` itself, if at all).
     load: bool = True
 
-    @property
-    def least(self) -> int:
-        return sum(1 for p in self.positionals if not p.startswith("["))
-
-    @property
-    def most(self) -> int:
-        return len(self.positionals)
-
 
 COMMANDS: dict[str, Command] = {}
 
@@ -83,12 +75,13 @@ def split_words(
     """``(app, the command's own words)``: one word more than the command takes makes the first the
     app; between its least and its most, the first is the app if it looks like one.  ValueError for
     too many or too few."""
-    if len(words) > cmd.most + 1 or len(words) < cmd.least:
+    least, most = sum(1 for p in cmd.positionals if not p.startswith("[")), len(cmd.positionals)
+    if len(words) > most + 1 or len(words) < least:
         want = " ".join(cmd.positionals) or "no words"
         raise ValueError(f"{cmd.name} takes [APP] {want}, not {' '.join(words) or 'nothing'}")
-    if len(words) == cmd.most + 1:
+    if len(words) == most + 1:
         return words[0], words[1:]
-    if len(words) == cmd.least or not words:
+    if len(words) == least or not words:
         return None, words
     return (words[0], words[1:]) if looks_like_app(words[0]) else (None, words)
 

@@ -7,7 +7,7 @@ rows parked on the group, in the order they start.  Groups are found by SCAN, bo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import redis as redis_lib
 
@@ -119,23 +119,16 @@ def slot_holders(suite: "Suite", actor: str) -> dict[str, list[int]]:
     return holders
 
 
-def woken_holders(suite: "Suite", actor: str, message_ids: Sequence[str]) -> list[JobModel]:
-    """The rows of ``message_ids`` (handed a slot while they wait in the broker) still ``queued``."""
-    found: list[JobModel] = []
-    if not message_ids:
-        return found
-    for table in tables(suite, actor):
-        found += list(table.select().where(
-            (table.app == suite.app) & table.message_id.in_(list(message_ids)[:MAX_RUNNING])
-            & (table.status == QUEUED)
-        ))
-    return sorted(found, key=lambda row: row.id)
-
-
 def group_holders(suite: "Suite", actor: str, key: str, status: GroupStatus,
                   running: Optional[dict[str, list[int]]] = None) -> tuple[list[int], list[int]]:
-    """Every holder of a slot group the job tables name, and those of them woken and still queued."""
-    queued = [row.id for row in woken_holders(suite, actor, status.waiting_holders)]
+    """Every holder of a slot group the job tables name, and of them those the gate noted as woken with
+    a slot that still wait in the broker (``queued``)."""
+    queued: list[int] = []
+    for table in tables(suite, actor) if status.waiting_holders else ():
+        queued += [row.id for row in table.select(table.id).where(
+            (table.app == suite.app) & table.message_id.in_(list(status.waiting_holders)[:MAX_RUNNING])
+            & (table.status == QUEUED))]
+    queued.sort()
     running = slot_holders(suite, actor) if running is None else running
     return sorted(set(running.get(key, [])) | set(queued)), queued
 

@@ -142,7 +142,7 @@ def _read(
     began = time.monotonic()
     for _ in range(spans):
         if f.scanning:
-            top = upper[0] if upper != TOP else _max_id(sources) + 1
+            top = upper[0] if upper != TOP else _edge(sources, pw.fn.MAX, max) + 1
             floor = max(top - span, 0)
         for source, store, table in sources:
             cond = _where(suite, table, f) & _after(table, source, upper)
@@ -153,7 +153,7 @@ def _read(
         found.sort(key=lambda item: (item[0], item[1]), reverse=True)
         if len(found) > limit or floor is None:
             break
-        if floor <= _min_id(sources) or _older(sources, floor, f.since):
+        if floor <= _edge(sources, pw.fn.MIN, min) or _older(sources, floor, f.since):
             return [job_row(suite, *item[2:]) for item in found], None
         upper = (floor, -1)
         if (time.monotonic() - began) * 1000 >= BUDGET_MS:
@@ -184,12 +184,9 @@ def _take(table: type[JobModel], cond: Any, need: int, match: Any) -> list[JobMo
     return got[:need]
 
 
-def _max_id(sources: list[tuple[int, int, type[JobModel]]]) -> int:
-    return max((t.select(pw.fn.MAX(t.id)).scalar() or 0 for _, _, t in sources), default=0)
-
-
-def _min_id(sources: list[tuple[int, int, type[JobModel]]]) -> int:
-    return min((t.select(pw.fn.MIN(t.id)).scalar() or 0 for _, _, t in sources), default=0)
+def _edge(sources: list[tuple[int, int, type[JobModel]]], of: Any, pick: Any) -> int:
+    """The highest (``pw.fn.MAX``, ``max``) or lowest id of the tables."""
+    return pick((t.select(of(t.id)).scalar() or 0 for _, _, t in sources), default=0)
 
 
 def _older(sources: list[tuple[int, int, type[JobModel]]], floor: int, since: Optional[datetime]) -> bool:
