@@ -10,7 +10,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from dramatiq_unique.cli.output import LINES, visible
-from dramatiq_unique.errors import DramatiqUniqueError
+from dramatiq_unique.errors import DatabaseUnavailable, DramatiqUniqueError
+from dramatiq_unique.health.target import DATABASE_ENV, REDIS_ENV
 from dramatiq_unique.redaction import redact
 
 if TYPE_CHECKING:
@@ -18,9 +19,6 @@ if TYPE_CHECKING:
 
     from dramatiq_unique.suite import Suite
 
-#: The environment that lets the command line run without the app (read-only).
-DATABASE_ENV = "DRAMATIQ_UNIQUE_DATABASE_URL"
-REDIS_ENV = "DRAMATIQ_UNIQUE_REDIS_URL"
 #: The app's ``key_prefix`` (default: the suite's default), so the rows and Redis keys read are the app's.
 PREFIX_ENV = "DRAMATIQ_UNIQUE_KEY_PREFIX"
 #: ms the first look at a database named in the environment may take.
@@ -37,17 +35,20 @@ class Usage(DramatiqUniqueError):
 
 def looks_like_app(word: str, path: str = ".") -> bool:
     """Whether ``word`` names an importable module (``pkg.mod`` or ``pkg.mod:attr``)."""
-    module = word.split(":", 1)[0]
     if ":" in word:
         return True
-    if not module or not all(part.isidentifier() for part in module.split(".")):
+    if not word or not all(part.isidentifier() for part in word.split(".")):
         return False
-    if path not in sys.path:
-        sys.path.insert(0, os.path.abspath(path))
+    _on_path(path)
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(word) is not None
     except (ImportError, ValueError):
         return False
+
+
+def _on_path(path: str) -> None:
+    if os.path.abspath(path) not in sys.path:
+        sys.path.insert(0, os.path.abspath(path))
 
 
 @dataclasses.dataclass
@@ -107,9 +108,7 @@ def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
 
     from dramatiq_unique import suite as _config
 
-    full = os.path.abspath(path)
-    if full not in sys.path:
-        sys.path.insert(0, full)
+    _on_path(path)
     try:
         _, broker = import_broker(app)
     except DramatiqUniqueError:
@@ -138,7 +137,6 @@ def from_env(env: dict[str, str]) -> "Suite":
     try:
         exists = db.table_exists(JobModel._meta.table_name)
     except pw.PeeweeException as e:
-        from dramatiq_unique.errors import DatabaseUnavailable
         raise DatabaseUnavailable(f"reading {DATABASE_ENV}: {e}") from e
     finally:
         db.close()

@@ -16,6 +16,7 @@ import peewee as pw
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.ops.views import Stats
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, is_postgres, utcnow
 
 if TYPE_CHECKING:
@@ -154,6 +155,4 @@ def _percentiles(pg: list, samples: list[tuple[float, float, Optional[float]]]) 
 
 
 def _name(t: type[JobModel]) -> str:
-    meta = t._meta
-    schema = f'"{meta.schema}".' if meta.schema else ""
-    return f'{schema}"{meta.table_name}"'
+    return queries.table(t._meta.database, t._meta.table_name, t._meta.schema)

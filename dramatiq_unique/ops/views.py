@@ -83,8 +83,7 @@ class Attempt(View):
 class Waiting(View):
     """Why a waiting job waits, as facts; :func:`~dramatiq_unique.ops.words.why` puts them in words."""
 
-    #: "slot", "lock", "halted", "due", "queued", "woken" (queued, holding the slot it was woken
-    #: with), "retrying", "pending".
+    #: "slot", "lock", "halted", "due", "queued", "woken" (queued, with a slot), "retrying", "pending".
     reason: str
     #: The group in words: ``deliver_webhook customer=42``.
     label: str = ""
@@ -134,8 +133,7 @@ class JobView(View):
     waiting: Optional[Waiting]
     #: ``waiting`` in words ('' when the job does not wait).
     why: str
-    #: The concurrency slot the job holds, in words ('' when it holds none): a running job of an
-    #: actor with slots, or a woken one still waiting in the broker with the slot it was handed.
+    #: The concurrency slot the job holds (running, or woken and still in the broker), in words, or ''.
     slot: str = ""
 
 
@@ -171,14 +169,12 @@ class SlotGroupView(View):
     waiters: list[int]
     waiting: int
     halted: bool
-    #: Where ``limit`` comes from: "override" (the group's own), "actor override", "message" (the
-    #: group's last message brought it), "declared", "none" (no limit), or "unknown" (declared by
-    #: the app, which this process did not import).
+    #: Where ``limit`` comes from: "override", "actor override", "message" (the group's last message
+    #: brought it), "declared", "none", or "unknown" (declared by an app this process did not import).
     limit_from: str = ""
     #: The holders that were woken with their slot and wait in the broker for a worker thread.
     queued_holders: list[int] = dataclasses.field(default_factory=list)
-    #: What the numbers need said: more held than the limit, holders no job row names, a Redis
-    #: that lost the run-time limits.
+    #: What the numbers need said (more held than the limit, holders no row names, limits Redis lost).
     note: str = ""
 
 
@@ -187,8 +183,7 @@ class OverrideView(View):
     """A limit set at run time (``set_concurrency_limit``, ``limit``), as the database keeps it."""
 
     actor: str
-    #: The key in words (``customer=42``); "(all)" for the actor's own limit; the group's hash
-    #: (``#0ef2770d1a2b``) when its words are not known.
+    #: The key in words; "(all)" for the actor's own limit; the group's ``#hash`` when no words are known.
     key: str
     #: The group's key (``<actor>:<digest>``), or '' for the actor's own limit.
     group: str
@@ -207,8 +202,7 @@ class Stats(View):
     by_actor: dict[str, dict[str, int]]
     #: Jobs finished per minute, oldest minute first (``minutes`` values).
     throughput: list[int]
-    #: Percentiles, ms, of the jobs finished in the window: {"p50": .., "p95": ..}.  Waiting: from when the
-    #: job could first run (created, or due) to its last attempt's start, time parked included.
+    #: {"p50": .., "p95": ..} ms of the jobs finished in the window (waiting: created or due to started).
     waiting_ms: dict[str, Optional[float]]
     running_ms: dict[str, Optional[float]]
     down: list[str] = dataclasses.field(default_factory=list)
