@@ -34,20 +34,17 @@ EXTRACT(EPOCH FROM started_at - GREATEST(created_at, process_after)) * 1000 AS w
 EXTRACT(EPOCH FROM finished_at - started_at) * 1000 AS r,
 CASE WHEN parked_attempt = attempts - 1 THEN EXTRACT(EPOCH FROM started_at - parked_at) * 1000 END AS p
 """
-_PG_TIMES = """
-SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY w), percentile_cont(0.95) WITHIN GROUP (ORDER BY w),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY r), percentile_cont(0.95) WITHIN GROUP (ORDER BY r),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY p), percentile_cont(0.95) WITHIN GROUP (ORDER BY p),
-       count(*), count(p)
-FROM (SELECT {columns}
-      FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
-      ORDER BY finished_at DESC LIMIT {limit}) AS sample
-"""
 _PG_SAMPLE = """
 SELECT {columns}
 FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
 ORDER BY finished_at DESC LIMIT {limit}
 """
+_PG_TIMES = """
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY w), percentile_cont(0.95) WITHIN GROUP (ORDER BY w),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY r), percentile_cont(0.95) WITHIN GROUP (ORDER BY r),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY p), percentile_cont(0.95) WITHIN GROUP (ORDER BY p),
+       count(*), count(p)
+FROM (""" + _PG_SAMPLE + ") AS sample"
 _SQLITE_TIMES = """
 SELECT (julianday(started_at) - julianday(MAX(created_at, COALESCE(process_after, created_at)))) * 86400000,
        (julianday(finished_at) - julianday(started_at)) * 86400000,

@@ -129,16 +129,13 @@ def over_limit(held: int, limit: Optional[int]) -> str:
     return f"{held} held, limit lowered to {limit} while they ran"
 
 
-def holding(label: str, held: int, limit: Optional[int], holders: Sequence[int], limit_from: str = "") -> str:
+def holding(label: str, held: int, limit: Optional[int], holders: Sequence[int]) -> str:
     """A holder's slot line: "holds a slot of <label>: 2 of 3 held (jobs 17 and 23)"."""
     names = f" ({job_list(holders, held)})" if held else ""
     over = over_limit(held, limit)
     if over:
         return f"holds a slot of {label}: {over.replace(' held,', ' held' + names + ',', 1)}"
-    if limit is None:
-        count = f"{held} held, limit not known here" if limit_from == "unknown" else f"{held} held, no limit"
-    else:
-        count = f"{held} of {limit} held"
+    count = f"{held} held, no limit" if limit is None else f"{held} of {limit} held"
     return f"holds a slot of {label}: {count}{names}"
 
 
