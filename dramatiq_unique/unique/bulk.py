@@ -75,10 +75,9 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     except NotConfigured:
         suite = None
     config = suite.actor_config(actor.actor_name) if suite is not None else None
-    size = suite.settings.send_many_batch if suite is not None else 1_000
     if suite is None or config is None or not _bulk(suite, config, actor):
         return [_single(actor, item, delay) for item in parsed]
-    work = batches(parsed, size)
+    work = batches(parsed, suite.settings.send_many_batch)
     # In transaction(), or in a transaction of the caller's own: the INSERT goes through the caller's
     # connection, in this thread (a helper's connection would wait on the caller's locks).
     if len(work) == 1 or outbox.active() is not None or any(db.in_transaction() for db in suite.stores.databases):
