@@ -66,8 +66,10 @@ def test_an_until_executing_queue_lock_is_released_at_the_start(suite, broker, w
         if n == 1:
             assert go.wait(10)
 
+    worker.pause()  # else it may start, and free the lock, before the lock is looked at
     first = sync.send("k", 1)
     assert queue_lock_of(suite, redis_client, first.message_id).decode() == first.message_id
+    worker.resume()
     wait_until(lambda: started == [1], timeout=10)
     wait_until(lambda: queue_lock_of(suite, redis_client, first.message_id) is None, timeout=10)
     second = sync.send("k", 2)
