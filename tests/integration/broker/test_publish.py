@@ -3,8 +3,6 @@ are written, on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import collections
-import threading
 import time
 
 import dramatiq
@@ -17,6 +15,7 @@ from dramatiq_unique import JobModel, send_many
 from dramatiq_unique.broker.publish import Publisher
 from tests.durable import RedisServer, running_worker
 from tests.helpers import queue_lock_of, queue_size, wait_until
+from tests.integration.unique.test_bulk import Runs
 
 
 def watch_publishes(suite, broker, redis_client, monkeypatch) -> list:
@@ -124,23 +123,25 @@ def test_locks_on_another_redis_are_written_before_the_broker_publishes(broker, 
         suite.db.close()
 
 
-class Runs:
-    def __init__(self) -> None:
-        self.counts: collections.Counter = collections.Counter()
-        self.lock = threading.Lock()
-
-    def add(self, key) -> None:
-        with self.lock:
-            self.counts[key] += 1
-
-
-def private_rig(server, database_url, key_prefix):
-    """A Redis broker on ``server``, the suite's locks on the same server (the usual set-up)."""
+@pytest.fixture
+def own_redis(database_url, key_prefix):
+    """One redis-server of the test's own for the broker and the suite's locks (the usual set-up), and
+    a unique actor on it counting its runs: ``(server, broker, actor, runs)``."""
+    server = RedisServer().start()
     broker = RedisBroker(url=server.url, namespace=f"{key_prefix}-kill")
     dramatiq.set_broker(broker)
     suite = dramatiq_unique.setup(broker, database=database_url, redis=server.url, key_prefix=key_prefix,
                                   redriver=False)
-    return broker, suite
+    runs = Runs()
+
+    @dramatiq.actor(unique_args=["key"], max_retries=0)
+    def sync(key):
+        runs.add(key)
+
+    yield server, broker, sync, runs
+    broker.close()
+    server.stop()
+    suite.db.close()
 
 
 def redrive_and_run(broker, runs: Runs, expected: int) -> None:
@@ -151,50 +152,31 @@ def redrive_and_run(broker, runs: Runs, expected: int) -> None:
     assert len(runs.counts) == expected and set(runs.counts.values()) == {1}, runs.counts
 
 
-def test_the_brokers_server_killed_between_the_queue_lock_and_the_publish(database_url, key_prefix):
+def test_the_brokers_server_killed_between_the_queue_lock_and_the_publish(own_redis):
     """Given one Redis for the broker and the locks, When it dies after a unique send took its lock and
     before the publish, Then the send returns, its row waits pending, a duplicate meanwhile resolves to
     it, and once the server is back (empty) the re-drive publishes it and it runs once."""
-    server = RedisServer().start()
-    broker, suite = private_rig(server, database_url, key_prefix)
-    runs = Runs()
-
-    @dramatiq.actor(unique_args=["key"], max_retries=0)
-    def sync(key):
-        runs.add(key)
-
+    server, broker, sync, runs = own_redis
     dispatch = broker._dispatch("enqueue")
 
     def killed(*args):
         server.stop()
         return dispatch(*args)
 
-    try:
-        broker.do_enqueue = killed
-        sent = sync.send("k")
-        del broker.do_enqueue
-        assert dramatiq_unique.get_job(sent.message_id).status == "pending"
-        assert sync.send("k").message_id == sent.message_id, "the database decides while Redis is down"
-        server.start()
-        redrive_and_run(broker, runs, 1)
-    finally:
-        broker.close()
-        server.stop()
-        suite.db.close()
+    broker.do_enqueue = killed
+    sent = sync.send("k")
+    del broker.do_enqueue
+    assert dramatiq_unique.get_job(sent.message_id).status == "pending"
+    assert sync.send("k").message_id == sent.message_id, "the database decides while Redis is down"
+    server.start()
+    redrive_and_run(broker, runs, 1)
 
 
 @pytest.mark.parametrize("many", [False, True], ids=["send", "send_many"])
-def test_a_publish_whose_reply_was_lost_runs_once(database_url, key_prefix, monkeypatch, many):
+def test_a_publish_whose_reply_was_lost_runs_once(own_redis, monkeypatch, many):
     """Given publishes that reached the broker but whose reply was lost (the connection broke), Then
     each row is kept pending and re-driven: its job is delivered twice, and runs once."""
-    server = RedisServer().start()
-    broker, suite = private_rig(server, database_url, key_prefix)
-    runs = Runs()
-
-    @dramatiq.actor(unique_args=["key"], max_retries=0)
-    def sync(key):
-        runs.add(key)
-
+    _, broker, sync, runs = own_redis
     if many:
         real = Publisher.publish_many
 
@@ -211,14 +193,9 @@ def test_a_publish_whose_reply_was_lost_runs_once(database_url, key_prefix, monk
             raise redis.ConnectionError("the reply was lost")
 
         monkeypatch.setattr(broker, "do_enqueue", lost, raising=False)
-    try:
-        sent = send_many(sync, [("a",), ("b",)]) if many else [sync.send("a"), sync.send("b")]
-        monkeypatch.undo()
-        assert {dramatiq_unique.get_job(m.message_id).status for m in sent} == {"pending"}
-        # In the broker all the same (a second single send is kept pending without trying: deferral.py).
-        assert queue_size(broker) == (2 if many else 1)
-        redrive_and_run(broker, runs, 2)
-    finally:
-        broker.close()
-        server.stop()
-        suite.db.close()
+    sent = send_many(sync, [("a",), ("b",)]) if many else [sync.send("a"), sync.send("b")]
+    monkeypatch.undo()
+    assert {dramatiq_unique.get_job(m.message_id).status for m in sent} == {"pending"}
+    # In the broker all the same (a second single send is kept pending without trying: deferral.py).
+    assert queue_size(broker) == (2 if many else 1)
+    redrive_and_run(broker, runs, 2)
