@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING, Any
 from dramatiq_unique.api import get_job, redrive, setup, start_redriver, transaction
 from dramatiq_unique.checkpoints import checkpoint, step_key
 from dramatiq_unique.context import current_job
-from dramatiq_unique.durable.cancel import cancel_job
-from dramatiq_unique.durable.dead import dead_jobs, retry_job
+from dramatiq_unique.durable.dead import cancel_job, dead_jobs, retry_job
 from dramatiq_unique.durable.redrive import RedriveCounts
 from dramatiq_unique.errors import (
     AmbiguousJobId,

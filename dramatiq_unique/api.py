@@ -10,8 +10,7 @@ from dramatiq.middleware import Retries
 
 from dramatiq_unique import suite as _config
 from dramatiq_unique.durable import lookup
-from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
-from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
+from dramatiq_unique.durable.redrive import redrive, start_redriver  # noqa: F401  (public API)
 from dramatiq_unique.logs import RedactPasswords, ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
 from dramatiq_unique.redis.checks import check_redis

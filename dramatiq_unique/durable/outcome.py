@@ -1,7 +1,5 @@
-"""A finished attempt as its job row records it: the status, the error, the result.
-
-JobTracking's ``after_process_message`` decides nothing itself: it asks :func:`outcome`
-what the attempt came to (Dramatiq and its ``Retries`` have decided by then) and writes it.
+"""A finished attempt as its job row records it: the status, the error, the result.  JobTracking asks
+:func:`outcome` once Dramatiq and its ``Retries`` have decided, and writes it.
 """
 
 from __future__ import annotations

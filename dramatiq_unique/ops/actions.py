@@ -11,10 +11,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from dramatiq_unique.durable import claims
-from dramatiq_unique.durable.cancel import cancel_job
-from dramatiq_unique.durable.dead import dead_jobs, retry_job
+from dramatiq_unique.durable.dead import cancel_job, dead_jobs, retry_job
 from dramatiq_unique.durable.redrive import MAX_PAGES
+from dramatiq_unique.durable.redrive import prune as prune_rows
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.ops.listing import job_row
 from dramatiq_unique.ops.views import JobRow
@@ -79,6 +78,6 @@ def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
         for index in range(len(suite.stores)):
             for base in scope.models():
                 model = suite.stores.model_in(base, index)
-                pruned += claims.prune(model, scope.prunable(model), suite.settings,
-                                       page=suite.settings.redrive_page_size, max_pages=MAX_PAGES)
+                pruned += prune_rows(model, scope.prunable(model), suite.settings,
+                                     page=suite.settings.redrive_page_size, max_pages=MAX_PAGES)
     return pruned
