@@ -28,7 +28,6 @@ from dramatiq_unique.durable.scope import NO_APP, Scope
 from dramatiq_unique.redis import batch, lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, is_postgres, utcnow
-from dramatiq_unique.storage.stores import base_of
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -99,10 +98,6 @@ def matching(suite: "Suite", action: str, table: Any, sel: Selection) -> Any:
     return cond
 
 
-def declared(scope: Scope, model: type[JobModel]) -> tuple[str, ...]:
-    return scope.actors.get(base_of(model), ())
-
-
 def of(table: Any, names: tuple[str, ...]) -> Any:
     return table.actor_name.in_(names) if names else pw.SQL("1 = 0")
 
@@ -157,7 +152,7 @@ def preview(suite: "Suite", broker: Optional[dramatiq.Broker], action: str, sel:
 
     def count(index: int, tables: list[type[JobModel]]) -> None:
         for model in tables:
-            mine = pw.Case(None, [(of(model, declared(scope, model)), 1)], 0)
+            mine = pw.Case(None, [(of(model, scope.names(model)), 1)], 0)
             query = model.select(pw.fn.COUNT(model.id), pw.fn.SUM(mine)).where(matching(suite, action, model, sel))
             total, ours = cast(tuple, query.tuples().get())
             outcome.done += int(ours or 0)
@@ -177,7 +172,7 @@ def _act(
 
     def act(index: int, tables: list[type[JobModel]]) -> None:
         for model in tables:
-            names, matched = declared(scope, model), matching(suite, action, model, sel)
+            names, matched = scope.names(model), matching(suite, action, model, sel)
             if names:
                 take(outcome, model, names, matched)
             outcome.undeclared += model.select().where(matched & ~of(model, names)).count()

@@ -53,24 +53,24 @@ def _fits(value: Any, strict: bool) -> bool:
     return False
 
 
-def _encode(value: Any, where: str) -> dict:
+def _stored(value: Any, strict: bool, where: str) -> Any:
+    """``value`` as a JSON column holds it: itself, or its bytes in the app's encoding."""
+    if _fits(value, strict):
+        return value
     encoder = dramatiq.get_encoder()
     try:
         data = encoder.encode(value)
     except Exception as e:
-        raise JobRejected(
-            f"{where} ({type(value).__name__}) cannot be stored: "
-            f"neither JSON nor {type(encoder).__name__} encodes it: {e}"
-        ) from e
+        raise JobRejected(f"{where} ({type(value).__name__}) cannot be stored: "
+                          f"neither JSON nor {type(encoder).__name__} encodes it: {e}") from e
     return {ENCODED: base64.b64encode(data).decode("ascii"), "repr": repr(value)[:REPR_LENGTH]}
 
 
 def args_to_row(args: Any, kwargs: dict) -> tuple[list, dict]:
     """A message's arguments as the job row's JSON columns hold them."""
     strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
-    row_args = [a if _fits(a, strict) else _encode(a, f"argument {i}") for i, a in enumerate(args)]
-    row_kwargs = {k: v if _fits(v, strict) else _encode(v, f"argument {k}") for k, v in kwargs.items()}
-    return row_args, row_kwargs
+    return ([_stored(a, strict, f"argument {i}") for i, a in enumerate(args)],
+            {k: _stored(v, strict, f"argument {k}") for k, v in kwargs.items()})
 
 
 def _decode(value: Any) -> Any:
@@ -84,7 +84,7 @@ def options_to_row(options: dict) -> dict:
     strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
     if all(_fits(v, strict) for v in options.values()):
         return options  # the common case: nothing to copy
-    return {k: v if _fits(v, strict) else _encode(v, f"option {k}") for k, v in options.items()}
+    return {k: _stored(v, strict, f"option {k}") for k, v in options.items()}
 
 
 def args_from_row(args: Any, kwargs: Any) -> tuple[tuple, dict]:
@@ -111,15 +111,8 @@ def rebuild(row: "JobModel", marker: Optional[dict] = None, *, timestamp: Option
     options = {k: _decode(v) for k, v in job_options(row.options or {}).items()}
     options[MARKER] = {**(options.get(MARKER) or {}), "id": row.id, "rev": row.revision, **(marker or {})}
     args, kwargs = args_from_row(row.args, row.kwargs)
-    return Message(
-        queue_name=row.queue_name,
-        actor_name=row.actor_name,
-        args=args,
-        kwargs=kwargs,
-        options=options,
-        message_id=row.message_id,
-        message_timestamp=current_millis() if timestamp is None else timestamp,
-    )
+    return Message(queue_name=row.queue_name, actor_name=row.actor_name, args=args, kwargs=kwargs, options=options,
+                   message_id=row.message_id, message_timestamp=current_millis() if timestamp is None else timestamp)
 
 
 def build_message(row: "JobModel") -> Message:

@@ -40,16 +40,20 @@ class Scope:
             if declared is None or name in declared:
                 self.actors[config.model] = (*self.actors.get(config.model, ()), name)
 
+    def names(self, model: type[JobModel]) -> tuple[str, ...]:
+        """The actors of this scope kept in ``model`` (in any store)."""
+        return self.actors.get(base_of(model), ())
+
     def models(self) -> list[type[JobModel]]:
         """The job tables with rows this pass may act on, in the suite's order."""
         return [model for model in self.suite.models if self.actors.get(model)]
 
     def where(self, model: type[JobModel]) -> Any:
         """The condition that keeps a statement to this scope's rows of ``model`` (in any store)."""
-        names = self.actors.get(base_of(model), ())
-        cond = model.app == self.app
+        names = self.names(model)
         # One name as "=", so PostgreSQL estimates it as well as a plain equality.
-        return cond & (model.actor_name == names[0] if len(names) == 1 else model.actor_name.in_(names))
+        return (model.app == self.app) & (model.actor_name == names[0] if len(names) == 1 else
+                                          model.actor_name.in_(names))
 
     def prunable(self, model: type[JobModel]) -> Any:
         """:meth:`where`, less the rows whose idempotency key an actor's own ``idempotency_window`` keeps
@@ -57,7 +61,7 @@ class Scope:
         settings = self.suite.settings
         cutoff = max(settings.retention, settings.idempotency_window)
         longer: dict[float, list[str]] = {}
-        for name in self.actors.get(base_of(model), ()):
+        for name in self.names(model):
             config = self.suite.actors.get(name)
             window = settings.idempotency_window if config is None else \
                 config.get({}, "idempotency_window", settings.idempotency_window)  # as submit() reads it
@@ -83,7 +87,7 @@ class Scope:
     def adopt(self, model: type[JobModel], page: int, max_pages: int) -> int:
         """Give rows without an app (``app = ''``) of this scope's actors this app, waiting ones first,
         at most ``max_pages`` pages of each per pass; returns how many."""
-        names = self.actors.get(base_of(model), ())
+        names = self.names(model)
         if not names or self.app == NO_APP:  # never so: setup() refuses an empty key_prefix
             return 0
         adopted = 0
