@@ -28,7 +28,7 @@ def wipe_broker(broker: Any) -> int:
 
 def pass_selects(suite: Any, broker: Any, model: Any) -> list[tuple[str, Any]]:
     """The SELECTs on ``model``'s table that one re-drive pass runs (no pass lock), as (sql, params),
-    read from peewee's query log."""
+    read from peewee's query log; a statement run for several pages, once."""
     seen: list[tuple[str, Any]] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.msg) if isinstance(record.msg, tuple) else None  # type: ignore
@@ -42,7 +42,11 @@ def pass_selects(suite: Any, broker: Any, model: Any) -> list[tuple[str, Any]]:
         log.removeHandler(handler)
         log.setLevel(level)
     table = f'"{model._meta.table_name}" AS'
-    return [(sql, params) for sql, params in seen if sql.startswith("SELECT") and table in sql]
+    selects: dict[str, Any] = {}
+    for sql, params in seen:
+        if sql.startswith("SELECT") and table in sql:
+            selects.setdefault(sql, params)
+    return list(selects.items())
 
 
 def broker_messages(broker: Any, queue_name: str = "default") -> list[dict]:
