@@ -205,11 +205,8 @@ def _retry(suite: "Suite", model: type[JobModel], names: tuple[str, ...], sel: S
     holder, newer = model.alias("holder"), model.alias("newer")
     held = pw.fn.EXISTS(holder.select(pw.SQL("1")).where(
         (holder.app == suite.app) & (holder.unique_hold == model.unique_key) & (holder.id != model.id)))
-    # Two dead jobs of one key: the newest takes it back, as a retry of each in turn would let only one.
-    # The newer one's conditions sit in a CASE, which no index serves, so that the key's index is the
-    # subquery's only way in whatever the statistics say: where they are stale (a dead set that grew
-    # faster than the table is analyzed, as in an outage), the (app, status) index looks cheaper, and
-    # was planned as a scan of the whole dead set per dead job.
+    # Two dead jobs of one key: the newest takes it back.  The newer one's conditions sit in a CASE, which no
+    # index serves, so that the key's index is the subquery's only way in even with stale statistics.
     also = pw.Case(None, [(selected(newer) & (newer.id > model.id) & holds(suite, model, newer, names), 1)], 0)
     taken = pw.fn.EXISTS(newer.select(pw.SQL("1")).where((newer.unique_key == model.unique_key) & (also == 1)))
     cond = selected(model) & ~(holding & (held | taken))
