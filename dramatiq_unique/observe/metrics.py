@@ -1,18 +1,7 @@
-"""The suite's Prometheus metrics, beside Dramatiq's own.
+"""The suite's Prometheus metrics, one method per hook of :mod:`dramatiq_unique.observe.events`.
 
-Imported only when metrics are turned on (:mod:`dramatiq_unique.observe.switch`):
-it imports ``prometheus_client``, which must see its multiprocess
-directory in the environment first.  Built as Dramatiq's ``Prometheus``
-middleware builds its own: on a private registry, its values written to
-the multiprocess directory that Dramatiq's exposition server reads, so
-one endpoint shows both.  Without a multiprocess directory they go to
-``prometheus_client``'s default registry, for an exposition of the
-process's own (``start_http_server``).
-
-Durations are in seconds, as Prometheus names them (``_seconds``); the
-suite's settings stay in milliseconds.  Labels are bounded: the actor and
-queue (as Dramatiq's ``queue_name`` and ``actor_name``), a gate ("lock" or
-"slot"), a decision, a write, an outcome; never a key nor a job id.
+Imported only when metrics are turned on: ``prometheus_client`` must see its multiprocess directory
+first.  Labels are bounded (actor, queue, gate, decision, write, outcome): never a key nor a job id.
 """
 
 from __future__ import annotations
@@ -39,8 +28,8 @@ F = TypeVar("F", bound=Callable[..., None])
 
 
 def guarded(fn: F) -> F:
-    """A metric update never breaks the suite: its error is logged (once per process with its
-    trace), the event goes uncounted."""
+    """A metric update never breaks the suite: its error is logged (with its trace once), the event
+    goes uncounted."""
 
     @functools.wraps(fn)
     def update(self: "SuiteMetrics", *args: Any) -> None:

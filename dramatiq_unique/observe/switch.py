@@ -1,13 +1,5 @@
-"""Turning the suite's metrics on and off in a process.
-
-Dramatiq's ``Prometheus`` middleware sets ``PROMETHEUS_MULTIPROC_DIR`` to
-its ``DB_PATH`` when a worker process boots and only then imports
-``prometheus_client``, which picks its multiprocess mode at import; its
-exposition server (one per worker cluster, port 9191) reads every
-process's files in that directory.  :func:`enable_metrics` does the same
-with the same directory, whichever of the two boots first, so the suite's
-metrics are on that endpoint beside Dramatiq's.
-"""
+"""Turning the suite's metrics on and off in a process, in the multiprocess directory of Dramatiq's
+``Prometheus`` middleware so that one endpoint shows both."""
 
 from __future__ import annotations
 
@@ -17,7 +9,7 @@ import threading
 from typing import Optional
 
 from dramatiq_unique.errors import NotConfigured
-from dramatiq_unique.observe.state import state
+from dramatiq_unique.observe import events
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +28,7 @@ def dramatiq_directory() -> str:
 
 def metrics_on() -> bool:
     """Whether this process's suite events move metrics."""
-    return state.sink is not None
+    return events.sink is not None
 
 
 def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
@@ -52,7 +44,7 @@ def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
     is not installed (``pip install 'dramatiq_unique[prometheus]'``).
     """
     with _lock:
-        if state.sink is not None:
+        if events.sink is not None:
             return
         if multiprocess_dir is not None:
             # Missing (a temporary-files cleaner took it): made again, as Dramatiq makes it at import.
@@ -73,13 +65,13 @@ def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
                            "endpoint.  Import it after the worker boots, or set PROMETHEUS_MULTIPROC_DIR first.")
         # Multiprocess: a private registry, as Dramatiq's (the directory is what is shared).  Otherwise the
         # default one, that the process's own exposition serves.
-        state.sink = SuiteMetrics(prom.CollectorRegistry() if multiprocess else prom.REGISTRY)
+        events.sink = SuiteMetrics(prom.CollectorRegistry() if multiprocess else prom.REGISTRY)
 
 
 def disable_metrics() -> None:
     """Turn the suite's metrics off in this process (its metrics leave the default registry)."""
     with _lock:
-        sink, state.sink = state.sink, None
+        sink, events.sink = events.sink, None
         if sink is None or sink.registry is None:
             return
         for collector in sink.collectors:
