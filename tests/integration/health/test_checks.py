@@ -15,7 +15,7 @@ import redis
 
 from dramatiq_unique import JobModel, redrive
 from dramatiq_unique.cli import main
-from dramatiq_unique.health import checks, commands, probe
+from dramatiq_unique.health import checks, probe
 from dramatiq_unique.health.target import of_suite
 from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.storage.database import open_database
@@ -97,7 +97,7 @@ def test_probe_over_http(suite, broker):
     """The probe answers 200 with the report while nothing is critical, 503 when something is."""
     target = of_suite(suite)
     server = probe.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0)
-    commands.serve_in_thread(server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/health"
     try:
         with urllib.request.urlopen(url, timeout=10) as answer:
@@ -131,7 +131,7 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
     bodies = {}
     for details in (False, True):
         server = probe.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0, details=details)
-        commands.serve_in_thread(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
             code, headers, body = _get(f"http://127.0.0.1:{server.server_address[1]}/")
         finally:
