@@ -1,27 +1,35 @@
-"""The actions (POST): retry and cancel a job, set a slot group's limit, halt a group.
+"""The actions (POST): retry and cancel a job, set or halt a slot group's limit; retry the dead set and
+cancel the waiting jobs a filter matches, each after a page (GET) that counts what it would do.
 
-Each goes through the ops layer to the public function a user's code would
-call (``retry_job``, ``cancel_job``, ``set_concurrency_limit``), for the
-dashboard's suite, so the dashboard changes nothing the suite's own rules would
-refuse.  The app's ``before_request`` has already
-checked basic auth, the host's hook, read-only and the CSRF token by the time a
-view here runs.  A success redirects (POST, redirect, GET: a reload does not
-repeat it); a refusal renders the error page with the status that says why.
+Each goes through the ops layer to the public function user code would call, so the dashboard does
+nothing the suite's own rules refuse.  The app's ``before_request`` has checked access (basic auth,
+the host's hook, read-only, CSRF) before a view here runs.  A success redirects (POST, redirect, GET);
+a refusal renders the error page with the status that says why.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Optional
 from urllib.parse import unquote
 
-from flask import Flask, abort, redirect, request, url_for
+from flask import abort, current_app, redirect, render_template, request, url_for
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
 from dramatiq_unique import ops
+from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
-from dramatiq_unique.web import data
-from dramatiq_unique.web.state import current_suite
+from dramatiq_unique.ops import bulk as ops_bulk
+from dramatiq_unique.ops import limitkeys
+from dramatiq_unique.parking.groups import whole_actor
+from dramatiq_unique.slots.limits import key_group, key_words
+from dramatiq_unique.storage.models import utcnow
+from dramatiq_unique.web import security
+from dramatiq_unique.web.pages import MAX_FILTER, SINCE, current_suite
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
 
 #: The largest limit a form may set (a typo of many digits is refused, not stored).
 MAX_LIMIT = 1_000_000
@@ -109,7 +117,7 @@ def _group_key() -> tuple[str, Any]:
     if not actor or len(actor) > 200:
         abort(400, "which actor?")
     words, group = request.form.get("key", ""), request.form.get("group", "")
-    return actor, _refused(lambda: data.slot_target(current_suite(), actor, words, group))
+    return actor, _refused(lambda: slot_target(current_suite(), actor, words, group))
 
 
 def requested_limit() -> Optional[int]:
@@ -172,8 +180,84 @@ def halt() -> Response:
     return _back("halted", url_for("slots"))
 
 
-def register(app: Flask) -> None:
-    app.add_url_rule("/jobs/<ref>/retry", "retry", retry, methods=["POST"])
-    app.add_url_rule("/jobs/<ref>/cancel", "cancel", cancel, methods=["POST"])
-    app.add_url_rule("/slots/limit", "limit", limit, methods=["POST"])
-    app.add_url_rule("/slots/halt", "halt", halt, methods=["POST"])
+def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "limitkeys.Target":
+    """The level a slots form names: ``group``, the group's key as the page listed it (``<actor>:<digest>``;
+    '' for the actor's own limit), which settles what the words cannot (whether 42 was sent as an int or a
+    str, a group whose words are not known).  ``words``, the key as the page showed it (``customer=42``,
+    a ``#hash``, ``(all)``), must name that group: a form of another row, or a forged one, is refused.
+    Without ``group``, the words alone (as ``limit`` on the command line reads them)."""
+    config = suite.actor_config(actor)
+    if config is None:
+        raise InvalidOption(f"no actor {actor!r} is declared in this process")
+    words, group = words.strip(), group.strip()
+    if not group:
+        return ops.limit_target(suite, config, words)
+    if group not in limitkeys.named_groups(suite, config, words):
+        raise InvalidOption(f"no slot group of {actor!r} has the key {words!r}")
+    if group == whole_actor(actor) and config.options.get("concurrency_key") is None:
+        return limitkeys.Target("")  # the actor's own limit
+    for value in ([] if words.startswith("#") else limitkeys.candidates(config, words)):
+        if key_group(config, value) == group:
+            return limitkeys.Target(group, key_words(config, value), value)
+    return limitkeys.Target(group)  # named by its hash: the words kept with its limit stay
+
+
+#: The action each step names to the host's hook.
+ACTION = {RETRY: "retry_all", CANCEL: "cancel_all"}
+#: The filters each action takes from the page it is started on.
+FIELDS = {RETRY: ("actor", "error"), CANCEL: ("actor", "key", "status", "since")}
+
+
+def _filters(action: str, source: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name in FIELDS[action]:
+        value = str(source.get(name, "")).strip()
+        if len(value) > MAX_FILTER:
+            abort(400, f"{name} is too long")
+        if value:
+            found[name] = value
+    if "since" in found and found["since"] not in SINCE:
+        abort(400, f"since must be one of {', '.join(SINCE)}")
+    return found
+
+
+def _selection(action: str, filters: dict[str, Any]) -> Selection:
+    since = utcnow() - SINCE[filters["since"]] if "since" in filters else None
+    try:
+        return ops_bulk.selection(current_suite(), action, actor=filters.get("actor"), key=filters.get("key"),
+                                  since=since, error=filters.get("error"), status=filters.get("status"))
+    except ValueError as e:
+        abort(400, str(e))
+
+
+def confirm(action: str) -> str:
+    """The page that counts what a bulk action would do, offered only to whom the hook allows it."""
+    if not security.can(current_app.config["DU_ACCESS"], ACTION[action]):
+        abort(403, f"not allowed to {ACTION[action]}")
+    filters = _filters(action, request.args)
+    sel = _selection(action, filters)
+    found = ops_bulk.preview(current_suite(), None, action, sel)
+    return render_template("bulk.html", verb=action, endpoint=ACTION[action], found=found, filters=filters,
+                           what=ops_bulk.described(action, sel, filters.get("key")),
+                           back=url_for("dead" if action == RETRY else "jobs", **filters), down=found.down)
+
+
+def act(action: str) -> Response:
+    filters = _filters(action, request.form)
+    done = ops_bulk.act(current_suite(), None, action, _selection(action, filters))
+    page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
+    values: dict[str, Any] = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
+    values.update(done=word, n=done.done)
+    if done.blocked:
+        values["blocked"] = done.blocked
+    return redirect(url_for(page, **values), code=303)
+
+#: (rule, endpoint, view, method) of every action, and of the pages that confirm a bulk one.
+ROUTES: list[tuple[str, str, Any, str]] = [
+    ("/jobs/<ref>/retry", "retry", retry, "POST"), ("/jobs/<ref>/cancel", "cancel", cancel, "POST"),
+    ("/slots/limit", "limit", limit, "POST"), ("/slots/halt", "halt", halt, "POST"),
+    ("/dead/retry-all", "retry_all_confirm", functools.partial(confirm, RETRY), "GET"),
+    ("/dead/retry-all", "retry_all", functools.partial(act, RETRY), "POST"),
+    ("/jobs/cancel-all", "cancel_all_confirm", functools.partial(confirm, CANCEL), "GET"),
+    ("/jobs/cancel-all", "cancel_all", functools.partial(act, CANCEL), "POST"),
+]

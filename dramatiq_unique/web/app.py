@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
-from dramatiq_unique.web import actions, bulk, pages, present, security
+from dramatiq_unique.web import actions, pages, present, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
@@ -108,8 +108,7 @@ def make_app(
         logger.warning("Dashboard: Redis: %s", redact(str(error)))
         return render_template("error.html", code=503, message=f"Redis could not be reached: {redact(str(error))}"), 503
 
-    pages.register(app)
-    actions.register(app)
-    bulk.register(app)
+    for rule, endpoint, view, method in (*pages.ROUTES, *actions.ROUTES):
+        app.add_url_rule(rule, endpoint, view, methods=[method])
     return app
 
