@@ -1,11 +1,6 @@
-"""The actions (POST): retry and cancel a job, set or halt a slot group's limit; retry the dead set and
-cancel the waiting jobs a filter matches, each after a page (GET) that counts what it would do.
-
-Each goes through the ops layer to the public function user code would call, so the dashboard does
-nothing the suite's own rules refuse.  The app's ``before_request`` has checked access (basic auth,
-the host's hook, read-only, CSRF) before a view here runs.  A success redirects (POST, redirect, GET);
-a refusal renders the error page with the status that says why.
-"""
+"""The actions (POST): retry or cancel a job, set or halt a slot group's limit, retry the dead set or
+cancel what a filter matches (after a page that counts it), each through the ops layer, so nothing the
+suite's own rules refuse.  Access was checked before (``before_request``); a success redirects."""
 
 from __future__ import annotations
 
@@ -47,13 +42,8 @@ MAX_NEXT = 2_000
 
 
 def _path_ok(path: str) -> bool:
-    """Whether ``path`` (no query) is an absolute path of this site that reads as nothing else.
-
-    Printable ASCII only, no backslash, no empty, ``.`` or ``..`` segment: browsers drop tabs and
-    newlines anywhere in a URL and read ``\\`` as ``/``, so ``/<TAB>/evil.example`` and ``/\\evil.example``
-    become ``//evil.example``, another site; and ``/.//evil.example`` is ``//evil.example`` once
-    its dot segments are removed.  The pages' own paths (``request.full_path``) are none of these.
-    """
+    """Whether ``path`` (no query) is an absolute path of this site that no browser reads as another's:
+    printable ASCII, no backslash (read as ``/``), no empty, ``.`` or ``..`` segment (``/.//evil``)."""
     if not path.startswith("/") or "\\" in path or not all("!" <= c <= "~" for c in path):
         return False
     segments = path.split("/")[1:]
@@ -155,12 +145,8 @@ def _limit_action() -> str:
 #: the request does, not by its route (a limit of 0 is a halt, whichever form sends it).  Called after
 #: the CSRF check, before the view.  An endpoint missing here cannot be POSTed to (404).
 ACTION_OF: dict[str, Callable[[], str]] = {
-    "retry": lambda: "retry",
-    "cancel": lambda: "cancel",
-    "limit": _limit_action,
-    "halt": lambda: "halt",
-    "retry_all": lambda: "retry_all",
-    "cancel_all": lambda: "cancel_all",
+    "retry": lambda: "retry", "cancel": lambda: "cancel", "limit": _limit_action, "halt": lambda: "halt",
+    "retry_all": lambda: "retry_all", "cancel_all": lambda: "cancel_all",
 }
 
 

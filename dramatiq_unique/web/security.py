@@ -1,24 +1,7 @@
-"""Who may see and who may act: basic auth, the host app's hook, CSRF tokens, read-only.
+"""Who may see and who may act: basic auth, the host app's hook, read-only, CSRF tokens and ``Origin``.
 
-Every request passes :func:`check_access` before its view runs (a Flask
-``before_request``), so no page and no action is reachable around it:
-
-* ``basic_auth`` (standalone use): every request needs the user and password,
-  compared in constant time (or checked by the given callable, which must
-  return ``True``: anything else, or an exception, is a refusal); a missing or
-  wrong one gets 401 with a ``WWW-Authenticate`` challenge.
-* ``auth`` (the host app's hook): called as ``auth(request, action)`` with
-  ``action=None`` for a page and the action's name (``"retry"``, ``"cancel"``,
-  ``"limit"``, ``"halt"``, ``"retry_all"``, ``"cancel_all"``) for a POST, named by what the POST does, not by its
-  route: a limit of 0, or a return to a default of 0, is ``"halt"``; anything but ``True`` gets 403 (a truthy
-  string is no grant: a hook returning ``"no"`` by mistake must not open the
-  door), and so does a hook that raises.  The host can so
-  let operators see everything and only some of them act.
-* ``read_only``: every POST gets 403, whoever asks; the pages show no buttons.
-* CSRF: a POST must carry the form token, an HMAC of the browser's own random
-  cookie (``du_csrf``, ``SameSite=Strict``, ``HttpOnly``) under the app's
-  secret, so a page of another site can neither read nor forge it.  A POST whose
-  ``Origin`` names another host is refused before that (defence in depth).
+Every request passes :func:`check_access` (a ``before_request``) before its view, so nothing is
+reachable around it.  Only ``True`` from a hook or check grants; one that raises refuses (fails closed).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Running the dashboard on its own: :func:`serve` (``python -m dramatiq_unique web APP``).
-
-The server is waitress (the ``web`` extra installs it): pure Python, threaded,
-meant for production, as Flask's own documentation recommends, where
-Werkzeug's server is for development only.  Without waitress installed (the
-app mounted in a host that brought Flask but not waitress) :func:`make_server`
-falls back to Werkzeug's threaded server.
-"""
+"""Running the dashboard on its own (``python -m dramatiq_unique web APP``): on waitress, a production
+server, as Flask's documentation recommends; on Werkzeug's threaded server when waitress is missing."""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ import importlib
 import ipaddress
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.web.app import make_app
@@ -27,12 +21,6 @@ logger = logging.getLogger(__name__)
 #: ``user:password`` for basic auth, read when ``serve()`` is given none: a password on the
 #: command line would show in ``ps``.
 AUTH_ENV = "DRAMATIQ_UNIQUE_WEB_AUTH"
-
-
-class Server(Protocol):
-    def run(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class _WerkzeugServer:
@@ -95,9 +83,7 @@ def make_server(
     except ImportError:
         logger.warning("waitress is not installed: serving the dashboard with Werkzeug's development server")
         return _WerkzeugServer(app, host, port)
-    # poll(), not waitress's default select(): select() fails on a descriptor above 1023, and a
-    # host process (a worker, a test run) may well hold that many; the server thread then dies and
-    # every request hangs.
+    # poll(), not select(): select() fails on a descriptor above 1023, which a host process may hold.
     server = waitress.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique",
                                     asyncore_use_poll=True)
     server.port = server.effective_port
