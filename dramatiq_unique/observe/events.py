@@ -31,7 +31,7 @@ HANDED_AT = "ts"
 E = TypeVar("E", bound=BaseException)
 
 #: The metrics of this process, shared by every suite in it (prometheus_client refuses a metric
-#: registered twice); None while metrics are off.  Set by :mod:`dramatiq_unique.observe.switch`.
+#: registered twice); None while metrics are off.  Set by :func:`~dramatiq_unique.observe.enable_metrics`.
 sink: "Optional[SuiteMetrics]" = None
 
 _DUPLICATE = {
