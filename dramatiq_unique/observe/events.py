@@ -51,8 +51,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-# -- unique sends -----------------------------------------------------------------------
-
 def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str], why: str = "") -> None:
     """A unique send met a job holding its key and ``decision`` was taken: one INFO line that names
     both job ids (the new send's message id and the existing job's), and the decision's counter."""
@@ -62,10 +60,8 @@ def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str],
                     extra=fields(message.message_id, message.actor_name, key,
                                  **{EXISTING_JOB_ID: existing_id, DECISION: decision}))
     if (on := sink) is not None:
-        on.duplicate(message.queue_name, message.actor_name, decision)
+        on.inc(on.duplicates, message.queue_name, message.actor_name, decision)
 
-
-# -- parking --------------------------------------------------------------------------
 
 def parked(gate: str, message: Any, group: str) -> None:
     """A job parked on ``group`` of a ``gate`` ("lock" or "slot"): a wait begins."""
@@ -73,7 +69,7 @@ def parked(gate: str, message: Any, group: str) -> None:
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("Job %s parked on %s.", message.message_id, group, extra=fields(message.message_id, actor))
     if (on := sink) is not None:
-        on.parked(getattr(message, "queue_name", None), actor, gate)
+        on.inc(on.waits, getattr(message, "queue_name", None), actor, gate)
 
 
 def taken_up(gate: str, message: Any, marker: Mapping[str, Any], wake: Mapping[str, Any]) -> None:
@@ -90,12 +86,10 @@ def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:
         on.parked_counts(counts)
 
 
-# -- leases, locks and fencing ------------------------------------------------------------
-
 def heartbeat(job: Any) -> None:
     """``heartbeat()`` renewed a job's leases."""
     if (on := sink) is not None:
-        on.heartbeat(job.queue_name, job.actor_name)
+        on.inc(on.heartbeats, job.queue_name, job.actor_name)
 
 
 def lock_lost(job: Any, error: E) -> E:
@@ -105,7 +99,7 @@ def lock_lost(job: Any, error: E) -> E:
     logger.warning("Job %s (%s) lost its lease: %s", job_id, actor, getattr(error, "detail", error),
                    extra=fields(job_id, actor, getattr(job, "unique_key", None)))
     if (on := sink) is not None:
-        on.lock_lost(getattr(job, "queue_name", None), actor)
+        on.inc(on.locks_lost, getattr(job, "queue_name", None), actor)
     return error
 
 
@@ -116,10 +110,8 @@ def fenced_out(job: Any, write: str) -> None:
                    "token %s.", job.message_id, job.actor_name, write, job.fencing_token,
                    extra=fields(job.message_id, job.actor_name, job.unique_key))
     if (on := sink) is not None:
-        on.fenced_out(job.queue_name, job.actor_name, write)
+        on.inc(on.fenced, job.queue_name, job.actor_name, write)
 
-
-# -- the re-drive -----------------------------------------------------------------------
 
 def job_lost(row: Any, where: str, then: str) -> None:
     """The re-drive confirmed a job lost (its message is in none of the broker's queues): a WARNING.

@@ -48,7 +48,7 @@ def _label(value: Any) -> str:
 
 
 class SuiteMetrics:
-    """The metrics, and one method per event of :mod:`dramatiq_unique.observe.events`."""
+    """The metrics, and the updates the hooks of :mod:`dramatiq_unique.observe.events` make."""
 
     def __init__(self, registry: Optional[prom.CollectorRegistry]) -> None:
         self.registry = registry
@@ -89,12 +89,9 @@ class SuiteMetrics:
                            self.fenced, self.heartbeats, self.locks_lost, self.redrive_jobs, self.redrive_passes]
 
     @guarded
-    def duplicate(self, queue: Any, actor: Any, decision: str) -> None:
-        self.duplicates.labels(_label(queue), _label(actor), decision).inc()
-
-    @guarded
-    def parked(self, queue: Any, actor: Any, gate: str) -> None:
-        self.waits.labels(_label(queue), _label(actor), gate).inc()
+    def inc(self, counter: prom.Counter, *labels: Any) -> None:
+        """Counts one event on ``counter``, labelled by ``labels`` (None: the empty label)."""
+        counter.labels(*map(_label, labels)).inc()
 
     @guarded
     def taken_up(self, queue: Any, actor: Any, gate: str, parked_at: Any, handed_at: Any) -> None:
@@ -112,18 +109,6 @@ class SuiteMetrics:
         for (actor, gate), count in counts.items():
             self.parked_jobs.labels(_label(actor), gate).set(count)
         self._parked_seen |= set(counts)
-
-    @guarded
-    def heartbeat(self, queue: Any, actor: Any) -> None:
-        self.heartbeats.labels(_label(queue), _label(actor)).inc()
-
-    @guarded
-    def lock_lost(self, queue: Any, actor: Any) -> None:
-        self.locks_lost.labels(_label(queue), _label(actor)).inc()
-
-    @guarded
-    def fenced_out(self, queue: Any, actor: Any, write: str) -> None:
-        self.fenced.labels(_label(queue), _label(actor), write).inc()
 
     @guarded
     def redrive_pass(self, counts: Mapping[str, Any]) -> None:
