@@ -38,11 +38,9 @@ MAX_FILTER = 200
 def current_suite() -> "Suite":
     """The suite this request shows: the app's own, else the last set-up's (looked up once a request)."""
     suite = current_app.config["DU_SUITE"]
-    if suite is None:
-        if "du_suite" not in g:
-            g.du_suite = _config.current()
-        suite = g.du_suite
-    return suite
+    if suite is None and "du_suite" not in g:
+        g.du_suite = _config.current()
+    return suite if suite is not None else g.du_suite
 
 
 def page_size() -> int:
