@@ -54,14 +54,7 @@ def _basic_ok(setting: BasicAuth) -> bool:
     if not sep:
         return False
     if callable(setting):
-        # Only True lets the request in, as for the auth hook: a check returning a truthy object (a
-        # user row that may be inactive, "no", a non-empty error list) is no grant; one that raises
-        # lets nothing in (fails closed) and says why in the log.
-        try:
-            return setting(user, password) is True
-        except Exception:
-            logger.exception("The dashboard's basic_auth check raised: request refused")
-            return False
+        return _granted("basic_auth check", setting, user, password)
     want_user, want_password = setting
     # Both compared, whatever the first gives, so the time does not tell which one was wrong.
     user_ok = hmac.compare_digest(user.encode(), want_user.encode())
@@ -69,10 +62,14 @@ def _basic_ok(setting: BasicAuth) -> bool:
     return user_ok and password_ok
 
 
-def challenge(realm: str) -> Response:
-    response = Response("authentication required\n", status=401, mimetype="text/plain")
-    response.headers["WWW-Authenticate"] = f'Basic realm="{realm}", charset="UTF-8"'
-    return response
+def _granted(what: str, check: Callable[..., object], *args: object) -> bool:
+    """Only ``True`` grants: a truthy object (a user row that may be inactive, "no") is no grant, and
+    a check that raises lets nothing in (fails closed) and says why in the log."""
+    try:
+        return check(*args) is True
+    except Exception:
+        logger.exception("The dashboard's %s raised: request refused", what)
+        return False
 
 
 def may(access: Access, action: Optional[str]) -> bool:
@@ -83,11 +80,7 @@ def may(access: Access, action: Optional[str]) -> bool:
     # host's hook may cost a query (a session, a user).
     answers: dict[Optional[str], bool] = g.setdefault("du_may", {})
     if action not in answers:
-        try:
-            answers[action] = access.auth(request._get_current_object(), action) is True  # type: ignore[attr-defined]
-        except Exception:  # a hook that fails lets nothing through (fails closed), and says why in the log
-            logger.exception("The dashboard's auth hook raised: request refused")
-            answers[action] = False
+        answers[action] = _granted("auth hook", access.auth, request._get_current_object(), action)  # type: ignore[attr-defined]
     return answers[action]
 
 
@@ -106,7 +99,9 @@ def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Opti
     changes state, what tells the action this request does (from its form), asked once the CSRF token
     is checked; None for a page."""
     if access.basic_auth is not None and not _basic_ok(access.basic_auth):
-        return challenge(access.realm)
+        response = Response("authentication required\n", status=401, mimetype="text/plain")
+        response.headers["WWW-Authenticate"] = f'Basic realm="{access.realm}", charset="UTF-8"'
+        return response
     if request.method not in ("GET", "HEAD"):
         if access.read_only:
             abort(403, "the dashboard is read-only")
