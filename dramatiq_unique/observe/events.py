@@ -77,7 +77,7 @@ def taken_up(gate: str, message: Any, marker: Mapping[str, Any], wake: Mapping[s
     (since the gate was handed on) end here."""
     if (on := sink) is not None:
         on.taken_up(getattr(message, "queue_name", None), getattr(message, "actor_name", None), gate,
-                      marker.get(PARKED_AT), wake.get(HANDED_AT))
+                    marker.get(PARKED_AT), wake.get(HANDED_AT))
 
 
 def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:
