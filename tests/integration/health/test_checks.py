@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -15,7 +16,7 @@ import redis
 
 from dramatiq_unique import JobModel, redrive
 from dramatiq_unique.cli import main
-from dramatiq_unique.health import checks, probe
+from dramatiq_unique.health import checks, commands, probe
 from dramatiq_unique.health.target import of_suite
 from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.storage.database import open_database
@@ -93,12 +94,26 @@ def test_database_down_and_schema_out_of_date(database_url, monkeypatch, capsys)
     assert "parked" in out  # not checked without the app: said so
 
 
-def test_probe_over_http(suite, broker):
-    """The probe answers 200 with the report while nothing is critical, 503 when something is."""
+def test_probe_over_http(suite, broker, monkeypatch):
+    """`check --probe-port` answers 200 with the report while nothing is critical, 503 when something is,
+    until interrupted."""
     target = of_suite(suite)
-    server = probe.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    servers, said, serve = [], [], probe.serve
+
+    def uncached(*args, **options):
+        servers.append(serve(*args, **options, cache_ms=0))
+        return servers[0]
+
+    monkeypatch.setattr(probe, "serve", uncached)
+    done = []
+    thread = threading.Thread(target=lambda: done.append(commands.check(
+        target, lambda data, text: None, probe_port=0, probe_host="127.0.0.1", say=said.append)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert said and said[0].startswith("health probe on http://127.0.0.1:")
+    url = f"http://127.0.0.1:{servers[0].server_address[1]}/health"
     try:
         with urllib.request.urlopen(url, timeout=10) as answer:
             assert answer.status == 200
@@ -109,8 +124,9 @@ def test_probe_over_http(suite, broker):
         assert failed.value.code == 503
         assert json.loads(failed.value.read())["code"] == checks.CRITICAL
     finally:
-        server.shutdown()
-        server.server_close()
+        servers[0].shutdown()  # as an interrupt ends serve_forever()
+        thread.join(10)
+    assert done == [0]
 
 
 def _get(url):
