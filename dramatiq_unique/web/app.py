@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Every response's headers.  No script runs on these pages, and none may be injected: a strict policy costs nothing.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+                               "frame-ancestors 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
+}
+
 
 def make_app(
     suite: "Optional[Suite]" = None, *, read_only: bool = False, auth: Optional[AuthHook] = None,
@@ -50,10 +57,8 @@ def make_app(
         raise InvalidOption("basic_auth must be (user, password), both non-empty str, or a callable(user, password)")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
         raise InvalidOption(f"page_size must be an int from 1 to 1000, not {page_size!r}")
-    if not secret_key:
-        secret = secrets.token_bytes(32)
-    else:
-        secret = secret_key.encode() if isinstance(secret_key, str) else bytes(secret_key)
+    key = secret_key.encode() if isinstance(secret_key, str) else secret_key
+    secret = bytes(key) if key else secrets.token_bytes(32)
     access = Access(read_only=read_only, auth=auth, basic_auth=basic_auth, secret=secret)
     RedactPasswords.install()  # the dashboard may run in a process that has not called setup()
 
@@ -69,15 +74,8 @@ def make_app(
 
     @app.after_request
     def _headers(response: Response) -> Response:
-        # No script runs on these pages, and none may be injected: a strict policy costs nothing.
-        response.headers.setdefault(
-            "Content-Security-Policy",
-            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
-            "frame-ancestors 'self'; base-uri 'none'",
-        )
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        response.headers.setdefault("Cache-Control", "no-store")
+        for name, value in HEADERS.items():
+            response.headers.setdefault(name, value)
         return set_cookie(response)
 
     @app.context_processor

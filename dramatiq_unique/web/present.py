@@ -81,10 +81,8 @@ def duration(ms: Optional[float]) -> str:
     seconds = ms / 1000
     if seconds < 60:
         return f"{seconds:.1f} s"
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds:.0f} s"  # pragma: no cover
+    size, unit = next((size, unit) for size, unit in ((86400, "d"), (3600, "h"), (60, "min")) if seconds >= size)
+    return f"{seconds / size:.0f} {unit}"
 
 
 def status_class(status: Any) -> str:
