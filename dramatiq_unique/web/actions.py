@@ -1,6 +1,6 @@
 """The actions (POST): retry or cancel a job, set or halt a slot group's limit, retry the dead set or
-cancel what a filter matches (after a page that counts it), each through the ops layer, so nothing the
-suite's own rules refuse.  Access was checked before (``before_request``); a success redirects."""
+cancel what a filter matches (after a page that counts it), each through the suite's own functions, so
+nothing its rules refuse.  Access was checked before (``before_request``); a success redirects."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from werkzeug.wrappers import Response
 
 from dramatiq_unique import ops
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
+from dramatiq_unique.durable.cancel import cancel_job
+from dramatiq_unique.durable.dead import retry_job
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
-from dramatiq_unique.ops import bulk as ops_bulk
-from dramatiq_unique.ops import limitkeys
+from dramatiq_unique.ops import actions as ops_actions
+from dramatiq_unique.ops import keys
 from dramatiq_unique.parking.groups import whole_actor
-from dramatiq_unique.slots.limits import key_group, key_words
+from dramatiq_unique.slots.limits import concurrency_status, key_group, key_words
 from dramatiq_unique.storage.models import utcnow
 from dramatiq_unique.web import security
 from dramatiq_unique.web.pages import MAX_FILTER, SINCE, current_suite
@@ -93,12 +95,12 @@ def _refused(call: Callable[[], Any]) -> Any:
 
 
 def retry(ref: str) -> Response:
-    job = _refused(lambda: ops.retry(current_suite(), job_ref(ref)))
+    job = _refused(lambda: retry_job(job_ref(ref), suite=current_suite()))
     return _back("retried", url_for("job", ref=job.message_id))  # its number may be another store's too
 
 
 def cancel(ref: str) -> Response:
-    _refused(lambda: ops.cancel(current_suite(), job_ref(ref)))
+    _refused(lambda: cancel_job(job_ref(ref), suite=current_suite()))
     return _back("cancelled", url_for("job", ref=ref))
 
 
@@ -127,7 +129,7 @@ def _default_halts() -> bool:
     override or declared limit, for a group; the declared limit, for the actor) is 0."""
     try:
         actor, key = _group_key()
-        whole = ops.limit_status(current_suite(), actor, None)
+        whole = concurrency_status(actor, None, suite=current_suite())
     except (HTTPException, InvalidOption):  # a form the view refuses (400): nothing is done
         return False
     return (whole.limit if key.group else whole.default) == 0
@@ -166,7 +168,7 @@ def halt() -> Response:
     return _back("halted", url_for("slots"))
 
 
-def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "limitkeys.Target":
+def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "keys.Target":
     """The level a slots form names: ``group``, the group's key as the page listed it (``<actor>:<digest>``;
     '' for the actor's own limit), which settles what the words cannot (whether 42 was sent as an int or a
     str, a group whose words are not known).  ``words``, the key as the page showed it (``customer=42``,
@@ -178,14 +180,14 @@ def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "limitkey
     words, group = words.strip(), group.strip()
     if not group:
         return ops.limit_target(suite, config, words)
-    if group not in limitkeys.named_groups(suite, config, words):
+    if group not in keys.named_groups(suite, config, words):
         raise InvalidOption(f"no slot group of {actor!r} has the key {words!r}")
     if group == whole_actor(actor) and config.options.get("concurrency_key") is None:
-        return limitkeys.Target("")  # the actor's own limit
-    for value in ([] if words.startswith("#") else limitkeys.candidates(config, words)):
+        return keys.Target("")  # the actor's own limit
+    for value in ([] if words.startswith("#") else keys.candidates(config, words)):
         if key_group(config, value) == group:
-            return limitkeys.Target(group, key_words(config, value), value)
-    return limitkeys.Target(group)  # named by its hash: the words kept with its limit stay
+            return keys.Target(group, key_words(config, value), value)
+    return keys.Target(group)  # named by its hash: the words kept with its limit stay
 
 
 #: The action each step names to the host's hook.
@@ -210,7 +212,7 @@ def _filters(action: str, source: Any) -> dict[str, Any]:
 def _selection(action: str, filters: dict[str, Any]) -> Selection:
     since = utcnow() - SINCE[filters["since"]] if "since" in filters else None
     try:
-        return ops_bulk.selection(current_suite(), action, actor=filters.get("actor"), key=filters.get("key"),
+        return ops_actions.selection(current_suite(), action, actor=filters.get("actor"), key=filters.get("key"),
                                   since=since, error=filters.get("error"), status=filters.get("status"))
     except ValueError as e:
         abort(400, str(e))
@@ -222,15 +224,15 @@ def confirm(action: str) -> str:
         abort(403, f"not allowed to {ACTION[action]}")
     filters = _filters(action, request.args)
     sel = _selection(action, filters)
-    found = ops_bulk.preview(current_suite(), None, action, sel)
+    found = ops_actions.preview(current_suite(), None, action, sel)
     return render_template("bulk.html", verb=action, endpoint=ACTION[action], found=found, filters=filters,
-                           what=ops_bulk.described(action, sel, filters.get("key")),
+                           what=ops_actions.described(action, sel, filters.get("key")),
                            back=url_for("dead" if action == RETRY else "jobs", **filters), down=found.down)
 
 
 def act(action: str) -> Response:
     filters = _filters(action, request.form)
-    done = ops_bulk.act(current_suite(), None, action, _selection(action, filters))
+    done = ops_actions.act(current_suite(), None, action, _selection(action, filters))
     page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
     values: dict[str, Any] = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
     values.update(done=word, n=done.done)
