@@ -169,11 +169,9 @@ def halt() -> Response:
 
 
 def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "keys.Target":
-    """The level a slots form names: ``group``, the group's key as the page listed it (``<actor>:<digest>``;
-    '' for the actor's own limit), which settles what the words cannot (whether 42 was sent as an int or a
-    str, a group whose words are not known).  ``words``, the key as the page showed it (``customer=42``,
-    a ``#hash``, ``(all)``), must name that group: a form of another row, or a forged one, is refused.
-    Without ``group``, the words alone (as ``limit`` on the command line reads them)."""
+    """The level a slots form names: ``group`` as the page listed it (it settles whether 42 was an int or a
+    str), which ``words``, the key as the page showed it, must name: a forged form is refused.  Without
+    ``group``, the words alone, as ``limit`` on the command line reads them."""
     config = suite.actor_config(actor)
     if config is None:
         raise InvalidOption(f"no actor {actor!r} is declared in this process")

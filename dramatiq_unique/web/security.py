@@ -120,11 +120,8 @@ def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Opti
 
 
 def check_origin() -> None:
-    """Refuse a POST sent from a page of another host (browsers send Origin on every POST).
-
-    Behind a reverse proxy that rewrites ``Host``, the host the browser saw is in the proxy's
-    ``X-Forwarded-Host``; a page of another site cannot add that header to a form's POST, so
-    either name is ours."""
+    """Refuse a POST sent from a page of another host (browsers send Origin on every POST); behind a
+    proxy that rewrites ``Host``, ``X-Forwarded-Host`` names ours (a form of another site cannot set it)."""
     origin = request.headers.get("Origin")
     if not origin:  # an old browser, or a client that is not one: the CSRF token still decides
         return
