@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 
 from dramatiq_unique.context import JobContext, require
 from dramatiq_unique.errors import LockLost, NotSerializable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import dumps
@@ -34,7 +35,7 @@ def step_key(name: str) -> str:
 def _check_fence(ctx: JobContext) -> None:
     job = ctx.job
     model = type(job)
-    with jobs.db_errors(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
+    with guarded(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
         token = model.select(model.fencing_token).where(model.id == job.id).scalar()  # type: ignore[union-attr]
     if token != job.fencing_token:  # type: ignore[union-attr]
         raise events.lock_lost(job, LockLost(f"job {job.message_id} was started again by a newer attempt"))  # type: ignore[union-attr]
@@ -62,7 +63,7 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     except (TypeError, ValueError) as e:
         raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
     done[name] = stored
-    with jobs.db_errors(f"recording step {name!r} of job {job.message_id}"):
+    with guarded(f"recording step {name!r} of job {job.message_id}"):
         recorded = jobs.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
     if not recorded:
         events.fenced_out(job, "checkpoint")

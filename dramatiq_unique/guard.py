@@ -28,10 +28,10 @@ import redis
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from dramatiq_unique.errors import DatabaseUnavailable, HookFailed, JobRejected, RedisUnavailable
+from dramatiq_unique.storage.database import DB_ERRORS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 # Set on a message proxy whose SkipMessage one of the suite's own hooks raised.
 _OWN_SKIP = "_dramatiq_unique_own_skip"
@@ -48,7 +48,7 @@ def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
     if isinstance(error, MiddlewareError):
         return None
     detail = f"{where}: {type(error).__name__}: {error}"
-    if isinstance(error, _DB_ERRORS):
+    if isinstance(error, DB_ERRORS):
         return DatabaseUnavailable(detail)
     if isinstance(error, pw.DataError):
         return JobRejected(detail)

@@ -21,6 +21,7 @@ from dramatiq_unique.context import job_model
 from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.options import MAX_KEY_LENGTH, check_delay, show
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, after_ms
@@ -67,7 +68,7 @@ def submit(
             raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
         hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
         suite.stores.check_primary(f"an idempotent send of {actor.actor_name}")  # keys live in the primary
-        with jobs.db_errors(f"looking up idempotency key {idempotency_key!r}"):
+        with guarded(f"looking up idempotency key {idempotency_key!r}"):
             existing = _holder(model, config.app, hold)
         if existing is not None:
             window = config.get({}, "idempotency_window", suite.settings.idempotency_window)

@@ -21,9 +21,9 @@ from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
 from dramatiq_unique.storage import poolers, queries
 from dramatiq_unique.storage import stores as _stores
+from dramatiq_unique.storage.database import DB_ERRORS, describe, open_database
 from dramatiq_unique.storage.database import check as check_database
-from dramatiq_unique.storage.database import describe
-from dramatiq_unique.storage.models import JobModel, base_field_names, open_database
+from dramatiq_unique.storage.models import JobModel, base_field_names
 
 if TYPE_CHECKING:
     import dramatiq
@@ -249,7 +249,7 @@ class Suite:
                         continue  # created when the store first answers (Stores.ensure)
                     try:
                         self.stores.ensure(model, index)
-                    except (pw.OperationalError, pw.InterfaceError) as e:
+                    except DB_ERRORS as e:
                         where = describe(self.stores.databases[index])
                         if not self.stores.several:
                             raise DatabaseUnavailable(f"creating {model._meta.table_name} in {where}: {e}") from e

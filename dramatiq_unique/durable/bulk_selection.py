@@ -18,7 +18,8 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import claims
 from dramatiq_unique.durable.scope import NO_APP, Scope
-from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, is_postgres
+from dramatiq_unique.storage.database import is_postgres
+from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus
 from dramatiq_unique.storage.stores import base_of
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.dead import find, named
 from dramatiq_unique.errors import JobStateError
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks import queue
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
@@ -63,7 +64,7 @@ def cancel_job(
         table.missing_since: None,
     }
     cond = (table.id == job.id) & (table.revision == job.revision) & (table.status == job.status)
-    with jobs.db_errors(f"cancelling job {job.message_id}"):
+    with guarded(f"cancelling job {job.message_id}"):
         if not table.update(fields).where(cond).execute():
             now = jobs.get(table, id=job.id)
             state = "gone" if now is None else f"now {now.status}"

@@ -19,7 +19,8 @@ from dramatiq import Message
 
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import epoch_ms, rebuild
-from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, after_ms, is_postgres, utcnow
+from dramatiq_unique.storage.database import is_postgres
+from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, after_ms, utcnow
 
 PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
 RETRYING, FAILED = JobStatus.RETRYING.value, JobStatus.FAILED.value

@@ -33,6 +33,7 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import claims, lookup
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import DuplicateJob, JobStateError, RedisUnavailable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
 from dramatiq_unique.unique import recent
@@ -154,7 +155,7 @@ def retry_job(
     extra["fencing_token"] = job.fencing_token + 1
     if key is not None:
         extra["unique_hold"] = key
-    with jobs.db_errors(f"retrying job {job.message_id}"):
+    with guarded(f"retrying job {job.message_id}"):
         row = _claim(table, job, extra, key, recent.window(config, opts, lock) if key is not None else None)
         if key is not None:
             try:

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID
 from dramatiq_unique.storage import jobs, queries
-from dramatiq_unique.storage.database import is_psycopg3
-from dramatiq_unique.storage.models import JobStatus, is_postgres, utcnow
+from dramatiq_unique.storage.database import is_postgres, is_psycopg3
+from dramatiq_unique.storage.models import JobStatus, utcnow
 
 if TYPE_CHECKING:
     from dramatiq import Message

@@ -49,13 +49,15 @@ from dramatiq_unique.durable.counts import RedriveCounts, record_end
 from dramatiq_unique.durable.lost import actor_options, retries_exhausted
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events, metrics_on
 from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage import history, jobs
+from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
-from dramatiq_unique.storage.stores import CONNECTION_ERRORS, unreachable
+from dramatiq_unique.storage.stores import unreachable
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -94,7 +96,7 @@ def run_pass(
 ) -> RedriveCounts:
     """One pass, without taking the pass lock (``redrive()`` takes it)."""
     try:
-        with jobs.db_errors("re-drive pass"):
+        with guarded("re-drive pass"):
             counts = _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
     except redis.RedisError as e:
         raise RedisUnavailable(f"re-drive pass: {e}") from e
@@ -120,7 +122,7 @@ class _Pass:
         for index in range(len(stores)):
             try:
                 self._run_store(index)
-            except CONNECTION_ERRORS as e:
+            except DB_ERRORS as e:
                 if not stores.several:
                     raise
                 # One store down must not hold up the others' jobs: the next pass tries it again.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from typing import ClassVar, NoReturn, Optional
 
-import peewee as pw
 from dramatiq import Middleware
 
 from dramatiq_unique import context, leases
@@ -24,6 +23,7 @@ from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.storage import fencing
+from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.suite import ActorConfig, Suite
 from dramatiq_unique.unique.keys import derive_key
 
@@ -73,7 +73,7 @@ class ExecutionLocks(Middleware):
         self.parking.register(self.gate)
         try:
             fencing.create_table(suite.db)
-        except (pw.OperationalError, pw.InterfaceError):
+        except DB_ERRORS:
             if not suite.stores.several:
                 raise
             # The primary is down at set-up: its fencing table is made when it first answers.

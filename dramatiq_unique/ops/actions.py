@@ -16,11 +16,11 @@ from dramatiq_unique.durable.cancel import cancel_job
 from dramatiq_unique.durable.dead import dead_jobs, retry_job
 from dramatiq_unique.durable.redrive import MAX_PAGES
 from dramatiq_unique.durable.scope import Scope
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops.listing import job_row
 from dramatiq_unique.ops.views import JobRow
 from dramatiq_unique.slots import limits
 from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
-from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import JobModel
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
     returns how many."""
     scope = Scope(suite, broker)
     pruned = 0
-    with db_errors("pruning"):
+    with guarded("pruning"):
         for index in range(len(suite.stores)):
             for base in scope.models():
                 model = suite.stores.model_in(base, index)

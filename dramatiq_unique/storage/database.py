@@ -81,6 +81,10 @@ RECONNECT_ERRORS = (
     (pw.InternalError, "read-only transaction"),
 )
 
+#: What peewee raises for a database that fails (a connect, a lost connection, a deadlock, a timeout):
+#: the one tuple the suite catches them by (storage/stores.py tells unreachable from the rest).
+DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
+
 #: Schemes of PostgreSQL URLs.
 POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresext", "postgresqlext", "psql")
 
@@ -288,7 +292,7 @@ def check(db: pw.Database) -> None:
     """Connect once (the caller then creates the tables): DatabaseUnavailable, naming the server, if that fails."""
     try:
         db.connect(reuse_if_open=True)
-    except (pw.OperationalError, pw.InterfaceError) as e:
+    except DB_ERRORS as e:
         raise DatabaseUnavailable(f"{describe(db)}: {_scrub(str(e).strip(), db)}") from e
 
 

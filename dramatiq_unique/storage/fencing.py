@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Optional
 import peewee as pw
 
 from dramatiq_unique.storage import queries
-from dramatiq_unique.storage.models import JobStatus, is_postgres
+from dramatiq_unique.storage.database import is_postgres
+from dramatiq_unique.storage.models import JobStatus
 
 if TYPE_CHECKING:
     from dramatiq_unique.storage.models import JobModel

@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import conflicts, fencing, history, queries
+from dramatiq_unique.storage.database import is_postgres
 from dramatiq_unique.storage.models import (
     FINISHED,
     WAITING,
@@ -35,7 +36,6 @@ from dramatiq_unique.storage.models import (
     JobStatus,
     after_ms,
     dumps,
-    is_postgres,
     utcnow,
 )
 
@@ -44,24 +44,6 @@ logger = logging.getLogger(__name__)
 #: How many times a unique insert retries when the holder it collided with vanished.
 MAX_INSERT_ROUNDS = 20
 QUEUED = JobStatus.QUEUED.value
-
-
-def db_errors(action: str):
-    """Turn the database's operational errors into :class:`DatabaseUnavailable`."""
-    return _DbErrors(action)
-
-
-class _DbErrors:
-    def __init__(self, action: str) -> None:
-        self.action = action
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
-        if exc is not None and isinstance(exc, (pw.OperationalError, pw.InterfaceError)):
-            raise DatabaseUnavailable(f"{self.action}: {exc}") from exc
-        return False
 
 
 def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:

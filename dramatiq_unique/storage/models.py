@@ -23,11 +23,6 @@ from typing import Any, Iterable, Optional, cast
 import peewee as pw
 
 from dramatiq_unique.storage import schema
-from dramatiq_unique.storage.database import (  # noqa: F401  (models.open_database, is_postgres for callers)
-    DEFAULT_SQLITE_PRAGMAS,
-    is_postgres,
-    open_database,
-)
 
 #: Longest ``last_error`` text kept, in characters.
 MAX_ERROR_LENGTH = 8_000

@@ -36,7 +36,7 @@ import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption
 from dramatiq_unique.storage import schema
-from dramatiq_unique.storage.database import describe
+from dramatiq_unique.storage.database import DB_ERRORS, describe
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +44,6 @@ logger = logging.getLogger(__name__)
 STORE = "st"
 #: ms a store that failed is skipped by sends that may go elsewhere, before it is tried again.
 DEFAULT_DOWN_FOR = 1_000
-#: What a store that cannot be reached raises, as peewee wraps it (a connect, or a statement
-#: outside a transaction: see storage/database.py's RECONNECT_ERRORS).
-CONNECTION_ERRORS = (pw.OperationalError, pw.InterfaceError)
-
 #: SQLSTATEs a server that answers raises for one statement or transaction, not for being down:
 #: class 40 (transaction rollback: serialization failure, deadlock), query_canceled (a statement
 #: timeout, a cancel) and lock_not_available (a lock timeout, NOWAIT).
@@ -91,7 +87,7 @@ def unreachable(error: BaseException) -> bool:
     out, a connection lost, a server shutting down, a file that cannot be opened), as opposed to
     one statement failing on a store that answers: a deadlock, a serialization failure, a statement
     or lock timeout (by SQLSTATE), or a SQLite file busy with another writer (by result code)."""
-    if not isinstance(error, CONNECTION_ERRORS):
+    if not isinstance(error, DB_ERRORS):
         return False
     code = sqlstate(error)
     if code is not None:
@@ -237,7 +233,7 @@ class Stores:
             try:
                 self.ensure(model, index)
                 result = insert(target)
-            except CONNECTION_ERRORS as e:
+            except DB_ERRORS as e:
                 if target._meta.database.in_transaction():
                     raise  # the caller's transaction is lost with it: nothing to fail over
                 if not unreachable(e):
@@ -259,7 +255,7 @@ class Stores:
         try:
             self.ensure(model, 0)
             result = write()
-        except CONNECTION_ERRORS as e:
+        except DB_ERRORS as e:
             if not self.databases[0].in_transaction() and unreachable(e):
                 self.mark_down(0, e)
             raise

@@ -36,6 +36,7 @@ from dramatiq_unique.durable.messages import args_to_row, job_options, options_t
 from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.created import created_retry, created_row
@@ -191,7 +192,7 @@ def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Opt
             row_id = message.options[MARKER]["id"]
             try:
                 model.update(broker_ref=ref, missing_since=None).where(model.id == row_id).execute()
-            except (pw.OperationalError, pw.InterfaceError):
+            except DB_ERRORS:
                 # The database is down (Retries re-sending a start that failed on it): the message matters more.
                 logger.warning("Sending job %s with its row's broker id not updated: the database is down; "
                                "the re-drive may send it again, a duplicate its start drops.", message.message_id)

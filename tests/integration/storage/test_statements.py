@@ -14,7 +14,7 @@ import pytest
 import dramatiq_unique
 from dramatiq_unique import JobModel
 from dramatiq_unique.storage import conflicts, jobs
-from dramatiq_unique.storage.models import is_postgres
+from dramatiq_unique.storage.database import is_postgres
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
 

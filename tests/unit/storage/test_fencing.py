@@ -7,7 +7,7 @@ import pytest
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.storage import fencing
-from dramatiq_unique.storage.models import open_database
+from dramatiq_unique.storage.database import open_database
 
 
 class Jobs(JobModel):
