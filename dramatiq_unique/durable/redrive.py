@@ -54,7 +54,7 @@ from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events, metrics_on
 from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.storage import history, jobs
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
 from dramatiq_unique.storage.stores import unreachable
@@ -276,7 +276,7 @@ class _Pass:
         extra: dict[str, Any] = {}
         if row.status == RUNNING:
             extra["last_error"] = f"attempt {row.attempts} lost: its worker or the broker dropped the message"
-            extra["history"] = history.append(model, jobs.attempt_of(row, extra, "lost"))
+            extra["history"] = jobs.history_append(model, jobs.attempt_of(row, extra, "lost"))
         claimed = claims.claim_one(model, row, **extra)
         if claimed is not None:
             events.job_lost(row, where, "sent again")
@@ -292,7 +292,7 @@ class _Pass:
         if lock != opt.UNTIL_EXPIRED:
             fields["unique_hold"] = None  # a failed job no longer blocks its key
         if row.status == RUNNING:
-            fields["history"] = history.append(model, jobs.attempt_of(row, fields, "lost"))
+            fields["history"] = jobs.history_append(model, jobs.attempt_of(row, fields, "lost"))
         if not model.update(**fields).where(claims.unchanged(model, row)).execute():
             return
         self.counts.failed += 1

@@ -154,7 +154,7 @@ class JobTracking(Middleware):
 
     def _adopt(self, config, message) -> dict:
         """A message sent without the suite (before set-up, another producer): give it a row."""
-        job_id, revision = jobs.adopt(config.model, row_fields(config, message, None))
+        job_id, revision, _ = jobs.adopt(config.model, row_fields(config, message, None))
         return {"id": job_id, "rev": revision}
 
     def _start_adopted(self, config, message, ctx):

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Optional, cast
 
 import peewee as pw
 
-from dramatiq_unique.storage import schema
+from dramatiq_unique.storage import queries, schema
 
 #: Longest ``last_error`` text kept, in characters.
 MAX_ERROR_LENGTH = 8_000
@@ -207,6 +207,22 @@ def bound_limits(db: pw.Database) -> type[LimitModel]:
     })
     made._meta.name = meta.name  # peewee names indexes after it: the same names in every copy
     return cast(type[LimitModel], made)
+
+
+class FenceModel(pw.Model):
+    """The newest fencing token handed out for each unique key: kept in the job database, which the
+    tokens guard, so that no Redis flush or fail-over hands out a smaller one again."""
+
+    key = pw.CharField(max_length=300, primary_key=True)
+    token = pw.BigIntegerField(default=0)
+
+    class Meta:
+        table_name = queries.FENCES
+
+
+def create_fence_table(db: pw.Database) -> None:
+    with db.bind_ctx([FenceModel], bind_refs=False, bind_backrefs=False):
+        db.create_tables([FenceModel], safe=True)
 
 
 def base_field_names() -> frozenset[str]:

@@ -24,7 +24,6 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-import peewee as pw
 from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
@@ -33,7 +32,7 @@ from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured
+from dramatiq_unique.errors import DatabaseUnavailable, DramatiqUniqueError, DuplicateJob, NotConfigured
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import DB_ERRORS
@@ -49,6 +48,9 @@ if TYPE_CHECKING:
     from dramatiq_unique.suite import ActorConfig, Suite
 
 logger = logging.getLogger(__name__)
+
+#: How many times a unique send tries its insert while the holders it meets go away.
+MAX_INSERT_ROUNDS = 20
 
 
 class Redirect(DramatiqUniqueError):
@@ -120,15 +122,12 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
 
         def write(target: "type[JobModel]") -> tuple[int, int]:
             try:
-                row_id = jobs.insert(target, fields)
-            except pw.IntegrityError:  # the same message sent again: the same job
-                _check_idempotency(target, fields)
-                row = jobs.get(target, message_id=message.message_id)
-                if row is None:
-                    raise
-                return row.id, row.revision
-            created_row(target, row_id, fields, None, None, suite)
-            return row_id, 0
+                row_id, revision, created = jobs.adopt(target, fields)  # the same message sent again: the same job
+            except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
+                raise Redirect(held_by.job.message_id) from None
+            if created:
+                created_row(target, row_id, fields, None, None, suite)
+            return row_id, revision
 
         if suite.stores.several and held is None and may_fail_over(config, opts):
             model, (row_id, revision) = suite.stores.insert(model, write, marker)
@@ -171,13 +170,6 @@ def _needs(config: "ActorConfig", opts: dict, held: Any) -> str:
     what = "an idempotent" if opts.get("idempotency_key") is not None else "a unique" \
         if config.get(opts, "unique_args") is not None else "a slot-taking" if held is None else "a transaction()'s"
     return f"{what} send of {config.actor_name}"
-
-
-def _check_idempotency(model: Any, fields: dict) -> None:
-    try:
-        jobs.check_idempotency(model, fields)
-    except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
-        raise Redirect(held_by.job.message_id) from None
 
 
 def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
@@ -232,7 +224,7 @@ def _insert_unique(
     window = recent.window(config, opts, lock)
     # The lock's token is the message id: a worker releases it with the one its message carries.
     fields["options"][MARKER] = {"qt": message.message_id, **({deferral.DEFERRED: 1} if deferred else {})}
-    for _ in range(jobs.MAX_INSERT_ROUNDS):
+    for _ in range(MAX_INSERT_ROUNDS):
         row_id, holder = jobs.insert_holding(config.model, fields, key, window, full=conflict != "skip")
         if row_id is not None:
             lock_name = suite.keys.queue_lock(key)
@@ -243,12 +235,13 @@ def _insert_unique(
             if locked:
                 take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
-        assert holder is not None
+        if holder is None:
+            continue  # the key came free meanwhile
         if holder.message_id == message.message_id:
             return holder.id, holder.revision  # this very message, sent again
         if not _conflict(config, message, delay, key, conflict, holder):
             continue  # the holder started while we looked: the key is free again
-    raise jobs.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
+    raise DatabaseUnavailable(f"could not settle the unique hold {key!r}")
 
 
 def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
