@@ -19,9 +19,9 @@ from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
-from dramatiq_unique.storage import poolers, queries
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage import stores as _stores
-from dramatiq_unique.storage.database import DB_ERRORS, describe, open_database
+from dramatiq_unique.storage.database import DB_ERRORS, configure_pooler, describe, open_database
 from dramatiq_unique.storage.database import check as check_database
 from dramatiq_unique.storage.models import JobModel, base_field_names
 
@@ -192,8 +192,8 @@ class Suite:
         #: The primary store's Database.
         self.db = databases[0]
         self._check_stores()  # fail fast, naming the server
-        for db in databases:  # not behind a pooler in transaction mode (storage/poolers.py)
-            queries.enable(db, prepare and not poolers.configure(db, self.settings.prepared_statements))
+        for db in databases:  # not behind a pooler in transaction mode (storage/database.py)
+            queries.enable(db, prepare and not configure_pooler(db, self.settings.prepared_statements))
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
