@@ -1,15 +1,5 @@
-"""Multi-step jobs whose finished steps a retry does not redo.
-
-Each step's result is stored on the job row (``checkpoints``, in step
-order) in one write fenced by the attempt's ``fencing_token``: a worker
-whose lease ran out and whose job was started again cannot record a step.
-
-What this does not do: if the worker dies after a step's side effect and
-before the write, the retry runs the step again.  Make the side effect
-idempotent downstream by passing :func:`step_key` as the provider's
-idempotency key (Stripe's ``Idempotency-Key``, a unique constraint in
-your own table...): it is the same on every attempt of the job.
-"""
+"""Multi-step jobs whose finished steps a retry does not redo: each step's result is stored on the job
+row in one write fenced by the attempt's token (docs/howto/checkpoints.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""Idempotency keys: :func:`submit` returns the same job for the same key.
-
-The key is held in the job row's ``idempotency_hold`` column, under a
-unique index on ``(app, idempotency_hold)``, so concurrent submits with
-one key create exactly one job on SQLite and PostgreSQL alike, and two
-apps that share the database never see each other's keys.  A key is
-scoped to ``(app, actor, owner)``
-and lives for the idempotency window (setting ``idempotency_window``,
-or the actor option of the same name); after it, the key may make a new
-job.
-"""
+"""Idempotency keys: :func:`submit` returns the same job for the same key, held in the row's
+``idempotency_hold`` under a unique index on ``(app, idempotency_hold)``, scoped to ``(app, actor, owner)``
+for the idempotency window."""
 
 from __future__ import annotations
 

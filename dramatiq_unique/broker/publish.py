@@ -32,7 +32,7 @@ from dramatiq.common import current_millis
 
 from dramatiq_unique.broker.keys import BrokerKeys
 from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.redis import batch, lua
+from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.servers import identity
 
@@ -114,7 +114,7 @@ class Publisher:
 
     def publish_many(self, entries: list[tuple[str, str, bytes, Optional[tuple]]]) -> None:
         """Publish many tracked messages, each ``(queue name, broker id, body, queue lock or None)``, as
-        :meth:`do_enqueue` publishes one, in one round trip: a MULTI/EXEC (:mod:`dramatiq_unique.redis.batch`),
+        :meth:`do_enqueue` publishes one, in one round trip: a MULTI/EXEC (`redis.scripts.run_all`),
         so that a failure leaves none of them published.  Raises redis-py's errors."""
         now, broker_id = current_millis(), self.broker.broker_id
         calls = []
@@ -125,7 +125,7 @@ class Publisher:
                 keys.append(f"{LOCK_PREFIX}:{lock[0]}")
                 args += [lock[1], int(lock[2])]
             calls.append((keys, args))
-        batch.run_all(self.script, calls)
+        scripts.run_all(self.script, calls)
 
 
 def settle(suite: "Suite") -> None:

@@ -53,7 +53,7 @@ from dramatiq_unique.durable import bulk_selection as rows
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.bulk_selection import CANCEL, RETRY, Outcome, Selection
 from dramatiq_unique.durable.scope import Scope
-from dramatiq_unique.redis import batch, lua
+from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
 
@@ -232,7 +232,7 @@ def release_all(suite: "Suite", locks: list[tuple[str, str]]) -> None:
         script = lua.register(client, "lock_release")
         try:
             for start in range(0, len(calls), RELEASE_BATCH):
-                batch.run_all(script, calls[start:start + RELEASE_BATCH])
+                scripts.run_all(script, calls[start:start + RELEASE_BATCH])
         except (redis.RedisError, OSError) as e:
             logger.warning("Could not release the queue locks of %d cancelled jobs on a Redis master (%s); "
                            "they expire by themselves.", len(calls), e)

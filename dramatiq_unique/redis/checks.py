@@ -1,15 +1,5 @@
-"""The one-time check of the suite's Redis servers at :func:`dramatiq_unique.setup`.
-
-Each server gets one ``PING`` over a fresh connection of its own, built
-from the client's connection settings with socket timeouts of
-``check_timeout`` and no retries: the check is bounded whatever timeouts
-and retry policy the user's client carries, and leaves the client's own
-pool untouched.  A server that is down or does not answer raises
-:class:`~dramatiq_unique.errors.RedisUnavailable` naming it (never its
-password), before any actor is declared or worker started.  The
-``check_redis`` setting turns the check off (an app that starts before its
-Redis, or a test of a Redis that is down).
-"""
+"""The one-time check of the suite's Redis servers at :func:`dramatiq_unique.setup`: one ``PING`` each,
+over a fresh connection bounded by ``check_timeout`` with no retries, whatever the client carries."""
 
 from __future__ import annotations
 

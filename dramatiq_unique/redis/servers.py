@@ -1,21 +1,6 @@
-"""Which Redis server a client talks to: clients from URLs, Sentinel's included, and server identity.
-
-Sentinel.  ``redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db]`` names a
-Redis service watched by Sentinel: the sentinels' addresses, the service's name (``sentinel
-monitor <service> ...``) and the database.  The client it gives is redis-py's
-``Sentinel(...).master_for(service)``: every new connection asks the sentinels where the master is,
-so after a fail-over the next connection reaches the new one.  The password in the URL is the
-master's; query parameters ``sentinel_username`` and ``sentinel_password`` are the sentinels' own
-(when they require one), ``socket_timeout`` and ``socket_connect_timeout`` (seconds) apply to both,
-and ``rediss+sentinel://`` speaks TLS to the master, with the ``ssl_*`` parameters of redis-py's
-``rediss://`` URLs (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``);
-``sentinel_ssl=true`` speaks TLS to the sentinels too.
-
-Identity.  The suite writes a unique send's queue lock with the publish when the locks live on the
-broker's server (broker/publish.py).  Two clients reach one server when they name the same host,
-port (or socket) and database; two Sentinel clients, when they name the same service and database
-through the same sentinels: a Sentinel pool has no host or port of its own.
-"""
+"""Which Redis server a client talks to: clients from URLs, Sentinel's included (the URL's form is in
+docs/operations/deploying.md), and server identity: two clients reach one server when they name the same
+host, port (or socket) and database, or the same service and database through the same sentinels."""
 
 from __future__ import annotations
 

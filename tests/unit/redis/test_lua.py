@@ -83,7 +83,7 @@ def test_only_the_loader_registers_scripts():
     callers = set()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register":
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Script":
                 if isinstance(node.func.value, ast.Name) and node.func.value.id == "scripts":
                     callers.add(path.relative_to(PACKAGE).as_posix())
     assert callers == REGISTERING
