@@ -80,7 +80,7 @@ class Settings:
     #: Whether the hot statements (send, start, outcome, parking moves) are prepared once per PostgreSQL
     #: connection (psycopg2: :mod:`dramatiq_unique.storage.queries`; psycopg 3: its ``prepare_threshold``);
     #: None: prepared unless the database is behind a pooler in transaction mode, where True is refused
-    #: (:mod:`dramatiq_unique.storage.poolers`).
+    #: (:func:`dramatiq_unique.storage.database.configure_pooler`).
     prepared_statements: Optional[bool] = None
     #: ms a new PostgreSQL connection may take (libpq's ``connect_timeout``, in whole seconds, at least 2):
     #: bounds a server that takes the connection but never answers.
