@@ -9,11 +9,13 @@ from __future__ import annotations
 import enum
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Optional, cast
+from typing import Any, Iterable, Optional, TypeVar, cast
 
 import peewee as pw
 
 from dramatiq_unique.storage import queries, schema
+
+M = TypeVar("M", bound=pw.Model)
 
 #: Longest ``last_error`` text kept, in characters.
 MAX_ERROR_LENGTH = 8_000
@@ -170,15 +172,21 @@ class LimitModel(pw.Model):
         indexes = ((("app", "actor_name", "group_key"), True),)
 
 
+def bound_copy(model: type[M], db: pw.Database, name: str) -> type[M]:
+    """``model`` bound to ``db``: a subclass with the same table (peewee binds a model class to one Database)."""
+    meta = model._meta
+    # table_name is not inherited by a subclass: named, as the schema and the database.
+    attrs = {"database": db, "table_name": meta.table_name, "schema": meta.schema}
+    return cast(Any, type(model))(name, (model,), {
+        "Meta": type("Meta", (), attrs), "__module__": model.__module__, "__doc__": model.__doc__,
+    })
+
+
 def bound_limits(db: pw.Database) -> type[LimitModel]:
     """:class:`LimitModel` bound to ``db``: a subclass, so two suites of one process each have their own."""
-    meta = LimitModel._meta
-    made: Any = cast(Any, type(LimitModel))("LimitModel", (LimitModel,), {
-        "Meta": type("Meta", (), {"database": db, "table_name": meta.table_name, "schema": meta.schema}),
-        "__module__": LimitModel.__module__, "__doc__": LimitModel.__doc__,
-    })
-    made._meta.name = meta.name  # peewee names indexes after it: the same names in every copy
-    return cast(type[LimitModel], made)
+    made = bound_copy(LimitModel, db, "LimitModel")
+    made._meta.name = LimitModel._meta.name  # peewee names indexes after it: the same names in every copy
+    return made
 
 
 class FenceModel(pw.Model):

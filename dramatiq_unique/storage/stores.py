@@ -6,13 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption
 from dramatiq_unique.storage import schema
 from dramatiq_unique.storage.database import DB_ERRORS, describe
+from dramatiq_unique.storage.models import bound_copy
 
 logger = logging.getLogger(__name__)
 
@@ -131,12 +132,7 @@ class Stores:
         with self._lock:
             found = self._models.get((model, index))
             if found is None:
-                meta = model._meta
-                # table_name is not inherited by a subclass: named, as the schema and the database.
-                attrs = {"database": self.databases[index], "table_name": meta.table_name, "schema": meta.schema}
-                found = cast(Any, type(model))(f"{model.__name__}_store{index}", (model,), {
-                    "Meta": type("Meta", (), attrs), "__module__": model.__module__, "__doc__": model.__doc__,
-                })
+                found = bound_copy(model, self.databases[index], f"{model.__name__}_store{index}")
                 setattr(found, BASE, model)
                 self._models[(model, index)] = found
         return found
