@@ -95,11 +95,11 @@ def run_pass(
     suite: "Suite", broker: dramatiq.Broker, *, lock_token: Optional[str] = None, scope: Optional[Scope] = None
 ) -> RedriveCounts:
     """One pass, without taking the pass lock (``redrive()`` takes it)."""
-    try:
-        with guarded("re-drive pass"):
+    with guarded("re-drive pass"):
+        try:
             counts = _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
-    except redis.RedisError as e:
-        raise RedisUnavailable(f"re-drive pass: {e}") from e
+        except redis.RedisError as e:
+            raise RedisUnavailable(f"re-drive pass: {e}") from e
     record_end(suite)
     return counts
 

@@ -42,9 +42,8 @@ class _Link:
         self.answered = False
         #: Posted calls whose replies are still to be read, oldest first: (command, script text).
         self.unread: collections.deque[tuple[Command, str]] = collections.deque()
-        #: Scripts this connection has seen the server run: only those are posted (a posted
-        #: call the server does not know is run again only at the link's next call, which a
-        #: thread that goes idle may never make).
+        #: Scripts this connection has seen the server run: only those are posted (an idle thread
+        #: may never make the next call that would run an unknown one again).
         self.known: set[str] = set()
 
     def _connect(self) -> None:
@@ -151,8 +150,7 @@ def link_of(client: redis.Redis) -> _Link:
     pool = client.connection_pool
     link = _local.by_pool.get(pool)
     if link is None or link.pid != os.getpid():  # a forked child must not share its parent's socket
-        # Not checked out of the pool: it belongs to this thread and closes with
-        # the thread or the pool (the connection's finaliser disconnects).
+        # Not checked out of the pool: it closes with the thread or the pool.
         link = _local.by_pool[pool] = _Link(pool)
     return link
 
@@ -174,9 +172,8 @@ class Script:
             try:
                 reply = link.call(command)
             except RedisConnectionError:
-                # Sent again only over a connection that had worked (a restarted Redis, a
-                # connection killed while idle), and once: a fresh one that failed means the
-                # server is down.  The first send may have run: our scripts are safe to repeat.
+                # Sent again only over a connection that had worked, and once: a fresh one that
+                # failed means the server is down.  Our scripts are safe to repeat.
                 if fresh or resent or attempt == ATTEMPTS:
                     raise
                 resent = True

@@ -19,15 +19,12 @@ OLD_INDEXES = (
     (("finished_at",), False),
     (("unique_hold",), True),
     (("idempotency_hold",), True),
-    # Parked rows are looked up by app and group (queries.sql: queue_head): (app, parked_on, created_at) replaces it.
     (("parked_on",), False),
 )
 
 
-#: ms a migration step may wait for its table's lock on PostgreSQL.  ALTER TABLE takes an ACCESS
-#: EXCLUSIVE lock, which waits for every open transaction on the table (an old worker's), and every
-#: statement after it waits behind it: a bounded wait turns a stall of every worker into a failed
-#: migrate, run again later.
+#: ms a migration step may wait for its table's lock on PostgreSQL: every statement after an ALTER TABLE
+#: waits behind it, so a bounded wait turns a stall of every worker into a failed migrate, run again later.
 DEFAULT_LOCK_TIMEOUT = 5_000
 
 
@@ -148,12 +145,7 @@ def status(model: Model, store: str = "") -> TableStatus:
 def migrate(model: Model, store: str = "", *, dry_run: bool = False,
             lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> TableStatus:
     """Bring ``model``'s table to the current version (create it if missing); with ``dry_run``, only say how.
-
-    Idempotent: a table at the current version is left alone.  Runs in one transaction under the
-    set-up lock (see the module docstring).  On PostgreSQL, a step that waits more than
-    ``lock_timeout`` ms for the table's lock fails (and the whole migration rolls back) rather than
-    queue every worker's statements behind it.
-    """
+    On PostgreSQL a step that waits more than ``lock_timeout`` ms for the table's lock rolls it all back."""
     if dry_run:
         return status(model, store)
     db = model._meta.database

@@ -82,8 +82,7 @@ def table_key(model: type[pw.Model]) -> str:
 
 
 def columns(model: type[pw.Model]) -> set[str]:
-    """The table's column names (none: no table), in the schema the connection resolves it in (PostgreSQL's
-    search_path)."""
+    """The table's column names (none: no table), in the schema the connection resolves it in."""
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):
         meta = model._meta
@@ -94,8 +93,7 @@ def columns(model: type[pw.Model]) -> set[str]:
 
 
 def target_version(model: type[pw.Model]) -> int:
-    """The version this release gives ``model``'s table: :data:`CURRENT_VERSION` for a job table,
-    the model's own ``dramatiq_unique_version`` for another table of the suite's."""
+    """The version this release gives ``model``'s table: its ``dramatiq_unique_version``, or CURRENT_VERSION."""
     return int(getattr(model, "dramatiq_unique_version", CURRENT_VERSION))
 
 
@@ -104,8 +102,7 @@ def is_job_table(model: type[pw.Model]) -> bool:
 
 
 def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
-    """The version of a table that recorded none, from its columns (another table of the suite's
-    than a job table recorded its version from the first: one without is at its first version)."""
+    """The version of a table that recorded none, from its columns (another table than a job table: 1)."""
     if model is not None and not is_job_table(model):
         return 1
     if APP_COLUMN not in names:
@@ -166,8 +163,8 @@ def out_of_date(model: type[pw.Model], version: int) -> SchemaOutOfDate:
 
 
 def create_or_migrate(model: type[pw.Model]) -> None:
-    """Open ``model``'s table (see the module docstring): create it at the current version if missing,
-    refuse it if older (unless :func:`tolerating_old`), add the indexes it lacks if current."""
+    """Open ``model``'s table: create it at the current version if missing, refuse it if older (unless
+    :func:`tolerating_old`), add the indexes it lacks if current."""
     db = model._meta.database
     target = target_version(model)
     with locked(db):
