@@ -14,7 +14,7 @@ from dramatiq_unique.durable.redrive import redrive  # noqa: F401  (public API)
 from dramatiq_unique.durable.scheduler import start_redriver  # noqa: F401  (public API)
 from dramatiq_unique.logs import RedactPasswords, ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
-from dramatiq_unique.redis.checks import check_redis
+from dramatiq_unique.redis.servers import check_redis
 from dramatiq_unique.slots.limits import concurrency_status, set_concurrency_limit  # noqa: F401  (public API)
 from dramatiq_unique.storage.models import JobModel
 from dramatiq_unique.suite import RedisSpec, Suite
