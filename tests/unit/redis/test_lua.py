@@ -29,7 +29,7 @@ from dramatiq_unique.slots.gate import SlotGate
 PACKAGE = Path(dramatiq_unique.__file__).parent
 SCRIPTS = [name for name in lua.names() if not name.startswith("_")]
 FRAGMENTS = [name for name in lua.names() if name.startswith("_")]
-#: The modules that may call scripts.register: the loader, and the Redlock masters, which
+#: The modules that may make a scripts.Script: the loader, and the Redlock masters, which
 #: register the texts Locks takes from the loader (checked below).
 REGISTERING = {"redis/lua.py", "locks/masters.py"}
 
