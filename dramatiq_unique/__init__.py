@@ -10,11 +10,9 @@ from dramatiq.middleware import Retries
 from dramatiq_unique import suite as _suite
 from dramatiq_unique.checkpoints import checkpoint, step_key
 from dramatiq_unique.context import current_job
-from dramatiq_unique.durable.cancel import cancel_job
-from dramatiq_unique.durable.dead import dead_jobs, retry_job
+from dramatiq_unique.durable.dead import cancel_job, dead_jobs, retry_job
 from dramatiq_unique.durable.lookup import find_job
-from dramatiq_unique.durable.redrive import RedriveCounts, redrive
-from dramatiq_unique.durable.scheduler import start_redriver
+from dramatiq_unique.durable.redrive import RedriveCounts, redrive, start_redriver
 from dramatiq_unique.errors import (
     AmbiguousJobId,
     DatabaseUnavailable,

@@ -14,8 +14,7 @@ from werkzeug.wrappers import Response
 
 from dramatiq_unique import ops
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
-from dramatiq_unique.durable.cancel import cancel_job
-from dramatiq_unique.durable.dead import retry_job
+from dramatiq_unique.durable.dead import cancel_job, retry_job
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
 from dramatiq_unique.ops import actions as ops_actions
 from dramatiq_unique.ops import keys
