@@ -35,6 +35,9 @@ STARTED = "started_row"
 WOKEN = "woken"
 #: ``JobContext.extras`` key: the fields a retry's send wrote (or meant to write) on the row.
 RETRY_FIELDS = "retry_fields"
+#: ``JobContext.extras`` key: when (``time.monotonic()``) this delivery asked for its execution lock;
+#: the lock's lease runs from then, and a start after it ran out must not draw the key's token.
+LOCK_ASKED = "lock_asked"
 
 _ATTRIBUTE = "_dramatiq_unique_context"
 

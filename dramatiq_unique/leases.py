@@ -124,13 +124,11 @@ def _renew_row(ctx: "JobContext") -> float:
 
 
 def check_start(ctx: "JobContext", began: float) -> None:
-    """Right after an attempt's start (begun at ``time.monotonic()`` ``began``): raise LockLost, before the
-    actor runs, if the start took longer than the row's lease (``unique_ttl``).  A reply that arrives late
-    (a network cut that heals, a stalled server) may report a start whose lease ran out long ago; the
-    re-drive may have sent the job again, and it may even have run and succeeded."""
-    job = ctx.job
-    if job is None:
-        return
+    """Raise LockLost, before the actor runs, if more than the row's lease (``unique_ttl``) has passed
+    since ``began`` (``time.monotonic()``: when the start, or the execution lock before it, was asked
+    for).  A reply that arrives late (a network cut that heals, a stalled server) may report a start
+    whose lease ran out long ago; the re-drive may have sent the job again, and it may even have run
+    and succeeded.  With an execution lock it is also checked before the start draws the key's token."""
     ttl = float(ctx.config.get(ctx.message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
     took = time.monotonic() - began
     if took * 1000 >= ttl:

@@ -6,6 +6,7 @@ The Dramatiq hooks; the lock as a parking gate is :mod:`dramatiq_unique.locks.ex
 from __future__ import annotations
 
 import logging
+import time
 from typing import ClassVar, NoReturn, Optional
 
 from dramatiq import Middleware
@@ -120,6 +121,7 @@ class ExecutionLocks(Middleware):
             ctx.extras[context.WOKEN] = True
         else:
             wake = None
+        ctx.extras[context.LOCK_ASKED] = time.monotonic()
         token = self._enter(name, group, ttl, wake)
         if token is None:
             self._park(config, message, key, group, ttl)

@@ -90,13 +90,21 @@ class JobTracking(Middleware):
             # same delivery, not a duplicate, which a second start would refuse and skip.
             return
         began = time.monotonic()
+        asked = ctx.extras.get(context.LOCK_ASKED)
+        if asked is not None:
+            # The start draws the key's fencing token, which fences out the key's running attempts.
+            # A process frozen after it took the lock, for longer than the lock's lease, would fence
+            # out the lock's next holder: it gives up here instead, before the draw.
+            began = asked
+            leases.check_start(ctx, began)
         job = self._start(config, message, ctx)
         if job is not None and job.__data__.get("queue_name") is None:
             # A start reads back a few columns only; the attempt's metrics are labelled by its queue.
             job.__data__["queue_name"] = message.queue_name
         ctx.job = job
         context.activate(ctx)
-        leases.check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
+        if job is not None:
+            leases.check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
 
     def _start(self, config, message, ctx):
         marker = message.options.get(MARKER) or {}

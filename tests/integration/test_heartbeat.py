@@ -233,3 +233,44 @@ def test_a_start_that_took_longer_than_the_lease_does_not_run_the_actor(suite, b
     assert len(runs) == 1 and job.attempts == 2, (runs, job.attempts)
     assert "longer than its lease" in json.dumps(job.history), job.history
     assert runs[0] > released
+
+
+def test_a_worker_frozen_after_it_took_the_lock_does_not_fence_out_the_next_holder(suite, broker):
+    """Given a delivery that took its key's execution lock and then stalled for longer than the lease
+    before its start (a frozen process), while the key's next job took the lock and runs, then the stalled
+    start gives up before it draws the key's fencing token: the running job is not taken over (one
+    attempt), the stalled job runs after it, and the two never run at once."""
+    from dramatiq_unique.middleware.job_tracking import JobTracking
+    from tests.durable import running_worker
+
+    runs: list[tuple[str, float, float]] = []
+    frozen = threading.Event()
+
+    class Freeze(dramatiq.Middleware):
+        """Stalls the first delivery of job "a" between the execution lock and the start."""
+
+        def before_process_message(self, broker, message):
+            if message.args[0] == "a" and not frozen.is_set():
+                frozen.set()
+                time.sleep(1.2)
+
+    broker.add_middleware(Freeze(), before=JobTracking)
+
+    @dramatiq.actor(track=True, unique_args=["customer"], unique_lock="while_executing", unique_ttl=400,
+                    max_retries=5, min_backoff=100, max_backoff=100)
+    def sync(name, customer):
+        began = time.monotonic()
+        for _ in range(8):  # 0.8 s, a beat every 0.1 s
+            heartbeat()
+            time.sleep(0.1)
+        runs.append((name, began, time.monotonic()))
+
+    first = sync.send("a", 7)
+    with running_worker(broker, threads=2):
+        assert frozen.wait(10)
+        second = sync.send("b", 7)
+        wait_until(lambda: row(first).status == "succeeded" and row(second).status == "succeeded", timeout=30)
+    assert row(second).attempts == 1, row(second).history
+    assert sorted(name for name, _, _ in runs) == ["a", "b"], runs
+    (_, a0, a1), (_, b0, b1) = sorted(runs, key=lambda run: run[0])
+    assert b1 <= a0, f"the stalled job runs after the holder, never beside it: {runs}"
