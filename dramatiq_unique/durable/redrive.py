@@ -51,7 +51,7 @@ from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events, metrics_on
-from dramatiq_unique.parking import lot, rows
+from dramatiq_unique.parking import lot
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage import history, jobs
 from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
@@ -171,7 +171,7 @@ class _Pass:
             logger.warning("The re-drive could not compare the run-time limits with Redis: %s", e)
         self.counts.woken += lot.wake_orphans(self.suite)
         if metrics_on():  # the parked-jobs gauge: one query per table, only with metrics on
-            events.parked_counts(rows.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
+            events.parked_counts(lot.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
 
     # -- 2. due jobs --------------------------------------------------------------
 
@@ -190,9 +190,7 @@ class _Pass:
 
     def _order_key(self, row: JobModel) -> tuple:
         config = self.suite.actor_config(row.actor_name)
-        order = opt.DEFAULT_UNIQUE_ORDER_BY
-        if config is not None:
-            order = config.get(row.options or {}, "unique_order_by", opt.DEFAULT_UNIQUE_ORDER_BY)
+        order = opt.DEFAULT_UNIQUE_ORDER_BY if config is None else config.for_message(row.options or {}).unique_order_by
         when = row.process_after if order == "process_after" and row.process_after else row.created_at
         return (when, row.id)
 

@@ -29,7 +29,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER, RETRY_FIELDS, job_model
+from dramatiq_unique.context import MARKER, job_model
 from dramatiq_unique.errors import NotConfigured
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events
@@ -73,9 +73,8 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
         if row is None:
             return False
         job_id, revision = row.id, row.revision
-    opts = message.options
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-    free = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
+    resolved = config.for_message(message.options)
+    free = resolved.unique and resolved.unique_lock != opt.UNTIL_EXPIRED
     fields: dict[str, Any] = dict(
         status=JobStatus.FAILED.value, finished_at=utcnow(), last_error=reason[:MAX_ERROR_LENGTH], lease_until=None,
     )
@@ -137,10 +136,9 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
 
 def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], None]) -> None:
     """A started attempt that a later middleware skipped: the job is over, failed, its key freed."""
-    config, job, opts = ctx.config, ctx.job, message.options
+    config, job = ctx.config, ctx.job
     assert job is not None
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-    release = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
+    release = config.unique and config.unique_lock != opt.UNTIL_EXPIRED
     if release:
         free_queue_lock()  # first: once a reader sees the job finished, its key is free in Redis too
     jobs.finish(ctx.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
@@ -153,12 +151,12 @@ def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: di
     attempt of this job started.  Nobody else would ever write the row: left ``running``,
     the re-drive would report a job that did finish as lost, or dead-lettered, and run it
     again.  (:func:`dramatiq_unique.storage.jobs.finish_revoked` says how the attempt is recognised.)"""
-    if "fence_key" not in ctx.extras:
+    if ctx.fence_key is None:
         return  # only an execution lock's draw revokes another job's token
     fields = dict(fields)
     if fields.get("status") is None and ctx.retry_enqueued:
         # Retries sent the retry, whose own write (enqueue.py) was fenced out as well.
-        fields.update(status=JobStatus.RETRYING.value, **ctx.extras.get(RETRY_FIELDS, {}))
+        fields.update(status=JobStatus.RETRYING.value, **ctx.retry_fields)
     if fields.get("status") == JobStatus.SUCCEEDED.value:
         # Succeeded, but say why another job of its key may have run beside it.
         fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"

@@ -42,16 +42,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: ``ctx.extras`` key of a queue lock that the message's ack frees: ``(lock name, token)``.
-RELEASE_AT_ACK = "release_at_ack"
-
-
 def hand_over(suite: "Suite", ctx: "JobContext", job: Any, marker: dict, lock_type: str) -> None:
     """Step 3: free the queue lock of a job whose start just cleared its row's hold."""
     acks = suite.acks
     at_ack = lock_type == opt.UNTIL_EXECUTING and acks is not None and acks.locks
     if at_ack and job.unique_key and marker.get("qt"):
-        ctx.extras[RELEASE_AT_ACK] = (suite.keys.queue_lock(job.unique_key), marker["qt"])
+        ctx.release_at_ack = (suite.keys.queue_lock(job.unique_key), marker["qt"])
     else:
         # Not waited for (redis/scripts.py: a wait costs a worker thread its turn at the
         # GIL); a send from inside the job comes after it on this thread's connection.
@@ -72,13 +68,14 @@ def release_key(suite: "Suite", unique_key: Optional[str], token: Optional[str],
 
 def at_ack(ctx: Optional["JobContext"]) -> Optional[tuple]:
     """The queue lock the message's ack is to free, if :func:`hand_over` left it to the ack."""
-    return ctx.extras.get(RELEASE_AT_ACK) if ctx is not None else None
+    return ctx.release_at_ack if ctx is not None else None
 
 
 def at_nack(suite: "Suite", ctx: Optional["JobContext"], message_id: str) -> None:
     """A message nacked instead of acked: free the lock its ack was to free."""
-    lock = ctx.extras.pop(RELEASE_AT_ACK, None) if ctx is not None else None
-    if lock is not None:
+    lock = ctx.release_at_ack if ctx is not None else None
+    if ctx is not None and lock is not None:
+        ctx.release_at_ack = None
         free(suite, lock, message_id, wait=False)
 
 

@@ -10,7 +10,7 @@ from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
 from dramatiq_unique.ops import gates, labels, words
 from dramatiq_unique.ops.views import Attempt, JobView, Waiting
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
-from dramatiq_unique.slots.gate import gate_of, group_key, has_slots
+from dramatiq_unique.slots.gate import gate_of, group_key
 from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
 
@@ -121,7 +121,7 @@ def slot_of(suite: "Suite", row: JobModel) -> Optional[tuple[str, str]]:
     if status not in (JobStatus.RUNNING.value, JobStatus.QUEUED.value) or config is None:
         return None
     options = row.options or {}
-    if not has_slots(config, options):
+    if not config.for_message(options).has_slots:
         return None
     try:
         key = group_key(config, options, tuple(row.args or ()), dict(row.kwargs or {}))

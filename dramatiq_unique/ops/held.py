@@ -21,7 +21,7 @@ from dramatiq_unique.ops.views import LockView, OverrideView, SlotGroupView
 from dramatiq_unique.parking.groups import SLOT, lock_group, slot_group, whole_actor
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.slots.gate import GroupStatus, gate_of, has_slots
+from dramatiq_unique.slots.gate import GroupStatus, gate_of
 from dramatiq_unique.storage.jobs import db_errors
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
         if actor is not None and name != actor:
             continue
         config = suite.actor_config(name)
-        if config is not None and not has_slots(config):
+        if config is not None and not config.has_slots:
             continue
         group = slot_group(key)
         status = gate.status(group)

@@ -145,5 +145,4 @@ def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
     """Whether a batch of ``actor`` takes the bulk path (see the module's docs)."""
     if actor.broker is not suite.broker or suite.publisher is None or not suite.publisher.batches():
         return False
-    return config.get({}, "unique_args") is None or \
-        config.get({}, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) != "raise"
+    return not config.unique or config.unique_on_conflict != "raise"
