@@ -35,7 +35,6 @@ import peewee as pw
 from dramatiq.asyncio import async_to_sync
 
 from dramatiq_unique import context
-from dramatiq_unique import options as opt
 from dramatiq_unique.errors import DatabaseUnavailable, LockLost
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage.models import after_ms
@@ -47,12 +46,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: ``ctx.extras`` key: callables renewing the attempt's Redis leases.
-RENEWERS = "renewers"
-#: ``ctx.extras`` key: the LockLost that ended the attempt's hold, once it happened.
-LOST = "lock_lost"
-# ``ctx.extras`` key: time.monotonic() of the last write of the row's lease.
-_LEASE_WRITTEN = "lease_written"
 #: The row's lease is rewritten when a tenth of it has passed (Redis leases every call).
 LEASE_REWRITE_FRACTION = 0.1
 
@@ -72,13 +65,13 @@ def heartbeat() -> float:
     the work, the attempt will not be recorded as succeeded.
     """
     ctx = context.require()
-    lost = ctx.extras.get(LOST)
+    lost = ctx.lock_lost
     if lost is not None:
         raise LockLost(lost.detail)
     started = time.monotonic()
     left = []
     try:
-        for renew in ctx.extras.get(RENEWERS, ()):
+        for renew in ctx.renewers:
             left.append(renew())
     except LockLost as e:
         give_up(ctx, e)
@@ -100,9 +93,9 @@ def heartbeat() -> float:
 def _renew_row(ctx: "JobContext") -> float:
     job = ctx.job
     assert job is not None
-    ttl = float(ctx.config.get(ctx.message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    ttl = ctx.config.unique_ttl
     now = time.monotonic()
-    written = ctx.extras.get(_LEASE_WRITTEN)
+    written = ctx.lease_written
     if written is not None and (now - written) * 1000 < ttl * LEASE_REWRITE_FRACTION:
         return ttl / 1000 - (now - written)
     model = type(job)
@@ -119,7 +112,7 @@ def _renew_row(ctx: "JobContext") -> float:
         error = LockLost(f"job {job.message_id} was taken over by a newer attempt")
         give_up(ctx, error)
         raise error
-    ctx.extras[_LEASE_WRITTEN] = now
+    ctx.lease_written = now
     return ttl / 1000
 
 
@@ -131,7 +124,7 @@ def check_start(ctx: "JobContext", began: float) -> None:
     job = ctx.job
     if job is None:
         return
-    ttl = float(ctx.config.get(ctx.message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    ttl = ctx.config.unique_ttl
     took = time.monotonic() - began
     if took * 1000 >= ttl:
         error = LockLost(f"starting job {ctx.message.message_id} took {took:.1f} s, longer than its lease")
@@ -141,9 +134,8 @@ def check_start(ctx: "JobContext", began: float) -> None:
 
 def give_up(ctx: "JobContext", error: LockLost) -> None:
     """Remember that the attempt lost its hold: it must not be recorded as succeeded."""
-    ctx.extras[LOST] = error
-    job = ctx.job
-    events.lock_lost(job, error)
+    ctx.lock_lost = error
+    events.lock_lost(ctx.job, error)
 
 
 def carry_context(actor: "dramatiq.Actor") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -68,7 +69,7 @@ class Settings:
     lost_after: int = DEFAULT_LOST_AFTER
     on_lost: str = DEFAULT_ON_LOST
     retention: int = DEFAULT_RETENTION
-    idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW
+    idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW
     #: Prefix of every Redis key the suite writes (tests give each run its own).
     key_prefix: str = DEFAULT_KEY_PREFIX
     #: Whether worker processes start the re-drive scheduler after boot.
@@ -128,21 +129,72 @@ class Settings:
             raise InvalidOption(f"setting on_broker_down must be 'defer' or 'raise', not {self.on_broker_down!r}")
 
 
+#: The options an :class:`ActorConfig` resolves, a message's own over the actor's.
+RESOLVED = ("unique_args", "unique_lock", "unique_on_conflict", "unique_ttl", "unique_window", "unique_order_by",
+            "concurrency_limit", "concurrency_key", "concurrency_ttl", "idempotency_window")
+
+
 @dataclasses.dataclass(frozen=True)
 class ActorConfig:
-    """An actor's suite options, resolved once when it is declared."""
+    """An actor's suite options, resolved once when it is declared; :meth:`for_message` puts a
+    message's own options (``send_with_options``) over them."""
 
     actor_name: str
     fn: Callable[..., Any]
+    #: The options as declared.
     options: dict
     model: type[JobModel]
     #: The actor's parameters that ``job_model`` has columns for.
     extra_fields: tuple[str, ...]
     #: The app its rows belong to (the suite's ``key_prefix``; see scope.py).
     app: str = ""
+    unique_args: opt.ArgsSpec = None
+    unique_lock: str = opt.DEFAULT_UNIQUE_LOCK
+    unique_on_conflict: str = opt.DEFAULT_UNIQUE_ON_CONFLICT
+    unique_ttl: float = opt.DEFAULT_UNIQUE_TTL
+    unique_window: Optional[int] = None
+    unique_order_by: str = opt.DEFAULT_UNIQUE_ORDER_BY
+    concurrency_limit: Optional[int] = None
+    concurrency_key: opt.ArgsSpec = None
+    concurrency_ttl: float = opt.DEFAULT_CONCURRENCY_TTL
+    #: The suite's ``idempotency_window`` unless the actor sets its own.
+    idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW
 
-    def get(self, message_options: dict, name: str, default: Any = None) -> Any:
-        return opt.lookup(message_options, self.options, name, default)
+    def __post_init__(self) -> None:
+        self._put(self.options)
+
+    def _put(self, options: dict) -> None:
+        for name in RESOLVED:
+            value = options.get(name)
+            if value is not None:
+                object.__setattr__(self, name, float(value) if name.endswith("_ttl") else value)
+
+    def for_message(self, message_options: dict) -> "ActorConfig":
+        """The options one message runs with: its own (``is None``: the actor's) over the actor's."""
+        if not any(message_options.get(name) is not None for name in RESOLVED):
+            return self
+        resolved = copy.copy(self)
+        resolved._put(message_options)
+        return resolved
+
+    @property
+    def unique(self) -> bool:
+        return self.unique_args is not None
+
+    @property
+    def execution_lock(self) -> bool:
+        """Whether a job holds an execution lock while it runs."""
+        return self.unique_args is not None and self.unique_lock in opt.EXECUTION_LOCKS
+
+    @property
+    def released_at_start(self) -> bool:
+        """Whether a job's start releases its queue-level hold."""
+        return self.unique_args is not None and self.unique_lock in opt.RELEASED_AT_START
+
+    @property
+    def has_slots(self) -> bool:
+        """Whether jobs take a concurrency slot: a limit or a key (a key alone: no limit unless one is set)."""
+        return self.concurrency_limit is not None or self.concurrency_key is not None
 
 
 def _redis_clients(spec: RedisSpec) -> list[redis_lib.Redis]:
@@ -271,7 +323,8 @@ class Suite:
         self.register_model(model)
         params = opt._parameters(actor.fn) or {}
         extra = tuple(name for name in model._meta.fields if name not in base_field_names() and name in params)
-        config = ActorConfig(actor.actor_name, actor.fn, options, model, extra, self.app)
+        config = ActorConfig(actor.actor_name, actor.fn, options, model, extra, self.app,
+                             idempotency_window=self.settings.idempotency_window)
         self.actors[actor.actor_name] = config
         return config
 

@@ -162,17 +162,17 @@ def lock(actor: dramatiq.Actor, *args: Any, unique_ttl: Optional[int] = None, **
         raise InvalidOption(f"lock() takes an actor (a function declared with @dramatiq.actor), not {opt.show(actor)}")
     suite = current()
     config = suite.actor_config(actor.actor_name)
-    spec = config.get({}, "unique_args") if config is not None else None
+    spec = config.unique_args if config is not None else None
     if config is None or spec is None:
         raise InvalidOption(f"lock() holds a unique key: {actor.actor_name} has no unique_args")
-    lock_type = config.get({}, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    lock_type = config.unique_lock
     if lock_type not in opt.EXECUTION_LOCKS:
         raise InvalidOption(
             f"lock() holds a key's execution lock: {actor.actor_name} has unique_lock={lock_type!r}, which takes "
             f"none (only {' and '.join(repr(t) for t in sorted(opt.EXECUTION_LOCKS))} do)"
         )
     opt.validate({"unique_ttl": unique_ttl}, config.fn)
-    ttl = unique_ttl if unique_ttl is not None else config.get({}, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)
+    ttl = unique_ttl if unique_ttl is not None else config.unique_ttl
     return KeyLock(suite=suite, unique_key=_key(config, spec, actor.message(*args, **kwargs)), ttl_ms=float(ttl))
 
 

@@ -1,25 +1,45 @@
-"""What jobs park on: the gate protocol, and the words parking and gates share.
+"""What jobs park on: the gate protocol, a gate held by an attempt, and the words parking and gates share.
 
-A gate (an execution lock, a concurrency slot) is held by a token; jobs
-that cannot enter it are parked by group (see :mod:`dramatiq_unique.parking.lot`).
+A gate (an execution lock, a concurrency slot) is held by a token; jobs that cannot enter it are
+parked by group (:mod:`dramatiq_unique.parking.lot`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Optional, Protocol
 
+from dramatiq_unique.errors import LockLost
 from dramatiq_unique.redis import lua
 
 if TYPE_CHECKING:
-    from dramatiq_unique.parking.prestart import StartSpec
     from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import ActorConfig
 
 #: The key of a reservation in a woken message's marker: {"g": group, "t": token}.
 WAKE = "wake"
 
 #: Outcomes of :meth:`Gate.release_unless_flagged`: the replies of the scripts behind it.
 NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
+
+
+@dataclasses.dataclass(frozen=True)
+class StartSpec:
+    """How a woken job of an actor is started by the claim that wakes it (the slot is all it waits for)."""
+
+    #: The attempt's lease (``unique_ttl``), ms.
+    lease_ms: float
+    #: Whether the start releases the row's unique hold (``until_executing`` and the like).
+    release_hold: bool
+
+
+def spec_for(config: "ActorConfig") -> Optional[StartSpec]:
+    """The actor's start-at-claim spec; None if its woken jobs start the ordinary way (an execution
+    lock may still park them once they have their slot, and a running row cannot be parked)."""
+    if config.execution_lock:
+        return None
+    return StartSpec(lease_ms=config.unique_ttl, release_hold=config.released_at_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +51,7 @@ class GroupInfo:
     order_by: str
     #: Lease (ms) of a gate handed to a woken job, until it takes it up.
     ttl_ms: float
-    #: Set where a woken job needs nothing but this gate: its claim starts it (prestart.py).
+    #: Set where a woken job needs nothing but this gate: its claim starts it.
     start: Optional[StartSpec] = None
 
 
@@ -43,6 +63,8 @@ class Gate(Protocol):
     kind: str
     #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
     atomic_release: bool
+    #: What LockLost says when a holder's lease of a group (``{}``) is gone.
+    lost: str
 
     def describe(self, group: str) -> Optional[GroupInfo]:
         """The group's table and order; None if this process does not know it."""
@@ -62,6 +84,9 @@ class Gate(Protocol):
     def retry_in(self, group: str) -> float:
         """ms until the current holder's lease runs out (0 if free)."""
 
+    def renew(self, group: str, token: str, ttl_ms: float, limit: int) -> bool:
+        """Renew ``token``'s lease to ``ttl_ms``; False if it lost the gate."""
+
     # Optional, where a gate can do two steps in one call (SlotGate does):
     #   hand_over(group, token) -> (outcome, token): release_unless_flagged that re-issues
     #     the gate to a fresh token when it keeps it;
@@ -75,3 +100,22 @@ def gate_ttl(gate: Gate, group: str) -> float:
     """The lease (ms) of ``group``'s gate handed to a woken job; a minute if the gate does not know the group."""
     info = gate.describe(group)
     return info.ttl_ms if info is not None else 60_000
+
+
+@dataclasses.dataclass
+class Held:
+    """A gate held by one attempt; :meth:`renew` is its ``heartbeat()`` renewer."""
+
+    gate: Gate
+    group: str
+    token: str
+    ttl_ms: float
+    #: The limit it entered under (a slot group's; -1: none).
+    limit: int = -1
+
+    def renew(self) -> float:
+        """Extend the lease to a full ``ttl_ms``; the seconds left."""
+        started = time.monotonic()
+        if not self.gate.renew(self.group, self.token, self.ttl_ms, self.limit):
+            raise LockLost(self.gate.lost.format(self.group))
+        return self.ttl_ms / 1000 - (time.monotonic() - started)

@@ -22,7 +22,7 @@ from dramatiq_unique.errors import InvalidOption, RedisUnavailable
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_actor
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.slots.gate import declared_limit, gate_of, has_slots
+from dramatiq_unique.slots.gate import declared_limit, gate_of
 from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.unique.keys import canonical, digest
 
@@ -63,7 +63,7 @@ def _slot_config(suite: "Suite", actor_name: str) -> "ActorConfig":
     config = suite.actor_config(actor_name)
     if config is None:
         raise InvalidOption(f"no actor {actor_name!r} with concurrency slots is declared in this process")
-    if not has_slots(config):
+    if not config.has_slots:
         raise InvalidOption(f"actor {actor_name!r} declares neither concurrency_limit nor concurrency_key")
     return config
 

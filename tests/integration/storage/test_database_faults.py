@@ -23,7 +23,7 @@ import dramatiq_unique
 from dramatiq_unique import DatabaseUnavailable, JobModel
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.flags import Watchdog
+from dramatiq_unique.parking.lot import Watchdog
 from tests.conftest import REDIS_URL
 from tests.durable import running_worker
 from tests.helpers import wait_until
