@@ -1,26 +1,7 @@
-"""``heartbeat()``: a long job keeps its lease, and learns when it lost it.
+"""``heartbeat()``: a long job keeps its leases (its gates' and its row's), and learns when it lost one.
 
-What a heartbeat renews lives in the attempt's context (``ctx.extras``):
-
-* ``RENEWERS``: callables that renew a Redis lease (the execution lock,
-  a concurrency slot) and return the seconds left, or raise
-  :class:`~dramatiq_unique.errors.LockLost`;
-* the job row's ``lease_until``, renewed for every tracked job, fenced
-  by the attempt's token (a newer attempt owns the row otherwise).
-
-A lost lease is remembered in the context (``LOST``): every later
-``heartbeat()`` raises at once, and JobTracking does not record the
-attempt as succeeded even if the actor swallows the exception and
-returns: the row goes to ``retrying``, for the re-drive to send again.
-If another attempt took the key meanwhile, drawing its fencing token
-already took this attempt off its row, and nothing is recorded at all.
-
-Async actors: Dramatiq runs them on its event-loop thread.  asyncio
-copies the caller's context variables into the coroutine's task
-(``call_soon_threadsafe`` and ``create_task`` both do), so the context
-set by the worker thread is visible there; :func:`carry_context` also
-hands it over explicitly, so that it does not depend on how the event
-loop schedules the coroutine.
+A lost lease is remembered in the attempt's context: later heartbeats raise at once, and the attempt
+is not recorded as succeeded.  :func:`carry_context` hands the context to an async actor's coroutine.
 """
 
 from __future__ import annotations

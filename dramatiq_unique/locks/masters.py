@@ -1,28 +1,6 @@
-"""The Redlock masters: each one bounded, so that a master down or stalled costs little.
-
-The Redlock algorithm asks each master with a timeout small next to the
-lock's TTL, and never waits for a master that does not answer: a majority
-decides.  The clients the user passes carry their own settings, made for
-other work (redis-py 8 gives a client built with ``redis.Redis(...)`` 5 s
-socket timeouts and ten retries with back-off), under which one master
-down made every lock operation wait seconds.  So the suite asks each master
-over a client of its own, made from the user's with the same connection
-settings (address, database, password, TLS) but with socket timeouts of
-``lock_timeout``, no retry after a timeout and one at once after a broken
-connection (a restarted server): a master that refuses costs a refused
-connection; one that is stalled (SIGSTOP, a network partition) costs
-``lock_timeout`` at most.
-
-A master that failed is then skipped, as if it had failed again, for
-:data:`PAUSE` ms before one thread asks it again: a stalled master costs
-one timeout per pause, not one per lock operation, and a dead one a
-refused connection per pause (under load, even that costs its thread a
-turn at the GIL per system call).  The skip guards the bounded client's
-own connections too, so the suite's plain commands on the first master
-(wake-up flags, slots) skip it as well.  Skipping a master never weakens
-a lock: the quorum is counted over all of them, and a skipped master is
-asked anyway (it may be back) when the others cannot make a majority (a
-stalled one by one thread at a time).
+"""The Redlock masters, each asked over a bounded client of the suite's own and skipped a while
+after it failed, so that a master down or stalled costs a lock operation ``lock_timeout`` at most.
+Why: docs/discussions/how-it-is-built.md, "Gates: locks, slots and parking".
 """
 
 from __future__ import annotations
@@ -167,7 +145,6 @@ class Master:
     """One Redlock master, asked over a bounded client (:func:`bounded_client`), skipped a while after it failed."""
 
     def __init__(self, client: redis.Redis, timeout_ms: float) -> None:
-        self.user_client = client
         self.health = Health(_where(client))
         self.client = bounded_client(client, timeout_ms, self.health)
         self._scripts: dict[str, scripts.Script] = {}

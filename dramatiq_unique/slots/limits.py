@@ -1,12 +1,7 @@
 """Run-time concurrency limits: :func:`set_concurrency_limit` and :func:`concurrency_status`.
 
-Limits set here are kept in the database and copied to Redis (see
-:mod:`dramatiq_unique.slots.overrides`), where every worker's next decision
-reads them (:mod:`dramatiq_unique.slots.gate`); a Redis that loses its data
-gets them back.  Raising a limit wakes parked jobs at once, one per newly
-free slot; lowering it lets running jobs finish and starts nothing new
-until the group is under the new limit; ``0`` halts a group (its jobs stay
-parked, nothing is lost).
+Kept in the database and copied to Redis (:mod:`dramatiq_unique.slots.overrides`), where every
+worker's next decision reads them.  A raised limit wakes parked jobs at once; 0 halts a group.
 """
 
 from __future__ import annotations

@@ -244,12 +244,12 @@ def test_a_dead_or_stalled_master_is_asked_over_a_bounded_client_and_then_skippe
     and no retry after a timeout, and is skipped for a while after it failed, whatever client was given."""
     given = [redis.Redis(host="127.0.0.1", port=s.port) for s in masters]
     locks = Locks(given, timeout_ms=50)
-    for node in locks.nodes:
+    for node, client in zip(locks.nodes, given, strict=True):
         kwargs = node.client.connection_pool.connection_kwargs
         assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (0.05, 0.05)
         retry = kwargs["retry"]  # once after a broken connection, never after a timeout
         assert retry.get_retries() == 1 and retry._supported_errors == (redis.ConnectionError,)
-        assert kwargs["port"] == node.user_client.connection_pool.connection_kwargs["port"]
+        assert kwargs["port"] == client.connection_pool.connection_kwargs["port"]
     token, _ = locks.acquire("job", 5_000)
     os.kill(masters[1].process.pid, signal.SIGSTOP)
     try:
