@@ -71,8 +71,6 @@ SLOT_OPTIONS = CONCURRENCY_OPTIONS | {"unique_order_by"}
 #: Every actor option the suite defines; any of them turns tracking on.
 SUITE_OPTIONS = UNIQUE_OPTIONS | CONCURRENCY_OPTIONS | TRACKING_OPTIONS
 
-#: Sentinel distinguishing "not given" from an explicit ``None``.
-_MISSING: Any = object()
 
 ArgsSpec = Union[None, bool, list, tuple, Callable[..., Any]]
 

@@ -64,53 +64,27 @@ RedisSpec = Union[str, redis_lib.Redis, Sequence[Union[str, redis_lib.Redis]]]
 
 @dataclasses.dataclass
 class Settings:
-    """Suite-wide settings; every time is in milliseconds."""
+    """Suite-wide settings, every time in milliseconds (each is described in docs/reference/settings.md)."""
 
     lost_after: int = DEFAULT_LOST_AFTER
     on_lost: str = DEFAULT_ON_LOST
     retention: int = DEFAULT_RETENTION
-    idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW
-    #: Prefix of every Redis key the suite writes (tests give each run its own).
+    idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW
     key_prefix: str = DEFAULT_KEY_PREFIX
-    #: Whether worker processes start the re-drive scheduler after boot.
     redriver: bool = True
-    #: ms between re-drive passes.
     redrive_interval: int = 5_000
-    #: Rows a re-drive pass handles per page.
     redrive_page_size: int = 500
-    #: Whether the hot statements (send, start, outcome, parking moves) are prepared once per PostgreSQL
-    #: connection (psycopg2: :mod:`dramatiq_unique.storage.queries`; psycopg 3: its ``prepare_threshold``);
-    #: None: prepared unless the database is behind a pooler in transaction mode, where True is refused
-    #: (:mod:`dramatiq_unique.storage.poolers`).
+    #: None: prepared unless behind a pooler in transaction mode, where True is refused (storage/poolers.py).
     prepared_statements: Optional[bool] = None
-    #: ms a new PostgreSQL connection may take (libpq's ``connect_timeout``, in whole seconds, at least 2):
-    #: bounds a server that takes the connection but never answers.
     database_connect_timeout: int = DEFAULT_DATABASE_CONNECT_TIMEOUT
-    #: ms a PostgreSQL statement may run (``statement_timeout``), and a dead server or network may go
-    #: unnoticed under an open connection (TCP keepalives and ``tcp_user_timeout``).  Both apply to a
-    #: database given as a URL; a URL parameter of the same name wins.  SQLite keeps its 30 s busy timeout.
     database_timeout: int = DEFAULT_DATABASE_TIMEOUT
-    #: Whether :func:`dramatiq_unique.setup` checks each Redis server once (a PING) and raises
-    #: ``RedisUnavailable`` if one is down; False for an app that may start before its Redis.
     check_redis: bool = True
-    #: ms each Redis server may take to answer the one-time check of :func:`dramatiq_unique.setup`.
     check_timeout: int = DEFAULT_CHECK_TIMEOUT
-    #: With several Redis servers (Redlock masters): ms each master may take to connect or to answer
-    #: a lock operation, asked over a client of the suite's own made from the one given (same address,
-    #: password, TLS) with this timeout and no retries.  A master down or stalled then costs a lock
-    #: operation this long at most, and is skipped for a second after it failed.  Keep it well below
-    #: ``unique_ttl`` (a lease is only valid for its TTL less the time taken to take it).
+    #: Keep it well below ``unique_ttl``: a lease is only valid for its TTL less the time taken to take it.
     lock_timeout: int = DEFAULT_LOCK_TIMEOUT
-    #: With several job stores (``database=[primary, secondary, ...]``): ms a store that failed is
-    #: skipped by the sends that may go to another store, before it is tried again.
     store_down_for: int = _stores.DEFAULT_DOWN_FOR
-    #: What a tracked send does when its publish fails because the broker is down: "defer" keeps its
-    #: row ``pending`` for the re-drive and returns; "raise" raises as plain Dramatiq does, leaving no row.
     on_broker_down: str = "defer"
-    #: With "defer": ms after a failed publish during which tracked sends are kept pending without
-    #: trying the broker (each try can cost a connection attempt, or several on RabbitMQ).
     broker_down_backoff: int = 1_000
-    #: Rows :func:`dramatiq_unique.send_many` writes in one INSERT and publishes in one round trip.
     send_many_batch: int = 1_000
 
     def __post_init__(self) -> None:
