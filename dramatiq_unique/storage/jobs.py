@@ -379,7 +379,7 @@ def start(
     a broker redelivery, a stale copy) and must not run beside it.  A row whose lease
     ran out is a crashed attempt's, which the new one replaces.  ``woken_by`` is a LIKE
     pattern of the ``worker`` that a waker's claim writes on a row it starts ahead of its
-    delivery (``<worker id>:woken``, :mod:`dramatiq_unique.parking.prestart`): such a row is the
+    delivery (``<worker id>:woken``, :mod:`dramatiq_unique.parking.lot`): such a row is the
     woken delivery's own, which its worker thread may start again (the start then
     writes its own ``worker``, so only once).  Any process's: a woken message that could
     not be delivered locally goes through the broker, to any worker.
@@ -543,7 +543,7 @@ def claim_parked(
     message is delivered under, recorded for the lost-message check.
 
     ``start`` (lease end, worker, release the unique hold): start the
-    attempt in the same statement (see :mod:`dramatiq_unique.parking.prestart`),
+    attempt in the same statement (see :mod:`dramatiq_unique.parking.lot`),
     unless the row's own options name a unique option; the returned row
     says ``running`` when it was started.  A start waits for its commit;
     a plain claim does not (:func:`no_flush_wait`).
