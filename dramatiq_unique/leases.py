@@ -98,10 +98,8 @@ def _renew_row(ctx: "JobContext") -> float:
 
 
 def check_start(ctx: "JobContext", began: float) -> None:
-    """Right after an attempt's start (begun at ``time.monotonic()`` ``began``): raise LockLost, before the
-    actor runs, if the start took longer than the row's lease (``unique_ttl``).  A reply that arrives late
-    (a network cut that heals, a stalled server) may report a start whose lease ran out long ago; the
-    re-drive may have sent the job again, and it may even have run and succeeded."""
+    """Raise LockLost before the actor runs if the start (begun at monotonic ``began``) took longer than the
+    row's lease: a late reply may report a start whose lease ran out, the job since sent again, even run."""
     job = ctx.job
     if job is None:
         return

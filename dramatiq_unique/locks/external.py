@@ -27,10 +27,8 @@ logger = logging.getLogger(__name__)
 
 
 def masters_of(suite: Suite) -> list[redis.Redis]:
-    """The clients a :class:`KeyLock` asks: the suite's own lock clients.  One server: the client
-    given, as the jobs' locks use it.  Several: each master over the suite's bounded client
-    (:mod:`dramatiq_unique.locks.masters`), so that a master down or stalled costs an operation
-    ``lock_timeout`` at most, and one that failed a moment ago is skipped (counted as failed)."""
+    """The clients a :class:`KeyLock` asks, as the jobs' locks do: one server's client as given; of
+    several masters, each over the suite's bounded client (:mod:`dramatiq_unique.locks.masters`)."""
     return list(suite.masters) if suite.locks.single else [node.client for node in suite.locks.nodes]
 
 

@@ -116,11 +116,9 @@ def _guarded(connection_class: type, health: Health) -> type:
 
 
 def bounded_client(client: redis.Redis, timeout_ms: float, health: Optional[Health] = None) -> redis.Redis:
-    """A client of the same server as ``client``, with socket timeouts of ``timeout_ms``, no retry
-    after a timeout and one after a broken connection; with ``health``, skipped while it says so.
-
-    A pool of an unusual kind (Sentinel...) that cannot be copied is used as it is.
-    """
+    """A client of the same server as ``client``, with socket timeouts of ``timeout_ms``, no retry after a
+    timeout and one after a broken connection; with ``health``, skipped while it says so.  A pool that
+    cannot be copied (Sentinel...) is used as it is."""
     pool = client.connection_pool
     seconds = timeout_ms / 1000
     kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
@@ -166,11 +164,8 @@ class Master:
         return self.health.skipped()
 
     def call(self, fn: Callable[["Master"], Any]) -> Any:
-        """``fn(self)``; a connection error or a timeout has the master skipped for a while.
-
-        Even a refused connection is worth skipping: under load each failed call costs its
-        thread a turn at the GIL per system call, several times the call itself.
-        """
+        """``fn(self)``; a connection error or a timeout has the master skipped for a while (even a refused
+        connection: under load each failed call costs its thread a turn at the GIL per system call)."""
         try:
             reply = fn(self)
         except MasterSkipped:
@@ -202,13 +197,9 @@ class Replies:
 
 
 def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int, force: bool = True) -> Replies:
-    """``fn(master)`` on every master in turn; each costs at most its bounded client's timeout.
-
-    A master that failed a moment ago is skipped, counted as failed,
-    unless the others cannot reach ``quorum`` without it and ``force``:
-    then it is asked too (it may be back); one that timed out (slow to
-    fail) by one thread at a time, the others counting it as failed.
-    """
+    """``fn(master)`` on every master in turn.  One that failed a moment ago is skipped, counted as failed,
+    unless the others cannot reach ``quorum`` without it and ``force``: then it is asked too (one that
+    timed out by one thread at a time, the others counting it as failed)."""
     out = Replies()
     skipped = []
     _forcing.on = True  # the skipping is done here: the connections' own check would skip a probe

@@ -186,13 +186,9 @@ class Locks:
         return float(left[self.quorum - 1])
 
     def release_unless(self, name: str, token: str, flags: str, member: str) -> int:
-        """Release ``name`` unless ``member`` is in the sorted set ``flags``.
-
-        Returns :data:`RELEASED`, :data:`KEPT` (the member is flagged; the
-        caller still holds the lock) or :data:`NOT_HELD`.  Atomic on one
-        master; with several, the flag (on the first master) is read
-        first, so the caller must look at it again after a release.
-        """
+        """Release ``name`` unless ``member`` is in the sorted set ``flags``: RELEASED, KEPT (still held) or
+        NOT_HELD.  Atomic on one master; with several, the flag (on the first) is read first, so the
+        caller must look at it again after a release."""
         if self.single:
             return int(self._one("lock_release_unless", "releasing", name, [token, member], flags))
         first = self.nodes[0]

@@ -252,13 +252,9 @@ class Places:
         self._lock = threading.Lock()
 
     def book(self, group: str, *, with_holder: bool, late: Optional[tuple] = None) -> bool:
-        """Count a place on deck for one reservation of ``group``, before it is made (so no
-        more rows are claimed than there are places); False if there is none.
-
-        ``with_holder``: only while a holder of the group runs here.  ``late``: the
-        :func:`place_of` of a job that just parked; with the deck full, it still gets a place
-        if it comes before the last row on deck (that row goes back when the reservation settles).
-        """
+        """Count a place on deck for one reservation of ``group`` before it is made; False if none is left
+        (``with_holder``: only while a holder of the group runs here).  ``late``: a job that just parked,
+        which gets a place on a full deck if it comes before the last row (that one goes back)."""
         with self._lock:
             decks, coming = self._decks.get(group, []), self._coming.get(group, 0)
             if with_holder and group not in self._holders:

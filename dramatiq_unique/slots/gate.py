@@ -119,13 +119,9 @@ class SlotGate:
 
     def enter(self, group: str, token: str, ttl_ms: float, limit: int, reserved: Optional[str],
               own_limit: Optional[int] = None) -> tuple[bool, float]:
-        """Take up ``reserved`` (a slot handed to this job when it was woken) or a free slot.
-
-        ``own_limit`` is a limit the message brought (``send_with_options``):
-        it becomes the group's default, for the decisions taken without the
-        message (hand-overs, wake-ups).  Returns ``(True, 0)``, or ``(False,
-        ms until a holder's lease runs out, -1 if the group is halted)``.
-        """
+        """Take up ``reserved`` (handed to this job when it was woken) or a free slot: ``(True, 0)``, or
+        ``(False, ms until a holder's lease runs out, -1 if halted)``.  ``own_limit``, a message's own,
+        becomes the group's default for the decisions taken without the message."""
         args = [limit, token, int(ttl_ms), reserved or "", "" if own_limit is None else int(own_limit)]
         entered, wait = self._call(self._enter, group, args)
         return bool(entered), float(wait)

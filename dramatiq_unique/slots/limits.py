@@ -64,15 +64,9 @@ def _slot_config(suite: "Suite", actor_name: str) -> "ActorConfig":
 
 
 def key_group(config: "ActorConfig", key: Any) -> str:
-    """The group key that ``key`` names, as the worker derives it from a message's arguments.
-
-    ``key`` is the value of the ``concurrency_key`` parameter when it
-    names one (``key="acme"``, or ``key=42`` for an int argument: the
-    type matters), a dict of parameter values when it names several (a
-    tuple in their order also works), the string the callable returns
-    when it is a callable, and a dict of every argument (defaults
-    included) when it is ``True``.
-    """
+    """The group key that ``key`` names, as the worker derives it from a message's arguments: the value of
+    the one ``concurrency_key`` parameter (its type matters), a dict (or tuple) of several, the str a key
+    callable returns, or a dict of every argument, defaults included, for ``True``."""
     return f"{config.actor_name}:{digest(canonical(_selected(config, key)))}"
 
 
