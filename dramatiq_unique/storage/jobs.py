@@ -348,7 +348,7 @@ def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
 #: its own.  Hosts kept in step by NTP differ by a few ms; this covers a second of skew,
 #: at the cost of a crashed attempt's redelivery waiting that much longer.
 LEASE_SKEW_MS = 1_000
-#: The ``worker`` of a row a waker's claim started ahead of its delivery (parking/waking.py, parking/deck.py
+#: The ``worker`` of a row a waker's claim started ahead of its delivery (parking/lot.py, parking/deck.py
 #: write ``<worker id>:woken``), as a LIKE pattern.
 WOKEN = "%:woken"
 #: The columns an attempt's start reads back: what the middlewares use while it runs and

@@ -1,4 +1,4 @@
-"""The places on deck (dramatiq_unique.parking.places): the deck's bookkeeping, no services."""
+"""The places on deck (dramatiq_unique.parking.deck): the deck's bookkeeping, no services."""
 
 from __future__ import annotations
 
