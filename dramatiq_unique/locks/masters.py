@@ -148,10 +148,6 @@ class Master:
         self._scripts: dict[str, scripts.Script] = {}
         self._lock = threading.Lock()
 
-    @property
-    def timed_out(self) -> bool:
-        return self.health.timed_out
-
     def run(self, text: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run one of our scripts on this master (registered on first use)."""
         script = self._scripts.get(text)
@@ -159,9 +155,6 @@ class Master:
             with self._lock:
                 script = self._scripts.setdefault(text, scripts.register(self.client, text))
         return script(keys=keys, args=args)
-
-    def skipped(self) -> bool:
-        return self.health.skipped()
 
     def call(self, fn: Callable[["Master"], Any]) -> Any:
         """``fn(self)``; a connection error or a timeout has the master skipped for a while (even a refused
@@ -205,7 +198,7 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int,
     _forcing.on = True  # the skipping is done here: the connections' own check would skip a probe
     try:
         for master in masters:
-            if master.skipped():
+            if master.health.skipped():
                 skipped.append(master)
                 continue
             try:
@@ -215,7 +208,7 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int,
         if not (force and len(out.errors) + len(skipped) > len(masters) - quorum):
             skipped, left_out = [], skipped
         else:  # a master that timed out fails slowly: one thread at a time asks it (it may have resumed)
-            left_out = [m for m in skipped if m.timed_out and not m.health.probe()]
+            left_out = [m for m in skipped if m.health.timed_out and not m.health.probe()]
             skipped = [m for m in skipped if m not in left_out]
         for master in skipped:
             try:

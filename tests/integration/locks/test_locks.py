@@ -255,7 +255,7 @@ def test_a_dead_or_stalled_master_is_asked_over_a_bounded_client_and_then_skippe
     try:
         assert locks.extend("job", token, 5_000)
         assert locks.nodes[1].health.down_until > time.monotonic(), "the stalled master failed, and is skipped"
-        assert locks.nodes[1].skipped()
+        assert locks.nodes[1].health.skipped()
         replies = redlock.ask_all(locks.nodes, lambda master: master.run("return 1", [], []), locks.quorum)
         assert replies.replies == [1, 1] and isinstance(replies.errors[0], redlock.MasterSkipped)
         fresh = new_token()
