@@ -106,6 +106,7 @@ class Settings:
 #: The options an :class:`ActorConfig` resolves, a message's own over the actor's.
 RESOLVED = ("unique_args", "unique_lock", "unique_on_conflict", "unique_ttl", "unique_window", "unique_order_by",
             "concurrency_limit", "concurrency_key", "concurrency_ttl", "idempotency_window")
+_RESOLVED = frozenset(RESOLVED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +146,7 @@ class ActorConfig:
 
     def for_message(self, message_options: dict) -> "ActorConfig":
         """The options one message runs with: its own (``is None``: the actor's) over the actor's."""
-        if not any(message_options.get(name) is not None for name in RESOLVED):
+        if message_options.keys().isdisjoint(_RESOLVED) or all(message_options.get(n) is None for n in RESOLVED):
             return self
         resolved = copy.copy(self)
         resolved._put(message_options)

@@ -57,8 +57,11 @@ class GateMiddleware(Middleware):
     @hook
     def before_process_message(self, broker, message) -> None:
         config = self.suite.actor_config(message.actor_name)
-        if config is not None and not message.failed and self.applies(config.for_message(message.options)):
-            self.enter(context.attach(message, self.suite, config), message)
+        if config is None or message.failed:
+            return
+        ctx = context.attach(message, self.suite, config)  # JobTracking's too
+        if self.applies(ctx.config):
+            self.enter(ctx, message)
 
     def applies(self, config: ActorConfig) -> bool:
         """Whether the actor's jobs (with the message's own options) take this gate."""
