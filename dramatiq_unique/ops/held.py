@@ -52,7 +52,7 @@ def _first(suite: "Suite", actor: str, cond: Any) -> Optional[JobModel]:
 
 
 def _order(config: Optional["ActorConfig"]) -> str:
-    return (config.options.get("unique_order_by") if config else None) or opt.DEFAULT_UNIQUE_ORDER_BY
+    return config.unique_order_by if config else opt.DEFAULT_UNIQUE_ORDER_BY
 
 
 def _parked(suite: "Suite", table: type[JobModel], group: str) -> Any:

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.locks.redlock import new_token
-from dramatiq_unique.observe import events
-from dramatiq_unique.parking.gates import WAKE
+from dramatiq_unique.parking.gates import WAKE, reservation
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus
 
@@ -137,8 +136,7 @@ class OnDeck:
             self.put_back(info, row, group)  # cleared if still ours (replaced, say), the group flagged
             return None
         fresh = new_token()
-        wake = {"g": group, "t": fresh, "w": parking.suite.worker_id, "at": int(time.monotonic() * 1000),
-                events.HANDED_AT: events.now_ms()}
+        wake = reservation(group, fresh, parking.suite.worker_id)
         passed, plan = False, None
         try:
             # Built from the row as the start returned it: the database's arguments, not the deck's copy.

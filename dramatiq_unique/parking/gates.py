@@ -11,13 +11,14 @@ import time
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from dramatiq_unique.errors import LockLost
+from dramatiq_unique.observe import events
 from dramatiq_unique.redis import lua
 
 if TYPE_CHECKING:
     from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import ActorConfig
 
-#: The key of a reservation in a woken message's marker: {"g": group, "t": token}.
+#: The key of a reservation in a woken message's marker (:func:`reservation`).
 WAKE = "wake"
 
 #: Outcomes of :meth:`Gate.release_unless_flagged`: the replies of the scripts behind it.
@@ -94,6 +95,13 @@ class Gate(Protocol):
     # Optional, where a gate names its holders for the operator's views (SlotGate does):
     #   note(group, token, message_id): the gate under ``token`` went to that job, which waits in
     #     the broker for a worker thread (its row says queued, and holds the gate all the same).
+
+
+def reservation(group: str, token: str, worker_id: str) -> dict:
+    """A woken job's reservation of ``group``'s gate under ``token``, with who granted it and when
+    (monotonic ms): a job woken in the same process soon after takes it up without asking Redis."""
+    return {"g": group, "t": token, "w": worker_id, "at": int(time.monotonic() * 1000),
+            events.HANDED_AT: events.now_ms()}
 
 
 def gate_ttl(gate: Gate, group: str) -> float:

@@ -25,7 +25,7 @@ from dramatiq_unique.errors import DependencyUnavailable
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.observe import events
 from dramatiq_unique.parking.deck import OnDeck
-from dramatiq_unique.parking.gates import KEPT, NOT_HELD, RELEASED, WAKE, Gate, GroupInfo, gate_ttl
+from dramatiq_unique.parking.gates import KEPT, NOT_HELD, RELEASED, WAKE, Gate, GroupInfo, gate_ttl, reservation
 from dramatiq_unique.parking.groups import LOCK, SLOT, kind_of
 from dramatiq_unique.redis import lua
 from dramatiq_unique.storage import jobs
@@ -232,12 +232,9 @@ class Parking:
                     token = grant
                     if row.status == JobStatus.QUEUED.value:  # it waits in the broker, holding the gate
                         self._note(gate, group, grant, row)
-                    # Who granted it and when (monotonic ms): a job woken in this process soon after
-                    # may take up its reservation without asking Redis again (ConcurrencySlots).
-                    wake = {"g": group, "t": grant, "w": self.suite.worker_id, "at": int(time.monotonic() * 1000),
-                            events.HANDED_AT: events.now_ms()}
                     try:
-                        self.delivery.send(rebuild(row, {WAKE: wake}), row.broker_ref)
+                        self.delivery.send(rebuild(row, {WAKE: reservation(group, grant, self.suite.worker_id)}),
+                                           row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
                         jobs.unclaim(info.model, row, group)
