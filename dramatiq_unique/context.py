@@ -10,17 +10,17 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from dramatiq_unique.errors import NotInJob
+from dramatiq_unique.errors import LockLost, NotInJob
 from dramatiq_unique.storage.jobs import PARTIAL
 from dramatiq_unique.storage.stores import STORE
 
 if TYPE_CHECKING:
     from dramatiq.broker import MessageProxy
 
-    from dramatiq_unique.errors import LockLost
-    from dramatiq_unique.parking.gates import Held
+    from dramatiq_unique.parking.gates import Gate
     from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import ActorConfig, Suite
 
@@ -30,6 +30,25 @@ MARKER = "dramatiq_unique"
 _ATTRIBUTE = "_dramatiq_unique_context"
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Held:
+    """A gate held by one attempt; :meth:`renew` is its ``heartbeat()`` renewer."""
+
+    gate: "Gate"
+    group: str
+    token: str
+    ttl_ms: float
+    #: The limit it entered under (a slot group's; -1: none).
+    limit: int = -1
+
+    def renew(self) -> float:
+        """Extend the lease to a full ``ttl_ms``; the seconds left."""
+        started = time.monotonic()
+        if not self.gate.renew(self.group, self.token, self.ttl_ms, self.limit):
+            raise LockLost(self.gate.lost.format(self.group))
+        return self.ttl_ms / 1000 - (time.monotonic() - started)
 
 
 @dataclasses.dataclass
@@ -47,13 +66,13 @@ class JobContext:
     #: The job's model in the store that holds its row (:func:`job_model`); set by :func:`attach`.
     model: "Any" = None
     #: The gates the attempt holds, by kind ("lock", "slot"): parking/gates.py.
-    held: "dict[str, Held]" = dataclasses.field(default_factory=dict)
+    held: dict[str, Held] = dataclasses.field(default_factory=dict)
     #: Renew the attempt's Redis leases for heartbeat(), each returning the seconds left.
     renewers: list[Callable[[], float]] = dataclasses.field(default_factory=list)
     #: Run when the actor is done, before the outcome is recorded (a slot is handed on first).
     before_record: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     #: The LockLost that ended the attempt's hold: it is not recorded as succeeded.
-    lock_lost: "Optional[LockLost]" = None
+    lock_lost: Optional[LockLost] = None
     #: time.monotonic() of the last write of the row's lease (leases.py).
     lease_written: Optional[float] = None
     #: The unique key whose fencing token the start draws (an execution lock is held).

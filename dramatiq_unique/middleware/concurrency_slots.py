@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 from dramatiq.middleware import SkipMessage
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER
+from dramatiq_unique.context import MARKER, Held
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware.gates import GateMiddleware
-from dramatiq_unique.parking.gates import Held
 from dramatiq_unique.parking.groups import slot_group
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import SlotGate, declared_limit, gate_of, group_key

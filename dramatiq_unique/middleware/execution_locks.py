@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 import peewee as pw
 
 from dramatiq_unique import options as opt
+from dramatiq_unique.context import Held
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware.gates import GateMiddleware
-from dramatiq_unique.parking.gates import GroupInfo, Held
+from dramatiq_unique.parking.gates import GroupInfo
 from dramatiq_unique.parking.groups import LOCK, actor_of, lock_group, unique_key_of
 from dramatiq_unique.storage import fencing
 from dramatiq_unique.suite import ActorConfig, Suite

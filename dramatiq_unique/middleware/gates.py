@@ -10,11 +10,11 @@ from dramatiq import Middleware
 
 from dramatiq_unique import context, leases
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER, JobContext
+from dramatiq_unique.context import MARKER, Held, JobContext
 from dramatiq_unique.guard import hook
 from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import WAKE, Gate, Held
+from dramatiq_unique.parking.gates import WAKE, Gate
 from dramatiq_unique.suite import ActorConfig, Suite
 
 logger = logging.getLogger(__name__)

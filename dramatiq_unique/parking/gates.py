@@ -1,4 +1,4 @@
-"""What jobs park on: the gate protocol, a gate held by an attempt, and the words parking and gates share.
+"""What jobs park on: the gate protocol, and the words parking and gates share.
 
 A gate (an execution lock, a concurrency slot) is held by a token; jobs that cannot enter it are
 parked by group (:mod:`dramatiq_unique.parking.lot`).
@@ -10,7 +10,6 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Optional, Protocol
 
-from dramatiq_unique.errors import LockLost
 from dramatiq_unique.observe import events
 from dramatiq_unique.redis import lua
 
@@ -108,22 +107,3 @@ def gate_ttl(gate: Gate, group: str) -> float:
     """The lease (ms) of ``group``'s gate handed to a woken job; a minute if the gate does not know the group."""
     info = gate.describe(group)
     return info.ttl_ms if info is not None else 60_000
-
-
-@dataclasses.dataclass
-class Held:
-    """A gate held by one attempt; :meth:`renew` is its ``heartbeat()`` renewer."""
-
-    gate: Gate
-    group: str
-    token: str
-    ttl_ms: float
-    #: The limit it entered under (a slot group's; -1: none).
-    limit: int = -1
-
-    def renew(self) -> float:
-        """Extend the lease to a full ``ttl_ms``; the seconds left."""
-        started = time.monotonic()
-        if not self.gate.renew(self.group, self.token, self.ttl_ms, self.limit):
-            raise LockLost(self.gate.lost.format(self.group))
-        return self.ttl_ms / 1000 - (time.monotonic() - started)
