@@ -83,8 +83,6 @@ class JobContext:
     woken: bool = False
     #: The fields a retry's send wrote (or meant to write) on the row.
     retry_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: A queue lock the message's ack frees: ``(lock name, token)`` (locks/queue.py).
-    release_at_ack: Optional[tuple[str, str]] = None
 
 
 _current: contextvars.ContextVar[Optional[JobContext]] = contextvars.ContextVar("dramatiq_unique_job", default=None)
