@@ -20,11 +20,11 @@ from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
-from dramatiq_unique.storage import poolers, queries
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage import stores as _stores
+from dramatiq_unique.storage.database import DB_ERRORS, configure_pooler, describe, open_database
 from dramatiq_unique.storage.database import check as check_database
-from dramatiq_unique.storage.database import describe
-from dramatiq_unique.storage.models import JobModel, base_field_names, open_database
+from dramatiq_unique.storage.models import JobModel, base_field_names
 
 if TYPE_CHECKING:
     import dramatiq
@@ -74,7 +74,7 @@ class Settings:
     redriver: bool = True
     redrive_interval: int = 5_000
     redrive_page_size: int = 500
-    #: None: prepared unless behind a pooler in transaction mode, where True is refused (storage/poolers.py).
+    #: None: prepared unless behind a pooler in transaction mode, where True is refused (storage/database.py).
     prepared_statements: Optional[bool] = None
     database_connect_timeout: int = DEFAULT_DATABASE_CONNECT_TIMEOUT
     database_timeout: int = DEFAULT_DATABASE_TIMEOUT
@@ -219,8 +219,8 @@ class Suite:
         #: The primary store's Database.
         self.db = databases[0]
         self._check_stores()  # fail fast, naming the server
-        for db in databases:  # not behind a pooler in transaction mode (storage/poolers.py)
-            queries.enable(db, prepare and not poolers.configure(db, self.settings.prepared_statements))
+        for db in databases:  # not behind a pooler in transaction mode (storage/database.py)
+            queries.enable(db, prepare and not configure_pooler(db, self.settings.prepared_statements))
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
@@ -274,7 +274,7 @@ class Suite:
                         continue  # created when the store first answers (Stores.ensure)
                     try:
                         self.stores.ensure(model, index)
-                    except (pw.OperationalError, pw.InterfaceError) as e:
+                    except DB_ERRORS as e:
                         where = describe(self.stores.databases[index])
                         if not self.stores.several:
                             raise DatabaseUnavailable(f"creating {model._meta.table_name} in {where}: {e}") from e

@@ -9,6 +9,7 @@ from dramatiq.middleware import SkipMessage
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER, Held
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware.gates import GateMiddleware
 from dramatiq_unique.parking.groups import slot_group
@@ -94,7 +95,7 @@ class ConcurrencySlots(GateMiddleware):
             entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
             if not entered:
                 if started is not None:  # its start is undone: it waits parked, as not started
-                    with jobs.db_errors(f"parking job {message.message_id}"):
+                    with guarded(f"parking job {message.message_id}"):
                         jobs.unstart(config.model, started, group)
                 self.park(config, message, group, ttl if wait < 0 else wait)
             if started is not None:
@@ -111,7 +112,7 @@ class ConcurrencySlots(GateMiddleware):
         if its row still carries the start's fencing token (its lease renewed, by a fenced write); else
         another attempt took the job over: the message is dropped and the slot handed on."""
         lease = after_ms(config.unique_ttl)
-        with jobs.db_errors(f"starting job {message.message_id}"):
+        with guarded(f"starting job {message.message_id}"):
             renewed = jobs.update_fenced(config.model, started.id, started.fencing_token, {"lease_until": lease})
         if renewed:
             started.__data__["lease_until"] = lease

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-import peewee as pw
-
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import Held
 from dramatiq_unique.errors import RedisUnavailable
@@ -13,7 +11,8 @@ from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware.gates import GateMiddleware
 from dramatiq_unique.parking.gates import GroupInfo
 from dramatiq_unique.parking.groups import LOCK, actor_of, lock_group, unique_key_of
-from dramatiq_unique.storage import fencing
+from dramatiq_unique.storage.database import DB_ERRORS
+from dramatiq_unique.storage.models import create_fence_table
 from dramatiq_unique.suite import ActorConfig, Suite
 from dramatiq_unique.unique.keys import derive_key
 
@@ -68,7 +67,7 @@ class ExecutionLocks(GateMiddleware):
     :mod:`dramatiq_unique.parking.lot`): acked without running, its row
     ``pending``, and woken by the holder when it finishes, in
     ``unique_order_by`` order.  Each acquisition draws the key's next
-    fencing token (:mod:`dramatiq_unique.storage.fencing`), which the attempt's
+    fencing token (:func:`dramatiq_unique.storage.jobs.draw_token`), which the attempt's
     row carries.  ``unique_ttl`` is the lock's lease; ``heartbeat()``
     renews it.  If Redis cannot be reached the message fails with
     :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends
@@ -97,12 +96,12 @@ class ExecutionLocks(GateMiddleware):
         self.gate = LockGate(suite, self.parking.flags)
         self.parking.register(self.gate)
         try:
-            fencing.create_table(suite.db)
-        except (pw.OperationalError, pw.InterfaceError):
+            create_fence_table(suite.db)
+        except DB_ERRORS:
             if not suite.stores.several:
                 raise
             # The primary is down at set-up: its fencing table is made when it first answers.
-            suite.stores.later(0, lambda: fencing.create_table(suite.db))
+            suite.stores.later(0, lambda: create_fence_table(suite.db))
 
     def applies(self, config: ActorConfig) -> bool:
         return config.execution_lock

@@ -22,6 +22,7 @@ from dramatiq_unique.broker.delivery import Delivery
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options, rebuild
 from dramatiq_unique.errors import DependencyUnavailable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.observe import events
 from dramatiq_unique.parking.deck import OnDeck
@@ -91,7 +92,7 @@ class Parking:
         """Park the message's job on ``group`` (a message without a row gets one first); always raises
         SkipMessage.  A job that is not waiting (a duplicate delivery, a finished or replaced job) is
         dropped, handing on a gate it was woken for rather than sit on it."""
-        with jobs.db_errors(f"parking job {message.message_id}"):
+        with guarded(f"parking job {message.message_id}"):
             job_id, revision = job_row(config, message, unique_key)
             waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
             if not waiting and jobs.get(config.model, id=job_id) is None:
@@ -526,7 +527,7 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
     fields["unique_key"] = unique_key
     # Revision 0 even of a row an earlier delivery made: the message is that row's first
     # revision (JobTracking._adopt, after a job_row, finds the marker and adopts nothing).
-    job_id, _ = jobs.adopt(config.model, fields)
+    job_id, _, _ = jobs.adopt(config.model, fields)
     message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
     return int(job_id), 0
 
