@@ -10,34 +10,22 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from dramatiq_unique.errors import NotInJob
+from dramatiq_unique.errors import LockLost, NotInJob
 from dramatiq_unique.storage.jobs import PARTIAL
 from dramatiq_unique.storage.stores import STORE
 
 if TYPE_CHECKING:
     from dramatiq.broker import MessageProxy
 
+    from dramatiq_unique.parking.gates import Gate
     from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import ActorConfig, Suite
 
 #: The key of the suite's bookkeeping in ``message.options``.
 MARKER = "dramatiq_unique"
-#: ``JobContext.extras`` key: callables JobTracking runs when the actor is done, before it
-#: records the outcome (a concurrency slot is handed on first: it needs no outcome).
-BEFORE_RECORD = "before_record"
-#: ``JobContext.extras`` key: the row a woken job's claim already started (prestart.py).
-STARTED = "started_row"
-#: ``JobContext.extras`` key: set when this delivery is a woken job's message (its marker carried
-#: a wake reservation, which the gate's middleware took up).  Only such a delivery may start a
-#: row its waker's claim started ahead of it: a copy of the job's first message may not.
-WOKEN = "woken"
-#: ``JobContext.extras`` key: the fields a retry's send wrote (or meant to write) on the row.
-RETRY_FIELDS = "retry_fields"
-#: ``JobContext.extras`` key: when (``time.monotonic()``) this delivery asked for its execution lock;
-#: the lock's lease runs from then, and a start after it ran out must not draw the key's token.
-LOCK_ASKED = "lock_asked"
 
 _ATTRIBUTE = "_dramatiq_unique_context"
 
@@ -45,20 +33,59 @@ logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
+class Held:
+    """A gate held by one attempt; :meth:`renew` is its ``heartbeat()`` renewer."""
+
+    gate: "Gate"
+    group: str
+    token: str
+    ttl_ms: float
+    #: The limit it entered under (a slot group's; -1: none).
+    limit: int = -1
+
+    def renew(self) -> float:
+        """Extend the lease to a full ``ttl_ms``; the seconds left."""
+        started = time.monotonic()
+        if not self.gate.renew(self.group, self.token, self.ttl_ms, self.limit):
+            raise LockLost(self.gate.lost.format(self.group))
+        return self.ttl_ms / 1000 - (time.monotonic() - started)
+
+
+@dataclasses.dataclass
 class JobContext:
     """One attempt of one tracked job."""
 
     suite: "Suite"
+    #: The actor's options, with the message's own over them (:meth:`ActorConfig.for_message`).
     config: "ActorConfig"
     message: "MessageProxy"
     #: The job's row once the attempt has started.
     job: "Optional[JobModel]" = None
     #: Set when Retries re-enqueued the message during this attempt.
     retry_enqueued: bool = False
-    #: State other middlewares keep for the attempt (lock tokens, slots).
-    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The job's model in the store that holds its row (:func:`job_model`); set by :func:`attach`.
     model: "Any" = None
+    #: The gates the attempt holds, by kind ("lock", "slot"): parking/gates.py.
+    held: dict[str, Held] = dataclasses.field(default_factory=dict)
+    #: Renew the attempt's Redis leases for heartbeat(), each returning the seconds left.
+    renewers: list[Callable[[], float]] = dataclasses.field(default_factory=list)
+    #: Run when the actor is done, before the outcome is recorded (a slot is handed on first).
+    before_record: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    #: The LockLost that ended the attempt's hold: it is not recorded as succeeded.
+    lock_lost: Optional[LockLost] = None
+    #: time.monotonic() of the last write of the row's lease (leases.py).
+    lease_written: Optional[float] = None
+    #: The unique key whose fencing token the start draws (an execution lock is held).
+    fence_key: Optional[str] = None
+    #: time.monotonic() when the delivery asked for its execution lock: the lock's lease runs from
+    #: then, and a start after it ran out must not draw the key's fencing token.
+    lock_asked: Optional[float] = None
+    #: The row a woken job's claim already started (parking).
+    started: "Optional[JobModel]" = None
+    #: This delivery is a woken job's message: only it may start a row its waker's claim started.
+    woken: bool = False
+    #: The fields a retry's send wrote (or meant to write) on the row.
+    retry_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _current: contextvars.ContextVar[Optional[JobContext]] = contextvars.ContextVar("dramatiq_unique_job", default=None)
@@ -68,7 +95,8 @@ def attach(message: "MessageProxy", suite: "Suite", config: "ActorConfig") -> Jo
     """The message's context, made on first use."""
     ctx = getattr(message, _ATTRIBUTE, None)
     if ctx is None:
-        ctx = JobContext(suite, config, message, model=job_model(suite, config.model, message.options))
+        ctx = JobContext(suite, config.for_message(message.options), message,
+                         model=job_model(suite, config.model, message.options))
         setattr(message, _ATTRIBUTE, ctx)
     return ctx
 
@@ -121,7 +149,8 @@ def current_job() -> "JobModel":
 
 def run_before_record(ctx: JobContext) -> None:
     """Run (once) what other middlewares left to do before the outcome is recorded."""
-    for step in ctx.extras.pop(BEFORE_RECORD, ()):
+    steps, ctx.before_record = ctx.before_record, []
+    for step in steps:
         try:
             step()
         except Exception:  # the outcome must still be written

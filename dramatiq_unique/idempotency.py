@@ -63,7 +63,7 @@ def submit(
         with guarded(f"looking up idempotency key {idempotency_key!r}"):
             existing = _holder(model, config.app, hold)
         if existing is not None:
-            window = config.get({}, "idempotency_window", suite.settings.idempotency_window)
+            window = config.idempotency_window
             if existing.created_at > after_ms(-window):
                 return _same_request(config.fn, existing, args, kwargs), False
             # The key outlived its window: it may make a new job.

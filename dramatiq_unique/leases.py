@@ -1,26 +1,7 @@
-"""``heartbeat()``: a long job keeps its lease, and learns when it lost it.
+"""``heartbeat()``: a long job keeps its leases (its gates' and its row's), and learns when it lost one.
 
-What a heartbeat renews lives in the attempt's context (``ctx.extras``):
-
-* ``RENEWERS``: callables that renew a Redis lease (the execution lock,
-  a concurrency slot) and return the seconds left, or raise
-  :class:`~dramatiq_unique.errors.LockLost`;
-* the job row's ``lease_until``, renewed for every tracked job, fenced
-  by the attempt's token (a newer attempt owns the row otherwise).
-
-A lost lease is remembered in the context (``LOST``): every later
-``heartbeat()`` raises at once, and JobTracking does not record the
-attempt as succeeded even if the actor swallows the exception and
-returns: the row goes to ``retrying``, for the re-drive to send again.
-If another attempt took the key meanwhile, drawing its fencing token
-already took this attempt off its row, and nothing is recorded at all.
-
-Async actors: Dramatiq runs them on its event-loop thread.  asyncio
-copies the caller's context variables into the coroutine's task
-(``call_soon_threadsafe`` and ``create_task`` both do), so the context
-set by the worker thread is visible there; :func:`carry_context` also
-hands it over explicitly, so that it does not depend on how the event
-loop schedules the coroutine.
+A lost lease is remembered in the attempt's context: later heartbeats raise at once, and the attempt
+is not recorded as succeeded.  :func:`carry_context` hands the context to an async actor's coroutine.
 """
 
 from __future__ import annotations
@@ -34,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from dramatiq.asyncio import async_to_sync
 
 from dramatiq_unique import context
-from dramatiq_unique import options as opt
 from dramatiq_unique.errors import DatabaseUnavailable, LockLost
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage.database import DB_ERRORS
@@ -47,12 +27,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: ``ctx.extras`` key: callables renewing the attempt's Redis leases.
-RENEWERS = "renewers"
-#: ``ctx.extras`` key: the LockLost that ended the attempt's hold, once it happened.
-LOST = "lock_lost"
-# ``ctx.extras`` key: time.monotonic() of the last write of the row's lease.
-_LEASE_WRITTEN = "lease_written"
 #: The row's lease is rewritten when a tenth of it has passed (Redis leases every call).
 LEASE_REWRITE_FRACTION = 0.1
 
@@ -72,13 +46,13 @@ def heartbeat() -> float:
     the work, the attempt will not be recorded as succeeded.
     """
     ctx = context.require()
-    lost = ctx.extras.get(LOST)
+    lost = ctx.lock_lost
     if lost is not None:
         raise LockLost(lost.detail)
     started = time.monotonic()
     left = []
     try:
-        for renew in ctx.extras.get(RENEWERS, ()):
+        for renew in ctx.renewers:
             left.append(renew())
     except LockLost as e:
         give_up(ctx, e)
@@ -100,9 +74,9 @@ def heartbeat() -> float:
 def _renew_row(ctx: "JobContext") -> float:
     job = ctx.job
     assert job is not None
-    ttl = float(ctx.config.get(ctx.message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    ttl = ctx.config.unique_ttl
     now = time.monotonic()
-    written = ctx.extras.get(_LEASE_WRITTEN)
+    written = ctx.lease_written
     if written is not None and (now - written) * 1000 < ttl * LEASE_REWRITE_FRACTION:
         return ttl / 1000 - (now - written)
     model = type(job)
@@ -119,17 +93,16 @@ def _renew_row(ctx: "JobContext") -> float:
         error = LockLost(f"job {job.message_id} was taken over by a newer attempt")
         give_up(ctx, error)
         raise error
-    ctx.extras[_LEASE_WRITTEN] = now
+    ctx.lease_written = now
     return ttl / 1000
 
 
 def check_start(ctx: "JobContext", began: float) -> None:
-    """Raise LockLost, before the actor runs, if more than the row's lease (``unique_ttl``) has passed
-    since ``began`` (``time.monotonic()``: when the start, or the execution lock before it, was asked
-    for).  A reply that arrives late (a network cut that heals, a stalled server) may report a start
-    whose lease ran out long ago; the re-drive may have sent the job again, and it may even have run
-    and succeeded.  With an execution lock it is also checked before the start draws the key's token."""
-    ttl = float(ctx.config.get(ctx.message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    """Raise LockLost before the actor runs if more than the row's lease has passed since ``began``
+    (monotonic: when the start, or the execution lock before it, was asked for).  A late reply may report
+    a start whose lease ran out, the job since sent again, even run; with an execution lock it is also
+    checked before the start draws the key's fencing token."""
+    ttl = ctx.config.unique_ttl
     took = time.monotonic() - began
     if took * 1000 >= ttl:
         error = LockLost(f"starting job {ctx.message.message_id} took {took:.1f} s, longer than its lease")
@@ -139,9 +112,8 @@ def check_start(ctx: "JobContext", began: float) -> None:
 
 def give_up(ctx: "JobContext", error: LockLost) -> None:
     """Remember that the attempt lost its hold: it must not be recorded as succeeded."""
-    ctx.extras[LOST] = error
-    job = ctx.job
-    events.lock_lost(job, error)
+    ctx.lock_lost = error
+    events.lock_lost(ctx.job, error)
 
 
 def carry_context(actor: "dramatiq.Actor") -> None:

@@ -1,8 +1,7 @@
-"""Actor options: their names, defaults, validation and look-up.
+"""Actor options: their names, defaults, validation, and the middlewares they need.
 
-Options live in ``actor.options``; a message may override them through
-``send_with_options``.  Look-ups go message, then actor, then default,
-with ``is None`` so that a falsy value such as ``0`` is kept.
+Options live in ``actor.options``; a message may override them through ``send_with_options``
+(``is None``: the actor's value, so that a falsy ``0`` is kept).  Resolved values: suite.ActorConfig.
 """
 
 from __future__ import annotations
@@ -10,9 +9,14 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+from dramatiq.middleware import Retries
 
 from dramatiq_unique.errors import InvalidOption
+
+if TYPE_CHECKING:
+    import dramatiq
 
 #: The lock taken when an actor sets ``unique_args`` but no ``unique_lock``.
 DEFAULT_UNIQUE_LOCK = "until_and_while_executing"
@@ -67,8 +71,6 @@ SLOT_OPTIONS = CONCURRENCY_OPTIONS | {"unique_order_by"}
 #: Every actor option the suite defines; any of them turns tracking on.
 SUITE_OPTIONS = UNIQUE_OPTIONS | CONCURRENCY_OPTIONS | TRACKING_OPTIONS
 
-#: Sentinel distinguishing "not given" from an explicit ``None``.
-_MISSING: Any = object()
 
 ArgsSpec = Union[None, bool, list, tuple, Callable[..., Any]]
 
@@ -245,3 +247,86 @@ def validate_message(message_options: dict, actor_options: dict, fn: Callable[..
     if given & SUITE_OPTIONS:
         # What the send will run with: its own options over the actor's, as lookup() resolves them.
         validate({name: lookup(message_options, actor_options, name) for name in SUITE_OPTIONS}, fn)
+
+
+# -- which of the suite's middlewares an actor needs ----------------------------
+# Dramatiq refuses an option no middleware declares; this adds what it cannot know (a lock type
+# whose execution lock no middleware would take, the order the middlewares must sit in).  Each
+# suite middleware names itself with a ``capability`` class attribute.
+
+#: The suite's middlewares by name, in the order they must sit on the broker: a job takes
+#: its slot, then its execution lock, then its row is started.
+SLOTS, LOCKS, TRACKING = "ConcurrencySlots", "ExecutionLocks", "JobTracking"
+ORDER = (SLOTS, LOCKS, TRACKING)
+#: Dramatiq's Retries, which JobTracking must come before: its outcome then follows Retries' decision.
+RETRIES = "Retries"
+
+#: Why a middleware is needed, for the error that asks for it.
+_WHY = {
+    SLOTS: "limits how many jobs run at once, which ConcurrencySlots does",
+    LOCKS: "holds an execution lock while the job runs, which ExecutionLocks takes",
+    TRACKING: "needs the job row that JobTracking keeps (parked jobs wait on it, fencing tokens live on it)",
+}
+
+
+def check_actor(broker: "dramatiq.Broker", actor: "dramatiq.Actor") -> None:
+    """Refuse an actor whose suite options are bad, or need a middleware the broker lacks or has
+    out of order (:class:`~dramatiq_unique.errors.InvalidOption`, naming the actor and option)."""
+    validate(actor.options, actor.fn)
+    check(actor.actor_name, actor.options, _installed(broker))
+
+
+def check_send(broker: "Optional[dramatiq.Broker]", actor_name: str, actor_options: dict, message_options: dict,
+               fn: Callable[..., Any]) -> None:
+    """A send's own options, checked once, as the actor's were at declaration (:func:`validate_message`),
+    and the middlewares they need: ``unique_lock="while_executing"`` on a broker without
+    ExecutionLocks would run the job unlocked."""
+    validate_message(message_options, actor_options, fn)
+    given = {name: message_options[name] for name in message_options.keys() & SUITE_OPTIONS
+             if message_options[name] is not None}
+    if given and broker is not None:
+        check(f"{actor_name} (a message's own options)", {**actor_options, **given}, _installed(broker))
+
+
+def _installed(broker: "dramatiq.Broker") -> list[Optional[str]]:
+    return [RETRIES if isinstance(m, Retries) else getattr(m, "capability", None) for m in broker.middleware]
+
+
+def needed(options: dict) -> dict[str, str]:
+    """The suite's middlewares an actor's options need, each with the option that needs it."""
+    if not is_tracked(options):
+        return {}
+    needs = {}
+    for name in ("concurrency_limit", "concurrency_key"):
+        if options.get(name) is not None:
+            needs[SLOTS] = name
+            break
+    lock = options.get("unique_lock") or DEFAULT_UNIQUE_LOCK
+    if options.get("unique_args") is not None and lock in EXECUTION_LOCKS:
+        needs[LOCKS] = f"unique_lock={lock!r}"
+    needs[TRACKING] = next(name for name in sorted(SUITE_OPTIONS) if options.get(name) is not None)
+    return needs
+
+
+def check(actor_name: str, options: dict, installed: list[Optional[str]]) -> None:
+    """:func:`check_actor` on names: ``installed`` names the broker's middlewares in order, each
+    suite middleware by its ``capability``, Dramatiq's Retries as ``RETRIES``, any other as None."""
+    needs = needed(options)
+    for middleware, option in needs.items():
+        if middleware not in installed:
+            raise InvalidOption(
+                f"actor {actor_name!r}: {option} {_WHY[middleware]}: add {middleware} to the broker "
+                f"(dramatiq_unique.setup() adds every middleware in its place)"
+            )
+    present = [name for name in ORDER if name in needs]
+    found = sorted(present, key=installed.index)  # by each one's first place on the broker
+    if found != present:
+        raise InvalidOption(
+            f"actor {actor_name!r}: the broker has {', '.join(found)} in this order; add them as "
+            f"{', then '.join(present)} (a job takes its slot, then its lock, then its row)"
+        )
+    if TRACKING in needs and RETRIES in installed and installed.index(TRACKING) > installed.index(RETRIES):
+        raise InvalidOption(
+            f"actor {actor_name!r}: JobTracking comes after Retries on the broker: add it with "
+            f"before=Retries, so that the outcome it records follows what Retries decided"
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -63,53 +64,27 @@ RedisSpec = Union[str, redis_lib.Redis, Sequence[Union[str, redis_lib.Redis]]]
 
 @dataclasses.dataclass
 class Settings:
-    """Suite-wide settings; every time is in milliseconds."""
+    """Suite-wide settings, every time in milliseconds (each is described in docs/reference/settings.md)."""
 
     lost_after: int = DEFAULT_LOST_AFTER
     on_lost: str = DEFAULT_ON_LOST
     retention: int = DEFAULT_RETENTION
     idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW
-    #: Prefix of every Redis key the suite writes (tests give each run its own).
     key_prefix: str = DEFAULT_KEY_PREFIX
-    #: Whether worker processes start the re-drive scheduler after boot.
     redriver: bool = True
-    #: ms between re-drive passes.
     redrive_interval: int = 5_000
-    #: Rows a re-drive pass handles per page.
     redrive_page_size: int = 500
-    #: Whether the hot statements (send, start, outcome, parking moves) are prepared once per PostgreSQL
-    #: connection (psycopg2: :mod:`dramatiq_unique.storage.queries`; psycopg 3: its ``prepare_threshold``);
-    #: None: prepared unless the database is behind a pooler in transaction mode, where True is refused
-    #: (:func:`dramatiq_unique.storage.database.configure_pooler`).
+    #: None: prepared unless behind a pooler in transaction mode, where True is refused (storage/database.py).
     prepared_statements: Optional[bool] = None
-    #: ms a new PostgreSQL connection may take (libpq's ``connect_timeout``, in whole seconds, at least 2):
-    #: bounds a server that takes the connection but never answers.
     database_connect_timeout: int = DEFAULT_DATABASE_CONNECT_TIMEOUT
-    #: ms a PostgreSQL statement may run (``statement_timeout``), and a dead server or network may go
-    #: unnoticed under an open connection (TCP keepalives and ``tcp_user_timeout``).  Both apply to a
-    #: database given as a URL; a URL parameter of the same name wins.  SQLite keeps its 30 s busy timeout.
     database_timeout: int = DEFAULT_DATABASE_TIMEOUT
-    #: Whether :func:`dramatiq_unique.setup` checks each Redis server once (a PING) and raises
-    #: ``RedisUnavailable`` if one is down; False for an app that may start before its Redis.
     check_redis: bool = True
-    #: ms each Redis server may take to answer the one-time check of :func:`dramatiq_unique.setup`.
     check_timeout: int = DEFAULT_CHECK_TIMEOUT
-    #: With several Redis servers (Redlock masters): ms each master may take to connect or to answer
-    #: a lock operation, asked over a client of the suite's own made from the one given (same address,
-    #: password, TLS) with this timeout and no retries.  A master down or stalled then costs a lock
-    #: operation this long at most, and is skipped for a second after it failed.  Keep it well below
-    #: ``unique_ttl`` (a lease is only valid for its TTL less the time taken to take it).
+    #: Keep it well below ``unique_ttl``: a lease is only valid for its TTL less the time taken to take it.
     lock_timeout: int = DEFAULT_LOCK_TIMEOUT
-    #: With several job stores (``database=[primary, secondary, ...]``): ms a store that failed is
-    #: skipped by the sends that may go to another store, before it is tried again.
     store_down_for: int = _stores.DEFAULT_DOWN_FOR
-    #: What a tracked send does when its publish fails because the broker is down: "defer" keeps its
-    #: row ``pending`` for the re-drive and returns; "raise" raises as plain Dramatiq does, leaving no row.
     on_broker_down: str = "defer"
-    #: With "defer": ms after a failed publish during which tracked sends are kept pending without
-    #: trying the broker (each try can cost a connection attempt, or several on RabbitMQ).
     broker_down_backoff: int = 1_000
-    #: Rows :func:`dramatiq_unique.send_many` writes in one INSERT and publishes in one round trip.
     send_many_batch: int = 1_000
 
     def __post_init__(self) -> None:
@@ -128,21 +103,73 @@ class Settings:
             raise InvalidOption(f"setting on_broker_down must be 'defer' or 'raise', not {self.on_broker_down!r}")
 
 
+#: The options an :class:`ActorConfig` resolves, a message's own over the actor's.
+RESOLVED = ("unique_args", "unique_lock", "unique_on_conflict", "unique_ttl", "unique_window", "unique_order_by",
+            "concurrency_limit", "concurrency_key", "concurrency_ttl", "idempotency_window")
+_RESOLVED = frozenset(RESOLVED)
+
+
 @dataclasses.dataclass(frozen=True)
 class ActorConfig:
-    """An actor's suite options, resolved once when it is declared."""
+    """An actor's suite options, resolved once when it is declared; :meth:`for_message` puts a
+    message's own options (``send_with_options``) over them."""
 
     actor_name: str
     fn: Callable[..., Any]
+    #: The options as declared.
     options: dict
     model: type[JobModel]
     #: The actor's parameters that ``job_model`` has columns for.
     extra_fields: tuple[str, ...]
     #: The app its rows belong to (the suite's ``key_prefix``; see scope.py).
     app: str = ""
+    unique_args: opt.ArgsSpec = None
+    unique_lock: str = opt.DEFAULT_UNIQUE_LOCK
+    unique_on_conflict: str = opt.DEFAULT_UNIQUE_ON_CONFLICT
+    unique_ttl: float = opt.DEFAULT_UNIQUE_TTL
+    unique_window: Optional[int] = None
+    unique_order_by: str = opt.DEFAULT_UNIQUE_ORDER_BY
+    concurrency_limit: Optional[int] = None
+    concurrency_key: opt.ArgsSpec = None
+    concurrency_ttl: float = opt.DEFAULT_CONCURRENCY_TTL
+    #: The suite's ``idempotency_window`` unless the actor sets its own.
+    idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW
 
-    def get(self, message_options: dict, name: str, default: Any = None) -> Any:
-        return opt.lookup(message_options, self.options, name, default)
+    def __post_init__(self) -> None:
+        self._put(self.options)
+
+    def _put(self, options: dict) -> None:
+        for name in RESOLVED:
+            value = options.get(name)
+            if value is not None:
+                object.__setattr__(self, name, float(value) if name.endswith("_ttl") else value)
+
+    def for_message(self, message_options: dict) -> "ActorConfig":
+        """The options one message runs with: its own (``is None``: the actor's) over the actor's."""
+        if message_options.keys().isdisjoint(_RESOLVED) or all(message_options.get(n) is None for n in RESOLVED):
+            return self
+        resolved = copy.copy(self)
+        resolved._put(message_options)
+        return resolved
+
+    @property
+    def unique(self) -> bool:
+        return self.unique_args is not None
+
+    @property
+    def execution_lock(self) -> bool:
+        """Whether a job holds an execution lock while it runs."""
+        return self.unique_args is not None and self.unique_lock in opt.EXECUTION_LOCKS
+
+    @property
+    def released_at_start(self) -> bool:
+        """Whether a job's start releases its queue-level hold."""
+        return self.unique_args is not None and self.unique_lock in opt.RELEASED_AT_START
+
+    @property
+    def has_slots(self) -> bool:
+        """Whether jobs take a concurrency slot: a limit or a key (a key alone: no limit unless one is set)."""
+        return self.concurrency_limit is not None or self.concurrency_key is not None
 
 
 def _redis_clients(spec: RedisSpec) -> list[redis_lib.Redis]:
@@ -269,7 +296,8 @@ class Suite:
         self.register_model(model)
         params = opt._parameters(actor.fn) or {}
         extra = tuple(name for name in model._meta.fields if name not in base_field_names() and name in params)
-        config = ActorConfig(actor.actor_name, actor.fn, options, model, extra, self.app)
+        config = ActorConfig(actor.actor_name, actor.fn, options, model, extra, self.app,
+                             idempotency_window=self.settings.idempotency_window)
         self.actors[actor.actor_name] = config
         return config
 

@@ -120,7 +120,7 @@ def lock_type(suite: "Suite", model: type[JobModel], table: Any, names: tuple[st
     for name in names:
         config = suite.actor_config(name)
         if config is not None:
-            locks.append((name, config.options.get("unique_lock") or opt.DEFAULT_UNIQUE_LOCK))
+            locks.append((name, config.unique_lock))
     actors = pw.Case(table.actor_name, locks, opt.DEFAULT_UNIQUE_LOCK) if locks else opt.DEFAULT_UNIQUE_LOCK
     return pw.fn.COALESCE(own, actors)
 

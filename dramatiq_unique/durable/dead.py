@@ -126,7 +126,7 @@ def retry_job(
                             job=job)
     broker = suite.broker or dramatiq.get_broker()
     table, opts = type(job), dict(job.options or {})
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    lock = config.for_message(opts).unique_lock
     key = job.unique_key if job.unique_key is not None and lock in opt.QUEUE_LOCKS else None
     marker = {**(opts.get(MARKER) or {}), RETRY_BASE: job.attempts}
     if key is not None:

@@ -38,7 +38,7 @@ from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks import queue
 from dramatiq_unique.logs import QuietTicks
 from dramatiq_unique.observe import events, metrics_on
-from dramatiq_unique.parking import lot, rows
+from dramatiq_unique.parking import lot
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import DB_ERRORS, is_postgres
@@ -379,7 +379,7 @@ class _Pass:
             logger.warning("The re-drive could not compare the run-time limits with Redis: %s", e)
         self.counts.woken += lot.wake_orphans(self.suite)
         if metrics_on():  # the parked-jobs gauge: one query per table, only with metrics on
-            events.parked_counts(rows.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
+            events.parked_counts(lot.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
 
     def _send_due(self, model: type[JobModel]) -> None:
         for status in (PENDING, RETRYING):
@@ -396,7 +396,7 @@ class _Pass:
     def _order_key(self, row: JobModel) -> tuple:
         config, order = self.suite.actor_config(row.actor_name), opt.DEFAULT_UNIQUE_ORDER_BY
         if config is not None:
-            order = config.get(row.options or {}, "unique_order_by", opt.DEFAULT_UNIQUE_ORDER_BY)
+            order = config.for_message(row.options or {}).unique_order_by
         when = row.process_after if order == "process_after" and row.process_after else row.created_at
         return (when, row.id)
 

@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER, RETRY_FIELDS, job_model
+from dramatiq_unique.context import MARKER, job_model
 from dramatiq_unique.errors import NotConfigured
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events
@@ -32,8 +32,8 @@ RESEND_MARGIN = 50
 
 def _frees_key(config: "ActorConfig", opts: dict) -> bool:
     """Whether the job's key goes when it fails: it has one, and ``until_expired`` does not keep it."""
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-    return config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
+    resolved = config.for_message(opts)
+    return resolved.unique and resolved.unique_lock != opt.UNTIL_EXPIRED
 
 
 def _waiting(model: Any, job_id: int, revision: int) -> Any:
@@ -132,12 +132,12 @@ def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: di
     """An attempt's outcome whose fenced write was refused: recorded anyway if another job of the key took
     the token (its execution lock ran out under it) and no newer attempt started.  Left ``running``, the
     re-drive would report a job that did finish as lost, and run it again (storage/jobs.py's ``finish_revoked``)."""
-    if "fence_key" not in ctx.extras:
+    if ctx.fence_key is None:
         return  # only an execution lock's draw revokes another job's token
     fields = dict(fields)
     if fields.get("status") is None and ctx.retry_enqueued:
         # Retries sent the retry, whose own write (enqueue.py) was fenced out as well.
-        fields.update(status=JobStatus.RETRYING.value, **ctx.extras.get(RETRY_FIELDS, {}))
+        fields.update(status=JobStatus.RETRYING.value, **ctx.retry_fields)
     if fields.get("status") == JobStatus.SUCCEEDED.value:
         # Succeeded, but say why another job of its key may have run beside it.
         fields["last_error"] = "LockLost: succeeded after its execution lock ran out; another job of its key ran"

@@ -63,8 +63,7 @@ class Scope:
         longer: dict[float, list[str]] = {}
         for name in self.names(model):
             config = self.suite.actors.get(name)
-            window = settings.idempotency_window if config is None else \
-                config.get({}, "idempotency_window", settings.idempotency_window)  # as submit() reads it
+            window = settings.idempotency_window if config is None else config.idempotency_window  # as submit()
             if window > cutoff:
                 longer.setdefault(window, []).append(name)
         cond = self.where(model)

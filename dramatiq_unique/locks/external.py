@@ -1,39 +1,8 @@
-"""Holding a unique key from outside a job: :func:`lock`, a pottery Redlock on its execution lock.
+"""Holding a unique key from outside a job: :func:`lock`, a pottery Redlock on the key's execution lock.
 
-App code (a migration script, a web request) sometimes needs what a job
-of a key has while it runs: to be alone on customer 42.
-``lock(sync_customer, 42)`` returns a pottery :class:`~pottery.Redlock`
-on the very lock that a job of ``sync_customer.send(42)`` takes when it
-starts (``redlock:<key prefix>:run:<unique key>``, on the suite's
-masters), so the two exclude each other:
-
-* while the app holds it, jobs of the key find it held and park
-  (:mod:`dramatiq_unique.parking.lot`), as behind a running job of the
-  key: acked, their rows ``pending``, no worker thread held, no retry
-  spent;
-* while a job of the key runs, the Redlock cannot be taken, and
-  :meth:`KeyLock.locked` says so.
-
-It is pottery's Redlock, used as pottery documents it: ``acquire()``,
-``extend()``, ``with``.  Its cost (a thread pool per call) is fine
-here, off the jobs' own path, which stays on the suite's scripts in the
-same key format (:mod:`dramatiq_unique.locks.redlock`).  Two things are the suite's own:
-
-* :meth:`KeyLock.release` (leaving a ``with`` block too) then wakes the
-  key's next parked job, as a job leaving the lock does: pottery's own
-  release deletes the key and knows nothing of who waits for it.  A
-  holder that never releases (it crashed) leaves its lock to expire: a
-  parked job flagged its key as due when the lease it found ends, and
-  every worker's watchdog wakes the key's next job within one
-  ``wake_interval`` (0.5 s) of that; the re-drive does too
-  (``wake_orphans``).
-* :meth:`KeyLock.locked` answers for whoever holds the key, job or app
-  (as ``threading.Lock.locked()`` does); pottery's own answer, for this
-  object's hold only, is :meth:`KeyLock.held`.
-
-The package imports this module (and pottery) on the first use of
-``dramatiq_unique.lock``, not before: importing pottery replaces
-``json.dumps`` process-wide, which workers that never call it are spared.
+While the app holds it, jobs of the key park as behind a running job; while a job runs, it cannot
+be taken.  Its release wakes the key's next parked job.  Imported on first use of
+``dramatiq_unique.lock``: importing pottery replaces ``json.dumps`` process-wide.
 """
 
 from __future__ import annotations
@@ -58,10 +27,8 @@ logger = logging.getLogger(__name__)
 
 
 def masters_of(suite: Suite) -> list[redis.Redis]:
-    """The clients a :class:`KeyLock` asks: the suite's own lock clients.  One server: the client
-    given, as the jobs' locks use it.  Several: each master over the suite's bounded client
-    (:mod:`dramatiq_unique.locks.masters`), so that a master down or stalled costs an operation
-    ``lock_timeout`` at most, and one that failed a moment ago is skipped (counted as failed)."""
+    """The clients a :class:`KeyLock` asks, as the jobs' locks do: one server's client as given; of
+    several masters, each over the suite's bounded client (:mod:`dramatiq_unique.locks.masters`)."""
     return list(suite.masters) if suite.locks.single else [node.client for node in suite.locks.nodes]
 
 
@@ -162,17 +129,17 @@ def lock(actor: dramatiq.Actor, *args: Any, unique_ttl: Optional[int] = None, **
         raise InvalidOption(f"lock() takes an actor (a function declared with @dramatiq.actor), not {opt.show(actor)}")
     suite = current()
     config = suite.actor_config(actor.actor_name)
-    spec = config.get({}, "unique_args") if config is not None else None
+    spec = config.unique_args if config is not None else None
     if config is None or spec is None:
         raise InvalidOption(f"lock() holds a unique key: {actor.actor_name} has no unique_args")
-    lock_type = config.get({}, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    lock_type = config.unique_lock
     if lock_type not in opt.EXECUTION_LOCKS:
         raise InvalidOption(
             f"lock() holds a key's execution lock: {actor.actor_name} has unique_lock={lock_type!r}, which takes "
             f"none (only {' and '.join(repr(t) for t in sorted(opt.EXECUTION_LOCKS))} do)"
         )
     opt.validate({"unique_ttl": unique_ttl}, config.fn)
-    ttl = unique_ttl if unique_ttl is not None else config.get({}, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)
+    ttl = unique_ttl if unique_ttl is not None else config.unique_ttl
     return KeyLock(suite=suite, unique_key=_key(config, spec, actor.message(*args, **kwargs)), ttl_ms=float(ttl))
 
 

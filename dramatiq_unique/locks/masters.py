@@ -1,28 +1,6 @@
-"""The Redlock masters: each one bounded, so that a master down or stalled costs little.
-
-The Redlock algorithm asks each master with a timeout small next to the
-lock's TTL, and never waits for a master that does not answer: a majority
-decides.  The clients the user passes carry their own settings, made for
-other work (redis-py 8 gives a client built with ``redis.Redis(...)`` 5 s
-socket timeouts and ten retries with back-off), under which one master
-down made every lock operation wait seconds.  So the suite asks each master
-over a client of its own, made from the user's with the same connection
-settings (address, database, password, TLS) but with socket timeouts of
-``lock_timeout``, no retry after a timeout and one at once after a broken
-connection (a restarted server): a master that refuses costs a refused
-connection; one that is stalled (SIGSTOP, a network partition) costs
-``lock_timeout`` at most.
-
-A master that failed is then skipped, as if it had failed again, for
-:data:`PAUSE` ms before one thread asks it again: a stalled master costs
-one timeout per pause, not one per lock operation, and a dead one a
-refused connection per pause (under load, even that costs its thread a
-turn at the GIL per system call).  The skip guards the bounded client's
-own connections too, so the suite's plain commands on the first master
-(wake-up flags, slots) skip it as well.  Skipping a master never weakens
-a lock: the quorum is counted over all of them, and a skipped master is
-asked anyway (it may be back) when the others cannot make a majority (a
-stalled one by one thread at a time).
+"""The Redlock masters, each asked over a bounded client of the suite's own and skipped a while
+after it failed, so that a master down or stalled costs a lock operation ``lock_timeout`` at most.
+Why: docs/discussions/how-it-is-built.md, "Gates: locks, slots and parking".
 """
 
 from __future__ import annotations
@@ -138,11 +116,9 @@ def _guarded(connection_class: type, health: Health) -> type:
 
 
 def bounded_client(client: redis.Redis, timeout_ms: float, health: Optional[Health] = None) -> redis.Redis:
-    """A client of the same server as ``client``, with socket timeouts of ``timeout_ms``, no retry
-    after a timeout and one after a broken connection; with ``health``, skipped while it says so.
-
-    A pool of an unusual kind (Sentinel...) that cannot be copied is used as it is.
-    """
+    """A client of the same server as ``client``, with socket timeouts of ``timeout_ms``, no retry after a
+    timeout and one after a broken connection; with ``health``, skipped while it says so.  A pool that
+    cannot be copied (Sentinel...) is used as it is."""
     pool = client.connection_pool
     seconds = timeout_ms / 1000
     kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
@@ -167,15 +143,10 @@ class Master:
     """One Redlock master, asked over a bounded client (:func:`bounded_client`), skipped a while after it failed."""
 
     def __init__(self, client: redis.Redis, timeout_ms: float) -> None:
-        self.user_client = client
         self.health = Health(_where(client))
         self.client = bounded_client(client, timeout_ms, self.health)
         self._scripts: dict[str, scripts.Script] = {}
         self._lock = threading.Lock()
-
-    @property
-    def timed_out(self) -> bool:
-        return self.health.timed_out
 
     def run(self, text: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Run one of our scripts on this master (registered on first use)."""
@@ -185,15 +156,9 @@ class Master:
                 script = self._scripts.setdefault(text, scripts.Script(self.client, text))
         return script(keys=keys, args=args)
 
-    def skipped(self) -> bool:
-        return self.health.skipped()
-
     def call(self, fn: Callable[["Master"], Any]) -> Any:
-        """``fn(self)``; a connection error or a timeout has the master skipped for a while.
-
-        Even a refused connection is worth skipping: under load each failed call costs its
-        thread a turn at the GIL per system call, several times the call itself.
-        """
+        """``fn(self)``; a connection error or a timeout has the master skipped for a while (even a refused
+        connection: under load each failed call costs its thread a turn at the GIL per system call)."""
         try:
             reply = fn(self)
         except MasterSkipped:
@@ -225,19 +190,15 @@ class Replies:
 
 
 def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int, force: bool = True) -> Replies:
-    """``fn(master)`` on every master in turn; each costs at most its bounded client's timeout.
-
-    A master that failed a moment ago is skipped, counted as failed,
-    unless the others cannot reach ``quorum`` without it and ``force``:
-    then it is asked too (it may be back); one that timed out (slow to
-    fail) by one thread at a time, the others counting it as failed.
-    """
+    """``fn(master)`` on every master in turn.  One that failed a moment ago is skipped, counted as failed,
+    unless the others cannot reach ``quorum`` without it and ``force``: then it is asked too (one that
+    timed out by one thread at a time, the others counting it as failed)."""
     out = Replies()
     skipped = []
     _forcing.on = True  # the skipping is done here: the connections' own check would skip a probe
     try:
         for master in masters:
-            if master.skipped():
+            if master.health.skipped():
                 skipped.append(master)
                 continue
             try:
@@ -247,7 +208,7 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int,
         if not (force and len(out.errors) + len(skipped) > len(masters) - quorum):
             skipped, left_out = [], skipped
         else:  # a master that timed out fails slowly: one thread at a time asks it (it may have resumed)
-            left_out = [m for m in skipped if m.timed_out and not m.health.probe()]
+            left_out = [m for m in skipped if m.health.timed_out and not m.health.probe()]
             skipped = [m for m in skipped if m not in left_out]
         for master in skipped:
             try:

@@ -1,33 +1,14 @@
-"""Redis locks, in our units (milliseconds) and our tokens.
-
-A lock is a Redis key ``redlock:<name>`` holding its holder's token with a
-TTL, as pottery's :class:`~pottery.Redlock` writes it (so a pottery Redlock
-and ours exclude each other):
-
-* with one master, one script per operation, over the client given;
-* with several, the Redlock algorithm as pottery runs it (a majority of
-  the masters, a lease shortened by the time taken and the clock drift),
-  over the same scripts, with each master asked over a bounded client of
-  the suite's own (:mod:`dramatiq_unique.locks.masters`): a master down or
-  stalled costs an operation ``lock_timeout`` at most.  pottery's own
-  Redlock cannot serve here: its acquire draws a random token of its own
-  (a queue lock's token is its message id), and it asks the masters over
-  the user's clients, with their retries and back-off.
-
-A token passes between processes (the enqueuing process takes a queue
-lock, a worker releases it): whoever knows the token may release or
-extend the lock, which is what :meth:`Locks.release` takes.
-
-Every script (``redis/lua/lock_*.lua``) is safe to send again after a lost
-reply (see :mod:`dramatiq_unique.redis.scripts`): each recognises its
-caller's token.
+"""Redis locks, in milliseconds and our tokens: a key ``redlock:<name>`` holding its holder's token, as
+pottery writes it (so the two exclude each other).  One master: one script per operation; several:
+the Redlock algorithm over the same scripts (:mod:`dramatiq_unique.locks.masters`).  Whoever knows
+a token may release or extend its lock (a queue lock's token travels with its message).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import redis
 
@@ -40,6 +21,11 @@ from dramatiq_unique.redis.keys import LOCK_PREFIX
 NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
 
 
+#: The scripts (``redis/lua/<name>.lua``) of the lock operations.
+SCRIPTS = ("lock_acquire", "lock_release", "lock_extend", "lock_pttl", "lock_release_unless", "lock_force",
+           "lock_transfer")
+
+
 def new_token() -> str:
     return str(uuid.uuid4())
 
@@ -48,12 +34,10 @@ class Locks:
     """Locks over one or several Redis masters.
 
     Parameters:
-      masters: the Redis clients; with more than one, a lock needs a
-        majority of them (Redlock), each asked over a bounded client of
-        the suite's own.
-      timeout_ms: with several masters, how long each may take to connect
-        or answer (the ``lock_timeout`` setting).  One master is asked over
-        the client given, with its own timeouts.
+      masters: the Redis clients; with more than one, a lock needs a majority of them (Redlock),
+        each asked over a bounded client of the suite's own.
+      timeout_ms: with several masters, how long each may take to connect or answer (the
+        ``lock_timeout`` setting).  One master is asked over the client given.
     """
 
     def __init__(self, masters: Sequence[redis.Redis], *, timeout_ms: float = DEFAULT_LOCK_TIMEOUT) -> None:
@@ -65,24 +49,22 @@ class Locks:
         self.timeout_ms = timeout_ms
         #: With several masters, each master's bounded client and state (masters.py).
         self.nodes: list[Master] = []
+        self._scripts: dict[str, Any] = {}
         if self.single:
-            client = self.masters[0]
-            self._acquire = lua.register(client, "lock_acquire")
-            self._release = lua.register(client, "lock_release")
-            self._extend = lua.register(client, "lock_extend")
-            self._pttl = lua.register(client, "lock_pttl")
-            self._release_unless = lua.register(client, "lock_release_unless")
-            self._force = lua.register(client, "lock_force")
-            self._transfer = lua.register(client, "lock_transfer")
+            self._scripts = {name: lua.register(self.masters[0], name) for name in SCRIPTS}
         else:
             self.nodes = [Master(client, timeout_ms) for client in self.masters]
 
-    # -- several masters: run a script on each, count the answers ----------------------
+    def _one(self, script: str, doing: str, name: str, args: list, *keys: str) -> Any:
+        """One master: ``redis/lua/<script>.lua`` on it."""
+        try:
+            return self._scripts[script](keys=[f"{LOCK_PREFIX}:{name}", *keys], args=args)
+        except redis.RedisError as e:
+            raise RedisUnavailable(f"{doing} lock {name!r}: {e}") from e
 
     def _each(self, script: str, name: str, args: list, force: bool = True) -> Replies:
-        """The script ``script`` (``redis/lua/<script>.lua``) on every master; ``force=False`` for a
-        clean-up, which skips a master that failed a moment ago even if the others make no majority
-        (it decides nothing)."""
+        """Several masters: the script on each; ``force=False`` for a clean-up, which skips a master
+        that failed a moment ago even if the others make no majority (it decides nothing)."""
         keys, text = [f"{LOCK_PREFIX}:{name}"], lua.source(script)
         return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum, force)
 
@@ -95,23 +77,25 @@ class Locks:
                 f"(a majority must answer): {error}"
             ) from error
 
+    def _yes(self, script: str, doing: str, name: str, args: list) -> bool:
+        """Whether the script said yes: on the one master, or on a majority."""
+        if self.single:
+            return bool(self._one(script, doing, name, args))
+        replies = self._each(script, name, args)
+        if replies.count(bool) >= self.quorum:
+            return True
+        self._check(replies, doing, name)
+        return False
+
     # -- the operations ---------------------------------------------------------------
 
     def acquire(self, name: str, ttl_ms: float, token: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
-        """Try once to take ``name`` for ``token`` (a new one if not given).
-
-        Returns ``(token, None)`` when taken, ``(None, holder)`` when
-        someone holds it; ``holder`` is their token where it can be known
-        (one master; several, where a majority agrees), else None.  Raises
-        :class:`RedisUnavailable`.
-        """
+        """Try once to take ``name`` for ``token`` (a new one if not given): ``(token, None)`` when
+        taken, ``(None, holder)`` when held, ``holder`` their token where it can be known (one master;
+        several, where a majority agrees), else None.  Raises :class:`RedisUnavailable`."""
         token = token or new_token()
-        key = f"{LOCK_PREFIX}:{name}"
         if self.single:
-            try:
-                reply = self._acquire(keys=[key], args=[token, int(ttl_ms)])
-            except redis.RedisError as e:
-                raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
+            reply = self._one("lock_acquire", "taking", name, [token, int(ttl_ms)])
             if reply == 1:  # a holder token is bytes, never equal to 1
                 return token, None
             return None, (reply.decode() if isinstance(reply, bytes) else reply)
@@ -130,31 +114,16 @@ class Locks:
         return None, (holder.decode() if holder is not None and holders.count(holder) >= self.quorum else None)
 
     def force(self, name: str, token: str, ttl_ms: float) -> Optional[str]:
-        """Take ``name`` for ``token`` whoever holds it (the caller knows the holder is stale).
-
-        With several masters a stale lock cannot be overwritten safely; it
-        is left to expire and None is returned.
-        """
+        """Take ``name`` for ``token`` whoever holds it (the caller knows the holder is stale); with several
+        masters a stale lock cannot be overwritten safely: it is left to expire, and None returned."""
         if not self.single:
             return None
-        try:
-            self._force(keys=[f"{LOCK_PREFIX}:{name}"], args=[token, int(ttl_ms)])
-            return token
-        except redis.RedisError as e:
-            raise RedisUnavailable(f"taking lock {name!r}: {e}") from e
+        self._one("lock_force", "taking", name, [token, int(ttl_ms)])
+        return token
 
     def release(self, name: str, token: str) -> bool:
         """Release ``name`` if ``token`` holds it; False if it did not."""
-        if self.single:
-            try:
-                return bool(self._release(keys=[f"{LOCK_PREFIX}:{name}"], args=[token]))
-            except redis.RedisError as e:
-                raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
-        replies = self._each("lock_release", name, [token])
-        if replies.count(bool) >= self.quorum:
-            return True
-        self._check(replies, "releasing", name)
-        return False
+        return self._yes("lock_release", "releasing", name, [token])
 
     def release_later(self, name: str, token: str) -> None:
         """Release ``name`` if ``token`` holds it, without waiting for Redis's reply (one master;
@@ -163,31 +132,18 @@ class Locks:
             self.release(name, token)
             return
         try:
-            self._release.post(keys=[f"{LOCK_PREFIX}:{name}"], args=[token])
+            self._scripts["lock_release"].post(keys=[f"{LOCK_PREFIX}:{name}"], args=[token])
         except redis.RedisError as e:
             raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
 
     def extend(self, name: str, token: str, ttl_ms: float) -> bool:
         """Renew ``name``'s lease to ``ttl_ms`` if ``token`` holds it; False if it does not."""
-        if self.single:
-            try:
-                return bool(self._extend(keys=[f"{LOCK_PREFIX}:{name}"], args=[token, int(ttl_ms)]))
-            except redis.RedisError as e:
-                raise RedisUnavailable(f"extending lock {name!r}: {e}") from e
-        replies = self._each("lock_extend", name, [token, int(ttl_ms)])
-        if replies.count(bool) >= self.quorum:
-            return True
-        self._check(replies, "extending", name)
-        return False
+        return self._yes("lock_extend", "extending", name, [token, int(ttl_ms)])
 
     def ttl(self, name: str, token: str) -> float:
         """Milliseconds left on ``token``'s hold of ``name``; 0 if it does not hold it."""
         if self.single:
-            try:
-                left = self._pttl(keys=[f"{LOCK_PREFIX}:{name}"], args=[token])
-            except redis.RedisError as e:
-                raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
-            return float(max(left, 0))
+            return float(max(self._one("lock_pttl", "reading", name, [token]), 0))
         started = time.monotonic()
         replies = self._each("lock_pttl", name, [token])
         left = sorted((int(r) for r in replies.replies if int(r) > 0), reverse=True)
@@ -199,17 +155,12 @@ class Locks:
         return 0.0
 
     def transfer(self, name: str, token: str, new_token: str, ttl_ms: float) -> bool:
-        """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it.
-
-        A lock handed to another job gets a token of its own, so a stale
-        copy of an earlier holder's message can never pass for the holder.
-        """
+        """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it: a lock handed
+        to another job gets a token of its own, so a stale copy of an earlier holder's message never
+        passes for the holder."""
         args = [token, new_token, int(ttl_ms)]
         if self.single:
-            try:
-                return bool(self._transfer(keys=[f"{LOCK_PREFIX}:{name}"], args=args))
-            except redis.RedisError as e:
-                raise RedisUnavailable(f"handing over lock {name!r}: {e}") from e
+            return bool(self._one("lock_transfer", "handing over", name, args))
         replies = self._each("lock_transfer", name, args)
         if replies.count(bool) >= self.quorum:
             return True
@@ -235,18 +186,11 @@ class Locks:
         return float(left[self.quorum - 1])
 
     def release_unless(self, name: str, token: str, flags: str, member: str) -> int:
-        """Release ``name`` unless ``member`` is in the sorted set ``flags``.
-
-        Returns :data:`RELEASED`, :data:`KEPT` (the member is flagged; the
-        caller still holds the lock) or :data:`NOT_HELD`.  Atomic on one
-        master; with several, the flag (on the first master) is read
-        first, so the caller must look at it again after a release.
-        """
+        """Release ``name`` unless ``member`` is in the sorted set ``flags``: RELEASED, KEPT (still held) or
+        NOT_HELD.  Atomic on one master; with several, the flag (on the first) is read first, so the
+        caller must look at it again after a release."""
         if self.single:
-            try:
-                return int(self._release_unless(keys=[f"{LOCK_PREFIX}:{name}", flags], args=[token, member]))
-            except redis.RedisError as e:
-                raise RedisUnavailable(f"releasing lock {name!r}: {e}") from e
+            return int(self._one("lock_release_unless", "releasing", name, [token, member], flags))
         first = self.nodes[0]
         try:
             flagged = first.call(lambda master: master.client.zscore(flags, member)) is not None

@@ -1,41 +1,66 @@
-"""Execution locks: one running job per key, waiting jobs parked, leases fenced.
-
-The Dramatiq hooks; the lock as a parking gate is :mod:`dramatiq_unique.locks.execution`.
-"""
+"""Execution locks: one running job per unique key, waiting jobs parked, leases fenced."""
 
 from __future__ import annotations
 
-import logging
 import time
-from typing import ClassVar, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-from dramatiq import Middleware
-
-from dramatiq_unique import context, leases
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER
+from dramatiq_unique.context import Held
 from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.guard import hook
-from dramatiq_unique.locks.execution import Held, LockGate
 from dramatiq_unique.locks.redlock import new_token
-from dramatiq_unique.middleware import combinations
-from dramatiq_unique.observe import events
-from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import WAKE
-from dramatiq_unique.parking.groups import lock_group
+from dramatiq_unique.middleware.gates import GateMiddleware
+from dramatiq_unique.parking.gates import GroupInfo
+from dramatiq_unique.parking.groups import LOCK, actor_of, lock_group, unique_key_of
 from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.storage.models import create_fence_table
 from dramatiq_unique.suite import ActorConfig, Suite
 from dramatiq_unique.unique.keys import derive_key
 
-logger = logging.getLogger(__name__)
-
-#: ``ctx.extras`` key of the execution lock an attempt holds.
-HELD = "execution_lock"
+if TYPE_CHECKING:
+    from dramatiq_unique.context import JobContext
 
 
+class LockGate:
+    """Execution locks as a parking :class:`~dramatiq_unique.parking.gates.Gate`: group ``lock:<unique key>``,
+    a Redlock named after the key (:mod:`dramatiq_unique.locks.redlock`)."""
 
-class ExecutionLocks(Middleware):
+    kind = LOCK
+    lost = "the execution lock of {} ran out or was taken"
+
+    def __init__(self, suite: Suite, flags: str) -> None:
+        self.suite = suite
+        self.flags = flags
+        self.atomic_release = suite.locks.single
+
+    def name(self, group: str) -> str:
+        return self.suite.keys.execution_lock(unique_key_of(group))
+
+    def describe(self, group: str) -> Optional[GroupInfo]:
+        config = self.suite.actor_config(actor_of(group))
+        return None if config is None else GroupInfo(config.model, config.unique_order_by, config.unique_ttl)
+
+    def take(self, group: str, ttl_ms: float) -> Optional[str]:
+        return self.suite.locks.acquire(self.name(group), ttl_ms, new_token())[0]
+
+    def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
+        fresh = new_token()
+        return fresh if self.suite.locks.transfer(self.name(group), token, fresh, ttl_ms) else None
+
+    def release_unless_flagged(self, group: str, token: str) -> int:
+        return self.suite.locks.release_unless(self.name(group), token, self.flags, group)
+
+    def release(self, group: str, token: str) -> None:
+        self.suite.locks.release(self.name(group), token)
+
+    def retry_in(self, group: str) -> float:
+        return self.suite.locks.pttl(self.name(group))
+
+    def renew(self, group: str, token: str, ttl_ms: float, limit: int = -1) -> bool:
+        return self.suite.locks.extend(self.name(group), token, ttl_ms)
+
+
+class ExecutionLocks(GateMiddleware):
     """Holds an execution lock while a ``while_executing`` or
     ``until_and_while_executing`` job runs, one job per unique key.
 
@@ -63,13 +88,12 @@ class ExecutionLocks(Middleware):
         rather than through the broker (see :mod:`dramatiq_unique.parking.lot`).
     """
 
-    #: Names this middleware where the suite checks which of its middlewares a broker has.
-    capability: ClassVar[str] = combinations.LOCKS
+    capability: ClassVar[str] = opt.LOCKS
+    options: ClassVar[frozenset] = opt.LOCK_OPTIONS
+    gate: LockGate
 
     def __init__(self, *, suite: Suite, local_handoff: bool = True) -> None:
-        self.suite = suite
-        self.parking = lot.of(suite)
-        self.parking.local_handoff = local_handoff
+        super().__init__(suite=suite, local_handoff=local_handoff)
         self.gate = LockGate(suite, self.parking.flags)
         self.parking.register(self.gate)
         try:
@@ -80,85 +104,29 @@ class ExecutionLocks(Middleware):
             # The primary is down at set-up: its fencing table is made when it first answers.
             suite.stores.later(0, lambda: create_fence_table(suite.db))
 
-    @property
-    def actor_options(self) -> set[str]:
-        return set(opt.LOCK_OPTIONS)
+    def applies(self, config: ActorConfig) -> bool:
+        return config.execution_lock
 
-    @hook
-    def before_declare_actor(self, broker, actor) -> None:
-        combinations.check_actor(broker, actor)
-        if opt.is_tracked(actor.options):
-            leases.carry_context(actor)
-
-    def after_worker_boot(self, broker, worker) -> None:
-        self.parking.attach(worker)
-
-    def before_worker_shutdown(self, broker, worker) -> None:
-        self.parking.detach(worker)
-
-    # -- processing ---------------------------------------------------------
-
-    @hook
-    def before_process_message(self, broker, message) -> None:
-        config = self.suite.actor_config(message.actor_name)
-        if config is None or message.failed:
-            return
-        opts = message.options
-        spec = config.get(opts, "unique_args")
-        if spec is None or config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK) not in opt.EXECUTION_LOCKS:
-            return
-        ctx = context.attach(message, self.suite, config)
-        key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
+    def enter(self, ctx: "JobContext", message: Any) -> None:
+        config = ctx.config
+        key = derive_key(config.actor_name, config.fn, config.unique_args, message.args, message.kwargs)
         assert key is not None
         group = lock_group(key)
-        name = self.gate.name(group)
-        ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
-        marker = opts.get(MARKER)
-        wake = marker.get(WAKE) if isinstance(marker, dict) else None
-        if isinstance(wake, dict) and wake.get("g") == group:
-            del marker[WAKE]  # woken for this lock: it was handed to us (another gate's stays)
-            events.taken_up(self.gate.kind, message, marker, wake)
-            ctx.extras[context.WOKEN] = True
+        name, ttl = self.gate.name(group), config.unique_ttl
+        wake = self.take_up(ctx, message, group)
+        fresh = new_token()
+        ctx.lock_asked = time.monotonic()
+        if wake and self.suite.locks.transfer(name, wake["t"], fresh, ttl):  # handed to us when woken
+            token: Optional[str] = fresh
         else:
-            wake = None
-        ctx.extras[context.LOCK_ASKED] = time.monotonic()
-        token = self._enter(name, group, ttl, wake)
+            token = self.suite.locks.acquire(name, ttl, fresh)[0]
         if token is None:
-            self._park(config, message, key, group, ttl)
+            try:
+                retry_in = self.gate.retry_in(group)
+            except RedisUnavailable:
+                retry_in = ttl
+            self.park(config, message, group, retry_in, unique_key=key)
         # JobTracking draws the key's fencing token as it starts the attempt: on
         # PostgreSQL in the same statement, one synchronous commit fewer per job.
-        ctx.extras["fence_key"] = key
-        held = Held(self.suite.locks, name, group, token, ttl)
-        ctx.extras[HELD] = held
-        ctx.extras.setdefault(leases.RENEWERS, []).append(held.renew)
-
-    def _enter(self, name: str, group: str, ttl: float, wake: Optional[dict]) -> Optional[str]:
-        """Take the lock: the one reserved for this message when it was woken, or a free one."""
-        token = new_token()
-        if wake and self.suite.locks.transfer(name, wake["t"], token, ttl):
-            return token
-        return self.suite.locks.acquire(name, ttl, token)[0]
-
-    def _park(self, config: ActorConfig, message, key: str, group: str, ttl: float) -> NoReturn:
-        """The key is locked: park the job until the holder wakes it.  Always raises SkipMessage."""
-        try:
-            retry_in = self.gate.retry_in(group)
-        except RedisUnavailable:
-            retry_in = ttl
-        self.parking.park_message(self.gate, group, config, message, retry_in, unique_key=key)
-
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
-        self._leave(message)
-
-    def after_skip_message(self, broker, message) -> None:
-        self._leave(message)  # JobTracking skipped a duplicate after we took the lock
-
-    def _leave(self, message) -> None:
-        ctx = context.of(message)
-        held = ctx.extras.pop(HELD, None) if ctx is not None else None
-        if held is None:
-            return
-        try:
-            self.parking.leave(self.gate, held.group, held.token)
-        except Exception:
-            logger.exception("Could not hand on the execution lock of %s; it frees itself.", held.group)
+        ctx.fence_key = key
+        self.hold(ctx, Held(self.gate, group, token, ttl))

@@ -18,7 +18,6 @@ from dramatiq_unique.durable import outbox, refused
 from dramatiq_unique.durable.outcome import format_error, outcome
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
-from dramatiq_unique.middleware import combinations
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import FINISHED, JobStatus
@@ -47,7 +46,7 @@ class JobTracking(Middleware):
     """
 
     #: Names this middleware where the suite checks which of its middlewares a broker has.
-    capability: ClassVar[str] = combinations.TRACKING
+    capability: ClassVar[str] = opt.TRACKING
 
     def __init__(self, *, suite: Suite) -> None:
         self.suite = suite
@@ -59,7 +58,7 @@ class JobTracking(Middleware):
     @hook
     def before_declare_actor(self, broker, actor) -> None:
         self.suite.broker = broker
-        combinations.check_actor(broker, actor)
+        opt.check_actor(broker, actor)
         if self.suite.configure_actor(actor) is not None:
             install_enqueue(broker, self.suite)
 
@@ -71,8 +70,6 @@ class JobTracking(Middleware):
             if held is not None and getattr(broker.enqueue, "_dramatiq_unique", False):
                 raise held.defer(broker, message, delay)  # untracked, inside transaction(): after commit
             return
-        if MARKER not in message.options:  # a new send, not a retry or re-send of a checked one
-            combinations.check_message(broker, message.actor_name, config.options, message.options)
         on_enqueue(self.suite, config, message, delay)
 
     # -- processing ---------------------------------------------------------
@@ -90,7 +87,7 @@ class JobTracking(Middleware):
             # same delivery, not a duplicate, which a second start would refuse and skip.
             return
         began = time.monotonic()
-        asked = ctx.extras.get(context.LOCK_ASKED)
+        asked = ctx.lock_asked
         if asked is not None:
             # The start draws the key's fencing token, which fences out the key's running attempts.
             # A process frozen after it took the lock, for longer than the lock's lease, would fence
@@ -108,15 +105,14 @@ class JobTracking(Middleware):
 
     def _start(self, config, message, ctx):
         marker = message.options.get(MARKER) or {}
-        opts = message.options
-        lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-        release_hold = config.get(opts, "unique_args") is not None and lock in opt.RELEASED_AT_START
+        config = ctx.config  # with the message's own options
+        release_hold = config.released_at_start
         if "id" not in marker:
             marker = self._adopt(config, message)
             ctx.model = config.model  # adopted rows are the primary's
-        started = ctx.extras.pop(context.STARTED, None)
+        started, ctx.started = ctx.started, None
         if started is not None and started.id == marker["id"]:
-            job = started  # its claim started it (prestart.py)
+            job = started  # its claim started it (parking/lot.py)
         else:
             job = self._start_row(config, message, ctx, marker, release_hold)
         if job is None:
@@ -126,20 +122,18 @@ class JobTracking(Middleware):
         return job
 
     def _start_row(self, config, message, ctx, marker, release_hold):
-        opts = message.options
         return jobs.start(
             ctx.model,  # the store that holds the row (its message's marker says which)
             marker["id"],
             revision=marker.get("rev", 0),
-            lease_ms=config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL),
+            lease_ms=config.unique_ttl,
             worker=f"{self.suite.worker_id}:{threading.get_ident()}",
             release_hold=release_hold,
-            fencing_token=ctx.extras.get("fencing_token"),
-            fence_key=ctx.extras.get("fence_key"),
+            fence_key=ctx.fence_key,
             # A row started ahead by its waker's claim is this delivery's only if it is the woken
             # message (a gate took up its reservation, or another gate's is still on it); a copy
             # of the job's first message is a duplicate of that attempt like any other.
-            woken_by=jobs.WOKEN if ctx.extras.get(context.WOKEN) or WAKE in marker else None,
+            woken_by=jobs.WOKEN if ctx.woken or WAKE in marker else None,
         )
 
     def _not_started(self, config, message, ctx, marker):
@@ -187,23 +181,21 @@ class JobTracking(Middleware):
     def _record(self, broker, ctx, message, result, exception) -> None:
         config, job = ctx.config, ctx.job
         opts = message.options
-        lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-        unique = config.get(opts, "unique_args") is not None
-        release = unique and lock == opt.UNTIL_EXECUTED
+        release = config.unique and config.unique_lock == opt.UNTIL_EXECUTED
         if job is None:
             if message.failed:  # refused before it started, and Dramatiq gave up on it
                 self._refused(message, exception)
             elif exception is not None:  # refused, and Retries sends it again: say why it waits
                 refused.note_refusal(self.suite, config, message, format_error(exception))
             return
-        if exception is None and ctx.extras.get("lock_lost") is not None:
+        if exception is None and ctx.lock_lost is not None:
             # heartbeat() raised LockLost and the actor returned anyway: not a success.
             # Nothing re-sends it (Retries saw no error): retrying, for the re-drive.
-            exception = ctx.extras["lock_lost"]
+            exception = ctx.lock_lost
         fields, done = outcome(
             message, result, exception,
             retries=any(isinstance(m, Retries) for m in broker.middleware), retry_enqueued=ctx.retry_enqueued,
-            min_backoff=config.get(opts, "min_backoff", DEFAULT_MIN_BACKOFF),
+            min_backoff=opt.lookup(opts, config.options, "min_backoff", DEFAULT_MIN_BACKOFF),
         )
         release = release and done
         if release:

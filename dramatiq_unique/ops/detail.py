@@ -12,7 +12,7 @@ from dramatiq_unique.ops import held
 from dramatiq_unique.ops.views import Attempt, JobView, Waiting
 from dramatiq_unique.ops.words import holding, render, row_key, why
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
-from dramatiq_unique.slots.gate import gate_of, group_key, has_slots
+from dramatiq_unique.slots.gate import gate_of, group_key
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def slot_of(suite: "Suite", row: JobModel) -> Optional[tuple[str, str]]:
     noted as woken with it."""
     status = str(row.status)
     config = suite.actor_config(row.actor_name)
-    if status not in (RUNNING, QUEUED) or config is None or not has_slots(config, row.options or {}):
+    if status not in (RUNNING, QUEUED) or config is None or not config.for_message(row.options or {}).has_slots:
         return None
     try:
         key = group_key(config, row.options or {}, tuple(row.args or ()), dict(row.kwargs or {}))

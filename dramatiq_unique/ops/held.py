@@ -19,7 +19,7 @@ from dramatiq_unique.ops.words import over_limit, render, short
 from dramatiq_unique.parking.groups import SLOT, lock_group, slot_group, whole_actor
 from dramatiq_unique.redis.keys import LOCK_PREFIX, glob_escape
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.slots.gate import GroupStatus, gate_of, group_key, has_slots
+from dramatiq_unique.slots.gate import GroupStatus, gate_of, group_key
 from dramatiq_unique.storage.models import JobModel, JobStatus
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def _first(suite: "Suite", actor: str, cond: Any) -> Optional[JobModel]:
 
 
 def _order(config: Optional["ActorConfig"]) -> str:
-    return (config.options.get("unique_order_by") if config else None) or opt.DEFAULT_UNIQUE_ORDER_BY
+    return config.unique_order_by if config else opt.DEFAULT_UNIQUE_ORDER_BY
 
 
 def _parked(suite: "Suite", table: type[JobModel], group: str) -> Any:
@@ -215,7 +215,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
     for key in known_groups(suite, kept):
         name = _actor(key)
         config = suite.actor_config(name)
-        if (actor is not None and name != actor) or (config is not None and not has_slots(config)):
+        if (actor is not None and name != actor) or (config is not None and not config.has_slots):
             continue
         group = slot_group(key)
         status = gate.status(group)

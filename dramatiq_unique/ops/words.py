@@ -61,7 +61,7 @@ def render(config: Optional["ActorConfig"], option: str, row: "JobModel", hashed
     cut short when there are none (an actor not declared here, arguments that no longer bind)."""
     if config is None:
         return short(hashed)
-    spec = config.get(row.options or {}, option)
+    spec = getattr(config.for_message(row.options or {}), option)
     if spec is None or spec is False:
         return ""
     args, kwargs = list(row.args or []), dict(row.kwargs or {})

@@ -1,86 +1,48 @@
-"""The next jobs of a busy slot group, reserved ahead of time ("on deck").
+"""On deck: the next jobs of a busy slot group, reserved ahead by the process whose holder runs.
 
-While a holder of a group runs here, the rows at the head of the group's
-queue are *reserved* by this process, up to
-:data:`~dramatiq_unique.parking.places.DEPTH` per group (``worker`` =
-``<host>:<pid>:deck``, ``lease_until`` = the end of the reservation by
-the database's clock, a fresh ``broker_ref``).  A reserved
-row stays parked (``pending``, counted by ``concurrency_status()``);
-other wakers skip it while its reservation lasts.
-
-When a holder here leaves, the first row on deck is *started* in the
-database by a compare-and-set on what its reservation read
-(:func:`dramatiq_unique.storage.jobs.start_reserved`: still pending, reserved
-by us under the same broker id, revision and fencing token; the start
-draws the next token).  Only then are the slot passed to it and its
-message, rebuilt from the row the start returned, written for this
-worker, in one Redis script
-(:meth:`~dramatiq_unique.slots.gate.SlotGate.pass_and_deliver`).  A row
-replaced while on deck (``unique_on_conflict="replace"``) or taken by
-another process (this one stalled past the reservation, or the other's
-clock runs ahead) fails the compare-and-set: nothing is delivered from
-the deck, the row goes back to the queue the usual way, and no fencing
-token goes to two attempts.  A start whose slot cannot be passed is
-undone (:func:`~dramatiq_unique.storage.jobs.unstart`).  The next rows are
-reserved after the delivery: one synchronous commit and one Redis call
-on the critical path of a hand-over.
-
-What stays bounded:
-
-* FIFO order: a reserved row waits for a holder *in this process*; a
-  holder in another process that leaves meanwhile wakes the next
-  unreserved row.  At most :data:`~dramatiq_unique.parking.places.DEPTH`
-  jobs per group and process are overtaken so.
-* A row on deck for longer than
-  :func:`~dramatiq_unique.parking.places.max_wait` (its holder runs a
-  long job) goes back to the queue (the watchdog looks), as do all rows
-  on deck when the worker stops, and one that cannot be handed over.
-* A process killed with rows on deck leaves them reserved as long as the
-  group's slot lease (``concurrency_ttl``): a waker that finds only
-  reserved rows flags the group for a look when the first runs out.
-
-Only for an actor without an execution lock whose start releases no
-unique hold, a row whose message brought no unique options of its own,
-and while the woken jobs go to this process's own worker.
-
-What is on deck here, and how many places are left, is counted in
-:mod:`dramatiq_unique.parking.places`; this module does the database and
-Redis work around it.
+When a holder here leaves, the first row on deck is started by a compare-and-set on what its
+reservation read, then handed the slot and delivered in one Redis call: one commit and one Redis
+call on a hand-over's critical path.  What stays bounded: docs/discussions/how-it-is-built.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 import time
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from dramatiq_unique.durable.messages import rebuild
 from dramatiq_unique.locks.redlock import new_token
-from dramatiq_unique.observe import events
-from dramatiq_unique.parking import rows as parked
-from dramatiq_unique.parking.gates import WAKE
-from dramatiq_unique.parking.places import Places, max_wait, place_of
+from dramatiq_unique.parking.gates import WAKE, reservation
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus
 
 if TYPE_CHECKING:
     from dramatiq_unique.broker.delivery import Delivery
-    from dramatiq_unique.parking.flags import Flags
     from dramatiq_unique.parking.gates import Gate, GroupInfo
-    from dramatiq_unique.parking.prestart import Started
     from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
 
+#: Rows on deck per group and process: two, so that two holders of a group here that
+#: finish together both hand over in one step.
+DEPTH = 2
+#: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at
+#: most half the group's slot lease, the length of a reservation in the database: so a
+#: killed process's rows are free about when its slots are).
+MAX_WAIT_MS = 2_000
+
 
 class Waker(Protocol):
-    """What the deck uses of the parking it serves (a :class:`~dramatiq_unique.parking.waking.Waking`):
-    named here, so that the deck, which parking uses, depends on nothing above it."""
+    """What the deck uses of the :class:`~dramatiq_unique.parking.lot.Parking` it serves (named here:
+    parking imports the deck)."""
 
     suite: "Suite"
     delivery: "Delivery"
-    started: "Started"
-    wakeups: "Flags"
+    started: Any  # lot.Started
+    wakeups: Any  # lot.Flags
 
     def wake(self, gate: "Gate", group: str) -> Optional[JobModel]: ...
 
@@ -106,17 +68,10 @@ class OnDeck:
     def fill(
         self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None,
     ) -> None:
-        """Reserve ``group``'s next parked rows, up to ``DEPTH`` on deck (:mod:`~dramatiq_unique.parking.places`).
-
-        Called after a hand-over that woke a job of the group here (``since``:
-        when the hand-over began), or after a job parked on the group (then
-        only while a holder of the group runs here; ``place`` is that job's
-        ``(created_at, process_after, id)``: if the deck is full of jobs that
-        come after it in the queue, it takes the last one's place, so the deck
-        keeps the queue's order).  A holder here that let its slot go after
-        ``since`` (:meth:`released`) may have looked at the deck before the new
-        row was on it: that row is put back and the group woken instead.
-        """
+        """Reserve ``group``'s next parked rows, up to ``DEPTH`` on deck: after a hand-over that woke a
+        job of the group here (``since``: when it began), or after a job parked on it while a holder runs
+        here (``place``: its ``(created_at, process_after, id)``, which may take the last row's place).
+        A row that raced a holder here letting its slot go after ``since`` is put back, the group woken."""
         if not self.enabled or getattr(gate, "pass_and_deliver", None) is None:
             return
         delivery = self.parking.delivery
@@ -157,12 +112,9 @@ class OnDeck:
     # -- handing over ----------------------------------------------------------
 
     def hand_over(self, gate: "Gate", group: str, token: str, since: Optional[float] = None) -> Optional[JobModel]:
-        """Holding ``group``'s slot under ``token`` (a holder leaving, or a slot taken for the
-        group's next job): start the first row on deck in the database, then pass it the slot
-        and deliver it, in one Redis call; then reserve the group's next rows.  Returns the
-        started row; None if there is none on deck, it is no longer ours as reserved (replaced,
-        taken by another process), or the slot could not be passed (the row is then back in
-        the queue, unstarted) and the caller goes on the usual way."""
+        """Holding ``group``'s slot under ``token``: start the first row on deck, then pass it the slot and
+        deliver it in one Redis call, then reserve the next rows; the started row.  None (the caller goes
+        on the usual way) if none is on deck, it is no longer ours as reserved, or the pass failed."""
         began = time.monotonic() if since is None else since
         first = self.places.take_first(group)  # with the places left on deck, booked now (see fill())
         if first is None:
@@ -184,8 +136,7 @@ class OnDeck:
             self.put_back(info, row, group)  # cleared if still ours (replaced, say), the group flagged
             return None
         fresh = new_token()
-        wake = {"g": group, "t": fresh, "w": parking.suite.worker_id, "at": int(time.monotonic() * 1000),
-                events.HANDED_AT: events.now_ms()}
+        wake = reservation(group, fresh, parking.suite.worker_id)
         passed, plan = False, None
         try:
             # Built from the row as the start returned it: the database's arguments, not the deck's copy.
@@ -206,7 +157,7 @@ class OnDeck:
         time.sleep(0)  # yield the GIL: the woken job's thread goes first, the next reservations after
         refilled: list[JobModel] = []
         try:
-            refilled = parked.reserve_many(info, group, self.marker, booked, app=parking.suite.app)
+            refilled = reserve_many(info, group, self.marker, booked, app=parking.suite.app)
         except Exception:
             logger.exception("Could not reserve the next jobs of %s.", group)
         finally:
@@ -245,13 +196,152 @@ class OnDeck:
             self.put_back(deck.info, deck.row, group)
         return len(stale)
 
-    # -- what ConcurrencySlots tells us ------------------------------------------
+
+def reserve_many(info: "GroupInfo", group: str, marker: str, count: int, *, app: str) -> list[JobModel]:
+    """Up to ``count`` rows reserved for the group's slot lease, by the database's clock
+    (:func:`~dramatiq_unique.storage.jobs.reserve`)."""
+    rows: list[JobModel] = []
+    for _ in range(count):
+        found = jobs.reserve(info.model, group, info.order_by, marker, info.ttl_ms, app=app)
+        if found is None:
+            break
+        rows.append(found)
+    return rows
+
+
+@dataclasses.dataclass
+class Deck:
+    """A row on deck: reserved for this process, waiting for a holder of its group here."""
+
+    row: JobModel
+    info: GroupInfo
+    since: float  # monotonic seconds
+
+    @property
+    def key(self) -> tuple:
+        return place_of(self.info.order_by, self.row.created_at, self.row.process_after, self.row.id)
+
+
+def place_of(order_by: str, created_at: Any, process_after: Any, job_id: int) -> tuple:
+    """A row's place in its group's queue (as the claim orders them)."""
+    first = process_after if order_by == "process_after" and process_after is not None else created_at
+    return (first, job_id)
+
+
+def own_unique(row: JobModel) -> bool:
+    """A message that brought unique options of its own starts the usual way, not from the deck."""
+    return any(str(k).startswith("unique_") for k in (row.options or {}))
+
+
+def max_wait(info: GroupInfo) -> float:
+    """ms a row of a group with ``info`` may wait on deck."""
+    return min(MAX_WAIT_MS, info.ttl_ms / 2)
+
+
+class Places:
+    """The places on deck of one process, by group.  Thread-safe."""
+
+    def __init__(self) -> None:
+        self._decks: dict[str, list[Deck]] = {}
+        self._holders: dict[str, int] = {}
+        self._coming: dict[str, int] = {}  # group: reservations under way
+        self._missed: dict[str, float] = {}  # group: when a holder here last let its slot go
+        self._missed_cap = 1000
+        self._lock = threading.Lock()
+
+    def book(self, group: str, *, with_holder: bool, late: Optional[tuple] = None) -> bool:
+        """Count a place on deck for one reservation of ``group`` before it is made; False if none is left
+        (``with_holder``: only while a holder of the group runs here).  ``late``: a job that just parked,
+        which gets a place on a full deck if it comes before the last row (that one goes back)."""
+        with self._lock:
+            decks, coming = self._decks.get(group, []), self._coming.get(group, 0)
+            if with_holder and group not in self._holders:
+                return False
+            if len(decks) + coming >= DEPTH:
+                # Full: only a job that parked late, ahead of the last on deck, gets a place.
+                if not (late is not None and not coming and decks and late < decks[-1].key):
+                    return False
+            self._coming[group] = coming + 1
+            return True
+
+    def settle(
+        self, group: str, info: GroupInfo, rows: list[JobModel], began: float, booked: int,
+    ) -> tuple[list[JobModel], bool]:
+        """Put freshly reserved rows on deck (``booked`` places were counted for them).  Returns
+        the rows that cannot stay, for the caller to put back, and whether a holder here let its
+        slot go after ``began`` (it may have looked at the deck before these rows were on it)."""
+        back: list[JobModel] = []
+        with self._lock:
+            left = self._coming.get(group, 0) - booked
+            if left > 0:
+                self._coming[group] = left
+            else:
+                self._coming.pop(group, None)
+            raced = self._missed.get(group, 0.0) >= began
+            for row in rows:
+                if raced or own_unique(row):
+                    back.append(row)
+                    continue
+                decks = self._decks.setdefault(group, [])
+                decks.append(Deck(row, info, time.monotonic()))
+                decks.sort(key=lambda d: d.key)
+                if len(decks) > DEPTH:
+                    back.append(decks.pop().row)
+        return back, raced
+
+    def take_first(self, group: str) -> Optional[tuple[Deck, int]]:
+        """Take the first row on deck of ``group`` off it, and book the places then free on
+        deck for its refill (see :meth:`book`): ``(deck, booked)``; None if there is none."""
+        with self._lock:
+            decks = self._decks.get(group)
+            deck = decks.pop(0) if decks else None
+            if decks == []:
+                del self._decks[group]
+            if deck is None:
+                return None
+            booked = max(DEPTH - len(self._decks.get(group, ())) - self._coming.get(group, 0), 0)
+            if booked:
+                self._coming[group] = self._coming.get(group, 0) + booked
+            return deck, booked
+
+    def released(self, group: str) -> bool:
+        """Note that a holder of ``group`` here let its slot go now; whether rows wait on deck for it."""
+        with self._lock:
+            if len(self._missed) > self._missed_cap:  # only fills under way look: keep the recent ones
+                cut = time.monotonic() - 60
+                self._missed = {g: t for g, t in self._missed.items() if t > cut}
+                self._missed_cap = max(1000, 2 * len(self._missed))  # so pruning stays rare
+            self._missed[group] = time.monotonic()
+            return bool(self._decks.get(group))
+
+    def stale(self, max_wait_ms: Optional[float] = None) -> list[tuple[str, Deck]]:
+        """Take off the deck the rows that waited too long (all of them with ``max_wait_ms=0``;
+        :func:`max_wait` with None): ``(group, deck)`` pairs."""
+        now = time.monotonic()
+        stale: list[tuple[str, Deck]] = []
+
+        def old(deck: Deck) -> bool:
+            return (now - deck.since) * 1000 >= (max_wait(deck.info) if max_wait_ms is None else max_wait_ms)
+
+        with self._lock:
+            for group, decks in list(self._decks.items()):
+                stale += [(group, d) for d in decks if old(d)]
+                keep = [d for d in decks if not old(d)]
+                if keep:
+                    self._decks[group] = keep
+                else:
+                    del self._decks[group]
+        return stale
 
     def holding(self, group: str, change: int) -> None:
-        """Count a slot of ``group`` taken (+1) or left (-1) in this process: a job parking on
-        a group reserves rows only while a holder of that group runs here."""
-        self.places.holding(group, change)
+        """Count a slot of ``group`` taken (+1) or left (-1) in this process."""
+        with self._lock:
+            count = self._holders.get(group, 0) + change
+            if count > 0:
+                self._holders[group] = count
+            else:
+                self._holders.pop(group, None)
 
     def busy(self, group: str) -> bool:
-        """Whether jobs of ``group`` wait on deck here (so the group is full)."""
-        return self.places.busy(group)
+        """Whether rows of ``group`` wait on deck here."""
+        return bool(self._decks.get(group))  # a read of one dict entry: no lock needed

@@ -1,25 +1,45 @@
 """What jobs park on: the gate protocol, and the words parking and gates share.
 
-A gate (an execution lock, a concurrency slot) is held by a token; jobs
-that cannot enter it are parked by group (see :mod:`dramatiq_unique.parking.lot`).
+A gate (an execution lock, a concurrency slot) is held by a token; jobs that cannot enter it are
+parked by group (:mod:`dramatiq_unique.parking.lot`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Optional, Protocol
 
+from dramatiq_unique.observe import events
 from dramatiq_unique.redis import lua
 
 if TYPE_CHECKING:
-    from dramatiq_unique.parking.prestart import StartSpec
     from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import ActorConfig
 
-#: The key of a reservation in a woken message's marker: {"g": group, "t": token}.
+#: The key of a reservation in a woken message's marker (:func:`reservation`).
 WAKE = "wake"
 
 #: Outcomes of :meth:`Gate.release_unless_flagged`: the replies of the scripts behind it.
 NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
+
+
+@dataclasses.dataclass(frozen=True)
+class StartSpec:
+    """How a woken job of an actor is started by the claim that wakes it (the slot is all it waits for)."""
+
+    #: The attempt's lease (``unique_ttl``), ms.
+    lease_ms: float
+    #: Whether the start releases the row's unique hold (``until_executing`` and the like).
+    release_hold: bool
+
+
+def spec_for(config: "ActorConfig") -> Optional[StartSpec]:
+    """The actor's start-at-claim spec; None if its woken jobs start the ordinary way (an execution
+    lock may still park them once they have their slot, and a running row cannot be parked)."""
+    if config.execution_lock:
+        return None
+    return StartSpec(lease_ms=config.unique_ttl, release_hold=config.released_at_start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +51,7 @@ class GroupInfo:
     order_by: str
     #: Lease (ms) of a gate handed to a woken job, until it takes it up.
     ttl_ms: float
-    #: Set where a woken job needs nothing but this gate: its claim starts it (prestart.py).
+    #: Set where a woken job needs nothing but this gate: its claim starts it.
     start: Optional[StartSpec] = None
 
 
@@ -43,6 +63,8 @@ class Gate(Protocol):
     kind: str
     #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
     atomic_release: bool
+    #: What LockLost says when a holder's lease of a group (``{}``) is gone.
+    lost: str
 
     def describe(self, group: str) -> Optional[GroupInfo]:
         """The group's table and order; None if this process does not know it."""
@@ -62,6 +84,9 @@ class Gate(Protocol):
     def retry_in(self, group: str) -> float:
         """ms until the current holder's lease runs out (0 if free)."""
 
+    def renew(self, group: str, token: str, ttl_ms: float, limit: int) -> bool:
+        """Renew ``token``'s lease to ``ttl_ms``; False if it lost the gate."""
+
     # Optional, where a gate can do two steps in one call (SlotGate does):
     #   hand_over(group, token) -> (outcome, token): release_unless_flagged that re-issues
     #     the gate to a fresh token when it keeps it;
@@ -69,6 +94,13 @@ class Gate(Protocol):
     # Optional, where a gate names its holders for the operator's views (SlotGate does):
     #   note(group, token, message_id): the gate under ``token`` went to that job, which waits in
     #     the broker for a worker thread (its row says queued, and holds the gate all the same).
+
+
+def reservation(group: str, token: str, worker_id: str) -> dict:
+    """A woken job's reservation of ``group``'s gate under ``token``, with who granted it and when
+    (monotonic ms): a job woken in the same process soon after takes it up without asking Redis."""
+    return {"g": group, "t": token, "w": worker_id, "at": int(time.monotonic() * 1000),
+            events.HANDED_AT: events.now_ms()}
 
 
 def gate_ttl(gate: Gate, group: str) -> float:

@@ -1,19 +1,8 @@
-"""The names of parking groups: what jobs queue for, built and read here only.
+"""The names of parking groups, built and read here only: ``lock:<unique key>`` (an execution lock)
+and ``slot:<group key>`` (a slot group: ``<actor>:<digest>``, or ``<actor>:all``).
 
-A group's name is ``<kind>:<rest>``, the kind naming its gate
-(:attr:`~dramatiq_unique.parking.gates.Gate.kind`).  The suite's two kinds:
-
-* ``lock:<unique key>``: the execution lock of one unique key
-  (:mod:`dramatiq_unique.locks.execution`), a unique key being
-  ``<actor name>:<digest>``;
-* ``slot:<group key>``: a group of concurrency slots
-  (:mod:`dramatiq_unique.slots.gate`), its group key being
-  ``<actor name>:<digest>`` (one value of the actor's ``concurrency_key``)
-  or ``<actor name>:all`` (an actor without one).
-
-These names are deployed data: they are stored in the job table's
-``parked_on`` column and in the Redis wake-up flags, and a slot group's
-key is part of its Redis keys.  Their form must never change.
+Deployed data: stored in ``parked_on``, in the wake-up flags and in a slot group's Redis keys.
+Their form must never change.
 """
 
 from __future__ import annotations

@@ -1,58 +1,21 @@
-"""Concurrency slots in Redis: at most ``limit`` holders per group, leased.
+"""Concurrency slots in Redis: at most ``limit`` holders per group, leased, as a parking gate.
 
-A *group* is what a limit applies to: an actor, or an actor and one
-value of its ``concurrency_key`` (hashed like unique keys, so no user
-data sits raw in a Redis key).  Its parking name is ``slot:<group key>``
-and its group key ``<actor name>:<digest>``, or ``<actor name>:all``
-for an actor without ``concurrency_key`` (:mod:`dramatiq_unique.parking.groups`).
-
-Each group is a Redis sorted set of holder tokens scored with the
-moment their lease runs out (Redis server time, ms).  Every script
-(``redis/lua/slot_*.lua``, which say what their keys are) first drops
-the members whose lease ran out, so a holder that died (SIGKILL) stops
-counting ``concurrency_ttl`` after its last renewal, whoever looks
-next.  The group's limit is read in the same script:
-
-1. the group's override (``set_concurrency_limit(actor, n, key=...)``),
-2. else the actor's override (``set_concurrency_limit(actor, n)``),
-3. else the limit the group's last message brought, if messages override
-   ``concurrency_limit`` (``send_with_options``; kept for a day),
-4. else the declared ``concurrency_limit`` (passed in; -1: no limit).
-
-So a new limit applies to every worker's next decision at once.  A
-group over its limit (lowered, or halted with 0) keeps its running jobs
-and hands no freed slot on until it is under the limit again.  The
-overrides are kept in the database too (:mod:`dramatiq_unique.slots.overrides`):
-a script that finds Redis without them answers ``LIMITS_UNKNOWN``, and
-the gate puts them back and asks again.
-
-A woken job that waits in the broker holds the slot it was handed; the
-job it is given to is noted next to the group (:meth:`SlotGate.note`), so
-that an operator's view names every holder (a running holder is found by
-its row).
-
-Slots are a :class:`~dramatiq_unique.parking.gates.Gate` with up to ``limit``
-holders: a job that finds its group full is parked, and a holder that
-leaves hands its own slot to the group's next parked job (one slot, one
-waiter: no herd).  They live on the suite's first Redis master (no
-Redlock quorum: a slot is a count, not a mutual exclusion).
+A group (``slot:<actor>:<digest>``, or ``:all`` without ``concurrency_key``) is a sorted set of
+holder tokens scored with when their lease runs out; its limit is read in each script, run-time
+overrides first (:mod:`dramatiq_unique.slots.overrides`).  How: docs/discussions/how-it-is-built.md.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import redis as redis_lib
 
-from dramatiq_unique import options as opt
-from dramatiq_unique.errors import LockLost, RedisUnavailable
+from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
-from dramatiq_unique.parking import lot, prestart
-from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl
+from dramatiq_unique.parking import lot
+from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl, spec_for
 from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
-from dramatiq_unique.parking.waking import RETRY_DELAY
 from dramatiq_unique.redis import lua
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.unique.keys import derive_key
@@ -63,12 +26,12 @@ if TYPE_CHECKING:
 #: The limit passed to the scripts for "no declared limit" (overrides still apply).
 UNLIMITED = -1
 #: ms before a halted group (limit 0) is looked at again by the wake-up watchdog.
-HALTED_RETRY = RETRY_DELAY
+HALTED_RETRY = lot.RETRY_DELAY
 
 
 def group_key(config: "ActorConfig", message_options: dict, args: tuple, kwargs: dict) -> str:
     """The group key of one call: ``<actor>:<digest of the concurrency_key arguments>``."""
-    spec = config.get(message_options, "concurrency_key")
+    spec = config.for_message(message_options).concurrency_key
     if spec is None:
         return whole_actor(config.actor_name)
     key = derive_key(config.actor_name, config.fn, spec, args, kwargs)
@@ -76,20 +39,8 @@ def group_key(config: "ActorConfig", message_options: dict, args: tuple, kwargs:
     return key
 
 
-def declared_limit(config: "ActorConfig", message_options: Optional[dict] = None) -> int:
-    limit = config.get(message_options or {}, "concurrency_limit")
-    return UNLIMITED if limit is None else int(limit)
-
-
-def has_slots(config: "ActorConfig", message_options: Optional[dict] = None) -> bool:
-    """Whether the actor's jobs take slots: a limit or a key is declared (a key alone
-    means "no limit unless ``set_concurrency_limit`` sets one for that key")."""
-    opts = message_options or {}
-    return config.get(opts, "concurrency_limit") is not None or config.get(opts, "concurrency_key") is not None
-
-
-def ttl_of(config: "ActorConfig", message_options: Optional[dict] = None) -> float:
-    return float(config.get(message_options or {}, "concurrency_ttl", opt.DEFAULT_CONCURRENCY_TTL))
+def declared_limit(config: "ActorConfig") -> int:
+    return UNLIMITED if config.concurrency_limit is None else int(config.concurrency_limit)
 
 
 class GroupStatus(NamedTuple):
@@ -120,6 +71,7 @@ class SlotGate:
     """
 
     kind = SLOT
+    lost = "the concurrency slot in {} ran out and the group is full"
     #: The flag is read in the release script itself.
     atomic_release = True
 
@@ -167,13 +119,9 @@ class SlotGate:
 
     def enter(self, group: str, token: str, ttl_ms: float, limit: int, reserved: Optional[str],
               own_limit: Optional[int] = None) -> tuple[bool, float]:
-        """Take up ``reserved`` (a slot handed to this job when it was woken) or a free slot.
-
-        ``own_limit`` is a limit the message brought (``send_with_options``):
-        it becomes the group's default, for the decisions taken without the
-        message (hand-overs, wake-ups).  Returns ``(True, 0)``, or ``(False,
-        ms until a holder's lease runs out, -1 if the group is halted)``.
-        """
+        """Take up ``reserved`` (handed to this job when it was woken) or a free slot: ``(True, 0)``, or
+        ``(False, ms until a holder's lease runs out, -1 if halted)``.  ``own_limit``, a message's own,
+        becomes the group's default for the decisions taken without the message."""
         args = [limit, token, int(ttl_ms), reserved or "", "" if own_limit is None else int(own_limit)]
         entered, wait = self._call(self._enter, group, args)
         return bool(entered), float(wait)
@@ -210,8 +158,7 @@ class SlotGate:
         config = self._config(group)
         if config is None:  # a per-message concurrency_limit alone still makes groups: no has_slots() here
             return None
-        order_by = config.options.get("unique_order_by") or opt.DEFAULT_UNIQUE_ORDER_BY
-        return GroupInfo(config.model, order_by, ttl_of(config), prestart.spec_for(config))
+        return GroupInfo(config.model, config.unique_order_by, config.concurrency_ttl, spec_for(config))
 
     def take(self, group: str, ttl_ms: float) -> Optional[str]:
         token = new_token()
@@ -268,20 +215,3 @@ def gate_of(suite: "Suite") -> SlotGate:
         gate = SlotGate(suite, spot.flags)
         spot.register(gate)
     return gate
-
-
-@dataclasses.dataclass
-class HeldSlot:
-    """A slot held by one attempt; :meth:`renew` is its ``heartbeat()`` renewer."""
-
-    gate: SlotGate
-    group: str
-    token: str
-    ttl_ms: float
-    limit: int
-
-    def renew(self) -> float:
-        started = time.monotonic()
-        if not self.gate.renew(self.group, self.token, self.ttl_ms, self.limit):
-            raise LockLost(f"the concurrency slot in {self.group} ran out and the group is full")
-        return self.ttl_ms / 1000 - (time.monotonic() - started)

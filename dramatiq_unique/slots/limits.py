@@ -1,12 +1,7 @@
 """Run-time concurrency limits: :func:`set_concurrency_limit` and :func:`concurrency_status`.
 
-Limits set here are kept in the database and copied to Redis (see
-:mod:`dramatiq_unique.slots.overrides`), where every worker's next decision
-reads them (:mod:`dramatiq_unique.slots.gate`); a Redis that loses its data
-gets them back.  Raising a limit wakes parked jobs at once, one per newly
-free slot; lowering it lets running jobs finish and starts nothing new
-until the group is under the new limit; ``0`` halts a group (its jobs stay
-parked, nothing is lost).
+Kept in the database and copied to Redis (:mod:`dramatiq_unique.slots.overrides`), where every
+worker's next decision reads them.  A raised limit wakes parked jobs at once; 0 halts a group.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_actor
 from dramatiq_unique.redis.keys import glob_escape
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.slots.gate import declared_limit, gate_of, has_slots
+from dramatiq_unique.slots.gate import declared_limit, gate_of
 from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.unique.keys import canonical, digest
 
@@ -64,21 +59,15 @@ def _slot_config(suite: "Suite", actor_name: str) -> "ActorConfig":
     config = suite.actor_config(actor_name)
     if config is None:
         raise InvalidOption(f"no actor {actor_name!r} with concurrency slots is declared in this process")
-    if not has_slots(config):
+    if not config.has_slots:
         raise InvalidOption(f"actor {actor_name!r} declares neither concurrency_limit nor concurrency_key")
     return config
 
 
 def key_group(config: "ActorConfig", key: Any) -> str:
-    """The group key that ``key`` names, as the worker derives it from a message's arguments.
-
-    ``key`` is the value of the ``concurrency_key`` parameter when it
-    names one (``key="acme"``, or ``key=42`` for an int argument: the
-    type matters), a dict of parameter values when it names several (a
-    tuple in their order also works), the string the callable returns
-    when it is a callable, and a dict of every argument (defaults
-    included) when it is ``True``.
-    """
+    """The group key that ``key`` names, as the worker derives it from a message's arguments: the value of
+    the one ``concurrency_key`` parameter (its type matters), a dict (or tuple) of several, the str a key
+    callable returns, or a dict of every argument, defaults included, for ``True``."""
     return f"{config.actor_name}:{digest(canonical(_selected(config, key)))}"
 
 

@@ -1,25 +1,8 @@
-"""Run-time limits, kept: each override in the database, a copy in Redis for the slot scripts.
+"""Run-time limits, kept: each override a row in the database, and a copy in Redis for the slot scripts.
 
-:func:`dramatiq_unique.set_concurrency_limit` writes both (:func:`write`): the row, then the
-Redis key, inside the row's transaction, so a Redis that does not answer leaves the row as it
-was (the caller sees ``RedisUnavailable``).  The row is the record; Redis may lose its copy
-(a flush, a restart without persistence, a fail-over to a replica that had not got it):
-
-* A marker key (``<prefix>:limits-loaded``) says that Redis holds every override.  Every slot
-  script that decides (enter, hand over, renew, take) looks at it in the same call, and
-  without it answers ``LIMITS_UNKNOWN`` rather than decide at the declared limit; the gate
-  then puts the overrides back (:func:`restore_if_lost`) and asks again.  So a group an
-  operator halted stays halted through a flush, and a slot decision reads no table as long
-  as the marker is there.
-* Each re-drive pass compares the rows with Redis (:func:`check`: one query of a small table
-  and one MGET) and puts back what differs: a replica promoted with the marker but without a
-  later change.
-
-A change and a restore take turns (an advisory lock of the app's on PostgreSQL, the write lock
-on SQLite), so a restore that read a row being removed cannot put it back after the removal,
-nor adopt a key a change is writing.
-When the marker is missing, overrides found in Redis without a row (set by a release that
-kept none) are adopted: kept, without their words.
+The row is the record; a marker key says Redis holds every override, and a slot script that finds
+it missing answers ``LIMITS_UNKNOWN`` rather than decide at the declared limit (:func:`restore_if_lost`).
+How a change and a restore take turns: docs/discussions/how-it-is-built.md.
 """
 
 from __future__ import annotations

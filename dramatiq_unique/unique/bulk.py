@@ -145,8 +145,7 @@ def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
     """Whether a batch of ``actor`` takes the bulk path (see the module's docs)."""
     if actor.broker is not suite.broker or suite.publisher is None or not suite.publisher.batches():
         return False
-    return config.get({}, "unique_args") is None or \
-        config.get({}, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) != "raise"
+    return not config.unique or config.unique_on_conflict != "raise"
 
 
 def _single(actor: "Actor", item: Item, delay: Optional[int]) -> "Message":
@@ -171,8 +170,8 @@ class Batch:
     def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int]) -> None:
         self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
         self.broker = actor.broker
-        self.lock = config.get({}, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-        self.conflict = config.get({}, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
+        self.lock = config.unique_lock
+        self.conflict = config.unique_on_conflict
         self.held = outbox.active()
         # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
         self.deferred = self.held is None and deferral.skip_publish(suite)
@@ -184,11 +183,7 @@ class Batch:
 
     def build(self, items: list[Item]) -> None:
         """The batch's messages and rows, checked (in the sender's thread: context variables)."""
-        self.rows = rows = [self._row(args, kwargs) for args, kwargs in items]
-        if rows:
-            from dramatiq_unique.middleware import combinations  # the middlewares import this package
-
-            combinations.check_message(self.broker, self.config.actor_name, self.config.options, {})
+        self.rows = [self._row(args, kwargs) for args, kwargs in items]
 
     def store(self) -> None:
         """Write the rows, resolve duplicates; those to publish in ``self.inserted`` (none if they wait for

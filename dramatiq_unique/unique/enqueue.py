@@ -12,7 +12,7 @@ from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
-from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
+from dramatiq_unique.context import MARKER, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
 from dramatiq_unique.errors import (
@@ -94,7 +94,6 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     if marker is not None and "id" in marker:
         _known(suite, config, message, delay)
         return
-    opt.validate_message(opts, config.options, config.fn)
     key = recent.key_of(config, message)
     fields = row_fields(config, message, delay)
     fields["unique_key"] = key
@@ -103,7 +102,7 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     deferred = held is None and deferral.skip_publish(suite)
     if held is not None or deferred:  # not in the broker until the caller's transaction commits, or it is back
         fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    lock = config.for_message(opts).unique_lock
     model = config.model
     if key is None or lock not in opt.QUEUE_LOCKS:
         marker = {deferral.DEFERRED: 1} if deferred else {}
@@ -144,17 +143,16 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
 def may_fail_over(config: "ActorConfig", opts: dict) -> bool:
     """Whether a send's row may go to another store while the primary is down (storage/stores.py):
     not a unique or idempotent send (a key is unique by the primary's index alone), nor one that
-    takes an execution lock (``unique_args``) or a slot (slots/gate.py's has_slots, which this
+    takes an execution lock (``unique_args``) or a slot (ActorConfig.has_slots, which this
     module cannot import): their waiters are parked and woken in order from one table."""
-    return not any(config.get(opts, name) is not None for name in ("unique_args", "concurrency_limit",
-                                                                    "concurrency_key")) \
-        and opts.get("idempotency_key") is None
+    resolved = config.for_message(opts)
+    return not (resolved.unique or resolved.has_slots) and opts.get("idempotency_key") is None
 
 
 def _needs(config: "ActorConfig", opts: dict, held: Any) -> str:
     """What makes a send need the primary, for its DatabaseUnavailable."""
     what = "an idempotent" if opts.get("idempotency_key") is not None else "a unique" \
-        if config.get(opts, "unique_args") is not None else "a slot-taking" if held is None else "a transaction()'s"
+        if config.for_message(opts).unique else "a slot-taking" if held is None else "a transaction()'s"
     return f"{what} send of {config.actor_name}"
 
 
@@ -179,7 +177,7 @@ def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Opt
     ctx.retry_enqueued = True
     retry = dict(process_after=after_ms(delay), enqueued_at=utcnow(), broker_ref=ref or message.message_id)
     # Kept for JobTracking, should this write be fenced out (durable/refused.record_revoked).
-    ctx.extras[RETRY_FIELDS] = retry
+    ctx.retry_fields = retry
     model.update(status=JobStatus.RETRYING.value, missing_since=None, **retry).where(
         (model.id == ctx.job.id) & (model.fencing_token == ctx.job.fencing_token)
     ).execute()
@@ -190,10 +188,11 @@ def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Opt
 
 
 def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional[int]) -> float:
-    window = config.get(opts, "unique_window")
+    resolved = config.for_message(opts)
+    window = resolved.unique_window
     if lock == opt.UNTIL_EXPIRED and window is not None:
         return float(window)
-    ttl = float(config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL))
+    ttl = resolved.unique_ttl
     if window is not None:
         ttl = min(ttl, float(window))
     return ttl + (delay or 0)
@@ -206,7 +205,7 @@ def _insert_unique(
     """Insert a row holding ``key``, then take its queue lock (not for a send kept pending,
     ``deferred``); returns (row id, revision), or raises to redirect."""
     opts = message.options
-    conflict = config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
+    conflict = config.for_message(opts).unique_on_conflict
     window = recent.window(config, opts, lock)
     # The lock's token is the message id: a worker releases it with the one its message carries.
     fields["options"][MARKER] = {"qt": message.message_id, **({deferral.DEFERRED: 1} if deferred else {})}

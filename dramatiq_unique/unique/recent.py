@@ -50,7 +50,7 @@ def key_of(config: "ActorConfig", message: "Message") -> Optional[str]:
     derived = _derived.get()
     if derived is not None and derived[0] == message.message_id:
         return derived[1]
-    spec: Any = config.get(message.options, "unique_args")
+    spec: Any = config.for_message(message.options).unique_args
     return derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
 
 
@@ -67,11 +67,9 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
     if config is None or MARKER in message.options or outbox.active() is not None:
         return None
     opts = message.options
-    spec = config.get(opts, "unique_args")
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-    if spec is None or lock not in opt.QUEUE_LOCKS:
-        return None
-    if config.get(opts, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) != "skip":
+    resolved = config.for_message(opts)
+    spec, lock = resolved.unique_args, resolved.unique_lock
+    if spec is None or lock not in opt.QUEUE_LOCKS or resolved.unique_on_conflict != "skip":
         return None
     key = derive_key(config.actor_name, config.fn, spec, message.args, message.kwargs)
     _derived.set((message.message_id, key))
@@ -90,7 +88,6 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
 
 def window(config: "ActorConfig", opts: dict, lock: str) -> Optional[float]:
     """How long (ms) a holder counts, from its send; None: as long as it holds the key."""
-    ms = config.get(opts, "unique_window")
-    if lock == opt.UNTIL_EXPIRED and ms is None:
-        ms = config.get(opts, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)
-    return ms
+    resolved = config.for_message(opts)
+    ms = resolved.unique_window
+    return resolved.unique_ttl if lock == opt.UNTIL_EXPIRED and ms is None else ms

@@ -154,7 +154,7 @@ def test_message_options_resolve_over_the_actor_before_the_check():
 
 from dramatiq_unique import options as opt  # noqa: E402
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking  # noqa: E402
-from dramatiq_unique.middleware.combinations import LOCKS, RETRIES, SLOTS, TRACKING, check, needed  # noqa: E402
+from dramatiq_unique.options import LOCKS, RETRIES, SLOTS, TRACKING, check, needed  # noqa: E402
 
 
 def declared(cls) -> set:

@@ -20,7 +20,6 @@ from dramatiq_unique import InvalidOption, JobModel, concurrency_status, submit
 from dramatiq_unique.durable.redrive import redrive
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking import rows as parked
 from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage import jobs, queries
 from dramatiq_unique.storage.models import after_ms, utcnow
@@ -398,13 +397,13 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
         assert lot.wake_orphans(a.suite) == 0 and broker_messages(a.broker) == []
         assert jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app) is None
         assert reserve_elsewhere(info, group, a.suite.app) is None
-        assert parked.waiting_in(info, group, app=a.suite.app) is None
+        assert lot.waiting_in(info, group, app=a.suite.app) is None
         assert concurrency_status("job").parked == 0
         assert b_untouched()
 
         a_rows = [park(a, n, 1_000 - n) for n in range(10, 13)]
         assert concurrency_status("job").parked == 3
-        assert parked.waiting_in(info, group, app=a.suite.app) == 0
+        assert lot.waiting_in(info, group, app=a.suite.app) == 0
         reserved = reserve_elsewhere(info, group, a.suite.app)
         assert reserved is not None and reserved.id == a_rows[0].id
         claimed = jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app)
@@ -460,7 +459,7 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         assert reserve_elsewhere(info, group, app.suite.app).message_id == "mine-0"
         claimed = jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=app.suite.app)
         assert claimed is not None
-        assert parked.waiting_in(info, group, app=app.suite.app) == 0
+        assert lot.waiting_in(info, group, app=app.suite.app) == 0
         assert concurrency_status("job").parked == 2
         assert lot.wake_orphans(app.suite) == 2  # the last of the group, and the head of the hot one
         monkeypatch.undo()

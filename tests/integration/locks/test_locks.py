@@ -244,18 +244,18 @@ def test_a_dead_or_stalled_master_is_asked_over_a_bounded_client_and_then_skippe
     and no retry after a timeout, and is skipped for a while after it failed, whatever client was given."""
     given = [redis.Redis(host="127.0.0.1", port=s.port) for s in masters]
     locks = Locks(given, timeout_ms=50)
-    for node in locks.nodes:
+    for node, client in zip(locks.nodes, given, strict=True):
         kwargs = node.client.connection_pool.connection_kwargs
         assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (0.05, 0.05)
         retry = kwargs["retry"]  # once after a broken connection, never after a timeout
         assert retry.get_retries() == 1 and retry._supported_errors == (redis.ConnectionError,)
-        assert kwargs["port"] == node.user_client.connection_pool.connection_kwargs["port"]
+        assert kwargs["port"] == client.connection_pool.connection_kwargs["port"]
     token, _ = locks.acquire("job", 5_000)
     os.kill(masters[1].process.pid, signal.SIGSTOP)
     try:
         assert locks.extend("job", token, 5_000)
         assert locks.nodes[1].health.down_until > time.monotonic(), "the stalled master failed, and is skipped"
-        assert locks.nodes[1].skipped()
+        assert locks.nodes[1].health.skipped()
         replies = redlock.ask_all(locks.nodes, lambda master: master.run("return 1", [], []), locks.quorum)
         assert replies.replies == [1, 1] and isinstance(replies.errors[0], redlock.MasterSkipped)
         fresh = new_token()

@@ -1,4 +1,4 @@
-"""The middlewares added one by one (dramatiq_unique.middleware.combinations): the combinations
+"""The middlewares added one by one (dramatiq_unique.options): the combinations
 that make sense work, the others are refused when the actor is declared, naming the actor,
 the option and the middleware to add.  On real Redis, the job table on SQLite and PostgreSQL."""
 

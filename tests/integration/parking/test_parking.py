@@ -246,7 +246,7 @@ def test_parking_moves_keep_the_callers_transaction_and_the_sessions_settings(pa
 
 def test_a_claim_can_start_the_woken_attempt_unless_its_message_brought_unique_options(suite):
     """Given two parked rows, one whose message brought its own unique_lock, When each is claimed
-    with a start (prestart.py), Then the plain one is running (attempt counted, fencing token drawn,
+    with a start (parking/lot.py), Then the plain one is running (attempt counted, fencing token drawn,
     unique hold released) and the other is only claimed, left to start the ordinary way."""
     from dramatiq_unique.storage import jobs as store
     from dramatiq_unique.storage.models import after_ms

@@ -23,7 +23,7 @@ import dramatiq_unique
 from dramatiq_unique import DatabaseUnavailable, JobModel
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.flags import Watchdog
+from dramatiq_unique.parking.lot import Watchdog
 from dramatiq_unique.storage.database import DB_ERRORS
 from tests.conftest import REDIS_URL
 from tests.durable import running_worker

@@ -20,7 +20,7 @@ import dramatiq_unique
 from dramatiq_unique.broker.delivery import Delivery
 from dramatiq_unique.locks import masters
 from dramatiq_unique.locks.redlock import Locks
-from dramatiq_unique.parking.flags import Flags
+from dramatiq_unique.parking.lot import Flags
 from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.slots.gate import SlotGate
 

@@ -6,7 +6,7 @@ import pytest
 
 from dramatiq_unique import InvalidOption, JobModel
 from dramatiq_unique.parking.groups import actor_of, slot_group
-from dramatiq_unique.slots.gate import UNLIMITED, declared_limit, group_key, has_slots, ttl_of
+from dramatiq_unique.slots.gate import UNLIMITED, declared_limit, group_key
 from dramatiq_unique.slots.limits import _check_limit, key_group
 from dramatiq_unique.suite import ActorConfig
 
@@ -54,11 +54,12 @@ def test_groups_without_a_key_are_per_actor_and_name_their_actor():
 
 def test_a_message_may_override_the_slot_options():
     cfg = config(send_webhook, concurrency_limit=2)
-    assert (declared_limit(cfg), declared_limit(cfg, {"concurrency_limit": 5})) == (2, 5)
+    assert (declared_limit(cfg), declared_limit(cfg.for_message({"concurrency_limit": 5}))) == (2, 5)
     assert declared_limit(config(send_webhook, concurrency_key=["customer"])) == UNLIMITED
-    assert ttl_of(cfg) == 60_000 and ttl_of(cfg, {"concurrency_ttl": 500}) == 500
-    assert not has_slots(config(send_webhook, track=True))
-    assert has_slots(config(send_webhook, track=True), {"concurrency_limit": 1})
+    assert cfg.concurrency_ttl == 60_000 and cfg.for_message({"concurrency_ttl": 500}).concurrency_ttl == 500
+    assert not config(send_webhook, track=True).has_slots
+    assert config(send_webhook, track=True).for_message({"concurrency_limit": 1}).has_slots
+    assert cfg.for_message({"concurrency_limit": None}) is cfg, "None: the actor's value"
 
 
 @pytest.mark.parametrize("limit", [-1, 1.5, True, "3", [2], 2**31, 10**20])
