@@ -38,6 +38,10 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     skips the Redis check).
     """
     RedactPasswords.install()  # before the set-up's own warnings (a store down)
+    if type(database).__module__.startswith("sqlalchemy."):  # an Engine: sends follow its sessions
+        from dramatiq_unique.contrib.sqlalchemy import EngineDatabase
+
+        database = EngineDatabase.of(database)
     suite = Suite(database=database, redis=redis, **settings)
     if suite.settings.check_redis:
         try:
@@ -58,6 +62,9 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     if not any(isinstance(m, Metrics) for m in broker.middleware):  # metrics at worker boot, one per broker
         broker.add_middleware(Metrics())
     ResultWarningFilter.install(suite)
+    attach = getattr(suite.db, "attach", None)
+    if attach is not None:  # a framework's database (dramatiq_unique.contrib): its transactions hold sends
+        attach(suite)
     _config.set_current(suite)
     return suite
 

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import peewee as pw
 from dramatiq.common import q_name
 
+from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.durable import deferral, outbox_batch
 from dramatiq_unique.durable.messages import job_options
@@ -247,6 +248,9 @@ def active() -> Optional[Block]:
     """The ``transaction()`` block this thread is in, if any (a context copied to another thread is
     not in it: the transaction is the opening thread's, as peewee's transactions are per thread)."""
     block = _active.get()
+    if block is None:  # a framework's transaction (dramatiq_unique.contrib) holds the sends as a block does
+        suite = _config._current
+        block = suite.framework_block if suite is not None else None
     return block if block is not None and block.open and block.suite.db.in_transaction() else None
 
 
