@@ -1,0 +1,198 @@
+"""dramatiq_unique.contrib.django: sends in ``transaction.atomic()`` commit and roll back with the view's
+writes, on Django's connection; ``migrate`` makes the tables; the dashboard is behind Django's login.
+
+PostgreSQL, real Redis brokers (the shared server, or one the test stops), django_dramatiq's settings.
+A Group stands for the view's own model (an Order).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import dramatiq
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test import Client
+from dramatiq.brokers.redis import RedisBroker
+from django_dramatiq.utils import load_middleware
+
+import dramatiq_unique
+from dramatiq_unique.contrib.django.apps import setup
+from dramatiq_unique.storage import schema
+from dramatiq_unique.storage.models import JobModel
+from tests.durable import RedisServer, broker_messages, running_worker
+from tests.helpers import job_of, wait_until
+from tests.integration.contrib.django.conftest import DRAMATIQ_MIDDLEWARE
+
+
+@pytest.fixture
+def charge(dj_suite):
+    @dramatiq.actor(track=True)
+    def charge(order: str) -> str:
+        return order
+
+    return charge
+
+
+def published(broker) -> set[str]:
+    return {m["message_id"] for m in broker_messages(broker)}
+
+
+def test_the_job_rows_are_written_on_djangos_connection_in_its_transaction(dj_suite, dj_broker, charge):
+    with transaction.atomic():
+        Group.objects.create(name="order-1")
+        message = charge.send("order-1")
+        assert job_of(message).status == "pending"  # read through the same connection, in the transaction
+        assert message.message_id not in published(dj_broker)
+    assert job_of(message).status == "queued"
+    assert published(dj_broker) == {message.message_id}
+
+
+def test_a_rollback_publishes_nothing_and_leaves_no_row(dj_suite, dj_broker, charge):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Group.objects.create(name="order-2")
+        message = charge.send("order-2")
+        raise RuntimeError("the view failed")
+    assert not Group.objects.filter(name="order-2").exists()
+    assert dramatiq_unique.get_job(message.message_id) is None
+    assert published(dj_broker) == set()
+
+
+def test_a_rolled_back_savepoint_drops_its_sends_and_keeps_the_rest(dj_suite, dj_broker, charge):
+    untracked = dramatiq.actor(lambda order: order, actor_name="untracked")
+    with transaction.atomic():
+        kept = charge.send("kept")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            dropped = charge.send("dropped")
+            dropped_untracked = untracked.send("dropped")
+            with transaction.atomic():  # released into the savepoint that rolls back: dropped with it
+                dropped_inner = charge.send("dropped-inner")
+            raise RuntimeError
+        with transaction.atomic():
+            released = charge.send("released")
+        sid = transaction.savepoint()
+        after = charge.send("after-manual-savepoint")
+        transaction.savepoint_rollback(sid)  # Django's on_commit does not follow it; the row's claim does
+    assert published(dj_broker) == {kept.message_id, released.message_id}
+    for message in (dropped, dropped_inner, after):
+        assert dramatiq_unique.get_job(message.message_id) is None
+    assert dropped_untracked.message_id not in published(dj_broker)
+
+
+def test_dramatiq_uniques_own_transaction_block_is_djangos_atomic(dj_suite, dj_broker, charge):
+    with dramatiq_unique.transaction():
+        assert connection.in_atomic_block
+        message = charge.send("block")
+        assert message.message_id not in published(dj_broker)
+    assert published(dj_broker) == {message.message_id}
+
+
+def test_outside_any_transaction_a_send_is_published_at_once(dj_suite, dj_broker, charge):
+    assert connection.get_autocommit()
+    message = charge.send("autocommit")
+    assert published(dj_broker) == {message.message_id}
+    assert job_of(message).status == "queued"
+
+
+def test_a_broker_down_at_commit_leaves_the_job_pending_for_the_redrive(migrated, key_prefix):
+    server = RedisServer().start()
+    broker = RedisBroker(url=server.url, namespace=f"{key_prefix}-down",
+                         middleware=[load_middleware(path) for path in DRAMATIQ_MIDDLEWARE])
+    dramatiq.set_broker(broker)
+    setup(broker, key_prefix=key_prefix)
+    try:
+        @dramatiq.actor(track=True)
+        def charge(order: str) -> str:
+            return order
+
+        with transaction.atomic():
+            Group.objects.create(name="order-down")
+            message = charge.send("order-down")
+            server.stop()  # gone when the view commits
+        assert Group.objects.filter(name="order-down").exists()
+        assert job_of(message).status == "pending"
+        server.start()
+        assert dramatiq_unique.redrive().sent == 1
+        assert published(broker) == {message.message_id}
+        with running_worker(broker):
+            wait_until(lambda: job_of(message).status == "succeeded", timeout=10)
+    finally:
+        server.stop()
+        broker.close()
+        Group.objects.filter(name="order-down").delete()
+
+
+def test_two_racing_requests_make_one_job(dj_suite, dj_broker):
+    @dramatiq.actor(unique_args=["order"], unique_lock="until_executed")
+    def invoice(order: str) -> str:
+        return order
+
+    first_sent, results = threading.Event(), {}
+
+    def request(name: str, wait: threading.Event | None) -> None:
+        try:
+            if wait is not None:
+                assert wait.wait(10)
+            with transaction.atomic():
+                Group.objects.create(name=f"race-{name}")
+                results[name] = invoice.send("order-7").message_id
+                if wait is None:
+                    first_sent.set()
+                    threading.Event().wait(0.3)  # the other request's send waits on the unique index
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=request, args=("a", None)), threading.Thread(target=request, args=("b", first_sent))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert results["a"] == results["b"]
+    assert JobModel.select().where(JobModel.actor_name == "invoice").count() == 1
+    assert published(dj_broker) == {results["a"]}
+
+
+def test_a_worker_runs_the_jobs_on_djangos_connections(dj_suite, dj_broker, charge):
+    with transaction.atomic():
+        messages = [charge.send(f"w{n}") for n in range(5)]
+    with running_worker(dj_broker):
+        wait_until(lambda: all(job_of(m).status == "succeeded" for m in messages), timeout=10)
+
+
+def test_migrate_made_the_tables_at_the_current_version(dj_suite):
+    assert schema.version_of(JobModel) == schema.CURRENT_VERSION
+    call_command("migrate", "dramatiq_unique", "zero", verbosity=0)  # the tables stay (no reverse step)
+    call_command("migrate", "dramatiq_unique", verbosity=0)  # idempotent
+    assert schema.version_of(JobModel) == schema.CURRENT_VERSION
+
+
+def test_the_dashboard_is_refused_without_login_and_shown_to_staff(dj_suite, charge):
+    message = charge.send("shown")
+    client = Client()
+    refused = client.get("/admin/jobs/")
+    assert refused.status_code == 302 and "/admin/login/" in refused["Location"]
+    user = User.objects.create_user("clerk", password="pw")  # not staff
+    client.force_login(user)
+    assert client.get("/admin/jobs/").status_code == 302
+    user.is_staff = True
+    user.save()
+    page = client.get("/admin/jobs/")
+    assert page.status_code == 200
+    assert b"charge" in page.content
+    detail = client.get(f"/admin/jobs/jobs/{message.message_id}")
+    assert detail.status_code == 200 and message.message_id.encode() in detail.content
+    token = re.search(rb'name="csrf_token" value="([0-9a-f]+)"', detail.content)
+    assert token is not None
+    cancelled = client.post(f"/admin/jobs/jobs/{message.message_id}/cancel", {"csrf_token": token[1].decode()})
+    assert cancelled.status_code in (302, 303), cancelled.content
+    assert job_of(message).status == "cancelled"
+    user.delete()
+
+
+def test_the_command_line_is_a_management_command(dj_suite, charge, capsys):
+    message = charge.send("cli")
+    call_command("dramatiq_unique", "job", message.message_id)
+    assert message.message_id in capsys.readouterr().out
