@@ -44,7 +44,7 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         db = cls(made.database, prefer_psycopg3=engine.dialect.driver == "psycopg", **made.connect_params)
         db.suite_option, db.engine = getattr(made, "suite_option", None), engine
         if engine not in _engines:
-            for name in ("savepoint", "release_savepoint", "rollback_savepoint", "commit", "rollback"):
+            for name in ("after_cursor_execute", "release_savepoint", "rollback_savepoint", "commit", "rollback"):
                 event.listen(engine, name, globals()[f"_on_{name}"])
         _engines[engine] = db
         return db
@@ -115,6 +115,9 @@ def _ended(session: Session, transaction: SessionTransaction) -> None:
 
 @event.listens_for(Session, "after_commit")
 def _committed(session: Session) -> None:
+    root = session.get_transaction()
+    if root is not None and root.is_active:
+        return  # a savepoint's release (SQLAlchemy calls it a commit too): the transaction goes on
     journal = session.info.pop(_KEY, None)
     if journal is not None:
         token = _sessions.set(())  # the claims run on the suite's own connection: the session's is done
@@ -128,10 +131,12 @@ def _journal(conn: Any) -> Optional[_Journal]:
     return conn.info.get(_KEY)
 
 
-def _on_savepoint(conn: Any, name: str) -> None:
-    journal = _journal(conn)
-    if journal is not None:
-        journal.savepoint(name)
+def _on_after_cursor_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    # Its name, which the savepoint event does not give yet.
+    if statement.startswith("SAVEPOINT "):
+        journal = _journal(conn)
+        if journal is not None:
+            journal.savepoint(statement[10:].strip())
 
 
 def _on_release_savepoint(conn: Any, name: str, context: Any) -> None:
