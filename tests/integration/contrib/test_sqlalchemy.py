@@ -168,7 +168,8 @@ def test_two_racing_requests_make_one_job(sa_suite, engine, broker):
                 first_sent.set()
                 threading.Event().wait(0.3)  # the other request's send waits on the unique index
 
-    threads = [threading.Thread(target=request, args=("a", None)), threading.Thread(target=request, args=("b", first_sent))]
+    threads = [threading.Thread(target=request, args=("a", None)),
+               threading.Thread(target=request, args=("b", first_sent))]
     for thread in threads:
         thread.start()
     for thread in threads:

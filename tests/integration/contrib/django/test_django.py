@@ -16,8 +16,8 @@ from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client
-from dramatiq.brokers.redis import RedisBroker
 from django_dramatiq.utils import load_middleware
+from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
 from dramatiq_unique.contrib.django.apps import setup
@@ -145,7 +145,8 @@ def test_two_racing_requests_make_one_job(dj_suite, dj_broker):
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=request, args=("a", None)), threading.Thread(target=request, args=("b", first_sent))]
+    threads = [threading.Thread(target=request, args=("a", None)),
+               threading.Thread(target=request, args=("b", first_sent))]
     for thread in threads:
         thread.start()
     for thread in threads:
