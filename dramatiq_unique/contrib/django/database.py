@@ -14,6 +14,7 @@ from django.db import connections
 from django.db import transaction as django_transaction
 
 from dramatiq_unique.errors import InvalidOption
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.savepoints import Flush
 
 
@@ -49,6 +50,9 @@ class DjangoDatabase(pw.PostgresqlDatabase):
         from dramatiq_unique.contrib import hold_sends
 
         hold_sends(suite)
+        # The hot statements prepared by name (storage/queries.py), on either driver: Django's psycopg 3
+        # cursors bind on the client, as psycopg2 does, and prepare nothing by themselves.
+        setattr(self, queries._ON, suite.settings.prepared_statements is not False)
 
     @property
     def _django(self) -> Any:

@@ -13,7 +13,7 @@ import threading
 import dramatiq
 import pytest
 from django.contrib.auth.models import Group, User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test import Client
 from django_dramatiq.utils import load_middleware
@@ -197,3 +197,7 @@ def test_the_command_line_is_a_management_command(dj_suite, charge, capsys):
     message = charge.send("cli")
     call_command("dramatiq_unique", "job", message.message_id)
     assert message.message_id in capsys.readouterr().out
+    call_command("dramatiq_unique", "jobs", "--status", "queued", "--json")
+    assert message.message_id in capsys.readouterr().out
+    with pytest.raises(CommandError, match="exit code 1"):
+        call_command("dramatiq_unique", "job", "no-such-job")
