@@ -1,33 +1,35 @@
-"""The commands of health and schema: check, status, migrate (built in dramatiq_unique/health/).
-
-They load what they look at themselves (``load=False``): an app is imported with the schema check
-turned off (:func:`~dramatiq_unique.storage.schema.tolerating_old`), so that an app whose tables are
-out of date can still be checked and migrated; without an app, the environment's services are opened
-as they are (:func:`~dramatiq_unique.health.target.from_environment`: no table is created, and only
-``DRAMATIQ_UNIQUE_DATABASE_URL`` is needed), not as a Suite, whose set-up would create or refuse tables.
-``migrate`` is allowed without the app: it needs only the database.
-"""
+"""The commands of health and schema: check, status, migrate.  They load what they look at themselves:
+an app with the schema check off, so that an app whose tables are out of date can still be checked
+and migrated; without it, the environment's services as they are (no table created or refused)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from typing import Iterator, Optional
 
+from dramatiq_unique.cli import command
 from dramatiq_unique.cli.context import DATABASE_ENV, PREFIX_ENV, Context, Usage, load_app
-from dramatiq_unique.cli.registry import command
 from dramatiq_unique.health import checks, commands
 from dramatiq_unique.health.target import Target, from_environment, of_suite
 from dramatiq_unique.storage import migrations, schema
 
 
-def target_of(ctx: Context, args: argparse.Namespace) -> Target:
+@contextlib.contextmanager
+def target_of(ctx: Context) -> Iterator[Target]:
+    """The app's target, or the environment's; closed after the command."""
     if ctx.app:
         with schema.tolerating_old():
             ctx.suite, ctx.broker = load_app(ctx.app, ctx.path)
-        return of_suite(ctx.suite)
-    target = from_environment(key_prefix=ctx.env.get(PREFIX_ENV), environ=ctx.env)
+        target: Optional[Target] = of_suite(ctx.suite)
+    else:
+        target = from_environment(key_prefix=ctx.env.get(PREFIX_ENV), environ=ctx.env)
     if target is None:
         raise Usage(f"give the app module (APP or --app), or set {DATABASE_ENV}")
-    return target
+    try:
+        yield target
+    finally:
+        target.close()
 
 
 def _check_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,22 +47,16 @@ def _check_arguments(p: argparse.ArgumentParser) -> None:
 @command("check", help="health: databases and schema, Redis quorum, the last re-drive pass, stuck jobs "
          "(exit 0 ok, 1 warning, 2 critical)", arguments=_check_arguments, load=False)
 def check(ctx: Context, args: argparse.Namespace) -> int:
-    target = target_of(ctx, args)
-    try:
+    with target_of(ctx) as target:
         return commands.check(target, ctx.emit, overdue_after=args.overdue_after, max_pass_age=args.max_pass_age,
                               probe_port=args.probe_port, probe_host=args.probe_host, say=ctx.say,
                               probe_details=args.probe_details)
-    finally:
-        target.close()
 
 
 @command("status", help="the schema version of every job table, per store (exit 1 if out of date)", load=False)
 def status(ctx: Context, args: argparse.Namespace) -> int:
-    target = target_of(ctx, args)
-    try:
+    with target_of(ctx) as target:
         return commands.status(target, ctx.emit)
-    finally:
-        target.close()
 
 
 def _migrate_arguments(p: argparse.ArgumentParser) -> None:
@@ -72,8 +68,5 @@ def _migrate_arguments(p: argparse.ArgumentParser) -> None:
 @command("migrate", help="bring every job table to this release's schema version (idempotent)", load=False,
          arguments=_migrate_arguments)
 def migrate(ctx: Context, args: argparse.Namespace) -> int:
-    target = target_of(ctx, args)
-    try:
+    with target_of(ctx) as target:
         return commands.migrate(target, ctx.emit, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
-    finally:
-        target.close()

@@ -7,9 +7,9 @@ import logging
 import signal
 import threading
 
+from dramatiq_unique.cli import command
 from dramatiq_unique.cli.context import Context, Usage
 from dramatiq_unique.cli.output import LINES, visible
-from dramatiq_unique.cli.registry import command
 from dramatiq_unique.durable.redrive import redrive as redrive_pass
 from dramatiq_unique.durable.scheduler import start_redriver
 

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+from typing import Any, Sequence
 
 from dramatiq_unique import ops
-from dramatiq_unique.cli import values
+from dramatiq_unique.cli import command, since
 from dramatiq_unique.cli.context import Context
 from dramatiq_unique.cli.output import detail, ms, pairs, table
-from dramatiq_unique.cli.registry import command
 from dramatiq_unique.ops.listing import DEFAULT_LIMIT
-from dramatiq_unique.ops.views import JobRow
+from dramatiq_unique.ops.views import SlotGroupView, View
 
 ROW_HEADERS = ("ref", "status", "actor", "key", "attempts", "created", "finished")
+DEAD_HEADERS = ("ref", "actor", "key", "attempts", "failed", "error")
 
 
-def _rows(rows: list[JobRow]) -> list[tuple]:
-    return [(r.ref, r.status, r.actor, r.key, r.attempts, r.created_at, r.finished_at) for r in rows]
+def _listed(ctx: Context, found: Sequence[View], headers: Sequence[str], rows: list[tuple], empty: str) -> int:
+    ctx.emit([f.as_dict() for f in found], lambda: table(headers, rows, empty=empty))
+    return 0
 
 
 def _jobs_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,11 +33,12 @@ def _jobs_arguments(p: argparse.ArgumentParser) -> None:
 
 @command("jobs", help="list jobs, newest first, a page at a time", arguments=_jobs_arguments)
 def jobs(ctx: Context, args: argparse.Namespace) -> int:
-    page = ops.jobs(ctx.load(), status=args.status, actor=args.actor, key=args.key, since=values.since(args.since),
+    page = ops.jobs(ctx.load(), status=args.status, actor=args.actor, key=args.key, since=since(args.since),
                     limit=args.limit, cursor=args.cursor)
 
     def text() -> str:
-        lines = [table(ROW_HEADERS, _rows(page.rows), empty="(no jobs)")]
+        rows = [(r.ref, r.status, r.actor, r.key, r.attempts, r.created_at, r.finished_at) for r in page.rows]
+        lines = [table(ROW_HEADERS, rows, empty="(no jobs)")]
         if page.cursor:
             lines.append(f"more: --cursor {page.cursor}")
         lines += [f"not read: {down}" for down in page.down]
@@ -46,8 +49,6 @@ def jobs(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _json_text(value: Any) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
@@ -91,16 +92,12 @@ def _dead_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=100, help="rows at most (default 100)")
 
 
-DEAD_HEADERS = ("ref", "actor", "key", "attempts", "failed", "error")
-
-
 @command("dead", help="the dead set: failed jobs of tracked actors, the last to fail first",
          arguments=_dead_arguments)
 def dead(ctx: Context, args: argparse.Namespace) -> int:
-    rows = ops.dead(ctx.load(), actor=args.actor, since=values.since(args.since), limit=args.limit)
+    rows = ops.dead(ctx.load(), actor=args.actor, since=since(args.since), limit=args.limit)
     lines = [(r.ref, r.actor, r.key, r.attempts, r.finished_at, r.error) for r in rows]
-    ctx.emit([r.as_dict() for r in rows], lambda: table(DEAD_HEADERS, lines, empty="(the dead set is empty)"))
-    return 0
+    return _listed(ctx, rows, DEAD_HEADERS, lines, "(the dead set is empty)")
 
 
 @command("locks", help="held locks: holder job, time left, fencing token, waiters in order")
@@ -108,19 +105,13 @@ def locks(ctx: Context, args: argparse.Namespace) -> int:
     found = ops.locks(ctx.load())
     headers = ("kind", "actor", "key", "holder", "token", "left", "waiting", "waiters")
     rows = [(k.kind, k.actor, k.key, k.holder, k.token, ms(k.left_ms), k.waiting, k.waiters) for k in found]
-    ctx.emit([k.as_dict() for k in found], lambda: table(headers, rows, empty="(no lock is held)"))
-    return 0
+    return _listed(ctx, found, headers, rows, "(no lock is held)")
 
 
-def _limit_text(g: Any) -> Any:
+def _limit_text(g: SlotGroupView) -> Any:
     if g.limit_from == "unknown":
         return "?"  # declared by the app: give APP to see it
     return "none" if g.limit is None else g.limit
-
-
-def _holders(g: Any) -> list[str]:
-    """Every holder named (a list: a table cuts no list); a woken one still in the broker marked ``(queued)``."""
-    return [f"{i}(queued)" if i in g.queued_holders else str(i) for i in g.holders]
 
 
 @command("slots", help="slot groups: limit (and where it comes from), every holder, waiters, halted",
@@ -128,7 +119,9 @@ def _holders(g: Any) -> list[str]:
 def slots(ctx: Context, args: argparse.Namespace) -> int:
     groups = ops.slots(ctx.load(), actor=args.actor)
     headers = ("actor", "key", "limit", "from", "held", "holders", "waiting", "waiters", "halted")
-    rows = [(g.actor, g.key, _limit_text(g), g.limit_from, g.held, _holders(g), g.waiting, g.waiters,
+    # Every holder named (a list: a table cuts no list), a woken one still in the broker marked (queued).
+    rows = [(g.actor, g.key, _limit_text(g), g.limit_from, g.held,
+             [f"{i}(queued)" if i in g.queued_holders else str(i) for i in g.holders], g.waiting, g.waiters,
              "HALTED" if g.halted else "") for g in groups]
 
     def text() -> str:
@@ -147,9 +140,7 @@ def slots(ctx: Context, args: argparse.Namespace) -> int:
 def limits(ctx: Context, args: argparse.Namespace) -> int:
     found = ops.limits(ctx.load(), actor=args.actor)
     rows = [(o.actor, o.key, o.limit, o.set_at) for o in found]
-    ctx.emit([o.as_dict() for o in found],
-             lambda: table(("actor", "key", "limit", "set"), rows, empty="(no limit set at run time)"))
-    return 0
+    return _listed(ctx, found, ("actor", "key", "limit", "set"), rows, "(no limit set at run time)")
 
 
 @command("stats", help="counts by status and actor, throughput, p50/p95 of waiting and running times",

@@ -10,7 +10,8 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
 
 from dramatiq_unique.cli.output import LINES, visible
-from dramatiq_unique.errors import DramatiqUniqueError
+from dramatiq_unique.errors import DatabaseUnavailable, DramatiqUniqueError
+from dramatiq_unique.health.target import DATABASE_ENV, REDIS_ENV
 from dramatiq_unique.redaction import redact
 
 if TYPE_CHECKING:
@@ -18,9 +19,6 @@ if TYPE_CHECKING:
 
     from dramatiq_unique.suite import Suite
 
-#: The environment that lets the command line run without the app (read-only).
-DATABASE_ENV = "DRAMATIQ_UNIQUE_DATABASE_URL"
-REDIS_ENV = "DRAMATIQ_UNIQUE_REDIS_URL"
 #: The app's ``key_prefix`` (default: the suite's default), so the rows and Redis keys read are the app's.
 PREFIX_ENV = "DRAMATIQ_UNIQUE_KEY_PREFIX"
 #: ms the first look at a database named in the environment may take.
@@ -37,17 +35,20 @@ class Usage(DramatiqUniqueError):
 
 def looks_like_app(word: str, path: str = ".") -> bool:
     """Whether ``word`` names an importable module (``pkg.mod`` or ``pkg.mod:attr``)."""
-    module = word.split(":", 1)[0]
     if ":" in word:
         return True
-    if not module or not all(part.isidentifier() for part in module.split(".")):
+    if not word or not all(part.isidentifier() for part in word.split(".")):
         return False
-    if path not in sys.path:
-        sys.path.insert(0, os.path.abspath(path))
+    _on_path(path)
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(word) is not None
     except (ImportError, ValueError):
         return False
+
+
+def _on_path(path: str) -> None:
+    if os.path.abspath(path) not in sys.path:
+        sys.path.insert(0, os.path.abspath(path))
 
 
 @dataclasses.dataclass
@@ -66,8 +67,7 @@ class Context:
     env: dict[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
 
     def load(self) -> "Suite":
-        """The suite: the app's (imported as Dramatiq's CLI imports a broker), else one opened
-        from the environment, read-only.  Usage if there is neither."""
+        """The app's suite, else one opened from the environment, read-only; Usage if neither."""
         if self.suite is not None:
             return self.suite
         if self.app:
@@ -84,11 +84,8 @@ class Context:
                 f"give the app module (APP or --app), which declares the actors"
             )
 
-    # -- output ------------------------------------------------------------------------
-
     def emit(self, data: Any, text: Callable[[], str]) -> None:
-        """``data`` as JSON with ``--json``, else ``text()``; no control character of the data reaches
-        the terminal raw (:func:`~dramatiq_unique.cli.output.visible`)."""
+        """``data`` as JSON with ``--json``, else ``text()``; no control character reaches the terminal raw."""
         if self.json:
             self.out.write(visible(json.dumps(data, indent=2, ensure_ascii=False, default=str), keep="\n",
                                    json=True) + "\n")
@@ -99,23 +96,19 @@ class Context:
         self.err.write(visible(redact(message.rstrip("\n")), keep=LINES) + "\n")
 
     def confirm(self, question: str) -> bool:
-        """Ask ``question`` (on stderr: stdout stays the command's answer); True only for y or yes.  No
-        answer (the end of the input: a script without ``--yes``) is no."""
+        """Ask ``question`` on stderr; True only for y or yes (the end of the input is no)."""
         self.err.write(f"{question} [y/N] ")
         self.err.flush()
         return self.inp.readline().strip().lower() in ("y", "yes")
 
 
 def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
-    """Import ``app`` with Dramatiq's own ``import_broker`` (``module``, ``module:broker``, or
-    ``module:callable`` that sets the broker up) and return the suite its ``setup()`` made."""
+    """Import ``app`` with Dramatiq's own ``import_broker`` and return the suite its ``setup()`` made."""
     from dramatiq.cli import import_broker
 
     from dramatiq_unique import suite as _config
 
-    full = os.path.abspath(path)
-    if full not in sys.path:
-        sys.path.insert(0, full)
+    _on_path(path)
     try:
         _, broker = import_broker(app)
     except DramatiqUniqueError:
@@ -144,7 +137,6 @@ def from_env(env: dict[str, str]) -> "Suite":
     try:
         exists = db.table_exists(JobModel._meta.table_name)
     except pw.PeeweeException as e:
-        from dramatiq_unique.errors import DatabaseUnavailable
         raise DatabaseUnavailable(f"reading {DATABASE_ENV}: {e}") from e
     finally:
         db.close()
@@ -161,7 +153,7 @@ def from_env(env: dict[str, str]) -> "Suite":
 
 def _read_only_suite() -> type:
     """A Suite that binds the job table without creating or migrating anything: the environment's
-    database role may only read (``CREATE TABLE IF NOT EXISTS`` needs the right to create)."""
+    database role may only read."""
     from dramatiq_unique.storage import schema
     from dramatiq_unique.suite import Suite
 

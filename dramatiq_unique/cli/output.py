@@ -16,16 +16,9 @@ LINES = "\n\t"
 
 
 def visible(text: str, *, keep: str = "", json: bool = False) -> str:
-    """``text`` with every character a terminal would act on rather than show written out as an escape.
-
-    Job arguments and errors are anyone's data: ESC starts colour, cursor and screen-clearing
-    sequences and OSC ones (a window title, a hyperlink, the clipboard on some terminals), and so
-    does an 8-bit CSI (``\\x9b``); CR and backspace overwrite what was printed; bidi overrides
-    reorder it.  Each non-printable character (``str.isprintable``: controls, format characters,
-    separators other than the space) becomes ``\\x1b``, ``\\u202e``...; ``keep`` lists those left
-    as they are (``"\\n\\t"`` for text of several lines, as a driver's error has).  ``json=True``: as JSON escapes
-    (``\\u001b``), for text that is JSON (``json.dumps`` leaves DEL, C1 and bidi characters raw).
-    """
+    """``text`` with every character a terminal would act on rather than show (``str.isprintable``:
+    ESC, C1, CR, backspace, bidi overrides) written out as an escape, but those in ``keep``;
+    ``json=True``: as JSON escapes (``json.dumps`` leaves DEL, C1 and bidi characters raw)."""
     if text.isprintable() or all(c.isprintable() or c in keep for c in text):
         return text
     out = []
@@ -54,8 +47,7 @@ def cell(value: Any) -> str:
 
 
 def detail(text: str) -> str:
-    """A value shown whole, on a view of one thing (a job's arguments, its result), cut only past
-    :data:`MAX_DETAIL` characters, saying how much was left out."""
+    """A value shown whole on a view of one job, cut only past :data:`MAX_DETAIL` characters."""
     if len(text) <= MAX_DETAIL:
         return text
     return f"{text[:MAX_DETAIL]}… ({len(text) - MAX_DETAIL} characters more: --json prints them all)"

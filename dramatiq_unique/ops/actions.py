@@ -1,32 +1,33 @@
-"""The operator's actions and the dead set: the suite's own functions, called for a given suite.
-
-``dead_jobs``, ``retry_job``, ``cancel_job`` (:mod:`dramatiq_unique.durable`) and
-``set_concurrency_limit``/``concurrency_status`` (:mod:`dramatiq_unique.slots.limits`)
-are given ``suite``: the command line and the dashboard name the suite they act on,
-and the process's current suite (the last ``setup()``) stays as it was.
-"""
+"""What an operator does, on the suite named (not the process's current one): the dead set, a limit
+set at run time, pruning, and the bulk actions on a selection made from words (``retry`` takes the
+dead set, ``cancel`` waiting jobs; one UPDATE per job table and store)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from dramatiq_unique.durable import claims
-from dramatiq_unique.durable.cancel import cancel_job
-from dramatiq_unique.durable.dead import dead_jobs, retry_job
+from dramatiq_unique.durable import bulk_actions, claims
+from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Outcome, Selection
+from dramatiq_unique.durable.dead import dead_jobs
 from dramatiq_unique.durable.redrive import MAX_PAGES
 from dramatiq_unique.durable.scope import Scope
-from dramatiq_unique.ops.listing import job_row
+from dramatiq_unique.ops import keys
+from dramatiq_unique.ops.listing import job_row, parse_statuses
 from dramatiq_unique.ops.views import JobRow
 from dramatiq_unique.slots import limits
-from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
+from dramatiq_unique.slots.limits import ConcurrencyStatus
 from dramatiq_unique.storage.jobs import db_errors
-from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.storage.models import WAITING
 
 if TYPE_CHECKING:
     import dramatiq
 
     from dramatiq_unique.suite import Suite
+
+ACTIONS = (RETRY, CANCEL)
+#: Characters of an error text to look for, at most.
+MAX_ERROR_TEXT = 200
 
 
 def dead(
@@ -37,42 +38,18 @@ def dead(
     return [job_row(suite, job, suite.stores.index_of(type(job))) for job in rows]
 
 
-def retry(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
-    """:func:`dramatiq_unique.retry_job` of the job an operator named (JobNotFound, AmbiguousJobId,
-    JobStateError, DuplicateJob): a number names a job only if one store has it, as for the function."""
-    return retry_job(id_or_message_id, suite=suite)
-
-
-def cancel(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
-    """:func:`dramatiq_unique.cancel_job` of the job an operator named (JobNotFound, AmbiguousJobId,
-    JobStateError)."""
-    return cancel_job(id_or_message_id, suite=suite)
-
-
-def set_limit(suite: "Suite", actor: str, limit: Optional[int], key: Any = None) -> ConcurrencyStatus:
-    """:func:`dramatiq_unique.set_concurrency_limit` (``0`` halts, None restores the default),
-    then the group's :func:`~dramatiq_unique.concurrency_status`."""
-    set_concurrency_limit(actor, limit, key, suite=suite)
-    return concurrency_status(actor, key, suite=suite)
-
-
-def limit_status(suite: "Suite", actor: str, key: Any = None) -> ConcurrencyStatus:
-    return concurrency_status(actor, key, suite=suite)
-
-
 def set_group_limit(
     suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None, key: Any = None,
 ) -> ConcurrencyStatus:
-    """The limit of a level named by its group key ('' for the actor's own; see
-    :func:`~dramatiq_unique.ops.limitkeys.resolve`), then its status."""
+    """Set the limit of a group named by its key ('' for the actor's own; see
+    :func:`~dramatiq_unique.ops.keys.limit_target`), then return its status."""
     limits.set_group_limit(actor, group, limit, suite=suite, words=words, key=key)
     return limits.group_status(actor, group, suite=suite)
 
 
 def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
-    """Delete the finished rows past ``retention`` now, as a re-drive pass does (the same
-    step, the same scope: this app's rows of the actors ``broker``'s process declares);
-    returns how many."""
+    """Delete the finished rows past ``retention`` now, as a re-drive pass does (this app's rows of the
+    actors ``broker``'s process declares); returns how many."""
     scope = Scope(suite, broker)
     pruned = 0
     with db_errors("pruning"):
@@ -82,3 +59,63 @@ def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
                 pruned += claims.prune(model, scope.prunable(model), suite.settings,
                                        page=suite.settings.redrive_page_size, max_pages=MAX_PAGES)
     return pruned
+
+
+def selection(
+    suite: "Suite", action: str, *, actor: Optional[str] = None, key: Optional[str] = None,
+    since: Optional[datetime] = None, error: Optional[str] = None, status: Optional[str] = None,
+) -> Selection:
+    """The rows ``action`` takes, from an operator's words; ValueError for words that select nothing
+    a statement can find (an actor not declared, a key not made of its unique_args, a bad status)."""
+    if action not in ACTIONS:
+        raise ValueError(f"no bulk action {action!r}: {' or '.join(ACTIONS)}")
+    actor = (actor or "").strip() or None
+    if actor is not None and suite.actor_config(actor) is None:
+        raise ValueError(f"no tracked actor {actor!r} is declared in the app")
+    unique_keys = None
+    key = (key or "").strip() or None
+    if key is not None:
+        unique_keys = keys.derived(suite, actor, key)
+        if unique_keys is None:
+            raise ValueError(f"a bulk action finds its jobs by their unique key: {key!r} must name the parameters "
+                             f"that unique_args selects (customer=42){'' if actor else ', with the actor given'}")
+    error = (error or "").strip() or None
+    if error is not None and (action != RETRY or len(error) > MAX_ERROR_TEXT):
+        raise ValueError(f"an error text selects dead jobs, up to {MAX_ERROR_TEXT} characters")
+    statuses: tuple[str, ...] = WAITING
+    if status:
+        if action != CANCEL:
+            raise ValueError("the dead set is the failed jobs: a status selects waiting jobs to cancel")
+        statuses = parse_statuses(status)
+        outside = [s for s in statuses if s not in WAITING]
+        if outside:
+            raise ValueError(f"only waiting jobs can be cancelled ({', '.join(WAITING)}), not {', '.join(outside)}")
+    return Selection(actor=actor, unique_keys=unique_keys, since=since, error=error, statuses=statuses)
+
+
+def preview(suite: "Suite", broker: "Optional[dramatiq.Broker]", action: str, sel: Selection) -> Outcome:
+    """How many jobs ``action`` would take now (and leave: of actors not declared here)."""
+    return bulk_actions.preview(suite, broker or suite.broker, action, sel)
+
+
+def act(suite: "Suite", broker: "Optional[dramatiq.Broker]", action: str, sel: Selection) -> Outcome:
+    """Retry or cancel the jobs ``sel`` selects."""
+    run = bulk_actions.retry_all if action == RETRY else bulk_actions.cancel_all
+    return run(suite, broker or suite.broker, sel)
+
+
+def described(action: str, sel: Selection, key: Optional[str] = None) -> str:
+    """The selection in words, for a question or an answer: ``dead jobs of charge failed since …``."""
+    what = "dead jobs" if action == RETRY else (
+        "waiting jobs" if set(sel.statuses) == set(WAITING) else f"{'/'.join(sel.statuses)} jobs")
+    parts = [what]
+    if sel.actor:
+        parts.append(f"of {sel.actor}")
+    if key:
+        parts.append(f"with the key {key!r}")
+    if sel.error:
+        parts.append(f"whose error holds {sel.error!r}")
+    if sel.since is not None:
+        parts.append(f"{'failed' if action == RETRY else 'created'} since "
+                     f"{sel.since.replace(microsecond=0).isoformat(sep=' ')} UTC")
+    return " ".join(parts)

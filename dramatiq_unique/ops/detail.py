@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
-from dramatiq_unique.ops import gates, labels, words
+from dramatiq_unique.ops import held
 from dramatiq_unique.ops.views import Attempt, JobView, Waiting
+from dramatiq_unique.ops.words import holding, render, row_key, why
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
 from dramatiq_unique.slots.gate import gate_of, group_key, has_slots
 from dramatiq_unique.storage.jobs import db_errors
@@ -19,39 +20,38 @@ if TYPE_CHECKING:
 
 #: Characters of a message id or id accepted (a longer "id" is garbage, not a lookup).
 MAX_ID = 64
+PENDING, QUEUED, RUNNING, RETRYING = (s.value for s in (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING,
+                                                        JobStatus.RETRYING))
 
 
 def find(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
-    """The job by id (the shared table of the primary) or message id (any table, any store);
-    JobNotFound if this app has none (ValueError for what cannot be an id)."""
+    """The job by id (the primary's shared table) or message id (any table, any store); JobNotFound
+    if this app has none, ValueError for what cannot be an id."""
     ref = str(id_or_message_id).strip()
     if not ref or len(ref) > MAX_ID or not ref.isprintable():
         raise ValueError(f"not a job id or message id: {str(id_or_message_id)[:MAX_ID]!r}")
     key: Union[int, str] = int(ref) if ref.isdigit() else ref
-    if isinstance(key, int) and key >= 2**63:
-        raise JobNotFound(repr(ref))
-    row = lookup.find_job(suite, key)
+    row = None if isinstance(key, int) and key >= 2**63 else lookup.find_job(suite, key)
     if row is None:
         raise JobNotFound(repr(ref))
     return row
 
 
 def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
-    """The job's view (see :class:`~dramatiq_unique.ops.views.JobView`); JobNotFound if there is none."""
+    """The job's view; JobNotFound if there is none."""
     row = find(suite, id_or_message_id)
-    config = suite.actor_config(row.actor_name)
     with db_errors(f"reading why job {row.id} waits"):
         waiting, slot = waiting_of(suite, row), slot_of(suite, row)
-    if slot is not None and row.status == JobStatus.QUEUED.value and (waiting is None or waiting.reason == "queued"):
+    if slot is not None and row.status == QUEUED and (waiting is None or waiting.reason == "queued"):
         waiting = Waiting(reason="woken", label=slot[1], since=row.enqueued_at or row.created_at)
     return JobView(
         id=row.id, message_id=row.message_id, actor=row.actor_name, queue=row.queue_name, status=str(row.status),
-        key=labels.row_key(config, row), args=row.args, kwargs=row.kwargs, attempts=row.attempts,
-        created_at=row.created_at, enqueued_at=row.enqueued_at, process_after=row.process_after,
-        started_at=row.started_at, finished_at=row.finished_at, last_error=row.last_error, result=row.result,
-        fencing_token=row.fencing_token, checkpoints=row.checkpoints, worker=row.worker, parked_on=row.parked_on,
-        table=type(row)._meta.table_name, history=history(row), waiting=waiting,
-        why=words.why(waiting, utcnow()), slot=slot[0] if slot is not None else "",
+        key=row_key(suite.actor_config(row.actor_name), row), args=row.args, kwargs=row.kwargs,
+        attempts=row.attempts, created_at=row.created_at, enqueued_at=row.enqueued_at,
+        process_after=row.process_after, started_at=row.started_at, finished_at=row.finished_at,
+        last_error=row.last_error, result=row.result, fencing_token=row.fencing_token, checkpoints=row.checkpoints,
+        worker=row.worker, parked_on=row.parked_on, table=type(row)._meta.table_name, history=history(row),
+        waiting=waiting, why=why(waiting, utcnow()), slot=slot[0] if slot is not None else "",
     )
 
 
@@ -72,86 +72,73 @@ def history(row: JobModel) -> list[Attempt]:
     status = str(row.status)
     return [Attempt(
         attempt=row.attempts or 1, started_at=row.started_at, finished_at=row.finished_at,
-        status=status if status in FINISHED or status == JobStatus.RUNNING.value else "failed",
+        status=status if status in FINISHED or status == RUNNING else "failed",
         error=row.last_error, worker=row.worker,
     )]
 
 
 def moment(value: Any) -> Optional[datetime]:
-    """A time of the ``history`` column (JSON: ISO text) as the datetime the row's own columns are."""
-    if isinstance(value, datetime):
-        return value
+    """A time of the ``history`` column (JSON: ISO text) as a datetime; None if it is none."""
     if isinstance(value, str):
         try:
             return datetime.fromisoformat(value)
         except ValueError:
             return None
-    return None
+    return value if isinstance(value, datetime) else None
 
 
 def waiting_of(suite: "Suite", row: JobModel) -> Optional[Waiting]:
     """Why ``row`` waits, as facts; None when it does not wait."""
     status, now = str(row.status), utcnow()
     due_in = (row.process_after - now).total_seconds() * 1000 if row.process_after else None
-    if status == JobStatus.PENDING.value and row.parked_on:
+    if status == PENDING and row.parked_on:
         try:
             return _parked(suite, row)
         except DependencyUnavailable as e:
             return Waiting(reason=kind_of(row.parked_on), label=row.actor_name, note=f"not all known: {e}")
-    if status == JobStatus.RETRYING.value:
+    if status == RETRYING:
         return Waiting(reason="retrying", due_in_ms=due_in)
-    if status in (JobStatus.PENDING.value, JobStatus.QUEUED.value) and due_in is not None and due_in > 0:
+    if status in (PENDING, QUEUED) and due_in is not None and due_in > 0:
         return Waiting(reason="due", due_in_ms=due_in)
-    if status == JobStatus.QUEUED.value:
+    if status == QUEUED:
         return Waiting(reason="queued", since=row.enqueued_at or row.created_at)
-    if status == JobStatus.PENDING.value:
+    if status == PENDING:
         return Waiting(reason="pending", since=row.created_at)
     return None
 
 
 def slot_of(suite: "Suite", row: JobModel) -> Optional[tuple[str, str]]:
-    """The slot ``row``'s job holds, as (its line, the group in words); None if it holds none.
-
-    A running job of an actor with slots holds one (it took it before it started); a queued one
-    holds one when it was woken with it and still waits in the broker (the gate noted it).  A
-    store or Redis that does not answer leaves the line out: it says what is known.
-    """
+    """The slot ``row``'s job holds, as (its line, the group in words); None if it holds none (or a
+    store or Redis did not answer): a running job of an actor with slots, or a queued one the gate
+    noted as woken with it."""
     status = str(row.status)
     config = suite.actor_config(row.actor_name)
-    if status not in (JobStatus.RUNNING.value, JobStatus.QUEUED.value) or config is None:
-        return None
-    options = row.options or {}
-    if not has_slots(config, options):
+    if status not in (RUNNING, QUEUED) or config is None or not has_slots(config, row.options or {}):
         return None
     try:
-        key = group_key(config, options, tuple(row.args or ()), dict(row.kwargs or {}))
+        key = group_key(config, row.options or {}, tuple(row.args or ()), dict(row.kwargs or {}))
     except Exception:  # arguments that no longer bind: no group to name
         return None
-    actor = row.actor_name
     try:
         found = gate_of(suite).status(slot_group(key))
     except DependencyUnavailable:
         return None
-    queued = gates.woken_holders(suite, actor, found.waiting_holders)
-    if status == JobStatus.QUEUED.value and row.id not in {r.id for r in queued}:
+    holders, queued = held.group_holders(suite, row.actor_name, key, found)
+    if status == QUEUED and row.id not in queued:
         return None
-    holders = sorted(set(gates.slot_holders(suite, actor).get(key, [])) | {r.id for r in queued})
-    words_of = labels.render(config, "concurrency_key", row, key)
-    label = " ".join(filter(None, [actor, words_of]))
-    limit = None if found.limit < 0 else found.limit
-    return words.holding(label, found.held, limit, holders), label
+    label = " ".join(filter(None, [row.actor_name, render(config, "concurrency_key", row, key)]))
+    return holding(label, found.held, None if found.limit < 0 else found.limit, holders), label
 
 
 def _parked(suite: "Suite", row: JobModel) -> Waiting:
     group = row.parked_on or ""
     actor, config = actor_of(group), suite.actor_config(row.actor_name)
-    ahead = gates.ahead_of(suite, row)
-    more = ahead > gates.MAX_COUNTED
-    ahead = min(ahead, gates.MAX_COUNTED)
+    ahead = held.ahead_of(suite, row)
+    more, ahead = ahead > held.MAX_COUNTED, min(ahead, held.MAX_COUNTED)
     if kind_of(group) == LOCK:
         unique_key = unique_key_of(group)
-        label = " ".join(filter(None, [actor, labels.render(config, "unique_args", row, unique_key)]))
-        holder = gates.lock_holder(suite, actor, unique_key)
+        label = " ".join(filter(None, [actor, render(config, "unique_args", row, unique_key)]))
+        holder = held.lock_holder(suite, actor, unique_key)
         left = suite.locks.pttl(suite.keys.execution_lock(unique_key))
         return Waiting(
             reason="lock", label=label, holders=[holder.id] if holder else [], held=1 if left > 0 else 0,
@@ -159,13 +146,12 @@ def _parked(suite: "Suite", row: JobModel) -> Waiting:
         )
     if kind_of(group) == SLOT:
         key = slot_key_of(group)
-        label = " ".join(filter(None, [actor, labels.render(config, "concurrency_key", row, key)]))
+        label = " ".join(filter(None, [actor, render(config, "concurrency_key", row, key)]))
         found = gate_of(suite).status(group)
-        queued = [r.id for r in gates.woken_holders(suite, actor, found.waiting_holders)]
-        ids = sorted(set(gates.slot_holders(suite, actor).get(key, [])) | set(queued))
-        held, limit = found.held, found.limit
+        ids, _ = held.group_holders(suite, actor, key, found)
         return Waiting(
-            reason="halted" if limit == 0 else "slot", label=label, limit=None if limit < 0 else limit,
-            holders=ids if held else [], held=held, ahead=ahead, ahead_more=more,
+            reason="halted" if found.limit == 0 else "slot", label=label,
+            limit=None if found.limit < 0 else found.limit, holders=ids if found.held else [], held=found.held,
+            ahead=ahead, ahead_more=more,
         )
     return Waiting(reason="pending", label=group, since=row.created_at, ahead=ahead, ahead_more=more)

@@ -1,35 +1,136 @@
-"""Held locks and slot groups: ``locks`` and ``slots``.
+"""Who holds a lock or a slot group and who waits for it: ``locks``, ``slots`` and ``limits``.
 
-Both read Redis by SCAN under the suite's key prefix (an operator's
-call, bounded by :data:`MAX_GROUPS`; never on a hot path), then ask the
-job tables who the holders and waiters are (:mod:`dramatiq_unique.ops.gates`).
-Keys are shown in words from a holder's or a waiter's row
-(:mod:`dramatiq_unique.ops.labels`), else from the run-time limit kept for
-the group (:mod:`dramatiq_unique.slots.overrides`); a group with neither
-shows its hash.
+Redis knows a gate's holders only by token, so a holder's job is the ``running`` row of the key
+(and, for a slot group, the ``queued`` rows the gate noted as woken with a slot); waiters are the
+rows parked on the group, in the order they start.  Groups are found by SCAN, bounded.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import redis as redis_lib
 
+from dramatiq_unique import options as opt
 from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.ops import gates, labels, words
 from dramatiq_unique.ops.views import LockView, OverrideView, SlotGroupView
+from dramatiq_unique.ops.words import over_limit, render, short
 from dramatiq_unique.parking.groups import SLOT, lock_group, slot_group, whole_actor
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.slots.gate import GroupStatus, gate_of, has_slots
+from dramatiq_unique.slots.gate import GroupStatus, gate_of, group_key, has_slots
 from dramatiq_unique.storage.jobs import db_errors
+from dramatiq_unique.storage.models import JobModel, JobStatus
 
 if TYPE_CHECKING:
-    from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import ActorConfig, Suite
 
 #: Locks or slot groups one call lists at most.
 MAX_GROUPS = 500
+#: Waiters named in a view; and how many are counted at most (a count past it reads "1000+").
+NAMED_WAITERS = 10
+MAX_COUNTED = 1_000
+#: Running rows of one actor read to find its slot holders.
+MAX_RUNNING = 1_000
+
+PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
+
+
+def tables(suite: "Suite", actor: str) -> list[type[JobModel]]:
+    """The primary's job tables a group of ``actor`` lives in (gates and parking use the primary only)."""
+    config = suite.actor_config(actor)
+    return [config.model] if config is not None else list(suite.models)
+
+
+def _first(suite: "Suite", actor: str, cond: Any) -> Optional[JobModel]:
+    """The first row of ``actor``'s tables for which ``cond(table)`` holds, or None."""
+    for table in tables(suite, actor):
+        row = table.select().where(cond(table)).first()
+        if row is not None:
+            return row
+    return None
+
+
+def _order(config: Optional["ActorConfig"]) -> str:
+    return (config.options.get("unique_order_by") if config else None) or opt.DEFAULT_UNIQUE_ORDER_BY
+
+
+def _parked(suite: "Suite", table: type[JobModel], group: str) -> Any:
+    return (table.app == suite.app) & (table.parked_on == group) & (table.status == PENDING)
+
+
+def waiters(suite: "Suite", actor: str, group: str) -> tuple[list[int], int]:
+    """The first waiters' ids of ``group``, in order, and how many wait (at most MAX_COUNTED + 1)."""
+    config = suite.actor_config(actor)
+    ids: list[int] = []
+    total = 0
+    for table in tables(suite, actor):
+        cond = _parked(suite, table, group)
+        first = table.created_at if _order(config) == "created_at" else table.process_after
+        ids += [row.id for row in table.select(table.id).where(cond).order_by(first, table.id).limit(NAMED_WAITERS)]
+        total += table.select(table.id).where(cond).limit(MAX_COUNTED + 1).count()
+    return ids[:NAMED_WAITERS], min(total, MAX_COUNTED + 1)
+
+
+def ahead_of(suite: "Suite", row: JobModel) -> int:
+    """Rows parked on ``row``'s group that start before it (at most MAX_COUNTED + 1)."""
+    table, config = type(row), suite.actor_config(row.actor_name)
+    by_due = _order(config) == "process_after" and row.process_after is not None
+    column, mine = (table.process_after, row.process_after) if by_due else (table.created_at, row.created_at)
+    before = (column < mine) | ((column == mine) & (table.id < row.id))
+    query = table.select(table.id).where(_parked(suite, table, row.parked_on or "") & before)
+    return int(query.limit(MAX_COUNTED + 1).count())
+
+
+def lock_holder(suite: "Suite", actor: str, unique_key: str) -> Optional[JobModel]:
+    """The running row of ``unique_key`` (the newest, should a stalled one linger), or None."""
+    for table in tables(suite, actor):
+        row = (
+            table.select()
+            .where((table.app == suite.app) & (table.unique_key == unique_key) & (table.status == RUNNING))
+            .order_by(table.fencing_token.desc())
+            .first()
+        )
+        if row is not None:
+            return row
+    return None
+
+
+def slot_holders(suite: "Suite", actor: str) -> dict[str, list[int]]:
+    """{group key: ids of the running jobs in it} for ``actor``'s running rows (bounded)."""
+    config = suite.actor_config(actor)
+    holders: dict[str, list[int]] = {}
+    if config is None:
+        return holders
+    table = config.model
+    # No ORDER BY: SQLite would then walk the primary key to avoid a sort, rather than take the few
+    # running rows by the (app, status, ...) index.
+    query = (
+        table.select()
+        .where((table.app == suite.app) & (table.status == RUNNING) & (table.actor_name == actor))
+        .limit(MAX_RUNNING)
+    )
+    for row in sorted(query, key=lambda r: r.id):
+        try:
+            key = group_key(config, row.options or {}, tuple(row.args or ()), dict(row.kwargs or {}))
+        except Exception:  # arguments that no longer bind: not placed in a group
+            continue
+        holders.setdefault(key, []).append(row.id)
+    return holders
+
+
+def group_holders(suite: "Suite", actor: str, key: str, status: GroupStatus,
+                  running: Optional[dict[str, list[int]]] = None) -> tuple[list[int], list[int]]:
+    """Every holder of a slot group the job tables name, and of them those the gate noted as woken with
+    a slot that still wait in the broker (``queued``)."""
+    queued: list[int] = []
+    for table in tables(suite, actor) if status.waiting_holders else ():
+        queued += [row.id for row in table.select(table.id).where(
+            (table.app == suite.app) & table.message_id.in_(list(status.waiting_holders)[:MAX_RUNNING])
+            & (table.status == QUEUED))]
+    queued.sort()
+    running = slot_holders(suite, actor) if running is None else running
+    return sorted(set(running.get(key, [])) | set(queued)), queued
 
 
 def _glob(text: str) -> str:
@@ -53,33 +154,31 @@ def _actor(unique_key: str) -> str:
 
 
 def locks(suite: "Suite") -> list[LockView]:
-    """Held execution locks (``run``) and queue locks (``queue``), execution locks first,
-    each with its holder, time left, fencing token and waiters in order."""
+    """Held execution locks (``run``), then queue locks (``queue``): holder, time left, fencing
+    token, waiters in order."""
     found: list[LockView] = []
     for kind, name_of in (("run", suite.keys.execution_lock), ("queue", suite.keys.queue_lock)):
-        prefix = f"{LOCK_PREFIX}:{name_of('')}"
-        for unique_key in sorted(_scan(suite, prefix)):
+        for unique_key in sorted(_scan(suite, f"{LOCK_PREFIX}:{name_of('')}")):
             left = suite.locks.pttl(name_of(unique_key))
-            if left <= 0:
-                continue  # ran out between the scan and now
-            with db_errors("reading a lock's jobs"):
-                found.append(_lock(suite, kind, unique_key, left))
+            if left > 0:  # else it ran out between the scan and now
+                with db_errors("reading a lock's jobs"):
+                    found.append(_lock(suite, kind, unique_key, left))
     return found
 
 
 def _lock(suite: "Suite", kind: str, unique_key: str, left: float) -> LockView:
-    actor = _actor(unique_key)
-    holder = (gates.lock_holder if kind == "run" else gates.queue_holder)(suite, actor, unique_key)
-    group = lock_group(unique_key)
-    ids, total = gates.waiters(suite, actor, group) if kind == "run" else ([], 0)
-    sample = holder or (gates.one_row(suite, actor, group) if kind == "run" else None)
-    config = suite.actor_config(actor)
-    key = labels.render(config, "unique_args", sample, unique_key) if sample else labels.short(unique_key)
+    actor, group, run = _actor(unique_key), lock_group(unique_key), kind == "run"
+    if run:
+        holder = lock_holder(suite, actor, unique_key)
+    else:  # the row holding the key while it waits
+        holder = _first(suite, actor, lambda t: (t.app == suite.app) & (t.unique_hold == unique_key))
+    ids, total = waiters(suite, actor, group) if run else ([], 0)
+    sample = holder or (_first(suite, actor, lambda t: _parked(suite, t, group)) if run else None)
+    key = render(suite.actor_config(actor), "unique_args", sample, unique_key) if sample else short(unique_key)
     return LockView(
         kind=kind, actor=actor, key=key, unique_key=unique_key, holder=holder.id if holder else None,
         holder_message_id=holder.message_id if holder else None,
-        token=holder.fencing_token if holder and kind == "run" else None, left_ms=left,
-        waiters=ids, waiting=total,
+        token=holder.fencing_token if holder and run else None, left_ms=left, waiters=ids, waiting=total,
     )
 
 
@@ -102,8 +201,7 @@ def known_groups(suite: "Suite", kept: Optional[list[overrides.Override]] = None
         for table in suite.models:
             query = (
                 table.select(table.parked_on)
-                .where((table.app == suite.app) & (table.status == gates.PENDING)
-                       & table.parked_on.startswith(f"{SLOT}:"))
+                .where((table.app == suite.app) & (table.status == PENDING) & table.parked_on.startswith(f"{SLOT}:"))
                 .distinct().limit(MAX_GROUPS)
             )
             names.update(row.parked_on[len(SLOT) + 1:] for row in query if row.parked_on)
@@ -120,29 +218,28 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
         kept = overrides.listing(suite)
     for key in known_groups(suite, kept):
         name = _actor(key)
-        if actor is not None and name != actor:
-            continue
         config = suite.actor_config(name)
-        if config is not None and not has_slots(config):
+        if (actor is not None and name != actor) or (config is not None and not has_slots(config)):
             continue
         group = slot_group(key)
         status = gate.status(group)
         with db_errors("reading a slot group's jobs"):
             if name not in running:
-                running[name] = gates.slot_holders(suite, name)
-            queued = [row.id for row in gates.woken_holders(suite, name, status.waiting_holders)]
-            holders = sorted(set(running[name].get(key, [])) | set(queued))
-            ids, total = gates.waiters(suite, name, group)
+                running[name] = slot_holders(suite, name)
+            holders, queued = group_holders(suite, name, key, status, running[name])
+            ids, total = waiters(suite, name, group)
             own = next((o for o in kept if o.group == key), None)
             if key.endswith(":all") and config is not None and config.options.get("concurrency_key") is None:
                 text = "(all)"
             else:
-                sample = gates.one_row(suite, name, group) or _holder_row(suite, name, holders)
+                first = holders[0] if holders else None
+                sample = _first(suite, name, lambda t, g=group: _parked(suite, t, g)) or (
+                    _first(suite, name, lambda t, i=first: t.id == i) if first is not None else None)
                 if sample is not None:
-                    text = labels.render(config, "concurrency_key", sample, key)
+                    text = render(config, "concurrency_key", sample, key)
                 else:
-                    text = own.words if own is not None and own.words else labels.short(key)
-        limit, source = _limit(suite, config, name, key, status, kept)
+                    text = own.words if own is not None and own.words else short(key)
+        limit, source = _limit(config, name, key, status, kept)
         views.append(SlotGroupView(
             actor=name, key=text, group=key, limit=limit, held=status.held, holders=holders,
             waiters=ids, waiting=total, halted=limit == 0, limit_from=source, queued_holders=queued,
@@ -152,8 +249,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
 
 
 def _limit(
-    suite: "Suite", config: Optional["ActorConfig"], actor: str, key: str, status: GroupStatus,
-    kept: list[overrides.Override],
+    config: Optional["ActorConfig"], actor: str, key: str, status: GroupStatus, kept: list[overrides.Override],
 ) -> tuple[Optional[int], str]:
     """The group's limit in force, and where it comes from (see :class:`SlotGroupView`)."""
     if status.loaded:
@@ -171,7 +267,7 @@ def _limit(
 
 
 def _note(status: GroupStatus, limit: Optional[int], holders: list[int]) -> str:
-    notes = [words.over_limit(status.held, limit)]
+    notes = [over_limit(status.held, limit)]
     if status.held > len(holders):
         missing = status.held - len(holders)
         notes.append(f"{missing} holder{'s' if missing > 1 else ''} not in the job tables (another app's "
@@ -191,21 +287,9 @@ def limits(suite: "Suite", *, actor: Optional[str] = None) -> list[OverrideView]
 
 
 def _words(suite: "Suite", kept: overrides.Override) -> str:
-    if not kept.group:
-        return "(all)"
     if kept.words:
-        return kept.words
+        return kept.words if kept.group else "(all)"
     config = suite.actor_config(kept.actor)
-    if config is not None and config.options.get("concurrency_key") is None:
+    if not kept.group or (config is not None and config.options.get("concurrency_key") is None):
         return "(all)"
-    return labels.short(kept.group)
-
-
-def _holder_row(suite: "Suite", actor: str, ids: list[int]) -> Optional["JobModel"]:
-    if not ids:
-        return None
-    for table in gates.tables(suite, actor):
-        row = table.select().where(table.id == ids[0]).first()
-        if row is not None:
-            return row
-    return None
+    return short(kept.group)

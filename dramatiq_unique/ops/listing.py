@@ -1,21 +1,6 @@
-"""The jobs list: every job table of every store, newest first, a page at a time.
-
-Keyset pagination on ``id`` (``id < cursor ORDER BY id DESC LIMIT n``): a
-page costs the same on the first page and the thousandth, never an
-OFFSET or a COUNT of the table.  Ids of different tables (an actor's own
-``job_model``, another store) are independent sequences; the pages merge
-them by ``(id, source)``, which the cursor carries (``"<id>.<source>"``).
-
-A filter no index serves (actor, since, status, or a key that cannot be
-hashed back) would make "newest 50 matches" a scan of the whole table
-when matches are rare.  So a filtered page reads ``id`` ranges of
-:data:`SPAN` ids at a time, the primary key's range scan, at most
-:data:`MAX_SPANS` of them and for :data:`BUDGET_MS` at most (the span under
-way is finished): a page may come back short with a cursor to
-go on from (bounded work; an empty page with a cursor means "none in
-the last ids looked at").  A key whose words hash back to unique keys
-(``unique_args`` naming those parameters) uses the ``unique_key`` index.
-"""
+"""The jobs list: every job table of every store, newest first, in keyset pages on ``id`` (the cursor
+carries ``"<id>.<source>"``).  A filter no index serves reads id spans, bounded in number and time, so
+a page may come back short with a cursor to go on from."""
 
 from __future__ import annotations
 
@@ -28,8 +13,9 @@ import peewee as pw
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.scope import NO_APP
-from dramatiq_unique.ops import keyfilter, labels
+from dramatiq_unique.ops import keys
 from dramatiq_unique.ops.views import JobRow, Page
+from dramatiq_unique.ops.words import row_key
 from dramatiq_unique.storage import jobs as storage_jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.storage.stores import base_of
@@ -45,7 +31,7 @@ SPAN = 100_000
 MAX_SPANS = 10
 #: Rows read at a time when a key is matched in Python.
 BATCH = 500
-#: ms a filtered page goes on reading spans for (a page answers in about this, whatever the table).
+#: ms a filtered page goes on reading spans for.
 BUDGET_MS = 50
 #: A cursor that is past every row (the first page).
 TOP = (2**63 - 1, 0)
@@ -104,7 +90,7 @@ def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
         # No actor can have these words as its key: no row (peewee's IN () would not say so on every dialect).
         cond &= table.unique_key.in_(f.unique_keys) if f.unique_keys else pw.SQL("1 = 0")
     elif f.key:
-        cond &= keyfilter.sieve(suite, table, f.key, f.actor)
+        cond &= keys.sieve(suite, table, f.key, f.actor)
     return cond
 
 
@@ -119,23 +105,19 @@ def jobs(
     key: Optional[str] = None, since: Optional[datetime] = None, limit: int = DEFAULT_LIMIT,
     cursor: Optional[str] = None,
 ) -> Page:
-    """A page of this app's jobs, newest first (see the module's docstring).
-
-    ``status``: one status, a comma-separated list or a list of them; ``actor``: one
-    actor's; ``key``: the key in words (``customer=42``); ``since``: created at or after
-    it (naive UTC); ``cursor``: the ``cursor`` of the page before.  ValueError for a bad
-    status, key, limit or cursor.
-    """
+    """A page of this app's jobs, newest first: ``status`` one or several (comma-separated), ``key`` in
+    words (``customer=42``), ``since`` naive UTC, ``cursor`` the page before's.  ValueError for a bad
+    status, key, limit or cursor."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
     if key is not None:
         key = key.strip()
         if not key:
             raise ValueError("an empty key")
-        keyfilter.normal(key)
+        keys.normal(key)
     f = Filters(parse_statuses(status), actor or None, key or None, since)
     if key:
-        f = dataclasses.replace(f, unique_keys=keyfilter.derived(suite, actor, key))
+        f = dataclasses.replace(f, unique_keys=keys.derived(suite, actor, key))
     position = parse_cursor(cursor)
 
     def tables(index: int, found: list[type[JobModel]]) -> list[tuple[int, type[JobModel]]]:
@@ -160,18 +142,18 @@ def _read(
     began = time.monotonic()
     for _ in range(spans):
         if f.scanning:
-            top = upper[0] if upper != TOP else _max_id(sources) + 1
+            top = upper[0] if upper != TOP else _edge(sources, pw.fn.MAX, max) + 1
             floor = max(top - span, 0)
         for source, store, table in sources:
             cond = _where(suite, table, f) & _after(table, source, upper)
             if floor is not None:
                 cond &= table.id >= floor
-            match = (lambda row: keyfilter.matches(suite, row, f.key or "")) if matching else None
+            match = (lambda row: keys.matches(suite, row, f.key or "")) if matching else None
             found += [(row.id, source, row, store) for row in _take(table, cond, limit + 1, match)]
         found.sort(key=lambda item: (item[0], item[1]), reverse=True)
         if len(found) > limit or floor is None:
             break
-        if floor <= _min_id(sources) or _older(sources, floor, f.since):
+        if floor <= _edge(sources, pw.fn.MIN, min) or _older(sources, floor, f.since):
             return [job_row(suite, *item[2:]) for item in found], None
         upper = (floor, -1)
         if (time.monotonic() - began) * 1000 >= BUDGET_MS:
@@ -202,12 +184,9 @@ def _take(table: type[JobModel], cond: Any, need: int, match: Any) -> list[JobMo
     return got[:need]
 
 
-def _max_id(sources: list[tuple[int, int, type[JobModel]]]) -> int:
-    return max((t.select(pw.fn.MAX(t.id)).scalar() or 0 for _, _, t in sources), default=0)
-
-
-def _min_id(sources: list[tuple[int, int, type[JobModel]]]) -> int:
-    return min((t.select(pw.fn.MIN(t.id)).scalar() or 0 for _, _, t in sources), default=0)
+def _edge(sources: list[tuple[int, int, type[JobModel]]], of: Any, pick: Any) -> int:
+    """The highest (``pw.fn.MAX``, ``max``) or lowest id of the tables."""
+    return pick((t.select(of(t.id)).scalar() or 0 for _, _, t in sources), default=0)
 
 
 def _older(sources: list[tuple[int, int, type[JobModel]]], floor: int, since: Optional[datetime]) -> bool:
@@ -227,7 +206,7 @@ def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:
     return JobRow(
         id=row.id, ref=str(row.id) if shared else row.message_id, message_id=row.message_id,
         actor=row.actor_name, queue=row.queue_name, status=str(row.status),
-        key=labels.row_key(suite.actor_config(row.actor_name), row), attempts=row.attempts,
+        key=row_key(suite.actor_config(row.actor_name), row), attempts=row.attempts,
         created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
         table=type(row)._meta.table_name, store=store, error=first_line(row.last_error),
     )

@@ -1,22 +1,8 @@
-"""``stats``: counts by status and actor, throughput, and p50/p95 of waiting and running times.
+"""``stats``: counts by status and actor, throughput, and p50/p95 of waiting, parked and running times.
 
-Bounded work on a table of millions: waiting and running jobs are counted
-through the ``(app, status, ...)`` indexes (there are few of them); finished
-ones only within the window, through ``(app, finished_at)``; the timings
-are taken from the newest :data:`MAX_SAMPLE` jobs finished in it.  On
-PostgreSQL the percentiles are computed in SQL (``percentile_cont``); on
-SQLite, which has none, in Python from the sample.
-
-Waiting time is ``started_at - max(created_at, process_after)``: from
-when the job could first run (its creation, or its due time: a delay, a
-retry's backoff) to when its last attempt started, the time it spent
-parked for a lock or a slot included.  Not from ``enqueued_at``, which
-the wake-up of a parked job rewrites (a job parked for minutes would
-count as having waited the moment between its wake-up and its start).
-Parked time is ``started_at - parked_at`` of the jobs whose last
-attempt was parked (``parked_attempt`` is the attempt before it): from
-when it was first parked to when it started.  Running time is
-``finished_at - started_at``, of the last attempt.
+Bounded on a table of millions: open jobs are counted through the ``(app, status, ...)`` indexes,
+finished ones within the window through ``(app, finished_at)``, and the timings come from the newest
+:data:`MAX_SAMPLE` jobs finished in it (percentiles in SQL on PostgreSQL, in Python on SQLite).
 """
 
 from __future__ import annotations
@@ -30,6 +16,7 @@ import peewee as pw
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.ops.views import Stats
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, is_postgres, utcnow
 
 if TYPE_CHECKING:
@@ -47,20 +34,17 @@ EXTRACT(EPOCH FROM started_at - GREATEST(created_at, process_after)) * 1000 AS w
 EXTRACT(EPOCH FROM finished_at - started_at) * 1000 AS r,
 CASE WHEN parked_attempt = attempts - 1 THEN EXTRACT(EPOCH FROM started_at - parked_at) * 1000 END AS p
 """
-_PG_TIMES = """
-SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY w), percentile_cont(0.95) WITHIN GROUP (ORDER BY w),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY r), percentile_cont(0.95) WITHIN GROUP (ORDER BY r),
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY p), percentile_cont(0.95) WITHIN GROUP (ORDER BY p),
-       count(*), count(p)
-FROM (SELECT {columns}
-      FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
-      ORDER BY finished_at DESC LIMIT {limit}) AS sample
-"""
 _PG_SAMPLE = """
 SELECT {columns}
 FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
 ORDER BY finished_at DESC LIMIT {limit}
 """
+_PG_TIMES = """
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY w), percentile_cont(0.95) WITHIN GROUP (ORDER BY w),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY r), percentile_cont(0.95) WITHIN GROUP (ORDER BY r),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY p), percentile_cont(0.95) WITHIN GROUP (ORDER BY p),
+       count(*), count(p)
+FROM (""" + _PG_SAMPLE + ") AS sample"
 _SQLITE_TIMES = """
 SELECT (julianday(started_at) - julianday(MAX(created_at, COALESCE(process_after, created_at)))) * 86400000,
        (julianday(finished_at) - julianday(started_at)) * 86400000,
@@ -82,7 +66,8 @@ def percentile(values: list[float], fraction: float) -> Optional[float]:
 
 
 def stats(suite: "Suite", *, minutes: int = 15) -> Stats:
-    """Counts, throughput per minute and timings of the last ``minutes`` (see the module's docstring)."""
+    """Counts, throughput per minute and timings of the last ``minutes``.  Waiting: from when the job could
+    first run (created, or due) to its last attempt's start; parked: from first parked to started."""
     if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= MAX_MINUTES:
         raise ValueError(f"minutes must be a whole number from 1 to {MAX_MINUTES}, not {minutes!r}")
     now = utcnow().replace(second=0, microsecond=0) + timedelta(minutes=1)
@@ -167,6 +152,4 @@ def _percentiles(pg: list, samples: list[tuple[float, float, Optional[float]]]) 
 
 
 def _name(t: type[JobModel]) -> str:
-    meta = t._meta
-    schema = f'"{meta.schema}".' if meta.schema else ""
-    return f'{schema}"{meta.table_name}"'
+    return queries.table(t._meta.database, t._meta.table_name, t._meta.schema)

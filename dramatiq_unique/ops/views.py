@@ -1,9 +1,5 @@
-"""What an operator sees: plain dataclasses, each with ``as_dict()`` for JSON.
-
-The command line and the dashboard print these; nothing here reads a store.
-Times are naive UTC datetimes (the job table's) and come out of ``as_dict()``
-as ISO 8601 text; durations are milliseconds.
-"""
+"""What an operator sees: plain dataclasses, each with ``as_dict()`` for JSON.  Times are naive UTC
+(ISO text in JSON); durations are ms."""
 
 from __future__ import annotations
 
@@ -85,10 +81,9 @@ class Attempt(View):
 
 @dataclasses.dataclass
 class Waiting(View):
-    """Why a waiting job waits, as facts; :func:`dramatiq_unique.ops.words.why` puts them in words."""
+    """Why a waiting job waits, as facts; :func:`~dramatiq_unique.ops.words.why` puts them in words."""
 
-    #: "slot", "lock", "halted", "due", "queued", "woken" (queued, holding the slot it was woken
-    #: with), "retrying", "pending".
+    #: "slot", "lock", "halted", "due", "queued", "woken" (queued, with a slot), "retrying", "pending".
     reason: str
     #: The group in words: ``deliver_webhook customer=42``.
     label: str = ""
@@ -138,8 +133,7 @@ class JobView(View):
     waiting: Optional[Waiting]
     #: ``waiting`` in words ('' when the job does not wait).
     why: str
-    #: The concurrency slot the job holds, in words ('' when it holds none): a running job of an
-    #: actor with slots, or a woken one still waiting in the broker with the slot it was handed.
+    #: The concurrency slot the job holds (running, or woken and still in the broker), in words, or ''.
     slot: str = ""
 
 
@@ -175,14 +169,12 @@ class SlotGroupView(View):
     waiters: list[int]
     waiting: int
     halted: bool
-    #: Where ``limit`` comes from: "override" (the group's own), "actor override", "message" (the
-    #: group's last message brought it), "declared", "none" (no limit), or "unknown" (declared by
-    #: the app, which this process did not import).
+    #: Where ``limit`` comes from: "override", "actor override", "message" (the group's last message
+    #: brought it), "declared", "none", or "unknown" (declared by an app this process did not import).
     limit_from: str = ""
     #: The holders that were woken with their slot and wait in the broker for a worker thread.
     queued_holders: list[int] = dataclasses.field(default_factory=list)
-    #: What the numbers need said: more held than the limit, holders no job row names, a Redis
-    #: that lost the run-time limits.
+    #: What the numbers need said (more held than the limit, holders no row names, limits Redis lost).
     note: str = ""
 
 
@@ -191,8 +183,7 @@ class OverrideView(View):
     """A limit set at run time (``set_concurrency_limit``, ``limit``), as the database keeps it."""
 
     actor: str
-    #: The key in words (``customer=42``); "(all)" for the actor's own limit; the group's hash
-    #: (``#0ef2770d1a2b``) when its words are not known.
+    #: The key in words; "(all)" for the actor's own limit; the group's ``#hash`` when no words are known.
     key: str
     #: The group's key (``<actor>:<digest>``), or '' for the actor's own limit.
     group: str
@@ -211,14 +202,12 @@ class Stats(View):
     by_actor: dict[str, dict[str, int]]
     #: Jobs finished per minute, oldest minute first (``minutes`` values).
     throughput: list[int]
-    #: Percentiles, ms, of the jobs finished in the window: {"p50": .., "p95": ..}.  Waiting: from when the
-    #: job could first run (created, or due) to its last attempt's start, time parked included.
+    #: {"p50": .., "p95": ..} ms of the jobs finished in the window (waiting: created or due to started).
     waiting_ms: dict[str, Optional[float]]
     running_ms: dict[str, Optional[float]]
     down: list[str] = dataclasses.field(default_factory=list)
     #: Of the jobs whose last attempt was parked for a lock or a slot: from first parked to started.
     parked_ms: dict[str, Optional[float]] = dataclasses.field(default_factory=lambda: {"p50": None, "p95": None})
-    #: The jobs the timings are of (the newest finished in the window, at most ops.stats.MAX_SAMPLE),
-    #: and how many of them were parked.
+    #: The jobs the timings are of (the newest finished in the window, bounded), and how many were parked.
     timed: int = 0
     parked: int = 0

@@ -1,21 +1,88 @@
-"""Why a job waits, in words, from the facts :mod:`dramatiq_unique.ops.gates` gathers.
-
-Pure functions of a :class:`~dramatiq_unique.ops.views.Waiting` and the
-current time, so each sentence is tested without a store:
-
-* "waiting for a slot of deliver_webhook customer=42: 2 of 2 held by jobs 17 and 23; 5 waiting ahead"
-* "waiting for the execution lock of report user=7: held by job 12 (token 7, 41 s left); 2 waiting ahead"
-* "due in 3 m", "queued since 2026-11-24 21:03:12 UTC (4 m)"
-* "holds a slot of deliver_webhook customer=42: 3 held (jobs 17, 23 and 31), limit lowered to 1 while they ran"
-* "failed, retrying: next attempt overdue by 2 m" (its due time passed and no worker took it yet)
-"""
+"""What an operator reads in words: a job's key (``customer=42``), rendered from its row and its
+actor's options (Redis holds only hashes), and why a job waits, from the facts of a
+:class:`~dramatiq_unique.ops.views.Waiting`."""
 
 from __future__ import annotations
 
+import time
+import weakref
 from datetime import datetime
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from dramatiq_unique.ops.views import Waiting
+from dramatiq_unique.unique.keys import bind_arguments, canonical
+
+if TYPE_CHECKING:
+    from dramatiq_unique.storage.models import JobModel
+    from dramatiq_unique.suite import ActorConfig
+
+#: ms a key callable may take before it is shown as its hash from then on (in this process).
+SLOW_CALLABLE_MS = 20
+#: Characters of a rendered value kept, and of a hash shown when there are no words for it.
+MAX_VALUE = 60
+SHORT_HASH = 12
+
+# Weakly held, so that a new callable never inherits a dead one's verdict through a reused id().
+_slow: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def value_text(value: Any) -> str:
+    """One argument's value in words: a str bare (``acme``), the rest as JSON (``42``, ``[1,2]``)."""
+    text = value if isinstance(value, str) else canonical(value)
+    return text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 1] + "…"
+
+
+def short(key: Optional[str]) -> str:
+    """A hashed key (``actor:0ef2770d…``) cut to ``#0ef2770d1a2b``."""
+    return "#" + key.rsplit(":", 1)[-1][:SHORT_HASH] if key else ""
+
+
+def _call(spec: Callable[..., Any], args: list, kwargs: dict) -> Optional[str]:
+    try:
+        if spec in _slow:
+            return None
+    except TypeError:  # a callable that takes no weak reference is never remembered as slow
+        pass
+    began = time.monotonic()
+    try:
+        result = spec(*args, **kwargs)
+    except Exception:  # the operator's view must not fail on a user's callable: the hash is shown
+        return None
+    if (time.monotonic() - began) * 1000 > SLOW_CALLABLE_MS:
+        try:
+            _slow.add(spec)
+        except TypeError:
+            pass
+    return result if isinstance(result, str) else None
+
+
+def render(config: Optional["ActorConfig"], option: str, row: "JobModel", hashed: Optional[str] = None) -> str:
+    """The key ``option`` (``unique_args`` or ``concurrency_key``) gives ``row``, in words; ``hashed``
+    cut short when there are none (an actor not declared here, arguments that no longer bind)."""
+    if config is None:
+        return short(hashed)
+    spec = config.get(row.options or {}, option)
+    if spec is None or spec is False:
+        return ""
+    args, kwargs = list(row.args or []), dict(row.kwargs or {})
+    if callable(spec) and not isinstance(spec, (list, tuple)):
+        text = _call(spec, args, kwargs)
+        return short(hashed) if text is None else value_text(text)
+    try:
+        bound = bind_arguments(config.fn, tuple(args), kwargs)
+    except Exception:  # arguments of an older signature: the hash is all there is
+        return short(hashed)
+    selected = bound if spec is True else {name: bound.get(name) for name in spec}
+    return " ".join(f"{name}={value_text(value)}" for name, value in selected.items())
+
+
+def row_key(config: Optional["ActorConfig"], row: "JobModel") -> str:
+    """A row's key in words: its unique key's, else its slot group's; '' if it has neither."""
+    if row.unique_key or (config is not None and config.options.get("unique_args") is not None):
+        text = render(config, "unique_args", row, row.unique_key)
+        if text:
+            return text
+    return render(config, "concurrency_key", row) if config is not None else ""
 
 
 def duration(ms: Optional[float]) -> str:
@@ -30,8 +97,11 @@ def duration(ms: Optional[float]) -> str:
     return f"{round(ms)} ms"
 
 
-def when(moment: Optional[datetime]) -> str:
-    return "?" if moment is None else moment.replace(microsecond=0).isoformat(sep=" ") + " UTC"
+def _since(moment: Optional[datetime], now: Optional[datetime]) -> str:
+    if moment is None:
+        return "?"
+    text = moment.replace(microsecond=0).isoformat(sep=" ") + " UTC"
+    return text if now is None else f"{text} ({duration((now - moment).total_seconds() * 1000)})"
 
 
 def job_list(ids: Sequence[int], held: int) -> str:
@@ -51,7 +121,7 @@ def job_list(ids: Sequence[int], held: int) -> str:
 
 def over_limit(held: int, limit: Optional[int]) -> str:
     """Why more hold a group than its limit allows ('' when they do not): no slot is taken over the
-    limit, so the limit went down while they held theirs; nothing new starts until they are fewer."""
+    limit, so the limit went down while they held theirs."""
     if limit is None or held <= limit:
         return ""
     if limit == 0:
@@ -59,23 +129,18 @@ def over_limit(held: int, limit: Optional[int]) -> str:
     return f"{held} held, limit lowered to {limit} while they ran"
 
 
-def holding(label: str, held: int, limit: Optional[int], holders: Sequence[int], limit_from: str = "") -> str:
+def holding(label: str, held: int, limit: Optional[int], holders: Sequence[int]) -> str:
     """A holder's slot line: "holds a slot of <label>: 2 of 3 held (jobs 17 and 23)"."""
     names = f" ({job_list(holders, held)})" if held else ""
     over = over_limit(held, limit)
     if over:
         return f"holds a slot of {label}: {over.replace(' held,', ' held' + names + ',', 1)}"
-    if limit is None:
-        count = f"{held} held, limit not known here" if limit_from == "unknown" else f"{held} held, no limit"
-    else:
-        count = f"{held} of {limit} held"
+    count = f"{held} held, no limit" if limit is None else f"{held} of {limit} held"
     return f"holds a slot of {label}: {count}{names}"
 
 
-def ahead_text(w: Waiting) -> str:
-    if w.ahead == 0:
-        return "first in line"
-    return f"{w.ahead}{'+' if w.ahead_more else ''} waiting ahead"
+def _ahead(w: Waiting) -> str:
+    return "first in line" if w.ahead == 0 else f"{w.ahead}{'+' if w.ahead_more else ''} waiting ahead"
 
 
 def why(w: Optional[Waiting], now: Optional[datetime] = None) -> str:
@@ -92,36 +157,30 @@ def _sentence(w: Waiting, now: Optional[datetime]) -> str:
         return f"waiting for {'a slot' if w.reason == 'slot' else 'the execution lock'}{of}"
     if w.reason == "slot":
         count = f"{w.held} (no limit)" if w.limit is None else f"{w.held} of {w.limit}"
-        # None held: no holder will hand a slot on; the group's wake-up (or the re-drive, for a group
-        # whose holder died) starts the first in line.
+        # None held: no holder will hand a slot on; the group's wake-up (or the re-drive) starts one.
         held = f"held by {job_list(w.holders, w.held)}" if w.held else "held (a wake-up or the re-drive starts one)"
-        over = over_limit(w.held, w.limit)
-        if over:
+        if over_limit(w.held, w.limit):
             held += f" (limit lowered to {w.limit} while they ran)" if w.limit else " (halted while they ran)"
-        return f"waiting for a slot{of}: {count} {held}; {ahead_text(w)}"
+        return f"waiting for a slot{of}: {count} {held}; {_ahead(w)}"
     if w.reason == "woken":
-        since = when(w.since)
-        if w.since is not None and now is not None:
-            since += f" ({duration((now - w.since).total_seconds() * 1000)})"
-        return (f"woken with a slot{of}, which it holds: queued since {since} for a worker thread to start it")
+        return (f"woken with a slot{of}, which it holds: queued since {_since(w.since, now)} "
+                "for a worker thread to start it")
     if w.reason == "halted":
-        return f"waiting for a slot{of}: the group is halted (limit 0; `limit` restores it); {ahead_text(w)}"
+        return f"waiting for a slot{of}: the group is halted (limit 0; `limit` restores it); {_ahead(w)}"
     if w.reason == "lock":
         if w.holders or w.held:
             token = f"token {w.token}, " if w.token is not None else ""
             holder = f"held by {job_list(w.holders, w.held)} ({token}{duration(w.left_ms)} left)"
         else:
             holder = "free now (the next hand-over or the watchdog starts the first in line)"
-        return f"waiting for the execution lock{of}: {holder}; {ahead_text(w)}"
+        return f"waiting for the execution lock{of}: {holder}; {_ahead(w)}"
     if w.reason == "due":
         return f"due in {duration(w.due_in_ms)}"
     if w.reason == "retrying":
         if w.due_in_ms is not None and w.due_in_ms <= 0:
             return f"failed, retrying: next attempt overdue by {duration(-w.due_in_ms)}"
         return f"failed, retrying: next attempt due in {duration(w.due_in_ms)}"
-    since = when(w.since)
-    if w.since is not None and now is not None:
-        since += f" ({duration((now - w.since).total_seconds() * 1000)})"
     if w.reason == "queued":
-        return f"queued since {since}"
-    return f"pending since {since}: not yet in the broker (a transaction to commit, or the re-drive sends it)"
+        return f"queued since {_since(w.since, now)}"
+    return (f"pending since {_since(w.since, now)}: not yet in the broker (a transaction to commit, "
+            "or the re-drive sends it)")

@@ -19,7 +19,10 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
 from dramatiq_unique import ops
+from dramatiq_unique.durable.cancel import cancel_job
+from dramatiq_unique.durable.dead import retry_job
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
+from dramatiq_unique.slots.limits import concurrency_status
 from dramatiq_unique.web import data
 from dramatiq_unique.web.state import current_suite
 
@@ -95,12 +98,12 @@ def _refused(call: Callable[[], Any]) -> Any:
 
 
 def retry(ref: str) -> Response:
-    job = _refused(lambda: ops.retry(current_suite(), job_ref(ref)))
+    job = _refused(lambda: retry_job(job_ref(ref), suite=current_suite()))
     return _back("retried", url_for("job", ref=job.message_id))  # its number may be another store's too
 
 
 def cancel(ref: str) -> Response:
-    _refused(lambda: ops.cancel(current_suite(), job_ref(ref)))
+    _refused(lambda: cancel_job(job_ref(ref), suite=current_suite()))
     return _back("cancelled", url_for("job", ref=ref))
 
 
@@ -129,7 +132,7 @@ def _default_halts() -> bool:
     override or declared limit, for a group; the declared limit, for the actor) is 0."""
     try:
         actor, key = _group_key()
-        whole = ops.limit_status(current_suite(), actor, None)
+        whole = concurrency_status(actor, None, suite=current_suite())
     except (HTTPException, InvalidOption):  # a form the view refuses (400): nothing is done
         return False
     return (whole.limit if key.group else whole.default) == 0

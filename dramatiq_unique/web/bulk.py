@@ -6,7 +6,7 @@ shows a form to confirm it, then the action (POST), which the app's ``before_req
 like any other (basic auth, CSRF, read-only, and the host's hook, asked ``"retry_all"`` or
 ``"cancel_all"``: a hook may allow one job's retry and not the whole dead set's).  The confirmation
 page is offered only to whom the hook allows the action.  The action goes through the ops layer
-(:mod:`dramatiq_unique.ops.bulk`): one UPDATE per job table and store.
+(:mod:`dramatiq_unique.ops.actions`): one UPDATE per job table and store.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from flask import Flask, abort, current_app, redirect, render_template, request,
 from werkzeug.wrappers import Response
 
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
-from dramatiq_unique.ops import bulk
+from dramatiq_unique.ops import actions
 from dramatiq_unique.storage.models import utcnow
 from dramatiq_unique.web import security
 from dramatiq_unique.web.pages import MAX_FILTER, SINCE
@@ -45,7 +45,7 @@ def _filters(action: str, source: Any) -> dict[str, str]:
 def _selection(action: str, filters: dict[str, str]) -> Selection:
     since = utcnow() - SINCE[filters["since"]] if "since" in filters else None
     try:
-        return bulk.selection(current_suite(), action, actor=filters.get("actor"), key=filters.get("key"),
+        return actions.selection(current_suite(), action, actor=filters.get("actor"), key=filters.get("key"),
                               since=since, error=filters.get("error"), status=filters.get("status"))
     except ValueError as e:
         abort(400, str(e))
@@ -60,15 +60,15 @@ def confirm(action: str) -> str:
     _allowed(action)
     filters = _filters(action, request.args)
     sel = _selection(action, filters)
-    found = bulk.preview(current_suite(), None, action, sel)
+    found = actions.preview(current_suite(), None, action, sel)
     return render_template("bulk.html", verb=action, endpoint=ACTION[action], found=found, filters=filters,
-                           what=bulk.described(action, sel, filters.get("key")),
+                           what=actions.described(action, sel, filters.get("key")),
                            back=_url("dead" if action == RETRY else "jobs", filters), down=found.down)
 
 
 def act(action: str) -> Response:
     filters = _filters(action, request.form)
-    done = bulk.act(current_suite(), None, action, _selection(action, filters))
+    done = actions.act(current_suite(), None, action, _selection(action, filters))
     page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
     values: dict[str, Any] = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
     values.update(done=word, n=done.done)

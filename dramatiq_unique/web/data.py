@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, Optional, TypeVar
 
 from dramatiq_unique import ops
 from dramatiq_unique.errors import InvalidOption, JobNotFound
-from dramatiq_unique.ops import limitkeys
+from dramatiq_unique.ops import keys
 from dramatiq_unique.parking.groups import whole_actor
 from dramatiq_unique.slots.limits import key_group, key_words
 from dramatiq_unique.storage.models import utcnow
@@ -119,7 +119,7 @@ def limits(suite: "Suite") -> "list[OverrideView]":
     return ops.limits(suite)
 
 
-def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "limitkeys.Target":
+def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "keys.Target":
     """The level a slots form names: ``group``, the group's key as the page listed it (``<actor>:<digest>``;
     '' for the actor's own limit), which settles what the words cannot (whether 42 was sent as an int or a
     str, a group whose words are not known).  ``words``, the key as the page showed it (``customer=42``,
@@ -131,11 +131,11 @@ def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "limitkey
     words, group = words.strip(), group.strip()
     if not group:
         return ops.limit_target(suite, config, words)
-    if group not in limitkeys.named_groups(suite, config, words):
+    if group not in keys.named_groups(suite, config, words):
         raise InvalidOption(f"no slot group of {actor!r} has the key {words!r}")
     if group == whole_actor(actor) and config.options.get("concurrency_key") is None:
-        return limitkeys.Target("")  # the actor's own limit
-    for value in ([] if words.startswith("#") else limitkeys.candidates(config, words)):
+        return keys.Target("")  # the actor's own limit
+    for value in ([] if words.startswith("#") else keys.candidates(config, words)):
         if key_group(config, value) == group:
-            return limitkeys.Target(group, key_words(config, value), value)
-    return limitkeys.Target(group)  # named by its hash: the words kept with its limit stay
+            return keys.Target(group, key_words(config, value), value)
+    return keys.Target(group)  # named by its hash: the words kept with its limit stay

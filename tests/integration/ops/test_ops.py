@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from dramatiq_unique import JobNotFound, ops
-from dramatiq_unique.ops import keyfilter
+from dramatiq_unique.ops import keys
 from dramatiq_unique.storage.models import utcnow
 
 
@@ -81,7 +81,7 @@ def test_a_key_matched_on_the_rows_is_found_behind_many_that_only_look_alike(sui
     for _ in range(60):
         fine.send(42)
     webhooks = sorted(scene.slot_holders + scene.slot_waiters, reverse=True)
-    assert keyfilter.derived(suite, None, "customer=42") is None  # a slot group's key: matched on the rows
+    assert keys.derived(suite, None, "customer=42") is None  # a slot group's key: matched on the rows
     seen, cursor = [], None
     for _ in range(5):
         page = ops.jobs(suite, key="customer=42", limit=2, cursor=cursor)
@@ -91,10 +91,10 @@ def test_a_key_matched_on_the_rows_is_found_behind_many_that_only_look_alike(sui
             break
     assert seen == webhooks
     # unique_args naming the words: the index, whatever other actors there are; words no actor has: nothing.
-    assert keyfilter.derived(suite, None, "user=7") is not None
+    assert keys.derived(suite, None, "user=7") is not None
     assert [r.id for r in ops.jobs(suite, key="user=7").rows] == sorted(
         [scene.lock_holder, *scene.lock_waiters], reverse=True)
-    assert keyfilter.derived(suite, None, "nobody=1") == ()
+    assert keys.derived(suite, None, "nobody=1") == ()
     assert ops.jobs(suite, key="nobody=1").rows == []
 
 

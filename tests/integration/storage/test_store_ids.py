@@ -7,7 +7,7 @@ import dramatiq
 import pytest
 
 import dramatiq_unique
-from dramatiq_unique import AmbiguousJobId, DatabaseUnavailable, JobNotFound, get_job, ops
+from dramatiq_unique import AmbiguousJobId, DatabaseUnavailable, JobNotFound, get_job
 from dramatiq_unique.storage.models import utcnow
 from dramatiq_unique.web import make_app
 from tests.conftest import REDIS_URL
@@ -49,8 +49,8 @@ def test_a_number_two_stores_have_is_refused_and_a_row_or_message_id_acts_in_its
         only_secondary = rows[second.message_id].id
         assert get_job(only_secondary) is None, "the primary has no job of that number"
 
-        for action in (dramatiq_unique.cancel_job, lambda n: ops.cancel(suite, str(n)),
-                       lambda n: ops.retry(suite, str(n))):
+        for action in (dramatiq_unique.cancel_job, lambda n: dramatiq_unique.cancel_job(str(n), suite=suite),
+                       lambda n: dramatiq_unique.retry_job(str(n), suite=suite)):
             with pytest.raises(AmbiguousJobId) as refused:
                 action(number)
             text = str(refused.value)

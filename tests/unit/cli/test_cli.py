@@ -7,11 +7,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from dramatiq_unique.cli import COMMANDS, main, parser
+from dramatiq_unique.cli import COMMANDS, Command, limit_value, main, parser, since, split_words
 from dramatiq_unique.cli.context import Context
 from dramatiq_unique.cli.output import cell, pairs, table
-from dramatiq_unique.cli.registry import Command, split_words
-from dramatiq_unique.cli.values import limit, since
 from dramatiq_unique.ops.views import JobRow, Page
 
 
@@ -78,10 +76,10 @@ def test_page_json():
 
 
 def test_values():
-    assert limit("3") == 3 and limit("halt") == 0 and limit("DEFAULT") is None
+    assert limit_value("3") == 3 and limit_value("halt") == 0 and limit_value("DEFAULT") is None
     for bad in ("-1", "three", "1.5", ""):
         with pytest.raises(ValueError):
-            limit(bad)
+            limit_value(bad)
     assert since(None) is None
     assert abs((datetime.utcnow() - timedelta(minutes=15)) - since("15m")).total_seconds() < 5
     assert since("2026-11-24T21:00") == datetime(2026, 11, 24, 21, 0)

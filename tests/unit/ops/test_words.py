@@ -1,13 +1,18 @@
-"""Why a job waits, in words, from given facts (dramatiq_unique.ops.words): no service."""
+"""Keys and why a job waits, in words (dramatiq_unique.ops.words): no service."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 
+from dramatiq_unique.ops import words
 from dramatiq_unique.ops.views import Waiting
 from dramatiq_unique.ops.words import duration, job_list, why
+from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.suite import ActorConfig
 
 
 @pytest.mark.parametrize("ms, text", [
@@ -86,3 +91,49 @@ def test_an_overdue_retry_says_by_how_much_not_due_in_0_ms():
     assert why(Waiting(reason="retrying", due_in_ms=-180_000)) == "failed, retrying: next attempt overdue by 3 m"
     assert why(Waiting(reason="retrying", due_in_ms=0)) == "failed, retrying: next attempt overdue by 0 ms"
     assert why(Waiting(reason="retrying", due_in_ms=1)) == "failed, retrying: next attempt due in 1 ms"
+
+
+def deliver(customer, payload="", region="eu"):
+    pass
+
+
+def config(**options) -> ActorConfig:
+    return ActorConfig("deliver", deliver, options, JobModel, ())
+
+
+def row(*args, options=None, unique_key=None, **kwargs):
+    return SimpleNamespace(args=list(args), kwargs=kwargs, options=options or {}, unique_key=unique_key)
+
+
+def test_parameter_names_are_bound_as_the_send_binds_them():
+    c = config(concurrency_key=["customer"])
+    assert words.render(c, "concurrency_key", row(42, "p")) == "customer=42"
+    assert words.render(c, "concurrency_key", row(customer="acme")) == "customer=acme"
+    both = config(unique_args=["customer", "region"])
+    assert words.row_key(both, row(42, region="us", unique_key="deliver:ab")) == "customer=42 region=us"
+    assert words.render(config(unique_args=True), "unique_args", row(1)) == "customer=1 payload= region=eu"
+
+
+def test_no_words_without_the_actor_or_with_arguments_that_no_longer_bind():
+    assert words.render(None, "unique_args", row(1), "deliver:0ef2770d1a2b3c4d") == "#0ef2770d1a2b"
+    c = config(unique_args=["customer"])
+    assert words.render(c, "unique_args", row(1, 2, 3, 4, 5), "deliver:0ef2770d1a2b3c") == "#0ef2770d1a2b"
+    assert words.row_key(config(), row(1)) == ""
+
+
+def test_a_key_callable_is_shown_by_its_result_unless_it_fails_or_is_slow():
+    assert words.render(config(unique_args=lambda customer, **_: f"c{customer}"), "unique_args", row(7)) == "c7"
+    assert words.render(config(unique_args=lambda *a: 1 / 0), "unique_args", row(7), "deliver:ffee") == "#ffee"
+
+    def slow(*args, **kwargs):
+        time.sleep(words.SLOW_CALLABLE_MS / 1000 * 2)
+        return "slow"
+
+    c = config(unique_args=slow)
+    assert words.render(c, "unique_args", row(1), "deliver:aa") == "slow"  # then never called again
+    assert words.render(c, "unique_args", row(1), "deliver:aa") == "#aa"
+
+
+def test_long_values_are_cut():
+    text = words.render(config(concurrency_key=["customer"]), "concurrency_key", row("x" * 500))
+    assert len(text) == len("customer=") + words.MAX_VALUE and text.endswith("…")
