@@ -62,7 +62,7 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     if not any(isinstance(m, Metrics) for m in broker.middleware):  # metrics at worker boot, one per broker
         broker.add_middleware(Metrics())
     ResultWarningFilter.install(suite)
-    attach = getattr(suite.db, "attach", None)
+    attach = getattr(suite.db, "attach_suite", None)
     if attach is not None:  # a framework's database (dramatiq_unique.contrib): its transactions hold sends
         attach(suite)
     _config.set_current(suite)

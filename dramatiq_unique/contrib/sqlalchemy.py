@@ -49,7 +49,7 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         _engines[engine] = db
         return db
 
-    def attach(self, suite: Any) -> None:
+    def attach_suite(self, suite: Any) -> None:
         from dramatiq_unique.contrib import hold_sends
 
         hold_sends(suite)

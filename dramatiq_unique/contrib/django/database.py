@@ -46,7 +46,7 @@ class DjangoDatabase(pw.PostgresqlDatabase):
         where = {key.lower(): settings[key] for key in ("USER", "HOST", "PORT") if settings.get(key)}
         super().__init__(settings["NAME"], prefer_psycopg3=is_psycopg3, **where)
 
-    def attach(self, suite: Any) -> None:
+    def attach_suite(self, suite: Any) -> None:
         from dramatiq_unique.contrib import hold_sends
 
         hold_sends(suite)
