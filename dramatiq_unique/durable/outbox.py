@@ -123,7 +123,7 @@ class Block:
 def publish_held(items: list[_Item]) -> None:
     """After commit: the held sends that the commit kept, claimed and published, each suite's by its
     :class:`Outbox`.  Not inside a block: a ``txn.commit()`` within one publishes from inside it."""
-    token = _active.set(None)
+    token = _active.set(_PUBLISHING)
     try:
         suites: dict[int, Outbox] = {}
         for item in items:
@@ -242,6 +242,9 @@ class Outbox:
 
 
 _active: contextvars.ContextVar[Optional[Block]] = contextvars.ContextVar("dramatiq_unique_outbox", default=None)
+#: Set while held sends are published: they are in no block, even inside a framework's open transaction.
+_PUBLISHING = Block.__new__(Block)
+_PUBLISHING.open = False
 
 
 def active() -> Optional[Block]:
