@@ -201,3 +201,17 @@ def test_the_command_line_is_a_management_command(dj_suite, charge, capsys):
     assert message.message_id in capsys.readouterr().out
     with pytest.raises(CommandError, match="exit code 1"):
         call_command("dramatiq_unique", "job", "no-such-job")
+
+
+def test_djangos_testcase_runs_the_commit_hooks_with_capture_on_commit_callbacks(dj_suite, dj_broker, charge):
+    """Inside a TestCase's transaction (never committed), captureOnCommitCallbacks(execute=True) publishes."""
+    from django.test import TestCase
+
+    untracked = dramatiq.actor(lambda order: order, actor_name="untracked_tc")
+    with pytest.raises(RuntimeError), transaction.atomic():  # the test's transaction, rolled back at its end
+        with TestCase.captureOnCommitCallbacks(execute=True) as hooks:
+            tracked = charge.send("tc")
+            plain = untracked.send("tc")
+        assert len(hooks) == 1
+        assert published(dj_broker) == {tracked.message_id, plain.message_id}
+        raise RuntimeError
