@@ -113,5 +113,5 @@ class DjangoDatabase(pw.PostgresqlDatabase):
             return True
         held = _Held(flush)
         held.items.append(item)
-        django.on_commit(held)
+        django.on_commit(held, robust=True)  # an error is logged: the caller committed
         return True

@@ -215,3 +215,52 @@ def test_djangos_testcase_runs_the_commit_hooks_with_capture_on_commit_callbacks
         assert len(hooks) == 1
         assert published(dj_broker) == {tracked.message_id, plain.message_id}
         raise RuntimeError
+
+
+def test_a_duplicate_refused_inside_atomic_leaves_the_transaction_usable(dj_suite, dj_broker):
+    @dramatiq.actor(unique_args=["order"], unique_lock="until_executed", unique_on_conflict="raise")
+    def invoice(order: str) -> str:
+        return order
+
+    with transaction.atomic():
+        first = invoice.send("o9")
+        with pytest.raises(dramatiq_unique.DuplicateJob):
+            invoice.send("o9")
+        Group.objects.create(name="after-duplicate")  # the clash aborted only its own savepoint
+    assert published(dj_broker) == {first.message_id}
+    assert Group.objects.filter(name="after-duplicate").exists()
+
+
+def test_a_replace_rolled_back_keeps_the_jobs_earlier_arguments(dj_suite, dj_broker):
+    @dramatiq.actor(unique_args=["order"], unique_lock="until_executing", unique_on_conflict="replace")
+    def invoice(order: str, total: int) -> int:
+        return total
+
+    first = invoice.send("o10", 1)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        invoice.send("o10", 2)
+        raise RuntimeError
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            invoice.send("o10", 3)
+            raise RuntimeError
+        replaced = invoice.send("o10", 4)
+    assert replaced.message_id == first.message_id
+    with running_worker(dj_broker):
+        wait_until(lambda: job_of(first).status == "succeeded", timeout=10)
+    assert job_of(first).result == 4
+
+
+def test_a_job_that_sends_in_atomic_on_the_worker_publishes_at_its_commit(dj_suite, dj_broker, charge):
+    @dramatiq.actor(track=True)
+    def place(name: str) -> None:
+        with transaction.atomic():
+            Group.objects.create(name=name)
+            charge.send(name)
+
+    first = place.send("from-worker")
+    with running_worker(dj_broker):
+        wait_until(lambda: job_of(first).status == "succeeded", timeout=10)
+        wait_until(lambda: JobModel.select().where((JobModel.actor_name == "charge")
+                                                   & (JobModel.status == "succeeded")).count() == 1, timeout=10)
+    Group.objects.filter(name="from-worker").delete()
