@@ -38,8 +38,10 @@ class DjangoDatabase(pw.PostgresqlDatabase):
     def __init__(self, alias: str = "default") -> None:
         from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
+        if alias not in connections.settings:
+            raise InvalidOption(f"no Django database {alias!r} for the job tables (DRAMATIQ_UNIQUE['DATABASE'])")
         settings = connections.settings[alias]
-        if "postgresql" not in settings["ENGINE"]:
+        if connections[alias].vendor != "postgresql":
             raise InvalidOption(f"the job tables need a PostgreSQL database; Django database {alias!r} is "
                                 f"{settings['ENGINE']}")
         self.alias = alias

@@ -175,5 +175,5 @@ def test_two_racing_requests_make_one_job(sa_suite, engine, broker):
     for thread in threads:
         thread.join(20)
     assert results["a"] == results["b"]
-    assert JobModel.select().where(JobModel.actor_name == "invoice").count() == 1
+    assert JobModel.select().where((JobModel.actor_name == "invoice") & (JobModel.app == sa_suite.app)).count() == 1
     assert published(broker) == {results["a"]}

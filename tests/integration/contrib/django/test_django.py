@@ -152,7 +152,7 @@ def test_two_racing_requests_make_one_job(dj_suite, dj_broker):
     for thread in threads:
         thread.join(20)
     assert results["a"] == results["b"]
-    assert JobModel.select().where(JobModel.actor_name == "invoice").count() == 1
+    assert JobModel.select().where((JobModel.actor_name == "invoice") & (JobModel.app == dj_suite.app)).count() == 1
     assert published(dj_broker) == {results["a"]}
 
 
@@ -261,6 +261,23 @@ def test_a_job_that_sends_in_atomic_on_the_worker_publishes_at_its_commit(dj_sui
     first = place.send("from-worker")
     with running_worker(dj_broker):
         wait_until(lambda: job_of(first).status == "succeeded", timeout=10)
-        wait_until(lambda: JobModel.select().where((JobModel.actor_name == "charge")
+        wait_until(lambda: JobModel.select().where((JobModel.actor_name == "charge") & (JobModel.app == dj_suite.app)
                                                    & (JobModel.status == "succeeded")).count() == 1, timeout=10)
     Group.objects.filter(name="from-worker").delete()
+
+
+def test_a_send_outside_atomic_reconnects_after_its_connection_died(dj_suite, dj_broker, charge):
+    import psycopg2
+
+    from tests.conftest import PG_URL
+
+    charge.send("before")
+    raw = connection.connection
+    pid = raw.info.backend_pid if hasattr(raw, "info") else raw.get_backend_pid()  # psycopg 3 or psycopg2
+    killer = psycopg2.connect(PG_URL)
+    killer.autocommit = True
+    killer.cursor().execute("SELECT pg_terminate_backend(%s)", (pid,))
+    killer.close()
+    message = charge.send("after")  # the dead connection is replaced, the statement run again
+    assert job_of(message).status == "queued"
+
