@@ -281,3 +281,14 @@ def test_a_send_outside_atomic_reconnects_after_its_connection_died(dj_suite, dj
     message = charge.send("after")  # the dead connection is replaced, the statement run again
     assert job_of(message).status == "queued"
 
+
+
+def test_send_many_in_atomic_is_held_with_the_transaction(dj_suite, dj_broker, charge):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        dramatiq_unique.send_many(charge, [((f"r{n}",), {}) for n in range(20)])
+        raise RuntimeError
+    assert published(dj_broker) == set()
+    with transaction.atomic():
+        messages = dramatiq_unique.send_many(charge, [((f"c{n}",), {}) for n in range(20)])
+        assert published(dj_broker) == set()
+    assert published(dj_broker) == {m.message_id for m in messages}
