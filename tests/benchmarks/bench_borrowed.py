@@ -8,7 +8,8 @@ that database (contrib/django/database.py; Django's driver, psycopg 3 when insta
 round the kinds take turns, so the machine's load falls on both alike: ``plain`` Dramatiq, then a
 tracked and a unique send on each suite, outside any transaction (autocommit), and a tracked send
 inside a transaction of one send (``transaction()`` on the own connection, ``transaction.atomic()`` on
-Django's).  Prints the median microseconds per send and each one's speed ratio to plain Dramatiq.
+Django's).  Prints the median microseconds per send, wall clock and this process's CPU (the client's
+own cost, which the machine's load hardly moves), and each one's speed ratio to plain Dramatiq.
 """
 
 from __future__ import annotations
@@ -72,24 +73,27 @@ def main() -> None:
     with pg_database() as url:
         kinds = suites(url)
         micros: dict[str, list[float]] = {kind: [] for kind in kinds}
+        cpu: dict[str, list[float]] = {kind: [] for kind in kinds}
         sent = 0
         for _ in range(args.rounds):
             for kind, send in kinds.items():
                 for i in range(50):  # warm
                     send(sent + i)
                 sent += 50
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 for i in range(args.jobs):
                     send(sent + i)
                 micros[kind].append((time.perf_counter() - start) / args.jobs * 1e6)
+                cpu[kind].append((time.process_time() - start_cpu) / args.jobs * 1e6)
                 sent += args.jobs
         for broker_ns in {f"bench-borrowed-{n}-{os.getpid()}" for n in ("own", "django")}:
             RedisBroker(url=REDIS_URL, namespace=broker_ns).flush_all()
     plain = micros["plain"]
-    print(f"{'kind':<26}{'us/send':>9}  speed vs plain, median (range)")
+    print(f"{'kind':<26}{'us/send':>9}{'cpu us':>8}  speed vs plain, median (range)")
     for kind, us in micros.items():
         ratios = [p / u for p, u in zip(plain, us, strict=True)]
-        print(f"{kind:<26}{statistics.median(us):>9.0f}  {statistics.median(ratios):.2f} "
+        print(f"{kind:<26}{statistics.median(us):>9.0f}{statistics.median(cpu[kind]):>8.0f}  "
+              f"{statistics.median(ratios):.2f} "
               f"({min(ratios):.2f}-{max(ratios):.2f})")
 
 

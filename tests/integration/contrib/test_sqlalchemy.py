@@ -3,7 +3,6 @@ roll back with the session's writes, savepoints (``begin_nested()``) included.  
 
 from __future__ import annotations
 
-import threading
 from typing import Iterator
 
 import dramatiq
@@ -16,8 +15,9 @@ import dramatiq_unique
 from dramatiq_unique.contrib.sqlalchemy import EngineDatabase
 from dramatiq_unique.storage.models import JobModel
 from tests.conftest import REDIS_URL
-from tests.durable import RedisServer, broker_messages, running_worker
+from tests.durable import RedisServer, running_worker
 from tests.helpers import job_of, wait_until
+from tests.integration.contrib import published, race
 
 
 class Base(DeclarativeBase):
@@ -52,10 +52,6 @@ def charge(sa_suite):
         return order
 
     return charge
-
-
-def published(broker) -> set[str]:
-    return {m["message_id"] for m in broker_messages(broker)}
 
 
 def test_setup_takes_the_engine(sa_suite, engine):
@@ -156,24 +152,14 @@ def test_two_racing_requests_make_one_job(sa_suite, engine, broker):
     def invoice(order: str) -> str:
         return order
 
-    first_sent, results = threading.Event(), {}
-
-    def request(name: str, wait: threading.Event | None) -> None:
-        if wait is not None:
-            assert wait.wait(10)
+    def request(name: str, sent) -> str:
         with Session(engine) as session, session.begin():
             session.add(Order(name=name))
-            results[name] = invoice.send("order-7").message_id
-            if wait is None:
-                first_sent.set()
-                threading.Event().wait(0.3)  # the other request's send waits on the unique index
+            message = invoice.send("order-7")
+            sent()
+        return message.message_id
 
-    threads = [threading.Thread(target=request, args=("a", None)),
-               threading.Thread(target=request, args=("b", first_sent))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
+    results = race(request)
     assert results["a"] == results["b"]
     assert JobModel.select().where((JobModel.actor_name == "invoice") & (JobModel.app == sa_suite.app)).count() == 1
     assert published(broker) == {results["a"]}

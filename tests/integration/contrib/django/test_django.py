@@ -8,7 +8,6 @@ A Group stands for the view's own model (an Order).
 from __future__ import annotations
 
 import re
-import threading
 
 import dramatiq
 import pytest
@@ -23,8 +22,9 @@ import dramatiq_unique
 from dramatiq_unique.contrib.django.apps import setup
 from dramatiq_unique.storage import schema
 from dramatiq_unique.storage.models import JobModel
-from tests.durable import RedisServer, broker_messages, running_worker
+from tests.durable import RedisServer, running_worker
 from tests.helpers import job_of, wait_until
+from tests.integration.contrib import published, race
 from tests.integration.contrib.django.conftest import DRAMATIQ_MIDDLEWARE
 
 
@@ -35,10 +35,6 @@ def charge(dj_suite):
         return order
 
     return charge
-
-
-def published(broker) -> set[str]:
-    return {m["message_id"] for m in broker_messages(broker)}
 
 
 def test_the_job_rows_are_written_on_djangos_connection_in_its_transaction(dj_suite, dj_broker, charge):
@@ -130,27 +126,17 @@ def test_two_racing_requests_make_one_job(dj_suite, dj_broker):
     def invoice(order: str) -> str:
         return order
 
-    first_sent, results = threading.Event(), {}
-
-    def request(name: str, wait: threading.Event | None) -> None:
+    def request(name: str, sent) -> str:
         try:
-            if wait is not None:
-                assert wait.wait(10)
             with transaction.atomic():
                 Group.objects.create(name=f"race-{name}")
-                results[name] = invoice.send("order-7").message_id
-                if wait is None:
-                    first_sent.set()
-                    threading.Event().wait(0.3)  # the other request's send waits on the unique index
+                message = invoice.send("order-7")
+                sent()
+            return message.message_id
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=request, args=("a", None)),
-               threading.Thread(target=request, args=("b", first_sent))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
+    results = race(request)
     assert results["a"] == results["b"]
     assert JobModel.select().where((JobModel.actor_name == "invoice") & (JobModel.app == dj_suite.app)).count() == 1
     assert published(dj_broker) == {results["a"]}
