@@ -42,19 +42,30 @@ def setup(broker: Optional[dramatiq.Broker] = None, **overrides: Any) -> Any:
         raise InvalidOption(f"{SETTING}['REDIS'] is required with a broker that has no Redis client")
     # No Redis check by default: manage.py's commands (migrate, collectstatic) run without it.
     suite_settings = {"check_redis": False, **given.get("SETTINGS", {}), **overrides}
-    return suite_setup(broker, database=DjangoDatabase(given.get("DATABASE", "default")), redis=redis,
-                       **suite_settings)
+    global _suite
+    _suite = suite_setup(broker, database=DjangoDatabase(given.get("DATABASE", "default")), redis=redis,
+                         **suite_settings)
+    return _suite
+
+
+_suite: Any = None
+
+
+def project_suite() -> Any:
+    """The suite :func:`setup` made last (the app's), whatever other suites the process set up since."""
+    if _suite is None:
+        raise InvalidOption("dramatiq_unique.contrib.django is not in INSTALLED_APPS")
+    return _suite
 
 
 def migrate_tables(apps: Any, schema_editor: Any) -> None:
     """The migrations' step: the suite's own ``migrate`` on every job table its actors declare."""
     from django.utils.module_loading import autodiscover_modules
 
-    from dramatiq_unique import suite as _config
     from dramatiq_unique.health import commands, target
 
-    suite = _config.current()
-    if schema_editor.connection.alias != getattr(suite.db, "alias", None):
+    suite = project_suite()
+    if schema_editor.connection.alias != suite.db.alias:
         return
     autodiscover_modules("tasks")  # the actors, as rundramatiq finds them: their job_model tables too
     results: list[Any] = []

@@ -15,16 +15,16 @@ class Command(BaseCommand):
         parser.add_argument("words", nargs=argparse.REMAINDER, help="COMMAND and its words, as dramatiq-unique takes")
 
     def handle(self, *args: Any, words: list[str], **options: Any) -> None:
-        import dramatiq
         from django.utils.module_loading import autodiscover_modules
 
         from dramatiq_unique import cli
-        from dramatiq_unique import suite as _config
+        from dramatiq_unique.contrib.django.apps import project_suite
 
         autodiscover_modules("tasks")  # the actors, as rundramatiq finds them
         if not words or words[0] == "help":
             words = ["--help"]
-        context = cli.Context(suite=_config.current(), broker=dramatiq.get_broker(), out=self.stdout, err=self.stderr)
+        suite = project_suite()
+        context = cli.Context(suite=suite, broker=suite.broker, out=self.stdout, err=self.stderr)
         # --app: no word is taken for an app module; the suite is the project's.
         argv = words if words[0].startswith("-") else [words[0], "--app", "django", *words[1:]]
         code = cli.main(argv, context=context)
