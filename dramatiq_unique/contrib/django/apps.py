@@ -68,6 +68,8 @@ def migrate_tables(apps: Any, schema_editor: Any) -> None:
     if schema_editor.connection.alias != suite.db.alias:
         return
     autodiscover_modules("tasks")  # the actors, as rundramatiq finds them: their job_model tables too
+    for model in suite.models:  # bound to the suite set up last, which may be another (tests)
+        model.bind(suite.db, bind_refs=False, bind_backrefs=False)
     results: list[Any] = []
     if commands.migrate(target.of_suite(suite), lambda data, text: results.append(text())):
         raise RuntimeError(f"the job tables could not be migrated:\n{results[0]}")
