@@ -207,10 +207,8 @@ class Suite:
         #: The app this suite's job rows belong to, in a database several apps share (durable/scope.py).
         self.app = app_name(self.settings.key_prefix)
         self.broker: Optional[dramatiq.Broker] = None
-        #: Publishes tracked sends, unique ones with their queue locks (broker/publish.py), once the broker is wrapped.
+        #: Publishes batches of tracked sends on a Redis broker (broker/publish.py), once the broker is wrapped.
         self.publisher: Optional[Any] = None
-        #: Acks tracked messages on a Redis broker (broker/acks.py), once the broker is wrapped.
-        self.acks: Optional[Any] = None
         self.models: list[type[JobModel]] = []
         self.actors: dict[str, ActorConfig] = {}
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -14,7 +15,7 @@ from typing import Any, Iterator
 import dramatiq
 import redis
 
-from dramatiq_unique.durable.redrive import CONFIRM_AFTER, RedriveCounts, redrive
+from dramatiq_unique.durable.redrive import CONFIRM_AFTER, RedriveCounts, redrive, run_pass
 
 
 def wipe_broker(broker: Any) -> int:
@@ -23,6 +24,29 @@ def wipe_broker(broker: Any) -> int:
     if keys:
         broker.client.delete(*keys)
     return len(keys)
+
+
+def pass_selects(suite: Any, broker: Any, model: Any) -> list[tuple[str, Any]]:
+    """The SELECTs on ``model``'s table that one re-drive pass runs (no pass lock), as (sql, params),
+    read from peewee's query log; a statement run for several pages, once."""
+    seen: list[tuple[str, Any]] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.msg) if isinstance(record.msg, tuple) else None  # type: ignore
+    log = logging.getLogger("peewee")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        run_pass(suite, broker)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    table = f'"{model._meta.table_name}" AS'
+    selects: dict[str, Any] = {}
+    for sql, params in seen:
+        if sql.startswith("SELECT") and table in sql:
+            selects.setdefault(sql, params)
+    return list(selects.items())
 
 
 def broker_messages(broker: Any, queue_name: str = "default") -> list[dict]:

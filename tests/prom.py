@@ -20,8 +20,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from dramatiq_unique.observe import disable_metrics
-from dramatiq_unique.observe.switch import ENV
+from dramatiq_unique.observe import ENV, disable_metrics
 
 
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

@@ -1,3 +1,2 @@
-"""Every touch of Dramatiq's broker internals: the Redis broker's key layout, its ids for a
-message, publish, ack, local delivery, presence; and the Dramatiq versions they were written
-for (compat.py)."""
+"""Every touch of Dramatiq's broker internals: the Redis broker's key layout and the versions it
+was checked against, its ids for a message, batch publishes, local delivery, presence."""

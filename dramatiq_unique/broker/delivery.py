@@ -1,29 +1,6 @@
-"""Delivering a woken job: its message rebuilt from its row, handed to this process's worker.
-
-Why not just ``broker.enqueue``: an idle Redis-broker consumer polls its
-queue with a back-off that grows to ``worker_timeout`` (a second by
-default), so a woken job published to the queue can wait that long
-before anyone fetches it.  The worker thread that wakes it has just
-finished the previous job of its key and consumes that very queue, so
-the job is put straight on this worker's work queue, written to Redis
-exactly as the broker's ``fetch`` would have left it: the message body
-in the queue's ``.msgs`` hash and its id in this worker's ack set
-(``dramatiq/brokers/redis/dispatch.lua``).  So it is acked by the
-worker as usual, requeued by ``Worker.stop()`` if it has not started,
-and requeued by Dramatiq's dead-worker maintenance if this process dies.
-``before_enqueue``/``after_enqueue`` are emitted as for any send.
-
-Measured in tests/benchmarks/bench_execution.py: the next job of a key
-starts a few ms after the previous one ends, against tens of ms (up to
-``worker_timeout``) through the queue.
-
-The woken job goes ahead of the messages of its priority that this
-worker has prefetched (it was sent before them); if every thread of
-this worker is busy with long jobs, it waits for the first to finish,
-even if another process is idle.  Where a local delivery is not
-possible (another broker, no worker in this process, the job's queue
-not consumed here) the message is published with ``broker.enqueue``.
-"""
+"""Delivering a woken job: its message rebuilt from its row, handed straight to this process's
+worker as the broker's fetch would have left it, else published (docs/discussions/how-it-is-built.md,
+"Sending")."""
 
 from __future__ import annotations
 

@@ -1,12 +1,56 @@
-"""The Redis broker's own key layout, as Dramatiq 2.x's ``dispatch.lua`` writes it."""
+"""The Redis broker's own key layout, as Dramatiq 2.x's ``dispatch.lua`` writes it, and the
+Dramatiq versions it was checked against.
+
+The lost-message check reads these keys (presence.py) and a woken job's local delivery writes
+them (delivery.py); on another major version they may be laid out otherwise, and a message
+written where no consumer reads it would be lost without a word: so a Redis broker under an
+untested Dramatiq is refused at set-up (:func:`check`)."""
 
 from __future__ import annotations
 
+import re
+from typing import Any, Optional
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import current_millis
+
+from dramatiq_unique.errors import UnsupportedVersion
+
+#: The Dramatiq versions the suite's use of the Redis broker's internals was written against.
+SUPPORTED = "dramatiq>=2,<3"
+MAJOR_VERSIONS = range(2, 3)
+
+
+def supported(version: str) -> bool:
+    match = re.match(r"\s*(\d+)", version)
+    return match is not None and int(match.group(1)) in MAJOR_VERSIONS
+
+
+def check(broker: Any, version: Optional[str] = None) -> None:
+    """Refuse a Redis broker under a Dramatiq these keys were not checked against (once per
+    broker, when the suite wraps its enqueue); ``version``: the installed Dramatiq's by default."""
+    version = dramatiq.__version__ if version is None else version
+    if isinstance(broker, RedisBroker) and not supported(version):
+        raise UnsupportedVersion(
+            f"dramatiq {version}: the suite reads and writes the Redis broker's keys as {SUPPORTED} lays "
+            f"them out, and has not been checked against this version; use {SUPPORTED} "
+            f"(or RabbitmqBroker, which needs none of this)"
+        )
+
+
+def dispatch(broker: Any, command: str, queue_name: str, *args: Any, worker: Optional[str] = None,
+             maintenance: int = 0, client: Any = None) -> Any:
+    """Run the Redis broker's own ``dispatch.lua`` as its ``do_<command>`` does, for ``worker`` (the
+    broker's own id by default); ``client``: a pipeline to queue it in."""
+    return broker.scripts["dispatch"](keys=[broker.namespace], client=client, args=[
+        command, current_millis(), queue_name, worker or broker.broker_id, broker.heartbeat_timeout,
+        broker.dead_message_ttl, maintenance, broker._max_unpack_size(), *args,
+    ])
+
 
 class BrokerKeys:
-    """Formats of Dramatiq's Redis broker keys under its namespace, as its ``dispatch.lua``
-    writes them: the suite reads them (presence.py) and writes them for tracked messages
-    (publish.py, acks.py, delivery.py)."""
+    """Dramatiq's Redis broker keys under its namespace."""
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace

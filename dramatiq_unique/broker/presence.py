@@ -1,22 +1,6 @@
-"""Is a job's message still in the broker?  The re-drive's lost-message check.
-
-The Redis broker keeps every message in the hash ``<ns>:<queue>.msgs``
-(``<ns>:<queue>.DQ.msgs`` while delayed) from enqueue until it is acked
-or dead-lettered; the queue list and the consumers' unacked sets only
-hold ids into that hash (see dramatiq/brokers/redis/dispatch.lua).  So
-one ``HEXISTS`` per job, on the ``redis_message_id`` that the job row
-keeps in ``broker_ref``, answers whether the message is anywhere in the
-broker: queued, delayed, prefetched or being processed.
-
-Keeping ``broker_ref`` costs a write when a delayed message is promoted
-to its queue (the broker gives it a new id then); the alternative,
-scanning the queues' hashes for the Dramatiq ``message_id``, costs a
-full read of every backlog on every pass.
-
-RabbitMQ cannot be asked whether it holds one message, so there is no
-probe for it: the re-drive trusts its durable queues for published jobs
-and relies on lease expiry for running ones (see redrive.py).
-"""
+"""Is a job's message still in the broker?  The re-drive's lost-message check, one ``HEXISTS`` per
+job on the Redis broker, and the hand-back of messages that dead or reconnected workers hold
+(docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
@@ -26,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from dramatiq.common import current_millis, dq_name, xq_name
 
-from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.broker.keys import BrokerKeys, dispatch
 
 if TYPE_CHECKING:
     from dramatiq import Broker
@@ -48,11 +32,8 @@ class Presence(enum.Enum):
 class RedisProbe:
     """Looks messages up in a :class:`~dramatiq.brokers.redis.RedisBroker`."""
 
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
-        self.client = broker.client  # type: ignore[attr-defined]
-        self.namespace: str = broker.namespace  # type: ignore[attr-defined]
-        self.keys = BrokerKeys(self.namespace)
+    def __init__(self, broker: Any) -> None:  # a RedisBroker, whose attributes Broker does not declare
+        self.broker, self.client, self.keys = broker, broker.client, BrokerKeys(broker.namespace)
 
     def check(self, rows: "Iterable[JobModel]") -> list[Presence]:
         """Where each row's last published message is; a row without ``broker_ref`` is missing."""
@@ -73,22 +54,10 @@ class RedisProbe:
         return out
 
     def requeue_orphans(self, rows: "Iterable[JobModel]") -> int:
-        """Hand messages held by dead consumers back to their queues; returns how many queues were swept.
-
-        A worker killed mid-job leaves its message in its unacked set.
-        Dramatiq moves such messages back when a consumer happens to run
-        its maintenance (0.1% of broker commands by default), which can
-        take a long time on a quiet queue; the re-drive runs that same
-        maintenance for the queues where it saw such a message.
-        """
+        """Hand messages held by dead consumers back to their queues, by Dramatiq's own maintenance
+        (which a quiet queue may not run for long); returns how many queues were swept."""
         rows = [row for row in rows if row.broker_ref]
-        heartbeat_timeout = getattr(self.broker, "heartbeat_timeout", None)
-        script = getattr(self.broker, "scripts", {}).get("dispatch")
-        if not rows or heartbeat_timeout is None or script is None:
-            return 0
-        dead = self.client.zrangebyscore(
-            self.keys.heartbeats(), 0, current_millis() - heartbeat_timeout
-        )
+        dead = self._workers(0, current_millis() - self.broker.heartbeat_timeout) if rows else []
         if not dead:
             return 0
         pipe = self.client.pipeline(transaction=False)
@@ -96,35 +65,20 @@ class RedisProbe:
         for row in rows:
             for queue_name in (row.queue_name, dq_name(row.queue_name)):
                 for worker in dead:
-                    worker_id = worker.decode() if isinstance(worker, bytes) else worker
-                    pipe.sismember(self.keys.acks(worker_id, queue_name), row.broker_ref)
+                    pipe.sismember(self.keys.acks(worker, queue_name), row.broker_ref)
                     probes.append(queue_name)
         queues = {name for name, held in zip(probes, pipe.execute(), strict=True) if held}
         for queue_name in sorted(queues):
-            self._maintain(script, queue_name)
+            dispatch(self.broker, "qsize", queue_name, maintenance=1)
+            logger.info("Moved messages of dead workers back to queue %r.", queue_name)
         return len(queues)
 
     def release_stranded(self, rows: "Iterable[JobModel]") -> int:
-        """Hand back to its delay queue each row's delayed message that a *live* worker fetched and
-        no longer holds; returns how many.
-
-        A worker keeps the delayed messages it fetched in memory until they are due, their ids in its
-        ack set; when its connection to Redis breaks (a Sentinel fail-over, a restart), Dramatiq's
-        consumer starts afresh with an empty delay queue, and the ids stay in the ack set of a worker
-        that is alive, so no maintenance hands them back: the message is "present" for good and never
-        runs.  ``rows`` are retrying rows due ``lost_after`` ago whose message was found present: a
-        worker that still held it would have moved it to its queue by then.  Should one still hold it,
-        the copy is a duplicate delivery, which the job's start refuses.
-        """
-        broker: Any = self.broker
-        script = getattr(broker, "scripts", {}).get("dispatch")
-        heartbeat_timeout = getattr(broker, "heartbeat_timeout", None)
+        """Hand back to its delay queue each row's delayed message that a *live* worker fetched and no
+        longer holds (its connection broke: its delay queue starts empty); returns how many.  ``rows``:
+        retrying rows due ``lost_after`` ago whose message was found present."""
         rows = [row for row in rows if row.broker_ref]
-        if not rows or script is None or heartbeat_timeout is None:
-            return 0
-        now = current_millis()
-        workers = [w.decode() if isinstance(w, bytes) else w
-                   for w in self.client.zrangebyscore(self.keys.heartbeats(), now - heartbeat_timeout, "+inf")]
+        workers = self._workers(current_millis() - self.broker.heartbeat_timeout, "+inf") if rows else []
         if not workers:
             return 0
         pipe = self.client.pipeline(transaction=False)
@@ -134,27 +88,19 @@ class RedisProbe:
                 pipe.sismember(self.keys.acks(worker, dq_name(row.queue_name)), row.broker_ref)
                 probes.append((row, worker))
         released = 0
-        unpack = broker._max_unpack_size() if hasattr(broker, "_max_unpack_size") else 4000
         for (row, worker), held in zip(probes, pipe.execute(), strict=True):
-            if not held:
-                continue
-            # Dramatiq's own requeue, as that worker's shutdown would run it: out of its ack set, back to the queue.
-            script(args=["requeue", current_millis(), dq_name(row.queue_name), worker, heartbeat_timeout,
-                         broker.dead_message_ttl, 0, unpack, row.broker_ref], keys=[self.namespace])
-            released += 1
-            logger.warning("Job %s's retry was held by live worker %s, which no longer has it (its connection to "
-                           "Redis broke): handed back to queue %r.", row.message_id, worker, dq_name(row.queue_name))
+            if held:  # Dramatiq's own requeue, as that worker's shutdown would run it
+                dispatch(self.broker, "requeue", dq_name(row.queue_name), row.broker_ref, worker=worker)
+                released += 1
+                logger.warning("Job %s's retry was held by live worker %s, which no longer has it (its connection "
+                               "to Redis broke): handed back to queue %r.", row.message_id, worker,
+                               dq_name(row.queue_name))
         return released
 
-    def _maintain(self, script, queue_name: str) -> None:
-        broker: Any = self.broker  # the Redis broker's own attributes (compat.py), which Broker does not declare
-        unpack = broker._max_unpack_size() if hasattr(broker, "_max_unpack_size") else 4000
-        args = [
-            "qsize", current_millis(), queue_name, broker.broker_id, broker.heartbeat_timeout,
-            broker.dead_message_ttl, 1, unpack,
-        ]
-        script(args=args, keys=[self.namespace])
-        logger.info("Moved messages of dead workers back to queue %r.", queue_name)
+    def _workers(self, low: Any, high: Any) -> list[str]:
+        """The broker processes whose last heartbeat falls between ``low`` and ``high`` (ms)."""
+        return [w.decode() if isinstance(w, bytes) else w
+                for w in self.client.zrangebyscore(self.keys.heartbeats(), low, high)]
 
 
 def probe_for(broker: "Broker") -> Optional[RedisProbe]:

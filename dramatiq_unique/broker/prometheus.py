@@ -1,29 +1,5 @@
-"""Parked jobs kept out of the counts of Dramatiq's own ``Prometheus`` middleware.
-
-A parked job is a delivery that its gate answered with ``SkipMessage``
-(:mod:`dramatiq_unique.parking.lot`): it waits, it was not processed.
-Dramatiq's middleware counts every skipped message as a processed one
-(``after_skip_message = after_process_message``: ``dramatiq_messages_total``
-and a near-instant ``dramatiq_message_duration_milliseconds``), and
-``emit_after`` calls it whatever the order of the middlewares.  Worse,
-added after the suite's (``broker.add_middleware(Prometheus())``), its
-``before_process_message`` never ran for the parked delivery, and its
-``dramatiq_messages_inprogress`` gauge goes down by one for each park.
-
-So :func:`quiet_parks` puts, on the broker's instance, an
-``after_skip_message`` that leaves a parked delivery out: it only undoes
-what Dramatiq's ``before_process_message`` did for it, if it ran (the
-in-progress gauge and the start time), or the delayed-message gauge it
-did not get to lower.  Every other skip is counted as before.  The woken
-job's delivery is counted as Dramatiq counts any message: once, with the
-time it ran.
-
-It reads the middleware's attributes (``message_start_times``,
-``inprogress_messages``, ``delayed_messages``,
-``inprogress_delayed_messages``), those of Dramatiq 2.x
-(:data:`dramatiq_unique.broker.compat.SUPPORTED`); an instance without
-them is left as it is.
-"""
+"""Parked jobs kept out of the counts of Dramatiq's own ``Prometheus`` middleware, which counts a
+skipped message as processed (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 

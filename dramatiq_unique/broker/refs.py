@@ -1,16 +1,5 @@
-"""The broker's own id for a message (a job row's ``broker_ref``), and who records it.
-
-Dramatiq's Redis broker gives each delivery an id of its own, kept in the
-message's options as ``redis_message_id`` (a new one when a delayed
-message comes due); the lost-message check looks it up
-(:mod:`dramatiq_unique.broker.presence`).  Other brokers have none: the
-row then records the message id, which says "published".
-
-The re-drive, the outbox after its commit and a woken job's local
-delivery send a message whose row they write this id into themselves;
-while they do, :func:`resending` tells the enqueue side
-(:mod:`dramatiq_unique.unique.enqueue`) not to write it a second time.
-"""
+"""The broker's own id for a message (a job row's ``broker_ref``: the Redis broker's
+``redis_message_id``, else the message id), and who records it."""
 
 from __future__ import annotations
 

@@ -11,8 +11,7 @@ from dramatiq_unique.cli import command, limit_value, since
 from dramatiq_unique.cli.context import Context, Refused, Usage
 from dramatiq_unique.cli.output import pairs
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Outcome
-from dramatiq_unique.durable.cancel import cancel_job
-from dramatiq_unique.durable.dead import retry_job
+from dramatiq_unique.durable.dead import cancel_job, retry_job
 from dramatiq_unique.ops import actions
 
 

@@ -11,7 +11,7 @@ from dramatiq_unique.cli import command
 from dramatiq_unique.cli.context import Context, Usage
 from dramatiq_unique.cli.output import LINES, visible
 from dramatiq_unique.durable.redrive import redrive as redrive_pass
-from dramatiq_unique.durable.scheduler import start_redriver
+from dramatiq_unique.durable.redrive import start_redriver
 
 logger = logging.getLogger(__name__)
 

@@ -1,68 +1,41 @@
 """Bulk actions: retry every dead job a selection matches, cancel every waiting job one matches.
 
-Each is one ``UPDATE`` per job table and store, however many rows match (a
-hundred thousand as well as one): the rows are never read into Python one by
-one.  What each row goes through is what :func:`~dramatiq_unique.retry_job`
-(:mod:`dramatiq_unique.durable.dead`) and :func:`~dramatiq_unique.cancel_job`
-(:mod:`dramatiq_unique.durable.cancel`) do to one job, in the same statement:
-
-**Retry** (``failed`` rows): a new attempt of the same job, the same row and
-message id; a new ``revision`` (an older copy of its message is skipped), a new
-fencing token (the attempt it failed in, were it alive after all, can no longer
-record over the new one), due now, ``finished_at`` and ``parked_on`` cleared,
-and Dramatiq's ``Retries`` count restarted (the marker's ``rb``, as
-``retry_job`` writes it).  Its unique key, for a lock type that holds one while
-the job waits, is taken again in the row; a row whose key another job of the app
-holds, or that another dead job of the same key retried here takes (the newest
-of them), is left ``failed`` and reported *blocked*, as ``retry_job`` raises
-``DuplicateJob`` for it.  Unlike ``retry_job`` the rows are left ``pending``,
-not published: the re-drive sends them, a page at a time, as it sends any due
-``pending`` row (its next pass, or ``redrive --once``), so that a hundred
-thousand publishes are never made inside one call.  For the same reason their
-Redis queue locks, which only name a waiting job to Redis-side readers (the
-row's hold decides), are not written; and a holder past its ``unique_window``
-blocks the key here, where ``retry_job`` of that one job frees it.
-
-**Cancel** (waiting rows: ``pending``, parked ones included, ``queued``,
-``retrying``): ``cancelled``, ``finished_at`` set, a new revision (its message,
-wherever it is, is skipped when it arrives), its key freed, taken out of its
-lock or slot group and any reservation of it ended.  The Redis queue locks of the
-keys freed are then released in batches (one round trip per thousand), where
-the job's own token still holds them; a failure leaves them to their TTL.
-
-Both act on this app's rows (and on rows written before rows had an app, as
-:func:`~dramatiq_unique.durable.lookup.ours` counts them: a retried one is
-adopted) of the actors this process declares with the job table it lives in
-(:class:`~dramatiq_unique.durable.scope.Scope`); the rows that match of an actor
-it does not declare are counted and left, as ``retry_job`` refuses them.  Rows
-are taken by a conditional UPDATE, so a job that started, finished or was
-retried meanwhile is not touched, and two bulk actions at once act on each row
-once.
+Each is one ``UPDATE`` per job table and store however many rows match, written in SQL (JSON functions
+of PostgreSQL and SQLite for a row's lock type and marker), so that no row is read into Python.  A row
+goes through what :func:`~dramatiq_unique.retry_job` or :func:`~dramatiq_unique.cancel_job` does to one
+job, except that retried rows are left ``pending`` for the re-drive to send a page at a time.  See
+docs/howto/dead-set.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 import dramatiq
 import peewee as pw
 import redis
 
-from dramatiq_unique.durable import bulk_selection as rows
+from dramatiq_unique import options as opt
+from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import lookup
-from dramatiq_unique.durable.bulk_selection import CANCEL, RETRY, Outcome, Selection
-from dramatiq_unique.durable.scope import Scope
+from dramatiq_unique.durable.dead import cancel_fields
+from dramatiq_unique.durable.messages import RETRY_BASE
+from dramatiq_unique.durable.redrive import claim_fields
+from dramatiq_unique.durable.scope import NO_APP, Scope
 from dramatiq_unique.redis import batch, lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
-from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
+from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, is_postgres, utcnow
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
 
-PENDING, CANCELLED = JobStatus.PENDING.value, JobStatus.CANCELLED.value
+PENDING, FAILED = JobStatus.PENDING.value, JobStatus.FAILED.value
+RETRY, CANCEL = "retry", "cancel"
 #: Times a bulk retry's UPDATE is run again when a send took one of its keys between the statement's
 #: look at the holders and its write (the unique index refused it: nothing was written).
 MAX_ROUNDS = 5
@@ -72,7 +45,104 @@ MAX_NAMED = 10
 RELEASE_BATCH = 1_000
 
 
-# -- counting (what a confirmation shows) ------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """Which rows a bulk action takes, besides its own statuses and the app's scope."""
+
+    #: One actor's rows only.
+    actor: Optional[str] = None
+    #: Rows of these unique keys only (an empty tuple: none); None: any key.
+    unique_keys: Optional[tuple[str, ...]] = None
+    #: Dead jobs that failed at or after it; waiting jobs created at or after it (naive UTC).
+    since: Optional[datetime] = None
+    #: Dead jobs whose error holds this text (any case).
+    error: Optional[str] = None
+    #: The waiting statuses a cancel takes (all of them by default).
+    statuses: tuple[str, ...] = WAITING
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a bulk action did, or (``preview``) would do."""
+
+    action: str
+    #: Rows taken (retried or cancelled); for a preview, the rows that match.
+    done: int = 0
+    #: Retry: rows left failed because another job holds (or takes) their key, and the first few of
+    #: them as (job id, the id of the job holding its key, or None when another retried one takes it).
+    blocked: int = 0
+    blocked_by: list[tuple[int, Optional[int]]] = dataclasses.field(default_factory=list)
+    #: Rows that match, of actors this process does not declare: left as they are.
+    undeclared: int = 0
+    #: Stores that did not answer: their rows were not acted on.
+    down: list[str] = dataclasses.field(default_factory=list)
+    preview: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def matching(suite: "Suite", action: str, table: Any, sel: Selection) -> Any:
+    """This app's rows (legacy ones too) of ``action``'s statuses that ``sel`` selects, any actor.
+    ``table`` is the model or an alias of it (the statements' subqueries)."""
+    status = (table.status == FAILED) if action == RETRY else table.status.in_(sel.statuses)
+    cond = table.app.in_((suite.app, NO_APP)) & status
+    if sel.actor is not None:
+        cond &= table.actor_name == sel.actor
+    if sel.unique_keys is not None:
+        cond &= table.unique_key.in_(sel.unique_keys) if sel.unique_keys else pw.SQL("1 = 0")
+    if sel.since is not None:
+        cond &= (table.finished_at if action == RETRY else table.created_at) >= sel.since
+    if sel.error:
+        cond &= table.last_error.contains(sel.error)  # ILIKE on PostgreSQL, LIKE on SQLite; wildcards escaped
+    return cond
+
+
+def of(table: Any, names: tuple[str, ...]) -> Any:
+    return table.actor_name.in_(names) if names else pw.SQL("1 = 0")
+
+
+def holds(suite: "Suite", model: type[JobModel], table: Any, names: tuple[str, ...]) -> Any:
+    """Whether the row of ``table`` (``model`` or an alias of it) holds its unique key while it waits
+    (its lock type is not ``while_executing``), in SQL."""
+    return table.unique_key.is_null(False) & (lock_type(suite, model, table, names) != opt.WHILE_EXECUTING)
+
+
+def lock_type(suite: "Suite", model: type[JobModel], table: Any, names: tuple[str, ...]) -> Any:
+    """The unique lock type of the row of ``table`` in SQL: its message's option, else its actor's, else
+    the default.  Its options are named unqualified: the innermost query's row, which ``table`` must be."""
+    if is_postgres(model._meta.database):
+        own = pw.SQL("CAST(\"options\" AS jsonb) ->> 'unique_lock'")
+    else:
+        own = pw.SQL("json_extract(\"options\", '$.unique_lock')")
+    locks = []
+    for name in names:
+        config = suite.actor_config(name)
+        if config is not None:
+            locks.append((name, config.options.get("unique_lock") or opt.DEFAULT_UNIQUE_LOCK))
+    actors = pw.Case(table.actor_name, locks, opt.DEFAULT_UNIQUE_LOCK) if locks else opt.DEFAULT_UNIQUE_LOCK
+    return pw.fn.COALESCE(own, actors)
+
+
+def restarted_count(model: type[JobModel]) -> Any:
+    """The row's options with Retries' count restarted at its attempts (the marker's ``rb``, as
+    retry_job writes it) and the message's own count dropped (build_message gives it one)."""
+    if is_postgres(model._meta.database):
+        return pw.SQL(
+            f"CAST(jsonb_set(CAST(\"options\" AS jsonb) - 'retries', '{{{MARKER}}}', "
+            f"COALESCE(CAST(\"options\" AS jsonb) -> '{MARKER}', '{{}}'::jsonb) "
+            f"|| jsonb_build_object('{RETRY_BASE}', \"attempts\")) AS text)"
+        )
+    # json_patch merges objects (RFC 7396): the marker's other entries stay, a missing marker is made.
+    return pw.SQL(f"json_patch(json_remove(\"options\", '$.retries'), "
+                  f"json_object('{MARKER}', json_object('{RETRY_BASE}', \"attempts\")))")
+
+
+def queue_lock_token(model: type[JobModel]) -> Any:
+    """The token of the row's Redis queue lock, as its send wrote it in the marker (``qt``), in SQL."""
+    if is_postgres(model._meta.database):
+        return pw.SQL(f"CAST(\"options\" AS jsonb) -> '{MARKER}' ->> 'qt'")
+    return pw.SQL(f"json_extract(\"options\", '$.{MARKER}.qt')")
 
 
 def preview(suite: "Suite", broker: Optional[dramatiq.Broker], action: str, sel: Selection) -> Outcome:
@@ -82,40 +152,46 @@ def preview(suite: "Suite", broker: Optional[dramatiq.Broker], action: str, sel:
 
     def count(index: int, tables: list[type[JobModel]]) -> None:
         for model in tables:
-            names = rows.declared(scope, model)
-            mine = pw.Case(None, [(rows.of(model, names), 1)], 0)
-            query = model.select(pw.fn.COUNT(model.id), pw.fn.SUM(mine)).where(rows.matching(suite, action, model, sel))
-            row: Any = query.tuples().get()
-            total, declared = row
-            outcome.done += int(declared or 0)
-            outcome.undeclared += int(total or 0) - int(declared or 0)
+            mine = pw.Case(None, [(of(model, scope.names(model)), 1)], 0)
+            query = model.select(pw.fn.COUNT(model.id), pw.fn.SUM(mine)).where(matching(suite, action, model, sel))
+            total, ours = cast(tuple, query.tuples().get())
+            outcome.done += int(ours or 0)
+            outcome.undeclared += int(total or 0) - int(ours or 0)
 
-    _, down = lookup.each_store(suite, f"counting the jobs to {action}", count)
-    outcome.down = [str(e) for e in down]
+    outcome.down = [str(e) for e in lookup.each_store(suite, f"counting the jobs to {action}", count)[1]]
     return outcome
 
 
-# -- retry ---------------------------------------------------------------------------------------
-
-
-def retry_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection) -> Outcome:
-    """Retry the dead jobs ``sel`` matches (see the module docstring); one UPDATE per job table and store."""
-    scope, outcome = Scope(suite, broker), Outcome(RETRY)
+def _act(
+    suite: "Suite", broker: Optional[dramatiq.Broker], action: str, sel: Selection, what: str,
+    take: Callable[[Outcome, type[JobModel], tuple[str, ...], Any], None],
+) -> Outcome:
+    """``take(outcome, model, declared actors, matching rows)`` in every job table of every store that answers;
+    the rows that match of actors not declared here are counted and left."""
+    scope, outcome = Scope(suite, broker), Outcome(action)
 
     def act(index: int, tables: list[type[JobModel]]) -> None:
         for model in tables:
-            names = rows.declared(scope, model)
-            matching = rows.matching(suite, RETRY, model, sel)
+            names, matched = scope.names(model), matching(suite, action, model, sel)
             if names:
-                outcome.done += _retry(suite, model, names, sel)
-                blocked = matching & rows.of(model, names)
-                outcome.blocked += model.select().where(blocked).count()
-                if len(outcome.blocked_by) < MAX_NAMED:
-                    outcome.blocked_by += _blockers(suite, model, blocked, MAX_NAMED - len(outcome.blocked_by))
-            outcome.undeclared += model.select().where(matching & ~rows.of(model, names)).count()
+                take(outcome, model, names, matched)
+            outcome.undeclared += model.select().where(matched & ~of(model, names)).count()
 
-    _, down = lookup.each_store(suite, "retrying the dead set", act)
-    outcome.down = [str(e) for e in down]
+    outcome.down = [str(e) for e in lookup.each_store(suite, what, act)[1]]
+    return outcome
+
+
+def retry_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection) -> Outcome:
+    """Retry the dead jobs ``sel`` matches, left ``pending`` for the re-drive; one UPDATE per job table and store."""
+
+    def take(outcome: Outcome, model: type[JobModel], names: tuple[str, ...], matched: Any) -> None:
+        outcome.done += _retry(suite, model, names, sel)
+        blocked = matched & of(model, names)
+        outcome.blocked += model.select().where(blocked).count()
+        if len(outcome.blocked_by) < MAX_NAMED:
+            outcome.blocked_by += _blockers(suite, model, blocked, MAX_NAMED - len(outcome.blocked_by))
+
+    outcome = _act(suite, broker, RETRY, sel, "retrying the dead set", take)
     logger.info("Bulk retry of %s: %d jobs made due again, %d blocked by a holder of their key, %d left "
                 "(actor not declared here).", sel, outcome.done, outcome.blocked, outcome.undeclared)
     return outcome
@@ -123,36 +199,22 @@ def retry_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection)
 
 def _retry(suite: "Suite", model: type[JobModel], names: tuple[str, ...], sel: Selection) -> int:
     def selected(table: Any) -> Any:
-        return rows.matching(suite, RETRY, table, sel) & rows.of(table, names)
+        return matching(suite, RETRY, table, sel) & of(table, names)
 
-    holds = rows.holds(suite, model, model, names)
+    holding = holds(suite, model, model, names)
     holder, newer = model.alias("holder"), model.alias("newer")
     held = pw.fn.EXISTS(holder.select(pw.SQL("1")).where(
         (holder.app == suite.app) & (holder.unique_hold == model.unique_key) & (holder.id != model.id)))
-    # Two dead jobs of one key: the newest takes it back, as a retry of each in turn would let only one.
-    # The newer one's conditions sit in a CASE, which no index serves, so that the key's index is the
-    # subquery's only way in whatever the statistics say: where they are stale (a dead set that grew
-    # faster than the table is analyzed, as in an outage), the (app, status) index looks cheaper, and
-    # was planned as a scan of the whole dead set per dead job.
-    also = pw.Case(None, [(selected(newer) & (newer.id > model.id) & rows.holds(suite, model, newer, names), 1)], 0)
+    # Two dead jobs of one key: the newest takes it back.  The newer one's conditions sit in a CASE, which no
+    # index serves, so that the key's index is the subquery's only way in even with stale statistics.
+    also = pw.Case(None, [(selected(newer) & (newer.id > model.id) & holds(suite, model, newer, names), 1)], 0)
     taken = pw.fn.EXISTS(newer.select(pw.SQL("1")).where((newer.unique_key == model.unique_key) & (also == 1)))
-    cond = selected(model) & ~(holds & (held | taken))
-    fields = {
-        model.status: PENDING,
-        model.app: suite.app,  # a row written before rows had an app is adopted, as a re-drive pass adopts it
-        model.revision: model.revision + 1,
-        model.fencing_token: model.fencing_token + 1,
-        model.process_after: utcnow(),
-        model.enqueued_at: None,
-        model.broker_ref: None,
-        model.finished_at: None,
-        model.parked_on: None,
-        model.lease_until: None,
-        model.checked_at: None,
-        model.missing_since: None,
-        model.unique_hold: pw.Case(None, [(holds, model.unique_key)], model.unique_hold),
-        model.options: rows.restarted_count(model),
-    }
+    cond = selected(model) & ~(holding & (held | taken))
+    # As retry_job's claim, but pending; a row written before rows had an app is adopted, as a pass adopts it.
+    fields = {**claim_fields(model), model.status: PENDING, model.enqueued_at: None, model.app: suite.app,
+              model.fencing_token: model.fencing_token + 1, model.process_after: utcnow(), model.finished_at: None,
+              model.parked_on: None, model.options: restarted_count(model),
+              model.unique_hold: pw.Case(None, [(holding, model.unique_key)], model.unique_hold)}
     db = model._meta.database
     for _ in range(MAX_ROUNDS):
         try:
@@ -176,30 +238,20 @@ def _blockers(suite: "Suite", model: type[JobModel], blocked: Any, most: int) ->
     return [(row.id, holders.get(row.unique_key)) for row in left]
 
 
-# -- cancel --------------------------------------------------------------------------------------
-
-
 def cancel_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection) -> Outcome:
-    """Cancel the waiting jobs ``sel`` matches (see the module docstring); one UPDATE per job table and
-    store, then their queue locks released in batches."""
+    """Cancel the waiting jobs ``sel`` matches; one UPDATE per job table and store, then their queue
+    locks released in batches."""
     bad = [s for s in sel.statuses if s not in WAITING]
     if bad or not sel.statuses:
         raise ValueError(f"only waiting jobs can be cancelled ({', '.join(WAITING)}), not {', '.join(bad) or 'none'}")
-    scope, outcome = Scope(suite, broker), Outcome(CANCEL)
     locks: list[tuple[str, str]] = []
 
-    def act(index: int, tables: list[type[JobModel]]) -> None:
-        for model in tables:
-            names = rows.declared(scope, model)
-            matching = rows.matching(suite, CANCEL, model, sel)
-            if names:
-                freed = _cancel(model, matching & rows.of(model, names))
-                outcome.done += len(freed)
-                locks.extend((suite.keys.queue_lock(key), token) for key, token in freed if key and token)
-            outcome.undeclared += model.select().where(matching & ~rows.of(model, names)).count()
+    def take(outcome: Outcome, model: type[JobModel], names: tuple[str, ...], matched: Any) -> None:
+        freed = _cancel(model, matched & of(model, names))
+        outcome.done += len(freed)
+        locks.extend((suite.keys.queue_lock(key), token) for key, token in freed if key and token)
 
-    _, down = lookup.each_store(suite, "cancelling waiting jobs", act)
-    outcome.down = [str(e) for e in down]
+    outcome = _act(suite, broker, CANCEL, sel, "cancelling waiting jobs", take)
     release_all(suite, locks)
     logger.info("Bulk cancel of %s: %d jobs cancelled, %d left (actor not declared here).", sel, outcome.done,
                 outcome.undeclared)
@@ -208,17 +260,7 @@ def cancel_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection
 
 def _cancel(model: type[JobModel], cond: Any) -> list[tuple[Optional[str], Optional[str]]]:
     """Cancel the rows under ``cond``; returns each one's (unique key, queue lock token)."""
-    token = rows.queue_lock_token(model)
-    fields = {
-        model.status: CANCELLED,
-        model.finished_at: utcnow(),
-        model.revision: model.revision + 1,
-        model.unique_hold: None,
-        model.parked_on: None,
-        model.lease_until: None,  # a deck's reservation of a parked row ends with it
-        model.missing_since: None,
-    }
-    update = model.update(fields).where(cond).returning(model.unique_key, token)
+    update = model.update(cancel_fields(model)).where(cond).returning(model.unique_key, queue_lock_token(model))
     return [(key, qt) for key, qt in update.tuples().execute()]
 
 

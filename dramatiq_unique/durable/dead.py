@@ -1,20 +1,8 @@
-"""The dead set: failed jobs, listed, and sent again as new attempts of the same job.
+"""The dead set and the operator's actions on one job: :func:`dead_jobs`, :func:`retry_job`, :func:`cancel_job`.
 
-A job is *dead* when its row says ``failed``: its retries were used up, a
-``throws`` exception or ``retry_when`` ended it, Dramatiq gave up on it before
-it ran, or the re-drive confirmed it lost under ``on_lost="fail"``.  No status
-of its own: ``failed`` is the verdict, :func:`dead_jobs` the view of it.
-
-:func:`retry_job` makes a dead job a new attempt of itself, in one conditional
-UPDATE, as a re-drive claim does (:mod:`dramatiq_unique.durable.claims`): the
-same row and message id, a new revision (an older copy of its message is
-skipped), ``queued``, its unique key held again (the unique index refuses it if
-another job holds the key: :class:`DuplicateJob`), then sends it.  Its
-``attempts``, ``last_error``, checkpoints and timings stay: the history of the
-job goes on.  Dramatiq's ``Retries`` starts a new count (the marker's
-``RETRY_BASE``): the manual attempt may be retried ``max_retries`` times again.
-
-Cancelling a waiting job is :mod:`dramatiq_unique.durable.cancel`.
+A job is dead when its row says ``failed``: no status of its own.  A retry makes it a new attempt of the
+same job (same row and message id, a new revision, its history kept); a cancel ends a waiting job.  Each
+is one conditional UPDATE, so a job that moved on meanwhile is refused (:class:`JobStateError`).
 """
 
 from __future__ import annotations
@@ -30,11 +18,14 @@ from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import claims, lookup
+from dramatiq_unique.durable import lookup
+from dramatiq_unique.durable.messages import RETRY_BASE, build_message
+from dramatiq_unique.durable.redrive import claim_fields, sending_fields
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import DuplicateJob, JobStateError, RedisUnavailable
+from dramatiq_unique.locks import queue
 from dramatiq_unique.storage import jobs
-from dramatiq_unique.storage.models import JobModel, JobStatus, utcnow
+from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
 from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.enqueue import queue_lock_ttl, take_queue_lock
 
@@ -50,22 +41,14 @@ DEFAULT_LIMIT = 100
 MAX_HOLD_ROUNDS = 20
 
 
-def find(
-    suite: "Suite", job: Union[int, str, JobModel], model: Optional[type[JobModel]] = None,
-) -> JobModel:
-    """The job of this suite's app that ``job`` names: its row (read again from its store), its
-    message id, or its numeric id, which must name a job in one store only (:func:`lookup.resolve`).
-    Raises :class:`JobNotFound` for an unknown id and for another app's job (never ours to touch),
-    :class:`AmbiguousJobId` for a number that jobs of several stores have."""
-    if isinstance(job, bool) or not isinstance(job, (int, str, JobModel)):
-        raise TypeError(f"a job id (int), message id (str) or job row (JobModel), not {type(job).__name__}")
-    return lookup.resolve(suite, job, model=model)
-
-
 def named(job: JobModel) -> str:
-    """A job in an error: by its id, which an operator may have typed, and its message id, unique in every
-    table of every store."""
+    """A job in an error: by its id, which an operator may have typed, and its message id, unique everywhere."""
     return f"job {job.id} ({job.message_id})"
+
+
+def _changed(job: JobModel, what: str) -> JobStateError:
+    now = jobs.get(type(job), id=job.id)
+    return JobStateError(f"{named(job)} changed {what}: {'gone' if now is None else f'now {now.status}'}", job=now)
 
 
 def since_of(since: Union[datetime, timedelta, None], now: Optional[datetime] = None) -> Optional[datetime]:
@@ -121,9 +104,11 @@ def retry_job(
 ) -> JobModel:
     """Send a failed job again as a new attempt of the same job; returns its row after the send.
 
-    The job is named by its message id, its row (from ``dead_jobs()``: acted on in the store it
-    came from) or its numeric id (in ``model``, the shared table by default), which with several
-    stores must be one store's only (:class:`AmbiguousJobId` otherwise).
+    Its attempts, last error, checkpoints and timings stay; its unique key is held again and
+    Dramatiq's ``Retries`` starts a new count.  The job is named by its message id, its row (from
+    ``dead_jobs()``: acted on in the store it came from) or its numeric id (in ``model``, the shared
+    table by default), which with several stores must be one store's only (:class:`AmbiguousJobId`
+    otherwise).
 
     Raises :class:`JobNotFound`, :class:`JobStateError` (not failed, or changed meanwhile: a
     second retry at once), or :class:`DuplicateJob` (``.job``: the job now holding its unique
@@ -131,7 +116,7 @@ def retry_job(
     and returned so.
     """
     suite = suite or _config.current()
-    job = find(suite, id_or_message_id, model)
+    job = lookup.resolve(suite, id_or_message_id, model=model)
     if job.status != FAILED:
         raise JobStateError(f"{named(job)} is {job.status}: only a failed job can be retried", job=job)
     config = suite.actor_config(job.actor_name)
@@ -142,29 +127,27 @@ def retry_job(
     table, opts = type(job), dict(job.options or {})
     lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
     key = job.unique_key if job.unique_key is not None and lock in opt.QUEUE_LOCKS else None
-    marker = {**(opts.get(MARKER) or {}), claims.RETRY_BASE: job.attempts}
+    marker = {**(opts.get(MARKER) or {}), RETRY_BASE: job.attempts}
     if key is not None:
         marker.setdefault("qt", job.message_id)  # the queue lock's token, as a send's (unique/enqueue.py)
-    opts.pop("retries", None)  # a new count: claims.build_message gives the message its own
+    opts.pop("retries", None)  # a new count: build_message gives the message its own
+    # A new fencing token fences out the attempt the job failed in, should it be alive after all (a job "lost"
+    # under on_lost="fail" whose worker only stalled): its outcome must not land on the new attempt's row.
     extra: dict[str, Any] = dict(options={**opts, MARKER: marker}, process_after=utcnow(), finished_at=None,
-                                 parked_on=None)
-    # Fences out the attempt the job failed in, should it be alive after all (a job "lost" under
-    # on_lost="fail" whose worker only stalled): its outcome must not land on the new attempt's row,
-    # which would then skip the new message and keep the key it took again (as a finished job).
-    extra["fencing_token"] = job.fencing_token + 1
+                                 parked_on=None, fencing_token=job.fencing_token + 1)
     if key is not None:
         extra["unique_hold"] = key
     with jobs.db_errors(f"retrying job {job.message_id}"):
         row = _claim(table, job, extra, key, recent.window(config, opts, lock) if key is not None else None)
         if key is not None:
             try:
-                take_queue_lock(suite, claims.build_message(row), suite.keys.queue_lock(key),
+                take_queue_lock(suite, build_message(row), suite.keys.queue_lock(key),
                                  queue_lock_ttl(config, opts, lock, None))
             except RedisUnavailable:  # the row's hold decides; the lock only names the waiting job
                 logger.warning("Retrying job %s without its Redis queue lock: Redis is down.", job.message_id)
         try:
             with resending():
-                sent = broker.enqueue(claims.build_message(row))
+                sent = broker.enqueue(build_message(row))
         except Exception as e:
             jobs.unclaim_sends(table, [row.id], PENDING)
             logger.warning("Could not send job %s again (%s): left pending for the re-drive.", job.message_id, e)
@@ -174,14 +157,14 @@ def retry_job(
 
 
 def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str], window: Optional[float]) -> JobModel:
-    """The UPDATE that makes the failed ``job`` a new attempt (claims.claim_fields); raises if
-    another job holds ``key`` or the row changed since it was read."""
+    """Make the failed ``job`` a new attempt, as a re-drive claim does; raises if another job holds ``key``
+    or the row changed since it was read."""
     db = table._meta.database
     cond = (table.id == job.id) & (table.revision == job.revision) & (table.status == FAILED)
     cond &= table.fencing_token == job.fencing_token
     for _ in range(MAX_HOLD_ROUNDS):
         # Built each round: peewee keeps an executed query's result.
-        update = table.update(claims.claim_fields(table, **extra)).where(cond).returning(*claims.sending_fields(table))
+        update = table.update(claim_fields(table, **extra)).where(cond).returning(*sending_fields(table))
         try:
             with db.atomic():  # a savepoint inside the caller's transaction: the clash aborts only it
                 claimed = list(update.execute())
@@ -198,7 +181,42 @@ def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str]
                                job=holder) from None
         if claimed:
             return claimed[0]
-        now = jobs.get(table, id=job.id)
-        state = "gone" if now is None else f"now {now.status}"
-        raise JobStateError(f"{named(job)} changed meanwhile: {state}", job=now)
+        raise _changed(job, "meanwhile")
     raise JobStateError(f"could not take the key of {named(job)} back: it keeps changing hands", job=job)
+
+
+def cancel_fields(model: Any) -> dict:
+    """What a cancel writes: finished, a new revision (its message is skipped when it arrives), its key
+    freed, out of its lock or slot group, any deck reservation of it ended."""
+    return {model.status: JobStatus.CANCELLED.value, model.finished_at: utcnow(), model.revision: model.revision + 1,
+            model.unique_hold: None, model.parked_on: None, model.lease_until: None, model.missing_since: None}
+
+
+def cancel_job(
+    id_or_message_id: Union[int, str, JobModel], *, model: Optional[type[JobModel]] = None,
+    suite: Optional["Suite"] = None,
+) -> JobModel:
+    """Cancel a waiting job; returns its row, now ``cancelled``.
+
+    A waiting job is ``pending`` (scheduled, held by the outbox, parked), ``queued`` or ``retrying``.
+    Whatever message of it is in the broker is skipped when it arrives, its unique key is freed and a
+    parked one is never woken.  The job is named as for :func:`~dramatiq_unique.retry_job`: its message
+    id, its row, or a numeric id that only one store has.
+
+    Raises :class:`JobNotFound`, or :class:`JobStateError` for a job that is running or
+    finished, or that changed while it was cancelled (it started, was retried, replaced).
+    """
+    suite = suite or _config.current()
+    job = lookup.resolve(suite, id_or_message_id, model=model)
+    if job.status not in WAITING:
+        raise JobStateError(f"{named(job)} is {job.status}: only a waiting job can be cancelled", job=job)
+    table = type(job)
+    cond = (table.id == job.id) & (table.revision == job.revision) & (table.status == job.status)
+    with jobs.db_errors(f"cancelling job {job.message_id}"):
+        if not table.update(cancel_fields(table)).where(cond).execute():
+            raise _changed(job, "while it was cancelled")
+        logger.info("Job %s (%s) cancelled while %s.", job.message_id, job.actor_name, job.status)
+        # After the row: the hold decided who may send the key; the lock only names the waiting job.
+        token = ((job.options or {}).get(MARKER) or {}).get("qt")
+        queue.release_key(suite, job.unique_key, token, job.message_id)
+        return jobs.get(table, id=job.id) or job

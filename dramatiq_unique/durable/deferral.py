@@ -1,25 +1,9 @@
 """Sending while the broker is down: the ``on_broker_down`` setting.
 
-With ``"defer"`` (the default), a tracked send whose publish fails with a
-broker connection error keeps the row the send wrote, made ``pending``
-(no ``enqueued_at``, no ``broker_ref``, ``process_after`` kept), and returns
-its message as if published: the row, not the broker, is the source of
-truth, and the re-drive publishes it once the broker answers, as it does
-outbox rows whose publish failed after commit
-(:mod:`dramatiq_unique.durable.outbox`).  A unique send's key is held by the
-row either way: the database's unique index decides duplicates, so its
-Redis queue lock, written or not, changes nothing.  Any other error still
-undoes the send (:mod:`dramatiq_unique.unique.send`), and ``"raise"`` keeps
-plain Dramatiq's behaviour.
-
-A deferred row carries :data:`DEFERRED` in its marker, so that the re-drive,
-maybe in another process, can say how many of the jobs it published were
-deferred (one INFO line per pass that sends some).  The outage itself is
-logged once per process and broker: one WARNING at the first failed publish,
-none until a publish succeeds again.  For ``broker_down_backoff`` ms after a
-failed publish, tracked sends are written ``pending`` straight away, without
-trying the broker: each try costs a connection attempt (six of them on
-Dramatiq's RabbitMQ broker, which retries its enqueue).
+With ``"defer"``, a tracked send whose publish fails with a connection error keeps its row, made
+``pending`` and marked :data:`DEFERRED`, and returns as if published: the row is the source of truth and
+the re-drive publishes it later.  The outage is logged once per process and broker, and for
+``broker_down_backoff`` ms after a failure sends skip the broker.  See docs/howto/outbox.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Reading this app's jobs in every job table of every store: one home for :func:`get_job`, the
-dead set and the operator's commands.
-
-With several stores (:mod:`dramatiq_unique.storage.stores`), a store that does not answer is
-skipped and remembered down, as the sends and the re-drive remember it; what the others hold
-is still read.  With one store, its failure is the caller's :class:`DatabaseUnavailable`.
+"""Reading this app's jobs in every job table of every store, for :func:`get_job`, the dead set and the
+operator's commands.  With several stores, one that does not answer is skipped and remembered down;
+with one, its failure is the caller's :class:`DatabaseUnavailable`.
 """
 
 from __future__ import annotations
@@ -62,11 +59,8 @@ def find_job(
     store: Optional[int] = None,
 ) -> Optional[JobModel]:
     """A job of this app by message id (any table, any store, or ``store``) or numeric id (``model``,
-    the shared table by default, in the primary or ``store``); None if there is none.
-
-    A job found in no store that answered, while one did not, raises ``DatabaseUnavailable``:
-    it may be in that store.
-    """
+    the shared table by default, in the primary or ``store``); None if there is none.  None found while a
+    store did not answer raises ``DatabaseUnavailable``: it may be there."""
     numeric = isinstance(id_or_message_id, int) or str(id_or_message_id).isdigit()
     indexes = [store or 0] if numeric or store is not None else None
 
@@ -94,17 +88,11 @@ MAX_JOB_ID = 2**63 - 1
 def resolve(
     suite: "Suite", job: Union[int, str, JobModel], *, model: Optional[type[JobModel]] = None,
 ) -> JobModel:
-    """The one job of this app that an action (retry, cancel) names, in the store its row is in.
-
-    ``job``: the row itself (a ``JobModel``, from ``dead_jobs()`` or ``get_job()``: read again from
-    the store and table it came from), a message id (any table, any store), or a numeric id
-    (``model``, the shared table by default).  A number is one store's sequence: with several
-    stores, each may have a job of that number, and acting on the primary's when the operator
-    meant a secondary's is acting on another job.  So a number is looked up in every store: it
-    names a job only if exactly one has it (:class:`AmbiguousJobId` otherwise, naming them), and
-    while a store does not answer, a job the others have is refused too (``DatabaseUnavailable``:
-    it may have one of that number).  Raises :class:`JobNotFound` for none.
-    """
+    """The one job of this app that an action (retry, cancel) names: its row (read again from its store),
+    its message id, or a numeric id (in ``model``), which with several stores must name a job in exactly one
+    (:class:`AmbiguousJobId`; ``DatabaseUnavailable`` while one does not answer).  :class:`JobNotFound` for none."""
+    if isinstance(job, bool) or not isinstance(job, (int, str, JobModel)):
+        raise TypeError(f"a job id (int), message id (str) or job row (JobModel), not {type(job).__name__}")
     if isinstance(job, JobModel):
         return _again(suite, job)
     if isinstance(job, str):
@@ -112,11 +100,9 @@ def resolve(
         if not ref or not ref.isprintable():
             raise ValueError(f"not a job id or message id: {job[:64]!r}")
         job = int(ref) if ref.isascii() and ref.isdigit() else ref
-    if isinstance(job, str):
-        found = find_job(suite, job, model=model)
-    elif job < 0 or job > MAX_JOB_ID:
+    if not isinstance(job, str) and not 0 <= job <= MAX_JOB_ID:
         found = None
-    elif not suite.stores.several:
+    elif isinstance(job, str) or not suite.stores.several:
         found = find_job(suite, job, model=model)
     else:
         found = _numbered(suite, job, model or suite.models[0])
@@ -127,13 +113,12 @@ def resolve(
 
 def _again(suite: "Suite", row: JobModel) -> JobModel:
     """``row`` read again from the store and table it came from (so an action sees its state now)."""
-    table = type(row)
-    database = table._meta.database
+    database = type(row)._meta.database
     index = next((i for i, db in enumerate(suite.stores.databases) if db is database), None)
     if index is None or row.id is None:
         where = "an unsaved row" if row.id is None else "a row of none of this suite's job stores"
         raise JobNotFound(f"{row.message_id!r} ({where})")
-    table = suite.stores.model_in(base_of(table), index)
+    table = suite.stores.model_in(base_of(type(row)), index)
     found, down = each_store(suite, f"reading job {row.message_id}", lambda _, __: ours(
         suite, jobs.get(table, id=row.id, message_id=row.message_id)), indexes=[index])
     if down:

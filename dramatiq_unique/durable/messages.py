@@ -1,18 +1,8 @@
-"""Between a job's row and its messages: what a job keeps of a message, and its message rebuilt.
+"""Between a job's row and its messages: what a job keeps of a message, and its message rebuilt from the row.
 
-One place for both directions, because the re-drive, the outbox and the
-parking all rebuild messages from rows and must agree on what belongs to
-one delivery (and is dropped) and what belongs to the job (and is kept).
-
-Arguments the job table's JSON columns cannot hold.  An app with another
-encoder (``PickleEncoder``) may send a ``datetime.date``, a ``Decimal``, a
-set or a dict with int keys (or an option: a module-level function as one
-message's ``unique_args``).  Such an argument or option value is stored as
-``{"__dramatiq_unique_encoded__": <base64 of the app's encoder's bytes>,
-"repr": <its repr, for a reader>}`` (:func:`args_to_row`), and a message rebuilt
-from the row gets the very value back (:func:`args_from_row`): a parked or
-re-driven job runs with a date, not its text.  Arguments JSON holds stay
-readable as they are, as with Dramatiq's own JSON encoder (a tuple is a list).
+The re-drive, the outbox and the parking all rebuild messages from rows and must agree on what belongs
+to one delivery (dropped) and what to the job (kept).  Arguments and options the JSON columns cannot hold
+(an app with another encoder) are stored in the app's encoding and come back as the very value.
 """
 
 from __future__ import annotations
@@ -36,15 +26,16 @@ if TYPE_CHECKING:
 
 #: Message options that belong to one delivery, not to the job.
 TRANSIENT_OPTIONS = frozenset({REDIS_MESSAGE_ID, "eta", "traceback", "requeue_timestamp"})
+#: The job marker's entry holding the attempts a failed job had when retry_job sent it again:
+#: Retries counts only the failed attempts after it.
+RETRY_BASE = "rb"
 
-
-#: The key that marks an argument stored in the app's encoding (see the module's docstring).
+#: The key that marks an argument stored in the app's encoding: ``{ENCODED: base64 of its bytes, "repr": ...}``.
 ENCODED = "__dramatiq_unique_encoded__"
 #: How much of an encoded argument's repr its row keeps for a reader.
 REPR_LENGTH = 200
 
 _SCALARS = frozenset({str, int, bool, type(None), float})
-_KEYS = frozenset({str, int, bool, type(None), float})
 
 
 def _fits(value: Any, strict: bool) -> bool:
@@ -57,29 +48,29 @@ def _fits(value: Any, strict: bool) -> bool:
     if kind is list or (kind is tuple and not strict):
         return all(_fits(item, strict) for item in value)
     if kind is dict:
-        keys = (str,) if strict else _KEYS
+        keys = (str,) if strict else _SCALARS
         return all(type(k) in keys and _fits(v, strict) for k, v in value.items())
     return False
 
 
-def _encode(value: Any, where: str) -> dict:
+def _stored(value: Any, strict: bool, where: str) -> Any:
+    """``value`` as a JSON column holds it: itself, or its bytes in the app's encoding."""
+    if _fits(value, strict):
+        return value
     encoder = dramatiq.get_encoder()
     try:
         data = encoder.encode(value)
     except Exception as e:
-        raise JobRejected(
-            f"{where} ({type(value).__name__}) cannot be stored: "
-            f"neither JSON nor {type(encoder).__name__} encodes it: {e}"
-        ) from e
+        raise JobRejected(f"{where} ({type(value).__name__}) cannot be stored: "
+                          f"neither JSON nor {type(encoder).__name__} encodes it: {e}") from e
     return {ENCODED: base64.b64encode(data).decode("ascii"), "repr": repr(value)[:REPR_LENGTH]}
 
 
 def args_to_row(args: Any, kwargs: dict) -> tuple[list, dict]:
     """A message's arguments as the job row's JSON columns hold them."""
     strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
-    row_args = [a if _fits(a, strict) else _encode(a, f"argument {i}") for i, a in enumerate(args)]
-    row_kwargs = {k: v if _fits(v, strict) else _encode(v, f"argument {k}") for k, v in kwargs.items()}
-    return row_args, row_kwargs
+    return ([_stored(a, strict, f"argument {i}") for i, a in enumerate(args)],
+            {k: _stored(v, strict, f"argument {k}") for k, v in kwargs.items()})
 
 
 def _decode(value: Any) -> Any:
@@ -93,7 +84,7 @@ def options_to_row(options: dict) -> dict:
     strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
     if all(_fits(v, strict) for v in options.values()):
         return options  # the common case: nothing to copy
-    return {k: v if _fits(v, strict) else _encode(v, f"option {k}") for k, v in options.items()}
+    return {k: _stored(v, strict, f"option {k}") for k, v in options.items()}
 
 
 def args_from_row(args: Any, kwargs: Any) -> tuple[tuple, dict]:
@@ -120,12 +111,21 @@ def rebuild(row: "JobModel", marker: Optional[dict] = None, *, timestamp: Option
     options = {k: _decode(v) for k, v in job_options(row.options or {}).items()}
     options[MARKER] = {**(options.get(MARKER) or {}), "id": row.id, "rev": row.revision, **(marker or {})}
     args, kwargs = args_from_row(row.args, row.kwargs)
-    return Message(
-        queue_name=row.queue_name,
-        actor_name=row.actor_name,
-        args=args,
-        kwargs=kwargs,
-        options=options,
-        message_id=row.message_id,
-        message_timestamp=current_millis() if timestamp is None else timestamp,
-    )
+    return Message(queue_name=row.queue_name, actor_name=row.actor_name, args=args, kwargs=kwargs, options=options,
+                   message_id=row.message_id, message_timestamp=current_millis() if timestamp is None else timestamp)
+
+
+def build_message(row: "JobModel") -> Message:
+    """The job's message rebuilt to be sent again, stamped with its creation time, its Retries count kept."""
+    message = rebuild(row, timestamp=epoch_ms(row.created_at))
+    if row.attempts:
+        # Retries counts failed attempts in the message; every attempt so far failed.
+        message.options["retries"] = retries_so_far(row)
+    return message
+
+
+def retries_so_far(row: "JobModel") -> int:
+    """The failed attempts Dramatiq's Retries counts for the job: all of them, or those since
+    :func:`dramatiq_unique.retry_job` last sent it again (a manual retry starts a new count)."""
+    base = ((row.options or {}).get(MARKER) or {}).get(RETRY_BASE, 0)
+    return max(row.attempts - int(base), 0)

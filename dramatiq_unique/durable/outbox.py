@@ -1,40 +1,10 @@
 """The transactional outbox: sends that commit, or roll back, with the caller's own writes.
 
-Inside ``transaction()`` (:func:`dramatiq_unique.unique.send.transaction`),
-a send of a tracked actor writes its job row as ``pending`` in the
-caller's database transaction (the suite's peewee Database; peewee
-connections and transactions are per thread) and publishes nothing.
-After the commit, each job is claimed (``pending`` -> ``queued``,
-conditionally, so a re-drive pass that got there first wins and nothing
-is sent twice) and published: on the suite's Redis broker, the due ones
-in batches, a claim and a publish per batch
-(:mod:`dramatiq_unique.durable.outbox_batch`).  If the broker is down
-then, the rows go back to ``pending`` and the re-drive sends them later;
-the caller sees no error, because its transaction did commit.
-
-The held sends follow the caller's transaction exactly
-(:mod:`dramatiq_unique.storage.savepoints`): a savepoint that rolls back
-(a nested ``atomic()`` or ``transaction()``, ``sp.rollback()``) drops
-what was sent inside it, as the database drops its rows; the
-transaction's rollback (``txn.rollback()``, an exception) drops all it
-held; a ``txn.commit()`` inside the block publishes what it committed.
-A rollback leaves no row and publishes nothing.  Sends of untracked
-actors inside the block are held in memory and published after the
-commit too; having no row, they cannot be re-driven if the broker is
-down at that moment (set ``track=True`` for that).
-
-A tracked send's claim also checks that the row is still as that send
-wrote it, so a held send that outlived its rollback (a savepoint made
-past peewee, on the driver's cursor) finds nothing to claim: a duplicate
-that replaces a waiting job's arguments (``unique_on_conflict="replace"``)
-sets the row ``pending`` and stamps it with the id of its held send
-(:meth:`Block.stamp`), and only the send that stamped it last publishes
-it.  A rolled-back replace and a committed one may give the row the same
-revision; never the same stamp.
-
-Unique sends inside the block rely on the database's unique index alone:
-a Redis queue lock taken for a send that is then rolled back would name
-a job that does not exist.
+Inside ``transaction()``, a tracked send writes its row ``pending`` in the caller's transaction and
+publishes nothing; the held sends follow its savepoints (storage/savepoints.py): what rolls back is
+never published.  After the commit each row is claimed (``pending`` -> ``queued``, only while still as
+its send left it) and published, in batches on the suite's Redis broker; a broker down leaves them
+``pending`` for the re-drive.  See docs/howto/outbox.md.
 """
 
 from __future__ import annotations
@@ -51,12 +21,13 @@ import peewee as pw
 from dramatiq.common import q_name
 
 from dramatiq_unique import suite as _config
-from dramatiq_unique.broker.refs import broker_ref, resending
-from dramatiq_unique.durable import deferral, outbox_batch
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, broker_ref, resending
+from dramatiq_unique.durable import deferral
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
-from dramatiq_unique.storage import jobs, savepoints
-from dramatiq_unique.storage.models import JobStatus, utcnow
+from dramatiq_unique.storage import jobs, queries, savepoints
+from dramatiq_unique.storage.database import is_psycopg3
+from dramatiq_unique.storage.models import JobStatus, is_postgres, utcnow
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message
@@ -85,7 +56,7 @@ class _Item:
     due: float
     #: (model, row id, revision) of the job row the send wrote in the transaction.
     row: Optional[tuple[type["JobModel"], int, int]]
-    #: What a replace wrote into its row's ``broker_ref`` (see the module docstring); None for an insert.
+    #: What a replace wrote into its row's ``broker_ref`` (:meth:`Block.stamp`); None for an insert.
     stamp: Optional[str] = None
 
 
@@ -101,9 +72,8 @@ class Block:
         stamp: Optional[str] = None,
     ) -> Deferred:
         """Hold ``message`` until commit; returns the exception that stops the broker's enqueue."""
-        clean = dataclasses.replace(
-            message, queue_name=q_name(message.queue_name), options=job_options(message.options)
-        )
+        queue_name, options = q_name(message.queue_name), job_options(message.options)
+        clean = dataclasses.replace(message, queue_name=queue_name, options=options)
         due = time.monotonic() + (delay or 0) / 1000
         savepoints.hold(self.suite.db, publish_held, _Item(self.suite, broker, clean, delay, due, row, stamp))
         return Deferred(clean)
@@ -127,10 +97,7 @@ def publish_held(items: list[_Item]) -> None:
     try:
         suites: dict[int, Outbox] = {}
         for item in items:
-            outbox = suites.get(id(item.suite))
-            if outbox is None:
-                outbox = suites[id(item.suite)] = Outbox(item.suite)
-            outbox.items.append(item)
+            suites.setdefault(id(item.suite), Outbox(item.suite)).items.append(item)
         for outbox in suites.values():
             outbox.publish()
     finally:
@@ -166,47 +133,40 @@ class Outbox:
                     sent = item.broker.enqueue(item.message, delay=delay)
                 if item.row is not None:
                     model, row_id, _ = item.row
-                    model.update(broker_ref=broker_ref(sent)).where(
-                        (model.id == row_id) & model.broker_ref.is_null()
-                    ).execute()
+                    model.update(broker_ref=broker_ref(sent)).where((model.id == row_id) & model.broker_ref.is_null()) \
+                        .execute()
             except Exception as error:
                 down = True
                 if item.row is not None:
-                    # After commit: pending for the re-drive, logged as the suite logs a broker outage.
+                    # Pending for the re-drive, logged as the suite logs a broker outage.
                     deferral.send_failed(self.suite, item.broker, item.message.message_id, error)
                     self._unclaim(item)
                 else:
-                    logger.error(
-                        "Could not publish untracked message %s after commit; it is lost (track=True "
-                        "would keep it for the re-drive).", item.message.message_id, exc_info=True,
-                    )
+                    logger.error("Could not publish untracked message %s after commit; it is lost (track=True "
+                                 "would keep it for the re-drive).", item.message.message_id, exc_info=True)
         self.items = []
 
     def _publish_batches(self) -> tuple[list[_Item], bool]:
-        """The due tracked sends on the suite's broker, in batches (durable/outbox_batch.py); returns the
-        sends left to publish one by one, and whether the broker failed (the rest then waits too)."""
+        """The due tracked sends on the suite's broker, in batches; returns the sends left to publish one
+        by one, and whether the broker failed (the rest then waits too)."""
         broker = self.suite.broker
         assert broker is not None  # it has a publisher
         rest: list[_Item] = []
         groups: dict[Any, list[_Item]] = {}
-        now = time.monotonic()
+        now, size = time.monotonic(), self.suite.settings.send_many_batch
         for item in self.items:
             if item.row is not None and item.broker is broker and (item.delay is None or item.due <= now):
                 groups.setdefault(item.row[0], []).append(item)  # by store
             else:
                 rest.append(item)
-        size = self.suite.settings.send_many_batch
         for model, items in groups.items():
             for start in range(0, len(items), size):
                 chunk = items[start:start + size]
                 try:
-                    sent = outbox_batch.claim_and_publish(
-                        self.suite, model,
-                        [(item.row[1], item.row[2], item.stamp, item.message) for item in chunk],  # type: ignore[index]
-                    )
+                    held = [(item.row[1], item.row[2], item.stamp, item.message) for item in chunk]  # type: ignore[index]
+                    sent = claim_and_publish(self.suite, model, held)
                 except Exception as error:
-                    # After commit: pending for the re-drive (the claims were undone), logged as the suite
-                    # logs a broker outage; once for the batch.
+                    # Pending for the re-drive (the claims were undone), logged once for the batch.
                     first = chunk[0].message.message_id
                     deferral.send_failed(self.suite, broker, f"{first} (and {len(chunk) - 1} more)", error)
                     return rest, True
@@ -218,14 +178,9 @@ class Outbox:
     def _claim(self, item: _Item) -> bool:
         """``pending`` -> ``queued``, if the row is still as this send left it (see the claim_held query)."""
         model, row_id, revision = item.row  # type: ignore[misc]
-        cond = (
-            (model.id == row_id)
-            # SQLite may reuse the id of a rolled-back row: the message id tells them apart.
-            & (model.message_id == item.message.message_id)
-            & (model.status == JobStatus.PENDING.value)
-            & (model.revision == revision)
-            & model.parked_on.is_null()
-        )
+        # SQLite may reuse the id of a rolled-back row: the message id tells them apart.
+        cond = (model.id == row_id) & (model.message_id == item.message.message_id) & model.parked_on.is_null()
+        cond &= (model.status == JobStatus.PENDING.value) & (model.revision == revision)
         if item.stamp is not None:
             cond &= model.broker_ref == item.stamp  # the send that last wrote the row is this one
         # The stamp goes with the claim: the broker's id is written after the publish.
@@ -239,6 +194,64 @@ class Outbox:
         except Exception:
             # Left queued without a broker_ref: the lost-message check recovers it.
             logger.exception("Could not put job %s back to pending.", item.message.message_id)
+
+
+#: A held send: (its row's id, the row's revision at the send, the stamp a replace wrote into the row's
+#: ``broker_ref`` or None, its message as held).
+Held = tuple[int, int, Optional[str], "Message"]
+
+
+def claim_and_publish(suite: "Suite", model: type["JobModel"], held: list[Held]) -> list["Message"]:
+    """Claim ``held``'s rows in ``model``'s table, each with its broker id, and publish the ones claimed
+    in one MULTI/EXEC: one round trip each.  Returns the messages published; if the publish fails, the
+    rows claimed go back to ``pending`` (for the re-drive) and the error is raised."""
+    publisher = suite.publisher
+    assert publisher is not None  # Outbox batches only where there is one
+    # Each held send its own broker id, which the claim returns: a row is claimed by at most one of
+    # them (the one it is still as that send left it), not always the last one held for it.
+    sent = [message.copy(options={REDIS_MESSAGE_ID: str(uuid.uuid4())}) for _, _, _, message in held]
+    claimed = _claim_held(model, held, [m.options[REDIS_MESSAGE_ID] for m in sent])
+    messages = [m for m in sent if m.options[REDIS_MESSAGE_ID] in claimed]
+    if not messages:
+        return []
+    try:
+        publisher.publish_many([(m.queue_name, m.options[REDIS_MESSAGE_ID], m.encode(), None) for m in messages])
+    except BaseException:
+        try:
+            jobs.unclaim_sends(model, sorted(set(claimed.values())), JobStatus.PENDING.value,
+                               ref=[m.options[REDIS_MESSAGE_ID] for m in messages])
+        except Exception:
+            # Left queued with a broker id the broker never had: the lost-message check sends them again.
+            logger.exception("Could not put %d jobs back to pending after their publish failed.", len(claimed))
+        raise
+    return messages
+
+
+def _claim_held(model: type["JobModel"], held: list[Held], refs: list[str]) -> dict[str, int]:
+    """``pending`` -> ``queued`` with each row's broker id (``refs``, one per held send), for the rows still
+    as the send left them (the ``claim_held`` query); {broker id: row id} of the sends that claimed one."""
+    db = model._meta.database
+    values: dict[str, Any] = {"queued": JobStatus.QUEUED.value, "pending": JobStatus.PENDING.value,
+                              "now": model.enqueued_at.db_value(utcnow())}
+    if is_postgres(db):
+        query = queries.statement(model, "claim_held")
+        values.update(ids=[row_id for row_id, _, _, _ in held], message_ids=[m.message_id for _, _, _, m in held],
+                      revisions=[revision for _, revision, _, _ in held], stamps=[stamp for _, _, stamp, _ in held],
+                      refs=refs)
+        if is_psycopg3(db):  # once per batch: a plan kept for it only costs (see the query's comment)
+            cursor = db.cursor()
+            cursor.execute(query.sql, values, prepare=False)
+        else:
+            cursor = db.execute_sql(query.sql, values)
+        return {ref: row_id for (row_id, ref) in cursor.fetchall()}
+    query = queries.statement(model, "claim_one_held")
+    claimed: dict[str, int] = {}
+    with db.atomic():
+        for (row_id, revision, stamp, message), ref in zip(held, refs, strict=True):
+            values.update(id=row_id, message_id=message.message_id, revision=revision, stamp=stamp, ref=ref)
+            if db.execute_sql(query.sql, values).rowcount:
+                claimed[ref] = row_id
+    return claimed
 
 
 _active: contextvars.ContextVar[Optional[Block]] = contextvars.ContextVar("dramatiq_unique_outbox", default=None)
@@ -259,15 +272,8 @@ def active() -> Optional[Block]:
 
 @contextlib.contextmanager
 def opened(suite: "Suite") -> Iterator[Any]:
-    """A database transaction of ``suite`` whose sends are held until it commits.
-
-    The public face is :func:`dramatiq_unique.unique.send.transaction`, which first puts the
-    broker's enqueue in place (the enqueue side hands its sends to the block, not the
-    other way round).  Yields peewee's transaction object: a savepoint when the thread is in a
-    transaction already (a block nested in another, or in the caller's own ``atomic()``).  The
-    sends are held in that transaction (:mod:`dramatiq_unique.storage.savepoints`): whatever rolls
-    back drops the ones it covers, and the outermost commit publishes the rest.
-    """
+    """A database transaction of ``suite`` (a savepoint inside another) whose sends are held until it
+    commits; yields peewee's transaction object.  Behind :func:`dramatiq_unique.transaction`."""
     block = Block(suite)
     token = _active.set(block)
     try:

@@ -1,7 +1,5 @@
-"""A finished attempt as its job row records it: the status, the error, the result.
-
-JobTracking's ``after_process_message`` decides nothing itself: it asks :func:`outcome`
-what the attempt came to (Dramatiq and its ``Retries`` have decided by then) and writes it.
+"""A finished attempt as its job row records it: the status, the error, the result.  JobTracking asks
+:func:`outcome` once Dramatiq and its ``Retries`` have decided, and writes it.
 """
 
 from __future__ import annotations
@@ -35,36 +33,20 @@ def jsonable(value: Any) -> Any:
 
 
 def outcome(
-    message: Any,
-    result: Any,
-    exception: Optional[BaseException],
-    *,
-    retries: bool,
-    retry_enqueued: bool,
+    message: Any, result: Any, exception: Optional[BaseException], *, retries: bool, retry_enqueued: bool,
     min_backoff: float = DEFAULT_MIN_BACKOFF,
 ) -> tuple[dict, bool]:
-    """The row's fields for an attempt that ran, and whether the job is done (succeeded or
-    failed for good: an ``until_executed`` key is freed only then).
-
-    ``retries``: whether the broker has Retries; ``retry_enqueued``: whether Retries sent the
-    message again during the attempt; ``min_backoff``: the job's, for a retry nobody sent.
-    """
+    """The row's fields for an attempt that ran, and whether the job is done (succeeded or failed for good).
+    ``retries``: the broker has Retries; ``retry_enqueued``: Retries sent the message again meanwhile."""
     now = utcnow()
     if exception is None and not message.failed:
         return dict(status=JobStatus.SUCCEEDED.value, finished_at=now, result=jsonable(result), last_error=None), True
     if message.failed or not retries:
-        fields = dict(
-            status=JobStatus.FAILED.value, finished_at=now,
-            last_error=format_error(exception) if exception else "failed",
-        )
-        return fields, True
+        error = format_error(exception) if exception else "failed"
+        return dict(status=JobStatus.FAILED.value, finished_at=now, last_error=error), True
     assert exception is not None  # not failed, not succeeded: the actor raised
     if retry_enqueued:
         return dict(last_error=format_error(exception)), False
-    # Retries decided to retry but could not enqueue (broker down):
-    # the row says when it is due, and the re-drive sends it then.
-    fields = dict(
-        status=JobStatus.RETRYING.value, enqueued_at=None, last_error=format_error(exception),
-        process_after=after_ms(min_backoff, now),
-    )
-    return fields, False
+    # Retries could not enqueue the retry (broker down): the row says when it is due, the re-drive sends it.
+    return dict(status=JobStatus.RETRYING.value, enqueued_at=None, last_error=format_error(exception),
+                process_after=after_ms(min_backoff, now)), False

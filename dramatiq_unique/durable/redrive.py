@@ -1,74 +1,112 @@
-"""The re-drive: one pass that sends what came due and recovers what the broker lost.
+"""The re-drive: a pass that sends what came due and recovers what the broker lost, and its timer.
 
-A pass, for every job store (the primary first; one that is down is skipped, with a
-warning, and the others go on) and every job table in it:
-
-1. wakes parked jobs whose lock or slot holder is gone (parking/lot.py);
-2. sends due ``pending`` jobs (scheduled, outbox rows whose publish
-   failed, jobs woken from parking) and ``retrying`` jobs whose retry
-   message never reached the broker (``enqueued_at`` is NULL);
-3. looks at ``queued``, ``retrying`` and ``running`` jobs overdue by
-   ``lost_after`` (due, or lease run out, that long ago) whose message is
-   in none of the broker's places (broker/presence.py): a first miss marks the
-   row (``missing_since``), a miss in a later pass confirms it, and
-   ``on_lost`` applies;
-4. deletes finished rows older than ``retention``.
-
-Before step 2, at most once per ``lost_after``: rows in a combination of columns
-that no state allows (none should be) are set right, loudly (repair.py).
-
-Step 1 is the primary's alone: only its jobs park (storage/stores.py).
-
-Every step acts only on rows of this process's app, of actors it declares
-on ``broker`` (scope.py): apps that share the database never touch each
-other's jobs, and a row is never sent into a broker that cannot run it.
-
-Correctness does not rest on the pass lock, which only saves work: rows are claimed by conditional
-UPDATEs (after ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL; SQLite's IMMEDIATE transactions
-serialise the writers), so two passes never both send one job.  A claim also bumps the
-row's ``revision``, which the worker checks when the job starts: an
-older copy of a re-sent message is skipped, never run beside the new one.
+Per store and job table, on this app's rows of the actors this process declares (scope.py), a pass
+wakes orphaned parked jobs (the primary's only), sets right rows no state allows, sends due rows,
+looks for lost messages and prunes finished rows.  Claims are conditional UPDATEs, so two passes
+never send one job; the pass lock only saves work.  Every query starts from an index that leaves
+finished rows out.  See docs/discussions/how-it-is-built.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+import threading
+import time
+import weakref
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import dramatiq
+import peewee as pw
 import redis
+from apscheduler.schedulers.background import BackgroundScheduler
+from dramatiq.errors import ActorNotFound
+from dramatiq.middleware import Retries
 
+from dramatiq_unique import errors
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
 from dramatiq_unique.broker.refs import resending
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import claims, deferral, repair
-from dramatiq_unique.durable.claims import FAILED, PENDING, QUEUED, RETRYING, RUNNING
-from dramatiq_unique.durable.counts import RedriveCounts, record_end
-from dramatiq_unique.durable.lost import actor_options, retries_exhausted
+from dramatiq_unique.durable import deferral
+from dramatiq_unique.durable.messages import build_message, retries_so_far
 from dramatiq_unique.durable.scope import Scope
-from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
+from dramatiq_unique.errors import DatabaseUnavailable, DependencyUnavailable, InvalidOption, RedisUnavailable
 from dramatiq_unique.locks import queue
+from dramatiq_unique.logs import QuietTicks
 from dramatiq_unique.observe import events, metrics_on
 from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.storage import history, jobs
-from dramatiq_unique.storage.models import MAX_ERROR_LENGTH, JobModel, after_ms, utcnow
+from dramatiq_unique.storage import history, jobs, models
+from dramatiq_unique.storage.models import FINISHED, MAX_ERROR_LENGTH, WAITING, JobModel, JobStatus, after_ms, utcnow
 from dramatiq_unique.storage.stores import CONNECTION_ERRORS, unreachable
 
 if TYPE_CHECKING:
+    from apscheduler.schedulers.base import BaseScheduler
+
     from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
 
-#: ms the pass lock lasts unless extended (it is, after every page): a process killed
-#: mid-pass holds up the cluster's re-drive for at most this long.
+PENDING, QUEUED, RUNNING = JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RUNNING.value
+RETRYING, FAILED = JobStatus.RETRYING.value, JobStatus.FAILED.value
+#: ms the pass lock lasts unless extended (after every page): a process killed mid-pass holds up
+#: the cluster's re-drive for at most this long.
 PASS_LOCK_TTL = 10_000
 #: ms that must separate the first and the confirming miss of a message.
 CONFIRM_AFTER = 100
 #: Pages a pass handles at most per step and table; the rest waits for the next pass.
 MAX_PAGES = 100
+#: Id of the re-drive job in the scheduler (suffixed with the suite's key prefix).
+JOB_ID = "dramatiq_unique.redrive"
+
+
+@dataclasses.dataclass
+class RedriveCounts:
+    """What one pass did."""
+
+    #: False when another process held the pass lock and this call did nothing.
+    ran: bool = True
+    #: Due pending and retrying jobs sent.
+    sent: int = 0
+    #: Parked jobs woken because their lock or slot holder was gone.
+    woken: int = 0
+    #: Jobs whose message was missed for the first time (checked again next pass).
+    missing: int = 0
+    #: Jobs confirmed lost.
+    lost: int = 0
+    #: Lost jobs sent again (``on_lost="redrive"``).
+    redriven: int = 0
+    #: Jobs marked failed: lost with ``on_lost="fail"`` or retries exhausted, or dead-lettered.
+    failed: int = 0
+    #: Queues whose messages held by dead workers were handed back (Redis broker).
+    requeued: int = 0
+    #: Retries handed back to their delay queue from a live worker that had dropped them (Redis broker).
+    released: int = 0
+    #: Finished rows deleted after ``retention``.
+    pruned: int = 0
+    #: Sends that failed (broker down); those jobs wait for the next pass.
+    errors: int = 0
+    #: Rows written without an app (an earlier version) that this app took.
+    adopted: int = 0
+    #: Rows found in a combination of columns that no state allows, and set right.
+    repaired: int = 0
+    #: Jobs sent (of ``sent`` and ``redriven``) that were kept pending because the broker was down.
+    deferred: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # Read like a dict too: counts["sent"], dict(counts).
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.__dataclass_fields__:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def keys(self) -> list[str]:
+        return list(self.__dataclass_fields__)
 
 
 def redrive(broker: Optional[dramatiq.Broker] = None, *, suite: Optional["Suite"] = None) -> RedriveCounts:
@@ -98,22 +136,196 @@ def run_pass(
             counts = _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
     except redis.RedisError as e:
         raise RedisUnavailable(f"re-drive pass: {e}") from e
-    record_end(suite)
+    try:  # when the app's last pass ended, for the check command: a Redis key, not a row written every pass
+        suite.redis.set(suite.keys.last_pass(), int(time.time() * 1000))
+    except redis.RedisError as e:
+        logger.warning("Could not record the end of the re-drive pass: %s", e)
     return counts
+
+
+# -- the queries and claims of a pass -------------------------------------------------------------
+
+
+def due(model: type[JobModel], status: str, now: datetime) -> Any:
+    """Jobs to send: due ``pending`` ones not parked, ``retrying`` ones whose retry never reached the broker."""
+    cond = (model.status == status) & (model.process_after <= now) & model.parked_on.is_null()
+    if status == RETRYING:
+        cond &= model.enqueued_at.is_null()
+    return cond
+
+
+def suspects(
+    model: type[JobModel], cutoff: datetime, marked_before: datetime, *, can_probe: bool
+) -> list[tuple[str, Any, Any]]:
+    """(status, condition, order) of jobs overdue by ``lost_after`` (``cutoff``: now minus it) whose message
+    the pass looks for: each at most once per ``lost_after``, and one marked missing after ``marked_before``
+    waits for a later pass to confirm."""
+    fresh = model.checked_at.is_null() | (model.checked_at <= cutoff)
+    unmarked = model.missing_since.is_null() | (model.missing_since <= marked_before)
+    groups = [(RUNNING, (model.status == RUNNING) & (model.lease_until <= cutoff), model.lease_until)]
+    for status in (QUEUED, RETRYING):
+        cond = (model.status == status) & (model.process_after <= cutoff) & (model.enqueued_at <= cutoff)
+        if not can_probe:
+            # The broker cannot be asked: trust it with what it took (broker_ref set
+            # after the publish); a claim whose publish never happened has none.
+            cond &= model.broker_ref.is_null()
+        groups.append((status, cond, model.process_after))
+    return [(status, cond & fresh & unmarked, order) for status, cond, order in groups]
+
+
+def prune(
+    model: type[JobModel], scope: Any, settings: Any, *, page: int, max_pages: int,
+    after_page: Callable[[], None] = lambda: None,
+) -> int:
+    """Delete ``model``'s finished rows (of ``scope``, a :meth:`Scope.where` condition) past the
+    ``retention`` setting, page by page, calling ``after_page`` after each; returns how many."""
+    # Rows hold idempotency keys for their window: keep them at least that long.
+    cutoff = after_ms(-max(settings.retention, settings.idempotency_window))
+    pruned = 0
+    for _ in range(max_pages):
+        query: pw.Select = model.select(model.id).where((model.finished_at < cutoff) & model.status.in_(FINISHED))
+        ids = [row_id for (row_id,) in query.where(scope).limit(page).tuples()]
+        if ids:
+            pruned += model.delete().where(model.id.in_(ids)).execute()
+            after_page()
+        if len(ids) < page:
+            break
+    return pruned
+
+
+def claim_fields(model: type[JobModel], **extra: Any) -> dict:
+    """The UPDATE that takes a row for sending: queued, a new revision, no broker id yet."""
+    fields = {model.status: QUEUED, model.enqueued_at: utcnow(), model.revision: model.revision + 1,
+              model.broker_ref: None, model.checked_at: None, model.missing_since: None, model.lease_until: None}
+    return {**fields, **{getattr(model, name): value for name, value in extra.items()}}
+
+
+def claim_page(model: type[JobModel], cond: Any, page: int) -> list[JobModel]:
+    """Claim up to ``page`` rows matching ``cond``; returns them as claimed."""
+    db = model._meta.database
+    with db.atomic():
+        # process_after alone: the index gives that order, so LIMIT stops early (no sort of the backlog).
+        query: pw.Select = model.select(model.id).where(cond).order_by(model.process_after).limit(page)
+        if models.is_postgres(db):
+            query = query.for_update(skip_locked=True)
+        ids = [row_id for (row_id,) in query.tuples()]
+        if not ids:
+            return []
+        # The condition again: a row another pass claimed meanwhile no longer matches.
+        update = model.update(claim_fields(model)).where(model.id.in_(ids) & cond)
+        return list(update.returning(*sending_fields(model)).execute())
+
+
+def sending_fields(model: type[JobModel]) -> list[pw.Field]:
+    """The columns that sending a claimed row needs (not the whole, wide row)."""
+    names = ("id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "revision",
+             "attempts", "created_at", "process_after", "status")
+    return [model._meta.fields[name] for name in names]
+
+
+def unchanged(model: type[JobModel], row: JobModel) -> Any:
+    """The row is still as it was read: nobody started, finished, renewed or re-sent it since."""
+    cond = (model.id == row.id) & (model.status == row.status) & (model.revision == row.revision)
+    cond &= model.fencing_token == row.fencing_token
+    cond &= model.broker_ref.is_null() if row.broker_ref is None else (model.broker_ref == row.broker_ref)
+    if row.lease_until is not None:
+        cond &= model.lease_until == row.lease_until  # a heartbeat renewed it: alive
+    return cond
+
+
+# -- a lost job: its actor's options, and whether Retries would give up -----------------------------
+
+
+class JobLost(errors.DramatiqUniqueError):
+    """The job's message is in none of the broker's queues"""
+
+
+def actor_options(suite: "Suite", broker: dramatiq.Broker, actor_name: str) -> dict:
+    """The actor's options, as this process's suite or ``broker`` knows them ({} if neither does)."""
+    config = suite.actor_config(actor_name)
+    if config is not None:
+        return config.options
+    try:
+        return broker.get_actor(actor_name).options
+    except ActorNotFound:
+        return {}
+
+
+def retries_exhausted(suite: "Suite", broker: dramatiq.Broker, row: JobModel) -> bool:
+    """Whether Dramatiq's Retries would give up after this (lost) attempt, decided as it decides."""
+    retries_mw = next((m for m in broker.middleware if isinstance(m, Retries)), None)
+    if retries_mw is None:
+        return True  # without Retries a failed attempt is final
+    options, row_options = actor_options(suite, broker, row.actor_name), row.options or {}
+    retries = max(retries_so_far(row) - 1, 0)  # a retry_job() restarts the count
+    retry_when = options.get("retry_when", retries_mw.retry_when)
+    if retry_when is not None:
+        return not retry_when(retries, JobLost(row.message_id))
+    max_retries = row_options.get("max_retries", options.get("max_retries", retries_mw.max_retries))
+    return max_retries is not None and retries >= max_retries
+
+
+# -- rows no state allows: each state's way out, added where it is missing ---------------------------
+
+#: (what is wrong, the rows, the fields that set them right), each a function of the table.
+REPAIRS: tuple[tuple[str, Callable[[Any], Any], Callable[[Any], dict]], ...] = (
+    # Not pending: no waker takes it.  Out of the group, the row's own state has its way out.
+    ("parked but not pending", lambda m: m.parked_on.is_null(False) & (m.status != PENDING),
+     lambda m: {m.parked_on: None}),
+    # The lost-message check waits for a lease that ran out: one that runs out now.
+    ("running without a lease", lambda m: (m.status == RUNNING) & m.lease_until.is_null(),
+     lambda m: {m.lease_until: utcnow()}),
+    # The sends and the lost-message check wait until it is due: due since it was sent.
+    ("waiting without a due time", lambda m: m.status.in_(WAITING) & m.process_after.is_null(),
+     lambda m: {m.process_after: m.created_at}),
+    # The lost-message check waits until its message is overdue: sent now, as far as it can tell.
+    ("queued without the time it was sent", lambda m: (m.status == QUEUED) & m.enqueued_at.is_null(),
+     lambda m: {m.enqueued_at: utcnow()}),
+)
+
+_repaired_at: "weakref.WeakKeyDictionary[Suite, dict[type[JobModel], float]]" = weakref.WeakKeyDictionary()
+_repaired_lock = threading.Lock()
+
+
+def repair_due(suite: "Suite", model: type[JobModel]) -> bool:
+    """Whether this process's last look at ``model`` is ``lost_after`` old (and take this one): the looks
+    read a parked or queued backlog through, and a repaired row waits ``lost_after`` anyway."""
+    now = time.monotonic()
+    with _repaired_lock:
+        seen = _repaired_at.setdefault(suite, {})
+        last = seen.get(model)
+        if last is not None and (now - last) * 1000 < float(suite.settings.lost_after):
+            return False
+        seen[model] = now
+        return True
+
+
+def repair(model: type[JobModel], scope: Any) -> int:
+    """Set right the rows of ``model`` (of ``scope``) in a combination no state allows, each with an ERROR;
+    returns how many.  Conditional UPDATEs: a row that moved on meanwhile no longer matches."""
+    repaired = 0
+    for what, found_by, fields in REPAIRS:
+        found = list(
+            model.update(fields(model)).where(found_by(model) & scope)
+            .returning(model.id, model.message_id, model.actor_name, model.status, model.unique_key).execute()
+        )
+        for row in found:
+            logger.error("Job %s (%s, row %s) was %s (status %s), a state nothing takes it out of; the re-drive "
+                         "repaired its row.  A path of the suite left it so: please report it.",
+                         row.message_id, row.actor_name, row.id, what, row.status,
+                         extra=events.fields(row.message_id, row.actor_name, row.unique_key))
+        repaired += len(found)
+    return repaired
+
+
+# -- a pass ---------------------------------------------------------------------------------------
 
 
 class _Pass:
     def __init__(self, suite: "Suite", broker: dramatiq.Broker, lock_token: Optional[str], scope: Scope) -> None:
-        self.suite = suite
-        self.broker = broker
-        self.lock_token = lock_token
-        self.scope = scope
-        self.lock_name = scope.lock_name()
-        self.counts = RedriveCounts()
-        self.started = utcnow()
-        self.page = int(suite.settings.redrive_page_size)
-        self.probe = probe_for(broker)
-        self.broker_down = False
+        self.suite, self.broker, self.lock_token, self.scope = suite, broker, lock_token, scope
+        self.lock_name, self.counts, self.started = scope.lock_name(), RedriveCounts(), utcnow()
+        self.page, self.probe, self.broker_down = int(suite.settings.redrive_page_size), probe_for(broker), False
 
     def run(self) -> RedriveCounts:
         stores = self.suite.stores
@@ -141,27 +353,21 @@ class _Pass:
                 stores.ensure(base, index)  # a store down at set-up gets its tables now
             model = stores.model_in(base, index)
             self.counts.adopted += self.scope.adopt(model, self.page, MAX_PAGES)
-            if repair.due(self.suite, model):  # before the sends and the lost check, which then take them
-                self.counts.repaired += repair.repair(model, self.scope.where(model))
+            if repair_due(self.suite, model):  # before the sends and the lost check, which then take them
+                self.counts.repaired += repair(model, self.scope.where(model))
             self._send_due(model)
             self._check_lost(model)
-            self._prune(model)
+            self.counts.pruned += prune(model, self.scope.prunable(model), self.suite.settings, page=self.page,
+                                        max_pages=MAX_PAGES, after_page=self._keep_lock)
 
     def _keep_lock(self) -> None:
-        if self.lock_token is None:
-            return
-        if not self.suite.locks.extend(self.lock_name, self.lock_token, PASS_LOCK_TTL):
-            # Harmless for correctness (claims are conditional); another pass may start.
-            logger.warning("The re-drive lock expired during a pass.")
-
-    # -- 1. parked jobs -----------------------------------------------------------
+        if self.lock_token is not None and not self.suite.locks.extend(self.lock_name, self.lock_token, PASS_LOCK_TTL):
+            logger.warning("The re-drive lock expired during a pass.")  # harmless: claims are conditional
 
     def _wake_parked(self) -> None:
-        # Parked rows (pending, parked_on set) wait for an execution lock or a slot;
-        # sending them would only park them again.  Their wake-ups live in Redis and
-        # can be lost (a holder killed, Redis wiped): wake every group with no holder.
-        # The run-time limits first: a Redis that lost them (or a replica promoted without a later
-        # change) gets them back before a group is woken at its declared limit.
+        # Parked rows wait for a lock or a slot; their wake-ups live in Redis and can be lost (a holder
+        # killed, Redis wiped): wake every group with no holder.  The run-time limits first: a Redis
+        # that lost them gets them back before a group is woken at its declared limit.
         try:
             if overrides.check(self.suite):
                 logger.info("The re-drive put back run-time limits that Redis had lost or held otherwise.")
@@ -173,73 +379,63 @@ class _Pass:
         if metrics_on():  # the parked-jobs gauge: one query per table, only with metrics on
             events.parked_counts(rows.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
 
-    # -- 2. due jobs --------------------------------------------------------------
-
     def _send_due(self, model: type[JobModel]) -> None:
         for status in (PENDING, RETRYING):
             for _ in range(MAX_PAGES):
                 if self.broker_down:
                     return
-                cond = claims.due(model, status, utcnow()) & self.scope.where(model)
-                rows = claims.claim_page(model, cond, self.page)
-                if rows:
-                    self.counts.sent += self._publish(model, rows, revert_to=status)
+                claimed = claim_page(model, due(model, status, utcnow()) & self.scope.where(model), self.page)
+                if claimed:
+                    self.counts.sent += self._publish(model, claimed, revert_to=status)
                     self._keep_lock()
-                if len(rows) < self.page:
+                if len(claimed) < self.page:
                     break
 
     def _order_key(self, row: JobModel) -> tuple:
-        config = self.suite.actor_config(row.actor_name)
-        order = opt.DEFAULT_UNIQUE_ORDER_BY
+        config, order = self.suite.actor_config(row.actor_name), opt.DEFAULT_UNIQUE_ORDER_BY
         if config is not None:
             order = config.get(row.options or {}, "unique_order_by", opt.DEFAULT_UNIQUE_ORDER_BY)
         when = row.process_after if order == "process_after" and row.process_after else row.created_at
         return (when, row.id)
 
-    def _publish(self, model: type[JobModel], rows: list[JobModel], *, revert_to: str) -> int:
+    def _publish(self, model: type[JobModel], claimed: list[JobModel], *, revert_to: str) -> int:
         """Send claimed rows in order; on a broker failure, hand the rest back and stop sending."""
-        rows = sorted(rows, key=self._order_key)
+        claimed = sorted(claimed, key=self._order_key)
         refs: dict[int, str] = {}
-        for i, row in enumerate(rows):
+        for i, row in enumerate(claimed):
             try:
                 with resending():
-                    sent = self.broker.enqueue(claims.build_message(row))
+                    sent = self.broker.enqueue(build_message(row))
             except Exception as e:
                 self.broker_down = True
                 self.counts.errors += 1
                 deferral.send_failed(self.suite, self.broker, row.message_id, e)  # the next pass tries again
-                jobs.unclaim_sends(model, [r.id for r in rows[i:]], revert_to)
+                jobs.unclaim_sends(model, [r.id for r in claimed[i:]], revert_to)
                 break
             refs[row.id] = sent.options.get("redis_message_id") or row.message_id
             self.counts.deferred += deferral.was_deferred(row)
         jobs.record_refs(model, refs)  # a ref set meanwhile is newer: kept
         return len(refs)
 
-    # -- 3. lost jobs ---------------------------------------------------------------
-
     def _check_lost(self, model: type[JobModel]) -> None:
         cutoff = after_ms(-self.suite.settings.lost_after)
         marked_before = after_ms(-CONFIRM_AFTER, self.started)
-        groups = claims.suspects(model, cutoff, marked_before, can_probe=self.probe is not None)
-        for status, cond, order in groups:
+        for status, cond, order in suspects(model, cutoff, marked_before, can_probe=self.probe is not None):
             for _ in range(MAX_PAGES):
                 if self.broker_down:
                     return
-                rows = list(claims.suspect_query(model, cond & self.scope.where(model), order, self.page))
-                if rows:
-                    self._judge(model, status, rows)
+                found = list(model.select().where(cond & self.scope.where(model)).order_by(order).limit(self.page))
+                if found:
+                    self._judge(model, status, found)
                     self._keep_lock()
-                if len(rows) < self.page:
+                if len(found) < self.page:
                     break
 
-    def _judge(self, model: type[JobModel], status: str, rows: list[JobModel]) -> None:
-        if self.probe is not None:
-            answers = self.probe.check(rows)
-        else:
-            # Only rows the broker cannot vouch for were read: running ones whose
-            # lease ran out, and claims whose publish was never confirmed.
-            answers = [Presence.MISSING] * len(rows)
-        present = [row for row, answer in zip(rows, answers, strict=True) if answer is Presence.PRESENT]
+    def _judge(self, model: type[JobModel], status: str, found: list[JobModel]) -> None:
+        # Without a probe, only rows the broker cannot vouch for were read: running ones whose lease ran
+        # out, and claims whose publish was never confirmed.
+        answers = self.probe.check(found) if self.probe is not None else [Presence.MISSING] * len(found)
+        present = [row for row, answer in zip(found, answers, strict=True) if answer is Presence.PRESENT]
         if present:
             model.update(checked_at=utcnow(), missing_since=None).where(
                 model.id.in_([row.id for row in present]) & (model.status == status)
@@ -248,7 +444,7 @@ class _Pass:
                 self.counts.requeued += self.probe.requeue_orphans(present)
                 self.counts.released += self.probe.release_stranded(present) if status == RETRYING else 0
         claimed = []
-        for row, answer in zip(rows, answers, strict=True):
+        for row, answer in zip(found, answers, strict=True):
             if answer is Presence.DEAD:
                 self._fail(model, row, "the broker dead-lettered the job's message")
             elif answer is Presence.MISSING:
@@ -256,8 +452,7 @@ class _Pass:
                 if row.missing_since is not None and row.missing_since >= since:
                     claimed += self._lost(model, row)  # missed in an earlier pass, in this same state
                 else:
-                    marked = model.update(missing_since=utcnow()).where(claims.unchanged(model, row)).execute()
-                    self.counts.missing += marked
+                    self.counts.missing += model.update(missing_since=utcnow()).where(unchanged(model, row)).execute()
         if claimed:  # sent as one batch, so the broker ids are recorded in one statement
             self.counts.redriven += self._publish(model, claimed, revert_to=PENDING if status == QUEUED else RETRYING)
 
@@ -275,10 +470,11 @@ class _Pass:
         if row.status == RUNNING:
             extra["last_error"] = f"attempt {row.attempts} lost: its worker or the broker dropped the message"
             extra["history"] = history.append(model, jobs.attempt_of(row, extra, "lost"))
-        claimed = claims.claim_one(model, row, **extra)
-        if claimed is not None:
+        claimed = list(model.update(claim_fields(model, **extra)).where(unchanged(model, row))
+                       .returning(*sending_fields(model)).execute())
+        if claimed:
             events.job_lost(row, where, "sent again")
-        return [] if claimed is None else [claimed]
+        return claimed
 
     def _fail(self, model: type[JobModel], row: JobModel, reason: str) -> None:
         options = row.options or {}
@@ -291,16 +487,55 @@ class _Pass:
             fields["unique_hold"] = None  # a failed job no longer blocks its key
         if row.status == RUNNING:
             fields["history"] = history.append(model, jobs.attempt_of(row, fields, "lost"))
-        if not model.update(**fields).where(claims.unchanged(model, row)).execute():
+        if not model.update(**fields).where(unchanged(model, row)).execute():
             return
         self.counts.failed += 1
         events.job_failed(row, reason)
-        token = (options.get(MARKER) or {}).get("qt")
         if lock != opt.UNTIL_EXPIRED:
-            queue.release_key(self.suite, row.unique_key, token, row.message_id)
+            queue.release_key(self.suite, row.unique_key, (options.get(MARKER) or {}).get("qt"), row.message_id)
 
-    # -- 4. pruning -----------------------------------------------------------------
 
-    def _prune(self, model: type[JobModel]) -> None:
-        self.counts.pruned += claims.prune(model, self.scope.prunable(model), self.suite.settings, page=self.page,
-                                           max_pages=MAX_PAGES, after_page=self._keep_lock)
+# -- on a timer -------------------------------------------------------------------------------------
+
+
+def start_redriver(
+    interval: Optional[float] = None, *, suite: Optional["Suite"] = None, broker: Optional[dramatiq.Broker] = None,
+    scheduler: Optional["BaseScheduler"] = None,
+) -> "BaseScheduler":
+    """Run :func:`redrive` every ``interval`` ms (default: the ``redrive_interval`` setting).
+
+    Starts and returns a new ``BackgroundScheduler``, or adds the job to
+    ``scheduler`` if one is given (the caller starts and stops that one).
+    Stop the returned scheduler with ``scheduler.shutdown()``.  The first
+    pass runs at once.  Every process may run one: the pass lock lets one
+    pass run at a time across the cluster, and a tick that finds it taken
+    is skipped.
+    """
+    suite = suite or _config.current()
+    interval = suite.settings.redrive_interval if interval is None else interval
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+        raise InvalidOption(f"interval must be a positive number of milliseconds, not {interval!r}")
+    QuietTicks.install()
+    own = scheduler is None
+    scheduler = BackgroundScheduler(timezone=timezone.utc, daemon=True) if scheduler is None else scheduler
+    # A pass slower than the interval: skip the ticks it overlapped, never pile them up.
+    scheduler.add_job(_tick, "interval", seconds=interval / 1000, args=(suite, broker),
+                      id=f"{JOB_ID}:{suite.keys.prefix}", name="dramatiq_unique re-drive", replace_existing=True,
+                      max_instances=1, coalesce=True, misfire_grace_time=None, next_run_time=datetime.now(timezone.utc))
+    if own:
+        scheduler.start()
+    return scheduler
+
+
+def _tick(suite: "Suite", broker: Optional[dramatiq.Broker]) -> None:
+    try:
+        counts = redrive(broker, suite=suite)
+        busy = {k: v for k, v in counts.as_dict().items() if k != "ran" and v}
+        if busy:
+            logger.info("Re-drive pass: %s.", ", ".join(f"{k}={v}" for k, v in busy.items()))
+    except DependencyUnavailable as e:
+        logger.warning("Re-drive pass skipped: %s", e)
+    except Exception:
+        logger.exception("Re-drive pass failed.")
+    finally:
+        suite.close()  # this scheduler thread's database connection

@@ -1,26 +1,9 @@
 """Deliveries that end before the job runs: refused, skipped by another middleware, or duplicates.
 
-Three cases, each decided here so that :class:`~dramatiq_unique.middleware.JobTracking`
-stays small:
-
-* A job whose delivery was refused until Dramatiq gave up (its start failed on a
-  dependency until ``Retries`` ran out, a ``throws`` error in a hook), or that
-  another middleware skipped (``AgeLimit``'s ``max_age``, any ``SkipMessage`` not
-  raised by the suite): its message is gone, so the job is over.  Its row is
-  marked ``failed`` with the cause, and its key is freed at once (the row's hold
-  and the Redis queue lock), as the re-drive does for a job it fails.  Sidekiq
-  Enterprise and Oban users expect the same: a job that was discarded is dead,
-  and does not block its key.  There is no "skipped" status in the contract, so
-  a skip is a failure whose ``last_error`` names the ``SkipMessage`` and its text.
-  ``until_expired`` keeps its hold: one job per key per window, whatever its state.
-* The suite's own skips (a job parked on a lock or a slot, a finished or replaced
-  copy dropped) are not failures: :func:`dramatiq_unique.guard.own_skip` tells them apart.
-* A second delivery of a job whose attempt is still running (a dead-worker requeue,
-  a broker redelivery, a stale copy) must not run beside it.  Its start is refused
-  (:func:`dramatiq_unique.storage.jobs.start`), and rather than being dropped, which would
-  leave the job to the re-drive should the live attempt die, the copy is sent again,
-  delayed until the live attempt's lease has run out: if that attempt finished by
-  then, the copy is dropped as a finished job's; if it died, the copy runs the job.
+A delivery refused until Dramatiq gave up, or skipped by another middleware, ends the job: its row is
+``failed`` with the cause and its key freed.  The suite's own skips are not failures.  A second delivery
+of a running job is sent again, due when the live attempt's lease runs out.  Decided here so that
+:class:`~dramatiq_unique.middleware.JobTracking` stays small.
 """
 
 from __future__ import annotations
@@ -47,9 +30,19 @@ logger = logging.getLogger(__name__)
 RESEND_MARGIN = 50
 
 
+def _frees_key(config: "ActorConfig", opts: dict) -> bool:
+    """Whether the job's key goes when it fails: it has one, and ``until_expired`` does not keep it."""
+    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+    return config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
+
+
+def _waiting(model: Any, job_id: int, revision: int) -> Any:
+    """The row still waits for this delivery: same revision, not parked, not running, not finished."""
+    return (model.id == job_id) & (model.revision == revision) & model.status.in_(WAITING) & model.parked_on.is_null()
+
+
 def skip_reason(message: Any, started: bool = False) -> str:
-    """``last_error`` of a job another middleware (or its actor) skipped: the ``SkipMessage``
-    and its text."""
+    """``last_error`` of a job another middleware (or its actor) skipped: the ``SkipMessage`` and its text."""
     # Dramatiq keeps the SkipMessage on the proxy when the middleware also failed the
     # message (AgeLimit does); a plain skip leaves nothing to quote.
     error = getattr(message, "_exception", None)
@@ -58,12 +51,8 @@ def skip_reason(message: Any, started: bool = False) -> str:
 
 
 def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> bool:
-    """Mark the job of a delivery that ended before it started as failed, and free its key.
-
-    Only while the row still waits for this very delivery: same revision, not
-    parked, not running (another delivery's attempt), not finished.  Returns
-    whether the row was failed.
-    """
+    """Mark the job of a delivery that ended before it started failed, and free its key, while its row
+    still waits for this very delivery; returns whether it did."""
     model = job_model(suite, config.model, message.options)  # the store that holds the row
     marker = message.options.get(MARKER) or {}
     if "id" in marker:
@@ -73,15 +62,11 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
         if row is None:
             return False
         job_id, revision = row.id, row.revision
-    opts = message.options
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-    free = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
     fields: dict[str, Any] = dict(
         status=JobStatus.FAILED.value, finished_at=utcnow(), last_error=reason[:MAX_ERROR_LENGTH], lease_until=None,
     )
-    waiting = (model.id == job_id) & (model.revision == revision)
-    waiting &= model.status.in_(WAITING) & model.parked_on.is_null()
-    if free:
+    waiting = _waiting(model, job_id, revision)
+    if _frees_key(config, message.options):
         fields["unique_hold"] = None
         # The Redis key goes before the row says failed, as at a finish (JobTracking._record): once a
         # reader sees the job failed, its key is free in Redis too.  Only while the row still waits for
@@ -108,9 +93,7 @@ def note_refusal(suite: "Suite", config: "ActorConfig", message: Any, reason: st
     model = job_model(suite, config.model, message.options)
     try:
         model.update(last_error=reason[:MAX_ERROR_LENGTH]).where(
-            (model.id == int(marker["id"])) & (model.revision == int(marker.get("rev", 0)))
-            & model.status.in_(WAITING) & model.parked_on.is_null()
-        ).execute()
+            _waiting(model, int(marker["id"]), int(marker.get("rev", 0)))).execute()
     except Exception as e:  # often the very outage that refused it: the row is only a report
         logger.debug("Could not note why job %s was refused: %s", message.message_id, e)
 
@@ -137,10 +120,8 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
 
 def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], None]) -> None:
     """A started attempt that a later middleware skipped: the job is over, failed, its key freed."""
-    config, job, opts = ctx.config, ctx.job, message.options
+    job, release = ctx.job, _frees_key(ctx.config, message.options)
     assert job is not None
-    lock = config.get(opts, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
-    release = config.get(opts, "unique_args") is not None and lock != opt.UNTIL_EXPIRED
     if release:
         free_queue_lock()  # first: once a reader sees the job finished, its key is free in Redis too
     jobs.finish(ctx.model, job, release_hold=release, lease_until=None, status=JobStatus.FAILED.value,
@@ -148,11 +129,9 @@ def fail_started(ctx: "JobContext", message: Any, free_queue_lock: Callable[[], 
 
 
 def record_revoked(ctx: "JobContext", job: "JobModel", release: bool, fields: dict) -> None:
-    """An attempt's outcome whose fenced write was refused: recorded anyway if another job of
-    the key took the token (its execution lock ran out under this attempt) and no newer
-    attempt of this job started.  Nobody else would ever write the row: left ``running``,
-    the re-drive would report a job that did finish as lost, or dead-lettered, and run it
-    again.  (:func:`dramatiq_unique.storage.jobs.finish_revoked` says how the attempt is recognised.)"""
+    """An attempt's outcome whose fenced write was refused: recorded anyway if another job of the key took
+    the token (its execution lock ran out under it) and no newer attempt started.  Left ``running``, the
+    re-drive would report a job that did finish as lost, and run it again (storage/jobs.py's ``finish_revoked``)."""
     if "fence_key" not in ctx.extras:
         return  # only an execution lock's draw revokes another job's token
     fields = dict(fields)

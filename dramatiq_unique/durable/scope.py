@@ -1,31 +1,8 @@
-"""Which job rows a process may act on: its own app's, of the actors it declares.
+"""Which job rows a process may act on: its own app's (``app`` = ``key_prefix``), of the actors it declares.
 
-Several apps may share one database (one job table).  Each row carries
-the app that sent it (``app``, the suite's ``key_prefix``), and every
-statement that acts on rows in bulk (the re-drive's sends, lost-message
-checks, failures and pruning) is limited to rows that
-
-* belong to this process's app (``app = key_prefix``), and
-* are of an actor this process declares, on the broker the pass sends to,
-  with this table as its job table.
-
-So a pass never sends a row into a broker that cannot run it (Dramatiq
-would dead-letter an undefined actor), never judges a row by a broker
-that never had its message, and never fails or prunes a row it does not
-understand.  A row of the same app whose actor this process does not
-declare (a web process that declares a few actors, a worker pool split
-by module) is left for a process that declares it: the pass lock is per
-set of declared actors (:meth:`Scope.lock_name`), so processes with
-different sets do not starve each other; those with the same set (the
-usual worker pool) take turns as before.  Claims stay conditional, so two
-passes that both cover an actor never both send one job.
-
-Rows written by a version without the ``app`` column (a table migrated
-by schema.py, or a process of that version still running during a
-rolling upgrade) have ``app = ''``; a pass adopts those of its declared
-actors (:meth:`Scope.adopt`) before it acts on them.  So no app may be
-named ``''``: ``setup()`` refuses an empty ``key_prefix`` (suite.py), or
-its rows would look like those and be adopted by another app.
+Apps may share a job table, and a process may declare only some actors: a pass never sends a row into
+a broker that cannot run it, nor fails or prunes a row it does not understand.  Rows written before the
+``app`` column (``app = ''``) are adopted.  See docs/howto/several-apps.md.
 """
 
 from __future__ import annotations
@@ -63,26 +40,28 @@ class Scope:
             if declared is None or name in declared:
                 self.actors[config.model] = (*self.actors.get(config.model, ()), name)
 
+    def names(self, model: type[JobModel]) -> tuple[str, ...]:
+        """The actors of this scope kept in ``model`` (in any store)."""
+        return self.actors.get(base_of(model), ())
+
     def models(self) -> list[type[JobModel]]:
         """The job tables with rows this pass may act on, in the suite's order."""
         return [model for model in self.suite.models if self.actors.get(model)]
 
     def where(self, model: type[JobModel]) -> Any:
         """The condition that keeps a statement to this scope's rows of ``model`` (in any store)."""
-        names = self.actors.get(base_of(model), ())
-        cond = model.app == self.app
+        names = self.names(model)
         # One name as "=", so PostgreSQL estimates it as well as a plain equality.
-        return cond & (model.actor_name == names[0] if len(names) == 1 else model.actor_name.in_(names))
+        return (model.app == self.app) & (model.actor_name == names[0] if len(names) == 1 else
+                                          model.actor_name.in_(names))
 
     def prunable(self, model: type[JobModel]) -> Any:
-        """:meth:`where`, less the rows whose idempotency key an actor keeps longer than the pass's
-        cutoff (``max(retention, idempotency_window)`` settings, durable/claims.py's ``prune``): an
-        actor's own ``idempotency_window`` may be longer, and its key must outlive it, or a repeated
-        ``submit()`` would make a second job.  Rows without a key go with the others."""
+        """:meth:`where`, less the rows whose idempotency key an actor's own ``idempotency_window`` keeps
+        past the pruning's cutoff: a repeated ``submit()`` would make a second job."""
         settings = self.suite.settings
         cutoff = max(settings.retention, settings.idempotency_window)
         longer: dict[float, list[str]] = {}
-        for name in self.actors.get(base_of(model), ()):
+        for name in self.names(model):
             config = self.suite.actors.get(name)
             window = settings.idempotency_window if config is None else \
                 config.get({}, "idempotency_window", settings.idempotency_window)  # as submit() reads it
@@ -106,12 +85,9 @@ class Scope:
         return f"<Scope app={self.app!r} actors={sum(len(n) for n in self.actors.values())}>"
 
     def adopt(self, model: type[JobModel], page: int, max_pages: int) -> int:
-        """Give rows without an app (``app = ''``) of this scope's actors this app; returns how many.
-
-        Waiting rows first (they are the ones a pass must act on soon), then finished
-        ones, at most ``max_pages`` pages of each per pass.
-        """
-        names = self.actors.get(base_of(model), ())
+        """Give rows without an app (``app = ''``) of this scope's actors this app, waiting ones first,
+        at most ``max_pages`` pages of each per pass; returns how many."""
+        names = self.names(model)
         if not names or self.app == NO_APP:  # never so: setup() refuses an empty key_prefix
             return 0
         adopted = 0
@@ -126,8 +102,8 @@ class Scope:
         return adopted
 
     def _adopt(self, model: type[JobModel], ids: list[int], legacy: Any) -> int:
-        """Adopt rows ``ids``.  A row whose hold this app already has (an earlier-version process sent
-        the same key while this one did, during an upgrade) cannot take the app: it is left and logged."""
+        """Adopt rows ``ids``; one whose key a job of this app holds too (sent by both versions during an
+        upgrade) is left and logged."""
         db = model._meta.database
         try:
             with db.atomic():

@@ -1,27 +1,6 @@
-"""The ``check`` command's findings: is the suite healthy, and if not, how badly.
-
-=============  ======================================================  ==========================
-finding        what is looked at                                       severity when it fails
-=============  ======================================================  ==========================
-``database``   every store answers (``SELECT 1``)                      critical (the primary);
-                                                                       warning (another store)
-``schema``     every job table is at this release's schema version     critical (workers refuse it)
-``redis``      every Redis master answers ``PING``                     warning (a minority down);
-                                                                       critical (no quorum)
-``redrive``    the app's last re-drive pass ended recently             warning (none recorded, or
-                                                                       older than ``max_pass_age``)
-``overdue``    waiting rows due ``overdue_after`` ago and not parked;  warning
-               running rows whose lease ran out ``overdue_after`` ago;
-               retrying rows due ``lost_after`` and two re-drive
-               intervals ago (by then the re-drive sent them again)
-``parked``     parked rows whose gate has no live holder (at two       warning
-               looks ``recheck`` ms apart: parking/lot.py's test)
-=============  ======================================================  ==========================
-
-The exit code (and the probe's answer) is the worst severity: 0 ok, 1 warning, 2 critical.  A check
-that cannot run (its service is down) reports nothing of its own: the service's finding says why.
-Every call is bounded by the services' timeouts (``target.py``).
-"""
+"""The ``check`` command's findings (database, schema, redis, redrive, overdue, parked) and their
+severities: 0 ok, 1 warning, 2 critical (the table is in docs/operations/health-check.md).  A check
+whose service is down reports nothing of its own: that service's finding says why."""
 
 from __future__ import annotations
 

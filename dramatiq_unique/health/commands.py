@@ -1,14 +1,8 @@
-"""The ``check``, ``status`` and ``migrate`` commands, as functions of a :class:`Target` (the command
-line registers them in ``dramatiq_unique/cli/cmd_health.py``).
-
-Exit codes: ``check`` 0 ok, 1 warning, 2 critical; ``status`` 0 current, 1 out of date (or a store
-down); ``migrate`` 0 done, 1 a store failed.  ``emit(data, text)`` prints ``data`` as JSON with
-``--json``, else ``text()``.
-"""
+"""The ``check``, ``status`` and ``migrate`` commands as functions of a :class:`Target` (registered in
+``cli/cmd_health.py``); ``emit(data, text)`` prints ``data`` as JSON with ``--json``, else ``text()``."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable, Optional
 
 import peewee as pw
@@ -91,10 +85,3 @@ def migrate(target: Target, emit: Emit, *, dry_run: bool = False,
         emit([r.as_dict() for r in results], lambda: _rows(results, "applied"))
     return 0 if all(r.error is None for r in results) else 1
 
-
-def serve_in_thread(server: probe.ProbeServer) -> threading.Thread:
-    """Serve a probe in a daemon thread (tests, and an app that embeds the probe)."""
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="dramatiq-unique-probe",
-                              daemon=True)
-    thread.start()
-    return thread

@@ -1,15 +1,7 @@
-"""``check --probe-port N``: the same findings as an HTTP probe, for orchestrators (Kubernetes, Nomad...).
+"""``check --probe-port N``: the findings as an HTTP probe for orchestrators, on ``http.server``.
 
-Any ``GET`` runs the checks and answers ``200`` while the worst finding is ok or a warning, ``503`` when
-one is critical (a warning is for a person to look at, not a reason for an orchestrator to restart or
-take a worker out), with a short reason: the status and each check's worst severity
-(``{"status": "critical", "code": 2, "checks": {"database": "critical", "redis": "ok", ...}}``).  Anyone
-who reaches the port reads it, so it names no host, user, database, table or job: the full report
-(the ``check`` command's findings) only with ``details=True`` (``check --probe-details``), for a port
-that only operators reach.  Built on the standard library's ``http.server`` alone.
-Runs of the checks take turns (a slow probe is not piled up on), and a report younger than
-``cache_ms`` is served again; every call the checks make is bounded by the services' timeouts, and a
-client is given ``CLIENT_TIMEOUT`` to send its request.
+200 while nothing is critical, 503 when something is, with a short reason that names no host, store,
+table or job (the full report only with ``details``).  Runs take turns; a recent report is served again.
 """
 
 from __future__ import annotations

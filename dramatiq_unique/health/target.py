@@ -1,16 +1,6 @@
-"""What the ``check``, ``status`` and ``migrate`` commands look at: an app's suite, or URLs from the environment.
-
-With an app (``APP``, imported as Dramatiq imports it), the commands see what its ``setup()``
-configured: every store, every job table its actors declare (``job_model`` included), its Redis
-masters, key prefix and timings.  Its import runs under :func:`~dramatiq_unique.storage.schema.tolerating_old`,
-so that an app whose tables are out of date can still be looked at, and migrated.
-
-Without one, ``DRAMATIQ_UNIQUE_DATABASE_URL`` (one URL, or several separated by spaces: the stores, primary
-first) and ``DRAMATIQ_UNIQUE_REDIS_URL`` (one URL, or several: the Redlock masters) name the services, and
-the commands see the shared job table only, of the app ``DRAMATIQ_UNIQUE_KEY_PREFIX`` names (the default
-key prefix without it): the variables of the command line's other commands (cli/context.py).  Nothing is
-created or written in that mode but by ``migrate``.
-"""
+"""What the ``check``, ``status`` and ``migrate`` commands look at: an app's suite, or, without one,
+the services ``DRAMATIQ_UNIQUE_DATABASE_URL`` and ``DRAMATIQ_UNIQUE_REDIS_URL`` name (the shared job
+table only; nothing is created or written but by ``migrate``)."""
 
 from __future__ import annotations
 

@@ -1,31 +1,11 @@
-"""The queue lock: what a unique send takes, and how it is handed over when the job starts.
+"""The queue lock: what a unique send takes, and how it is freed.
 
-A unique send's row holds its key in the job table (``unique_hold``, under a unique
-index: the database decides duplicates, :mod:`dramatiq_unique.unique.enqueue`), and the
-send takes the Redis lock ``redlock:<prefix>:queue:<unique key>`` under a token the
-message carries (``marker["qt"]``), in the round trip of its publish
-(:mod:`dramatiq_unique.broker.publish`), so that Redis-side readers (pottery locks of the
-app, operators) see the key taken.  Both belong to the *waiting* job.
-
-Hand-over at start, for the lock types that free the key then (``until_executing``,
-``until_and_while_executing``: ``options.RELEASED_AT_START``), in this order, which is
-the rule this module holds:
-
-1. for ``until_and_while_executing``, the execution lock is taken, by
-   :class:`~dramatiq_unique.middleware.ExecutionLocks`, which runs before JobTracking
-   (``setup()`` orders them; the middlewares' combination check refuses another order),
-   so the key passes from one lock to the other and is never free of both;
-2. the attempt's start clears the row's hold in its own statement (``release_hold``): from
-   then on a new send of the key may win it;
-3. :func:`hand_over` frees the Redis queue lock: at once and not waited for, or, for
-   ``until_executing`` on the Redis broker, in the script that acks the message
-   (:mod:`dramatiq_unique.broker.acks`), which saves a round trip;
-4. the actor runs.
-
-Other lock types keep both until the outcome is recorded (:func:`release` then), and
-every path that ends a job without running it (refused, failed by the re-drive) frees the
-Redis lock with :func:`release_key`.  The lock has a TTL: whatever is not freed here
-expires by itself.
+A unique send's row holds its key in the job table (the database decides duplicates,
+:mod:`dramatiq_unique.unique.enqueue`); the send then takes the Redis lock
+``redlock:<prefix>:queue:<unique key>`` under the message id, before its publish, so that
+Redis-side readers (pottery locks of the app, operators) see the key taken.  The order in which
+it is handed over at a job's start is in docs/discussions/how-it-is-built.md ("Sending").  The
+lock has a TTL: whatever is not freed here expires by itself.
 """
 
 from __future__ import annotations
@@ -33,33 +13,38 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from dramatiq_unique import options as opt
+import redis
+
 from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 if TYPE_CHECKING:
-    from dramatiq_unique.context import JobContext
     from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
 
-#: ``ctx.extras`` key of a queue lock that the message's ack frees: ``(lock name, token)``.
-RELEASE_AT_ACK = "release_at_ack"
 
-
-def hand_over(suite: "Suite", ctx: "JobContext", job: Any, marker: dict, lock_type: str) -> None:
-    """Step 3: free the queue lock of a job whose start just cleared its row's hold."""
-    acks = suite.acks
-    at_ack = lock_type == opt.UNTIL_EXECUTING and acks is not None and acks.locks
-    if at_ack and job.unique_key and marker.get("qt"):
-        ctx.extras[RELEASE_AT_ACK] = (suite.keys.queue_lock(job.unique_key), marker["qt"])
-    else:
-        # Not waited for (redis/scripts.py: a wait costs a worker thread its turn at the
-        # GIL); a send from inside the job comes after it on this thread's connection.
-        release(suite, job, marker, wait=False)
+def take_many(suite: "Suite", locks: list[tuple]) -> None:
+    """Take the queue locks ``(name, token, ttl ms)`` of a batch's sends, each holding its key: on
+    one master overwritten in one round trip, with several taken one by one where free."""
+    if not locks:
+        return
+    if not suite.locks.single:
+        for name, token, ttl in locks:
+            suite.locks.acquire(name, ttl, token=token)
+        return
+    try:
+        with suite.locks.masters[0].pipeline(transaction=False) as pipe:
+            for name, token, ttl in locks:
+                pipe.set(f"{LOCK_PREFIX}:{name}", token, px=int(ttl))
+            pipe.execute()
+    except redis.RedisError as error:
+        raise RedisUnavailable(f"taking {len(locks)} queue locks: {error}") from error
 
 
 def release(suite: "Suite", job: Any, marker: dict, *, wait: bool = True) -> None:
-    """Free the queue lock the job's send took, if it took one."""
+    """Free the queue lock the job's send took, if it took one; ``wait=False`` at a job's start
+    (a wait costs a worker thread its turn at the GIL)."""
     if job.unique_key and marker.get("qt"):
         free(suite, (suite.keys.queue_lock(job.unique_key), marker["qt"]), job.message_id, wait=wait)
 
@@ -68,18 +53,6 @@ def release_key(suite: "Suite", unique_key: Optional[str], token: Optional[str],
     """Free the queue lock of ``unique_key`` if ``token`` still holds it (a job that ends unrun)."""
     if unique_key and token:
         free(suite, (suite.keys.queue_lock(unique_key), token), message_id, wait=True)
-
-
-def at_ack(ctx: Optional["JobContext"]) -> Optional[tuple]:
-    """The queue lock the message's ack is to free, if :func:`hand_over` left it to the ack."""
-    return ctx.extras.get(RELEASE_AT_ACK) if ctx is not None else None
-
-
-def at_nack(suite: "Suite", ctx: Optional["JobContext"], message_id: str) -> None:
-    """A message nacked instead of acked: free the lock its ack was to free."""
-    lock = ctx.extras.pop(RELEASE_AT_ACK, None) if ctx is not None else None
-    if lock is not None:
-        free(suite, lock, message_id, wait=False)
 
 
 def free(suite: "Suite", lock: tuple, message_id: str, *, wait: bool) -> None:

@@ -125,7 +125,7 @@ class JobTracking(Middleware):
         if job is None:
             return self._not_started(config, message, ctx, marker)
         if release_hold:  # the start cleared the row's hold: the queue lock goes too (locks/queue.py)
-            queue.hand_over(self.suite, ctx, job, marker, lock)
+            queue.release(self.suite, job, marker, wait=False)
         return job
 
     def _start_row(self, config, message, ctx, marker, release_hold):
@@ -245,16 +245,6 @@ class JobTracking(Middleware):
                 refused.fail_unstarted(self.suite, config, message, refused.skip_reason(message))
         except Exception:
             logger.exception("Could not record skipped job %s; the re-drive settles it.", message.message_id)
-
-    def before_ack(self, broker, message) -> None:
-        acks = self.suite.acks
-        if acks is not None and self.suite.actor_config(message.actor_name) is not None:
-            # Acked over this thread's own connection (broker/acks.py), with the queue lock
-            # hand_over left to the ack, if any.
-            acks.announce(message, queue.at_ack(context.of(message)))
-
-    def before_nack(self, broker, message) -> None:
-        queue.at_nack(self.suite, context.of(message), message.message_id)  # no ack to release it with
 
     # -- thread hygiene: peewee connections are per thread --------------------
 

@@ -7,9 +7,9 @@ from typing import Optional
 
 from dramatiq import Middleware
 
+from dramatiq_unique import observe
 from dramatiq_unique.broker.prometheus import prometheus_middlewares, quiet_parks
 from dramatiq_unique.errors import NotConfigured
-from dramatiq_unique.observe import switch
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,6 @@ class Metrics(Middleware):
             return
         try:
             # Dramatiq's directory, whichever middleware boots first: both import prometheus_client after it is set.
-            switch.enable_metrics(multiprocess_dir=switch.dramatiq_directory() if beside else None)
+            observe.enable_metrics(multiprocess_dir=observe.dramatiq_directory() if beside else None)
         except NotConfigured as e:
             logger.error("dramatiq_unique metrics are off: %s", e)

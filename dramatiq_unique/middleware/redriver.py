@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 from dramatiq import Middleware
 
-from dramatiq_unique.durable.scheduler import start_redriver
+from dramatiq_unique.durable.redrive import start_redriver
 from dramatiq_unique.suite import Suite
 
 if TYPE_CHECKING:

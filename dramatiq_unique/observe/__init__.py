@@ -1,13 +1,81 @@
-"""Observation: the suite's log lines and Prometheus metrics, in one home.
+"""Observation: the suite's log lines and Prometheus metrics (:mod:`.events`), and the switch that turns
+the metrics on in a process, in the multiprocess directory of Dramatiq's ``Prometheus`` middleware so
+that one endpoint shows both (``prometheus_client`` is imported only then)."""
 
-The code calls :mod:`dramatiq_unique.observe.events` at each event (a
-duplicate decided, a job parked or woken, a fenced write refused...).
-Each hook writes the event's log line, if it has one, and moves its
-metric when metrics are on (:func:`enable_metrics`); with metrics off a
-hook costs one attribute read.  ``prometheus_client`` is imported only
-when metrics are turned on.
-"""
+from __future__ import annotations
 
-from dramatiq_unique.observe.switch import disable_metrics, enable_metrics, metrics_on
+import logging
+import os
+import threading
+from typing import Optional
+
+from dramatiq_unique.errors import NotConfigured
+from dramatiq_unique.observe import events
 
 __all__ = ["disable_metrics", "enable_metrics", "metrics_on"]
+
+logger = logging.getLogger(__name__)
+
+#: The environment variables prometheus_client reads (the lower-case one is its older name; Dramatiq sets both).
+ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+_lock = threading.Lock()
+
+
+def dramatiq_directory() -> str:
+    """The multiprocess directory of Dramatiq's ``Prometheus`` middleware (its ``DB_PATH``)."""
+    from dramatiq.middleware import prometheus  # creates the directory; imports no prometheus_client
+
+    return prometheus.DB_PATH
+
+
+def metrics_on() -> bool:
+    """Whether this process's suite events move metrics."""
+    return events.sink is not None
+
+
+def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
+    """Turn the suite's metrics on in this process (once; later calls do nothing).
+
+    Parameters:
+      multiprocess_dir: the directory of prometheus_client's multiprocess
+        mode; the one already in the environment by default, else none (the
+        process's default registry).  The ``Metrics`` middleware passes
+        Dramatiq's, when Dramatiq's ``Prometheus`` middleware is on the broker.
+
+    Raises :class:`~dramatiq_unique.errors.NotConfigured` if prometheus_client
+    is not installed (``pip install 'dramatiq_unique[prometheus]'``).
+    """
+    with _lock:
+        if events.sink is not None:
+            return
+        if multiprocess_dir is not None:
+            # Missing (a temporary-files cleaner took it): made again, as Dramatiq makes it at import.
+            os.makedirs(multiprocess_dir, exist_ok=True)
+            for name in ENV:
+                os.environ[name] = multiprocess_dir
+        try:
+            import prometheus_client as prom
+            from prometheus_client import values
+
+            from dramatiq_unique.observe.metrics import SuiteMetrics
+        except ImportError as e:
+            raise NotConfigured("metrics need prometheus_client: pip install 'dramatiq_unique[prometheus]'") from e
+        multiprocess = getattr(values.ValueClass, "_multiprocess", False)
+        if multiprocess_dir is not None and not multiprocess:
+            logger.warning("prometheus_client was imported before its multiprocess directory was set: this "
+                           "process's metrics, Dramatiq's too, stay in its default registry, off the shared "
+                           "endpoint.  Import it after the worker boots, or set PROMETHEUS_MULTIPROC_DIR first.")
+        # Multiprocess: a private registry, as Dramatiq's (the directory is what is shared).  Otherwise the
+        # default one, that the process's own exposition serves.
+        events.sink = SuiteMetrics(prom.CollectorRegistry() if multiprocess else prom.REGISTRY)
+
+
+def disable_metrics() -> None:
+    """Turn the suite's metrics off in this process (its metrics leave the default registry)."""
+    with _lock:
+        sink, events.sink = events.sink, None
+        if sink is None or sink.registry is None:
+            return
+        for collector in sink.collectors:
+            sink.registry.unregister(collector)

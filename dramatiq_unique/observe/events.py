@@ -1,24 +1,17 @@
-"""The events the suite observes: one hook per event, with its log line and its metric.
+"""The events the suite observes: one hook per event, writing its log line and moving its metric.
 
-Each decision point calls one hook, in one line.  A hook writes the
-event's log line (INFO for a duplicate's decision, WARNING for what an
-operator must look at) with the job id, actor and key in ``extra=``
-(named once, in :data:`JOB_ID`, :data:`ACTOR`, :data:`UNIQUE_KEY`), and
-moves its metric when metrics are on.  With metrics off a hook reads one
-attribute; a log line is only formatted when its level is enabled.
-
-Hooks never raise (the metrics guard themselves, see
-:mod:`dramatiq_unique.observe.metrics`), and import nothing of the suite:
-every module may call them.
+Hooks never raise and import nothing of the suite, so every module may call them; with metrics
+off a hook reads one global.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar
 
-from dramatiq_unique.observe.state import state
+if TYPE_CHECKING:
+    from dramatiq_unique.observe.metrics import SuiteMetrics
 
 #: The logger of every line below: route or filter the suite's events by this one name.
 logger = logging.getLogger("dramatiq_unique.events")
@@ -37,6 +30,10 @@ HANDED_AT = "ts"
 
 E = TypeVar("E", bound=BaseException)
 
+#: The metrics of this process, shared by every suite in it (prometheus_client refuses a metric
+#: registered twice); None while metrics are off.  Set by :func:`~dramatiq_unique.observe.enable_metrics`.
+sink: "Optional[SuiteMetrics]" = None
+
 _DUPLICATE = {
     "skip": "Duplicate %s job %s skipped: job %s holds its key%s.",
     "raise": "Duplicate %s job %s refused with DuplicateJob: job %s holds its key%s.",
@@ -54,8 +51,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-# -- unique sends -----------------------------------------------------------------------
-
 def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str], why: str = "") -> None:
     """A unique send met a job holding its key and ``decision`` was taken: one INFO line that names
     both job ids (the new send's message id and the existing job's), and the decision's counter."""
@@ -64,46 +59,37 @@ def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str],
                     f" ({why})" if why else "",
                     extra=fields(message.message_id, message.actor_name, key,
                                  **{EXISTING_JOB_ID: existing_id, DECISION: decision}))
-    sink = state.sink
-    if sink is not None:
-        sink.duplicate(message.queue_name, message.actor_name, decision)
+    if (on := sink) is not None:
+        on.inc(on.duplicates, message.queue_name, message.actor_name, decision)
 
-
-# -- parking --------------------------------------------------------------------------
 
 def parked(gate: str, message: Any, group: str) -> None:
     """A job parked on ``group`` of a ``gate`` ("lock" or "slot"): a wait begins."""
     actor = getattr(message, "actor_name", None)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("Job %s parked on %s.", message.message_id, group, extra=fields(message.message_id, actor))
-    sink = state.sink
-    if sink is not None:
-        sink.parked(getattr(message, "queue_name", None), actor, gate)
+    if (on := sink) is not None:
+        on.inc(on.waits, getattr(message, "queue_name", None), actor, gate)
 
 
 def taken_up(gate: str, message: Any, marker: Mapping[str, Any], wake: Mapping[str, Any]) -> None:
     """A woken job took up the gate handed to it: its wait (since it parked) and the hand-over
     (since the gate was handed on) end here."""
-    sink = state.sink
-    if sink is not None:
-        sink.taken_up(getattr(message, "queue_name", None), getattr(message, "actor_name", None), gate,
-                      marker.get(PARKED_AT), wake.get(HANDED_AT))
+    if (on := sink) is not None:
+        on.taken_up(getattr(message, "queue_name", None), getattr(message, "actor_name", None), gate,
+                    marker.get(PARKED_AT), wake.get(HANDED_AT))
 
 
 def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:
     """The parked jobs now, by (actor, gate), counted by a re-drive pass."""
-    sink = state.sink
-    if sink is not None:
-        sink.parked_counts(counts)
+    if (on := sink) is not None:
+        on.parked_counts(counts)
 
-
-# -- leases, locks and fencing ------------------------------------------------------------
 
 def heartbeat(job: Any) -> None:
     """``heartbeat()`` renewed a job's leases."""
-    sink = state.sink
-    if sink is not None:
-        sink.heartbeat(job.queue_name, job.actor_name)
+    if (on := sink) is not None:
+        on.inc(on.heartbeats, job.queue_name, job.actor_name)
 
 
 def lock_lost(job: Any, error: E) -> E:
@@ -112,9 +98,8 @@ def lock_lost(job: Any, error: E) -> E:
     job_id, actor = (job.message_id, job.actor_name) if job is not None else ("?", None)
     logger.warning("Job %s (%s) lost its lease: %s", job_id, actor, getattr(error, "detail", error),
                    extra=fields(job_id, actor, getattr(job, "unique_key", None)))
-    sink = state.sink
-    if sink is not None:
-        sink.lock_lost(getattr(job, "queue_name", None), actor)
+    if (on := sink) is not None:
+        on.inc(on.locks_lost, getattr(job, "queue_name", None), actor)
     return error
 
 
@@ -124,12 +109,9 @@ def fenced_out(job: Any, write: str) -> None:
     logger.warning("Job %s (%s) was taken over by a newer attempt; its %s write was refused by the fencing "
                    "token %s.", job.message_id, job.actor_name, write, job.fencing_token,
                    extra=fields(job.message_id, job.actor_name, job.unique_key))
-    sink = state.sink
-    if sink is not None:
-        sink.fenced_out(job.queue_name, job.actor_name, write)
+    if (on := sink) is not None:
+        on.inc(on.fenced, job.queue_name, job.actor_name, write)
 
-
-# -- the re-drive -----------------------------------------------------------------------
 
 def job_lost(row: Any, where: str, then: str) -> None:
     """The re-drive confirmed a job lost (its message is in none of the broker's queues): a WARNING.
@@ -146,6 +128,5 @@ def job_failed(row: Any, reason: str) -> None:
 
 def redrive_pass(counts: Any) -> None:
     """A re-drive pass ended with ``counts`` (a :class:`RedriveCounts`)."""
-    sink = state.sink
-    if sink is not None and counts.ran:
-        sink.redrive_pass(counts.as_dict())
+    if (on := sink) is not None and counts.ran:
+        on.redrive_pass(counts.as_dict())

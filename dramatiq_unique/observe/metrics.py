@@ -1,18 +1,7 @@
-"""The suite's Prometheus metrics, beside Dramatiq's own.
+"""The suite's Prometheus metrics, one method per hook of :mod:`dramatiq_unique.observe.events`.
 
-Imported only when metrics are turned on (:mod:`dramatiq_unique.observe.switch`):
-it imports ``prometheus_client``, which must see its multiprocess
-directory in the environment first.  Built as Dramatiq's ``Prometheus``
-middleware builds its own: on a private registry, its values written to
-the multiprocess directory that Dramatiq's exposition server reads, so
-one endpoint shows both.  Without a multiprocess directory they go to
-``prometheus_client``'s default registry, for an exposition of the
-process's own (``start_http_server``).
-
-Durations are in seconds, as Prometheus names them (``_seconds``); the
-suite's settings stay in milliseconds.  Labels are bounded: the actor and
-queue (as Dramatiq's ``queue_name`` and ``actor_name``), a gate ("lock" or
-"slot"), a decision, a write, an outcome; never a key nor a job id.
+Imported only when metrics are turned on: ``prometheus_client`` must see its multiprocess directory
+first.  Labels are bounded (actor, queue, gate, decision, write, outcome): never a key nor a job id.
 """
 
 from __future__ import annotations
@@ -39,8 +28,8 @@ F = TypeVar("F", bound=Callable[..., None])
 
 
 def guarded(fn: F) -> F:
-    """A metric update never breaks the suite: its error is logged (once per process with its
-    trace), the event goes uncounted."""
+    """A metric update never breaks the suite: its error is logged (with its trace once), the event
+    goes uncounted."""
 
     @functools.wraps(fn)
     def update(self: "SuiteMetrics", *args: Any) -> None:
@@ -59,7 +48,7 @@ def _label(value: Any) -> str:
 
 
 class SuiteMetrics:
-    """The metrics, and one method per event of :mod:`dramatiq_unique.observe.events`."""
+    """The metrics, and the updates the hooks of :mod:`dramatiq_unique.observe.events` make."""
 
     def __init__(self, registry: Optional[prom.CollectorRegistry]) -> None:
         self.registry = registry
@@ -100,12 +89,9 @@ class SuiteMetrics:
                            self.fenced, self.heartbeats, self.locks_lost, self.redrive_jobs, self.redrive_passes]
 
     @guarded
-    def duplicate(self, queue: Any, actor: Any, decision: str) -> None:
-        self.duplicates.labels(_label(queue), _label(actor), decision).inc()
-
-    @guarded
-    def parked(self, queue: Any, actor: Any, gate: str) -> None:
-        self.waits.labels(_label(queue), _label(actor), gate).inc()
+    def inc(self, counter: prom.Counter, *labels: Any) -> None:
+        """Counts one event on ``counter``, labelled by ``labels`` (None: the empty label)."""
+        counter.labels(*map(_label, labels)).inc()
 
     @guarded
     def taken_up(self, queue: Any, actor: Any, gate: str, parked_at: Any, handed_at: Any) -> None:
@@ -123,18 +109,6 @@ class SuiteMetrics:
         for (actor, gate), count in counts.items():
             self.parked_jobs.labels(_label(actor), gate).set(count)
         self._parked_seen |= set(counts)
-
-    @guarded
-    def heartbeat(self, queue: Any, actor: Any) -> None:
-        self.heartbeats.labels(_label(queue), _label(actor)).inc()
-
-    @guarded
-    def lock_lost(self, queue: Any, actor: Any) -> None:
-        self.locks_lost.labels(_label(queue), _label(actor)).inc()
-
-    @guarded
-    def fenced_out(self, queue: Any, actor: Any, write: str) -> None:
-        self.fenced.labels(_label(queue), _label(actor), write).inc()
 
     @guarded
     def redrive_pass(self, counts: Mapping[str, Any]) -> None:

@@ -7,10 +7,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from dramatiq_unique.durable import bulk_actions, claims
+from dramatiq_unique.durable import bulk_actions
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Outcome, Selection
 from dramatiq_unique.durable.dead import dead_jobs
 from dramatiq_unique.durable.redrive import MAX_PAGES
+from dramatiq_unique.durable.redrive import prune as prune_rows
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.ops import keys
 from dramatiq_unique.ops.listing import job_row, parse_statuses
@@ -56,8 +57,8 @@ def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
         for index in range(len(suite.stores)):
             for base in scope.models():
                 model = suite.stores.model_in(base, index)
-                pruned += claims.prune(model, scope.prunable(model), suite.settings,
-                                       page=suite.settings.redrive_page_size, max_pages=MAX_PAGES)
+                pruned += prune_rows(model, scope.prunable(model), suite.settings,
+                                     page=suite.settings.redrive_page_size, max_pages=MAX_PAGES)
     return pruned
 
 

@@ -1,6 +1,6 @@
 """Many calls of one script in one round trip, as one MULTI/EXEC, over the calling thread's own
-connection (:mod:`dramatiq_unique.redis.scripts`): :func:`dramatiq_unique.send_many` publishes a
-batch so (:mod:`dramatiq_unique.broker.publish`).
+connection (:mod:`dramatiq_unique.redis.scripts`): the bulk actions free their locks so
+(:mod:`dramatiq_unique.durable.bulk_actions`).
 
 The commands are packed by redis-py (``pack_commands``), sent in one write, and their replies read
 one by one, as redis-py's pipeline does, without the pipeline's own machinery around them.  The

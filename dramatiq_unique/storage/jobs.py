@@ -306,7 +306,7 @@ def unclaim_sends(
     """Hand rows claimed for a send whose publish failed back to ``status`` (the re-drive
     sends them later).  Only rows still queued without a broker id: a publish that did go
     through recorded one, and a start or a newer claim moved the row on.  ``ref``: rows a
-    send wrote with the broker id ``ref`` (or one of a list, durable/outbox_batch.py) before its publish
+    send wrote with the broker id ``ref`` (or one of a list, durable/outbox.py) before its publish
     failed (durable/deferral.py), whose id goes too; ``options`` replaces theirs.
 
     Not for a parked row's claim (:func:`unclaim`): that claim writes the woken message's

@@ -131,7 +131,7 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS r
 WHERE {jobs}."id" = sent.id AND {jobs}."broker_ref" IS NULL
 
 -- name: claim_held (postgresql) --
--- The outbox's claim of a committed transaction's held sends (durable/outbox_batch.py), one statement a
+-- The outbox's claim of a committed transaction's held sends (durable/outbox.py), one statement a
 -- batch: each row pending -> queued with the broker id drawn for its message, if still as its send left
 -- it (the message id tells a reused id apart; a re-drive pass may have claimed it first; a replace's send
 -- claims only the row that its own stamp is in, durable/outbox.py).  Arrays, not a CASE and an IN list of

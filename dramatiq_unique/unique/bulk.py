@@ -1,43 +1,45 @@
-"""Sending many jobs at once: :func:`send_many`.
+"""Sending many jobs at once: :func:`send_many`, batch by batch (:class:`Batch`).
 
-A batch of up to ``send_many_batch`` items of a tracked actor is one multi-row INSERT with
-``ON CONFLICT DO NOTHING RETURNING`` (:func:`dramatiq_unique.storage.jobs.insert_many`): a row
-whose unique key another job holds is left out, and the holders of those keys are read in one query.
-Then the rows inserted are published in one round trip on the Redis broker
-(:meth:`dramatiq_unique.broker.publish.Publisher.publish_many`), queue locks with them.  Each row is
-what a single send writes (:func:`dramatiq_unique.unique.enqueue.row_fields`, the same marker), so
-workers, the re-drive and the outbox see no difference.
-
-What the bulk path does not do itself goes through the single send, item by item, in order:
-an untracked actor, a broker other than Redis (RabbitMQ: Dramatiq publishes per message), an actor
-with ``unique_on_conflict="raise"`` (the items before a duplicate are sent, the rest are not, as in
-a loop), a broker with another middleware's ``before_enqueue``; and, after the batch is published,
-the items of a ``replace`` actor that met a holder, and a duplicate whose holder let the key go
-between the INSERT and its lookup (the single send settles the race as it does for one).
+A batch is one multi-row INSERT, its holders read in one query, its rows published in one round
+trip on the Redis broker (:mod:`dramatiq_unique.broker.publish`); what the bulk path does not do
+itself goes through the single send, item by item (docs/howto/send-many.md says which).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
+from dramatiq.common import current_millis, dq_name
+
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
-from dramatiq_unique.durable import outbox
-from dramatiq_unique.errors import InvalidOption, NotConfigured
-from dramatiq_unique.unique.bulk_batch import Batch, Item, _single
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.durable import deferral, outbox
+from dramatiq_unique.durable.messages import job_options
+from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfigured
+from dramatiq_unique.observe import events
+from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage.models import JobStatus
+from dramatiq_unique.unique import recent
+from dramatiq_unique.unique.enqueue import _needs, may_fail_over, queue_lock_ttl, row_fields
+from dramatiq_unique.unique.send import check_options
 
 if TYPE_CHECKING:
     from dramatiq import Actor, Message
 
     from dramatiq_unique.suite import ActorConfig, Suite
 
+Item = tuple[tuple, dict]
+
 
 def items_of(items: Iterable[Any]) -> list[Item]:
-    """Each item as ``(args, kwargs)``: an args tuple (or list), a kwargs dict, or an ``(args, kwargs)``
-    pair.  All are checked before anything is sent."""
+    """Each item (an args tuple or list, a kwargs dict, an ``(args, kwargs)`` pair) as ``(args, kwargs)``."""
     if isinstance(items, (str, bytes, dict)):
         raise InvalidOption(f"send_many takes a list of items, not {type(items).__name__}")
     out: list[Item] = []
@@ -64,8 +66,8 @@ def batches(items: list[Item], size: int) -> list[list[Item]]:
 
 def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = None) -> list["Message"]:
     """Send one job per item; returns one message per item, in order, each as ``send()`` would return
-    it (a duplicate's message is the existing job's).  How each option behaves in bulk: the docs' how-to,
-    "Sending many jobs at once" (docs/howto/send-many.md)."""
+    it (a duplicate's message is the existing job's).  How each option behaves in bulk:
+    docs/howto/send-many.md."""
     parsed = items_of(items)
     opt.check_delay(delay)
     try:
@@ -73,10 +75,9 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     except NotConfigured:
         suite = None
     config = suite.actor_config(actor.actor_name) if suite is not None else None
-    size = suite.settings.send_many_batch if suite is not None else 1_000
     if suite is None or config is None or not _bulk(suite, config, actor):
         return [_single(actor, item, delay) for item in parsed]
-    work = batches(parsed, size)
+    work = batches(parsed, suite.settings.send_many_batch)
     # In transaction(), or in a transaction of the caller's own: the INSERT goes through the caller's
     # connection, in this thread (a helper's connection would wait on the caller's locks).
     if len(work) == 1 or outbox.active() is not None or any(db.in_transaction() for db in suite.stores.databases):
@@ -93,10 +94,8 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
 
 def _pipelined(suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
                work: list[list[Item]]) -> list["Message"]:
-    """Batch k + 2 is built in this thread while batch k + 1 is written by a helper thread and batch k
-    published by another: the INSERT and the publish mostly wait on their servers, the GIL let go.
-    Publishes keep their order; once one fails for good (or a write), no later batch is published,
-    and those written are deleted before the error is raised."""
+    """Batch k + 2 built here while k + 1 is written by a helper thread and k published by another;
+    once a publish fails for good (or a write), no later batch is published, those written deleted."""
     go_on = threading.Event()
     go_on.set()
 
@@ -147,3 +146,203 @@ def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
         return False
     return config.get({}, "unique_args") is None or \
         config.get({}, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT) != "raise"
+
+
+def _single(actor: "Actor", item: Item, delay: Optional[int]) -> "Message":
+    return actor.send_with_options(args=item[0], kwargs=item[1], delay=delay)
+
+
+@dataclasses.dataclass
+class _Row:
+    message: "Message"  # as the broker's enqueue would publish it
+    original: "Message"  # as the actor made it (a duplicate returns it with the holder's id)
+    fields: dict
+    key: Optional[str]
+    holds: bool
+    resolved: Optional["Message"] = None
+    single: bool = False  # left to the single send, after the batch
+
+
+class Batch:
+    """One batch of a tracked actor's items: built, stored, published (maybe in another thread while
+    the next batch is stored), settled."""
+
+    def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int]) -> None:
+        self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
+        self.broker = actor.broker
+        self.lock = config.get({}, "unique_lock", opt.DEFAULT_UNIQUE_LOCK)
+        self.conflict = config.get({}, "unique_on_conflict", opt.DEFAULT_UNIQUE_ON_CONFLICT)
+        self.held = outbox.active()
+        # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
+        self.deferred = self.held is None and deferral.skip_publish(suite)
+        self.model = config.model
+        self.rows: list[_Row] = []
+        self.inserted: list[_Row] = []
+        self.error: Optional[BaseException] = None
+        self.published = False
+
+    def build(self, items: list[Item]) -> None:
+        """The batch's messages and rows, checked (in the sender's thread: context variables)."""
+        self.rows = rows = [self._row(args, kwargs) for args, kwargs in items]
+        if rows:
+            from dramatiq_unique.middleware import combinations  # the middlewares import this package
+
+            combinations.check_message(self.broker, self.config.actor_name, self.config.options, {})
+
+    def store(self) -> None:
+        """Write the rows, resolve duplicates; those to publish in ``self.inserted`` (none if they wait for
+        the outbox or the re-drive).  May run in another thread, unless in transaction()."""
+        first: dict[str, _Row] = {}
+        writes: list[_Row] = []
+        for row in self.rows:
+            if row.holds and row.key in first:  # a duplicate inside the batch: its first item holds the key
+                continue
+            if row.holds:
+                first[row.key] = row  # type: ignore[index]
+            writes.append(row)
+        ids = self._insert(writes)
+        self._resolve(self.rows, ids, first)
+        self.inserted = [row for row in writes if row.message.message_id in ids]
+        self._finish(self.inserted, ids)
+
+    def settle(self) -> list["Message"]:
+        """After the publish: a failure kept or undone (and raised), then the items left to the single
+        send; one message per item."""
+        if self.inserted and not self.published:
+            self._failed(self.inserted, self.error or RuntimeError("not published"))
+        elif self.inserted:
+            deferral.published(self.broker)
+            for row in self.inserted:
+                self.broker.emit_after("enqueue", row.message, self.delay)
+                row.resolved = row.message
+        for row in self.rows:
+            if row.single:
+                row.resolved = _single(self.actor, (row.original.args, row.original.kwargs), self.delay)
+        return [row.resolved for row in self.rows]  # type: ignore[misc]
+
+    def undo(self) -> None:
+        """Delete the rows written and never published, and free their locks (if taken, else no-ops)."""
+        if not self.inserted or self.published:
+            return
+        self.model.delete().where(self.model.id.in_([_id(row) for row in self.inserted])).execute()
+        for row in self.inserted:
+            if row.holds:
+                try:
+                    self.suite.locks.release(self.suite.keys.queue_lock(str(row.key)), row.message.message_id)
+                except Exception:  # often the very failure being undone: it expires by itself
+                    pass
+
+    def _row(self, args: tuple, kwargs: dict) -> _Row:
+        original = self.actor.message_with_options(args=args, kwargs=kwargs)
+        check_options(self.suite, original, self.delay)
+        message = original.copy(options={REDIS_MESSAGE_ID: str(uuid.uuid4())})  # as RedisBroker.enqueue does
+        if self.delay is not None:
+            message = message.copy(queue_name=dq_name(message.queue_name),
+                                   options={"eta": current_millis() + self.delay})
+        key = recent.key_of(self.config, message)
+        fields = row_fields(self.config, message, self.delay)
+        fields["unique_key"] = key
+        if self.held is not None or self.deferred:  # published at commit, or by the re-drive
+            fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
+        holds = key is not None and self.lock in opt.QUEUE_LOCKS
+        marker: dict = {"qt": message.message_id} if holds else {}
+        if self.deferred:
+            marker[deferral.DEFERRED] = 1
+        fields["options"][MARKER] = marker
+        if holds:
+            fields["unique_hold"] = key
+        return _Row(message, original, fields, key, holds)
+
+    def _insert(self, writes: list[_Row]) -> dict[str, int]:
+        """The batch's multi-row INSERT, on the primary unless every row may fail over."""
+        if not writes:
+            return {}
+        # In the keys' order: two batches of the same keys wait on each other in one order, never a deadlock.
+        holding = any(row.holds for row in writes)
+        fields = [row.fields for row in (sorted(writes, key=lambda row: row.key or "") if holding else writes)]
+        what = f"recording {len(writes)} {self.config.actor_name} jobs"
+        stores = self.suite.stores
+        if stores.several and self.held is None and not holding and may_fail_over(self.config, {}):
+            shared: dict = dict(fields[0]["options"][MARKER])  # the same for every row: no key
+            for row in fields:
+                row["options"][MARKER] = shared  # gets the store's index, as a single send's marker
+            with jobs.db_errors(what):
+                self.model, ids = stores.insert(self.model, lambda target: jobs.insert_many(target, fields),
+                                                shared)
+            return ids
+        with jobs.db_errors(what):
+            return stores.on_primary(self.model, lambda: _needs(self.config, {}, self.held),
+                                     lambda: jobs.insert_many(self.model, fields))
+
+    def _resolve(self, rows: list[_Row], ids: dict[str, int], first: dict[str, _Row]) -> None:
+        """Settle every row that was not inserted: a duplicate of a job in the table or of an
+        earlier item of the batch."""
+        lost = [row for row in rows if row.message.message_id not in ids and first.get(row.key) is row]  # type: ignore[arg-type]
+        if any(not row.holds for row in lost):
+            raise DatabaseUnavailable(f"a {self.config.actor_name} job row was refused without a key held")
+        found: dict = {}
+        if lost:
+            with jobs.db_errors(f"looking up the holders of {len(lost)} {self.config.actor_name} keys"):
+                found = jobs.holders(self.model, [row.key for row in lost], self.config.app)  # type: ignore[misc]
+        window = recent.window(self.config, {}, self.lock)
+        for row in rows:
+            if row.message.message_id in ids:
+                continue
+            head = first.get(row.key)  # type: ignore[arg-type]
+            own = head is not row and head is not None and head.message.message_id in ids  # the batch's job holds it
+            holder: Any = head.message if own else found.get(row.key)  # type: ignore[union-attr]
+            # replace, a key let go meanwhile, an outlived holder: as one send, after the batch
+            if self.conflict != "skip" or holder is None or (not own and jobs._outlived(holder, window)):
+                row.single = True
+                continue
+            events.duplicate("skip", row.original, holder.message_id, row.key)
+            row.resolved = row.original.copy(message_id=holder.message_id)
+
+    def _finish(self, inserted: list[_Row], ids: dict[str, int]) -> None:
+        """Mark the rows inserted; those held for the outbox or kept pending are settled now."""
+        for row in inserted:
+            row.message.options[MARKER] = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
+            if self.held is not None:
+                row_ref = (self.model, _id(row), 0)
+                row.resolved = self.held.defer(self.broker, row.message, self.delay, row_ref).message
+            elif self.deferred:
+                row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
+        if self.held is not None or self.deferred:
+            self.inserted = []  # nothing to publish now
+
+    def publish(self) -> bool:
+        """Publish ``self.inserted``, queue locks first; may run in another thread (no database call, no
+        context variable).  An error is kept for :meth:`settle`; returns whether later batches may go on."""
+        publisher = self.suite.publisher
+        assert publisher is not None
+        try:
+            entries = []
+            for row in self.inserted:
+                lock = None
+                if row.holds:
+                    ttl = queue_lock_ttl(self.config, {}, self.lock, self.delay)
+                    lock = (self.suite.keys.queue_lock(str(row.key)), row.message.message_id, ttl)
+                ref = row.message.options[REDIS_MESSAGE_ID]
+                entries.append((row.message.queue_name, ref, row.message.encode(), lock))
+            if entries:
+                publisher.publish_many(entries)
+            self.published = True
+        except BaseException as error:  # noqa: BLE001  (raised by settle, in the sender's thread)
+            self.error = error
+            return deferral.defers(self.suite, error)
+        return True
+
+    def _failed(self, inserted: list[_Row], error: BaseException) -> None:
+        """Nothing was published (MULTI/EXEC): the rows kept pending for the re-drive if the broker is
+        down (on_broker_down="defer"), their locks naming them; else undone with their locks, and raise."""
+        if not deferral.defers(self.suite, error):
+            self.undo()
+            raise error
+        for row in inserted:
+            deferral.keep(self.model, _id(row), row.fields["broker_ref"], row.fields["options"])
+            row.resolved = row.message
+        deferral.failed(self.suite, self.broker, error)
+
+
+def _id(row: _Row) -> int:
+    return int(row.message.options[MARKER]["id"])

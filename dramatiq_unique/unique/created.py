@@ -1,11 +1,5 @@
-"""What the send under way wrote, for its wrapper (:mod:`dramatiq_unique.unique.send`) to undo
-if the publish fails, or to keep for the re-drive if the broker is down
-(:mod:`dramatiq_unique.durable.deferral`).
-
-:mod:`dramatiq_unique.unique.enqueue` notes each row it inserts for a send that
-publishes it now (a ``pending`` row, in the outbox or kept while the broker is
-down, is not this send's to publish), and a retry's bookkeeping.
-"""
+"""What the send under way wrote, for its wrapper (:mod:`dramatiq_unique.unique.send`) to undo if
+the publish fails, or to keep for the re-drive if the broker is down."""
 
 from __future__ import annotations
 

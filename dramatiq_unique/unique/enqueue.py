@@ -1,22 +1,6 @@
-"""The enqueue side: recording a send, and uniqueness at enqueue.
-
-JobTracking's ``before_enqueue`` calls :func:`on_enqueue` for a tracked
-actor; the broker's enqueue around it is wrapped in
-:mod:`dramatiq_unique.unique.send`, which returns the existing job's
-message on a :class:`Redirect`, and undoes (or keeps, if the broker is down)
-what the send wrote (:mod:`dramatiq_unique.unique.created`) when the publish fails.
-
-Order of operations. The database decides: a unique send inserts its row holding the key, and a
-unique index refuses it if a job holds the key, which is then looked up (a burst of duplicates is
-answered earlier, see :mod:`dramatiq_unique.unique.recent`). A send that won the key then takes the
-Redis queue lock, which names the waiting job; on the Redis broker in the same round trip as its
-publish (:mod:`dramatiq_unique.broker.publish`). A worker clears the row's hold, then releases the
-Redis lock, then runs the actor (an ``until_executing`` lock on the broker's Redis is released with
-the message's ack instead, :mod:`dramatiq_unique.broker.acks`); with ``until_executed`` it releases
-the lock first and records the outcome after, which clears the hold: once a reader sees the job
-finished, the key is free. The lock never turns a send away, so a stale one (a crash between the two
-steps) costs nothing but its memory until it expires.
-"""
+"""The enqueue side: recording a send, and uniqueness at enqueue (JobTracking's ``before_enqueue``).
+The database decides duplicates; the order of operations is in docs/discussions/how-it-is-built.md,
+"Sending"."""
 
 from __future__ import annotations
 
@@ -28,12 +12,11 @@ import peewee as pw
 from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.broker import publish
 from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured
+from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
@@ -150,9 +133,6 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
     if deferred:
         raise outbox.Deferred(dataclasses.replace(message, options=job_options(message.options)))
-    ref = redis_ref(message)
-    if suite.publisher is not None and ref and not publish.expected(ref):
-        suite.publisher.expect(ref)  # a tracked message: published over our own connection
 
 
 def may_fail_over(config: "ActorConfig", opts: dict) -> bool:
@@ -252,16 +232,17 @@ def _insert_unique(
 
 def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
     """The queue lock of a send that holds its key: whoever held the lock held it for a job
-    that no longer waits, so it is overwritten (on one master; with several, taken if free).
-    On the Redis broker it is written with the publish."""
+    that no longer waits, so it is overwritten (on one master; with several, taken if free)."""
     token = message.message_id
-    ref = redis_ref(message)
-    if suite.publisher is not None and ref and suite.publisher.expect(ref, (lock_name, token, ttl)):
-        return
-    if suite.locks.single:
-        suite.locks.force(lock_name, token, ttl)
-    else:
-        suite.locks.acquire(lock_name, ttl, token=token)
+    try:
+        if suite.locks.single:
+            suite.locks.force(lock_name, token, ttl)
+        else:
+            suite.locks.acquire(lock_name, ttl, token=token)
+    except RedisUnavailable:
+        if suite.publisher is None or not suite.publisher.shares_server:
+            raise
+        # The broker's server is down too: its publish fails as the broker's (kept for the re-drive).
 
 
 def _conflict(

@@ -1,19 +1,5 @@
-"""Unique keys: the key of one call under ``unique_args`` or ``concurrency_key``.
-
-A unique key is the actor's name and a hash of the selected arguments,
-bound through the actor's signature (so ``send(1)`` and
-``send(blog_id=1)`` agree) and canonicalised (dict order does not
-matter).  Only the hash reaches Redis: no user data sits raw in a key.
-
-The canonical form must be the same in every process.  A value JSON has no
-form for is written as its repr (a ``datetime.date`` sent with
-``PickleEncoder``: ``datetime.date(2024, 2, 29)``); a set as its sorted
-members; a dict whose keys are not all str (``{1: "a", "b": 2}``, which
-``sort_keys`` cannot order) as its items sorted by each key's canonical
-text.  A value whose repr holds a memory address (an ``object()``, a class
-without ``__repr__``) has no such form: it is an :class:`InvalidOption`,
-at declaration for a default (options.py) and at send for an argument.
-"""
+"""Unique keys: the key of one call under ``unique_args`` or ``concurrency_key``, the same in every
+process (its canonical form: docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 

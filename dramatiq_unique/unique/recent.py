@@ -1,16 +1,5 @@
-"""A duplicate send answered early: before the broker builds the message.
-
-The insert of a unique send's row decides whether it is a duplicate
-(:mod:`dramatiq_unique.unique.enqueue`): it fails on the unique index, and the
-holder is looked up.  But a duplicate that goes that way has first been
-copied, announced to every middleware and turned into a row's parameters
-by the broker's enqueue, and its failed INSERT costs the database more
-than a lookup.  Duplicates come in bursts (a user pressing refresh): so
-a ``skip`` send of a key this process sent lately first asks the
-database who holds the key, on one small query, and is answered there
-when a job does.  A key new to the process, the common case of a send
-that is no duplicate, goes straight to the insert: one statement.
-"""
+"""A duplicate send answered early, on one small query, before the broker builds the message:
+duplicates come in bursts (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""A send through the suite: Dramatiq's ``broker.enqueue``, wrapped once per broker.
-
-The wrapper is put in place when the first tracked actor is declared
-(JobTracking) or a :func:`transaction` block opens (its sends must reach
-the block's outbox, tracked or not).  Around the broker's own enqueue,
-whose ``before_enqueue`` hooks record the send
-(:mod:`dramatiq_unique.unique.enqueue`), it checks the send's own
-options, answers a burst of duplicates early
-(:mod:`dramatiq_unique.unique.recent`), returns the existing job's
-message when the send resolves to one, returns a send that
-:mod:`dramatiq_unique.durable.outbox` holds until commit, and undoes the
-rows of a send whose publish failed: they would be phantom jobs; unless
-the broker is down, when it keeps them pending for the re-drive
-(:mod:`dramatiq_unique.durable.deferral`).
-"""
+"""A send through the suite: Dramatiq's ``broker.enqueue``, wrapped once per broker, around the
+``before_enqueue`` hooks that record it: early duplicates, redirects, the outbox's held sends, and
+the rows of a failed publish undone or kept for the re-drive (docs/discussions/how-it-is-built.md,
+"Sending")."""
 
 from __future__ import annotations
 
@@ -25,8 +14,8 @@ import redis
 
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
-from dramatiq_unique.broker import compat, publish
-from dramatiq_unique.broker.acks import Acks
+from dramatiq_unique.broker import keys
+from dramatiq_unique.broker.publish import Publisher
 from dramatiq_unique.broker.refs import is_resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import deferral, outbox
@@ -48,16 +37,14 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
     if getattr(broker.enqueue, "_dramatiq_unique", False):
         return
-    compat.check(broker)
+    keys.check(broker)
     original = broker.enqueue
-    suite.publisher = publish.Publisher.install(broker, suite)
-    suite.acks = Acks.install(broker, locks=suite.publisher is not None and suite.publisher.locks)
+    suite.publisher = Publisher.install(broker, suite)
 
     @functools.wraps(original)
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
         created: list[Created] = []
         token = created_rows.set(created)
-        pending = publish.forget()
         try:
             with guarded(f"checking {describe(message)} for a duplicate"):
                 check_options(suite, message, delay)
@@ -65,7 +52,6 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
             if holder is not None:
                 return message.copy(message_id=holder)
             sent = original(message, delay=delay)
-            publish.settle(suite)
             deferral.published(broker)
             return sent
         except Redirect as redirect:
@@ -95,7 +81,6 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
                 raise RedisPermissionDenied(f"sending {describe(message)}: {error}") from error
             raise
         finally:
-            publish.restore(pending)
             created_rows.reset(token)
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]

@@ -1,10 +1,5 @@
-"""The web dashboard (the ``web`` extra: ``pip install 'dramatiq_unique[web]'``).
-
-:func:`make_app` returns a WSGI app to mount in a host app (Flask, Django,
-FastAPI through a WSGI adapter); :func:`serve` runs it on its own.  Nothing
-outside this subpackage imports it, except the command line's ``web`` command,
-lazily: the rest of the suite never needs Flask.
-"""
+"""The web dashboard (the ``web`` extra): :func:`make_app` to mount in a host app, :func:`serve` to run it
+alone.  Only the command line's ``web`` command imports it, lazily: the rest of the suite never needs Flask."""
 
 from __future__ import annotations
 

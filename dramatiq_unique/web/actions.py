@@ -1,30 +1,31 @@
-"""The actions (POST): retry and cancel a job, set a slot group's limit, halt a group.
-
-Each goes through the ops layer to the public function a user's code would
-call (``retry_job``, ``cancel_job``, ``set_concurrency_limit``), for the
-dashboard's suite, so the dashboard changes nothing the suite's own rules would
-refuse.  The app's ``before_request`` has already
-checked basic auth, the host's hook, read-only and the CSRF token by the time a
-view here runs.  A success redirects (POST, redirect, GET: a reload does not
-repeat it); a refusal renders the error page with the status that says why.
-"""
+"""The actions (POST): retry or cancel a job, set or halt a slot group's limit, retry the dead set or
+cancel what a filter matches (after a page that counts it), each through the suite's own functions, so
+nothing its rules refuse.  Access was checked before (``before_request``); a success redirects."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import functools
+from typing import TYPE_CHECKING, Any, Callable, Optional
 from urllib.parse import unquote
 
-from flask import Flask, abort, redirect, request, url_for
+from flask import abort, current_app, redirect, render_template, request, url_for
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
 from dramatiq_unique import ops
-from dramatiq_unique.durable.cancel import cancel_job
-from dramatiq_unique.durable.dead import retry_job
+from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
+from dramatiq_unique.durable.dead import cancel_job, retry_job
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
-from dramatiq_unique.slots.limits import concurrency_status
-from dramatiq_unique.web import data
-from dramatiq_unique.web.state import current_suite
+from dramatiq_unique.ops import actions as ops_actions
+from dramatiq_unique.ops import keys
+from dramatiq_unique.parking.groups import whole_actor
+from dramatiq_unique.slots.limits import concurrency_status, key_group, key_words
+from dramatiq_unique.storage.models import utcnow
+from dramatiq_unique.web import security
+from dramatiq_unique.web.pages import MAX_FILTER, SINCE, current_suite
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
 
 #: The largest limit a form may set (a typo of many digits is refused, not stored).
 MAX_LIMIT = 1_000_000
@@ -42,13 +43,8 @@ MAX_NEXT = 2_000
 
 
 def _path_ok(path: str) -> bool:
-    """Whether ``path`` (no query) is an absolute path of this site that reads as nothing else.
-
-    Printable ASCII only, no backslash, no empty, ``.`` or ``..`` segment: browsers drop tabs and
-    newlines anywhere in a URL and read ``\\`` as ``/``, so ``/<TAB>/evil.example`` and ``/\\evil.example``
-    become ``//evil.example``, another site; and ``/.//evil.example`` is ``//evil.example`` once
-    its dot segments are removed.  The pages' own paths (``request.full_path``) are none of these.
-    """
+    """Whether ``path`` (no query) is an absolute path of this site that no browser reads as another's:
+    printable ASCII, no backslash (read as ``/``), no empty, ``.`` or ``..`` segment (``/.//evil``)."""
     if not path.startswith("/") or "\\" in path or not all("!" <= c <= "~" for c in path):
         return False
     segments = path.split("/")[1:]
@@ -112,7 +108,7 @@ def _group_key() -> tuple[str, Any]:
     if not actor or len(actor) > 200:
         abort(400, "which actor?")
     words, group = request.form.get("key", ""), request.form.get("group", "")
-    return actor, _refused(lambda: data.slot_target(current_suite(), actor, words, group))
+    return actor, _refused(lambda: slot_target(current_suite(), actor, words, group))
 
 
 def requested_limit() -> Optional[int]:
@@ -150,12 +146,8 @@ def _limit_action() -> str:
 #: the request does, not by its route (a limit of 0 is a halt, whichever form sends it).  Called after
 #: the CSRF check, before the view.  An endpoint missing here cannot be POSTed to (404).
 ACTION_OF: dict[str, Callable[[], str]] = {
-    "retry": lambda: "retry",
-    "cancel": lambda: "cancel",
-    "limit": _limit_action,
-    "halt": lambda: "halt",
-    "retry_all": lambda: "retry_all",
-    "cancel_all": lambda: "cancel_all",
+    "retry": lambda: "retry", "cancel": lambda: "cancel", "limit": _limit_action, "halt": lambda: "halt",
+    "retry_all": lambda: "retry_all", "cancel_all": lambda: "cancel_all",
 }
 
 
@@ -175,8 +167,82 @@ def halt() -> Response:
     return _back("halted", url_for("slots"))
 
 
-def register(app: Flask) -> None:
-    app.add_url_rule("/jobs/<ref>/retry", "retry", retry, methods=["POST"])
-    app.add_url_rule("/jobs/<ref>/cancel", "cancel", cancel, methods=["POST"])
-    app.add_url_rule("/slots/limit", "limit", limit, methods=["POST"])
-    app.add_url_rule("/slots/halt", "halt", halt, methods=["POST"])
+def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "keys.Target":
+    """The level a slots form names: ``group`` as the page listed it (it settles whether 42 was an int or a
+    str), which ``words``, the key as the page showed it, must name: a forged form is refused.  Without
+    ``group``, the words alone, as ``limit`` on the command line reads them."""
+    config = suite.actor_config(actor)
+    if config is None:
+        raise InvalidOption(f"no actor {actor!r} is declared in this process")
+    words, group = words.strip(), group.strip()
+    if not group:
+        return ops.limit_target(suite, config, words)
+    if group not in keys.named_groups(suite, config, words):
+        raise InvalidOption(f"no slot group of {actor!r} has the key {words!r}")
+    if group == whole_actor(actor) and config.options.get("concurrency_key") is None:
+        return keys.Target("")  # the actor's own limit
+    for value in ([] if words.startswith("#") else keys.candidates(config, words)):
+        if key_group(config, value) == group:
+            return keys.Target(group, key_words(config, value), value)
+    return keys.Target(group)  # named by its hash: the words kept with its limit stay
+
+
+#: The action each step names to the host's hook.
+ACTION = {RETRY: "retry_all", CANCEL: "cancel_all"}
+#: The filters each action takes from the page it is started on.
+FIELDS = {RETRY: ("actor", "error"), CANCEL: ("actor", "key", "status", "since")}
+
+
+def _filters(action: str, source: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for name in FIELDS[action]:
+        value = str(source.get(name, "")).strip()
+        if len(value) > MAX_FILTER:
+            abort(400, f"{name} is too long")
+        if value:
+            found[name] = value
+    if "since" in found and found["since"] not in SINCE:
+        abort(400, f"since must be one of {', '.join(SINCE)}")
+    return found
+
+
+def _selection(action: str, filters: dict[str, Any]) -> Selection:
+    since = utcnow() - SINCE[filters["since"]] if "since" in filters else None
+    try:
+        return ops_actions.selection(current_suite(), action, actor=filters.get("actor"), key=filters.get("key"),
+                                  since=since, error=filters.get("error"), status=filters.get("status"))
+    except ValueError as e:
+        abort(400, str(e))
+
+
+def confirm(action: str) -> str:
+    """The page that counts what a bulk action would do, offered only to whom the hook allows it."""
+    if not security.can(current_app.config["DU_ACCESS"], ACTION[action]):
+        abort(403, f"not allowed to {ACTION[action]}")
+    filters = _filters(action, request.args)
+    sel = _selection(action, filters)
+    found = ops_actions.preview(current_suite(), None, action, sel)
+    return render_template("bulk.html", verb=action, endpoint=ACTION[action], found=found, filters=filters,
+                           what=ops_actions.described(action, sel, filters.get("key")),
+                           back=url_for("dead" if action == RETRY else "jobs", **filters), down=found.down)
+
+
+def act(action: str) -> Response:
+    filters = _filters(action, request.form)
+    done = ops_actions.act(current_suite(), None, action, _selection(action, filters))
+    page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
+    values: dict[str, Any] = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
+    values.update(done=word, n=done.done)
+    if done.blocked:
+        values["blocked"] = done.blocked
+    return redirect(url_for(page, **values), code=303)
+
+#: (rule, endpoint, view, method) of every action, and of the pages that confirm a bulk one.
+ROUTES: list[tuple[str, str, Any, str]] = [
+    ("/jobs/<ref>/retry", "retry", retry, "POST"), ("/jobs/<ref>/cancel", "cancel", cancel, "POST"),
+    ("/slots/limit", "limit", limit, "POST"), ("/slots/halt", "halt", halt, "POST"),
+    ("/dead/retry-all", "retry_all_confirm", functools.partial(confirm, RETRY), "GET"),
+    ("/dead/retry-all", "retry_all", functools.partial(act, RETRY), "POST"),
+    ("/jobs/cancel-all", "cancel_all_confirm", functools.partial(confirm, CANCEL), "GET"),
+    ("/jobs/cancel-all", "cancel_all", functools.partial(act, CANCEL), "POST"),
+]

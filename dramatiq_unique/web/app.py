@@ -1,11 +1,6 @@
-"""The dashboard's Flask app: :func:`make_app`.
-
-A Flask app is a plain WSGI callable, so it mounts under a path of any WSGI
-host (Flask, Django, a bare server) with Werkzeug's ``DispatcherMiddleware``,
-and in an ASGI host (FastAPI, Starlette) through a WSGI adapter.  Links are
-built with ``url_for``, which honours ``SCRIPT_NAME``, so the pages work under
-whatever prefix the host mounts them at.
-"""
+"""The dashboard's Flask app (:func:`make_app`): a WSGI callable that mounts under any path of a WSGI
+host, or of an ASGI one through an adapter (links are built with ``url_for``, which honours
+``SCRIPT_NAME``)."""
 
 from __future__ import annotations
 
@@ -20,13 +15,21 @@ from werkzeug.exceptions import HTTPException
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
-from dramatiq_unique.web import actions, bulk, pages, present, security
+from dramatiq_unique.web import actions, pages, present, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
+
+#: Every response's headers.  No script runs on these pages, and none may be injected: a strict policy costs nothing.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+                               "frame-ancestors 'self'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
+}
+
 
 def make_app(
     suite: "Optional[Suite]" = None, *, read_only: bool = False, auth: Optional[AuthHook] = None,
@@ -35,15 +38,16 @@ def make_app(
 ) -> Flask:
     """The dashboard as a WSGI app (a :class:`flask.Flask`).
 
-    ``suite``: the suite to show (default: the last :func:`dramatiq_unique.setup`'s, looked up at
-    each request, so the app can be made before the set-up).  ``read_only``: no actions (no
-    buttons; every POST gets 403).  ``auth``: the host's hook, ``auth(request, action) -> bool``,
-    asked with ``action=None`` for each page and with ``"retry"``, ``"cancel"``, ``"limit"``,
-    ``"halt"``, ``"retry_all"`` or ``"cancel_all"`` for each action, named by what it does (a limit
-    of 0 is ``"halt"``); only ``True``
-    allows.  ``basic_auth``: ``(user, password)`` (or a callable checking them, that returns
-    ``True`` to let in) that every request must carry.  ``secret_key``: signs CSRF tokens; give the same one to
-    every process that serves the dashboard behind one address (default: random per app).
+    Args:
+        suite: the suite to show; default: the last :func:`dramatiq_unique.setup`'s, looked up at each request.
+        read_only: no actions (no buttons; every POST gets 403).
+        auth: the host's hook, ``auth(request, action) -> bool``, asked with ``action=None`` for a page and
+            with what a POST does (``"retry"``, ``"cancel"``, ``"limit"``, ``"halt"``, ``"retry_all"``,
+            ``"cancel_all"``; a limit of 0 is ``"halt"``); only ``True`` allows.
+        basic_auth: ``(user, password)``, or a callable given both that returns ``True`` to let in.
+        secret_key: signs CSRF tokens; the same for every process behind one address (default: random).
+        title: the pages' title.
+        page_size: rows a page lists, 1 to 1000.
     """
     if auth is not None and not callable(auth):
         raise InvalidOption(f"auth must be a callable auth(request, action) -> bool, not {auth!r}")
@@ -53,10 +57,8 @@ def make_app(
         raise InvalidOption("basic_auth must be (user, password), both non-empty str, or a callable(user, password)")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1000:
         raise InvalidOption(f"page_size must be an int from 1 to 1000, not {page_size!r}")
-    if not secret_key:
-        secret = secrets.token_bytes(32)
-    else:
-        secret = secret_key.encode() if isinstance(secret_key, str) else bytes(secret_key)
+    key = secret_key.encode() if isinstance(secret_key, str) else secret_key
+    secret = bytes(key) if key else secrets.token_bytes(32)
     access = Access(read_only=read_only, auth=auth, basic_auth=basic_auth, secret=secret)
     RedactPasswords.install()  # the dashboard may run in a process that has not called setup()
 
@@ -72,15 +74,8 @@ def make_app(
 
     @app.after_request
     def _headers(response: Response) -> Response:
-        # No script runs on these pages, and none may be injected: a strict policy costs nothing.
-        response.headers.setdefault(
-            "Content-Security-Policy",
-            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
-            "frame-ancestors 'self'; base-uri 'none'",
-        )
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("Referrer-Policy", "same-origin")
-        response.headers.setdefault("Cache-Control", "no-store")
+        for name, value in HEADERS.items():
+            response.headers.setdefault(name, value)
         return set_cookie(response)
 
     @app.context_processor
@@ -94,22 +89,18 @@ def make_app(
         return render_template("error.html", code=error.code, message=message), error.code or 500
 
     @app.errorhandler(DependencyUnavailable)
-    def _unavailable(error: DependencyUnavailable) -> tuple[str, int]:
-        logger.warning("Dashboard: %s", error)
-        return render_template("error.html", code=503, message=str(error)), 503
-
-    @app.errorhandler(NotConfigured)
-    def _not_configured(error: NotConfigured) -> tuple[str, int]:
-        # make_app() without a suite, in a process that has not called setup() (yet).
-        return render_template("error.html", code=503, message=f"{error}: the dashboard has no suite to show"), 503
-
+    @app.errorhandler(NotConfigured)  # make_app() without a suite, in a process that has not called setup() (yet)
     @app.errorhandler(redis_lib.RedisError)
-    def _redis_down(error: redis_lib.RedisError) -> tuple[str, int]:
-        logger.warning("Dashboard: Redis: %s", redact(str(error)))
-        return render_template("error.html", code=503, message=f"Redis could not be reached: {redact(str(error))}"), 503
+    def _unavailable(error: Exception) -> tuple[str, int]:
+        if isinstance(error, NotConfigured):
+            message = f"{error}: the dashboard has no suite to show"
+        else:
+            message = redact(str(error))
+            message = message if isinstance(error, DependencyUnavailable) else f"Redis could not be reached: {message}"
+            logger.warning("Dashboard: %s", message)
+        return render_template("error.html", code=503, message=message), 503
 
-    pages.register(app)
-    actions.register(app)
-    bulk.register(app)
+    for rule, endpoint, view, method in (*pages.ROUTES, *actions.ROUTES):
+        app.add_url_rule(rule, endpoint, view, methods=[method])
     return app
 

@@ -1,23 +1,21 @@
-"""The pages (GET): overview, jobs, a job, locks, slots, the dead set.
-
-Every read goes through the ops layer (:mod:`dramatiq_unique.ops`), the same
-one the command line prints, so the two never disagree.  A store that does not
-answer is named on the page (``down``); one the page cannot do without gives
-503 (the app's error handler).
-"""
+"""The pages (GET): overview, jobs, a job, locks, slots, the dead set, read through the ops layer as
+the command line reads them.  A store that does not answer is named on the page (``down``)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from flask import Flask, abort, render_template, request
+from flask import abort, current_app, g, render_template, request
 
 from dramatiq_unique import ops
+from dramatiq_unique import suite as _config
+from dramatiq_unique.errors import JobNotFound
 from dramatiq_unique.storage.models import JobStatus, utcnow
-from dramatiq_unique.web import chart, data
-from dramatiq_unique.web.present import WAITING
-from dramatiq_unique.web.state import current_suite, page_size
+from dramatiq_unique.web import present
+
+if TYPE_CHECKING:
+    from dramatiq_unique.suite import Suite
 
 #: ``?since=`` choices of the jobs page.
 SINCE = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -35,6 +33,18 @@ DONE = {
 BLOCKED = " {blocked} stay in the dead set: another job holds their key."
 #: Characters a filter field may hold (a longer one is refused, not cut).
 MAX_FILTER = 200
+
+
+def current_suite() -> "Suite":
+    """The suite this request shows: the app's own, else the last set-up's (looked up once a request)."""
+    suite = current_app.config["DU_SUITE"]
+    if suite is None and "du_suite" not in g:
+        g.du_suite = _config.current()
+    return suite if suite is not None else g.du_suite
+
+
+def page_size() -> int:
+    return int(current_app.config["DU_PAGE_SIZE"])
 
 
 def _arg(name: str) -> Optional[str]:
@@ -59,8 +69,8 @@ def _done() -> Optional[str]:
 
 
 def overview() -> str:
-    stats = data.stats(current_suite(), MINUTES)
-    drawn = chart.bars(stats.throughput, end=utcnow().replace(second=0, microsecond=0) + timedelta(minutes=1))
+    stats = ops.stats(current_suite(), minutes=MINUTES)
+    drawn = present.bars(stats.throughput, end=utcnow().replace(second=0, microsecond=0) + timedelta(minutes=1))
     return render_template("overview.html", stats=stats, chart=drawn, down=stats.down, done=_done())
 
 
@@ -70,48 +80,46 @@ def jobs() -> str:
         abort(400, f"since must be one of {', '.join(SINCE)}")
     cursor = _arg("cursor")
     try:
-        page = data.jobs(current_suite(), status=status, actor=actor, key=key,
-                         since=utcnow() - SINCE[since] if since else None, limit=page_size(), cursor=cursor)
+        page = ops.jobs(current_suite(), status=status, actor=actor, key=key,
+                        since=utcnow() - SINCE[since] if since else None, limit=page_size(), cursor=cursor)
     except ValueError as e:
         abort(400, str(e))
     filters = {"status": status or "", "actor": actor or "", "key": key or "", "since": since or ""}
     query = {name: value for name, value in filters.items() if value}
     return render_template("jobs.html", page=page, filters=filters, query=query, statuses=[s.value for s in JobStatus],
                            since_choices=list(SINCE), actors=sorted(current_suite().actors), cursor=cursor,
-                           waiting=WAITING, down=page.down, done=_done())
+                           waiting=present.WAITING, down=page.down, done=_done())
 
 
 def job(ref: str) -> str:
-    view = data.job(current_suite(), ref)
-    if view is None:
+    try:
+        view = ops.job(current_suite(), ref)
+    except (JobNotFound, ValueError):  # ValueError: ``ref`` cannot be an id
         abort(404, f"no job {ref}")
-    return render_template("job.html", job=view, timeline=data.timeline(view), waiting=WAITING, done=_done())
+    return render_template("job.html", job=view, timeline=present.timeline(view), waiting=present.WAITING,
+                           done=_done())
 
 
 def locks() -> str:
-    found = data.locks(current_suite())
-    return render_template("locks.html", locks=found.items, down=found.down, done=_done())
+    return render_template("locks.html", locks=ops.locks(current_suite()), done=_done())
 
 
 def slots() -> str:
     suite = current_suite()
-    found = data.slot_groups(suite)
-    return render_template("slots.html", groups=found.items, limits=data.limits(suite), down=found.down,
-                           done=_done())
+    return render_template("slots.html", groups=ops.slots(suite), limits=ops.limits(suite), done=_done())
 
 
 def dead() -> str:
     actor = _arg("actor")
     suite = current_suite()
     rows = ops.dead(suite, actor=actor, limit=page_size())
-    retrying = data.jobs(suite, status="retrying", actor=actor, limit=page_size())
+    retrying = ops.jobs(suite, status="retrying", actor=actor, limit=page_size())
     return render_template("dead.html", rows=rows, retrying=retrying, actor=actor or "",
                            actors=sorted(suite.actors), down=retrying.down, done=_done())
 
 
-def register(app: Flask) -> None:
-    routes: list[tuple[str, Any]] = [
-        ("/", overview), ("/jobs", jobs), ("/jobs/<ref>", job), ("/locks", locks), ("/slots", slots), ("/dead", dead),
-    ]
-    for rule, view in routes:
-        app.add_url_rule(rule, view.__name__, view, methods=["GET"])
+#: (rule, endpoint, view, method) of every page.
+ROUTES: list[tuple[str, str, Any, str]] = [
+    ("/", "overview", overview, "GET"), ("/jobs", "jobs", jobs, "GET"), ("/jobs/<ref>", "job", job, "GET"),
+    ("/locks", "locks", locks, "GET"), ("/slots", "slots", slots, "GET"), ("/dead", "dead", dead, "GET"),
+]

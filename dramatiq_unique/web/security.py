@@ -1,24 +1,7 @@
-"""Who may see and who may act: basic auth, the host app's hook, CSRF tokens, read-only.
+"""Who may see and who may act: basic auth, the host app's hook, read-only, CSRF tokens and ``Origin``.
 
-Every request passes :func:`check_access` before its view runs (a Flask
-``before_request``), so no page and no action is reachable around it:
-
-* ``basic_auth`` (standalone use): every request needs the user and password,
-  compared in constant time (or checked by the given callable, which must
-  return ``True``: anything else, or an exception, is a refusal); a missing or
-  wrong one gets 401 with a ``WWW-Authenticate`` challenge.
-* ``auth`` (the host app's hook): called as ``auth(request, action)`` with
-  ``action=None`` for a page and the action's name (``"retry"``, ``"cancel"``,
-  ``"limit"``, ``"halt"``, ``"retry_all"``, ``"cancel_all"``) for a POST, named by what the POST does, not by its
-  route: a limit of 0, or a return to a default of 0, is ``"halt"``; anything but ``True`` gets 403 (a truthy
-  string is no grant: a hook returning ``"no"`` by mistake must not open the
-  door), and so does a hook that raises.  The host can so
-  let operators see everything and only some of them act.
-* ``read_only``: every POST gets 403, whoever asks; the pages show no buttons.
-* CSRF: a POST must carry the form token, an HMAC of the browser's own random
-  cookie (``du_csrf``, ``SameSite=Strict``, ``HttpOnly``) under the app's
-  secret, so a page of another site can neither read nor forge it.  A POST whose
-  ``Origin`` names another host is refused before that (defence in depth).
+Every request passes :func:`check_access` (a ``before_request``) before its view, so nothing is
+reachable around it.  Only ``True`` from a hook or check grants; one that raises refuses (fails closed).
 """
 
 from __future__ import annotations
@@ -71,14 +54,7 @@ def _basic_ok(setting: BasicAuth) -> bool:
     if not sep:
         return False
     if callable(setting):
-        # Only True lets the request in, as for the auth hook: a check returning a truthy object (a
-        # user row that may be inactive, "no", a non-empty error list) is no grant; one that raises
-        # lets nothing in (fails closed) and says why in the log.
-        try:
-            return setting(user, password) is True
-        except Exception:
-            logger.exception("The dashboard's basic_auth check raised: request refused")
-            return False
+        return _granted("basic_auth check", setting, user, password)
     want_user, want_password = setting
     # Both compared, whatever the first gives, so the time does not tell which one was wrong.
     user_ok = hmac.compare_digest(user.encode(), want_user.encode())
@@ -86,10 +62,14 @@ def _basic_ok(setting: BasicAuth) -> bool:
     return user_ok and password_ok
 
 
-def challenge(realm: str) -> Response:
-    response = Response("authentication required\n", status=401, mimetype="text/plain")
-    response.headers["WWW-Authenticate"] = f'Basic realm="{realm}", charset="UTF-8"'
-    return response
+def _granted(what: str, check: Callable[..., object], *args: object) -> bool:
+    """Only ``True`` grants: a truthy object (a user row that may be inactive, "no") is no grant, and
+    a check that raises lets nothing in (fails closed) and says why in the log."""
+    try:
+        return check(*args) is True
+    except Exception:
+        logger.exception("The dashboard's %s raised: request refused", what)
+        return False
 
 
 def may(access: Access, action: Optional[str]) -> bool:
@@ -100,11 +80,7 @@ def may(access: Access, action: Optional[str]) -> bool:
     # host's hook may cost a query (a session, a user).
     answers: dict[Optional[str], bool] = g.setdefault("du_may", {})
     if action not in answers:
-        try:
-            answers[action] = access.auth(request._get_current_object(), action) is True  # type: ignore[attr-defined]
-        except Exception:  # a hook that fails lets nothing through (fails closed), and says why in the log
-            logger.exception("The dashboard's auth hook raised: request refused")
-            answers[action] = False
+        answers[action] = _granted("auth hook", access.auth, request._get_current_object(), action)  # type: ignore[attr-defined]
     return answers[action]
 
 
@@ -123,7 +99,9 @@ def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Opti
     changes state, what tells the action this request does (from its form), asked once the CSRF token
     is checked; None for a page."""
     if access.basic_auth is not None and not _basic_ok(access.basic_auth):
-        return challenge(access.realm)
+        response = Response("authentication required\n", status=401, mimetype="text/plain")
+        response.headers["WWW-Authenticate"] = f'Basic realm="{access.realm}", charset="UTF-8"'
+        return response
     if request.method not in ("GET", "HEAD"):
         if access.read_only:
             abort(403, "the dashboard is read-only")
@@ -142,11 +120,8 @@ def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Opti
 
 
 def check_origin() -> None:
-    """Refuse a POST sent from a page of another host (browsers send Origin on every POST).
-
-    Behind a reverse proxy that rewrites ``Host``, the host the browser saw is in the proxy's
-    ``X-Forwarded-Host``; a page of another site cannot add that header to a form's POST, so
-    either name is ours."""
+    """Refuse a POST sent from a page of another host (browsers send Origin on every POST); behind a
+    proxy that rewrites ``Host``, ``X-Forwarded-Host`` names ours (a form of another site cannot set it)."""
     origin = request.headers.get("Origin")
     if not origin:  # an old browser, or a client that is not one: the CSRF token still decides
         return

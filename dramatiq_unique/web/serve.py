@@ -1,11 +1,5 @@
-"""Running the dashboard on its own: :func:`serve` (``python -m dramatiq_unique web APP``).
-
-The server is waitress (the ``web`` extra installs it): pure Python, threaded,
-meant for production, as Flask's own documentation recommends, where
-Werkzeug's server is for development only.  Without waitress installed (the
-app mounted in a host that brought Flask but not waitress) :func:`make_server`
-falls back to Werkzeug's threaded server.
-"""
+"""Running the dashboard on its own (``python -m dramatiq_unique web APP``): on waitress, a production
+server, as Flask's documentation recommends; on Werkzeug's threaded server when waitress is missing."""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ import importlib
 import ipaddress
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional
 
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.web.app import make_app
@@ -27,12 +21,6 @@ logger = logging.getLogger(__name__)
 #: ``user:password`` for basic auth, read when ``serve()`` is given none: a password on the
 #: command line would show in ``ps``.
 AUTH_ENV = "DRAMATIQ_UNIQUE_WEB_AUTH"
-
-
-class Server(Protocol):
-    def run(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class _WerkzeugServer:
@@ -50,19 +38,14 @@ class _WerkzeugServer:
         self._server.server_close()
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def exposed(host: str, *, guarded: bool, read_only: bool, allow_anonymous: bool) -> bool:
     """Whether serving on ``host`` would let anyone who reaches it act: not loopback, no basic auth
     or hook (``guarded``), not read-only, and anonymous access not asked for."""
-    return not _loopback(host) and not guarded and not read_only and not allow_anonymous
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    return not loopback and not guarded and not read_only and not allow_anonymous
 
 
 def basic_auth_from_env() -> Optional[tuple[str, str]]:
@@ -79,8 +62,15 @@ def make_server(
     suite: "Optional[Suite]" = None, *, host: str = "127.0.0.1", port: int = 8080, read_only: bool = False,
     basic_auth: Optional[BasicAuth] = None, allow_anonymous: bool = False, threads: int = 4, **app_options: Any,
 ) -> Any:
-    """The standalone server, bound but not yet serving (``.run()`` serves, ``.close()`` stops;
-    ``port=0`` picks a free port, read back from ``.port``).  See :func:`serve`."""
+    """The standalone server, bound but not yet serving: ``.run()`` serves, ``.close()`` stops, ``.port``
+    is the port bound (``port=0``: a free one).
+
+    ``host`` defaults to loopback; on any other address the dashboard refuses to start with
+    actions open to anyone: give ``basic_auth`` (``(user, password)``; default: the
+    ``DRAMATIQ_UNIQUE_WEB_AUTH`` environment variable, ``user:password``), an ``auth`` hook,
+    ``read_only=True``, or say ``allow_anonymous=True``.  Other options go to
+    :func:`~dramatiq_unique.web.make_app`.
+    """
     if basic_auth is None:
         basic_auth = basic_auth_from_env()
     guarded = basic_auth is not None or app_options.get("auth") is not None
@@ -94,31 +84,20 @@ def make_server(
         waitress = importlib.import_module("waitress.server")
     except ImportError:
         logger.warning("waitress is not installed: serving the dashboard with Werkzeug's development server")
-        return _WerkzeugServer(app, host, port)
-    # poll(), not waitress's default select(): select() fails on a descriptor above 1023, and a
-    # host process (a worker, a test run) may well hold that many; the server thread then dies and
-    # every request hangs.
-    server = waitress.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique",
-                                    asyncore_use_poll=True)
-    server.port = server.effective_port
+        server: Any = _WerkzeugServer(app, host, port)
+    else:
+        # poll(), not select(): select() fails on a descriptor above 1023, which a host process may hold.
+        server = waitress.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique",
+                                        asyncore_use_poll=True)
+        server.port = server.effective_port
+    logger.info("Dashboard on http://%s:%s/%s", host, server.port, " (read-only)" if read_only else "")
     return server
 
 
-def serve(
-    suite: "Optional[Suite]" = None, *, host: str = "127.0.0.1", port: int = 8080, read_only: bool = False,
-    basic_auth: Optional[BasicAuth] = None, allow_anonymous: bool = False, threads: int = 4, **app_options: Any,
-) -> None:
-    """Serve the dashboard until interrupted (Ctrl-C, SIGTERM ends the process).
-
-    ``host`` defaults to loopback; on any other address the dashboard refuses to start with
-    actions open to anyone: give ``basic_auth`` (``(user, password)``; default: the
-    ``DRAMATIQ_UNIQUE_WEB_AUTH`` environment variable, ``user:password``), an ``auth`` hook,
-    ``read_only=True``, or say ``allow_anonymous=True``.  Other options go to
-    :func:`~dramatiq_unique.web.make_app`.
-    """
-    server = make_server(suite, host=host, port=port, read_only=read_only, basic_auth=basic_auth,
-                         allow_anonymous=allow_anonymous, threads=threads, **app_options)
-    logger.info("Dashboard on http://%s:%s/%s", host, server.port, " (read-only)" if read_only else "")
+def serve(suite: "Optional[Suite]" = None, **options: Any) -> None:
+    """Serve the dashboard until interrupted (Ctrl-C; SIGTERM ends the process); ``options`` are
+    :func:`make_server`'s."""
+    server = make_server(suite, **options)
     try:
         server.run()
     except KeyboardInterrupt:

@@ -3,7 +3,7 @@
     python tests/benchmarks/bench_metrics.py [--jobs 2000] [--threads 8] [--repeat 3] [--only postgres]
 
 ``off``: the suite as it ships, no Prometheus anywhere (its hooks read one
-attribute).  ``on``: Dramatiq's ``Prometheus`` middleware on the broker and
+global).  ``on``: Dramatiq's ``Prometheus`` middleware on the broker and
 the suite's metrics beside it, in prometheus_client's multiprocess mode (a
 temporary directory), as in a worker process.  Both modes take turns in
 each repeat, in one process (best of the repeats).  Measured: plain,

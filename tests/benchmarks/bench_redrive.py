@@ -34,8 +34,7 @@ sys.path.insert(0, str(Path(__file__).parents[2]))
 
 import dramatiq_unique  # noqa: E402
 from dramatiq_unique import JobModel  # noqa: E402
-from dramatiq_unique.durable.claims import pass_queries  # noqa: E402
-from tests.durable import bulk_insert_pg, wipe_broker  # noqa: E402
+from tests.durable import bulk_insert_pg, pass_selects, wipe_broker  # noqa: E402
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 PG = dict(database="test", host="127.0.0.1", user="postgres")
@@ -177,12 +176,9 @@ def main() -> int:
         print(f"    ratio: {(m['mark big'] + m['resend big']) / (m['mark empty'] + m['resend empty']):.2f}")
 
         big.due_rows(args.due)
-        settings = big.suite.settings
         print(f"\nPlans with {args.finished:,} finished and {args.due:,} due rows:")
-        queries = pass_queries(big.model, lost_after=settings.lost_after, retention=settings.retention)
-        for name, query in queries.items():
-            sql, params = query.sql()
-            print(f"-- {name}")
+        for sql, params in pass_selects(big.suite, big.broker, big.model):
+            print(f"-- {sql[:160]}")
             for (line,) in big.db.execute_sql("EXPLAIN " + sql, params).fetchall():
                 print(f"   {line}")
         return 0 if ratio <= 1.5 else 1

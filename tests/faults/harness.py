@@ -95,9 +95,12 @@ class Fleet:
         self.spawn()
         return seq
 
-    def stop(self, pid: int) -> int:
-        assert self._owner(pid).signal_child(pid, signal.SIGSTOP)
-        _wait_state(pid, "T")
+    def stop(self, pid: int) -> Optional[int]:
+        """SIGSTOP worker process ``pid`` and record it; returns the stop's seq, or None when the
+        process exited before it stopped (a worker that cannot reach PostgreSQL at start exits)."""
+        owner = next((w for w in self.workers if pid in w.children()), None)
+        if owner is None or not owner.signal_child(pid, signal.SIGSTOP) or not _wait_state(pid, "T"):
+            return None
         time.sleep(0.05)
         self.frozen.add(pid)
         return self.log.record("stop", pid=pid)
@@ -128,11 +131,15 @@ def _wait_gone(pid: int, timeout: float = 10) -> None:
         time.sleep(0.01)
 
 
-def _wait_state(pid: int, state: str, timeout: float = 10) -> None:
+def _wait_state(pid: int, state: str, timeout: float = 10) -> bool:
+    """Wait for ``pid`` to reach ``state``; False if it exited first."""
     deadline = time.monotonic() + timeout
-    while _state(pid) != state:
-        assert time.monotonic() < deadline, f"process {pid} not in state {state}"
+    while (now := _state(pid)) != state:
+        if now in (None, "Z"):
+            return False
+        assert time.monotonic() < deadline, f"process {pid} not in state {state} but {now}"
         time.sleep(0.01)
+    return True
 
 
 def _state(pid: int) -> Optional[str]:

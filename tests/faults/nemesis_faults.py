@@ -128,7 +128,9 @@ class Nemesis:
     def _kill(self) -> None:
         live = self.fleet.live()
         if live:
-            self.fleet.kill(self.rng.choice(live))
+            # A worker that exited on its own (it could not reach PostgreSQL at start) is not killed.
+            with contextlib.suppress(StopIteration):
+                self.fleet.kill(self.rng.choice(live))
 
     def _stop(self) -> None:
         live = self.fleet.live()
@@ -136,7 +138,8 @@ class Nemesis:
             return
         pid = self.rng.choice(live)
         seconds = self.rng.uniform(0.5, 8)
-        self.fleet.stop(pid)
+        if self.fleet.stop(pid) is None:
+            return
 
         def cont() -> None:
             with contextlib.suppress(StopIteration, AssertionError):

@@ -61,6 +61,7 @@ def test_a_worker_frozen_past_its_lease_is_fenced(attr, kind, tmp_path):
 
         pid = wait_for(frozen_candidate, timeout=30, what="a worker in the middle of a job")
         stop = fleet.stop(pid)
+        assert stop is not None, "the worker exited before it was stopped"
         frozen = [r for r in ev.parse(app.log.read()).runs if r.pid == pid and r.stopped is not None]
         assert frozen
         frozen_jobs = {r.job for r in frozen}
@@ -132,6 +133,7 @@ def test_a_worker_frozen_within_its_lease_keeps_its_jobs(attr, kind, tmp_path):
 
         pid = wait_for(frozen_candidate, timeout=30, what="a worker in the middle of a job")
         stop = fleet.stop(pid)
+        assert stop is not None, "the worker exited before it was stopped"
         time.sleep(WITHIN_STOP_S)
         resumed = fleet.cont(pid)
         rows, log = finish(app, fleet, tmp_path, timeout=40, linger=1.5, expected=jobs)

@@ -18,7 +18,6 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq_unique.broker.prometheus import quiet_parks
 from dramatiq_unique.logs import PARKED
 from dramatiq_unique.observe import enable_metrics, events, metrics_on
-from dramatiq_unique.observe.state import state
 from tests import prom
 
 #: Every metric, as docs/operations/metrics.md lists it (the exposition's names: counters end in _total).
@@ -57,7 +56,7 @@ def every_hook() -> None:
 
 
 def test_with_metrics_off_every_hook_is_a_no_op_that_still_logs(caplog):
-    assert state.sink is None and not metrics_on()
+    assert events.sink is None and not metrics_on()
     with caplog.at_level(logging.DEBUG, logger="dramatiq_unique.events"):
         every_hook()
     levels = [r.levelname for r in caplog.records]
@@ -109,10 +108,10 @@ def test_every_metric_moves_on_its_event_and_is_exposed(prometheus):
 
 def test_turned_on_twice_and_by_two_suites_the_metrics_are_registered_once(prometheus):
     enable_metrics(multiprocess_dir=str(prometheus))
-    sink = state.sink
+    sink = events.sink
     enable_metrics(multiprocess_dir=str(prometheus))
     enable_metrics()
-    assert state.sink is sink
+    assert events.sink is sink
 
 
 def test_odd_actor_names_are_labels_like_any_other(prometheus):
@@ -132,7 +131,7 @@ def test_a_metric_that_cannot_be_written_is_logged_never_raised(prometheus, capl
     with caplog.at_level(logging.WARNING):
         events.parked_counts({("act", "lock"): 1})
         events.parked_counts({("act", "lock"): 2})
-    assert state.sink is not None and state.sink.failures == 2
+    assert events.sink is not None and events.sink.failures == 2
     assert "goes uncounted" in caplog.text
 
 

@@ -32,7 +32,7 @@ def setup(broker: Optional[dramatiq.Broker] = None, **overrides: Any) -> Any:
     """Set the suite up on ``broker`` (default: Dramatiq's global one, which ``django_dramatiq`` makes
     from ``DRAMATIQ_BROKER``) from the ``DRAMATIQ_UNIQUE`` setting, its suite settings updated with
     ``overrides``; returns the suite."""
-    from dramatiq_unique.api import setup as suite_setup
+    from dramatiq_unique import setup as suite_setup
     from dramatiq_unique.contrib.django.database import DjangoDatabase
 
     given = options()

@@ -1,32 +1,40 @@
-"""Tracked sends published by our own script, unique ones with their queue locks
-(dramatiq_unique.broker.publish), on the Redis broker with real Redis, SQLite and PostgreSQL."""
+"""Tracked sends published by the Redis broker's own enqueue, unique ones after their queue locks
+are written, on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
+
+import time
 
 import dramatiq
 import pytest
 import redis
+from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from dramatiq_unique import JobModel
+from dramatiq_unique import JobModel, send_many
+from dramatiq_unique.broker.publish import Publisher
+from tests.durable import RedisServer, running_worker
 from tests.helpers import queue_lock_of, queue_size, wait_until
+from tests.integration.unique.test_bulk import Runs
 
 
-def count_script_calls(suite, monkeypatch) -> list:
-    calls: list = []
-    script = suite.publisher.script
+def watch_publishes(suite, broker, redis_client, monkeypatch) -> list:
+    """Each publish through the broker's own enqueue: (queue, the send's queue lock as it stood then)."""
+    seen: list = []
+    dispatch = broker._dispatch("enqueue")
 
-    def counted(keys=(), args=()):
-        calls.append(list(keys))
-        return script(keys=keys, args=args)
+    def publish(queue_name, ref, body):
+        locks = [(key, redis_client.get(key)) for key in redis_client.scan_iter(match=f"redlock:{suite.keys.prefix}*")]
+        seen.append((queue_name, locks))
+        return dispatch(queue_name, ref, body)
 
-    monkeypatch.setattr(suite.publisher, "script", counted)
-    return calls
+    monkeypatch.setattr(broker, "do_enqueue", publish)
+    return seen
 
 
-def test_a_tracked_message_is_published_as_the_broker_would_and_runs(suite, broker, worker, monkeypatch):
-    """Given a tracked and an untracked actor, When both send, Then only the tracked message
-    goes through our script, and both are queued, fetched, run and acked like any message."""
+def test_a_tracked_message_is_published_by_the_broker_and_runs(suite, broker, worker, redis_client, monkeypatch):
+    """Given a tracked and an untracked actor, When both send, Then both go through the broker's own
+    enqueue, and are queued, fetched, run and acked like any message."""
     ran: list = []
 
     @dramatiq.actor(track=True)
@@ -37,47 +45,31 @@ def test_a_tracked_message_is_published_as_the_broker_would_and_runs(suite, brok
     def plain(x):
         ran.append(("plain", x))
 
-    calls = count_script_calls(suite, monkeypatch)
+    calls = watch_publishes(suite, broker, redis_client, monkeypatch)
 
     sent = tracked.send(1)
     plain.send(2)
     tracked.send_with_options(args=(3,), delay=50)  # to the delay queue, promoted when due
     wait_until(lambda: len(ran) == 3, timeout=10)
     assert sorted(ran) == [("plain", 2), ("tracked", 1), ("tracked", 3)]
-    assert len(calls) == 2 and calls[1][1].endswith(":default.DQ")
+    assert [queue for queue, _ in calls[:3]] == ["default", "default", "default.DQ"]  # then its promotion
     wait_until(lambda: dramatiq_unique.get_job(sent.message_id).status == "succeeded", timeout=10)
     # Acked after the outcome is recorded: nothing left of them in the broker.
     wait_until(lambda: sum(broker.client.hlen(f"{broker.namespace}:{q}.msgs") for q in ("default", "default.DQ")) == 0)
 
 
-def test_a_unique_send_writes_its_queue_lock_with_its_message(suite, broker, redis_client, monkeypatch):
+def test_a_unique_send_writes_its_queue_lock_before_its_message(suite, broker, redis_client, monkeypatch):
     @dramatiq.actor(unique_args=True, unique_lock="until_executing")
     def sync(account):
         pass
 
-    calls = count_script_calls(suite, monkeypatch)
+    calls = watch_publishes(suite, broker, redis_client, monkeypatch)
     sent = sync.send("acme")
-    assert len(calls) == 1 and calls[0][3].startswith("redlock:")
+    assert len(calls) == 1
+    [(key, token)] = calls[0][1]
+    assert token.decode() == sent.message_id, "the lock names the job when its message is published"
     assert queue_lock_of(suite, redis_client, sent.message_id).decode() == sent.message_id
-    assert 0 < redis_client.pttl(calls[0][3]) <= 60_000
-    assert queue_size(broker) == 1
-
-
-def test_when_the_broker_does_its_maintenance_it_publishes_after_the_lock_is_written(
-    suite, broker, redis_client, monkeypatch
-):
-    """Only Dramatiq's own script does the queue maintenance (1 enqueue in maintenance_chance
-    in a million): then the lock is written first, and the broker publishes."""
-    @dramatiq.actor(unique_args=True, unique_lock="until_executing")
-    def sync(account):
-        pass
-
-    calls = count_script_calls(suite, monkeypatch)
-    monkeypatch.setattr(broker, "_should_do_maintenance", lambda command: 1)
-
-    sent = sync.send("acme")
-    assert calls == []
-    assert queue_lock_of(suite, redis_client, sent.message_id).decode() == sent.message_id
+    assert 0 < redis_client.pttl(key) <= 60_000
     assert queue_size(broker) == 1
     assert sync.send("acme").message_id == sent.message_id
 
@@ -87,10 +79,10 @@ def test_a_failed_publish_leaves_no_row_and_no_lock(suite, broker, redis_client,
     def sync(account):
         pass
 
-    def down(keys=(), args=()):
+    def down(*args):
         raise redis.ConnectionError("Redis went away")
 
-    monkeypatch.setattr(suite.publisher, "script", down)
+    monkeypatch.setattr(broker, "do_enqueue", down)
     monkeypatch.setattr(suite.settings, "on_broker_down", "raise")
     with pytest.raises(redis.ConnectionError):
         sync.send("acme")
@@ -100,17 +92,16 @@ def test_a_failed_publish_leaves_no_row_and_no_lock(suite, broker, redis_client,
     monkeypatch.undo()
     assert dramatiq_unique.get_job(sync.send("acme").message_id).status == "queued"
 
-    # With "defer" (the default) the row waits pending for the re-drive; the lock went with the publish.
-    monkeypatch.setattr(suite.publisher, "script", down)
+    # With "defer" (the default) the row waits pending for the re-drive, its lock naming it.
+    monkeypatch.setattr(broker, "do_enqueue", down)
     kept = sync.send("other")
     assert dramatiq_unique.get_job(kept.message_id).status == "pending" and queue_size(broker) == 1
-    assert redis_client.get(f"redlock:{suite.keys.queue_lock(dramatiq_unique.get_job(kept.message_id).unique_key)}") \
-        is None
+    assert queue_lock_of(suite, redis_client, kept.message_id).decode() == kept.message_id
+    assert sync.send("other").message_id == kept.message_id, "a duplicate meanwhile is the pending job"
 
 
 def test_locks_on_another_redis_are_written_before_the_broker_publishes(broker, database_url, key_prefix):
-    """Given locks on another Redis database than the broker's, the lock cannot go with the
-    publish: it is written on its own, and the tracked message still goes through our script."""
+    """Given locks on another Redis database than the broker's, the lock is written there."""
     suite = dramatiq_unique.setup(
         broker, database=database_url, redis="redis://127.0.0.1:6379/1", key_prefix=key_prefix, redriver=False
     )
@@ -121,7 +112,6 @@ def test_locks_on_another_redis_are_written_before_the_broker_publishes(broker, 
         def sync(account):
             pass
 
-        assert suite.publisher is not None and not suite.publisher.locks
         sent = sync.send("acme")
         job = dramatiq_unique.get_job(sent.message_id)
         assert other.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}").decode() == sent.message_id
@@ -131,3 +121,81 @@ def test_locks_on_another_redis_are_written_before_the_broker_publishes(broker, 
             other.delete(key)
         other.close()
         suite.db.close()
+
+
+@pytest.fixture
+def own_redis(database_url, key_prefix):
+    """One redis-server of the test's own for the broker and the suite's locks (the usual set-up), and
+    a unique actor on it counting its runs: ``(server, broker, actor, runs)``."""
+    server = RedisServer().start()
+    broker = RedisBroker(url=server.url, namespace=f"{key_prefix}-kill")
+    dramatiq.set_broker(broker)
+    suite = dramatiq_unique.setup(broker, database=database_url, redis=server.url, key_prefix=key_prefix,
+                                  redriver=False)
+    runs = Runs()
+
+    @dramatiq.actor(unique_args=["key"], max_retries=0)
+    def sync(key):
+        runs.add(key)
+
+    yield server, broker, sync, runs
+    broker.close()
+    server.stop()
+    suite.db.close()
+
+
+def redrive_and_run(broker, runs: Runs, expected: int) -> None:
+    assert dramatiq_unique.redrive().errors == 0
+    with running_worker(broker, threads=4):
+        wait_until(lambda: JobModel.select().where(JobModel.status == "succeeded").count() == expected, timeout=30)
+        time.sleep(0.3)  # a second delivery, if any, is fetched and dropped meanwhile
+    assert len(runs.counts) == expected and set(runs.counts.values()) == {1}, runs.counts
+
+
+def test_the_brokers_server_killed_between_the_queue_lock_and_the_publish(own_redis):
+    """Given one Redis for the broker and the locks, When it dies after a unique send took its lock and
+    before the publish, Then the send returns, its row waits pending, a duplicate meanwhile resolves to
+    it, and once the server is back (empty) the re-drive publishes it and it runs once."""
+    server, broker, sync, runs = own_redis
+    dispatch = broker._dispatch("enqueue")
+
+    def killed(*args):
+        server.stop()
+        return dispatch(*args)
+
+    broker.do_enqueue = killed
+    sent = sync.send("k")
+    del broker.do_enqueue
+    assert dramatiq_unique.get_job(sent.message_id).status == "pending"
+    assert sync.send("k").message_id == sent.message_id, "the database decides while Redis is down"
+    server.start()
+    redrive_and_run(broker, runs, 1)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["send", "send_many"])
+def test_a_publish_whose_reply_was_lost_runs_once(own_redis, monkeypatch, many):
+    """Given publishes that reached the broker but whose reply was lost (the connection broke), Then
+    each row is kept pending and re-driven: its job is delivered twice, and runs once."""
+    _, broker, sync, runs = own_redis
+    if many:
+        real = Publisher.publish_many
+
+        def lost(self, entries):
+            real(self, entries)
+            raise redis.ConnectionError("the reply was lost")
+
+        monkeypatch.setattr(Publisher, "publish_many", lost)
+    else:
+        dispatch = broker._dispatch("enqueue")
+
+        def lost(*args):  # type: ignore[misc]
+            dispatch(*args)
+            raise redis.ConnectionError("the reply was lost")
+
+        monkeypatch.setattr(broker, "do_enqueue", lost, raising=False)
+    sent = send_many(sync, [("a",), ("b",)]) if many else [sync.send("a"), sync.send("b")]
+    monkeypatch.undo()
+    assert {dramatiq_unique.get_job(m.message_id).status for m in sent} == {"pending"}
+    # In the broker all the same (a second single send is kept pending without trying: deferral.py).
+    assert queue_size(broker) == (2 if many else 1)
+    redrive_and_run(broker, runs, 2)

@@ -17,7 +17,7 @@ from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import bulk_actions
 from dramatiq_unique.durable.bulk_actions import Selection
-from dramatiq_unique.durable.claims import RETRY_BASE
+from dramatiq_unique.durable.messages import RETRY_BASE
 from dramatiq_unique.storage.models import utcnow
 from tests.durable import passes, running_worker
 from tests.helpers import job_of, queue_lock_of, wait_until

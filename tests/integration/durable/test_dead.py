@@ -16,7 +16,7 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique import DuplicateJob, JobModel, JobNotFound, JobStateError, checkpoint
-from dramatiq_unique.durable.claims import build_message
+from dramatiq_unique.durable.messages import build_message
 from tests.durable import broker_messages, passes, running_worker, total, wipe_broker
 from tests.helpers import LOST_AFTER, job_of, queue_lock_of, queue_size, wait_until
 

@@ -1,4 +1,4 @@
-"""A committed transaction's sends claimed and published in batches (dramatiq_unique.durable.outbox_batch),
+"""A committed transaction's sends claimed and published in batches (dramatiq_unique.durable.outbox),
 on the shared Redis with SQLite and PostgreSQL; a broker outage on a throwaway redis-server."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, transaction
-from dramatiq_unique.durable import outbox_batch
+from dramatiq_unique.durable import outbox
 from tests.conftest import REDIS_URL
 from tests.durable import RedisServer, broker_messages, running_worker
 from tests.helpers import job_of, wait_until
@@ -21,13 +21,13 @@ from tests.helpers import job_of, wait_until
 def batches(monkeypatch) -> list[int]:
     """The sizes of the batches claimed and published."""
     sizes: list[int] = []
-    original = outbox_batch.claim_and_publish
+    original = outbox.claim_and_publish
 
     def spy(suite, model, held):
         sizes.append(len(held))
         return original(suite, model, held)
 
-    monkeypatch.setattr(outbox_batch, "claim_and_publish", spy)
+    monkeypatch.setattr(outbox, "claim_and_publish", spy)
     return sizes
 
 
@@ -66,14 +66,14 @@ def test_delayed_and_untracked_sends_still_go_one_by_one(suite, broker, charge, 
 
 
 def test_a_row_the_redrive_claimed_first_is_not_sent_again(suite, broker, charge, monkeypatch):
-    original = outbox_batch.claim_and_publish
+    original = outbox.claim_and_publish
     sent = []
 
     def after_a_redrive(suite_, model, held):
         sent.append(dramatiq_unique.redrive().sent)  # a pass between the commit and this publish
         return original(suite_, model, held)
 
-    monkeypatch.setattr(outbox_batch, "claim_and_publish", after_a_redrive)
+    monkeypatch.setattr(outbox, "claim_and_publish", after_a_redrive)
     with transaction():
         messages = [charge.send(n) for n in range(3)]
     assert sent == [3]

@@ -15,7 +15,7 @@ from playhouse import db_url
 
 import dramatiq_unique
 from dramatiq_unique import transaction
-from dramatiq_unique.durable import outbox_batch
+from dramatiq_unique.durable import outbox
 from tests.conftest import REDIS_URL
 from tests.durable import RedisServer, broker_messages, running_worker
 from tests.helpers import job_of, wait_until
@@ -98,13 +98,13 @@ def test_an_untracked_send_in_a_rolled_back_savepoint_is_never_published(suite, 
 def test_a_tracked_send_in_a_rolled_back_savepoint_is_forgotten_at_once(suite, broker, charge, roll_back, monkeypatch):
     """Its row is gone with the savepoint, and so is its held send: the commit claims only the others."""
     claimed: list[int] = []
-    original = outbox_batch.claim_and_publish
+    original = outbox.claim_and_publish
 
     def spy(suite, model, held):
         claimed.append(len(held))
         return original(suite, model, held)
 
-    monkeypatch.setattr(outbox_batch, "claim_and_publish", spy)
+    monkeypatch.setattr(outbox, "claim_and_publish", spy)
     with transaction():
         kept = charge.send("kept")
         roll_back(suite.db, lambda: [charge.send(f"undone {n}") for n in range(3)])

@@ -1,4 +1,4 @@
-"""The re-drive sets right a row in a combination of columns that no state allows (durable/repair.py).
+"""The re-drive sets right a row in a combination of columns that no state allows (durable/redrive.py).
 
 No path of the suite is known to leave one; each is written here by hand, as an unknown path
 would leave it, with the job's message gone from the broker.  Without the repair, no waker and
@@ -39,7 +39,7 @@ def test_a_row_in_a_state_with_no_way_out_is_repaired_and_its_job_runs(fast, bro
         dramatiq_unique.redrive(broker)
         return any(m["message_id"] == message.message_id for m in broker_messages(broker))
 
-    with caplog.at_level(logging.ERROR, logger="dramatiq_unique.durable.repair"):
+    with caplog.at_level(logging.ERROR, logger="dramatiq_unique.durable.redrive"):
         wait_until(sent_again, timeout=15, interval=0.15, what="the re-drive to send the job again")
     assert any("a state nothing takes it out of" in r.getMessage() and message.message_id in r.getMessage()
                for r in caplog.records), "the repair is logged as an error"
@@ -56,7 +56,7 @@ def test_a_row_whose_state_has_its_way_out_is_left_alone(fast, broker, charge, c
         JobModel.message_id == messages[0].message_id).execute()
     JobModel.update(status="running", lease_until=utcnow(), attempts=1).where(
         JobModel.message_id == messages[1].message_id).execute()
-    with caplog.at_level(logging.ERROR, logger="dramatiq_unique.durable.repair"):
+    with caplog.at_level(logging.ERROR, logger="dramatiq_unique.durable.redrive"):
         counts = dramatiq_unique.redrive(broker)
     assert counts.repaired == 0 and not caplog.records
     assert counts.woken == 1, "the parked row's group has no holder: woken, the way out of its state"

@@ -1,4 +1,4 @@
-"""The re-drive on a timer (dramatiq_unique.durable.scheduler), in workers (Redriver) and as its own process."""
+"""The re-drive on a timer (dramatiq_unique.durable.redrive), in workers (Redriver) and as its own process."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -93,12 +94,26 @@ def test_database_down_and_schema_out_of_date(database_url, monkeypatch, capsys)
     assert "parked" in out  # not checked without the app: said so
 
 
-def test_probe_over_http(suite, broker):
-    """The probe answers 200 with the report while nothing is critical, 503 when something is."""
+def test_probe_over_http(suite, broker, monkeypatch):
+    """`check --probe-port` answers 200 with the report while nothing is critical, 503 when something is,
+    until interrupted."""
     target = of_suite(suite)
-    server = probe.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0)
-    commands.serve_in_thread(server)
-    url = f"http://127.0.0.1:{server.server_address[1]}/health"
+    servers, said, serve = [], [], probe.serve
+
+    def uncached(*args, **options):
+        servers.append(serve(*args, **options, cache_ms=0))
+        return servers[0]
+
+    monkeypatch.setattr(probe, "serve", uncached)
+    done = []
+    thread = threading.Thread(target=lambda: done.append(commands.check(
+        target, lambda data, text: None, probe_port=0, probe_host="127.0.0.1", say=said.append)), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert said and said[0].startswith("health probe on http://127.0.0.1:")
+    url = f"http://127.0.0.1:{servers[0].server_address[1]}/health"
     try:
         with urllib.request.urlopen(url, timeout=10) as answer:
             assert answer.status == 200
@@ -109,8 +124,9 @@ def test_probe_over_http(suite, broker):
         assert failed.value.code == 503
         assert json.loads(failed.value.read())["code"] == checks.CRITICAL
     finally:
-        server.shutdown()
-        server.server_close()
+        servers[0].shutdown()  # as an interrupt ends serve_forever()
+        thread.join(10)
+    assert done == [0]
 
 
 def _get(url):
@@ -131,7 +147,7 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
     bodies = {}
     for details in (False, True):
         server = probe.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0, details=details)
-        commands.serve_in_thread(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
             code, headers, body = _get(f"http://127.0.0.1:{server.server_address[1]}/")
         finally:

@@ -8,8 +8,8 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable.claims import RETRY_BASE, retries_so_far
 from dramatiq_unique.durable.dead import check_limit, since_of
+from dramatiq_unique.durable.messages import RETRY_BASE, retries_so_far
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus
 
 

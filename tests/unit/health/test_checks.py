@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 import urllib.request
 
 import pytest
 import redis
 
-from dramatiq_unique.health import checks, commands, probe
+from dramatiq_unique.health import checks, probe
 from dramatiq_unique.health.target import Target, from_environment
 from dramatiq_unique.redis.keys import RedisKeys
 
@@ -50,7 +51,7 @@ def test_no_environment_no_target():
 @pytest.mark.parametrize("severity, code", [(checks.OK, 200), (checks.WARNING, 200), (checks.CRITICAL, 503)])
 def test_the_probe_answers(severity, code):
     server = probe.serve(lambda: checks.Report([checks.Finding("x", severity, "d")]), 0, host="127.0.0.1")
-    commands.serve_in_thread(server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/"
         try:
@@ -69,7 +70,7 @@ def test_a_failing_check_answers_503():
         raise RuntimeError("boom")
 
     server = probe.serve(broken, 0, host="127.0.0.1")
-    commands.serve_in_thread(server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with pytest.raises(urllib.error.HTTPError) as failed:
             urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=5)

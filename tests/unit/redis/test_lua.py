@@ -17,9 +17,7 @@ import pytest
 import redis
 
 import dramatiq_unique
-from dramatiq_unique.broker.acks import Acks
 from dramatiq_unique.broker.delivery import Delivery
-from dramatiq_unique.broker.publish import Publisher
 from dramatiq_unique.locks import masters
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.parking.flags import Flags
@@ -45,7 +43,7 @@ def header(text: str) -> str:
 
 
 def test_the_scripts_are_there():
-    assert len(SCRIPTS) == 21
+    assert len(SCRIPTS) == 19
     assert FRAGMENTS == ["_slot_prelude", "_wakeup_flag"]
 
 
@@ -111,8 +109,6 @@ def test_every_script_the_package_registers_comes_from_a_lua_file(monkeypatch):
     Flags(client, "prefix:wakeups")
     SlotGate(SimpleNamespace(redis=client), "prefix:wakeups")  # type: ignore[arg-type]
     broker = SimpleNamespace(client=client, namespace="dramatiq", broker_id="b")
-    Acks(broker, lambda *args: None)
-    Publisher(broker, SimpleNamespace(locks=SimpleNamespace(single=False)), lambda *args: None)  # type: ignore[arg-type]
     delivery = Delivery(lambda: broker)
     plan = SimpleNamespace(broker=broker, keys=["k1", "k2"], args=["id", "body"], complete=lambda: None)
     monkeypatch.setattr(delivery, "plan", lambda message, ref=None: plan)

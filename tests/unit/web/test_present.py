@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from dramatiq_unique.ops.views import Attempt, JobView
-from dramatiq_unique.web import chart, data, present
+from dramatiq_unique.web import present
 
 T0 = datetime(2026, 11, 24, 22, 0, 0)
 
@@ -26,11 +26,11 @@ def test_values_are_cut_to_a_line_and_times_read_well():
 
 
 def test_the_chart_lays_one_bar_per_minute_scaled_to_the_peak():
-    drawn = chart.bars([0, 5, 10], end=T0)
+    drawn = present.bars([0, 5, 10], end=T0)
     assert drawn.peak == 10 and drawn.total == 15 and len(drawn.bars) == 3
-    assert drawn.bars[0].height == 0 and drawn.bars[2].height == chart.HEIGHT - 14
+    assert drawn.bars[0].height == 0 and drawn.bars[2].height == present.HEIGHT - 14
     assert drawn.bars[1].label == "21:58: 5 jobs"
-    assert chart.bars([]).bars == [] and chart.bars([0, 0]).peak == 0
+    assert present.bars([]).bars == [] and present.bars([0, 0]).peak == 0
 
 
 def _job(history, created=T0, finished=None) -> JobView:
@@ -46,10 +46,10 @@ def test_the_timeline_puts_attempts_on_one_axis():
         Attempt(2, (T0 + timedelta(seconds=3)).isoformat(), (T0 + timedelta(seconds=4)).isoformat(), "succeeded",
                 None, "w"),
     ]
-    spans = data.timeline(_job(history, finished=T0 + timedelta(seconds=4)))
+    spans = present.timeline(_job(history, finished=T0 + timedelta(seconds=4)))
     assert [(s.x, s.width, s.css) for s in spans] == [
         (0.0, 150.0, "a-wait"), (150.0, 150.0, "a-failed"), (300.0, 150.0, "a-wait"), (450.0, 150.0, "a-succeeded")]
-    assert data.timeline(_job([Attempt(1, None, None, None, None, None)])) == []
-    running = data.timeline(_job([Attempt(1, T0, None, "running", None, "w")]), now=T0 + timedelta(seconds=1))
-    assert [(s.width, s.css) for s in running] == [(data.TIMELINE_WIDTH, "a-running")]
+    assert present.timeline(_job([Attempt(1, None, None, None, None, None)])) == []
+    running = present.timeline(_job([Attempt(1, T0, None, "running", None, "w")]), now=T0 + timedelta(seconds=1))
+    assert [(s.width, s.css) for s in running] == [(present.TIMELINE_WIDTH, "a-running")]
     assert present.first_line("RuntimeError: x\nTraceback ...") == "RuntimeError: x" and present.first_line(None) == ""
