@@ -163,3 +163,19 @@ def test_two_racing_requests_make_one_job(sa_suite, engine, broker):
     assert results["a"] == results["b"]
     assert JobModel.select().where((JobModel.actor_name == "invoice") & (JobModel.app == sa_suite.app)).count() == 1
     assert published(broker) == {results["a"]}
+
+
+def test_a_sessionmakers_begin_is_followed_too(sa_suite, engine, broker, charge):
+    from sqlalchemy.orm import sessionmaker
+
+    session_local = sessionmaker(engine)
+    with pytest.raises(RuntimeError), session_local.begin() as session:
+        session.add(Order(name="sm-rolled"))
+        rolled = charge.send("sm-rolled")
+        raise RuntimeError
+    with session_local.begin() as session:
+        session.add(Order(name="sm"))
+        message = charge.send("sm")
+        assert published(broker) == set()
+    assert published(broker) == {message.message_id}
+    assert dramatiq_unique.get_job(rolled.message_id) is None
