@@ -69,7 +69,9 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     Declare actors after this call: Dramatiq checks actor options against
     the middlewares present when an actor is declared.  Returns the
     :class:`Suite`; the last call's suite is the one module-level
-    functions such as :func:`get_job` use.
+    functions such as :func:`get_job` use.  ``database`` may also be a
+    sync SQLAlchemy ``Engine`` on PostgreSQL: sends inside its sessions'
+    ``session.begin()`` then commit with them (docs: SQLAlchemy how-to).
 
     Checks its services once: the database (connecting, creating the
     tables) and each Redis server, the broker's too, raising
