@@ -39,7 +39,7 @@ from dramatiq_unique.leases import heartbeat
 from dramatiq_unique.logs import RedactPasswords, ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
 from dramatiq_unique.observe import enable_metrics
-from dramatiq_unique.redis.checks import check_redis
+from dramatiq_unique.redis.servers import check_redis
 from dramatiq_unique.redis.servers import client_from_url as redis_client
 from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, set_concurrency_limit
 from dramatiq_unique.storage.models import JobModel, JobStatus

@@ -1,15 +1,5 @@
-"""Multi-step jobs whose finished steps a retry does not redo.
-
-Each step's result is stored on the job row (``checkpoints``, in step
-order) in one write fenced by the attempt's ``fencing_token``: a worker
-whose lease ran out and whose job was started again cannot record a step.
-
-What this does not do: if the worker dies after a step's side effect and
-before the write, the retry runs the step again.  Make the side effect
-idempotent downstream by passing :func:`step_key` as the provider's
-idempotency key (Stripe's ``Idempotency-Key``, a unique constraint in
-your own table...): it is the same on every attempt of the job.
-"""
+"""Multi-step jobs whose finished steps a retry does not redo: each step's result is stored on the job
+row in one write fenced by the attempt's token (docs/howto/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -18,6 +8,7 @@ from typing import Any, Callable, TypeVar
 
 from dramatiq_unique.context import JobContext, require
 from dramatiq_unique.errors import LockLost, NotSerializable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import dumps
@@ -34,7 +25,7 @@ def step_key(name: str) -> str:
 def _check_fence(ctx: JobContext) -> None:
     job = ctx.job
     model = type(job)
-    with jobs.db_errors(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
+    with guarded(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
         token = model.select(model.fencing_token).where(model.id == job.id).scalar()  # type: ignore[union-attr]
     if token != job.fencing_token:  # type: ignore[union-attr]
         raise events.lock_lost(job, LockLost(f"job {job.message_id} was started again by a newer attempt"))  # type: ignore[union-attr]
@@ -62,7 +53,7 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     except (TypeError, ValueError) as e:
         raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
     done[name] = stored
-    with jobs.db_errors(f"recording step {name!r} of job {job.message_id}"):
+    with guarded(f"recording step {name!r} of job {job.message_id}"):
         recorded = jobs.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
     if not recorded:
         events.fenced_out(job, "checkpoint")

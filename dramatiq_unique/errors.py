@@ -1,11 +1,5 @@
-"""The suite's exceptions.
-
-Every error derives from :class:`DramatiqUniqueError`, which is a
-:class:`dramatiq.middleware.MiddlewareError`: Dramatiq re-raises only
-``MiddlewareError`` from ``before_*`` hooks and merely logs anything
-else, which would let a send or a job go on unprotected.  Each error's
-docstring is its message.
-"""
+"""The suite's exceptions: each a ``MiddlewareError`` (the only kind Dramatiq re-raises from ``before_*``
+hooks), whose docstring is its message."""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
 """One guard for every ``before_*`` hook: no error lets a send or a job go on unprotected.
 
-Dramatiq stops a send or a job only for a :class:`~dramatiq.middleware.MiddlewareError`
-raised in a ``before_*`` hook; it logs anything else and goes on, so a job would be
-published or run with no row and no lock.  :func:`hook` wraps each of the suite's
-``before_enqueue`` and ``before_process_message`` (and :func:`guarded` the enqueue
-wrapper's own steps), turning every other error into a :class:`DramatiqUniqueError`
-that keeps the original as ``__cause__``:
-
-- ``MiddlewareError`` (``SkipMessage``, which parks and skips, and our own errors) passes untouched;
-  a ``SkipMessage`` marks the message as skipped by the suite itself (:func:`own_skip`);
-- peewee's operational and interface errors become :class:`DatabaseUnavailable`, and
-  Redis connection errors and timeouts :class:`RedisUnavailable`: Retries tries again later;
-- peewee's ``DataError`` (a value too long for its column...) becomes :class:`JobRejected`;
-- anything else becomes :class:`HookFailed`, naming the hook, the job, and the error's type and message.
-
-On a send the caller gets the error and nothing is published; on a delivery the actor
-does not run and ``Retries`` decides, as for any failed job.
+Dramatiq stops a send or a job only for a ``MiddlewareError`` raised in a ``before_*`` hook, and merely
+logs anything else.  :func:`hook` and :func:`guarded` turn every other error into one of the suite's
+(:func:`translate`), keeping the original as ``__cause__``: Retries then decides, as for any failed job.
 """
 
 from __future__ import annotations
@@ -28,10 +15,10 @@ import redis
 from dramatiq.middleware import MiddlewareError, SkipMessage
 
 from dramatiq_unique.errors import DatabaseUnavailable, HookFailed, JobRejected, RedisUnavailable
+from dramatiq_unique.storage.database import DB_ERRORS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
 _REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 # Set on a message proxy whose SkipMessage one of the suite's own hooks raised.
 _OWN_SKIP = "_dramatiq_unique_own_skip"
@@ -48,7 +35,7 @@ def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
     if isinstance(error, MiddlewareError):
         return None
     detail = f"{where}: {type(error).__name__}: {error}"
-    if isinstance(error, _DB_ERRORS):
+    if isinstance(error, DB_ERRORS):
         return DatabaseUnavailable(detail)
     if isinstance(error, pw.DataError):
         return JobRejected(detail)

@@ -1,14 +1,6 @@
-"""Idempotency keys: :func:`submit` returns the same job for the same key.
-
-The key is held in the job row's ``idempotency_hold`` column, under a
-unique index on ``(app, idempotency_hold)``, so concurrent submits with
-one key create exactly one job on SQLite and PostgreSQL alike, and two
-apps that share the database never see each other's keys.  A key is
-scoped to ``(app, actor, owner)``
-and lives for the idempotency window (setting ``idempotency_window``,
-or the actor option of the same name); after it, the key may make a new
-job.
-"""
+"""Idempotency keys: :func:`submit` returns the same job for the same key, held in the row's
+``idempotency_hold`` under a unique index on ``(app, idempotency_hold)``, scoped to ``(app, actor, owner)``
+for the idempotency window."""
 
 from __future__ import annotations
 
@@ -21,6 +13,7 @@ from dramatiq_unique.context import job_model
 from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.options import MAX_KEY_LENGTH, check_delay, show
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, after_ms
@@ -67,7 +60,7 @@ def submit(
             raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
         hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
         suite.stores.check_primary(f"an idempotent send of {actor.actor_name}")  # keys live in the primary
-        with jobs.db_errors(f"looking up idempotency key {idempotency_key!r}"):
+        with guarded(f"looking up idempotency key {idempotency_key!r}"):
             existing = _holder(model, config.app, hold)
         if existing is not None:
             window = config.get({}, "idempotency_window", suite.settings.idempotency_window)

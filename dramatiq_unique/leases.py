@@ -31,13 +31,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import peewee as pw
 from dramatiq.asyncio import async_to_sync
 
 from dramatiq_unique import context
 from dramatiq_unique import options as opt
 from dramatiq_unique.errors import DatabaseUnavailable, LockLost
 from dramatiq_unique.observe import events
+from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.storage.models import after_ms
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def _renew_row(ctx: "JobContext") -> float:
             .where((model.id == job.id) & (model.fencing_token == job.fencing_token))
             .execute()
         )
-    except (pw.OperationalError, pw.InterfaceError) as e:
+    except DB_ERRORS as e:
         raise DatabaseUnavailable(f"renewing the lease of job {job.message_id}: {e}") from e
     if not renewed:
         events.fenced_out(job, "lease")

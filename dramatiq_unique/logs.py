@@ -1,11 +1,5 @@
-"""The log lines of Dramatiq and APScheduler that the suite silences, and why; and no password in its own.
-
-Each filter drops records that say something the suite already handles
-by design, so that what is left in the logs is worth reading.  They are
-installed once per logger, by whoever first needs them.  :class:`RedactPasswords`
-drops nothing: it writes a password that reached one of the suite's own log
-lines (a driver's error quoting a connection string) as ``***``.
-"""
+"""The log lines of Dramatiq and APScheduler that the suite silences (each says something the suite
+handles by design), and :class:`RedactPasswords`, which writes a password in its own lines as ``***``."""
 
 from __future__ import annotations
 

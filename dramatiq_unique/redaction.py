@@ -1,23 +1,6 @@
-"""Passwords out of messages: :func:`redact`.
-
-A URL, a libpq key/value string or a settings dict may reach a message (an
-error naming a bad setting, a store that does not answer, a finding of the
-health check) and from there a log, a terminal, a dashboard page or a probe's
-answer.  Every such text passes :func:`redact` first (the suite's errors do so
-when they are made, see :mod:`dramatiq_unique.errors`), which writes ``***``
-for:
-
-* the password of a URL's user info (``postgresql://app:***@db/jobs``,
-  ``redis://:***@cache:6379/0``, ``rediss://user:***@...``);
-* a ``password=`` (``sslpassword=``, ``passwd=``...) key/value pair, as libpq
-  strings and URL queries write it (``host=db password=*** dbname=jobs``,
-  ``?password=***&sslmode=require``), quoted values included;
-* the same key in a dict's repr (``{'password': '***'}``).
-
-It is a safety net for text the suite did not build itself; what it builds
-names a database without its password from the start (``storage/database.py``
-``describe`` and ``address``, ``redis/checks.py`` ``address``).
-"""
+"""Passwords out of messages: :func:`redact` writes ``***`` for a URL's password, a ``password=`` (and
+the like) key/value pair, and such a key in a dict's repr.  A safety net for text the suite did not
+build itself: what it builds names a database without its password from the start."""
 
 from __future__ import annotations
 

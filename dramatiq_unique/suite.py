@@ -19,11 +19,11 @@ from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
-from dramatiq_unique.storage import poolers, queries
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage import stores as _stores
+from dramatiq_unique.storage.database import DB_ERRORS, configure_pooler, describe, open_database
 from dramatiq_unique.storage.database import check as check_database
-from dramatiq_unique.storage.database import describe
-from dramatiq_unique.storage.models import JobModel, base_field_names, open_database
+from dramatiq_unique.storage.models import JobModel, base_field_names
 
 if TYPE_CHECKING:
     import dramatiq
@@ -80,7 +80,7 @@ class Settings:
     #: Whether the hot statements (send, start, outcome, parking moves) are prepared once per PostgreSQL
     #: connection (psycopg2: :mod:`dramatiq_unique.storage.queries`; psycopg 3: its ``prepare_threshold``);
     #: None: prepared unless the database is behind a pooler in transaction mode, where True is refused
-    #: (:mod:`dramatiq_unique.storage.poolers`).
+    #: (:func:`dramatiq_unique.storage.database.configure_pooler`).
     prepared_statements: Optional[bool] = None
     #: ms a new PostgreSQL connection may take (libpq's ``connect_timeout``, in whole seconds, at least 2):
     #: bounds a server that takes the connection but never answers.
@@ -195,8 +195,8 @@ class Suite:
         #: The primary store's Database.
         self.db = databases[0]
         self._check_stores()  # fail fast, naming the server
-        for db in databases:  # not behind a pooler in transaction mode (storage/poolers.py)
-            queries.enable(db, prepare and not poolers.configure(db, self.settings.prepared_statements))
+        for db in databases:  # not behind a pooler in transaction mode (storage/database.py)
+            queries.enable(db, prepare and not configure_pooler(db, self.settings.prepared_statements))
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
@@ -253,7 +253,7 @@ class Suite:
                         continue
                     try:
                         self.stores.ensure(model, index)
-                    except (pw.OperationalError, pw.InterfaceError) as e:
+                    except DB_ERRORS as e:
                         where = describe(self.stores.databases[index])
                         if not self.stores.several:
                             raise DatabaseUnavailable(f"creating {model._meta.table_name} in {where}: {e}") from e

@@ -129,7 +129,8 @@ def from_env(env: dict[str, str]) -> "Suite":
                     f"jobs without it")
     import peewee as pw
 
-    from dramatiq_unique.storage.models import JobModel, open_database
+    from dramatiq_unique.storage.database import open_database
+    from dramatiq_unique.storage.models import JobModel
 
     if database.startswith("sqlite:///") and not os.path.exists(database[len("sqlite:///"):].split("?")[0]):
         raise Refused(f"{DATABASE_ENV} names no existing SQLite file: {database}")

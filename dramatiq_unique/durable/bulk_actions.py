@@ -25,9 +25,10 @@ from dramatiq_unique.durable.dead import cancel_fields
 from dramatiq_unique.durable.messages import RETRY_BASE
 from dramatiq_unique.durable.redrive import claim_fields
 from dramatiq_unique.durable.scope import NO_APP, Scope
-from dramatiq_unique.redis import batch, lua
+from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
-from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, is_postgres, utcnow
+from dramatiq_unique.storage.database import is_postgres
+from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -274,7 +275,7 @@ def release_all(suite: "Suite", locks: list[tuple[str, str]]) -> None:
         script = lua.register(client, "lock_release")
         try:
             for start in range(0, len(calls), RELEASE_BATCH):
-                batch.run_all(script, calls[start:start + RELEASE_BATCH])
+                scripts.run_all(script, calls[start:start + RELEASE_BATCH])
         except (redis.RedisError, OSError) as e:
             logger.warning("Could not release the queue locks of %d cancelled jobs on a Redis master (%s); "
                            "they expire by themselves.", len(calls), e)

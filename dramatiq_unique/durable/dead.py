@@ -23,6 +23,7 @@ from dramatiq_unique.durable.messages import RETRY_BASE, build_message
 from dramatiq_unique.durable.redrive import claim_fields, sending_fields
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import DuplicateJob, JobStateError, RedisUnavailable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks import queue
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
@@ -137,7 +138,7 @@ def retry_job(
                                  parked_on=None, fencing_token=job.fencing_token + 1)
     if key is not None:
         extra["unique_hold"] = key
-    with jobs.db_errors(f"retrying job {job.message_id}"):
+    with guarded(f"retrying job {job.message_id}"):
         row = _claim(table, job, extra, key, recent.window(config, opts, lock) if key is not None else None)
         if key is not None:
             try:
@@ -212,7 +213,7 @@ def cancel_job(
         raise JobStateError(f"{named(job)} is {job.status}: only a waiting job can be cancelled", job=job)
     table = type(job)
     cond = (table.id == job.id) & (table.revision == job.revision) & (table.status == job.status)
-    with jobs.db_errors(f"cancelling job {job.message_id}"):
+    with guarded(f"cancelling job {job.message_id}"):
         if not table.update(cancel_fields(table)).where(cond).execute():
             raise _changed(job, "while it was cancelled")
         logger.info("Job %s (%s) cancelled while %s.", job.message_id, job.actor_name, job.status)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import AmbiguousJobId, DatabaseUnavailable, JobNotFound
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel
 from dramatiq_unique.storage.stores import base_of, unreachable
@@ -41,7 +42,7 @@ def each_store(
             down.append(DatabaseUnavailable(f"{what}: {stores.name(index)} is down"))
             continue
         try:
-            with jobs.db_errors(f"{what} in {stores.name(index)}" if stores.several else what):
+            with guarded(f"{what} in {stores.name(index)}" if stores.several else what):
                 for model in suite.models if stores.several else ():
                     stores.ensure(model, index)  # a store down at set-up gets its tables now
                 answers.append(read(index, [stores.model_in(model, index) for model in suite.models]))

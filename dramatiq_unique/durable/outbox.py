@@ -26,8 +26,8 @@ from dramatiq_unique.durable import deferral
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
 from dramatiq_unique.storage import jobs, queries, savepoints
-from dramatiq_unique.storage.database import is_psycopg3
-from dramatiq_unique.storage.models import JobStatus, is_postgres, utcnow
+from dramatiq_unique.storage.database import is_postgres, is_psycopg3
+from dramatiq_unique.storage.models import JobStatus, utcnow
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message

@@ -34,14 +34,16 @@ from dramatiq_unique.durable import deferral
 from dramatiq_unique.durable.messages import build_message, retries_so_far
 from dramatiq_unique.durable.scope import Scope
 from dramatiq_unique.errors import DatabaseUnavailable, DependencyUnavailable, InvalidOption, RedisUnavailable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks import queue
 from dramatiq_unique.logs import QuietTicks
 from dramatiq_unique.observe import events, metrics_on
 from dramatiq_unique.parking import lot, rows
 from dramatiq_unique.slots import overrides
-from dramatiq_unique.storage import history, jobs, models
+from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage.database import DB_ERRORS, is_postgres
 from dramatiq_unique.storage.models import FINISHED, MAX_ERROR_LENGTH, WAITING, JobModel, JobStatus, after_ms, utcnow
-from dramatiq_unique.storage.stores import CONNECTION_ERRORS, unreachable
+from dramatiq_unique.storage.stores import unreachable
 
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
@@ -131,11 +133,11 @@ def run_pass(
     suite: "Suite", broker: dramatiq.Broker, *, lock_token: Optional[str] = None, scope: Optional[Scope] = None
 ) -> RedriveCounts:
     """One pass, without taking the pass lock (``redrive()`` takes it)."""
-    try:
-        with jobs.db_errors("re-drive pass"):
+    with guarded("re-drive pass"):
+        try:
             counts = _Pass(suite, broker, lock_token, scope or Scope(suite, broker)).run()
-    except redis.RedisError as e:
-        raise RedisUnavailable(f"re-drive pass: {e}") from e
+        except redis.RedisError as e:
+            raise RedisUnavailable(f"re-drive pass: {e}") from e
     try:  # when the app's last pass ended, for the check command: a Redis key, not a row written every pass
         suite.redis.set(suite.keys.last_pass(), int(time.time() * 1000))
     except redis.RedisError as e:
@@ -206,7 +208,7 @@ def claim_page(model: type[JobModel], cond: Any, page: int) -> list[JobModel]:
     with db.atomic():
         # process_after alone: the index gives that order, so LIMIT stops early (no sort of the backlog).
         query: pw.Select = model.select(model.id).where(cond).order_by(model.process_after).limit(page)
-        if models.is_postgres(db):
+        if is_postgres(db):
             query = query.for_update(skip_locked=True)
         ids = [row_id for (row_id,) in query.tuples()]
         if not ids:
@@ -332,7 +334,7 @@ class _Pass:
         for index in range(len(stores)):
             try:
                 self._run_store(index)
-            except CONNECTION_ERRORS as e:
+            except DB_ERRORS as e:
                 if not stores.several:
                     raise
                 # One store down must not hold up the others' jobs: the next pass tries it again.
@@ -469,7 +471,7 @@ class _Pass:
         extra: dict[str, Any] = {}
         if row.status == RUNNING:
             extra["last_error"] = f"attempt {row.attempts} lost: its worker or the broker dropped the message"
-            extra["history"] = history.append(model, jobs.attempt_of(row, extra, "lost"))
+            extra["history"] = jobs.history_append(model, jobs.attempt_of(row, extra, "lost"))
         claimed = list(model.update(claim_fields(model, **extra)).where(unchanged(model, row))
                        .returning(*sending_fields(model)).execute())
         if claimed:
@@ -486,7 +488,7 @@ class _Pass:
         if lock != opt.UNTIL_EXPIRED:
             fields["unique_hold"] = None  # a failed job no longer blocks its key
         if row.status == RUNNING:
-            fields["history"] = history.append(model, jobs.attempt_of(row, fields, "lost"))
+            fields["history"] = jobs.history_append(model, jobs.attempt_of(row, fields, "lost"))
         if not model.update(**fields).where(unchanged(model, row)).execute():
             return
         self.counts.failed += 1

@@ -182,7 +182,7 @@ class Master:
         script = self._scripts.get(text)
         if script is None:
             with self._lock:
-                script = self._scripts.setdefault(text, scripts.register(self.client, text))
+                script = self._scripts.setdefault(text, scripts.Script(self.client, text))
         return script(keys=keys, args=args)
 
     def skipped(self) -> bool:

@@ -15,7 +15,7 @@ from dramatiq.middleware import SkipMessage
 from dramatiq_unique import context, leases
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.guard import hook
+from dramatiq_unique.guard import guarded, hook
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.middleware import combinations
 from dramatiq_unique.observe import events
@@ -137,7 +137,7 @@ class ConcurrencySlots(Middleware):
             entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
             if not entered:
                 if started is not None:  # its start is undone: it waits parked, as not started
-                    with jobs.db_errors(f"parking job {message.message_id}"):
+                    with guarded(f"parking job {message.message_id}"):
                         jobs.unstart(config.model, started, group)
                 self._park(config, message, group, ttl if wait < 0 else wait)
             if started is not None:
@@ -158,7 +158,7 @@ class ConcurrencySlots(Middleware):
         renewed, by a fenced write); else another attempt took the job over (this process stalled
         past the lease): the message is dropped and the slot handed on."""
         lease = after_ms(float(config.get(message.options, "unique_ttl", opt.DEFAULT_UNIQUE_TTL)))
-        with jobs.db_errors(f"starting job {message.message_id}"):
+        with guarded(f"starting job {message.message_id}"):
             renewed = jobs.update_fenced(config.model, started.id, started.fencing_token, {"lease_until": lease})
         if renewed:
             started.__data__["lease_until"] = lease

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from typing import ClassVar, NoReturn, Optional
 
-import peewee as pw
 from dramatiq import Middleware
 
 from dramatiq_unique import context, leases
@@ -23,7 +22,8 @@ from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.gates import WAKE
 from dramatiq_unique.parking.groups import lock_group
-from dramatiq_unique.storage import fencing
+from dramatiq_unique.storage.database import DB_ERRORS
+from dramatiq_unique.storage.models import create_fence_table
 from dramatiq_unique.suite import ActorConfig, Suite
 from dramatiq_unique.unique.keys import derive_key
 
@@ -42,7 +42,7 @@ class ExecutionLocks(Middleware):
     :mod:`dramatiq_unique.parking.lot`): acked without running, its row
     ``pending``, and woken by the holder when it finishes, in
     ``unique_order_by`` order.  Each acquisition draws the key's next
-    fencing token (:mod:`dramatiq_unique.storage.fencing`), which the attempt's
+    fencing token (:func:`dramatiq_unique.storage.jobs.draw_token`), which the attempt's
     row carries.  ``unique_ttl`` is the lock's lease; ``heartbeat()``
     renews it.  If Redis cannot be reached the message fails with
     :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends
@@ -72,12 +72,12 @@ class ExecutionLocks(Middleware):
         self.gate = LockGate(suite, self.parking.flags)
         self.parking.register(self.gate)
         try:
-            fencing.create_table(suite.db)
-        except (pw.OperationalError, pw.InterfaceError):
+            create_fence_table(suite.db)
+        except DB_ERRORS:
             if not suite.stores.several:
                 raise
             # The primary is down at set-up: its fencing table is made when it first answers.
-            suite.stores.later(0, lambda: fencing.create_table(suite.db))
+            suite.stores.later(0, lambda: create_fence_table(suite.db))
 
     @property
     def actor_options(self) -> set[str]:

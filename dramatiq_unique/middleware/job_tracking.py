@@ -7,7 +7,6 @@ import threading
 import time
 from typing import ClassVar
 
-import peewee as pw
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
 from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
@@ -17,7 +16,6 @@ from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox, refused
 from dramatiq_unique.durable.outcome import format_error, outcome
-from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
 from dramatiq_unique.middleware import combinations
@@ -29,9 +27,6 @@ from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
 from dramatiq_unique.unique.send import install_enqueue
 
 logger = logging.getLogger(__name__)
-
-_DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
-
 
 class JobTracking(Middleware):
     """Keeps a job row for every message of a tracked actor.
@@ -78,10 +73,7 @@ class JobTracking(Middleware):
             return
         if MARKER not in message.options:  # a new send, not a retry or re-send of a checked one
             combinations.check_message(broker, message.actor_name, config.options, message.options)
-        try:
-            on_enqueue(self.suite, config, message, delay)
-        except _DB_ERRORS as e:
-            raise DatabaseUnavailable(f"recording {message.actor_name} job {message.message_id}: {e}") from e
+        on_enqueue(self.suite, config, message, delay)
 
     # -- processing ---------------------------------------------------------
 
@@ -98,10 +90,7 @@ class JobTracking(Middleware):
             # same delivery, not a duplicate, which a second start would refuse and skip.
             return
         began = time.monotonic()
-        try:
-            job = self._start(config, message, ctx)
-        except _DB_ERRORS as e:
-            raise DatabaseUnavailable(f"starting {message.actor_name} job {message.message_id}: {e}") from e
+        job = self._start(config, message, ctx)
         if job is not None and job.__data__.get("queue_name") is None:
             # A start reads back a few columns only; the attempt's metrics are labelled by its queue.
             job.__data__["queue_name"] = message.queue_name
@@ -165,7 +154,7 @@ class JobTracking(Middleware):
 
     def _adopt(self, config, message) -> dict:
         """A message sent without the suite (before set-up, another producer): give it a row."""
-        job_id, revision = jobs.adopt(config.model, row_fields(config, message, None))
+        job_id, revision, _ = jobs.adopt(config.model, row_fields(config, message, None))
         return {"id": job_id, "rev": revision}
 
     def _start_adopted(self, config, message, ctx):

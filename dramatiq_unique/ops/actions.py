@@ -13,12 +13,12 @@ from dramatiq_unique.durable.dead import dead_jobs
 from dramatiq_unique.durable.redrive import MAX_PAGES
 from dramatiq_unique.durable.redrive import prune as prune_rows
 from dramatiq_unique.durable.scope import Scope
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops import keys
 from dramatiq_unique.ops.listing import job_row, parse_statuses
 from dramatiq_unique.ops.views import JobRow
 from dramatiq_unique.slots import limits
 from dramatiq_unique.slots.limits import ConcurrencyStatus
-from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import WAITING
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
     actors ``broker``'s process declares); returns how many."""
     scope = Scope(suite, broker)
     pruned = 0
-    with db_errors("pruning"):
+    with guarded("pruning"):
         for index in range(len(suite.stores)):
             for base in scope.models():
                 model = suite.stores.model_in(base, index)

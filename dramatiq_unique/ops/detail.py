@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops import held
 from dramatiq_unique.ops.views import Attempt, JobView, Waiting
 from dramatiq_unique.ops.words import holding, render, row_key, why
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
 from dramatiq_unique.slots.gate import gate_of, group_key, has_slots
-from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def find(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
 def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
     """The job's view; JobNotFound if there is none."""
     row = find(suite, id_or_message_id)
-    with db_errors(f"reading why job {row.id} waits"):
+    with guarded(f"reading why job {row.id} waits"):
         waiting, slot = waiting_of(suite, row), slot_of(suite, row)
     if slot is not None and row.status == QUEUED and (waiting is None or waiting.reason == "queued"):
         waiting = Waiting(reason="woken", label=slot[1], since=row.enqueued_at or row.created_at)

@@ -13,13 +13,13 @@ import redis as redis_lib
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops.views import LockView, OverrideView, SlotGroupView
 from dramatiq_unique.ops.words import over_limit, render, short
 from dramatiq_unique.parking.groups import SLOT, lock_group, slot_group, whole_actor
-from dramatiq_unique.redis.keys import LOCK_PREFIX
+from dramatiq_unique.redis.keys import LOCK_PREFIX, glob_escape
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import GroupStatus, gate_of, group_key, has_slots
-from dramatiq_unique.storage.jobs import db_errors
 from dramatiq_unique.storage.models import JobModel, JobStatus
 
 if TYPE_CHECKING:
@@ -133,14 +133,10 @@ def group_holders(suite: "Suite", actor: str, key: str, status: GroupStatus,
     return sorted(set(running.get(key, [])) | set(queued)), queued
 
 
-def _glob(text: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
-
-
 def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
     """The rest of each Redis key that starts with ``prefix`` (at most MAX_GROUPS)."""
     try:
-        for i, raw in enumerate(suite.redis.scan_iter(match=_glob(prefix) + "*", count=1000)):
+        for i, raw in enumerate(suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000)):
             if i >= MAX_GROUPS:
                 return
             name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
@@ -161,7 +157,7 @@ def locks(suite: "Suite") -> list[LockView]:
         for unique_key in sorted(_scan(suite, f"{LOCK_PREFIX}:{name_of('')}")):
             left = suite.locks.pttl(name_of(unique_key))
             if left > 0:  # else it ran out between the scan and now
-                with db_errors("reading a lock's jobs"):
+                with guarded("reading a lock's jobs"):
                     found.append(_lock(suite, kind, unique_key, left))
     return found
 
@@ -189,7 +185,7 @@ def known_groups(suite: "Suite", kept: Optional[list[overrides.Override]] = None
     names: set[str] = set()
     if limits:
         if kept is None:
-            with db_errors("reading the run-time limits"):
+            with guarded("reading the run-time limits"):
                 kept = overrides.listing(suite)
         names.update(o.group for o in kept if o.group)
     for prefix in (keys.slots(""), keys.limit("")) if limits else (keys.slots(""),):
@@ -197,7 +193,7 @@ def known_groups(suite: "Suite", kept: Optional[list[overrides.Override]] = None
     for config in suite.actors.values():
         if config.options.get("concurrency_limit") is not None and config.options.get("concurrency_key") is None:
             names.add(whole_actor(config.actor_name))
-    with db_errors("listing the parked slot groups"):
+    with guarded("listing the parked slot groups"):
         for table in suite.models:
             query = (
                 table.select(table.parked_on)
@@ -214,7 +210,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
     gate = gate_of(suite)
     running: dict[str, dict[str, list[int]]] = {}
     views: list[SlotGroupView] = []
-    with db_errors("reading the run-time limits"):
+    with guarded("reading the run-time limits"):
         kept = overrides.listing(suite)
     for key in known_groups(suite, kept):
         name = _actor(key)
@@ -223,7 +219,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
             continue
         group = slot_group(key)
         status = gate.status(group)
-        with db_errors("reading a slot group's jobs"):
+        with guarded("reading a slot group's jobs"):
             if name not in running:
                 running[name] = slot_holders(suite, name)
             holders, queued = group_holders(suite, name, key, status, running[name])
@@ -280,7 +276,7 @@ def _note(status: GroupStatus, limit: Optional[int], holders: list[int]) -> str:
 
 def limits(suite: "Suite", *, actor: Optional[str] = None) -> list[OverrideView]:
     """The limits set at run time (of ``actor``, or all), as the database keeps them, with their words."""
-    with db_errors("reading the run-time limits"):
+    with guarded("reading the run-time limits"):
         kept = overrides.listing(suite, actor)
     return [OverrideView(actor=o.actor, key=_words(suite, o), group=o.group, limit=o.limit, set_at=o.set_at)
             for o in kept]

@@ -13,10 +13,10 @@ import peewee as pw
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.scope import NO_APP
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops import keys
 from dramatiq_unique.ops.views import JobRow, Page
 from dramatiq_unique.ops.words import row_key
-from dramatiq_unique.storage import jobs as storage_jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.storage.stores import base_of
 
@@ -125,7 +125,7 @@ def jobs(
 
     answered, down = lookup.each_store(suite, "listing jobs", tables)
     sources = [(source, store, table) for source, (store, table) in enumerate(t for ts in answered for t in ts)]
-    with storage_jobs.db_errors("listing jobs"):
+    with guarded("listing jobs"):
         rows, next_cursor = _read(suite, sources, f, position, limit)
     return Page(rows, next_cursor, [str(e) for e in down])
 

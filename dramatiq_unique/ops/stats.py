@@ -17,7 +17,8 @@ from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.ops.views import Stats
 from dramatiq_unique.storage import queries
-from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, is_postgres, utcnow
+from dramatiq_unique.storage.database import is_postgres
+from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, utcnow
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite

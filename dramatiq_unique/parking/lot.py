@@ -70,6 +70,7 @@ from dramatiq_unique.broker.delivery import Delivery
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DependencyUnavailable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.observe import events
 from dramatiq_unique.parking import rows
@@ -141,7 +142,7 @@ class Parking(Waking):
         when it found its slot group full), not to sit on it until its lease
         runs out.  A waiting one does so in :meth:`park`.
         """
-        with jobs.db_errors(f"parking job {message.message_id}"):
+        with guarded(f"parking job {message.message_id}"):
             job_id, revision = rows.job_row(config, message, unique_key)
             waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
             if not waiting and jobs.get(config.model, id=job_id) is None:

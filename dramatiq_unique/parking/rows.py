@@ -60,7 +60,7 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
     fields["unique_key"] = unique_key
     # Revision 0 even of a row an earlier delivery made: the message is that row's first
     # revision (JobTracking._adopt, after a job_row, finds the marker and adopts nothing).
-    job_id, _ = jobs.adopt(config.model, fields)
+    job_id, _, _ = jobs.adopt(config.model, fields)
     message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
     return int(job_id), 0
 

@@ -62,3 +62,8 @@ class RedisKeys:
     def last_pass(self) -> str:
         """When the app's last re-drive pass ended, in ms since the epoch (read by the ``check`` command)."""
         return f"{self.prefix}:redrive:last-pass"
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally in a ``SCAN ... MATCH`` pattern."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

@@ -1,20 +1,5 @@
-"""Our Lua scripts, one file each under ``redis/lua/``, read once and registered by name.
-
-A script's file opens with a header that says what its ``KEYS`` and
-``ARGV`` are (each key's Redis type and format), what it returns, and why
-it is safe to send again (:mod:`dramatiq_unique.redis.scripts` sends a call
-again after a lost reply), as Dramatiq's ``dispatch.lua`` does.  A file
-whose name starts with ``_`` is a fragment shared by several scripts,
-never registered on its own: a script takes it in with a line
-``-- #include <fragment>.lua``, which the loader replaces with the
-fragment's code (its header left out: the script's own says what its
-keys and arguments are).  Keeping the shared code in one file keeps the scripts
-that use it from drifting apart (every slot script reads its group's limit
-the same way).
-
-The files ship in the wheel as package data (``setup.cfg``) and are read
-with :mod:`importlib.resources`, so they are found in a zip install too.
-"""
+"""Our Lua scripts, one file each under ``redis/lua/`` (its header says its keys, arguments, reply and
+why it is safe to send again), read once, fragments (``_name.lua``) taken in by ``-- #include``."""
 
 from __future__ import annotations
 
@@ -69,4 +54,4 @@ def source(name: str) -> str:
 
 def register(client: redis.Redis, name: str) -> scripts.Script:
     """The script ``name`` (``lua/<name>.lua``) on ``client``, called like redis-py's ``Script``."""
-    return scripts.register(client, source(name))
+    return scripts.Script(client, source(name))

@@ -1,44 +1,6 @@
-"""Lua scripts on the hot paths, called over a redis-py connection of the calling thread's own.
-
-Every lock, slot and wake-up operation of a job is one ``EVALSHA``.
-Through redis-py's client each would also pay the pool's check-out and
-the client's command machinery; so each thread holds one redis-py
-:class:`~redis.connection.Connection` per client, made from the client's
-pool (its connection class and settings: address, TLS, password, ACL
-user, database, protocol), never checked out of the pool, and calls a
-script with ``send_command("EVALSHA", ...)`` and ``read_response()``.
-The benchmarks page (docs/discussions/benchmarks.md) has the figures.
-
-What redis-py's client would do for us and we do here instead: load the
-script when the server does not know it (``NOSCRIPT``), and reconnect
-when the connection broke (a restarted Redis).  A call is sent again only
-when a connection that had worked broke under it, and once: the first
-send may have run with its reply lost, so every script of ours is safe
-to repeat (it recognises its caller's token: a repeated acquire finds the
-lock already its own, a repeated slot enter its slot already held).  A
-connection that could not be opened, or a call that timed out, is not
-sent again: the server is down or stalled, and another send would only
-wait as long again (against a Redlock master that is down, that wait is
-the whole cost of the outage; see :mod:`dramatiq_unique.locks.redlock`).
-redis-py's own retries are off on these connections for the same reason.
-
-A call may also be *posted* (:meth:`Script.post`): sent without waiting
-for its reply, which is read before the link's next call (or by a post
-that finds :data:`MAX_UNREAD` replies owed).  A thread that waits for a
-reply gives up the GIL, and under load gets it back only after other
-threads' turns.  A unique job's queue lock is freed at its start this way
-(the thread's own later calls come after it on the same connection, so a
-send from inside the job finds it free).  A post does not look for
-replies already there: redis-py's ``can_read()`` would (it sees TLS bytes
-already decrypted too), but at the price of several system calls per
-post, each a turn at the GIL given up; the next call reads them all at
-once.
-
-Anything raised between a request and its reply (Dramatiq's
-``TimeLimit`` raised into the thread, say) closes the connection, as
-redis-py does, so no later call takes that reply for its own; a forked
-child opens connections of its own.
-"""
+"""Lua scripts on the hot paths, called over a redis-py connection of the calling thread's own: sent
+again only after a connection that had worked broke, loaded on ``NOSCRIPT``, posted without waiting
+for the reply, or batched in one MULTI/EXEC (docs/discussions/how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 
@@ -80,9 +42,8 @@ class _Link:
         self.answered = False
         #: Posted calls whose replies are still to be read, oldest first: (command, script text).
         self.unread: collections.deque[tuple[Command, str]] = collections.deque()
-        #: Scripts this connection has seen the server run: only those are posted (a posted
-        #: call the server does not know is run again only at the link's next call, which a
-        #: thread that goes idle may never make).
+        #: Scripts this connection has seen the server run: only those are posted (an idle thread
+        #: may never make the next call that would run an unknown one again).
         self.known: set[str] = set()
 
     def _connect(self) -> None:
@@ -189,8 +150,7 @@ def link_of(client: redis.Redis) -> _Link:
     pool = client.connection_pool
     link = _local.by_pool.get(pool)
     if link is None or link.pid != os.getpid():  # a forked child must not share its parent's socket
-        # Not checked out of the pool: it belongs to this thread and closes with
-        # the thread or the pool (the connection's finaliser disconnects).
+        # Not checked out of the pool: it closes with the thread or the pool.
         link = _local.by_pool[pool] = _Link(pool)
     return link
 
@@ -212,9 +172,8 @@ class Script:
             try:
                 reply = link.call(command)
             except RedisConnectionError:
-                # Sent again only over a connection that had worked (a restarted Redis, a
-                # connection killed while idle), and once: a fresh one that failed means the
-                # server is down.  The first send may have run: our scripts are safe to repeat.
+                # Sent again only over a connection that had worked, and once: a fresh one that
+                # failed means the server is down.  Our scripts are safe to repeat.
                 if fresh or resent or attempt == ATTEMPTS:
                     raise
                 resent = True
@@ -241,6 +200,29 @@ class Script:
         link.post(("EVALSHA", self.sha, len(keys), *keys, *args), self.text)
 
 
-def register(client: redis.Redis, text: str) -> Script:
-    """The fast counterpart of ``client.register_script(text)``."""
-    return Script(client, text)
+def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list:
+    """Run ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC; its replies, one per call.
+    Raises redis-py's errors: a connection error, or the first error reply."""
+    commands: list[tuple[Any, ...]] = [("MULTI",), ("SCRIPT", "LOAD", script.text)]  # a restarted server knows it again
+    commands += [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+    commands.append(("EXEC",))
+    for attempt in (1, 2):
+        link = link_of(script.client)
+        fresh = not link.answered
+        try:
+            replies = link.call_all(commands)
+        except RedisConnectionError:
+            if fresh or attempt == 2:
+                raise
+            continue
+        break
+    for reply in replies[:-1]:
+        if isinstance(reply, ResponseError):  # refused when queued: EXEC aborted it all
+            raise reply
+    result = replies[-1]
+    if isinstance(result, ResponseError):
+        raise result
+    for reply in result or ():
+        if isinstance(reply, ResponseError):
+            raise reply
+    return list(result or ())[1:]  # the SCRIPT LOAD's reply left out

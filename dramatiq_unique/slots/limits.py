@@ -21,6 +21,7 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import InvalidOption, RedisUnavailable
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_actor
+from dramatiq_unique.redis.keys import glob_escape
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import declared_limit, gate_of, has_slots
 from dramatiq_unique.storage.models import JobStatus
@@ -260,7 +261,7 @@ def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str, group: 
 
 def _all_holders(suite: "Suite", config: "ActorConfig") -> int:
     gate = gate_of(suite)
-    pattern = suite.keys.slots(f"{_glob_escape(config.actor_name)}:*")
+    pattern = suite.keys.slots(f"{glob_escape(config.actor_name)}:*")
     slots_prefix = suite.keys.slots("")
     total = 0
     try:
@@ -270,7 +271,3 @@ def _all_holders(suite: "Suite", config: "ActorConfig") -> int:
     except redis_lib.RedisError as e:
         raise RedisUnavailable(f"reading the concurrency slots of {config.actor_name!r}: {e}") from e
     return total
-
-
-def _glob_escape(text: str) -> str:
-    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

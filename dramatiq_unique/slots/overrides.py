@@ -38,10 +38,10 @@ import peewee as pw
 import redis as redis_lib
 
 from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.storage import schema
-from dramatiq_unique.storage.database import describe
-from dramatiq_unique.storage.jobs import db_errors
-from dramatiq_unique.storage.models import LimitModel, bound_limits, is_postgres, utcnow
+from dramatiq_unique.storage.database import DB_ERRORS, describe, is_postgres
+from dramatiq_unique.storage.models import LimitModel, bound_limits, utcnow
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -106,7 +106,7 @@ def open_table(suite: "Suite") -> None:
     model = model_of(suite)
     try:
         suite.stores.ensure(model, 0)
-    except (pw.OperationalError, pw.InterfaceError) as e:
+    except DB_ERRORS as e:
         if not suite.stores.several:
             raise DatabaseUnavailable(f"creating {model._meta.table_name} in {describe(suite.db)}: {e}") from e
         logger.warning("Could not create %s in %s (%s); it is created at its first use.",
@@ -116,7 +116,7 @@ def open_table(suite: "Suite") -> None:
 def _model(suite: "Suite") -> type[LimitModel]:
     model = model_of(suite)
     if writes(suite):
-        with db_errors("opening the run-time limits' table"):
+        with guarded("opening the run-time limits' table"):
             suite.stores.ensure(model, 0)  # a primary down at set-up gets the table now
     return model
 
@@ -162,7 +162,7 @@ def write(
     db = model._meta.database
     target = redis_key(suite, actor, group)
     level = (model.app == suite.app) & (model.actor_name == actor) & (model.group_key == group)
-    with db_errors(f"recording the concurrency limit of {actor!r}"), _turns(db, suite.app):
+    with guarded(f"recording the concurrency limit of {actor!r}"), _turns(db, suite.app):
         if limit is None:
             model.delete().where(level).execute()
         else:
@@ -186,7 +186,7 @@ def write(
 
 def listing(suite: "Suite", actor: Optional[str] = None) -> list[Override]:
     """The app's overrides (of ``actor``, or all), by actor and group: the database's record."""
-    with db_errors("reading the run-time limits"):
+    with guarded("reading the run-time limits"):
         model = _model(suite)
         if not writes(suite) and not schema.columns(model):
             return []  # a database the app has not yet set up with this release: none kept
@@ -204,7 +204,7 @@ def restore(suite: "Suite") -> int:
     adopt first the overrides Redis has without a row.  Returns how many overrides it wrote."""
     model = _model(suite)
     client, marker = suite.redis, suite.keys.limits_loaded()
-    with db_errors("restoring the run-time limits"), _turns(model._meta.database, suite.app):
+    with guarded("restoring the run-time limits"), _turns(model._meta.database, suite.app):
         rows = [_of(row) for row in _rows(model, suite.app)]
         try:
             if not client.exists(marker):
@@ -239,7 +239,7 @@ def check(suite: "Suite") -> int:
     if not writes(suite):
         return 0
     model = _model(suite)
-    with db_errors("reading the run-time limits"):
+    with guarded("reading the run-time limits"):
         rows = _rows(model, suite.app)
     names = [redis_key(suite, row.actor_name, row.group_key or "") for row in rows]
     try:

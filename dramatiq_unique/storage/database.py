@@ -1,50 +1,17 @@
-"""Opening the job database: URLs, the driver, timeouts, reconnects and clear set-up errors.
+"""Opening the job database: URLs, the driver, timeouts, reconnects, poolers and clear set-up errors.
 
-The driver.  A PostgreSQL URL is opened with psycopg2, whose hot
-statements :mod:`dramatiq_unique.storage.queries` prepares once per
-connection.  psycopg 3 was measured against it (issue 16 part 3,
-docs/discussions/benchmarks.md): the same on single statements, about 30%
-slower on ``send_many``'s batches, so the URL keeps psycopg2 (psycopg 3
-if psycopg2 is not installed).  A peewee ``PostgresqlDatabase`` given to
-``setup()`` keeps its own driver; with psycopg 3 the connection prepares
-what it runs often by itself (``prepare_threshold``), and
-``prepared_statements=False`` in the suite's settings sets
-``prepare_threshold=None`` for a pooler in *transaction* mode.
-
-Reconnects.  Peewee keeps one connection per thread and never replaces
-it: after a PostgreSQL restart, a fail-over or an idle-connection killer,
-every thread that had a connection would fail for ever.  A PostgreSQL
-database is therefore a :class:`ReconnectingPostgresqlDatabase`, peewee's
-own ``playhouse.shortcuts.ReconnectMixin`` with the errors that psycopg2
-and psycopg 3 raise for a dead connection: a statement that finds its
-connection dead *outside a transaction* gets a new connection and runs
-once more; while the server is down, the new connection fails at once
-and the caller gets :class:`~dramatiq_unique.errors.DatabaseUnavailable`.
-Inside a transaction nothing is retried (the work before it is lost with
-the connection): the transaction fails, and the thread's next call, outside
-it, reconnects.  A peewee ``PostgresqlDatabase`` given to ``setup()`` is
-adapted in place (its ``execute_sql`` and ``begin`` get ReconnectMixin's
-logic, see :func:`reconnecting`), so the caller's models and transactions
-keep sharing it.  SQLite
-files have no connection to lose and are opened as before.
-
-Savepoints.  Every Database opened here, from a URL or given, tells the
-journal of :mod:`dramatiq_unique.storage.savepoints` of its savepoints and
-rollbacks (wrapped in place, as for reconnects), so what the outbox holds
-for a commit follows the caller's nested ``atomic()`` blocks.
-
-Timeouts.  A PostgreSQL URL gets ``connect_timeout`` (a server that takes
-the connection but never answers its start-up), ``statement_timeout``
-(a statement the server does not finish), and TCP keepalives with
-``tcp_user_timeout`` (a server or network that died under an open
-connection).  A parameter the URL sets itself wins; through a pooler that refuses ``options``, each
-statement gets ``SET LOCAL statement_timeout`` instead (:mod:`dramatiq_unique.storage.poolers`).
+A PostgreSQL URL is opened with psycopg2 (psycopg 3 if it is missing) as a database whose threads replace
+a dead connection, whose statements are bounded even through PgBouncer, and whose savepoints the outbox
+follows (docs/discussions/how-it-is-built.md, "Storage").
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import selectors
+import time
 from typing import Any, Optional, Union
 from urllib.parse import urlparse
 
@@ -55,15 +22,14 @@ from playhouse.shortcuts import ReconnectMixin
 from dramatiq_unique.errors import DatabaseUnavailable, DependencyUnavailable, InvalidOption
 from dramatiq_unique.redaction import HIDDEN, redact
 from dramatiq_unique.storage import savepoints
-from dramatiq_unique.storage.poolers import BoundedPostgresqlDatabase, is_psycopg3
 
-#: Default SQLite pragmas: WAL lets readers run beside the one writer, and
-#: the busy timeout makes concurrent writers wait instead of failing.
+logger = logging.getLogger(__name__)
+
+#: WAL lets readers run beside the one writer; the busy timeout makes concurrent writers wait.
 DEFAULT_SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 30_000, "synchronous": "normal"}
 
-#: Errors that mean "this connection is dead", as peewee wraps them: (class, fragment of the message).
-#: A statement that raised one outside a transaction never reached a live session, so it is run
-#: again on a new connection.  A statement timeout ("canceling statement") is not one of them.
+#: Errors that mean "this connection is dead" (class, fragment of the message): a statement that
+#: raised one outside a transaction is run again on a new connection.  A statement timeout is not one.
 RECONNECT_ERRORS = (
     (pw.OperationalError, "server closed the connection"),  # psycopg2: restart, crash, killed backend
     (pw.OperationalError, "terminating connection"),  # ... due to administrator command / idle timeout
@@ -81,8 +47,164 @@ RECONNECT_ERRORS = (
     (pw.InternalError, "read-only transaction"),
 )
 
+#: What peewee raises for a database that fails (a connect, a lost connection, a deadlock, a timeout):
+#: the one tuple the suite catches them by (storage/stores.py tells unreachable from the rest).
+DB_ERRORS = (pw.OperationalError, pw.InterfaceError)
+
 #: Schemes of PostgreSQL URLs.
 POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresext", "postgresqlext", "psql")
+
+
+def is_psycopg3(db: pw.Database) -> bool:
+    """Whether ``db`` connects with psycopg 3."""
+    return isinstance(getattr(db, "_adapter", None), pw.Psycopg3Adapter)
+
+
+class BoundedPostgresqlDatabase(pw.PostgresqlDatabase):
+    """A PostgreSQL database whose statements the suite bounds (``statement_timeout``) even through
+    a pooler that refuses the start-up option it is set by."""
+
+    #: The ``options`` start-up parameter that the suite added: ``-c statement_timeout=...``.
+    suite_option: Optional[str] = None
+    #: ms each statement is bounded by with ``SET LOCAL``, once a pooler refused the start-up option.
+    local_timeout: Optional[int] = None
+
+    def _connect(self) -> Any:
+        try:
+            return super()._connect()  # type: ignore[misc]  # peewee's, not in its type hints
+        except Exception as e:
+            if self.suite_option is None or not refused_options(e):
+                raise
+            options = str(self.connect_params.get("options") or "").replace(self.suite_option, "").strip()
+            if options:
+                raise InvalidOption(
+                    f"{describe(self)} refused the start-up parameter options ({_scrub(str(e).strip(), self)}), "
+                    f"which sets {options!r} from the URL: a pooler such as PgBouncer passes none on; set it on "
+                    "the database role instead (ALTER ROLE ... SET ...)") from e
+            self.connect_params.pop("options", None)
+            self.local_timeout = int(self.suite_option.rsplit("=", 1)[1])
+            logger.info("%s refused the start-up parameter options (a pooler such as PgBouncer): each statement "
+                        "is bounded by SET LOCAL statement_timeout = %d instead.", describe(self), self.local_timeout)
+            return super()._connect()  # type: ignore[misc]
+
+    def execute_sql(self, sql: str, params: Any = None) -> Any:
+        if self.local_timeout is not None and not self.in_transaction() and not is_psycopg3(self):
+            # One string, run as one implicit transaction: the SET LOCAL holds on whichever server connection.
+            sql = f"SET LOCAL statement_timeout = {self.local_timeout}; {sql}"
+        return super().execute_sql(sql, params)
+
+    def begin(self, isolation_level: Any = None) -> None:
+        if self.local_timeout is None:
+            return super().begin(isolation_level)
+        if isolation_level is None:
+            isolation_level = self._isolation_level  # type: ignore[attr-defined]  # peewee's, as its begin() reads it
+        stmt = "BEGIN"
+        if isolation_level:
+            level = self._adapter.isolation_level_str(isolation_level)  # type: ignore[attr-defined]
+            stmt = f"BEGIN TRANSACTION ISOLATION LEVEL {level}"
+        with pw.__exception_wrapper__:  # type: ignore[attr-defined]  # what peewee's own begin() runs under
+            self.cursor().execute(f"{stmt}; SET LOCAL statement_timeout = {self.local_timeout}")
+        return None
+
+
+def refused_options(error: BaseException) -> bool:
+    """Whether ``error`` is a server's (a pooler's) refusal of the ``options`` start-up parameter."""
+    text = str(error)
+    return "unsupported startup parameter" in text and "options" in text
+
+
+def set_prepare_threshold(db: pw.Database) -> None:
+    """psycopg 3 prepares nothing on ``db``'s next connections, nor on this thread's open one."""
+    if is_psycopg3(db):
+        db.connect_params["prepare_threshold"] = None
+        if not db.is_closed():
+            db.connection().prepare_threshold = None
+
+
+def _client_pid(conn: Any) -> Optional[int]:
+    """The backend process id the server (or a pooler) gave this connection at start-up."""
+    info = getattr(conn, "info", None)
+    pid = getattr(info, "backend_pid", None) if info is not None else None
+    if pid is None and hasattr(conn, "get_backend_pid"):
+        pid = conn.get_backend_pid()
+    return int(pid) if pid is not None else None
+
+
+def _server_pid(conn: Any) -> int:
+    cur = conn.cursor()
+    try:
+        cur.execute("SELECT pg_backend_pid()")
+        return int(cur.fetchone()[0])
+    finally:
+        cur.close()
+
+
+def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
+    """Whether ``db`` reaches PostgreSQL, over psycopg2, through a pooler that lends a server connection
+    per transaction: a backend id at start-up that is not the server process's, then a second client
+    connection whose statement runs on the server process the first's just ran on (``tries`` turns,
+    each waiting ``wait_ms`` at most: a full pool in session mode keeps it waiting)."""
+    if not isinstance(db, pw.PostgresqlDatabase) or is_psycopg3(db):
+        return False
+    conn = db.connection()
+    if _client_pid(conn) in (None, _server_pid(conn)):
+        return False
+    import psycopg2
+
+    deadline = time.monotonic() + wait_ms / 1000
+    other = psycopg2.connect(dbname=db.database, **db.connect_params, async_=True)
+    try:
+        if not _answered(other, deadline):
+            return False
+        for _ in range(tries):
+            first = _server_pid(conn)
+            cur = other.cursor()
+            cur.execute("SELECT pg_backend_pid()")
+            if not _answered(other, deadline):
+                return False
+            if int(cur.fetchone()[0]) == first:
+                return True
+    finally:
+        other.close()
+    return False
+
+
+def _answered(conn: Any, deadline: float) -> bool:
+    """Drive an asynchronous psycopg2 connection until its work is done; False at ``deadline``."""
+    from psycopg2 import extensions as ext
+
+    while True:
+        state = conn.poll()
+        if state == ext.POLL_OK:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        with selectors.DefaultSelector() as selector:
+            selector.register(conn.fileno(), selectors.EVENT_WRITE if state == ext.POLL_WRITE else selectors.EVENT_READ)
+            selector.select(left)
+
+
+def configure_pooler(db: pw.Database, setting: Optional[bool]) -> bool:
+    """Adapt ``db``'s prepared statements to a pooler in transaction mode as ``prepared_statements`` says
+    (None: off there; True: refused there; False: not looked at); whether ``db`` is behind one."""
+    if setting is False or not isinstance(db, pw.PostgresqlDatabase) or db.is_closed():
+        return False  # a store down at set-up: its statements are prepared (a pooler's errors are survived)
+    try:
+        pooled = transaction_pooled(db)
+    except Exception as e:  # noqa: BLE001 - a probe's failure (the driver's errors): statements stay prepared
+        logger.warning("Could not tell whether %s is behind a pooler in transaction mode: %s", describe(db), e)
+        return False
+    if not pooled:
+        return False
+    if setting:
+        raise InvalidOption(
+            f"{describe(db)} is behind a pooler in transaction mode (PgBouncer's pool_mode = transaction), "
+            "which runs each transaction on another server connection: a prepared statement would be missing "
+            "there; set prepared_statements=False (or None, the default), or use session mode")
+    logger.info("%s is behind a pooler in transaction mode: the suite's statements are not prepared.", describe(db))
+    set_prepare_threshold(db)
+    return True
 
 
 #: Set on a given Database that :func:`reconnecting` adapted.
@@ -101,17 +223,14 @@ def is_postgres(db: pw.Database) -> bool:
 
 
 def _prepare_setting(db: pw.Database, prepared: bool) -> None:
-    # psycopg 3 prepares by itself (see the module docstring); psycopg2 takes no such parameter.
+    # psycopg 3 prepares by itself; psycopg2 takes no such parameter.
     if not prepared and is_psycopg3(db):
         db.connect_params.setdefault("prepare_threshold", None)
 
 
 def reconnecting(db: pw.Database) -> pw.Database:
-    """Make a given PostgreSQL database reconnect, in place; any other database is returned as is.
-
-    Its class cannot become a ReconnectMixin subclass (peewee's instance layout differs), so
-    the instance gets ReconnectMixin's own ``execute_sql`` and ``begin`` logic around its own.
-    """
+    """Make a given PostgreSQL database reconnect, in place (ReconnectMixin's logic around its own
+    ``execute_sql`` and ``begin``: its class cannot become a subclass); any other is returned as is."""
     if not isinstance(db, pw.PostgresqlDatabase) or isinstance(db, ReconnectMixin) or hasattr(db, _ADAPTED):
         return db
     errors: dict[type, list[str]] = {}
@@ -138,11 +257,8 @@ def open_database(
 ) -> pw.Database:
     """A peewee Database from a URL (``sqlite:///path``, ``postgresql://...``), or the given one adapted.
 
-    ``connect_timeout`` and ``timeout`` (ms) bound a PostgreSQL URL's
-    connecting and each statement (see the module docstring); a given
-    Database keeps its own settings, except a ``connect_timeout`` it lacks.
-    ``prepared=False``: psycopg 3 prepares no statement (``prepare_threshold=None``), on a
-    given Database too unless it sets ``prepare_threshold`` itself (on its next connections).
+    ``connect_timeout`` and ``timeout`` (ms) bound a URL's connecting and each statement (a given Database
+    keeps its own, but gets a missing ``connect_timeout``); ``prepared=False``: psycopg 3 prepares nothing.
     """
     return savepoints.track(_open(database, connect_timeout, timeout, prepared))
 
@@ -195,8 +311,7 @@ def _sqlite(url: str) -> pw.Database:
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             raise InvalidOption(f"database {address(url)!r}: the folder {folder} does not exist; create it first")
-    # IMMEDIATE transactions take the write lock at BEGIN, so two
-    # writers queue on the busy timeout instead of one failing.
+    # IMMEDIATE transactions take the write lock at BEGIN: two writers queue on the busy timeout.
     return pw.SqliteDatabase(path, pragmas=DEFAULT_SQLITE_PRAGMAS, lock_type="IMMEDIATE", timeout=30)
 
 
@@ -288,7 +403,7 @@ def check(db: pw.Database) -> None:
     """Connect once (the caller then creates the tables): DatabaseUnavailable, naming the server, if that fails."""
     try:
         db.connect(reuse_if_open=True)
-    except (pw.OperationalError, pw.InterfaceError) as e:
+    except DB_ERRORS as e:
         raise DatabaseUnavailable(f"{describe(db)}: {_scrub(str(e).strip(), db)}") from e
 
 

@@ -1,67 +1,28 @@
 """The statements on job rows: a send's insert, an attempt's start and outcome, the parking moves.
 
-Each function runs its named statement of ``queries.sql`` through
-:mod:`dramatiq_unique.storage.queries`, which renders it for the model's
-table and prepares it on PostgreSQL: on the hot paths peewee's query
-builder costs more Python time than the round trip it makes
-(docs/discussions/benchmarks.md).  Values still go through each field's
-``db_value`` and rows through ``python_value``, so the results are the
-same as peewee's.  Writes off the hot paths (a replace, an undone claim, a
-revoked attempt's outcome) are peewee queries.
-
-Every write that records an attempt's outcome is conditional on the
-attempt's ``fencing_token``: a worker whose lease ran out and whose job
-was started again cannot overwrite what the newer attempt wrote.  The
-parking moves on the critical path of every hand-over commit without
-waiting for the WAL flush (:func:`no_flush_wait` says why that is safe).
+Each function runs its named statement of ``queries.sql`` (the hot paths skip peewee's query
+builder); writes off the hot paths are peewee queries.  Every write of an attempt's outcome is
+fenced by the attempt's ``fencing_token``.
 """
 
 from __future__ import annotations
 
-import logging
 import uuid
 from datetime import datetime
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import peewee as pw
 
-from dramatiq_unique.errors import DatabaseUnavailable
 from dramatiq_unique.observe import events
-from dramatiq_unique.storage import conflicts, fencing, history, queries
-from dramatiq_unique.storage.models import (
-    FINISHED,
-    WAITING,
-    JobModel,
-    JobStatus,
-    after_ms,
-    dumps,
-    is_postgres,
-    utcnow,
-)
+from dramatiq_unique.storage import queries
+from dramatiq_unique.storage.database import is_postgres
+from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, dumps, utcnow
 
-logger = logging.getLogger(__name__)
-
-#: How many times a unique insert retries when the holder it collided with vanished.
-MAX_INSERT_ROUNDS = 20
 QUEUED = JobStatus.QUEUED.value
-
-
-def db_errors(action: str):
-    """Turn the database's operational errors into :class:`DatabaseUnavailable`."""
-    return _DbErrors(action)
-
-
-class _DbErrors:
-    def __init__(self, action: str) -> None:
-        self.action = action
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
-        if exc is not None and isinstance(exc, (pw.OperationalError, pw.InterfaceError)):
-            raise DatabaseUnavailable(f"{self.action}: {exc}") from exc
-        return False
+#: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
+MAX_PARAMS = 32_000
+#: What :func:`read_holder` reads of the job that holds a key.
+HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
 
 
 def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
@@ -95,10 +56,7 @@ def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, A
 def _written(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
     """The columns ``values`` (by field name) write, and their parameters by column (``db_value``)."""
     fields = model._meta.fields
-    params = {}
-    for name, value in values.items():
-        f = fields[name]
-        params[f.column_name] = f.db_value(value)
+    params = {fields[name].column_name: fields[name].db_value(value) for name, value in values.items()}
     return tuple(params), params
 
 
@@ -110,36 +68,42 @@ def _present(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, 
 # -- a send's row ---------------------------------------------------------------------
 
 
-def insert(model: type[JobModel], values: dict[str, Any]) -> int:
-    """INSERT one row (field defaults filled in); returns its id.  Raises IntegrityError on a
-    message_id or hold clash."""
+class IdempotencyHeld(Exception):
+    """Internal: another job already holds the row's idempotency key."""
+
+    def __init__(self, job: JobModel) -> None:
+        super().__init__(job.message_id)
+        self.job = job
+
+
+def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int, bool]:
+    """INSERT a row (field defaults filled in): ``(id, revision, True)``, or ``(id, revision, False)`` of
+    the row an earlier send of the same message inserted.  Raises IdempotencyHeld if another job holds
+    its idempotency key, IntegrityError on another clash."""
+    try:
+        return _insert(model, fields), 0, True
+    except pw.IntegrityError:
+        check_idempotency(model, fields)
+        row = get(model, message_id=fields["message_id"])
+        if row is None:
+            raise
+        return row.id, row.revision, False
+
+
+def _insert(model: type[JobModel], values: dict[str, Any]) -> int:
     written, params = _present(model, values)
     return queries.run(model, "insert", params, written=written).fetchone()[0]
 
 
-def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int]:
-    """A row for a message sent without the suite (before set-up, by another producer):
-    ``(id, revision)`` of the row inserted, or of the row an earlier delivery of the same
-    message inserted (the message id is unique)."""
-    try:
-        return insert(model, fields), 0
-    except pw.IntegrityError:
-        row = get(model, message_id=fields["message_id"])
-        if row is None:
-            raise  # not the message id: another unique column clashed
-        return row.id, row.revision
-
-
-def insert_or_holder(model: type[JobModel], values: dict[str, Any]) -> tuple[Optional[int], Optional[JobModel]]:
-    """INSERT one row holding ``values["unique_hold"]``: ``(its id, None)``, or ``(None, the HOLDER_COLUMNS of
-    the row of its app that holds the key)``, or ``(None, None)`` when the holder committed after this
-    statement began (the caller looks it up).  PostgreSQL: one round trip (``insert_or_holder``); SQLite,
-    which has no round trip to save: :func:`insert`, raising IntegrityError on the clash.
-
-    Another unique column's clash (the message id, an idempotency hold) raises IntegrityError, as from
-    :func:`insert`: only the hold is the conflict's arbiter."""
-    if not is_postgres(model._meta.database):
-        return insert(model, values), None
+def insert_or_holder(
+    model: type[JobModel], values: dict[str, Any], read_holder: bool = True,
+) -> tuple[Optional[int], Optional[JobModel]]:
+    """INSERT a row holding ``values["unique_hold"]``: ``(its id, None)``, ``(None, the HOLDER_COLUMNS of the
+    row of its app that holds the key)``, or ``(None, None)`` when the holder committed after the statement
+    began.  One round trip on PostgreSQL with ``read_holder``; else a plain INSERT, which raises
+    IntegrityError on the clash (as on any other unique column's)."""
+    if not (read_holder and is_postgres(model._meta.database)):
+        return _insert(model, values), None
     written, params = _present(model, values)
     params.setdefault("app", "")
     row = queries.run(model, "insert_or_holder", params, written=written).fetchone()
@@ -150,14 +114,9 @@ def insert_or_holder(model: type[JobModel], values: dict[str, Any]) -> tuple[Opt
     return None, to_model(model, row, HOLDER_COLUMNS)
 
 
-#: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
-MAX_PARAMS = 32_000
-
-
 def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, int]:
-    """INSERT ``rows`` (field defaults filled in) with ``ON CONFLICT DO NOTHING``, in as few statements as
-    the parameter limit allows: ``{message id: row id}`` of the rows inserted; a row whose hold (or
-    idempotency key) another job holds is left out, for the caller to look its holder up."""
+    """INSERT ``rows`` with ``ON CONFLICT DO NOTHING``, in as few statements as the parameter limit allows:
+    ``{message id: row id}`` of the rows inserted (one whose hold another job holds is left out)."""
     if not rows:
         return {}
     filled = [_with_defaults(model, row) for row in rows]
@@ -175,13 +134,8 @@ def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, 
     return out
 
 
-#: What :func:`read_holder` reads of the job that holds a key.
-HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
-
-
 def read_holder(model: type[JobModel], hold: str, app: str = "") -> Optional[JobModel]:
-    """The HOLDER_COLUMNS of the row of ``app`` holding ``hold``, if any: one small query, which a burst
-    of duplicate sends makes often (:mod:`dramatiq_unique.unique.recent`).  Holds are unique per app."""
+    """The HOLDER_COLUMNS of the row of ``app`` holding ``hold``, if any (holds are unique per app)."""
     row = queries.run(model, "holder", {"app": app, "hold": hold}).fetchone()
     return None if row is None else to_model(model, row, HOLDER_COLUMNS)
 
@@ -195,14 +149,6 @@ def holders(model: type[JobModel], holds: list[str], app: str = "") -> dict[str,
     return {str(row.unique_hold): row for row in query}
 
 
-class IdempotencyHeld(Exception):
-    """Internal: another job already holds the row's idempotency key."""
-
-    def __init__(self, job: JobModel) -> None:
-        super().__init__(job.message_id)
-        self.job = job
-
-
 def check_idempotency(model: type[JobModel], fields: dict[str, Any]) -> None:
     """After an insert clashed: raise IdempotencyHeld if the idempotency key was the cause."""
     hold = fields.get("idempotency_hold")
@@ -212,74 +158,79 @@ def check_idempotency(model: type[JobModel], fields: dict[str, Any]) -> None:
             raise IdempotencyHeld(holder)
 
 
+# Which INSERT a unique send makes.  A refused duplicate costs two round trips with a plain INSERT
+# (then a read of the holder), one with insert_or_holder, which costs every new row more server CPU
+# (docs/discussions/benchmarks.md).  So each actor keeps a moving share of its unique inserts that met
+# a holder, this process's own and approximate (updated without a lock); the index decides either way.
+
+#: Share of recent clashes above which an actor reads the holder in the insert: the break-even of the
+#: one statement's extra cost per new row against the round trip a refused duplicate saves.
+CLASH_THRESHOLD = 0.15
+#: Weight of the newest insert in the share: about the last 20 count.
+CLASH_WEIGHT = 0.05
+
+_share: dict[str, float] = {}
+
+
+def expect_holder(actor_name: str) -> bool:
+    """Whether a unique insert of ``actor_name`` should read the holder in the same statement."""
+    return _share.get(actor_name, 0.0) > CLASH_THRESHOLD
+
+
+def record_clash(actor_name: str, held: bool) -> None:
+    """A unique insert of ``actor_name`` met a holder (``held``) or inserted its row."""
+    share = _share.get(actor_name, 0.0)
+    _share[actor_name] = share + CLASH_WEIGHT * ((1.0 if held else 0.0) - share)
+
+
 def insert_holding(
     model: type[JobModel], fields: dict[str, Any], hold: str, window_ms: Optional[float], *, full: bool = True
 ) -> tuple[Optional[int], Optional[JobModel]]:
-    """Insert a row holding ``hold``: ``(row id, None)``, or ``(None, holder)`` on a conflict.
+    """Try once to insert a row holding ``hold``: ``(row id, None)``, ``(None, holder)``, or ``(None, None)``
+    when the key came free meanwhile (try again).
 
-    The unique index on ``unique_hold`` decides between racing senders.
-    A holder older than ``window_ms`` no longer counts: its hold is
-    cleared and the insert tried again.  ``full=False``: the holder may
-    carry only :data:`HOLDER_COLUMNS` (a skipped send needs no more).
-
-    An actor whose keys were found held often lately inserts with one
-    statement that reads the holder on the clash (:mod:`dramatiq_unique.storage.conflicts`
-    says when, and what each way costs); the others insert plainly and read
-    the holder after the unique index refused the row.
+    The unique index on ``unique_hold`` decides between racing senders.  A holder older than ``window_ms``
+    no longer counts: its hold is cleared.  ``full=False``: the holder may carry only HOLDER_COLUMNS.
     """
     db = model._meta.database
     row = {**fields, "unique_hold": hold}
-    actor_name = fields["actor_name"]
-    inserting = insert_or_holder if conflicts.expect_holder(actor_name) else _plain
-    for _ in range(MAX_INSERT_ROUNDS):
-        try:
-            if db.in_transaction():
-                # A savepoint: a clash must not abort the caller's transaction.
-                with db.atomic():
-                    row_id, found = inserting(model, row)
-            else:  # in autocommit a failed INSERT leaves nothing to roll back
-                row_id, found = inserting(model, row)
-            conflicts.record(actor_name, held=row_id is None)
-            if row_id is not None:
-                return row_id, None
-            # The hold was the arbiter, so an idempotency key's clash went unchecked: it wins, as below.
-            check_idempotency(model, fields)
-            if found is None:  # it committed after the statement began: read it now
-                found = read_holder(model, hold, fields.get("app", ""))
-                if found is None:
-                    continue  # and released its hold already
-        except pw.IntegrityError:
-            conflicts.record(actor_name, held=True)
-            check_idempotency(model, fields)
-            found = read_holder(model, hold, fields.get("app", ""))
-            if found is None:
-                if get(model, message_id=fields["message_id"]) is not None:
-                    raise  # not the hold: this message already has a row
-                continue  # it released its hold meanwhile
-        if found.message_id == fields["message_id"]:
-            return None, found
-        if _outlived(found, window_ms):
-            model.update(unique_hold=None).where(
-                (model.id == found.id) & (model.unique_hold == hold)
-            ).execute()
-            continue
-        return None, (get(model, id=found.id) or found) if full else found
-    raise DatabaseUnavailable(f"could not settle the unique hold {hold!r}")
-
-
-def _plain(model: type[JobModel], row: dict[str, Any]) -> tuple[Optional[int], Optional[JobModel]]:
-    return insert(model, row), None  # a clash raises IntegrityError
+    actor_name, app = fields["actor_name"], fields.get("app", "")
+    try:
+        if db.in_transaction():
+            with db.atomic():  # a savepoint: a clash must not abort the caller's transaction
+                row_id, found = insert_or_holder(model, row, expect_holder(actor_name))
+        else:  # in autocommit a failed INSERT leaves nothing to roll back
+            row_id, found = insert_or_holder(model, row, expect_holder(actor_name))
+        record_clash(actor_name, held=row_id is None)
+        if row_id is not None:
+            return row_id, None
+        check_idempotency(model, fields)  # the hold was the arbiter: an idempotency key's clash wins
+        if found is None:  # it committed after the statement began
+            found = read_holder(model, hold, app)
+    except pw.IntegrityError:
+        record_clash(actor_name, held=True)
+        check_idempotency(model, fields)
+        found = read_holder(model, hold, app)
+        if found is None and get(model, message_id=fields["message_id"]) is not None:
+            raise  # not the hold: this message already has a row
+    if found is None:
+        return None, None  # it released its hold meanwhile
+    if found.message_id == fields["message_id"]:
+        return None, found
+    if _outlived(found, window_ms):
+        model.update(unique_hold=None).where((model.id == found.id) & (model.unique_hold == hold)).execute()
+        return None, None
+    return None, (get(model, id=found.id) or found) if full else found
 
 
 def holder(model: type[JobModel], hold: str, window_ms: Optional[float], app: str = "") -> Optional[JobModel]:
-    """The job of ``app`` holding ``hold`` (:data:`HOLDER_COLUMNS` of it), if one does and, with
-    ``window_ms``, was sent less than that long ago."""
+    """The job of ``app`` holding ``hold`` (HOLDER_COLUMNS of it), if one does and, with ``window_ms``,
+    was sent less than that long ago."""
     job = read_holder(model, hold, app)
     return None if job is None or _outlived(job, window_ms) else job
 
 
 def _outlived(job: JobModel, window_ms: Optional[float]) -> bool:
-    """Whether a holder was sent longer than ``window_ms`` ago (never, without a window)."""
     return window_ms is not None and job.created_at <= after_ms(-window_ms)
 
 
@@ -287,8 +238,8 @@ def replace(
     model: type[JobModel], holder: JobModel, hold: str, args: list, kwargs: dict, process_after: datetime,
     *, held: Optional[dict[str, Any]] = None,
 ) -> Optional[JobModel]:
-    """Give a waiting holder new arguments and due time (and ``held``: outbox.Block.stamp's writes for a
-    replace held until the caller's commit); None if it is no longer waiting."""
+    """Give a waiting holder new arguments and due time (and ``held``: outbox.Block.stamp's writes);
+    None if it is no longer waiting."""
     updated = (
         model.update(args=args, kwargs=kwargs, process_after=process_after, revision=model.revision + 1, **(held or {}))
         .where((model.id == holder.id) & (model.unique_hold == hold) & model.status.in_(WAITING))
@@ -303,15 +254,9 @@ def unclaim_sends(
     model: type[JobModel], ids: list[int], status: str, *, ref: Union[str, list[str], None] = None,
     options: Optional[dict] = None,
 ) -> None:
-    """Hand rows claimed for a send whose publish failed back to ``status`` (the re-drive
-    sends them later).  Only rows still queued without a broker id: a publish that did go
-    through recorded one, and a start or a newer claim moved the row on.  ``ref``: rows a
-    send wrote with the broker id ``ref`` (or one of a list, durable/outbox.py) before its publish
-    failed (durable/deferral.py), whose id goes too; ``options`` replaces theirs.
-
-    Not for a parked row's claim (:func:`unclaim`): that claim writes the woken message's
-    broker id before it publishes, and its undo parks the row on its group again.
-    """
+    """Hand rows claimed for a send whose publish failed back to ``status``, for the re-drive: only rows
+    still queued without a broker id, or with the broker id ``ref`` (one of a list) the send wrote, which
+    goes too; ``options`` replaces theirs.  A parked row's claim is undone by :func:`unclaim`."""
     fields: dict[str, Any] = {"status": status, "enqueued_at": None}
     if ref is not None:
         fields["broker_ref"] = None
@@ -325,12 +270,7 @@ def unclaim_sends(
 
 
 def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
-    """Record the broker's ids of sent rows, in one statement; a ref set meanwhile is newer: kept.
-
-    Written by hand: peewee takes longer to build a 500-branch CASE than the
-    database takes to run it.  The pairs go as two arrays (PostgreSQL) or one
-    JSON list (SQLite): one statement whatever their number.
-    """
+    """Record the broker's ids of sent rows in one statement; a ref set meanwhile is newer: kept."""
     if not refs:
         return
     if is_postgres(model._meta.database):
@@ -342,21 +282,33 @@ def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
 
 # -- an attempt -----------------------------------------------------------------------
 
-#: ms a running row's lease is still honoured after it ran out by this process's clock,
-#: before a new delivery of the job may replace its attempt.  Leases are written with
-#: the clock of the process that runs the attempt; a duplicate delivery judges them with
-#: its own.  Hosts kept in step by NTP differ by a few ms; this covers a second of skew,
-#: at the cost of a crashed attempt's redelivery waiting that much longer.
+#: ms a running row's lease is still honoured after it ran out by this process's clock, before a new
+#: delivery may replace its attempt: leases are written by one process's clock and judged by another's.
 LEASE_SKEW_MS = 1_000
-#: The ``worker`` of a row a waker's claim started ahead of its delivery (parking/waking.py, parking/deck.py
-#: write ``<worker id>:woken``), as a LIKE pattern.
+#: The ``worker`` of a row a waker's claim started ahead of its delivery, as a LIKE pattern.
 WOKEN = "%:woken"
-#: The columns an attempt's start reads back: what the middlewares use while it runs and
-#: the statement does not already know.  The rest (arguments, options, extra columns) is
-#: read when current_job() asks.
+#: The columns an attempt's start reads back; current_job() reads the rest when asked.
 START_COLUMNS = ("message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints")
 #: Set on a model instance that holds only some columns (START_COLUMNS, DECK_COLUMNS).
 PARTIAL = "_dramatiq_unique_partial"
+
+
+def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) -> int:
+    """The fencing key's next token, for job ``job_id`` about to run; rows of the key still running
+    under an older token are fenced out.  One statement on PostgreSQL; on SQLite a draw not followed by
+    its revocation runs no job, and the next draw revokes the same rows."""
+    values = {"key": key, "own": -1 if job_id is None else int(job_id), "running": JobStatus.RUNNING.value}
+    if is_postgres(model._meta.database):
+        return int(queries.run(model, "draw_and_revoke", values).fetchone()[0])
+    values["token"] = token = int(queries.run(model, "draw_token", values).fetchone()[0])
+    queries.run(model, "revoke_older", values)
+    return token
+
+
+def current_token(db: pw.Database, key: str) -> int:
+    """The newest fencing token handed out for ``key`` (0 if none)."""
+    row = queries.execute(db, queries.on(db, "current_token"), {"key": key}).fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def start(
@@ -371,23 +323,12 @@ def start(
     fence_key: Optional[str] = None,
     woken_by: Optional[str] = None,
 ) -> Optional[JobModel]:
-    """Mark an attempt running and return the row; None if the job finished or was replaced
-    meanwhile, or if another attempt of it is running under a live lease.
+    """Mark an attempt running and return the row; None if the job finished or was replaced meanwhile,
+    or another attempt of it runs under a live lease (less :data:`LEASE_SKEW_MS`).
 
-    Another attempt runs while the row is ``running`` and its ``lease_until`` is after now,
-    less :data:`LEASE_SKEW_MS`; this delivery is then a duplicate (a dead-worker requeue,
-    a broker redelivery, a stale copy) and must not run beside it.  A row whose lease
-    ran out is a crashed attempt's, which the new one replaces.  ``woken_by`` is a LIKE
-    pattern of the ``worker`` that a waker's claim writes on a row it starts ahead of its
-    delivery (``<worker id>:woken``, :mod:`dramatiq_unique.parking.prestart`): such a row is the
-    woken delivery's own, which its worker thread may start again (the start then
-    writes its own ``worker``, so only once).  Any process's: a woken message that could
-    not be delivered locally goes through the broker, to any worker.
-
-    With ``fence_key`` (an execution lock was taken), the attempt draws the
-    key's next fencing token (:mod:`dramatiq_unique.storage.fencing`).  On
-    PostgreSQL the draw, the fencing-out of older attempts and the start
-    are one statement, so one synchronous commit; SQLite draws first.
+    ``woken_by``: a LIKE pattern of the ``worker`` a waker's claim writes on a row it started ahead of
+    its delivery, which this delivery may start again.  ``fence_key``: the attempt draws the key's next
+    fencing token, in the same statement on PostgreSQL.
     """
     now = utcnow()
     lease_until = after_ms(lease_ms, now)
@@ -401,12 +342,11 @@ def start(
     }
     merged = fence_key is not None and is_postgres(model._meta.database)
     if fence_key is not None and not merged:
-        # SQLite draws in a statement of its own: look first, so that a refused start (a
-        # duplicate delivery) draws no token.  A race past this look costs only a gap in the
-        # key's counter; the start below still refuses, and revokes nothing of this job.
+        # SQLite draws in a statement of its own: look first, so that a refused start (a duplicate
+        # delivery) draws no token.  A race past this look costs only a gap in the key's counter.
         if queries.run(model, "startable", values).fetchone() is None:
             return None
-        values["token"] = fencing.draw(model, fence_key, job_id)
+        values["token"] = draw_token(model, fence_key, job_id)
     row = queries.run(model, "start_attempt_fenced" if merged else "start_attempt", values).fetchone()
     if row is None:
         return None
@@ -424,20 +364,18 @@ def update_fenced(
     attempt: Optional[dict[str, Any]] = None,
 ) -> int:
     """UPDATE one row only if its fencing token is still ``fencing_token``; returns the row count.
-
-    ``attempt``: an entry appended to the row's ``history`` in the same statement (storage/history.py).
-    """
+    ``attempt``: a history entry appended in the same statement."""
     written, params = _written(model, values)
     params["row_id"], params["attempt_token"] = job_id, fencing_token
     if attempt is None:
         return queries.run(model, "update_fenced", params, written=written).rowcount
-    params.update(history.values(attempt))
+    params.update(_history_params(attempt))
     return queries.run(model, "update_fenced_with_history", params, written=written).rowcount
 
 
 def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
-    """Record an attempt's outcome, fenced by the attempt's token, and append it to the row's history
-    (storage/history.py); False if a newer attempt owns the row."""
+    """Record an attempt's outcome, fenced by its token, in its history too; False if a newer attempt
+    owns the row."""
     if release_hold:
         fields["unique_hold"] = None
     count = update_fenced(model, job.id, job.fencing_token, fields, attempt=attempt_of(job, fields))
@@ -447,17 +385,12 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
 
 
 def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
-    """Record the outcome of an attempt whose token another job of its key took, if no newer
-    attempt of this job started since; False otherwise.
+    """Record the outcome of an attempt whose token another job of its key took, if no newer attempt of
+    this job started since; False otherwise.
 
-    Drawing a fencing token takes the key's other running rows off their attempts
-    (fencing.py) by moving their token on, to the drawing job's.  Such a row has no
-    attempt left to write it: without this, it would stay ``running`` until the
-    re-drive reported a job that did finish as lost, and ran it again.  The attempt
-    is recognised by what only its own start wrote (``worker``, ``attempts``); a newer
-    attempt of the same job rewrites both, and then owns the row.  So must ``running``, not
-    parked: a row that a delivery parked (the park cleared ``worker``) or the re-drive sent
-    again is no longer this attempt's; written over, it would be in two states at once.
+    Without it such a row would stay ``running`` until the re-drive reported a finished job as lost.
+    The attempt is recognised by what only its own start wrote (``worker``, ``attempts``), and the row
+    must still be ``running``, not parked: a parked or re-sent row is no longer this attempt's.
     """
     if release_hold:
         fields["unique_hold"] = None
@@ -471,43 +404,59 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
         & (model.fencing_token > job.fencing_token) & model.unique_key.is_null(False)
         & (model.status == JobStatus.RUNNING.value) & model.parked_on.is_null() & pw.fn.EXISTS(taken)
     )
-    appended = {model.history: history.append(model, attempt_of(job, fields))}
+    appended = {model.history: history_append(model, attempt_of(job, fields))}
     return bool(model.update(appended, **fields).where(cond).execute())
+
+
+# -- the attempts' history: a JSON list in the row's ``history``, oldest first, the last few kept,
+# appended in SQL by the statement that writes the outcome (docs/howto/job-record.md) --------------
+
+#: Entries kept per row: the oldest goes when another is appended past it.
+MAX_HISTORY = 20
+#: Longest ``error`` of an entry, in characters (the full traceback stays in ``last_error``).
+MAX_HISTORY_ERROR = 500
+
+
+def _iso(value: Any) -> Optional[str]:
+    return value.isoformat(timespec="milliseconds") if isinstance(value, datetime) else value
+
+
+def history_entry(*, attempt: int, started_at: Any, finished_at: Any, status: str, error: Optional[str],
+                  worker: Optional[str]) -> dict[str, Any]:
+    """One attempt, as the history keeps it: ``error`` cut to its first line."""
+    first = error.split("\n", 1)[0][:MAX_HISTORY_ERROR] if error else None
+    return {"attempt": attempt, "started_at": _iso(started_at), "finished_at": _iso(finished_at),
+            "status": status, "error": first, "worker": worker}
 
 
 def attempt_of(job: JobModel, fields: dict[str, Any], status: Optional[str] = None) -> dict[str, Any]:
     """The history entry of ``job``'s attempt, whose outcome ``fields`` record: ``retrying`` when they
-    leave the status as it was (Retries sent the message again)."""
+    leave the status as it was."""
     data = job.__data__
-    return history.entry(
+    return history_entry(
         attempt=data.get("attempts") or 0, started_at=data.get("started_at"),
         finished_at=fields.get("finished_at") or utcnow(), status=status or str(fields.get("status") or "retrying"),
         error=fields.get("last_error"), worker=data.get("worker"),
     )
 
 
-# -- the parking moves ----------------------------------------------------------------
-#
-# A reservation's lease is written and read by the database's clock (queries.sql's ``now``),
-# so processes whose clocks disagree agree on when it ends.  Safety does not rest on any
-# clock: a reserved row is started by a compare-and-set on what its reservation read
-# (start_reserved), which fails once anyone else has claimed, started, re-parked or replaced it.
+def _history_params(item: dict[str, Any], keep: int = MAX_HISTORY) -> dict[str, Any]:
+    return {"entry": dumps(item), "keep": max(1, int(keep))}
+
+
+def history_append(model: type[pw.Model], item: dict[str, Any], keep: int = MAX_HISTORY) -> pw.Node:
+    """The new value of ``history`` with ``item`` appended, for a peewee UPDATE."""
+    return queries.fragment(model, "history_append", _history_params(item, keep))
+
+
+# -- the parking moves: a reservation's lease is written and read by the database's clock; safety rests
+# on compare-and-sets (start_reserved), not on any clock ---------------------------------------------
 
 
 def no_flush_wait(db: Any) -> bool:
-    """Whether a parking move on ``db`` may commit without waiting for the WAL flush: the
-    ``*_no_flush_wait`` statements of queries.sql.
-
-    Only for the parking moves (park, claim, reserve), which sit on the
-    critical path of every hand-over.  Safe because a later synchronous commit
-    (the woken attempt's start, any job's outcome) flushes the WAL up to
-    and past them; and if the server crashes first and loses one, the
-    row is back where the re-drive looks: a lost park leaves a queued row
-    whose message is gone (re-sent), a lost claim a parked row (woken).
-    One statement, so one round trip, prepared as the other hot
-    statements are.  Not inside the caller's own transaction, which must keep its
-    own commit rules.
-    """
+    """Whether a parking move on ``db`` may commit without waiting for the WAL flush (the
+    ``*_no_flush_wait`` statements): safe because a later synchronous commit flushes it, and a lost
+    move leaves the row where the re-drive looks.  Never inside the caller's own transaction."""
     return is_postgres(db) and not db.in_transaction()
 
 
@@ -516,12 +465,7 @@ def _move(db: Any, name: str) -> str:
 
 
 def db_now(db: Any) -> str:
-    """The database's clock as an SQL expression in the job table's time format (naive UTC).
-
-    Reservations (:mod:`dramatiq_unique.parking.deck`) are written and read by it, so one
-    process's wall clock is never compared with a lease another process's clock wrote.
-    SQLite's clock is the machine's: its processes share it.
-    """
+    """The database's clock as an SQL expression in the job table's time format (naive UTC)."""
     return queries.expression(db, "now")
 
 
@@ -534,20 +478,9 @@ def claim_parked(
     model: type[JobModel], group: str, order_by: str, now: Any, broker_ref: str,
     start: Optional[tuple[Any, str, bool]] = None, *, app: str,
 ) -> Optional[JobModel]:
-    """Claim the next due job of ``app`` parked on ``group`` (status pending to queued) and return
-    it; None if none.
-
-    One statement: the head of the group is chosen and claimed together
-    (on PostgreSQL skipping a head another waker has locked), so two
-    wakers never claim one row.  ``broker_ref`` is the id the woken
-    message is delivered under, recorded for the lost-message check.
-
-    ``start`` (lease end, worker, release the unique hold): start the
-    attempt in the same statement (see :mod:`dramatiq_unique.parking.prestart`),
-    unless the row's own options name a unique option; the returned row
-    says ``running`` when it was started.  A start waits for its commit;
-    a plain claim does not (:func:`no_flush_wait`).
-    """
+    """Claim the next due job of ``app`` parked on ``group`` (pending to queued, its message to be
+    delivered under ``broker_ref``) and return it; None if none.  One statement, so two wakers never
+    claim one row.  ``start`` (lease end, worker, release the hold): start the attempt in it too."""
     db = model._meta.database
     fields = model._meta.fields
     when = fields["enqueued_at"].db_value(now)
@@ -567,14 +500,8 @@ def claim_parked(
 
 
 def park(model: type[JobModel], job_id: int, revision: int, group: str, options: dict, now: Any) -> Optional[tuple]:
-    """Park a waiting job on ``group`` (status pending, ``parked_on`` set); returns its
-    ``(created_at, process_after)`` (its place in the queue), or None if it is not waiting.
-
-    A running row whose lease ran out counts as waiting: it is a crashed or
-    stalled attempt of this very job, which is over.  Its fencing token moves on
-    and its ``worker`` and lease go (queries.sql says why): should the attempt
-    wake, nothing it writes lands on the parked row.
-    """
+    """Park a waiting job on ``group``; returns its ``(created_at, process_after)``, or None if it is not
+    waiting.  A running row whose lease ran out counts as waiting: its token moves on (queries.sql)."""
     fields = model._meta.fields
     pending, queued, retrying = WAITING
     values = {
@@ -588,8 +515,7 @@ def park(model: type[JobModel], job_id: int, revision: int, group: str, options:
     return fields["created_at"].python_value(row[0]), fields["process_after"].python_value(row[1])
 
 
-#: The columns a reservation reads back: what the woken message and its attempt's start need;
-#: current_job() reads the rest when asked (:data:`PARTIAL`).
+#: The columns a reservation reads back: what the woken message and its start need (:data:`PARTIAL`).
 DECK_COLUMNS = (
     "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "status", "revision",
     "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at", "process_after",
@@ -599,10 +525,8 @@ DECK_COLUMNS = (
 def reserve(
     model: type[JobModel], group: str, order_by: str, marker: str, lease_ms: float, *, app: str,
 ) -> Optional[JobModel]:
-    """Reserve the first due, unreserved row of ``app`` parked on ``group`` for the process
-    ``marker`` names, for ``lease_ms`` (by the database's clock); None if there is none.  The
-    reservation gets a fresh ``broker_ref``: the id its message will be delivered under, and
-    its identity (any claim by another waker writes its own)."""
+    """Reserve the first due, unreserved row of ``app`` parked on ``group`` for the process ``marker``
+    names, for ``lease_ms`` by the database's clock; None if none.  It gets a fresh ``broker_ref``."""
     values = {
         "marker": marker, "lease_ms": float(lease_ms), "broker_ref": str(uuid.uuid4()), "app": app, "group": group,
         "pending": JobStatus.PENDING.value, "due": model._meta.fields["process_after"].db_value(utcnow()),
@@ -615,16 +539,8 @@ def reserve(
 def start_reserved(
     model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float,
 ) -> Optional[JobModel]:
-    """Start a row this process reserved (``row`` as its reservation read it), before its
-    message is delivered; returns the started row as the database now holds it, or None if
-    it is no longer ours as reserved: replaced (revision), claimed or reserved by another
-    process (status, ``worker``, ``broker_ref``), started by anyone (``fencing_token``).
-
-    A compare-and-set that reads no clock, so a reservation that ran out while this process
-    stalled, or that a process with a faster clock took early, is never started here.  The
-    attempt's token is the row's next one, drawn in the same statement: no attempt gets it
-    twice.  A synchronous commit (a lost start could hand its token out again).
-    """
+    """Start a row this process reserved (``row`` as its reservation read it); None if it is no longer
+    ours as reserved.  A compare-and-set that reads no clock; the token is drawn in the same statement."""
     fields = model._meta.fields
     now = utcnow()
     lease_until = after_ms(lease_ms, now)
@@ -644,9 +560,8 @@ def start_reserved(
 
 
 def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
-    """Undo :func:`start_reserved` (or a claim's start) whose message was not delivered: the row
-    is parked on ``group`` again, unreserved, its attempt not counted.  Its fencing token stays
-    drawn (tokens never go back).  False if the attempt no longer owns the row."""
+    """Undo a start whose message was not delivered: parked on ``group`` again, the attempt not
+    counted, its token spent.  False if the attempt no longer owns the row."""
     return bool(
         model.update(
             status=JobStatus.PENDING.value, parked_on=group, attempts=model.attempts - 1, worker=None,
@@ -659,12 +574,7 @@ def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
 
 
 def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
-    """Put a claimed row that was not delivered back in its group's queue.
-
-    Not :func:`unclaim_sends`: a parked row's claim wrote the woken message's broker id before
-    the delivery, so the row is recognised by having left its group (``parked_on`` cleared)
-    rather than by a missing broker id, and it goes back to its group, not to the re-drive.
-    """
+    """Put a claimed row that was not delivered back in its group's queue (it left the group at the claim)."""
     model.update(status=JobStatus.PENDING.value, parked_on=group).where(
         (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
     ).execute()

@@ -1,39 +1,5 @@
-"""The migrations from one schema version to the next, and applying them (``migrate``, ``status``).
-
-The job tables' versions (the run-time limits' table, ``dramatiq_unique_limits``, is at its
-first version, 1: created at set-up, or by ``migrate``, with nothing to migrate yet):
-
-=======  ====================================================================
-version  what it adds
-=======  ====================================================================
-0        (the layout before rows had an app: nothing to add)
-1        the ``app`` column (``NOT NULL DEFAULT ''``: a constant default, so
-         neither SQLite nor PostgreSQL 11+ rewrites the table, and a process
-         of the earlier release keeps inserting rows, with ``app = ''``), the
-         indexes that start with it, and the drop of the old indexes they
-         replace (every write would otherwise keep both up to date); rows with
-         ``app = ''`` are adopted by the first re-drive pass of the app that
-         declares their actor (durable/scope.py)
-2        the nullable ``history`` column (JSON text: the attempts, see
-         storage/history.py), added by ``playhouse.migrate``
-3        the nullable ``parked_at`` and ``parked_attempt`` columns (when a job
-         was first parked in its wait, and at which attempt: the time parked
-         that ``stats`` and the dashboard show), added by ``playhouse.migrate``;
-         rows parked before it count as never parked
-=======  ====================================================================
-
-Every step is additive and idempotent (it looks before it acts), only the
-suite's own columns and indexes are touched (a ``job_model``'s extra
-columns and indexes are never dropped; an old index it declares itself
-is kept), and a table's migrations run in one transaction with the
-version they reach, under the set-up lock (storage/schema.py): DDL is
-transactional on SQLite and PostgreSQL, so a migration that is
-interrupted leaves the table at its earlier version, and two ``migrate``
-runs at once take turns (the second finds nothing to do).  On a large
-PostgreSQL table version 1's ``CREATE INDEX`` holds writes back while it
-builds: create the indexes beforehand with ``CREATE INDEX CONCURRENTLY``
-under the same names to avoid that (they are then found and kept).
-"""
+"""The migrations from one schema version to the next, and applying them (``migrate``, ``status``):
+additive, idempotent, one transaction per table under the set-up lock (docs/operations/migrations.md)."""
 
 from __future__ import annotations
 
@@ -53,15 +19,12 @@ OLD_INDEXES = (
     (("finished_at",), False),
     (("unique_hold",), True),
     (("idempotency_hold",), True),
-    # Parked rows are looked up by app and group (queries.sql: queue_head): (app, parked_on, created_at) replaces it.
     (("parked_on",), False),
 )
 
 
-#: ms a migration step may wait for its table's lock on PostgreSQL.  ALTER TABLE takes an ACCESS
-#: EXCLUSIVE lock, which waits for every open transaction on the table (an old worker's), and every
-#: statement after it waits behind it: a bounded wait turns a stall of every worker into a failed
-#: migrate, run again later.
+#: ms a migration step may wait for its table's lock on PostgreSQL: every statement after an ALTER TABLE
+#: waits behind it, so a bounded wait turns a stall of every worker into a failed migrate, run again later.
 DEFAULT_LOCK_TIMEOUT = 5_000
 
 
@@ -182,12 +145,7 @@ def status(model: Model, store: str = "") -> TableStatus:
 def migrate(model: Model, store: str = "", *, dry_run: bool = False,
             lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> TableStatus:
     """Bring ``model``'s table to the current version (create it if missing); with ``dry_run``, only say how.
-
-    Idempotent: a table at the current version is left alone.  Runs in one transaction under the
-    set-up lock (see the module docstring).  On PostgreSQL, a step that waits more than
-    ``lock_timeout`` ms for the table's lock fails (and the whole migration rolls back) rather than
-    queue every worker's statements behind it.
-    """
+    On PostgreSQL a step that waits more than ``lock_timeout`` ms for the table's lock rolls it all back."""
     if dry_run:
         return status(model, store)
     db = model._meta.database

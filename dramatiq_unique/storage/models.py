@@ -1,16 +1,7 @@
-"""The job record: :class:`JobModel`, :class:`JobStatus` and database set-up.
+"""The job record: :class:`JobModel`, :class:`JobStatus`, and the suite's other tables.
 
-Times are naive UTC datetimes.  ``unique_hold`` carries the unique key
-while a job holds queue-level uniqueness and is NULL otherwise; its
-unique index, on ``(app, unique_hold)``, is what makes duplicates
-impossible within an app (NULLs never collide, on SQLite and PostgreSQL
-alike, so no partial index is needed).
-
-``app`` names the app a row belongs to (the suite's ``key_prefix``), so
-that several apps can share one database: every index the re-drive and
-the holds use starts with it (see :mod:`dramatiq_unique.durable.scope`).  Tables
-are versioned (:mod:`dramatiq_unique.storage.schema`); one made by an earlier
-release is upgraded by ``migrate`` (:mod:`dramatiq_unique.storage.migrations`).
+Times are naive UTC.  ``unique_hold`` carries the unique key while a job holds queue-level uniqueness
+(NULL otherwise); its unique index on ``(app, unique_hold)`` makes duplicates impossible within an app.
 """
 
 from __future__ import annotations
@@ -18,16 +9,13 @@ from __future__ import annotations
 import enum
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Optional, cast
+from typing import Any, Iterable, Optional, TypeVar, cast
 
 import peewee as pw
 
-from dramatiq_unique.storage import schema
-from dramatiq_unique.storage.database import (  # noqa: F401  (models.open_database, is_postgres for callers)
-    DEFAULT_SQLITE_PRAGMAS,
-    is_postgres,
-    open_database,
-)
+from dramatiq_unique.storage import queries, schema
+
+M = TypeVar("M", bound=pw.Model)
 
 #: Longest ``last_error`` text kept, in characters.
 MAX_ERROR_LENGTH = 8_000
@@ -54,9 +42,8 @@ class JobStatus(str, enum.Enum):
 
 #: States in which a job still waits for an attempt.
 WAITING = (JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RETRYING.value)
-#: States a job never leaves (but :func:`dramatiq_unique.retry_job` sends a failed one again).
-#: storage/jobs.py passes FINISHED[0] and FINISHED[1] to queries.sql as %(succeeded)s and %(failed)s: keep their order.
-#: A cancelled row needs no place there: cancelling bumps its revision, which no message carries.
+#: States a job never leaves (but :func:`dramatiq_unique.retry_job` sends a failed one again).  jobs.py
+#: passes FINISHED[0] and [1] to queries.sql as %(succeeded)s and %(failed)s: keep their order.
 FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 
 
@@ -94,8 +81,7 @@ class JobModel(pw.Model):
     """A job's durable record.  Subclass it for an actor's own table (``job_model=``)."""
 
     id = pw.BigAutoField()
-    #: The app the job belongs to: the ``key_prefix`` of the suite that sent it.  Rows written
-    #: by a version without the column get '' from the database's default (see scope.py).
+    #: The app the job belongs to: the ``key_prefix`` of the suite that sent it (durable/scope.py).
     app = pw.CharField(max_length=255, default="", constraints=[pw.SQL("DEFAULT ''")])
     message_id = pw.CharField(max_length=64, unique=True)
     actor_name = pw.CharField(max_length=255)
@@ -129,40 +115,31 @@ class JobModel(pw.Model):
     checkpoints = JSONField(null=True)
     #: host:pid:thread of the worker running the current attempt.
     worker = pw.CharField(max_length=255, null=True)
-    #: While a pending job waits for an execution lock or a concurrency
-    #: slot: the lock or slot group it waits on; NULL otherwise.
+    #: The lock or slot group a pending job is parked on; NULL otherwise.
     parked_on = pw.CharField(max_length=300, null=True)  # indexed with app: see Meta.indexes
-    #: The broker's own id of the job's last published message (the Redis
-    #: broker's ``redis_message_id``), so the re-drive can look it up; NULL
-    #: where the broker has none or nothing was published yet.
+    #: The broker's own id of the job's last published message (``redis_message_id``), for the re-drive.
     broker_ref = pw.CharField(max_length=64, null=True)
     #: When the re-drive last found the job's message in the broker.
     checked_at = pw.DateTimeField(null=True)
     #: When the re-drive first missed the job's message; a later miss confirms it lost.
     missing_since = pw.DateTimeField(null=True)
-    #: The finished attempts, oldest first, the last few kept (schema version 2; storage/history.py).
+    #: The finished attempts, oldest first, the last few kept (schema version 2; storage/jobs.py).
     history = JSONField(null=True)
-    #: When the job was first parked in its current wait for a lock or a slot, and its ``attempts``
-    #: then, so that the wait parked is told apart from an earlier attempt's (schema version 3; the
-    #: park statement writes both, ops/stats.py reads them: ``started_at - parked_at`` of the attempt
-    #: numbered ``parked_attempt + 1``).
+    #: When the job was first parked in its current wait, and its ``attempts`` then (schema version 3;
+    #: ops/stats.py: ``started_at - parked_at`` of the attempt numbered ``parked_attempt + 1``).
     parked_at = pw.DateTimeField(null=True)
     parked_attempt = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
-        # Each starts with app: a pass reads its own app's rows only, a waker its own app's
-        # parked rows (the parking moves of jobs.py), and the holds of two apps never collide (see durable/scope.py;
-        # schema.py replaces the indexes of older tables).
+        # Each starts with app: a pass and a waker read their own app's rows, and two apps' holds never collide.
         indexes = (
             (("app", "status", "process_after"), False),
             (("app", "status", "lease_until"), False),
             (("app", "finished_at"), False),
             (("app", "unique_hold"), True),
             (("app", "idempotency_hold"), True),
-            # With created_at: a group's next job (the queue head of queries.sql's claims) is read in order and
-            # the scan stops at the first due one; without it, PostgreSQL's generic plan of the
-            # prepared claim scanned all the app's pending rows for the sort (measured).
+            # With created_at: a group's queue head is read in order, and the scan stops at the first due one.
             (("app", "parked_on", "created_at"), False),
         )
 
@@ -171,15 +148,9 @@ class JobModel(pw.Model):
 
 
 class LimitModel(pw.Model):
-    """A concurrency limit set at run time (:func:`dramatiq_unique.set_concurrency_limit`), kept.
-
-    Redis holds the copy the slot scripts read; this row is what survives Redis losing its
-    data (slots/overrides.py puts it back).  One row per app and level: an actor's own
-    override (``group_key`` '') or one slot group's (``<actor>:<digest>``).  The key's words
-    and value are kept with it, so an operator sees ``customer=42`` rather than a hash, and
-    can take it back.  The table lives in the primary store; each suite binds a copy of the
-    model to its own database (:func:`bound_limits`).
-    """
+    """A concurrency limit set at run time (:func:`dramatiq_unique.set_concurrency_limit`), kept in the
+    primary store: what survives Redis losing its copy (slots/overrides.py).  One row per app and level:
+    an actor's own (``group_key`` '') or one slot group's (``<actor>:<digest>``)."""
 
     #: This table's schema version (storage/schema.py; the job tables have their own).
     dramatiq_unique_version = 1
@@ -190,8 +161,7 @@ class LimitModel(pw.Model):
     #: The slot group's key (``<actor>:<digest>``), or '' for the actor's own override.
     group_key = pw.CharField(max_length=300, default="")
     concurrency_limit = pw.IntegerField()
-    #: The key in words (``customer=42``); NULL for the actor's own override, or when not known
-    #: (an override adopted from a Redis that had it without a row).
+    #: The key in words (``customer=42``); NULL for the actor's own override, or when not known.
     words = pw.TextField(null=True)
     #: The key as ``set_concurrency_limit`` took it (JSON), NULL when not known.
     key = JSONField(null=True)
@@ -202,16 +172,37 @@ class LimitModel(pw.Model):
         indexes = ((("app", "actor_name", "group_key"), True),)
 
 
-def bound_limits(db: pw.Database) -> type[LimitModel]:
-    """:class:`LimitModel` bound to ``db``: a subclass of the suite's own (the class itself stays
-    unbound, so two suites of one process each write to their own database)."""
-    meta = LimitModel._meta
-    made: Any = cast(Any, type(LimitModel))("LimitModel", (LimitModel,), {
-        "Meta": type("Meta", (), {"database": db, "table_name": meta.table_name, "schema": meta.schema}),
-        "__module__": LimitModel.__module__, "__doc__": LimitModel.__doc__,
+def bound_copy(model: type[M], db: pw.Database, name: str) -> type[M]:
+    """``model`` bound to ``db``: a subclass with the same table (peewee binds a model class to one Database)."""
+    meta = model._meta
+    # table_name is not inherited by a subclass: named, as the schema and the database.
+    attrs = {"database": db, "table_name": meta.table_name, "schema": meta.schema}
+    return cast(Any, type(model))(name, (model,), {
+        "Meta": type("Meta", (), attrs), "__module__": model.__module__, "__doc__": model.__doc__,
     })
-    made._meta.name = meta.name  # peewee names indexes after it: the same names in every copy
-    return cast(type[LimitModel], made)
+
+
+def bound_limits(db: pw.Database) -> type[LimitModel]:
+    """:class:`LimitModel` bound to ``db``: a subclass, so two suites of one process each have their own."""
+    made = bound_copy(LimitModel, db, "LimitModel")
+    made._meta.name = LimitModel._meta.name  # peewee names indexes after it: the same names in every copy
+    return made
+
+
+class FenceModel(pw.Model):
+    """The newest fencing token handed out for each unique key: kept in the job database, which the
+    tokens guard, so that no Redis flush or fail-over hands out a smaller one again."""
+
+    key = pw.CharField(max_length=300, primary_key=True)
+    token = pw.BigIntegerField(default=0)
+
+    class Meta:
+        table_name = queries.FENCES
+
+
+def create_fence_table(db: pw.Database) -> None:
+    with db.bind_ctx([FenceModel], bind_refs=False, bind_backrefs=False):
+        db.create_tables([FenceModel], safe=True)
 
 
 def base_field_names() -> frozenset[str]:

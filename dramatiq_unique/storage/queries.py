@@ -1,65 +1,5 @@
-"""The suite's raw SQL: the named statements of ``queries.sql``, rendered per job table and run.
-
-The hot statements (a send, an attempt's start, its outcome, the parking
-moves) skip peewee's query builder, which costs more Python time than the
-round trip it makes.  Their text lives in one file, as Procrastinate keeps
-its own: each statement written out in full under a ``-- name: … --``
-header, with a ``(postgresql)`` or ``(sqlite)`` variant where the dialects
-differ, and its description on the comment lines under the header.
-
-A statement names no table or column that varies by deployment except
-through these identifiers, substituted once per job table (``{jobs}``,
-``{fences}``, ``{columns}``), or per call where the caller names the
-columns (the rest; a column name is a word, ``\\w+``)::
-
-    {jobs}         the job table, quoted, in its schema
-    {fences}       the fencing-token table
-    {columns}      every column of the model, qualified by the table's name:
-                   a RETURNING of the whole row, whatever columns a model adds
-    {order_by}     the column the caller serves a queue by
-    {fields}       the columns the call writes, quoted
-    {values}       their parameters, %(column)s each
-    {assignments}  "column" = %(column)s for each
-    {rows}         (a batch's INSERT) one ({values}) per row
-
-A column's parameter is named by the column: a statement's own parameter
-of the same name (``insert_or_holder``'s ``%(app)s``) reads the same value.
-There is nothing else: no blocks included in others, no choices made at
-render time.  A statement that must repeat another's text repeats it, and
-tests/unit/storage/test_queries.py checks that the copies agree.
-
-Parameters are written ``%(name)s`` and given as a dict, which may hold
-more than the statement reads.  psycopg2 and psycopg 3 take that style as
-it is; for SQLite each mark is rewritten once, when the statement is
-rendered, to ``:name``, the named style of sqlite3, which takes the same
-dict (peewee's own marks, ``?`` and ``%s``, are positional: named ones let
-a statement read a value twice and keep the order written once, in the
-SQL).  Two exceptions: a batch's ``{rows}`` take the driver's positional
-marks and a flat list of values, row after row (thousands of values,
-named by nothing); and an expression embedded in a peewee query
-(:func:`fragment`) takes peewee's marks, as the rest of that query does.
-
-Preparing, psycopg2 (:func:`execute`).  A statement prepared on the
-connection costs the server less CPU than the same text parsed and planned
-each time (docs/discussions/benchmarks.md), and a tracked job makes three on
-its hot path (send, start, outcome).  Each connection (peewee keeps one
-per thread) prepares a statement the first time it runs it, outside a
-transaction of the caller's (a failed PREPARE would abort it).  A statement
-the server will not prepare (a parameter whose type it cannot infer) is
-sent as text from then on.  A connection whose prepared
-statements went (a pooler's ``DISCARD ALL``, a reconnect: names are kept
-per connection object) prepares again on "prepared statement ... does not
-exist".  psycopg 3 prepares by itself after ``prepare_threshold`` runs, so
-its statements go straight to it; ``prepared_statements=False`` in
-:func:`dramatiq_unique.setup` turns both off.
-
-Names.  A prepared statement is named by a hash of its exact text
-(``dramatiq_unique_`` and 32 hex digits of BLAKE2b; no parameter types are
-declared, the server infers them from the text), never by the order a
-process first ran it: two processes that share a server connection through
-a pooler then give one name to one statement only, and a name found
-prepared already (``already exists``) is that same statement.
-"""
+"""The executor of ``queries.sql``: its named statements rendered per job table, and run, prepared where
+it can be (docs/discussions/how-it-is-built.md, "Storage", says how and why)."""
 
 from __future__ import annotations
 
@@ -78,10 +18,9 @@ from dramatiq_unique.storage.database import is_postgres, is_psycopg3
 #: A peewee model class with a job table (this module imports no model: the schema uses it too).
 Model = type[pw.Model]
 
-#: The file of named statements, next to this module (for messages).  It is package data, read
-#: through importlib.resources as redis/lua.py reads the scripts: a zipped install has no file.
+#: The file of named statements (package data, read through importlib.resources), for messages.
 PATH = "dramatiq_unique/storage/queries.sql"
-#: The fencing-token table (:mod:`dramatiq_unique.storage.fencing`).
+#: The fencing-token table.
 FENCES = "dramatiq_unique_fences"
 #: Prefix of the prepared statements' names.
 PREFIX = "dramatiq_unique_"
@@ -129,8 +68,8 @@ class Query:
 
     name: str
     sql: str
-    #: The name of the prepared statement (a hash of :attr:`prepare_sql`), its text with ``$n`` marks,
-    #: and the ``EXECUTE`` that runs it with the same parameters as :attr:`sql`.  PostgreSQL only.
+    #: PostgreSQL: the prepared statement's name (a hash of its text), its text with ``$n`` marks, and
+    #: the ``EXECUTE`` that runs it with the same parameters as :attr:`sql`.
     prepared_name: str = ""
     prepare_sql: str = ""
     execute_sql: str = ""
@@ -164,15 +103,11 @@ _rendered: dict[tuple, Query] = {}
 def statement(
     model: Model, name: str, *, order_by: Optional[str] = None, written: Sequence[str] = (),
 ) -> Query:
-    """Statement ``name`` for ``model``'s table in its database's dialect; rendered once.
-
-    ``order_by``: the column of ``{order_by}``; ``written``: the columns of ``{fields}``, ``{values}``
-    and ``{assignments}`` (kept per column set: a statement's columns vary by call).
-    """
+    """Statement ``name`` for ``model``'s table in its database's dialect, rendered once per ``order_by``
+    column and set of ``written`` columns."""
     meta = model._meta
     db = meta.database
-    # The database by what the text depends on (its class: dialect, quotes), not by id(db), which a
-    # new Database may reuse after the old one is gone; the model for its columns.
+    # The database by its class (dialect, quotes), not by id(db), which a new Database may reuse.
     key = (name, model, meta.table_name, meta.schema, type(db), order_by, tuple(written))
     found = _rendered.get(key)
     if found is None:
@@ -216,8 +151,8 @@ def _render(model: Model, name: str, order_by: Optional[str] = None, written: Se
 
 
 def rows_statement(model: Model, name: str, written: Sequence[str], rows: int) -> str:
-    """Statement ``name`` with ``{rows}``: ``rows`` rows of the ``written`` columns, in the driver's
-    positional marks; run with a flat list of values, row after row.  Not kept: its length is the batch's."""
+    """Statement ``name`` with ``{rows}`` rows of the ``written`` columns, in the driver's positional marks
+    (values given as one flat list); not kept."""
     return _render(model, name, written=written, rows=rows)
 
 
@@ -257,8 +192,7 @@ _local = _Local()
 
 
 def enable(db: pw.Database, on: bool) -> None:
-    """Whether ``db``'s statements are prepared by :func:`execute` (the ``prepared_statements``
-    setting): on psycopg2 only; psycopg 3 prepares by itself (its ``prepare_threshold``)."""
+    """Whether :func:`execute` prepares ``db``'s statements (psycopg2 only: psycopg 3 prepares by itself)."""
     setattr(db, _ON, on and is_postgres(db) and not is_psycopg3(db))
 
 
@@ -276,8 +210,7 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
     except pw.DatabaseError as e:
         if "prepared statement" not in str(e) or db.in_transaction():
             raise
-        # A pooler dropped it, or the database reconnected (a new session has no
-        # prepared statements): prepare it again, once, on the connection now in use.
+        # A pooler dropped it, or the database reconnected: prepare it again, once.
         _done(db).discard(name)
         if not _prepare(db, query):
             return db.execute_sql(query.sql, params)
@@ -299,7 +232,7 @@ def _prepare(db: pw.Database, query: Query) -> bool:
         db.execute_sql(f"PREPARE {query.prepared_name} AS {query.prepare_sql}")
         return True
     except pw.DatabaseError as e:
-        if "already exists" in str(e):  # the same text, by its name: prepared on this session before
+        if "already exists" in str(e):  # the same text, by its name
             return True
         if isinstance(e, pw.ProgrammingError):  # the statement itself (not the connection): for good
             _unpreparable.add(query.prepared_name)

@@ -135,10 +135,9 @@ WHERE {jobs}."id" = sent.id AND {jobs}."broker_ref" IS NULL
 -- batch: each row pending -> queued with the broker id drawn for its message, if still as its send left
 -- it (the message id tells a reused id apart; a re-drive pass may have claimed it first; a replace's send
 -- claims only the row that its own stamp is in, durable/outbox.py).  Arrays, not a CASE and an IN list of
--- a thousand entries each, which cost the server more than the rows (measured).  "id" = ANY(ids) as well,
--- for the planner.  Never prepared: a generic plan, made on a small table's statistics, scanned every
--- pending row for each held one (measured on psycopg 3, which prepares what a connection runs often: the
--- outbox slowed run by run, 5,500 to 1,200 jobs/s).
+-- a thousand entries each (docs/discussions/benchmarks.md).  "id" = ANY(ids) as well, for the planner.
+-- Never prepared: a generic plan, made on a small table's statistics, scans every pending row for each
+-- held one.
 UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = held.ref
 FROM unnest(%(ids)s::bigint[], %(message_ids)s::text[], %(revisions)s::integer[], %(stamps)s::text[],
 %(refs)s::text[]) AS held (id, message_id, revision, stamp, ref)
@@ -156,7 +155,7 @@ AND (%(stamp)s IS NULL OR "broker_ref" = %(stamp)s)
 AND "status" = %(pending)s AND "parked_on" IS NULL
 
 
--- == fencing tokens (storage/fencing.py) ================================================
+-- == fencing tokens (storage/jobs.py) ================================================
 
 -- name: draw_token --
 -- The key's next token: one statement on SQLite (3.35 and later) and PostgreSQL.

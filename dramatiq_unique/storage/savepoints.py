@@ -1,28 +1,6 @@
-"""What a transaction holds for its commit, kept as the database keeps the transaction's writes.
-
-Peewee runs ``after_commit`` callbacks when the outermost transaction commits and forgets them when
-it rolls back, but nothing hears of a savepoint (a nested ``atomic()``, ``db.savepoint()``) that
-rolls back: ``ROLLBACK TO SAVEPOINT`` undoes its writes in the database, while whatever was kept in
-memory for the commit stays.  :func:`hold` keeps such things (the outbox's held sends,
-:mod:`dramatiq_unique.durable.outbox`) in a journal of the thread's transaction that follows the
-statements the database follows:
-
-- ``SAVEPOINT n`` marks the journal's length;
-- ``RELEASE [SAVEPOINT] n`` forgets the marks from ``n`` on: what they held now belongs to the
-  enclosing level, as their writes do;
-- ``ROLLBACK TO [SAVEPOINT] n`` cuts the journal back to ``n``'s mark (``n`` itself stays, as in
-  the database);
-- the transaction's rollback (``txn.rollback()``, an exception, a failed commit) empties it, and a
-  ``BEGIN`` starts a new one;
-- the commit hands every entry to its flush, in order, once (through peewee's ``after_commit``, so
-  a ``txn.commit()`` inside the block flushes what it committed).
-
-The statements are seen where every peewee path sends them, whoever made the savepoint (``atomic()``,
-``savepoint()``, a ``DatabaseProxy``, a Database subclass, SQL run with ``execute_sql``): the
-Database's ``execute_sql``, ``rollback`` and ``begin``, which :func:`track` wraps in place (as
-:func:`dramatiq_unique.storage.database.reconnecting` does), so a Database given to ``setup()``
-keeps its class and stays the one the caller's models use.  A savepoint made on the driver's own
-cursor, past peewee, is not seen.
+"""What a transaction holds for its commit (the outbox's sends), kept as the database keeps the
+transaction's writes: a savepoint rolled back drops what was held in it, which peewee's ``after_commit``
+alone would not (docs/discussions/how-it-is-built.md, "Storage").
 """
 
 from __future__ import annotations

@@ -1,38 +1,5 @@
-"""Schema versions: which version a job table is at, and opening one at set-up.
-
-Every job table (the shared one, and each actor's ``job_model``) has a
-version, recorded per store in a table of its own,
-``dramatiq_unique_schema`` (one row per job table: its name, its version,
-when it was set).  A table with no row there was made by a release that
-recorded none: its version is read from its columns (no ``app``: 0; no
-``history``: 1; no ``parked_at``: 2; else 3), so the releases before versioning need no
-bookkeeping of their own.  The suite's other tables (the run-time limits,
-``dramatiq_unique_limits``) are versioned the same way, each with a
-version of its own (the model's ``dramatiq_unique_version``; :func:`target_version`).
-
-Opening a table (``setup()``, an actor's ``job_model`` at declaration, a
-store that answers again):
-
-* a table that does not exist is created at :data:`CURRENT_VERSION`, with
-  its indexes, and its version recorded (a brand-new database needs no
-  ``migrate``);
-* a table at an older version is refused with :class:`SchemaOutOfDate`,
-  naming the command that upgrades it (``storage/migrations.py``): the
-  suite's statements name every column of the current version, so a
-  worker of this release cannot run on it;
-* a table at the current version gets any index its model declares and
-  it lacks (a ``job_model`` that gained one), as before versioning.
-
-Migrations are additive (columns and indexes added, never a column
-dropped or renamed), so workers of the previous release keep running
-while a table is migrated (a rolling upgrade: migrate, then deploy).  A
-table at a *newer* version than this release knows is therefore accepted.
-
-Set-ups take turns on a lock (PostgreSQL: an advisory lock, whose
-transaction also holds the DDL; SQLite: an IMMEDIATE transaction, the
-database's write lock), and so does ``migrate``: ``IF NOT EXISTS`` is not
-safe against a concurrent creation on PostgreSQL.
-"""
+"""Schema versions: which version a table of the suite is at, and opening one at set-up (created at the
+current version, refused if older, given its missing indexes if current: docs/operations/migrations.md)."""
 
 from __future__ import annotations
 
@@ -115,8 +82,7 @@ def table_key(model: type[pw.Model]) -> str:
 
 
 def columns(model: type[pw.Model]) -> set[str]:
-    """The table's column names (none: no table), in the schema the connection resolves it in (PostgreSQL's
-    search_path)."""
+    """The table's column names (none: no table), in the schema the connection resolves it in."""
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):
         meta = model._meta
@@ -127,8 +93,7 @@ def columns(model: type[pw.Model]) -> set[str]:
 
 
 def target_version(model: type[pw.Model]) -> int:
-    """The version this release gives ``model``'s table: :data:`CURRENT_VERSION` for a job table,
-    the model's own ``dramatiq_unique_version`` for another table of the suite's."""
+    """The version this release gives ``model``'s table: its ``dramatiq_unique_version``, or CURRENT_VERSION."""
     return int(getattr(model, "dramatiq_unique_version", CURRENT_VERSION))
 
 
@@ -137,8 +102,7 @@ def is_job_table(model: type[pw.Model]) -> bool:
 
 
 def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
-    """The version of a table that recorded none, from its columns (another table of the suite's
-    than a job table recorded its version from the first: one without is at its first version)."""
+    """The version of a table that recorded none, from its columns (another table than a job table: 1)."""
     if model is not None and not is_job_table(model):
         return 1
     if APP_COLUMN not in names:
@@ -199,8 +163,8 @@ def out_of_date(model: type[pw.Model], version: int) -> SchemaOutOfDate:
 
 
 def create_or_migrate(model: type[pw.Model]) -> None:
-    """Open ``model``'s table (see the module docstring): create it at the current version if missing,
-    refuse it if older (unless :func:`tolerating_old`), add the indexes it lacks if current."""
+    """Open ``model``'s table: create it at the current version if missing, refuse it if older (unless
+    :func:`tolerating_old`), add the indexes it lacks if current."""
     db = model._meta.database
     target = target_version(model)
     with locked(db):

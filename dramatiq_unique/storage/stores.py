@@ -1,42 +1,19 @@
-"""Several durable stores: ``setup(database=[primary, secondary, ...])``.
-
-The one home of the stores: their Databases, which of them is down, and a
-job model bound to each.
-
-* Store 0 is the *primary*.  Uniqueness, idempotency keys, execution locks
-  and concurrency slots rest on one table (a unique index, waiters parked
-  and woken in order), so their sends need it.  A plain tracked send may
-  go to the first store that answers (decided in unique/enqueue.py).
-* A job's row stays in the store that took it; its message carries the
-  store's index in the suite's marker (key :data:`STORE`, absent for the
-  primary), and every later write resolves the model through
-  :meth:`Stores.model_in`.  The index is a position: every process must
-  list the stores in the same order.
-* A store that failed is remembered as down for ``down_for`` ms, so that
-  sends meanwhile go straight to the next store rather than each paying
-  the connect timeout; after it the store is tried again (so new rows go
-  back to the primary once it answers).  Failed means could not be reached
-  (:func:`unreachable`): a store that answers with an error of one
-  statement (a deadlock, a serialization failure, a statement or lock
-  timeout, a busy SQLite file) is up, and its error is the caller's.
-* ``model_in(model, 0)`` is the model itself: with one store nothing
-  changes and nothing costs more.  For another store it is a subclass of
-  the model bound to that store's Database, with the same table (peewee
-  binds a model class to one Database), made once.
-"""
+"""Several durable stores, ``setup(database=[primary, secondary, ...])``: their Databases, which of them
+is down, and a job model bound to each (docs/discussions/how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import peewee as pw
 
 from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption
 from dramatiq_unique.storage import schema
-from dramatiq_unique.storage.database import describe
+from dramatiq_unique.storage.database import DB_ERRORS, describe
+from dramatiq_unique.storage.models import bound_copy
 
 logger = logging.getLogger(__name__)
 
@@ -44,17 +21,11 @@ logger = logging.getLogger(__name__)
 STORE = "st"
 #: ms a store that failed is skipped by sends that may go elsewhere, before it is tried again.
 DEFAULT_DOWN_FOR = 1_000
-#: What a store that cannot be reached raises, as peewee wraps it (a connect, or a statement
-#: outside a transaction: see storage/database.py's RECONNECT_ERRORS).
-CONNECTION_ERRORS = (pw.OperationalError, pw.InterfaceError)
-
-#: SQLSTATEs a server that answers raises for one statement or transaction, not for being down:
-#: class 40 (transaction rollback: serialization failure, deadlock), query_canceled (a statement
-#: timeout, a cancel) and lock_not_available (a lock timeout, NOWAIT).
+#: SQLSTATEs of a server that answers, for one statement or transaction: class 40 (serialization
+#: failure, deadlock), query_canceled (a statement timeout) and lock_not_available (a lock timeout).
 STATEMENT_ERROR_CLASSES = ("40",)
 STATEMENT_ERROR_STATES = ("57014", "55P03")
-#: SQLite's result codes of a file that answers but another connection holds: SQLITE_BUSY (the
-#: busy timeout ran out), SQLITE_LOCKED (a table locked in this process).
+#: SQLite's result codes of a file another connection holds: SQLITE_BUSY, SQLITE_LOCKED.
 SQLITE_CONTENDED = (5, 6)
 
 M = TypeVar("M", bound=pw.Model)
@@ -77,8 +48,7 @@ def driver_error(error: BaseException) -> Optional[BaseException]:
 
 
 def sqlstate(error: BaseException) -> Optional[str]:
-    """The SQLSTATE the server gave ``error`` (psycopg2's ``pgcode``, psycopg 3's ``sqlstate``),
-    looking under peewee's wrapper; None for an error no server answered (a connect that failed)."""
+    """The SQLSTATE the server gave ``error``, under peewee's wrapper; None if no server answered."""
     for candidate in (error, driver_error(error)):
         code = getattr(candidate, "pgcode", None) or getattr(candidate, "sqlstate", None)
         if isinstance(code, str) and code:
@@ -87,11 +57,9 @@ def sqlstate(error: BaseException) -> Optional[str]:
 
 
 def unreachable(error: BaseException) -> bool:
-    """Whether a database ``error`` says its store cannot be reached (a connect refused or timed
-    out, a connection lost, a server shutting down, a file that cannot be opened), as opposed to
-    one statement failing on a store that answers: a deadlock, a serialization failure, a statement
-    or lock timeout (by SQLSTATE), or a SQLite file busy with another writer (by result code)."""
-    if not isinstance(error, CONNECTION_ERRORS):
+    """Whether a database ``error`` says its store cannot be reached, as opposed to one statement failing
+    on a store that answers (a deadlock, a timeout: by SQLSTATE; a busy SQLite file: by result code)."""
+    if not isinstance(error, DB_ERRORS):
         return False
     code = sqlstate(error)
     if code is not None:
@@ -112,8 +80,7 @@ def specs(database: Union[Spec, Sequence[Spec]]) -> list[Spec]:
 
 
 def _identity(db: pw.Database) -> tuple:
-    """What tells two stores apart: the database and its connection parameters (two schemas of one
-    PostgreSQL database, by ``search_path``, are two stores)."""
+    """What tells two stores apart: the database and its connection parameters (``search_path`` too)."""
     params = getattr(db, "connect_params", {}) or {}
     return (type(db).__name__, str(db.database), tuple(sorted((k, str(v)) for k, v in params.items())))
 
@@ -165,19 +132,13 @@ class Stores:
         with self._lock:
             found = self._models.get((model, index))
             if found is None:
-                meta = model._meta
-                # table_name is not inherited by a subclass: named, as the schema and the database.
-                attrs = {"database": self.databases[index], "table_name": meta.table_name, "schema": meta.schema}
-                found = cast(Any, type(model))(f"{model.__name__}_store{index}", (model,), {
-                    "Meta": type("Meta", (), attrs), "__module__": model.__module__, "__doc__": model.__doc__,
-                })
+                found = bound_copy(model, self.databases[index], f"{model.__name__}_store{index}")
                 setattr(found, BASE, model)
                 self._models[(model, index)] = found
         return found
 
     def ensure(self, model: type[pw.Model], index: int) -> None:
-        """Create ``model``'s table in store ``index`` if this process has not yet (a store down at
-        set-up gets its tables when it first answers); raises the store's error if it does not."""
+        """Create ``model``'s table in store ``index`` if this process has not yet; raises the store's error."""
         if (model, index) in self._ready:
             return
         with self._lock:
@@ -222,11 +183,8 @@ class Stores:
         return [i for i in indexes if not self.is_down(i)] + [i for i in indexes if self.is_down(i)]
 
     def insert(self, model: type[M], insert: Callable[[type[M]], T], marker: dict) -> tuple[type[M], T]:
-        """Insert a row in the first store that answers: ``(model in that store, what insert returned)``.
-
-        ``insert`` writes the row with the model it is given; ``marker``, the suite's marker that
-        the row's options hold, gets the store's index first, so the row names its store too.
-        """
+        """Insert a row with ``insert(model)`` in the first store that answers, its index written in
+        ``marker`` (the row's options) first: ``(model in that store, what insert returned)``."""
         error: Optional[BaseException] = None
         for index in self.order():
             target = self.model_in(model, index)
@@ -237,7 +195,7 @@ class Stores:
             try:
                 self.ensure(model, index)
                 result = insert(target)
-            except CONNECTION_ERRORS as e:
+            except DB_ERRORS as e:
                 if target._meta.database.in_transaction():
                     raise  # the caller's transaction is lost with it: nothing to fail over
                 if not unreachable(e):
@@ -251,15 +209,15 @@ class Stores:
         raise error
 
     def on_primary(self, model: type[pw.Model], what: Callable[[], str], write: Callable[[], T]) -> T:
-        """Run ``write`` on the primary, for ``what()``, a send that needs it: with several stores,
-        DatabaseUnavailable at once while the primary is remembered down, and a failure of it remembered."""
+        """Run ``write`` on the primary for ``what()``, a send that needs it: with several stores,
+        DatabaseUnavailable at once while it is remembered down."""
         if not self.several:
             return write()
         self.check_primary(what())
         try:
             self.ensure(model, 0)
             result = write()
-        except CONNECTION_ERRORS as e:
+        except DB_ERRORS as e:
             if not self.databases[0].in_transaction() and unreachable(e):
                 self.mark_down(0, e)
             raise

@@ -23,6 +23,7 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfigured
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus
@@ -266,11 +267,11 @@ class Batch:
             shared: dict = dict(fields[0]["options"][MARKER])  # the same for every row: no key
             for row in fields:
                 row["options"][MARKER] = shared  # gets the store's index, as a single send's marker
-            with jobs.db_errors(what):
+            with guarded(what):
                 self.model, ids = stores.insert(self.model, lambda target: jobs.insert_many(target, fields),
                                                 shared)
             return ids
-        with jobs.db_errors(what):
+        with guarded(what):
             return stores.on_primary(self.model, lambda: _needs(self.config, {}, self.held),
                                      lambda: jobs.insert_many(self.model, fields))
 
@@ -282,7 +283,7 @@ class Batch:
             raise DatabaseUnavailable(f"a {self.config.actor_name} job row was refused without a key held")
         found: dict = {}
         if lost:
-            with jobs.db_errors(f"looking up the holders of {len(lost)} {self.config.actor_name} keys"):
+            with guarded(f"looking up the holders of {len(lost)} {self.config.actor_name} keys"):
                 found = jobs.holders(self.model, [row.key for row in lost], self.config.app)  # type: ignore[misc]
         window = recent.window(self.config, {}, self.lock)
         for row in rows:

@@ -8,7 +8,6 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-import peewee as pw
 from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
@@ -16,9 +15,16 @@ from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
 from dramatiq_unique.context import MARKER, RETRY_FIELDS, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import DramatiqUniqueError, DuplicateJob, NotConfigured, RedisUnavailable
+from dramatiq_unique.errors import (
+    DatabaseUnavailable,
+    DramatiqUniqueError,
+    DuplicateJob,
+    NotConfigured,
+    RedisUnavailable,
+)
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.created import created_retry, created_row
@@ -31,6 +37,9 @@ if TYPE_CHECKING:
     from dramatiq_unique.suite import ActorConfig, Suite
 
 logger = logging.getLogger(__name__)
+
+#: How many times a unique send tries its insert while the holders it meets go away.
+MAX_INSERT_ROUNDS = 20
 
 
 class Redirect(DramatiqUniqueError):
@@ -102,15 +111,12 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
 
         def write(target: "type[JobModel]") -> tuple[int, int]:
             try:
-                row_id = jobs.insert(target, fields)
-            except pw.IntegrityError:  # the same message sent again: the same job
-                _check_idempotency(target, fields)
-                row = jobs.get(target, message_id=message.message_id)
-                if row is None:
-                    raise
-                return row.id, row.revision
-            created_row(target, row_id, fields, None, None, suite)
-            return row_id, 0
+                row_id, revision, created = jobs.adopt(target, fields)  # the same message sent again: the same job
+            except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
+                raise Redirect(held_by.job.message_id) from None
+            if created:
+                created_row(target, row_id, fields, None, None, suite)
+            return row_id, revision
 
         if suite.stores.several and held is None and may_fail_over(config, opts):
             model, (row_id, revision) = suite.stores.insert(model, write, marker)
@@ -152,13 +158,6 @@ def _needs(config: "ActorConfig", opts: dict, held: Any) -> str:
     return f"{what} send of {config.actor_name}"
 
 
-def _check_idempotency(model: Any, fields: dict) -> None:
-    try:
-        jobs.check_idempotency(model, fields)
-    except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
-        raise Redirect(held_by.job.message_id) from None
-
-
 def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
@@ -171,7 +170,7 @@ def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Opt
             row_id = message.options[MARKER]["id"]
             try:
                 model.update(broker_ref=ref, missing_since=None).where(model.id == row_id).execute()
-            except (pw.OperationalError, pw.InterfaceError):
+            except DB_ERRORS:
                 # The database is down (Retries re-sending a start that failed on it): the message matters more.
                 logger.warning("Sending job %s with its row's broker id not updated: the database is down; "
                                "the re-drive may send it again, a duplicate its start drops.", message.message_id)
@@ -211,7 +210,7 @@ def _insert_unique(
     window = recent.window(config, opts, lock)
     # The lock's token is the message id: a worker releases it with the one its message carries.
     fields["options"][MARKER] = {"qt": message.message_id, **({deferral.DEFERRED: 1} if deferred else {})}
-    for _ in range(jobs.MAX_INSERT_ROUNDS):
+    for _ in range(MAX_INSERT_ROUNDS):
         row_id, holder = jobs.insert_holding(config.model, fields, key, window, full=conflict != "skip")
         if row_id is not None:
             lock_name = suite.keys.queue_lock(key)
@@ -222,12 +221,13 @@ def _insert_unique(
             if locked:
                 take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
-        assert holder is not None
+        if holder is None:
+            continue  # the key came free meanwhile
         if holder.message_id == message.message_id:
             return holder.id, holder.revision  # this very message, sent again
         if not _conflict(config, message, delay, key, conflict, holder):
             continue  # the holder started while we looked: the key is free again
-    raise jobs.DatabaseUnavailable(f"could not settle the unique hold {key!r}")
+    raise DatabaseUnavailable(f"could not settle the unique hold {key!r}")
 
 
 def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:

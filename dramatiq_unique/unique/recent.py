@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.unique.keys import derive_key
@@ -77,7 +78,7 @@ def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
     if key is None or not _recent.seen(key):
         return None  # a key new to this process: most likely free, the insert will tell
     ms = window(config, opts, lock)
-    with jobs.db_errors(f"recording {message.actor_name} job {message.message_id}"):
+    with guarded(f"recording {message.actor_name} job {message.message_id}"):
         # As the insert would: at once while the primary is remembered down, and remembered if it is.
         holder = suite.stores.on_primary(config.model, lambda: f"a unique send of {config.actor_name}",
                                          lambda: jobs.holder(config.model, key, ms, config.app))

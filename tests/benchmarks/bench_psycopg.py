@@ -114,7 +114,7 @@ class Statements:
 
         rows = [self.fields(i) for i in range(n)]
         tick()
-        ids = [jobs.insert(JobModel, f) for f in rows]
+        ids = [jobs.adopt(JobModel, f)[0] for f in rows]
         tock("insert")
         tick()
         started = [jobs.start(JobModel, i, revision=0, lease_ms=60_000, worker="bench:1", release_hold=False)
@@ -130,7 +130,7 @@ class Statements:
         if not self.holds:  # the rows whose holds the lookups find (not timed)
             self.holds = [f"bench-{self.label}-{uuid.uuid4().hex}" for _ in range(n)]
             for i, hold in enumerate(self.holds):
-                jobs.insert(JobModel, self.fields(i, hold))
+                jobs.adopt(JobModel, self.fields(i, hold))
         tick()
         for hold in self.holds:
             assert jobs.read_holder(JobModel, hold) is not None

@@ -81,7 +81,7 @@ def senders(url: str) -> tuple[dict[str, Callable[[int], object]], Callable[[], 
     def our_insert(i: int) -> None:
         # The fields a tracked send writes (unique/enqueue.py: row_fields), without the publish.
         now = utcnow()
-        jobs.insert(JobModel, {
+        jobs.adopt(JobModel, {
             "app": suite.settings.key_prefix, "message_id": uuid.uuid4().hex, "actor_name": "tracked",
             "queue_name": "tracked", "args": [i], "kwargs": {}, "options": {"_du": {}},
             "status": JobStatus.QUEUED.value, "created_at": now, "enqueued_at": now, "process_after": now,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -218,13 +219,16 @@ def test_a_start_that_took_longer_than_the_lease_does_not_run_the_actor(suite, b
     message = late.send(1)
     other = open_database(database_url)
     table, job_id = dramatiq_unique.JobModel._meta.table_name, row(message).id
-    with running_worker(broker):
-        with other.atomic():
-            other.execute_sql(f'UPDATE "{table}" SET attempts = attempts WHERE id = {other.param}', [job_id])
+    # The row is held before the worker starts, so that its start cannot come first.
+    with contextlib.ExitStack() as held:
+        held.enter_context(other.atomic())
+        other.execute_sql(f'UPDATE "{table}" SET attempts = attempts WHERE id = {other.param}', [job_id])
+        with running_worker(broker):
             time.sleep(1.0)  # the worker's start waits for the row meanwhile
+            held.close()  # commits: the start goes on, a second after it began
             released = time.monotonic()
-        other.close()
-        wait_until(lambda: row(message).status == "succeeded", timeout=20)
+            other.close()
+            wait_until(lambda: row(message).status == "succeeded", timeout=20)
     job = row(message)
     assert len(runs) == 1 and job.attempts == 2, (runs, job.attempts)
     assert "longer than its lease" in json.dumps(job.history), job.history

@@ -1,4 +1,4 @@
-"""setup() fails fast and says what to do (dramatiq_unique.storage.database, dramatiq_unique.redis.checks).
+"""setup() fails fast and says what to do (dramatiq_unique.storage.database, dramatiq_unique.redis.servers).
 
 A database or Redis that is down, or that takes the connection and never
 answers, is a DependencyUnavailable naming the service and its address

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dramatiq_unique import RedisPermissionDenied, RedisUnavailable
-from dramatiq_unique.storage.poolers import refused_options
+from dramatiq_unique.storage.database import refused_options
 
 
 def test_a_noperm_reply_raises_redis_permission_denied_naming_the_keys():

@@ -20,7 +20,7 @@ from dramatiq.common import dq_name
 
 import dramatiq_unique
 from dramatiq_unique import heartbeat
-from dramatiq_unique.storage.fencing import current as current_token
+from dramatiq_unique.storage.jobs import current_token
 from dramatiq_unique.storage.models import after_ms, utcnow
 from tests.helpers import wait_until
 

@@ -15,7 +15,7 @@ import pytest
 import dramatiq_unique
 from dramatiq_unique import JobModel, current_job
 from dramatiq_unique.parking import lot
-from dramatiq_unique.storage import fencing
+from dramatiq_unique.storage.jobs import current_token
 from tests.conftest import REDIS_URL
 from tests.exec_app import WorkerProcess, declare, read_log
 from tests.helpers import wait_until
@@ -319,7 +319,7 @@ def test_fencing_tokens_grow_across_all_executions_and_survive_a_redis_flush(
             redis_client.delete(name)
     assert tokens == sorted(tokens) and len(set(tokens)) == 6 and tokens[0] >= 1
     assert [r.fencing_token for r in rows("fenced")] == tokens
-    assert fencing.current(suite.db, rows("fenced")[0].unique_key) == tokens[-1]
+    assert current_token(suite.db, rows("fenced")[0].unique_key) == tokens[-1]
 
 
 def test_a_zombie_whose_lease_ran_out_records_nothing_over_the_newer_job(suite, broker, worker):

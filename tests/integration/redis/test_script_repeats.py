@@ -196,7 +196,7 @@ def test_a_script_is_not_sent_again_over_a_connection_that_never_opened(made_by,
     else:
         client = redis.Redis(host="127.0.0.1", port=server.port, socket_connect_timeout=0.5)
     server.stop()
-    script = scripts.register(client, "return 1")
+    script = scripts.Script(client, "return 1")
     conn = scripts.link_of(client).conn
     connects = []
     real = conn._connect  # redis-py's own: one socket opened per call of it

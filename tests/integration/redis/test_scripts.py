@@ -34,7 +34,7 @@ def server(request, certs) -> Iterator[Union[RedisServer, PrivateRedis]]:
 def test_replies_come_back_as_redis_py_would_give_them(server):
     """Given a script replying with an array of an int, a large string, nil and a number, Then all parse."""
     client = redis.Redis.from_url(server.url)
-    echo = scripts.register(client, ECHO)
+    echo = scripts.Script(client, ECHO)
     big = "x" * 200_000  # more than one socket read
     assert echo(keys=["missing"], args=[big, 7]) == [1, big.encode(), None, 7]
     assert echo(keys=["missing"], args=["é", 8]) == [1, "é".encode(), None, 8]
@@ -42,17 +42,17 @@ def test_replies_come_back_as_redis_py_would_give_them(server):
 
 def test_script_errors_raise_and_leave_the_connection_usable(server):
     client = redis.Redis.from_url(server.url)
-    boom = scripts.register(client, "return redis.error_reply('boom')")
+    boom = scripts.Script(client, "return redis.error_reply('boom')")
     with pytest.raises(redis.ResponseError, match="boom"):
         boom()
-    assert scripts.register(client, "return 5")() == 5
+    assert scripts.Script(client, "return 5")() == 5
 
 
 def test_a_flushed_script_cache_and_a_restarted_server_are_recovered(server):
     """Given a script called once, When Redis forgets its scripts, and then restarts on the same
     port, Then the next calls load the script again and reconnect by themselves."""
     client = redis.Redis.from_url(server.url)
-    echo = scripts.register(client, ECHO)
+    echo = scripts.Script(client, ECHO)
     assert echo(keys=["k"], args=["a", 1])[1] == b"a"
     client.script_flush()
     assert echo(keys=["k"], args=["b", 2])[1] == b"b"
@@ -63,7 +63,7 @@ def test_a_flushed_script_cache_and_a_restarted_server_are_recovered(server):
 
 def test_a_stopped_server_raises_a_connection_error(server):
     client = redis.Redis.from_url(server.url, socket_connect_timeout=0.5)
-    echo = scripts.register(client, ECHO)
+    echo = scripts.Script(client, ECHO)
     echo(keys=["k"], args=["a", 1])
     server.stop()
     with pytest.raises(redis.ConnectionError):
@@ -74,7 +74,7 @@ def test_each_thread_and_each_forked_child_has_its_own_connection(server):
     """Given calls from two threads and a forked child, Then each speaks over its own socket
     (a shared one would interleave replies)."""
     client = redis.Redis.from_url(server.url)
-    echo = scripts.register(client, ECHO)
+    echo = scripts.Script(client, ECHO)
     echo(keys=["k"], args=["parent", 0])
     errors: list[BaseException] = []
 
@@ -105,7 +105,7 @@ def test_an_exception_between_request_and_reply_does_not_leave_a_reply_behind(se
     """Given a call interrupted after its request was sent (as an exception raised into the
     thread would), When the next call runs, Then it gets its own reply, not the stale one."""
     client = redis.Redis.from_url(server.url)
-    echo = scripts.register(client, ECHO)
+    echo = scripts.Script(client, ECHO)
     echo(keys=["k"], args=["warm", 0])
     link = scripts.link_of(client)
 
@@ -126,7 +126,7 @@ def test_posted_calls_run_in_order_before_the_threads_next_call(server):
     """Given calls posted without waiting, When the thread calls again, Then the posted ones ran
     first and in order, and their replies are not taken for the new call's."""
     client = redis.Redis.from_url(server.url)
-    incr = scripts.register(client, INCR_BY)
+    incr = scripts.Script(client, INCR_BY)
     for step in (1, 10, 100):
         incr.post(keys=["n"], args=[step])
     assert incr(keys=["n"], args=[1000]) == 1111
@@ -141,7 +141,7 @@ def test_posted_calls_work_on_a_socket_numbered_above_1023(server):
     spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
         client = redis.Redis.from_url(server.url, socket_timeout=5)
-        incr = scripts.register(client, INCR_BY)
+        incr = scripts.Script(client, INCR_BY)
         assert incr(keys=["n"], args=[1]) == 1
         for _ in range(3):
             incr.post(keys=["n"], args=[1])
@@ -155,14 +155,14 @@ def test_a_posted_call_the_server_did_not_know_runs_once_loaded(server):
     """Given a posted call of a script Redis forgot, When the thread next calls, Then the posted
     one is loaded and run before that call returns; a posted call that fails is logged."""
     client = redis.Redis.from_url(server.url)
-    incr = scripts.register(client, INCR_BY)
+    incr = scripts.Script(client, INCR_BY)
     assert incr(keys=["n"], args=[1]) == 1
     client.script_flush()
     incr.post(keys=["n"], args=[5])
     assert client.get("n") == b"1", "not run: Redis did not know the script"
-    assert scripts.register(client, "return 0")() == 0
+    assert scripts.Script(client, "return 0")() == 0
     assert client.get("n") == b"6"
-    boom = scripts.register(client, "return redis.error_reply('boom')")
+    boom = scripts.Script(client, "return redis.error_reply('boom')")
     with pytest.raises(redis.ResponseError):
         boom()  # the first call of a script on a connection waits for its reply
     boom.post()
@@ -174,13 +174,13 @@ def test_a_script_is_posted_only_once_the_connection_has_seen_it_run(server):
     other, Then the call ran all the same (a posted NOSCRIPT would wait for a next call)."""
     client = redis.Redis.from_url(server.url)
     client.script_flush()
-    scripts.register(client, INCR_BY).post(keys=["first"], args=[3])
+    scripts.Script(client, INCR_BY).post(keys=["first"], args=[3])
     assert client.get("first") == b"3"
 
 
 def test_a_posted_call_on_a_stopped_server_raises_a_connection_error(server):
     client = redis.Redis.from_url(server.url, socket_connect_timeout=0.5)
-    incr = scripts.register(client, INCR_BY)
+    incr = scripts.Script(client, INCR_BY)
     incr(keys=["n"], args=[1])
     server.stop()
     with pytest.raises(redis.ConnectionError):
@@ -195,12 +195,11 @@ def test_a_posted_call_on_a_stopped_server_raises_a_connection_error(server):
 def test_replies_are_bytes_in_either_protocol_whatever_the_clients_decoding(server, protocol):
     """Given clients speaking RESP2 and RESP3, one decoding replies to str, Then script replies come
     back as bytes (what the callers parse) and a batch's too."""
-    from dramatiq_unique.redis import batch
-
     client = redis.Redis.from_url(server.url, protocol=protocol, decode_responses=True)
-    echo = scripts.register(client, ECHO)
+    echo = scripts.Script(client, ECHO)
     assert echo(keys=["missing"], args=["é", 8]) == [1, "é".encode(), None, 8]
-    assert batch.run_all(echo, [(["a"], ["x", 1]), (["b"], ["y", 2])]) == [[1, b"x", None, 1], [1, b"y", None, 2]]
+    batch = scripts.run_all(echo, [(["a"], ["x", 1]), (["b"], ["y", 2])])
+    assert batch == [[1, b"x", None, 1], [1, b"y", None, 2]]
 
 
 @pytest.mark.parametrize("parser", [_HiredisParser, _RESP2Parser, _RESP3Parser], ids=lambda p: p.__name__)
@@ -210,7 +209,7 @@ def test_posted_replies_are_read_in_order_with_each_parser(server, parser, timeo
     posted, Then a link owes at most MAX_UNREAD replies, and the next call reads them, in order."""
     protocol = 3 if parser is _RESP3Parser else 2
     client = redis.Redis.from_url(server.url, socket_timeout=timeout, parser_class=parser, protocol=protocol)
-    incr = scripts.register(client, INCR_BY)
+    incr = scripts.Script(client, INCR_BY)
     assert incr(keys=["n"], args=[1]) == 1
     link = scripts.link_of(client)
     posts = scripts.MAX_UNREAD * 2 + 3
@@ -225,7 +224,7 @@ def test_two_posts_in_a_row_without_a_socket_timeout(server):
     """Given a client without a socket timeout, When a thread posts twice without a call between,
     Then both run (over TLS, a recv with MSG_DONTWAIT raised ValueError and the post was lost)."""
     client = redis.Redis.from_url(server.url, socket_timeout=None)
-    incr = scripts.register(client, INCR_BY)
+    incr = scripts.Script(client, INCR_BY)
     assert incr(keys=["n"], args=[1]) == 1
     incr.post(keys=["n"], args=[10])
     incr.post(keys=["n"], args=[100])
@@ -236,7 +235,7 @@ def test_a_health_check_never_takes_a_posted_reply(server):
     """Given a client with redis-py's health checks, When a check would be due while posted
     replies are unread, Then no PING is sent in between (it would read a posted reply as its own)."""
     client = redis.Redis.from_url(server.url, health_check_interval=1)
-    incr = scripts.register(client, INCR_BY)
+    incr = scripts.Script(client, INCR_BY)
     assert incr(keys=["n"], args=[1]) == 1
     incr.post(keys=["n"], args=[1])
     time.sleep(1.2)  # a check is due
@@ -251,7 +250,7 @@ def test_a_call_that_timed_out_is_not_sent_again(server, monkeypatch):
     """Given a server that stalls (SIGSTOP) under an open connection, Then a call raises redis-py's
     TimeoutError after one send, and the next call, once the server resumed, gets its own reply."""
     client = redis.Redis.from_url(server.url, socket_timeout=0.5)
-    echo = scripts.register(client, ECHO)
+    echo = scripts.Script(client, ECHO)
     echo(keys=["k"], args=["warm", 0])
     conn = scripts.link_of(client).conn
     sends: list[Any] = []

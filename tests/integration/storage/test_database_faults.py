@@ -24,6 +24,7 @@ from dramatiq_unique import DatabaseUnavailable, JobModel
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.flags import Watchdog
+from dramatiq_unique.storage.database import DB_ERRORS
 from tests.conftest import REDIS_URL
 from tests.durable import running_worker
 from tests.helpers import wait_until
@@ -282,7 +283,7 @@ def test_a_cut_inside_a_transaction_is_not_retried_and_the_next_call_works(priva
     and the thread's next call, outside it, reconnects."""
     db = private_suite.db
     JobModel.create(message_id="before", actor_name="a", queue_name="default")
-    with pytest.raises((pw.OperationalError, pw.InterfaceError)):
+    with pytest.raises(DB_ERRORS):
         with db.atomic():
             JobModel.create(message_id="inside-1", actor_name="a", queue_name="default")
             cluster.terminate_backends()

@@ -132,7 +132,7 @@ def test_a_parking_move_is_one_prepared_statement_and_leaves_the_session_synchro
     from dramatiq_unique.storage.models import utcnow
 
     suite = make_suite()
-    ids = [jobs.insert(JobModel, {"message_id": f"m{n}", "actor_name": "job", "queue_name": "default"})
+    ids = [jobs.adopt(JobModel, {"message_id": f"m{n}", "actor_name": "job", "queue_name": "default"})[0]
            for n in range(3)]
     for row_id in ids:
         assert jobs.park(JobModel, row_id, 0, "group", {}, utcnow()) is not None
@@ -149,7 +149,7 @@ import json, sys
 import peewee as pw
 from playhouse.db_url import parse
 from dramatiq_unique import JobModel
-from dramatiq_unique.storage import fencing, models, queries
+from dramatiq_unique.storage import models, queries
 
 params = parse(sys.argv[1])
 db = pw.PostgresqlDatabase(params.pop("database"), **params)
@@ -158,7 +158,7 @@ values = {"app": "", "hold": "h", "key": "k", "id": 0, "revision": 0, "succeeded
           "failed": "failed", "running": "running", "live_after": None, "woken_by": ""}
 with db.bind_ctx([JobModel], bind_refs=False, bind_backrefs=False):
     models.create_tables(db, [JobModel])
-    fencing.create_table(db)
+    models.create_fence_table(db)
     for name in sys.argv[2:]:
         query = queries.on(db, name) if name == "current_token" else queries.statement(JobModel, name)
         queries.execute(db, query, values).fetchall()

@@ -14,8 +14,8 @@ from dramatiq_unique import JobModel
 from dramatiq_unique.durable.redrive import redrive
 from dramatiq_unique.health.target import bound
 from dramatiq_unique.storage import migrations, schema
-from dramatiq_unique.storage.database import open_database
-from dramatiq_unique.storage.models import is_postgres, utcnow
+from dramatiq_unique.storage.database import is_postgres, open_database
+from dramatiq_unique.storage.models import utcnow
 from tests.conftest import REDIS_URL
 from tests.durable import broker_messages
 

@@ -13,16 +13,16 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
-from dramatiq_unique.storage import conflicts, jobs
-from dramatiq_unique.storage.models import is_postgres
+from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage.database import is_postgres
 from tests.conftest import REDIS_URL
 from tests.helpers import wait_until
 
 
 @pytest.fixture(params=["plain", "one statement"])
 def insert_kind(request, monkeypatch) -> str:
-    """jobs.insert_holding either way (storage/conflicts.py chooses by the actor's recent clashes)."""
-    monkeypatch.setattr(conflicts, "expect_holder", lambda actor_name: request.param == "one statement")
+    """jobs.insert_holding either way (storage/jobs.py chooses by the actor's recent clashes)."""
+    monkeypatch.setattr(jobs, "expect_holder", lambda actor_name: request.param == "one statement")
     return request.param
 
 
@@ -122,13 +122,14 @@ def test_a_holder_that_commits_while_the_insert_waits_is_found(pg_suite, pg_url,
 
 
 def test_an_actor_whose_keys_are_often_held_switches_to_the_one_statement_and_back(suite, monkeypatch):
-    monkeypatch.setattr(conflicts, "_share", {})
+    monkeypatch.setattr(jobs, "_share", {})
     used: list[str] = []
     original = jobs.insert_or_holder
 
-    def spy(model, values):
-        used.append(values["message_id"])
-        return original(model, values)
+    def spy(model, values, read_holder=True):
+        if read_holder:
+            used.append(values["message_id"])
+        return original(model, values, read_holder)
 
     monkeypatch.setattr(jobs, "insert_or_holder", spy)
     jobs.insert_holding(JobModel, fields("holder"), "report:1", None)
@@ -138,4 +139,4 @@ def test_an_actor_whose_keys_are_often_held_switches_to_the_one_statement_and_ba
     assert used == ["dup4", "dup5"]  # four refusals in a row switch it
     for n in range(40):  # new keys: back to the plain INSERT
         jobs.insert_holding(JobModel, {**fields(f"new{n}"), "unique_key": f"report:{n + 2}"}, f"report:{n + 2}", None)
-    assert not conflicts.expect_holder("report")
+    assert not jobs.expect_holder("report")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import uuid
 from typing import Any, Optional
 
-from dramatiq_unique.storage.models import is_postgres, utcnow
+from dramatiq_unique.storage.database import is_postgres
+from dramatiq_unique.storage.models import utcnow
 
 _COLUMNS = (
     '"app" VARCHAR(255) NOT NULL DEFAULT \'\', "message_id" VARCHAR(64) NOT NULL, '

@@ -27,7 +27,7 @@ from dramatiq_unique.slots.gate import SlotGate
 PACKAGE = Path(dramatiq_unique.__file__).parent
 SCRIPTS = [name for name in lua.names() if not name.startswith("_")]
 FRAGMENTS = [name for name in lua.names() if name.startswith("_")]
-#: The modules that may call scripts.register: the loader, and the Redlock masters, which
+#: The modules that may make a scripts.Script: the loader, and the Redlock masters, which
 #: register the texts Locks takes from the loader (checked below).
 REGISTERING = {"redis/lua.py", "locks/masters.py"}
 
@@ -81,7 +81,7 @@ def test_only_the_loader_registers_scripts():
     callers = set()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register":
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Script":
                 if isinstance(node.func.value, ast.Name) and node.func.value.id == "scripts":
                     callers.add(path.relative_to(PACKAGE).as_posix())
     assert callers == REGISTERING

@@ -7,8 +7,7 @@ import redis
 from redis.sentinel import SentinelConnectionPool
 
 from dramatiq_unique import InvalidOption, redis_client
-from dramatiq_unique.redis.checks import address
-from dramatiq_unique.redis.servers import describe, identity, is_sentinel_url
+from dramatiq_unique.redis.servers import address, describe, identity, is_sentinel_url
 
 
 def test_a_sentinel_url_gives_a_client_of_the_services_master():
@@ -54,7 +53,7 @@ def test_sentinels_that_name_no_master_are_said_so_at_the_check():
     """setup()'s check asks each sentinel once within check_timeout (not with their clients' own five
     seconds and retries) and says that no sentinel named a master, without a wall of client reprs."""
     from dramatiq_unique import RedisUnavailable
-    from dramatiq_unique.redis.checks import ping
+    from dramatiq_unique.redis.servers import ping
 
     with pytest.raises(RedisUnavailable, match="no sentinel named a master of service 'svc' within 500 ms") as error:
         ping(redis_client("redis+sentinel://127.0.0.1:1,127.0.0.1:2/svc/0"), 500, "Redis")

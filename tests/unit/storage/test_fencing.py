@@ -1,4 +1,4 @@
-"""Unit tests of dramatiq_unique.storage.fencing on a throw-away SQLite file (no services)."""
+"""Unit tests of the fencing tokens (storage/jobs.py) on a throw-away SQLite file (no services)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import peewee as pw
 import pytest
 
 from dramatiq_unique import JobModel
-from dramatiq_unique.storage import fencing
-from dramatiq_unique.storage.models import open_database
+from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage.database import open_database
+from dramatiq_unique.storage.models import create_fence_table
 
 
 class Jobs(JobModel):
@@ -20,7 +21,7 @@ def db(tmp_path):
     database = open_database(f"sqlite:///{tmp_path / 'fences.db'}")
     Jobs.bind(database, bind_refs=False, bind_backrefs=False)
     database.create_tables([Jobs])
-    fencing.create_table(database)
+    create_fence_table(database)
     yield database
     database.close()
 
@@ -31,19 +32,19 @@ def job(**fields) -> Jobs:
 
 
 def test_tokens_grow_per_key_and_keys_are_independent(db):
-    assert [fencing.draw(Jobs, "a:k") for _ in range(3)] == [1, 2, 3]
-    assert fencing.draw(Jobs, "a:other") == 1
-    assert fencing.draw(Jobs, "a:k") == 4
-    assert fencing.current(db, "a:k") == 4 and fencing.current(db, "a:none") == 0
+    assert [jobs.draw_token(Jobs, "a:k") for _ in range(3)] == [1, 2, 3]
+    assert jobs.draw_token(Jobs, "a:other") == 1
+    assert jobs.draw_token(Jobs, "a:k") == 4
+    assert jobs.current_token(db, "a:k") == 4 and jobs.current_token(db, "a:none") == 0
 
 
 def test_drawing_fences_out_older_running_attempts_of_the_key(db):
-    zombie = job(unique_key="a:k", status="running", fencing_token=fencing.draw(Jobs, "a:k"))
+    zombie = job(unique_key="a:k", status="running", fencing_token=jobs.draw_token(Jobs, "a:k"))
     done = job(unique_key="a:k", status="succeeded", fencing_token=zombie.fencing_token)
     other = job(unique_key="a:other", status="running", fencing_token=1)
     parked = job(unique_key="a:k", status="pending", parked_on="lock:a:k")
 
-    token = fencing.draw(Jobs, "a:k", parked.id)
+    token = jobs.draw_token(Jobs, "a:k", parked.id)
 
     assert Jobs.get_by_id(zombie.id).fencing_token == token > zombie.fencing_token
     assert Jobs.get_by_id(done.id).fencing_token == done.fencing_token, "finished rows keep their token"
@@ -55,6 +56,6 @@ def test_drawing_fences_out_older_running_attempts_of_the_key(db):
 def test_a_draw_inside_a_rolled_back_transaction_leaves_nothing(db):
     with pytest.raises(pw.IntegrityError):
         with db.atomic():
-            fencing.draw(Jobs, "a:k")
+            jobs.draw_token(Jobs, "a:k")
             raise pw.IntegrityError("roll it back")
-    assert fencing.current(db, "a:k") == 0
+    assert jobs.current_token(db, "a:k") == 0

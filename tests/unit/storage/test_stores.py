@@ -80,7 +80,7 @@ def test_a_send_fails_over_to_the_next_store_and_remembers_the_primary_down(two,
 
     def insert(model):
         tried.append(model._meta.database)
-        return jobs.insert(model, fields(f"m{len(tried)}-{next(sends)}"))
+        return jobs.adopt(model, fields(f"m{len(tried)}-{next(sends)}"))[0]
 
     marker: dict = {}
     model, row_id = two.insert(Jobs, insert, marker)
@@ -100,11 +100,11 @@ def test_new_rows_go_back_to_the_primary_once_it_answers(tmp_path):
     primary = sqlite(tmp_path / "later" / "primary.db")
     stores = stores_of(primary, sqlite(tmp_path / "secondary.db"), down_for=1)
     marker: dict = {}
-    stores.insert(Jobs, lambda model: jobs.insert(model, fields("a")), marker)
+    stores.insert(Jobs, lambda model: jobs.adopt(model, fields("a"))[0], marker)
     assert marker == {STORE: 1}
     (tmp_path / "later").mkdir()  # the primary can be opened now: its table is made on first use
     time.sleep(0.01)
-    model, _ = stores.insert(Jobs, lambda model: jobs.insert(model, fields("b")), marker)
+    model, _ = stores.insert(Jobs, lambda model: jobs.adopt(model, fields("b"))[0], marker)
     assert model is Jobs and marker == {} and not stores.is_down(0)
     primary.close()
 
