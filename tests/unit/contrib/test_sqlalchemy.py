@@ -7,7 +7,7 @@ from sqlalchemy import create_engine
 
 from dramatiq_unique.contrib.sqlalchemy import EngineDatabase
 from dramatiq_unique.errors import InvalidOption
-from dramatiq_unique.storage.poolers import is_psycopg3
+from dramatiq_unique.storage.database import is_psycopg3
 
 
 def test_a_sqlite_engine_is_refused() -> None:
