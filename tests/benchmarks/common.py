@@ -52,14 +52,19 @@ def rig(database: str) -> tuple[str, "RedisBroker", "dramatiq_unique.Suite"]:
 
 
 #: ``BENCH_BORROW=django``: the suite's statements on a Django database's connection (contrib/django), the
-#: same PostgreSQL schema; unset, on the suite's own connections.  Old and new side by side.
+#: same PostgreSQL schema (``django-psycopg2``: Django on psycopg2, psycopg 3 hidden from it); unset, on the
+#: suite's own connections.  Old and new side by side.
 BORROW = os.environ.get("BENCH_BORROW", "")
 
 
 def borrowed(database: str) -> object:
     """``database`` as the suite opens it: the URL itself, or under BENCH_BORROW a Django database on it."""
-    if BORROW != "django" or not database.startswith("postgresql"):
+    if not BORROW.startswith("django") or not database.startswith("postgresql"):
         return database
+    if BORROW == "django-psycopg2":
+        import sys
+
+        sys.modules["psycopg"] = None  # type: ignore[assignment]  # Django then takes psycopg2
     import django
     from django.conf import settings
     from django.db import connections
