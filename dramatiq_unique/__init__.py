@@ -69,7 +69,9 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     Declare actors after this call: Dramatiq checks actor options against
     the middlewares present when an actor is declared.  Returns the
     :class:`Suite`; the last call's suite is the one module-level
-    functions such as :func:`get_job` use.
+    functions such as :func:`get_job` use.  ``database`` may also be a
+    sync SQLAlchemy ``Engine`` on PostgreSQL: sends inside its sessions'
+    ``session.begin()`` then commit with them (docs: SQLAlchemy how-to).
 
     Checks its services once: the database (connecting, creating the
     tables) and each Redis server, the broker's too, raising
@@ -80,6 +82,10 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     skips the Redis check).
     """
     RedactPasswords.install()  # before the set-up's own warnings (a store down)
+    if type(database).__module__.startswith("sqlalchemy."):  # an Engine: sends follow its sessions
+        from dramatiq_unique.contrib.sqlalchemy import EngineDatabase
+
+        database = EngineDatabase.of(database)
     suite = Suite(database=database, redis=redis, **settings)
     if suite.settings.check_redis:
         try:
@@ -100,6 +106,9 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     if not any(isinstance(m, Metrics) for m in broker.middleware):  # metrics at worker boot, one per broker
         broker.add_middleware(Metrics())
     ResultWarningFilter.install(suite)
+    attach = getattr(suite.db, "attach_suite", None)
+    if attach is not None:  # a framework's database (dramatiq_unique.contrib): its transactions hold sends
+        attach(suite)
     _suite.set_current(suite)
     return suite
 

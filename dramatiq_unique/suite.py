@@ -202,6 +202,9 @@ class Suite:
       **settings: see :class:`Settings`.
     """
 
+    #: An outbox block that every transaction of ``db`` is in: a framework's (dramatiq_unique.contrib).
+    framework_block: Optional[Any] = None
+
     def __init__(
         self, *, database: Union[str, pw.Database, Sequence[Union[str, pw.Database]]], redis: RedisSpec,
         **settings: Any,
@@ -272,6 +275,9 @@ class Suite:
                 for index in range(len(self.stores)):
                     if self.stores.is_down(index):
                         continue  # created when the store first answers (Stores.ensure)
+                    if getattr(self.stores.databases[index], "tables_by_migrations", False):
+                        self.stores.created(model, index)  # the host framework's migrations make them (contrib/)
+                        continue
                     try:
                         self.stores.ensure(model, index)
                     except DB_ERRORS as e:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 import peewee as pw
 from dramatiq.common import q_name
 
+from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, broker_ref, resending
 from dramatiq_unique.durable import deferral
 from dramatiq_unique.durable.messages import job_options
@@ -92,7 +93,7 @@ class Block:
 def publish_held(items: list[_Item]) -> None:
     """After commit: the held sends that the commit kept, claimed and published, each suite's by its
     :class:`Outbox`.  Not inside a block: a ``txn.commit()`` within one publishes from inside it."""
-    token = _active.set(None)
+    token = _active.set(_PUBLISHING)
     try:
         suites: dict[int, Outbox] = {}
         for item in items:
@@ -254,12 +255,18 @@ def _claim_held(model: type["JobModel"], held: list[Held], refs: list[str]) -> d
 
 
 _active: contextvars.ContextVar[Optional[Block]] = contextvars.ContextVar("dramatiq_unique_outbox", default=None)
+#: Set while held sends are published: they are in no block, even inside a framework's open transaction.
+_PUBLISHING = Block.__new__(Block)
+_PUBLISHING.open = False
 
 
 def active() -> Optional[Block]:
     """The ``transaction()`` block this thread is in, if any (a context copied to another thread is
     not in it: the transaction is the opening thread's, as peewee's transactions are per thread)."""
     block = _active.get()
+    if block is None:  # a framework's transaction (dramatiq_unique.contrib) holds the sends as a block does
+        suite = _config._current
+        block = suite.framework_block if suite is not None else None
     return block if block is not None and block.open and block.suite.db.in_transaction() else None
 
 

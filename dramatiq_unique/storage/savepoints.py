@@ -122,6 +122,9 @@ def hold(db: pw.Database, flush: Flush, item: Any) -> None:
     """Keep ``item`` until this thread's transaction on ``db`` commits, then hand it to ``flush`` (with
     the other items held for the same flush); never, if the savepoint or transaction it was held in
     rolls back.  ``db`` must be :func:`track`-ed and in a transaction."""
+    own = getattr(db, "hold", None)
+    if own is not None and own(flush, item):  # in a framework's transaction (dramatiq_unique.contrib), held there
+        return
     if not getattr(db, _TRACKED, False):
         raise RuntimeError(f"{db!r} does not follow savepoints: open it with storage.database.open_database")
     if not db.in_transaction():

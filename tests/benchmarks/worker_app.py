@@ -61,7 +61,9 @@ def setup_from_env() -> None:
     ns = os.environ["BW_NAMESPACE"]
     broker = RedisBroker(url=os.environ["BW_REDIS_URL"], namespace=ns)
     dramatiq.set_broker(broker)
-    dramatiq_unique.setup(broker, database=os.environ["BW_DATABASE_URL"], redis=os.environ["BW_REDIS_URL"],
+    from tests.benchmarks.common import borrowed  # BENCH_BORROW=django: on Django's connections
+
+    dramatiq_unique.setup(broker, database=borrowed(os.environ["BW_DATABASE_URL"]), redis=os.environ["BW_REDIS_URL"],
                           key_prefix=ns, redriver=False)
 
 

@@ -1,0 +1,161 @@
+"""The job tables beside an SQLAlchemy engine: a send inside ``session.begin()`` commits with the session.
+
+``setup(broker, database=engine)`` (PostgreSQL, a sync engine): the suite opens its own connections from
+the engine's URL, and while a Session bound to that engine is in a transaction it began with
+``session.begin()``, in this thread or task, the suite's statements run on the session's connection, in
+its transaction.  What the outbox holds for the commit follows the session's savepoints (the engine's
+savepoint events) and is published after the session's commit (its ``after_commit``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import weakref
+from typing import Any, Optional
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session, SessionTransaction, SessionTransactionOrigin
+
+from dramatiq_unique.errors import InvalidOption
+from dramatiq_unique.storage.database import ReconnectingPostgresqlDatabase, _postgres
+from dramatiq_unique.storage.savepoints import Flush, _Journal
+from dramatiq_unique.suite import DEFAULT_DATABASE_CONNECT_TIMEOUT, DEFAULT_DATABASE_TIMEOUT
+
+#: The sessions of this thread or task in a ``session.begin()`` transaction, with their engines.
+_sessions: contextvars.ContextVar[tuple[tuple[Any, Session], ...]] = contextvars.ContextVar(
+    "dramatiq_unique_sessions", default=())
+#: The engines set up, with their databases.
+_engines: "weakref.WeakKeyDictionary[Any, EngineDatabase]" = weakref.WeakKeyDictionary()
+#: Where a session's journal is kept (``session.info``, and its connection's ``info`` for the savepoint events).
+_KEY = "dramatiq_unique_journal"
+
+
+class EngineDatabase(ReconnectingPostgresqlDatabase):
+    """The job tables in an SQLAlchemy engine's PostgreSQL database, in its sessions' transactions."""
+
+    engine: Any = None
+
+    @classmethod
+    def of(cls, engine: Any) -> "EngineDatabase":
+        if engine.dialect.name != "postgresql" or not hasattr(engine, "raw_connection"):
+            raise InvalidOption(f"database=engine needs a sync PostgreSQL engine, not {engine!r}")
+        url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        made = _postgres(url, DEFAULT_DATABASE_CONNECT_TIMEOUT, DEFAULT_DATABASE_TIMEOUT)
+        db = cls(made.database, prefer_psycopg3=engine.dialect.driver == "psycopg", **made.connect_params)
+        db.suite_option, db.engine = getattr(made, "suite_option", None), engine
+        if engine not in _engines:
+            for name in ("after_cursor_execute", "release_savepoint", "rollback_savepoint", "commit", "rollback"):
+                event.listen(engine, name, globals()[f"_on_{name}"])
+        _engines[engine] = db
+        return db
+
+    def attach_suite(self, suite: Any) -> None:
+        from dramatiq_unique.contrib import hold_sends
+
+        hold_sends(suite)
+
+    def _session(self) -> Optional[Session]:
+        for engine, session in reversed(_sessions.get()):
+            if engine is self.engine:
+                return session
+        return None
+
+    def connection(self) -> Any:
+        session = self._session()
+        return super().connection() if session is None else session.connection().connection.driver_connection
+
+    def cursor(self, named_cursor: Any = None) -> Any:
+        session = self._session()
+        return super().cursor() if session is None else self.connection().cursor()
+
+    def in_transaction(self) -> bool:
+        return self._session() is not None or super().in_transaction()
+
+    def atomic(self, *args: Any, **kwargs: Any) -> Any:
+        session = self._session()
+        return super().atomic(*args, **kwargs) if session is None else session.begin_nested()
+
+    def hold(self, flush: Flush, item: Any) -> bool:
+        """Keep ``item`` for ``flush`` after the session's commit (storage/savepoints.py's ``hold``);
+        False outside a session's transaction (peewee's own journal keeps it)."""
+        session = self._session()
+        if session is None:
+            return False
+        journal = session.info.get(_KEY)
+        if journal is None:
+            journal = session.info[_KEY] = session.connection().info[_KEY] = _Journal()
+        journal.entries.append((flush, item))
+        return True
+
+
+def _bound(session: Session) -> Any:
+    try:
+        bind = session.get_bind()
+    except Exception:  # noqa: BLE001 - several binds and no mapper to choose: not one of ours
+        return None
+    return getattr(bind, "engine", bind)
+
+
+@event.listens_for(Session, "after_transaction_create")
+def _began(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None and transaction.origin is SessionTransactionOrigin.BEGIN:
+        engine = _bound(session)
+        if engine in _engines:
+            _sessions.set((*_sessions.get(), (engine, session)))
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None:
+        _sessions.set(tuple(pair for pair in _sessions.get() if pair[1] is not session))
+        journal = session.info.pop(_KEY, None)
+        if journal is not None:  # rolled back (a commit took it first)
+            journal.drop()
+
+
+@event.listens_for(Session, "after_commit")
+def _committed(session: Session) -> None:
+    root = session.get_transaction()
+    if root is not None and root.is_active:
+        return  # a savepoint's release (SQLAlchemy calls it a commit too): the transaction goes on
+    journal = session.info.pop(_KEY, None)
+    if journal is not None:
+        token = _sessions.set(())  # the claims run on the suite's own connection: the session's is done
+        try:
+            journal.commit()
+        finally:
+            _sessions.reset(token)
+
+
+def _journal(conn: Any) -> Optional[_Journal]:
+    return conn.info.get(_KEY)
+
+
+def _on_after_cursor_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    # Its name, which the savepoint event does not give yet.
+    if statement.startswith("SAVEPOINT "):
+        journal = _journal(conn)
+        if journal is not None:
+            journal.savepoint(statement[10:].strip())
+
+
+def _on_release_savepoint(conn: Any, name: str, context: Any) -> None:
+    journal = _journal(conn)
+    if journal is not None:
+        journal.release(name)
+
+
+def _on_rollback_savepoint(conn: Any, name: str, context: Any) -> None:
+    journal = _journal(conn)
+    if journal is not None:
+        journal.roll_back_to(name)
+
+
+def _on_commit(conn: Any) -> None:
+    conn.info.pop(_KEY, None)  # the session's after_commit publishes it
+
+
+def _on_rollback(conn: Any) -> None:
+    journal = conn.info.pop(_KEY, None)
+    if journal is not None:
+        journal.drop()
