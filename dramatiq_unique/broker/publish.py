@@ -12,7 +12,7 @@ from dramatiq import Middleware
 from dramatiq.brokers.redis import RedisBroker
 
 from dramatiq_unique.broker.keys import dispatch
-from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.errors import RedisPermissionDenied, RedisUnavailable
 from dramatiq_unique.locks import queue
 from dramatiq_unique.redis.servers import identity
 
@@ -50,8 +50,9 @@ class Publisher:
         ``enqueue`` would, all or none (MULTI/EXEC).  Raises redis-py's errors or RedisUnavailable."""
         try:
             queue.take_many(self.suite, [entry[3] for entry in entries if entry[3] is not None])
-        except RedisUnavailable:
-            if not self.shares_server:
+        except RedisUnavailable as error:
+            # Refused (an ACL) by a server that answers, the publish would go through unlocked.
+            if isinstance(error, RedisPermissionDenied) or not self.shares_server:
                 raise
         with self.broker.client.pipeline(transaction=True) as pipe:
             for queue_name, ref, body, _ in entries:

@@ -1,4 +1,4 @@
-"""send_many against plain Dramatiq's per-message send (issue 16, part 2).
+"""send_many against plain Dramatiq's per-message send.
 
     python tests/benchmarks/bench_bulk.py [--jobs 10000] [--runs 3] [--only postgres]
 

@@ -1,4 +1,4 @@
-"""The suite against Procrastinate, side by side on the same PostgreSQL (issue 16, part 4).
+"""The suite against Procrastinate, side by side on the same PostgreSQL.
 
     pip install -e '.[postgres,bench]'
     python tests/benchmarks/bench_procrastinate.py [--jobs 2000] [--rounds 6] [--concurrency 8]

@@ -1,4 +1,4 @@
-"""psycopg 3's own statement preparation against our psycopg2 layer (storage/queries.py), issue 16 part 3.
+"""psycopg 3's own statement preparation against our psycopg2 layer (storage/queries.py).
 
     python tests/benchmarks/bench_psycopg.py [--calls 200] [--rounds 15] [--jobs 2000] [--repeat 5]
 

@@ -1,4 +1,4 @@
-"""Three Redlock masters, one of them down: throughput as a ratio to all three up (issue 12, item 7).
+"""Three Redlock masters, one of them down: throughput as a ratio to all three up.
 
     python tests/benchmarks/bench_redlock.py [--jobs 300] [--keys 30] [--threads 8] [--ms 5] [--rounds 2]
 

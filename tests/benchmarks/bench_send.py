@@ -1,4 +1,4 @@
-"""Single sends from one producer against the physical floor, on PostgreSQL (issue 16, part 2).
+"""Single sends from one producer against the physical floor, on PostgreSQL.
 
     python tests/benchmarks/bench_send.py [--jobs 2000] [--rounds 5]
 

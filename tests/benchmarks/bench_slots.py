@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_slots.py [--rounds 5] [--threads 16] [--job-ms 20]
 
-The load (issue 5): one hot key with 200 jobs and 9 keys with 20 jobs
+The load: one hot key with 200 jobs and 9 keys with 20 jobs
 each, at most 2 jobs per key at once, 16 worker threads, 20 ms jobs,
 all sent (shuffled, fixed seed) before the worker starts.  The ideal
 makespan is the hot key's: 200 jobs x 20 ms / 2 slots = 2.0 s.

@@ -1,4 +1,4 @@
-"""The fault suite (issue 12): real servers of the tests' own failing under load, judged from an event log.
+"""The fault suite: real servers of the tests' own failing under load, judged from an event log.
 
 Every test here is marked slow; `pytest -m slow tests/faults` runs them alone.  Each prints a line
 ``FAULT <scenario> jobs=.. kills=.. reruns=.. recover_s=..`` (visible with ``-n 0 -s``; appended to the

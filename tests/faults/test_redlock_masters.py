@@ -1,4 +1,4 @@
-"""Three Redlock masters: one down, then two, then both back (issue 12, item 7).
+"""Three Redlock masters: one down, then two, then both back.
 
 Three ``redis-server`` processes of the test's own are the suite's Redlock
 masters, made as a user may make them (``redis.Redis(host=..., port=...)``:

@@ -77,6 +77,9 @@ def test_an_acl_without_the_locks_is_named_in_the_error(tmp_path):
 
         with pytest.raises(dramatiq_unique.RedisPermissionDenied, match=r"redlock:<key_prefix>:\*"):
             report_once.send("k")
+        with pytest.raises(dramatiq_unique.RedisPermissionDenied):
+            dramatiq_unique.send_many(report_once, [("a",), ("b",)])
+        assert broker.client.llen(f"{key_prefix}-broker:default") == 0, "nothing published without its lock"
         with pytest.raises(dramatiq_unique.RedisPermissionDenied, match="NOPERM"):
             dramatiq_unique.redrive(broker)
         assert dramatiq_unique.dead_jobs() == [] and not list(dramatiq_unique.JobModel.select()), "no row left"

@@ -71,7 +71,7 @@ def test_any_suite_option_implies_tracking():
     assert is_tracked({"track": False, "unique_args": ["a"]})
 
 
-# -- issue 12, item 8: times, choices and keys that cannot be stable ---------------------------
+# -- times, choices and keys that cannot be stable ---------------------------
 
 from dramatiq_unique.options import validate_message  # noqa: E402
 
@@ -150,7 +150,7 @@ def test_message_options_resolve_over_the_actor_before_the_check():
     validate_message({"max_retries": 3, "unique_ttl": None}, {"track": True}, report)
 
 
-# -- issue 13: each middleware declares the options it reads; which combinations are refused ---
+# -- each middleware declares the options it reads; which combinations are refused ---
 
 from dramatiq_unique import options as opt  # noqa: E402
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking  # noqa: E402

@@ -1,4 +1,4 @@
-"""The dead set (issue 14, part 3): dead_jobs(), retry_job(), cancel_job().
+"""The dead set: dead_jobs(), retry_job(), cancel_job().
 
 Real Redis broker and workers, on SQLite and PostgreSQL.  Actors fail on
 purpose with ``max_retries`` of 0 or 1 and a 10 ms back-off, so a job is dead

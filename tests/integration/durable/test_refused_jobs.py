@@ -1,4 +1,4 @@
-"""A unique job refused before it starts is failed with its reason, and frees its key (issue 12, item 5).
+"""A unique job refused before it starts is failed with its reason, and frees its key.
 
 Refused: ``AgeLimit``'s skip, a ``SkipMessage`` from another middleware (before the
 suite's hooks, or after the job's start), a start that failed until ``Retries`` gave up.

@@ -1,4 +1,4 @@
-"""On RabbitMQ, a unique job that AgeLimit skips is failed and frees its key at once (issue 12, item 5).
+"""On RabbitMQ, a unique job that AgeLimit skips is failed and frees its key at once.
 
 RabbitMQ dead-letters the skipped message; nothing would ever free the key
 otherwise (the re-drive trusts RabbitMQ's queues).  SQLite and PostgreSQL.

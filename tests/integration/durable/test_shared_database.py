@@ -1,4 +1,4 @@
-"""Several apps on one database (guarantee 7, issue 12 item 9), on SQLite and PostgreSQL.
+"""Several apps on one database (guarantee 7), on SQLite and PostgreSQL.
 
 Two apps in one process: each its own RedisBroker namespace and suite
 ``key_prefix``, both on the test's one database.  Both declare an actor

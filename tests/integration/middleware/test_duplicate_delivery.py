@@ -1,4 +1,4 @@
-"""A second delivery of a running job never runs beside it (issue 12, item 3).
+"""A second delivery of a running job never runs beside it.
 
 The duplicate is written into the Redis queue as it is, with no hook run, as
 Dramatiq's dead-worker requeue or a broker redelivery leaves it: same

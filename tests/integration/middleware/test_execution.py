@@ -326,7 +326,7 @@ def test_a_zombie_whose_lease_ran_out_records_nothing_over_the_newer_job(suite, 
     """Given a job that outlives its 300 ms lease without heartbeat() and a
     newer job of the key that took the lock, then the newer job's outcome is
     recorded and stands; the zombie's own row, which no newer attempt of its
-    job owns, gets the zombie's outcome, noted (issue 12, item 11: a job that
+    job owns, gets the zombie's outcome, noted (a job that
     finished is never left for the re-drive to call lost)."""
     go = threading.Event()
     ran = []

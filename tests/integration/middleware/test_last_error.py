@@ -1,4 +1,4 @@
-"""``last_error`` keeps the real cause, and a job that finished is never reported lost (issue 12, item 11).
+"""``last_error`` keeps the real cause, and a job that finished is never reported lost.
 
 The case behind both: a ``while_executing`` job runs past its lock's lease, so the
 next job of its key is woken, takes the lock and draws the key's next fencing token,

@@ -1,4 +1,4 @@
-"""The deck hand-over verifies before it delivers (issue 12, item 4).
+"""The deck hand-over verifies before it delivers.
 
 A row reserved on deck (dramatiq_unique.parking.deck) is started in the database, by a compare-and-set on
 what the reservation read (revision, reservation owner, broker id, fencing token),

@@ -1,4 +1,4 @@
-"""Every Redis script of ours is safe to send again after a lost reply (issue 12, item 6).
+"""Every Redis script of ours is safe to send again after a lost reply.
 
 ``scripts.Script`` sends a call again when an open connection broke under it:
 the first send may have run, its reply lost.  Each script must then

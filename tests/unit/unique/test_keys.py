@@ -66,7 +66,7 @@ def test_redis_keys_share_one_prefix():
     assert keys.execution_lock("k").startswith("p:")
 
 
-# -- issue 12: keys that are the same in every process -----------------------------------------
+# -- keys that are the same in every process -----------------------------------------
 
 import datetime  # noqa: E402
 import pathlib  # noqa: E402
