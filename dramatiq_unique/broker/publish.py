@@ -37,6 +37,12 @@ class Publisher:
         """A Publisher for ``broker`` if it is a Redis broker; None if not."""
         return cls(broker, suite) if isinstance(broker, RedisBroker) else None
 
+    def covers(self, error: RedisUnavailable) -> bool:
+        """Whether a queue lock that failed with ``error`` may be left out of a send: the locks share
+        the broker's server, which is down too, so the publish fails as the broker's.  A refusal (an
+        ACL) comes from a server that answers: the publish would go through without the lock."""
+        return self.shares_server and not isinstance(error, RedisPermissionDenied)
+
     def batches(self) -> bool:
         """Whether tracked messages may be published in batches: a batch goes around the broker's
         ``enqueue``, so its ``before_enqueue`` hooks must be the suite's alone."""
@@ -51,8 +57,7 @@ class Publisher:
         try:
             queue.take_many(self.suite, [entry[3] for entry in entries if entry[3] is not None])
         except RedisUnavailable as error:
-            # Refused (an ACL) by a server that answers, the publish would go through unlocked.
-            if isinstance(error, RedisPermissionDenied) or not self.shares_server:
+            if not self.covers(error):
                 raise
         with self.broker.client.pipeline(transaction=True) as pipe:
             for queue_name, ref, body, _ in entries:

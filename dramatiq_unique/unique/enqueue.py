@@ -20,7 +20,6 @@ from dramatiq_unique.errors import (
     DramatiqUniqueError,
     DuplicateJob,
     NotConfigured,
-    RedisPermissionDenied,
     RedisUnavailable,
 )
 from dramatiq_unique.observe import events
@@ -240,8 +239,7 @@ def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: flo
         else:
             suite.locks.acquire(lock_name, ttl, token=token)
     except RedisUnavailable as error:
-        # A refusal (an ACL) comes from a server that answers: the broker's publish would go through.
-        if isinstance(error, RedisPermissionDenied) or suite.publisher is None or not suite.publisher.shares_server:
+        if suite.publisher is None or not suite.publisher.covers(error):
             raise
         # The broker's server is down too: its publish fails as the broker's (kept for the re-drive).
 

@@ -80,8 +80,15 @@ class Fleet:
     def pids(self) -> list[int]:
         return [pid for w in self.workers for pid in w.children()]
 
+    def _find(self, pid: int) -> Optional[CliWorker]:
+        """The live worker whose process ``pid`` is, or None once it exited."""
+        return next((w for w in self.workers if pid in w.children()), None)
+
     def _owner(self, pid: int) -> CliWorker:
-        return next(w for w in self.workers if pid in w.children())
+        owner = self._find(pid)
+        if owner is None:
+            raise StopIteration(f"process {pid} is no worker of this fleet")
+        return owner
 
     def kill(self, pid: int) -> int:
         """SIGKILL worker process ``pid``, record it, start a replacement; returns the kill's seq."""
@@ -98,7 +105,7 @@ class Fleet:
     def stop(self, pid: int) -> Optional[int]:
         """SIGSTOP worker process ``pid`` and record it; returns the stop's seq, or None when the
         process exited before it stopped (a worker that cannot reach PostgreSQL at start exits)."""
-        owner = next((w for w in self.workers if pid in w.children()), None)
+        owner = self._find(pid)
         if owner is None or not owner.signal_child(pid, signal.SIGSTOP) or not _wait_state(pid, "T"):
             return None
         time.sleep(0.05)
