@@ -44,7 +44,7 @@ from tests.faults import checker
 from tests.faults import history as hist
 from tests.faults.harness import Redriver, prefix
 from tests.faults.nemesis_app import KINDS, App, build
-from tests.faults.nemesis_faults import DebuggableRedis, Nemesis, NemesisFleet
+from tests.faults.nemesis_faults import Nemesis, NemesisFleet, debuggable_redis
 from tests.servers import PostgresCluster
 
 #: ms of the actors' run, drawn per send.
@@ -176,7 +176,7 @@ def run(settings: Settings, directory: Path, say: Callable[[str], None] = print)
         cluster = PostgresCluster()
         cleanup.callback(cluster.remove)
         cluster.start()
-        server = DebuggableRedis().start()
+        server = debuggable_redis().start()
         cleanup.callback(server.stop)
         env = env_of(settings, redis_url=server.url, database_url=cluster.url, directory=history_dir)
         app = build(env)

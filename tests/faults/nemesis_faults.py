@@ -6,49 +6,25 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from typing import Any, Callable
 
 import redis
 
-from tests.durable import RedisServer
 from tests.faults import history as hist
 from tests.faults.harness import Fleet
-from tests.servers import PostgresCluster
+from tests.servers import PostgresCluster, PrivateRedis
 from tests.workers import CliWorker
 
 #: Faults by weight: worker faults are the common ones.
 FAULTS = {"kill": 3, "stop": 3, "redis-kill": 1, "redis-pause": 1, "pg-restart": 1}
 
 
-class DebuggableRedis(RedisServer):
+def debuggable_redis() -> PrivateRedis:
     """A throwaway redis-server that takes ``DEBUG SLEEP`` (Redis 7 refuses DEBUG by default)."""
-
-    def start(self) -> "DebuggableRedis":
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is needed on PATH"
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1",
-             "--enable-debug-command", "local"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, socket_timeout=5)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.RedisError as e:
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise AssertionError(f"redis-server on port {self.port} did not start") from e
-                time.sleep(0.05)
-        client.close()
-        return self
+    return PrivateRedis(args=["--enable-debug-command", "local"])
 
 
 class NemesisFleet(Fleet):
@@ -86,7 +62,7 @@ class NemesisFleet(Fleet):
 class Nemesis:
     """The faults of one run: :meth:`tick` starts the next one when due and heals those whose time came."""
 
-    def __init__(self, seed: int, history: hist.History, fleet: NemesisFleet, server: DebuggableRedis,
+    def __init__(self, seed: int, history: hist.History, fleet: NemesisFleet, server: PrivateRedis,
                  cluster: PostgresCluster) -> None:
         self.rng = random.Random(f"{seed}-faults")
         self.history = history
