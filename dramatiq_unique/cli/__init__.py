@@ -1,22 +1,16 @@
-"""The command line, ``dramatiq-unique COMMAND [APP] [WORDS] [--json]``: the commands by name (each
-``cmd_*`` module registers its own with :func:`command`), their words, and one rule of exit codes for
-every command: 0 done, 1 understood but not done, 2 not understood (``check``: 0 ok, 1 warning,
-2 critical)."""
+"""The command line, ``dramatiq-unique COMMAND [APP] [WORDS] [--json]``: the commands
+(:data:`~dramatiq_unique.cli.commands.COMMANDS`), their words, and one rule of exit codes for every
+command: 0 done, 1 understood but not done, 2 not understood (``check``: 0 ok, 1 warning, 2 critical)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import os
-import pkgutil
-import re
 import sys
-from datetime import datetime, timedelta
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
+from dramatiq_unique.cli.commands import COMMANDS, Command, limit_value, since
 from dramatiq_unique.cli.context import Context, Refused, Usage, looks_like_app
-from dramatiq_unique.durable.dead import since_of
 from dramatiq_unique.errors import (
     DependencyUnavailable,
     DramatiqUniqueError,
@@ -25,48 +19,12 @@ from dramatiq_unique.errors import (
     JobStateError,
 )
 
-__all__ = ["COMMANDS", "Context", "Refused", "Usage", "command", "main"]
+__all__ = ["COMMANDS", "Command", "Context", "Refused", "Usage", "limit_value", "main", "since"]
 
 EXIT_RULE = ("Exit codes: 0 done; 1 not done: not found, refused, or a store or Redis did not answer; "
              "2 not understood: a bad command, option, word or value (check: 0 ok, 1 warning, 2 critical).")
 #: Errors that mean "understood, but not done": exit 1.
 REFUSED = (JobNotFound, JobStateError, Refused, DependencyUnavailable)
-_AGO = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-Run = Callable[[Context, argparse.Namespace], int]
-
-
-@dataclasses.dataclass(frozen=True)
-class Command:
-    name: str
-    help: str
-    run: Run
-    #: Adds the command's options to its parser.
-    arguments: Optional[Callable[[argparse.ArgumentParser], Any]] = None
-    #: The command's own positional words, in order; "[NAME]" for an optional one.
-    positionals: tuple[str, ...] = ()
-    #: Changes state: refused without the app (a suite from the environment is read-only).
-    writes: bool = False
-    #: Load the suite before ``run`` (False: the command calls ``ctx.load()`` itself, if at all).
-    load: bool = True
-
-
-COMMANDS: dict[str, Command] = {}
-
-
-def command(
-    name: str, *, help: str, arguments: Optional[Callable[[argparse.ArgumentParser], Any]] = None,
-    positionals: tuple[str, ...] = (), writes: bool = False, load: bool = True,
-) -> Callable[[Run], Run]:
-    """Register the decorated function as the command ``name``; it returns the exit code."""
-    def register(run: Run) -> Run:
-        if name in COMMANDS and COMMANDS[name].run is not run:
-            raise ValueError(f"two commands named {name!r}")
-        COMMANDS[name] = Command(name, help, run, arguments, positionals, writes, load)
-        return run
-
-    return register
 
 
 def split_words(
@@ -86,38 +44,7 @@ def split_words(
     return (words[0], words[1:]) if looks_like_app(words[0]) else (None, words)
 
 
-def since(text: Optional[str]) -> Optional[datetime]:
-    """``15m``, ``2h``, ``1d`` (that long ago) or an ISO time (UTC unless it says), as the job table's
-    time (naive UTC).  ValueError for anything else."""
-    if text is None:
-        return None
-    text = text.strip()
-    ago = _AGO.match(text)
-    if ago:
-        try:
-            return since_of(timedelta(seconds=int(ago.group(1)) * _UNITS[ago.group(2)]))
-        except OverflowError:
-            raise ValueError(f"--since {text} reaches before the year 1") from None
-    try:
-        return since_of(datetime.fromisoformat(text))
-    except ValueError:
-        raise ValueError(f"--since takes 15m, 2h, 1d or an ISO time, not {text!r}") from None
-
-
-def limit_value(text: str) -> Union[int, None]:
-    """``N`` (a whole number, 0 or more), ``halt`` (0) or ``default`` (None: the declared limit)."""
-    word = text.strip().lower()
-    if word in ("halt", "default"):
-        return 0 if word == "halt" else None
-    if not word.isdigit():
-        raise ValueError(f"a limit is a whole number, 'halt' or 'default', not {text!r}")
-    return int(word)
-
-
 def parser() -> argparse.ArgumentParser:
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("cmd_"):
-            importlib.import_module(f"{__name__}.{info.name}")
     top = argparse.ArgumentParser(
         prog="dramatiq-unique", description="See and steer the jobs, locks and slots of a dramatiq_unique app.",
         epilog="Each command takes the app module first (package.module[:broker]), as dramatiq does; without it, "
@@ -131,8 +58,8 @@ def parser() -> argparse.ArgumentParser:
         sub.add_argument("--app", help="the app module, instead of the first word")
         sub.add_argument("--path", default=".", help="directory added to sys.path before the import (default: .)")
         sub.add_argument("--json", action="store_true", help="print JSON")
-        if cmd.arguments is not None:
-            cmd.arguments(sub)
+        for flag, keywords in cmd.options:
+            sub.add_argument(flag, **keywords)
     return top
 
 

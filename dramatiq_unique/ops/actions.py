@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 from dramatiq_unique.durable import bulk_actions
-from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Outcome, Selection
+from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
 from dramatiq_unique.durable.dead import dead_jobs
 from dramatiq_unique.durable.redrive import MAX_PAGES
 from dramatiq_unique.durable.redrive import prune as prune_rows
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
     from dramatiq_unique.suite import Suite
 
-ACTIONS = (RETRY, CANCEL)
+#: What each bulk action runs, given the suite, the broker whose actors it may touch, and the selection.
+BULK = {RETRY: bulk_actions.retry_all, CANCEL: bulk_actions.cancel_all}
 #: Characters of an error text to look for, at most.
 MAX_ERROR_TEXT = 200
 
@@ -68,8 +69,8 @@ def selection(
 ) -> Selection:
     """The rows ``action`` takes, from an operator's words; ValueError for words that select nothing
     a statement can find (an actor not declared, a key not made of its unique_args, a bad status)."""
-    if action not in ACTIONS:
-        raise ValueError(f"no bulk action {action!r}: {' or '.join(ACTIONS)}")
+    if action not in BULK:
+        raise ValueError(f"no bulk action {action!r}: {' or '.join(BULK)}")
     actor = (actor or "").strip() or None
     if actor is not None and suite.actor_config(actor) is None:
         raise ValueError(f"no tracked actor {actor!r} is declared in the app")
@@ -92,17 +93,6 @@ def selection(
         if outside:
             raise ValueError(f"only waiting jobs can be cancelled ({', '.join(WAITING)}), not {', '.join(outside)}")
     return Selection(actor=actor, unique_keys=unique_keys, since=since, error=error, statuses=statuses)
-
-
-def preview(suite: "Suite", broker: "Optional[dramatiq.Broker]", action: str, sel: Selection) -> Outcome:
-    """How many jobs ``action`` would take now (and leave: of actors not declared here)."""
-    return bulk_actions.preview(suite, broker or suite.broker, action, sel)
-
-
-def act(suite: "Suite", broker: "Optional[dramatiq.Broker]", action: str, sel: Selection) -> Outcome:
-    """Retry or cancel the jobs ``sel`` selects."""
-    run = bulk_actions.retry_all if action == RETRY else bulk_actions.cancel_all
-    return run(suite, broker or suite.broker, sel)
 
 
 def described(action: str, sel: Selection, key: Optional[str] = None) -> str:

@@ -170,26 +170,39 @@ class Target:
     warning: str = ""
 
 
-def limit_target(suite: "Suite", config: "ActorConfig", text: Optional[str]) -> Target:
-    """The group ``text`` names for ``config``'s actor; InvalidOption when it names none, or one no
-    job of the actor can have.  Whether ``42`` is the int or the str: the type hint, else a group
-    some job has had; a key no job has had yet comes with a warning."""
-    text = (text or "").strip()
+def limit_target(suite: "Suite", actor: str, text: Optional[str], group: str = "") -> Target:
+    """The group ``text`` names for ``actor``; InvalidOption when it names none, or one no job of the actor
+    can have.  Whether ``42`` is the int or the str: ``group`` as a page listed it (then ``text``, the key
+    as the page showed it, must name it: a forged form is refused), else the type hint, else a group some
+    job has had; a key no job has had yet comes with a warning."""
+    config = suite.actor_config(actor)
+    if config is None:
+        raise InvalidOption(f"no actor {actor!r} with concurrency slots is declared in this process")
+    text, group = (text or "").strip(), group.strip()
+    if group:
+        if group not in named_groups(suite, config, text):
+            raise InvalidOption(f"no slot group of {actor!r} has the key {text!r}")
+        if group == whole_actor(actor) and config.options.get("concurrency_key") is None:
+            return Target("")  # the actor's own limit
+        for value in ([] if text.startswith("#") else candidates(config, text)):
+            if key_group(config, value) == group:
+                return Target(group, key_words(config, value), value)
+        return Target(group)  # named by its hash: the words kept with its limit stay
     if not text or text == ALL:
         return Target("")
     if config.options.get("concurrency_key") is None:
-        raise InvalidOption(f"actor {config.actor_name!r} has no concurrency_key: its limit takes no key")
+        raise InvalidOption(f"actor {actor!r} has no concurrency_key: its limit takes no key")
     if text.startswith("#"):
         return Target(by_hash(suite, config, text))
     fitting = [value for value in candidates(config, text) if _fits(config, value)]
     if not fitting:
-        raise InvalidOption(f"no job of {config.actor_name!r} can have the key {text!r}: {_hint_text(config)}")
+        raise InvalidOption(f"no job of {actor!r} can have the key {text!r}: {_hint_text(config)}")
     seen = seen_groups(suite, config, text)
     chosen = next((value for value in fitting if key_group(config, value) in seen), fitting[0])
     group = key_group(config, chosen)
     warning = "" if group in seen else (
-        f"no job of {config.actor_name} has had the key {key_words(config, chosen)} yet: the limit is kept for "
-        f"the jobs that will (remove it with: limit {config.actor_name} '{key_words(config, chosen)}' default)")
+        f"no job of {actor} has had the key {key_words(config, chosen)} yet: the limit is kept for "
+        f"the jobs that will (remove it with: limit {actor} '{key_words(config, chosen)}' default)")
     return Target(group, key_words(config, chosen), chosen, warning)
 
 

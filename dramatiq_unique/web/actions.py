@@ -5,7 +5,7 @@ nothing its rules refuse.  Access was checked before (``before_request``); a suc
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import unquote
 
 from flask import abort, current_app, redirect, render_template, request, url_for
@@ -13,19 +13,15 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response
 
 from dramatiq_unique import ops
+from dramatiq_unique.durable import bulk_actions
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
 from dramatiq_unique.durable.dead import cancel_job, retry_job
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
 from dramatiq_unique.ops import actions as ops_actions
-from dramatiq_unique.ops import keys
-from dramatiq_unique.parking.groups import whole_actor
-from dramatiq_unique.slots.limits import concurrency_status, key_group, key_words
+from dramatiq_unique.slots.limits import concurrency_status
 from dramatiq_unique.storage.models import utcnow
 from dramatiq_unique.web import security
 from dramatiq_unique.web.pages import MAX_FILTER, SINCE, current_suite
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import Suite
 
 #: The largest limit a form may set (a typo of many digits is refused, not stored).
 MAX_LIMIT = 1_000_000
@@ -93,12 +89,10 @@ def _refused(call: Callable[[], Any]) -> Any:
         abort(400, str(e))
 
 
-def retry(ref: str) -> Response:
-    job = _refused(lambda: retry_job(job_ref(ref), suite=current_suite()))
-    return _back("retried", url_for("job", ref=job.message_id))  # its number may be another store's too
-
-
-def cancel(ref: str) -> Response:
+def one_job(action: str, ref: str) -> Response:
+    if action == "retry":
+        job = _refused(lambda: retry_job(job_ref(ref), suite=current_suite()))
+        return _back("retried", url_for("job", ref=job.message_id))  # its number may be another store's too
     _refused(lambda: cancel_job(job_ref(ref), suite=current_suite()))
     return _back("cancelled", url_for("job", ref=ref))
 
@@ -108,7 +102,7 @@ def _group_key() -> tuple[str, Any]:
     if not actor or len(actor) > 200:
         abort(400, "which actor?")
     words, group = request.form.get("key", ""), request.form.get("group", "")
-    return actor, _refused(lambda: slot_target(current_suite(), actor, words, group))
+    return actor, _refused(lambda: ops.limit_target(current_suite(), actor, words, group))
 
 
 def requested_limit() -> Optional[int]:
@@ -142,54 +136,17 @@ def _limit_action() -> str:
     return "halt" if value == 0 or (value is None and _default_halts()) else "limit"
 
 
-#: The action each endpoint that changes state does, as the auth hook is asked about it: decided by what
-#: the request does, not by its route (a limit of 0 is a halt, whichever form sends it).  Called after
-#: the CSRF check, before the view.  An endpoint missing here cannot be POSTed to (404).
-ACTION_OF: dict[str, Callable[[], str]] = {
-    "retry": lambda: "retry", "cancel": lambda: "cancel", "limit": _limit_action, "halt": lambda: "halt",
-    "retry_all": lambda: "retry_all", "cancel_all": lambda: "cancel_all",
-}
-
-
-def limit() -> Response:
+def limit(halt: bool = False) -> Response:
     actor, key = _group_key()
     try:
-        value = requested_limit()
+        value = 0 if halt else requested_limit()
     except ValueError as e:
         abort(400, str(e))
     _refused(lambda: ops.set_group_limit(current_suite(), actor, key.group, value, words=key.words, key=key.key))
     return _back("default" if value is None else ("halted" if value == 0 else "limit"), url_for("slots"))
 
 
-def halt() -> Response:
-    actor, key = _group_key()
-    _refused(lambda: ops.set_group_limit(current_suite(), actor, key.group, 0, words=key.words, key=key.key))
-    return _back("halted", url_for("slots"))
-
-
-def slot_target(suite: "Suite", actor: str, words: str, group: str) -> "keys.Target":
-    """The level a slots form names: ``group`` as the page listed it (it settles whether 42 was an int or a
-    str), which ``words``, the key as the page showed it, must name: a forged form is refused.  Without
-    ``group``, the words alone, as ``limit`` on the command line reads them."""
-    config = suite.actor_config(actor)
-    if config is None:
-        raise InvalidOption(f"no actor {actor!r} is declared in this process")
-    words, group = words.strip(), group.strip()
-    if not group:
-        return ops.limit_target(suite, config, words)
-    if group not in keys.named_groups(suite, config, words):
-        raise InvalidOption(f"no slot group of {actor!r} has the key {words!r}")
-    if group == whole_actor(actor) and config.options.get("concurrency_key") is None:
-        return keys.Target("")  # the actor's own limit
-    for value in ([] if words.startswith("#") else keys.candidates(config, words)):
-        if key_group(config, value) == group:
-            return keys.Target(group, key_words(config, value), value)
-    return keys.Target(group)  # named by its hash: the words kept with its limit stay
-
-
-#: The action each step names to the host's hook.
-ACTION = {RETRY: "retry_all", CANCEL: "cancel_all"}
-#: The filters each action takes from the page it is started on.
+#: The filters each bulk action takes from the page it is started on.
 FIELDS = {RETRY: ("actor", "error"), CANCEL: ("actor", "key", "status", "since")}
 
 
@@ -210,26 +167,26 @@ def _selection(action: str, filters: dict[str, Any]) -> Selection:
     since = utcnow() - SINCE[filters["since"]] if "since" in filters else None
     try:
         return ops_actions.selection(current_suite(), action, actor=filters.get("actor"), key=filters.get("key"),
-                                  since=since, error=filters.get("error"), status=filters.get("status"))
+                                     since=since, error=filters.get("error"), status=filters.get("status"))
     except ValueError as e:
         abort(400, str(e))
 
 
 def confirm(action: str) -> str:
     """The page that counts what a bulk action would do, offered only to whom the hook allows it."""
-    if not security.can(current_app.config["DU_ACCESS"], ACTION[action]):
-        abort(403, f"not allowed to {ACTION[action]}")
+    if not security.can(current_app.config["DU_ACCESS"], f"{action}_all"):
+        abort(403, f"not allowed to {action}_all")
     filters = _filters(action, request.args)
     sel = _selection(action, filters)
-    found = ops_actions.preview(current_suite(), None, action, sel)
-    return render_template("bulk.html", verb=action, endpoint=ACTION[action], found=found, filters=filters,
+    found = bulk_actions.preview(current_suite(), current_suite().broker, action, sel)
+    return render_template("bulk.html", verb=action, endpoint=f"{action}_all", found=found, filters=filters,
                            what=ops_actions.described(action, sel, filters.get("key")),
                            back=url_for("dead" if action == RETRY else "jobs", **filters), down=found.down)
 
 
 def act(action: str) -> Response:
     filters = _filters(action, request.form)
-    done = ops_actions.act(current_suite(), None, action, _selection(action, filters))
+    done = ops_actions.BULK[action](current_suite(), current_suite().broker, _selection(action, filters))
     page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
     values: dict[str, Any] = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
     values.update(done=word, n=done.done)
@@ -237,12 +194,23 @@ def act(action: str) -> Response:
         values["blocked"] = done.blocked
     return redirect(url_for(page, **values), code=303)
 
-#: (rule, endpoint, view, method) of every action, and of the pages that confirm a bulk one.
-ROUTES: list[tuple[str, str, Any, str]] = [
-    ("/jobs/<ref>/retry", "retry", retry, "POST"), ("/jobs/<ref>/cancel", "cancel", cancel, "POST"),
-    ("/slots/limit", "limit", limit, "POST"), ("/slots/halt", "halt", halt, "POST"),
-    ("/dead/retry-all", "retry_all_confirm", functools.partial(confirm, RETRY), "GET"),
-    ("/dead/retry-all", "retry_all", functools.partial(act, RETRY), "POST"),
-    ("/jobs/cancel-all", "cancel_all_confirm", functools.partial(confirm, CANCEL), "GET"),
-    ("/jobs/cancel-all", "cancel_all", functools.partial(act, CANCEL), "POST"),
+
+def _named(action: str) -> Callable[[], str]:
+    return lambda: action
+
+
+#: (rule, endpoint, view, method, the action the auth hook is asked about) of every action, and of the
+#: pages that confirm a bulk one.  The action is decided by what the request does, not by its route (a
+#: limit of 0 is a halt, whichever form sends it), and asked after the CSRF check, before the view; an
+#: endpoint without one cannot be POSTed to (404).
+ROUTES: list[tuple[str, str, Any, str, Optional[Callable[[], str]]]] = [
+    ("/jobs/<ref>/retry", "retry", functools.partial(one_job, "retry"), "POST", _named("retry")),
+    ("/jobs/<ref>/cancel", "cancel", functools.partial(one_job, "cancel"), "POST", _named("cancel")),
+    ("/slots/limit", "limit", limit, "POST", _limit_action),
+    ("/slots/halt", "halt", functools.partial(limit, halt=True), "POST", _named("halt")),
+    ("/dead/retry-all", "retry_all_confirm", functools.partial(confirm, RETRY), "GET", None),
+    ("/dead/retry-all", "retry_all", functools.partial(act, RETRY), "POST", _named("retry_all")),
+    ("/jobs/cancel-all", "cancel_all_confirm", functools.partial(confirm, CANCEL), "GET", None),
+    ("/jobs/cancel-all", "cancel_all", functools.partial(act, CANCEL), "POST", _named("cancel_all")),
 ]
+ACTION_OF = {endpoint: action_of for _, endpoint, _, _, action_of in ROUTES if action_of is not None}

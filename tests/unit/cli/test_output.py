@@ -58,16 +58,16 @@ def test_every_human_readable_output_and_json_goes_through_it():
 def test_the_log_lines_of_redrive_and_web_show_no_control_character_raw(monkeypatch):
     import logging
 
-    from dramatiq_unique.cli import cmd_run
+    from dramatiq_unique.cli import commands
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])  # a process that configured no logging
     monkeypatch.setattr(root, "level", root.level)
-    cmd_run._log_visibly()
+    commands.log_visibly()
     [handler] = root.handlers
     line = handler.format(logging.LogRecord("x", logging.WARNING, __file__, 1, "job failed: %s", (HOSTILE[0],), None))
     assert not _raw(line) and "\\x1b[2J" in line
     configured = logging.StreamHandler()
     monkeypatch.setattr(root, "handlers", [configured])  # the app's own logging is left as it is
-    cmd_run._log_visibly()
+    commands.log_visibly()
     assert root.handlers == [configured]
