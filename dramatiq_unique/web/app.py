@@ -100,7 +100,7 @@ def make_app(
             logger.warning("Dashboard: %s", message)
         return render_template("error.html", code=503, message=message), 503
 
-    for rule, endpoint, view, method, *_ in (*pages.ROUTES, *actions.ROUTES):
+    for rule, endpoint, view, method, _ in (*pages.ROUTES, *actions.ROUTES):
         app.add_url_rule(rule, endpoint, view, methods=[method])
     return app
 

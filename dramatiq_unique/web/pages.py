@@ -118,8 +118,9 @@ def dead() -> str:
                            actors=sorted(suite.actors), down=retrying.down, done=_done())
 
 
-#: (rule, endpoint, view, method) of every page.
-ROUTES: list[tuple[str, str, Any, str]] = [
-    ("/", "overview", overview, "GET"), ("/jobs", "jobs", jobs, "GET"), ("/jobs/<ref>", "job", job, "GET"),
-    ("/locks", "locks", locks, "GET"), ("/slots", "slots", slots, "GET"), ("/dead", "dead", dead, "GET"),
+#: (rule, endpoint, view, method, action) of every page, as :data:`dramatiq_unique.web.actions.ROUTES`.
+ROUTES: list[tuple[str, str, Any, str, None]] = [
+    ("/", "overview", overview, "GET", None), ("/jobs", "jobs", jobs, "GET", None),
+    ("/jobs/<ref>", "job", job, "GET", None), ("/locks", "locks", locks, "GET", None),
+    ("/slots", "slots", slots, "GET", None), ("/dead", "dead", dead, "GET", None),
 ]
