@@ -1,6 +1,6 @@
 """What an operator sees and does, for the command line and the dashboard alike: functions that take
-the suite first and return plain dataclasses (:mod:`dramatiq_unique.ops.views`).  Nothing below this
-package imports it."""
+the suite first and return plain dataclasses (:mod:`dramatiq_unique.ops.views`), which both only present.
+Nothing below this package imports it."""
 
 from dramatiq_unique.ops.actions import dead, prune, set_group_limit
 from dramatiq_unique.ops.detail import job
@@ -8,19 +8,5 @@ from dramatiq_unique.ops.held import limits, locks, slots
 from dramatiq_unique.ops.keys import limit_target
 from dramatiq_unique.ops.listing import jobs
 from dramatiq_unique.ops.stats import stats
-from dramatiq_unique.ops.views import (
-    Attempt,
-    JobRow,
-    JobView,
-    LockView,
-    OverrideView,
-    Page,
-    SlotGroupView,
-    Stats,
-    Waiting,
-)
 
-__all__ = [
-    "Attempt", "JobRow", "JobView", "LockView", "OverrideView", "Page", "SlotGroupView", "Stats", "Waiting",
-    "dead", "job", "jobs", "limit_target", "limits", "locks", "prune", "set_group_limit", "slots", "stats",
-]
+__all__ = ["dead", "job", "jobs", "limit_target", "limits", "locks", "prune", "set_group_limit", "slots", "stats"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 try:
     import flask  # noqa: F401
+    import waitress  # type: ignore[import-untyped]  # noqa: F401
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("the dashboard needs the web extra: pip install 'dramatiq_unique[web]'") from e
 

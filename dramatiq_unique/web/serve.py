@@ -1,13 +1,14 @@
-"""Running the dashboard on its own (``python -m dramatiq_unique web APP``): on waitress, a production
-server, as Flask's documentation recommends; on Werkzeug's threaded server when waitress is missing."""
+"""Running the dashboard on its own (``python -m dramatiq_unique web APP``): on waitress (the ``web``
+extra), a production server, as Flask's documentation recommends."""
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Optional
+
+import waitress.server  # type: ignore[import-untyped]
 
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.web.app import make_app
@@ -21,21 +22,6 @@ logger = logging.getLogger(__name__)
 #: ``user:password`` for basic auth, read when ``serve()`` is given none: a password on the
 #: command line would show in ``ps``.
 AUTH_ENV = "DRAMATIQ_UNIQUE_WEB_AUTH"
-
-
-class _WerkzeugServer:
-    def __init__(self, app: Any, host: str, port: int) -> None:
-        from werkzeug.serving import make_server as werkzeug_server
-
-        self._server = werkzeug_server(host, port, app, threaded=True)
-        self.port = self._server.server_port
-
-    def run(self) -> None:
-        self._server.serve_forever()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 def exposed(host: str, *, guarded: bool, read_only: bool, allow_anonymous: bool) -> bool:
@@ -80,16 +66,10 @@ def make_server(
             f"basic_auth (or {AUTH_ENV}=user:password), read_only=True, or allow_anonymous=True"
         )
     app = make_app(suite, read_only=read_only, basic_auth=basic_auth, **app_options)
-    try:
-        waitress = importlib.import_module("waitress.server")
-    except ImportError:
-        logger.warning("waitress is not installed: serving the dashboard with Werkzeug's development server")
-        server: Any = _WerkzeugServer(app, host, port)
-    else:
-        # poll(), not select(): select() fails on a descriptor above 1023, which a host process may hold.
-        server = waitress.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique",
-                                        asyncore_use_poll=True)
-        server.port = server.effective_port
+    # poll(), not select(): select() fails on a descriptor above 1023, which a host process may hold.
+    server: Any = waitress.server.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique",
+                                                asyncore_use_poll=True)
+    server.port = server.effective_port
     logger.info("Dashboard on http://%s:%s/%s", host, server.port, " (read-only)" if read_only else "")
     return server
 
