@@ -16,7 +16,7 @@ from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops import keys
 from dramatiq_unique.ops.views import JobRow, Page
-from dramatiq_unique.ops.words import row_key
+from dramatiq_unique.ops.words import first_line, row_key
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.storage.stores import base_of
 
@@ -210,9 +210,3 @@ def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:
         created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
         table=type(row)._meta.table_name, store=store, error=first_line(row.last_error),
     )
-
-
-def first_line(text: Optional[str]) -> str:
-    """The first line of an error (its type and message; the traceback stays in the row)."""
-    text = (text or "").strip()
-    return text.splitlines()[0] if text else ""

@@ -97,6 +97,12 @@ def duration(ms: Optional[float]) -> str:
     return f"{round(ms)} ms"
 
 
+def first_line(text: Optional[str]) -> str:
+    """The first line of an error (its type and message; the traceback stays in the row)."""
+    text = (text or "").strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _since(moment: Optional[datetime], now: Optional[datetime]) -> str:
     if moment is None:
         return "?"

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+from dramatiq_unique.ops import words
 from dramatiq_unique.ops.detail import moment
 from dramatiq_unique.storage.models import utcnow
 
@@ -45,12 +46,6 @@ def cell(value: Any, most: int = MAX_CELL) -> str:
     return cut(" ".join(text.split()), most)
 
 
-def first_line(value: Any) -> str:
-    """The first line of an error (``RuntimeError: boom``), cut to a cell: its traceback is on the job's page."""
-    text = "" if value is None else str(value)
-    return cell(text.strip().splitlines()[0] if text.strip() else "")
-
-
 def detail(value: Any) -> str:
     """A value as indented JSON (a str as it is), cut to :data:`MAX_DETAIL` characters."""
     if value is None:
@@ -68,21 +63,8 @@ def ago(value: Optional[datetime], now: Optional[datetime] = None) -> str:
     if not isinstance(value, datetime):
         return ""
     seconds = ((now or utcnow()) - value).total_seconds()
-    text = duration(abs(seconds) * 1000)
+    text = words.duration(abs(seconds) * 1000)
     return f"{text} ago" if seconds >= 0 else f"in {text}"
-
-
-def duration(ms: Optional[float]) -> str:
-    """Milliseconds in the unit that reads best: ``350 ms``, ``4.2 s``, ``3 min``, ``2 h``, ``5 d``."""
-    if ms is None:
-        return ""
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    size, unit = next((size, unit) for size, unit in ((86400, "d"), (3600, "h"), (60, "min")) if seconds >= size)
-    return f"{seconds / size:.0f} {unit}"
 
 
 def status_class(status: Any) -> str:
@@ -92,8 +74,8 @@ def status_class(status: Any) -> str:
 
 
 FILTERS: dict[str, Callable[..., Any]] = {
-    "cell": cell, "first_line": first_line, "detail": detail, "when": when, "ago": ago, "duration": duration,
-    "status_class": status_class,
+    "cell": cell, "first_line": words.first_line, "detail": detail, "when": when, "ago": ago,
+    "duration": lambda ms: "" if ms is None else words.duration(ms), "status_class": status_class,
 }
 
 

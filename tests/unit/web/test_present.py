@@ -17,10 +17,11 @@ def test_values_are_cut_to_a_line_and_times_read_well():
     assert present.detail("y" * 50_000).endswith("…") and len(present.detail("y" * 50_000)) == present.MAX_DETAIL
     assert present.cell(None) == "" and present.detail(None) == ""
     assert present.cell({1: object()}).startswith('{"1": "<object')  # not JSON: its repr, still one line
-    assert [present.duration(ms) for ms in (None, 350, 4200, 180_000, 7_200_000, 5 * 86_400_000)] == [
-        "", "350 ms", "4.2 s", "3 min", "2 h", "5 d"]
-    assert present.ago(T0, now=T0 + timedelta(seconds=12)) == "12.0 s ago"
-    assert present.ago(T0 + timedelta(minutes=3), now=T0) == "in 3 min"
+    duration = present.FILTERS["duration"]  # the one of the command line (ops.words), blank for no value
+    assert [duration(ms) for ms in (None, 350, 4200, 180_000, 7_200_000, 5 * 86_400_000)] == [
+        "", "350 ms", "4 s", "3 m", "2 h", "5 d"]
+    assert present.ago(T0, now=T0 + timedelta(seconds=12)) == "12 s ago"
+    assert present.ago(T0 + timedelta(minutes=3), now=T0) == "in 3 m"
     assert present.when(T0) == "2026-11-24 22:00:00" and present.when(None) == ""
     assert present.status_class('failed" onload="x') == "st-failedonloadx"
 
@@ -52,4 +53,5 @@ def test_the_timeline_puts_attempts_on_one_axis():
     assert present.timeline(_job([Attempt(1, None, None, None, None, None)])) == []
     running = present.timeline(_job([Attempt(1, T0, None, "running", None, "w")]), now=T0 + timedelta(seconds=1))
     assert [(s.width, s.css) for s in running] == [(present.TIMELINE_WIDTH, "a-running")]
-    assert present.first_line("RuntimeError: x\nTraceback ...") == "RuntimeError: x" and present.first_line(None) == ""
+    first_line = present.FILTERS["first_line"]
+    assert first_line("RuntimeError: x\nTraceback ...") == "RuntimeError: x" and first_line(None) == ""
