@@ -42,10 +42,10 @@ def tables(suite: "Suite", actor: str) -> list[type[JobModel]]:
     return [config.model] if config is not None else list(suite.models)
 
 
-def _first(suite: "Suite", actor: str, cond: Any) -> Optional[JobModel]:
-    """The first row of ``actor``'s tables for which ``cond(table)`` holds, or None."""
+def _first(suite: "Suite", actor: str, cond: Any, order: Any = lambda table: ()) -> Optional[JobModel]:
+    """The first row (by ``order(table)``) of ``actor``'s tables for which ``cond(table)`` holds, or None."""
     for table in tables(suite, actor):
-        row = table.select().where(cond(table)).first()
+        row = table.select().where(cond(table)).order_by(*order(table)).first()
         if row is not None:
             return row
     return None
@@ -84,16 +84,8 @@ def ahead_of(suite: "Suite", row: JobModel) -> int:
 
 def lock_holder(suite: "Suite", actor: str, unique_key: str) -> Optional[JobModel]:
     """The running row of ``unique_key`` (the newest, should a stalled one linger), or None."""
-    for table in tables(suite, actor):
-        row = (
-            table.select()
-            .where((table.app == suite.app) & (table.unique_key == unique_key) & (table.status == RUNNING))
-            .order_by(table.fencing_token.desc())
-            .first()
-        )
-        if row is not None:
-            return row
-    return None
+    return _first(suite, actor, lambda t: (t.app == suite.app) & (t.unique_key == unique_key) & (t.status == RUNNING),
+                  lambda t: (t.fencing_token.desc(),))
 
 
 def slot_holders(suite: "Suite", actor: str) -> dict[str, list[int]]:
