@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Iterable, Optional, Sequence
 
-from dramatiq_unique.ops.words import duration
+from dramatiq_unique.ops.words import duration, one_line
 
 #: Characters of a cell kept (a longer one is cut, with an ellipsis).
 MAX_CELL = 48
@@ -36,14 +35,7 @@ def visible(text: str, *, keep: str = "", json: bool = False) -> str:
 
 
 def cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, datetime):
-        return value.replace(microsecond=0).isoformat(sep=" ")
-    if isinstance(value, (list, tuple)):
-        return visible(",".join(str(v) for v in value)) or "-"
-    text = visible(" ".join(str(value).split()))  # one line: an error's newlines would break the table
-    return text if len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+    return visible(one_line(value, MAX_CELL, none="-"))
 
 
 def detail(text: str) -> str:

@@ -4,6 +4,7 @@ actor's options (Redis holds only hashes), and why a job waits, from the facts o
 
 from __future__ import annotations
 
+import json
 import time
 import weakref
 from datetime import datetime
@@ -26,10 +27,36 @@ SHORT_HASH = 12
 _slow: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
+def cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+def as_json(value: Any, indent: Optional[int] = None) -> str:
+    try:
+        return json.dumps(value, indent=indent, sort_keys=True, default=repr, ensure_ascii=False)
+    except (TypeError, ValueError):  # a cycle, a key JSON cannot write: the repr says enough
+        return repr(value)
+
+
+def when(value: Optional[datetime]) -> str:
+    """A naive UTC time as ``2026-11-24 22:10:05``."""
+    return value.strftime("%Y-%m-%d %H:%M:%S") if isinstance(value, datetime) else ("" if value is None else str(value))
+
+
+def one_line(value: Any, most: int, none: str = "") -> str:
+    """A value on one line, for a table's cell: a time to the second, a list's items joined (whole: a cell
+    cuts no list), a str as it is and anything else as JSON, cut to ``most`` characters."""
+    if value is None:
+        return none
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value) or none
+    text = when(value) if isinstance(value, datetime) else value if isinstance(value, str) else as_json(value)
+    return cut(" ".join(text.split()), most)
+
+
 def value_text(value: Any) -> str:
     """One argument's value in words: a str bare (``acme``), the rest as JSON (``42``, ``[1,2]``)."""
-    text = value if isinstance(value, str) else canonical(value)
-    return text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 1] + "…"
+    return cut(value if isinstance(value, str) else canonical(value), MAX_VALUE)
 
 
 def short(key: Optional[str]) -> str:

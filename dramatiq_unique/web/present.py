@@ -3,7 +3,6 @@ any markup in it text), and the layouts of the inline SVG charts (no script: a s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -27,35 +26,15 @@ WIDTH, HEIGHT, GAP = 600, 120, 2
 TIMELINE_WIDTH, MAX_ATTEMPTS = 600, 50
 
 
-def cut(text: str, most: int) -> str:
-    return text if len(text) <= most else text[: most - 1] + "…"
-
-
-def as_json(value: Any, indent: Optional[int] = None) -> str:
-    try:
-        return json.dumps(value, indent=indent, sort_keys=True, default=repr, ensure_ascii=False)
-    except (TypeError, ValueError):  # a cycle, a key JSON cannot write: the repr says enough
-        return repr(value)
-
-
-def cell(value: Any, most: int = MAX_CELL) -> str:
-    """A value on one line, cut to ``most`` characters."""
-    if value is None:
-        return ""
-    text = value if isinstance(value, str) else as_json(value)
-    return cut(" ".join(text.split()), most)
+def cell(value: Any) -> str:
+    return words.one_line(value, MAX_CELL)
 
 
 def detail(value: Any) -> str:
     """A value as indented JSON (a str as it is), cut to :data:`MAX_DETAIL` characters."""
     if value is None:
         return ""
-    return cut(value if isinstance(value, str) else as_json(value, indent=2), MAX_DETAIL)
-
-
-def when(value: Optional[datetime]) -> str:
-    """A naive UTC time as ``2026-11-24 22:10:05``."""
-    return value.strftime("%Y-%m-%d %H:%M:%S") if isinstance(value, datetime) else ("" if value is None else str(value))
+    return words.cut(value if isinstance(value, str) else words.as_json(value, indent=2), MAX_DETAIL)
 
 
 def ago(value: Optional[datetime], now: Optional[datetime] = None) -> str:
@@ -74,7 +53,7 @@ def status_class(status: Any) -> str:
 
 
 FILTERS: dict[str, Callable[..., Any]] = {
-    "cell": cell, "first_line": words.first_line, "detail": detail, "when": when, "ago": ago,
+    "cell": cell, "first_line": words.first_line, "detail": detail, "when": words.when, "ago": ago,
     "duration": lambda ms: "" if ms is None else words.duration(ms), "status_class": status_class,
 }
 

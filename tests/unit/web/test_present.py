@@ -22,7 +22,7 @@ def test_values_are_cut_to_a_line_and_times_read_well():
         "", "350 ms", "4 s", "3 m", "2 h", "5 d"]
     assert present.ago(T0, now=T0 + timedelta(seconds=12)) == "12 s ago"
     assert present.ago(T0 + timedelta(minutes=3), now=T0) == "in 3 m"
-    assert present.when(T0) == "2026-11-24 22:00:00" and present.when(None) == ""
+    assert present.FILTERS["when"](T0) == "2026-11-24 22:00:00" and present.FILTERS["when"](None) == ""
     assert present.status_class('failed" onload="x') == "st-failedonloadx"
 
 
