@@ -290,21 +290,13 @@ def target_of(ctx: Context) -> Iterator[Target]:
         target.close()
 
 
-def check(ctx: Context, args: argparse.Namespace) -> int:
-    with target_of(ctx) as target:
-        return commands.check(target, ctx.emit, overdue_after=args.overdue_after, max_pass_age=args.max_pass_age,
-                              probe_port=args.probe_port, probe_host=args.probe_host, say=ctx.say,
-                              probe_details=args.probe_details)
+def health(report: Callable[..., int], help: str, options: tuple[Option, ...] = (), say: bool = False) -> Command:
+    """A health command: ``report(target, emit, **options)`` on what :func:`target_of` opens."""
+    def run(ctx: Context, args: argparse.Namespace) -> int:
+        with target_of(ctx) as target:
+            return report(target, ctx.emit, **_given(args, options), **({"say": ctx.say} if say else {}))
 
-
-def status(ctx: Context, args: argparse.Namespace) -> int:
-    with target_of(ctx) as target:
-        return commands.status(target, ctx.emit)
-
-
-def migrate(ctx: Context, args: argparse.Namespace) -> int:
-    with target_of(ctx) as target:
-        return commands.migrate(target, ctx.emit, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
+    return Command(report.__name__, help, run, options, load=False)
 
 
 def redrive(ctx: Context, args: argparse.Namespace) -> int:
@@ -413,8 +405,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             bulk(RETRY), _bulk_options(RETRY), writes=True),
     Command("cancel-all", "cancel every waiting job of an actor, key, status or time, or all of them (asks first)",
             bulk(CANCEL), _bulk_options(CANCEL), writes=True),
-    Command("check", "health: databases and schema, Redis quorum, the last re-drive pass, stuck jobs "
-            "(exit 0 ok, 1 warning, 2 critical)", check, (
+    health(commands.check, "health: databases and schema, Redis quorum, the last re-drive pass, stuck jobs (exit 0 "
+           "ok, 1 warning, 2 critical)", (
                 _option("--probe-port", "serve the check as an HTTP probe on PORT", type=int, metavar="PORT"),
                 _option("--probe-host", "the probe's address (0.0.0.0)", default="0.0.0.0", metavar="HOST"),
                 _option("--probe-details", "the probe answers the whole report (store hosts, database user and "
@@ -423,13 +415,12 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
                 _option("--overdue-after", "ms a job may be overdue before it is reported (5 minutes)", type=int,
                         default=checks.DEFAULT_OVERDUE_AFTER, metavar="MS"),
                 _option("--max-pass-age", "ms the last re-drive pass may be old (6 intervals, at least a minute)",
-                        type=int, default=None, metavar="MS")), load=False),
-    Command("status", "the schema version of every job table, per store (exit 1 if out of date)", status,
-            load=False),
-    Command("migrate", "bring every job table to this release's schema version (idempotent)", migrate, (
+                        type=int, default=None, metavar="MS")), say=True),
+    health(commands.status, "the schema version of every job table, per store (exit 1 if out of date)"),
+    health(commands.migrate, "bring every job table to this release's schema version (idempotent)", (
         _option("--dry-run", "print what would be done, do nothing", action="store_true"),
         _option("--lock-timeout", "PostgreSQL: ms a step may wait for the table's lock (5000), then the migration "
-                "fails", type=int, default=migrations.DEFAULT_LOCK_TIMEOUT, metavar="MS")), load=False),
+                "fails", type=int, default=migrations.DEFAULT_LOCK_TIMEOUT, metavar="MS"))),
     Command("redrive", "run the re-drive (lost, due and retrying jobs; pruning)", redrive, (
         _option("--interval", "ms between passes", type=int, default=None, metavar="MS"),
         _option("--once", "run one pass, print its counts (--json: as JSON), exit", action="store_true")),
