@@ -10,9 +10,9 @@ from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops import held
 from dramatiq_unique.ops.views import Attempt, JobView, Waiting
-from dramatiq_unique.ops.words import holding, render, row_key, why
+from dramatiq_unique.ops.words import holding, row_key, why
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
-from dramatiq_unique.slots.gate import gate_of, group_key
+from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -115,9 +115,8 @@ def slot_of(suite: "Suite", row: JobModel) -> Optional[tuple[str, str]]:
     config = suite.actor_config(row.actor_name)
     if status not in (RUNNING, QUEUED) or config is None or not config.for_message(row.options or {}).has_slots:
         return None
-    try:
-        key = group_key(config, row.options or {}, tuple(row.args or ()), dict(row.kwargs or {}))
-    except Exception:  # arguments that no longer bind: no group to name
+    key = held.group_of(config, row)
+    if key is None:
         return None
     try:
         found = gate_of(suite).status(slot_group(key))
@@ -126,7 +125,7 @@ def slot_of(suite: "Suite", row: JobModel) -> Optional[tuple[str, str]]:
     holders, queued = held.group_holders(suite, row.actor_name, key, found)
     if status == QUEUED and row.id not in queued:
         return None
-    label = " ".join(filter(None, [row.actor_name, render(config, "concurrency_key", row, key)]))
+    label = held.label(config, row.actor_name, "concurrency_key", row, key)
     return holding(label, found.held, None if found.limit < 0 else found.limit, holders), label
 
 
@@ -137,20 +136,20 @@ def _parked(suite: "Suite", row: JobModel) -> Waiting:
     more, ahead = ahead > held.MAX_COUNTED, min(ahead, held.MAX_COUNTED)
     if kind_of(group) == LOCK:
         unique_key = unique_key_of(group)
-        label = " ".join(filter(None, [actor, render(config, "unique_args", row, unique_key)]))
         holder = held.lock_holder(suite, actor, unique_key)
         left = suite.locks.pttl(suite.keys.execution_lock(unique_key))
         return Waiting(
-            reason="lock", label=label, holders=[holder.id] if holder else [], held=1 if left > 0 else 0,
+            reason="lock", label=held.label(config, actor, "unique_args", row, unique_key),
+            holders=[holder.id] if holder else [], held=1 if left > 0 else 0,
             token=holder.fencing_token if holder else None, left_ms=left, ahead=ahead, ahead_more=more,
         )
     if kind_of(group) == SLOT:
         key = slot_key_of(group)
-        label = " ".join(filter(None, [actor, render(config, "concurrency_key", row, key)]))
         found = gate_of(suite).status(group)
         ids, _ = held.group_holders(suite, actor, key, found)
         return Waiting(
-            reason="halted" if found.limit == 0 else "slot", label=label,
+            reason="halted" if found.limit == 0 else "slot",
+            label=held.label(config, actor, "concurrency_key", row, key),
             limit=None if found.limit < 0 else found.limit, holders=ids if found.held else [], held=found.held,
             ahead=ahead, ahead_more=more,
         )

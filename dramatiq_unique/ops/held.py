@@ -103,12 +103,23 @@ def slot_holders(suite: "Suite", actor: str) -> dict[str, list[int]]:
         .limit(MAX_RUNNING)
     )
     for row in sorted(query, key=lambda r: r.id):
-        try:
-            key = group_key(config, row.options or {}, tuple(row.args or ()), dict(row.kwargs or {}))
-        except Exception:  # arguments that no longer bind: not placed in a group
-            continue
-        holders.setdefault(key, []).append(row.id)
+        key = group_of(config, row)
+        if key is not None:
+            holders.setdefault(key, []).append(row.id)
     return holders
+
+
+def group_of(config: "ActorConfig", row: JobModel) -> Optional[str]:
+    """The slot group key of ``row``'s job; None when its arguments no longer bind (an older signature)."""
+    try:
+        return group_key(config, row.options or {}, tuple(row.args or ()), dict(row.kwargs or {}))
+    except Exception:  # whatever the binding raises: the row is in no group
+        return None
+
+
+def label(config: Optional["ActorConfig"], actor: str, option: str, row: JobModel, key: str) -> str:
+    """A group in words: the actor, and the key ``option`` gives ``row`` (``deliver_webhook customer=42``)."""
+    return " ".join(filter(None, [actor, render(config, option, row, key)]))
 
 
 def group_holders(suite: "Suite", actor: str, key: str, status: GroupStatus,

@@ -17,7 +17,6 @@ from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.ops import held
 from dramatiq_unique.ops.words import row_key, value_text
 from dramatiq_unique.parking.groups import whole_actor
-from dramatiq_unique.slots.gate import group_key
 from dramatiq_unique.slots.limits import key_group, key_words
 from dramatiq_unique.unique.keys import _signature, canonical, digest
 
@@ -273,12 +272,8 @@ def seen_groups(suite: "Suite", config: "ActorConfig", text: str) -> set[str]:
     mine = (table.app == suite.app) & (table.actor_name == config.actor_name)
     query = table.select().where(mine & sieve(suite, table, text, config.actor_name))
     seen = set(_of_actor(held.known_groups(suite, limits=False), config))
-    for row in query.order_by(table.id.desc()).limit(SEEN_ROWS):
-        try:
-            seen.add(group_key(config, row.options or {}, tuple(row.args or ()), dict(row.kwargs or {})))
-        except Exception:  # arguments of an older signature: no group
-            continue
-    return seen
+    groups = (held.group_of(config, row) for row in query.order_by(table.id.desc()).limit(SEEN_ROWS))
+    return seen | {group for group in groups if group is not None}  # None: a row of an older signature
 
 
 def _text(value: Any) -> str:

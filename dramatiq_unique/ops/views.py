@@ -4,33 +4,20 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
+import json
 from datetime import datetime
 from typing import Any, Optional
 
 
-def plain(value: Any) -> Any:
-    """``value`` as JSON can write it: datetimes as ISO text, enums as their value, dataclasses as dicts."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
+def _json(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else getattr(value, "value", str(value))
 
 
 class View:
-    """The ``as_dict()`` every view shares."""
-
     def as_dict(self) -> dict[str, Any]:
-        result = plain(self)
-        assert isinstance(result, dict)
-        return result
+        """The view as JSON reads it: times as ISO text, enums as their value."""
+        found: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self), default=_json))  # type: ignore[call-overload]
+        return found
 
 
 @dataclasses.dataclass
