@@ -19,9 +19,8 @@ from dramatiq_unique.durable.dead import cancel_job, retry_job
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
 from dramatiq_unique.ops import actions as ops_actions
 from dramatiq_unique.slots.limits import concurrency_status
-from dramatiq_unique.storage.models import utcnow
-from dramatiq_unique.web import security
-from dramatiq_unique.web.pages import MAX_FILTER, SINCE, current_suite
+from dramatiq_unique.web import pages, security
+from dramatiq_unique.web.pages import current_suite, since
 
 #: The largest limit a form may set (a typo of many digits is refused, not stored).
 MAX_LIMIT = 1_000_000
@@ -150,33 +149,17 @@ def limit(halt: bool = False) -> Response:
 FIELDS = {RETRY: ("actor", "error"), CANCEL: ("actor", "key", "status", "since")}
 
 
-def _filters(action: str, source: Any) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for name in FIELDS[action]:
-        value = str(source.get(name, "")).strip()
-        if len(value) > MAX_FILTER:
-            abort(400, f"{name} is too long")
-        if value:
-            found[name] = value
-    if "since" in found and found["since"] not in SINCE:
-        abort(400, f"since must be one of {', '.join(SINCE)}")
-    return found
-
-
-def _selection(action: str, filters: dict[str, Any]) -> Selection:
-    since = utcnow() - SINCE[filters["since"]] if "since" in filters else None
-    try:
-        return ops_actions.selection(current_suite(), action, actor=filters.get("actor"), key=filters.get("key"),
-                                     since=since, error=filters.get("error"), status=filters.get("status"))
-    except ValueError as e:
-        abort(400, str(e))
+def _selection(action: str, found: dict[str, Any]) -> Selection:
+    return _refused(lambda: ops_actions.selection(
+        current_suite(), action, actor=found.get("actor"), key=found.get("key"), since=since(found),
+        error=found.get("error"), status=found.get("status")))
 
 
 def confirm(action: str) -> str:
     """The page that counts what a bulk action would do, offered only to whom the hook allows it."""
     if not security.can(current_app.config["DU_ACCESS"], f"{action}_all"):
         abort(403, f"not allowed to {action}_all")
-    filters = _filters(action, request.args)
+    filters = pages.filters(FIELDS[action], request.args)
     sel = _selection(action, filters)
     found = bulk_actions.preview(current_suite(), current_suite().broker, action, sel)
     return render_template("bulk.html", verb=action, endpoint=f"{action}_all", found=found, filters=filters,
@@ -185,7 +168,7 @@ def confirm(action: str) -> str:
 
 
 def act(action: str) -> Response:
-    filters = _filters(action, request.form)
+    filters = pages.filters(FIELDS[action], request.form)
     done = ops_actions.BULK[action](current_suite(), current_suite().broker, _selection(action, filters))
     page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
     values: dict[str, Any] = {name: value for name, value in filters.items() if name != "error"}  # no such filter there

@@ -3,7 +3,7 @@ the command line reads them.  A store that does not answer is named on the page 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Optional
 
 from flask import abort, current_app, g, render_template, request
@@ -47,11 +47,22 @@ def page_size() -> int:
     return int(current_app.config["DU_PAGE_SIZE"])
 
 
-def _arg(name: str) -> Optional[str]:
-    value = request.args.get(name, "").strip()
-    if len(value) > MAX_FILTER:
-        abort(400, f"{name} is too long")
-    return value or None
+def filters(names: tuple[str, ...], source: Any) -> dict[str, Any]:
+    """The filter fields ``names`` a page or a form gives (``since`` one of :data:`SINCE`), those left blank out."""
+    found: dict[str, Any] = {}
+    for name in names:
+        value = str(source.get(name, "")).strip()
+        if len(value) > MAX_FILTER:
+            abort(400, f"{name} is too long")
+        if value:
+            found[name] = value
+    if "since" in found and found["since"] not in SINCE:
+        abort(400, f"since must be one of {', '.join(SINCE)}")
+    return found
+
+
+def since(found: dict[str, Any]) -> Optional[datetime]:
+    return utcnow() - SINCE[found["since"]] if "since" in found else None
 
 
 def _count(name: str) -> Optional[int]:
@@ -75,18 +86,15 @@ def overview() -> str:
 
 
 def jobs() -> str:
-    status, actor, key, since = _arg("status"), _arg("actor"), _arg("key"), _arg("since")
-    if since is not None and since not in SINCE:
-        abort(400, f"since must be one of {', '.join(SINCE)}")
-    cursor = _arg("cursor")
+    query = filters(("status", "actor", "key", "since"), request.args)
+    cursor = filters(("cursor",), request.args).get("cursor")
     try:
-        page = ops.jobs(current_suite(), status=status, actor=actor, key=key,
-                        since=utcnow() - SINCE[since] if since else None, limit=page_size(), cursor=cursor)
+        page = ops.jobs(current_suite(), status=query.get("status"), actor=query.get("actor"), key=query.get("key"),
+                        since=since(query), limit=page_size(), cursor=cursor)
     except ValueError as e:
         abort(400, str(e))
-    filters = {"status": status or "", "actor": actor or "", "key": key or "", "since": since or ""}
-    query = {name: value for name, value in filters.items() if value}
-    return render_template("jobs.html", page=page, filters=filters, query=query, statuses=[s.value for s in JobStatus],
+    shown = {name: query.get(name, "") for name in ("status", "actor", "key", "since")}
+    return render_template("jobs.html", page=page, filters=shown, query=query, statuses=[s.value for s in JobStatus],
                            since_choices=list(SINCE), actors=sorted(current_suite().actors), cursor=cursor,
                            waiting=present.WAITING, down=page.down, done=_done())
 
@@ -110,7 +118,7 @@ def slots() -> str:
 
 
 def dead() -> str:
-    actor = _arg("actor")
+    actor = filters(("actor",), request.args).get("actor")
     suite = current_suite()
     rows = ops.dead(suite, actor=actor, limit=page_size())
     retrying = ops.jobs(suite, status="retrying", actor=actor, limit=page_size())
