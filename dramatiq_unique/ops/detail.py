@@ -9,8 +9,9 @@ from dramatiq_unique.durable import lookup
 from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops import held
+from dramatiq_unique.ops.listing import job_row
 from dramatiq_unique.ops.views import Attempt, JobView, Waiting
-from dramatiq_unique.ops.words import holding, row_key, why
+from dramatiq_unique.ops.words import holding, why
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
 from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
@@ -45,13 +46,10 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
     if slot is not None and row.status == QUEUED and (waiting is None or waiting.reason == "queued"):
         waiting = Waiting(reason="woken", label=slot[1], since=row.enqueued_at or row.created_at)
     return JobView(
-        id=row.id, message_id=row.message_id, actor=row.actor_name, queue=row.queue_name, status=str(row.status),
-        key=row_key(suite.actor_config(row.actor_name), row), args=row.args, kwargs=row.kwargs,
-        attempts=row.attempts, created_at=row.created_at, enqueued_at=row.enqueued_at,
-        process_after=row.process_after, started_at=row.started_at, finished_at=row.finished_at,
-        last_error=row.last_error, result=row.result, fencing_token=row.fencing_token, checkpoints=row.checkpoints,
-        worker=row.worker, parked_on=row.parked_on, table=type(row)._meta.table_name, history=history(row),
-        waiting=waiting, why=why(waiting, utcnow()), slot=slot[0] if slot is not None else "",
+        **vars(job_row(suite, row, suite.stores.index_of(type(row)))), args=row.args, kwargs=row.kwargs,
+        enqueued_at=row.enqueued_at, process_after=row.process_after, last_error=row.last_error, result=row.result,
+        fencing_token=row.fencing_token, checkpoints=row.checkpoints, worker=row.worker, parked_on=row.parked_on,
+        history=history(row), waiting=waiting, why=why(waiting, utcnow()), slot=slot[0] if slot is not None else "",
     )
 
 

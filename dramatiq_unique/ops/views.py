@@ -91,31 +91,20 @@ class Waiting(View):
     note: str = ""
 
 
-@dataclasses.dataclass
-class JobView(View):
+@dataclasses.dataclass(kw_only=True)
+class JobView(JobRow):
     """One job: its row, attempts, fencing token, checkpoints and, while it waits, why."""
 
-    id: int
-    message_id: str
-    actor: str
-    queue: str
-    status: str
-    key: str
     args: Any
     kwargs: Any
-    attempts: int
-    created_at: Optional[datetime]
     enqueued_at: Optional[datetime]
     process_after: Optional[datetime]
-    started_at: Optional[datetime]
-    finished_at: Optional[datetime]
     last_error: Optional[str]
     result: Any
     fencing_token: int
     checkpoints: Any
     worker: Optional[str]
     parked_on: Optional[str]
-    table: str
     history: list[Attempt]
     waiting: Optional[Waiting]
     #: ``waiting`` in words ('' when the job does not wait).

@@ -35,8 +35,8 @@ def test_the_chart_lays_one_bar_per_minute_scaled_to_the_peak():
 
 
 def _job(history, created=T0, finished=None) -> JobView:
-    return JobView(id=1, message_id="m", actor="a", queue="default", status="succeeded", key="", args=[],
-                   kwargs={}, attempts=len(history), created_at=created, enqueued_at=None, process_after=None,
+    return JobView(id=1, ref="1", store=0, message_id="m", actor="a", queue="default", status="succeeded", key="",
+                   args=[], kwargs={}, attempts=len(history), created_at=created, enqueued_at=None, process_after=None,
                    started_at=None, finished_at=finished, last_error=None, result=None, fencing_token=1,
                    checkpoints=None, worker=None, parked_on=None, table="t", history=history, waiting=None, why="")
 
