@@ -7,17 +7,22 @@ import importlib.util
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
+import dramatiq
+import peewee as pw
+from dramatiq.cli import import_broker
+
+from dramatiq_unique import suite as _config
 from dramatiq_unique.cli.output import LINES, visible
 from dramatiq_unique.errors import DatabaseUnavailable, DramatiqUniqueError
 from dramatiq_unique.health.target import DATABASE_ENV, REDIS_ENV
 from dramatiq_unique.redaction import redact
-
-if TYPE_CHECKING:
-    import dramatiq
-
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.redis.servers import client_from_url
+from dramatiq_unique.storage import schema
+from dramatiq_unique.storage.database import open_database
+from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.suite import Suite
 
 #: The app's ``key_prefix`` (default: the suite's default), so the rows and Redis keys read are the app's.
 PREFIX_ENV = "DRAMATIQ_UNIQUE_KEY_PREFIX"
@@ -60,13 +65,13 @@ class Context:
     err: TextIO = dataclasses.field(default_factory=lambda: sys.stderr)
     #: Where a question's answer is read (:meth:`confirm`).
     inp: TextIO = dataclasses.field(default_factory=lambda: sys.stdin)
-    suite: "Optional[Suite]" = None
-    broker: "Optional[dramatiq.Broker]" = None
+    suite: Optional[Suite] = None
+    broker: Optional[dramatiq.Broker] = None
     #: True when the suite came from the environment: nothing may be changed.
     read_only: bool = False
     env: dict[str, str] = dataclasses.field(default_factory=lambda: dict(os.environ))
 
-    def load(self) -> "Suite":
+    def load(self) -> Suite:
         """The app's suite, else one opened from the environment, read-only; Usage if neither."""
         if self.suite is not None:
             return self.suite
@@ -102,12 +107,8 @@ class Context:
         return self.inp.readline().strip().lower() in ("y", "yes")
 
 
-def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
+def load_app(app: str, path: str = ".") -> tuple[Suite, dramatiq.Broker]:
     """Import ``app`` with Dramatiq's own ``import_broker`` and return the suite its ``setup()`` made."""
-    from dramatiq.cli import import_broker
-
-    from dramatiq_unique import suite as _config
-
     _on_path(path)
     try:
         _, broker = import_broker(app)
@@ -121,17 +122,12 @@ def load_app(app: str, path: str = ".") -> "tuple[Suite, dramatiq.Broker]":
     return suite, suite.broker or broker
 
 
-def from_env(env: dict[str, str]) -> "Suite":
+def from_env(env: dict[str, str]) -> Suite:
     """A suite over the job tables and Redis the environment names (no actors: keys show as hashes)."""
     database, redis_url = env.get(DATABASE_ENV), env.get(REDIS_ENV)
     if not database or not redis_url:
         raise Usage(f"give the app module (APP or --app), or set {DATABASE_ENV} and {REDIS_ENV} to read the "
                     f"jobs without it")
-    import peewee as pw
-
-    from dramatiq_unique.storage.database import open_database
-    from dramatiq_unique.storage.models import JobModel
-
     if database.startswith("sqlite:///") and not os.path.exists(database[len("sqlite:///"):].split("?")[0]):
         raise Refused(f"{DATABASE_ENV} names no existing SQLite file: {database}")
     db = open_database(database, connect_timeout=CONNECT_TIMEOUT, timeout=CONNECT_TIMEOUT)
@@ -143,33 +139,26 @@ def from_env(env: dict[str, str]) -> "Suite":
         db.close()
     if not exists:
         raise Refused(f"no job table {JobModel._meta.table_name} in {DATABASE_ENV}: has the app set up the suite?")
-    from dramatiq_unique.redis.servers import client_from_url
-
     settings = {"key_prefix": env[PREFIX_ENV]} if env.get(PREFIX_ENV) else {}
     # Bounded, so that a Redis that does not answer costs seconds, not the system's connect timeout.
     client = client_from_url(redis_url, socket_connect_timeout=CONNECT_TIMEOUT / 1000,
                                       socket_timeout=CONNECT_TIMEOUT / 1000)
-    return _read_only_suite()(database=database, redis=client, **settings)
+    return ReadOnlySuite(database=database, redis=client, **settings)
 
 
-def _read_only_suite() -> type:
-    """A Suite that binds the job table without creating or migrating anything: the environment's
+class ReadOnlySuite(Suite):
+    """A suite that binds the job table without creating or migrating anything: the environment's
     database role may only read."""
-    from dramatiq_unique.storage import schema
-    from dramatiq_unique.suite import Suite
 
-    class ReadOnlySuite(Suite):
-        #: Nothing is created or written (slots/overrides.py reads this too).
-        writes = False
+    #: Nothing is created or written (slots/overrides.py reads this too).
+    writes = False
 
-        def register_model(self, model: Any) -> None:
-            with self._lock:
-                if model not in self.models:
-                    model.bind(self.db, bind_refs=False, bind_backrefs=False)
-                    # Read only too: a table of an older schema would fail on a missing column; say why.
-                    version = schema.version_of(model)
-                    if version is not None and version < schema.CURRENT_VERSION:
-                        raise schema.out_of_date(model, version)
-                    self.models.append(model)
-
-    return ReadOnlySuite
+    def register_model(self, model: Any) -> None:
+        with self._lock:
+            if model not in self.models:
+                model.bind(self.db, bind_refs=False, bind_backrefs=False)
+                # Read only too: a table of an older schema would fail on a missing column; say why.
+                version = schema.version_of(model)
+                if version is not None and version < schema.CURRENT_VERSION:
+                    raise schema.out_of_date(model, version)
+                self.models.append(model)
