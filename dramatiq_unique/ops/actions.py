@@ -71,17 +71,15 @@ def selection(
     a statement can find (an actor not declared, a key not made of its unique_args, a bad status)."""
     if action not in BULK:
         raise ValueError(f"no bulk action {action!r}: {' or '.join(BULK)}")
-    actor = (actor or "").strip() or None
+    actor, key, error = ((text or "").strip() or None for text in (actor, key, error))
     if actor is not None and suite.actor_config(actor) is None:
         raise ValueError(f"no tracked actor {actor!r} is declared in the app")
     unique_keys = None
-    key = (key or "").strip() or None
     if key is not None:
         unique_keys = keys.derived(suite, actor, key)
         if unique_keys is None:
             raise ValueError(f"a bulk action finds its jobs by their unique key: {key!r} must name the parameters "
                              f"that unique_args selects (customer=42){'' if actor else ', with the actor given'}")
-    error = (error or "").strip() or None
     if error is not None and (action != RETRY or len(error) > MAX_ERROR_TEXT):
         raise ValueError(f"an error text selects dead jobs, up to {MAX_ERROR_TEXT} characters")
     statuses: tuple[str, ...] = WAITING

@@ -179,14 +179,10 @@ def limit_target(suite: "Suite", actor: str, text: Optional[str], group: str = "
         raise InvalidOption(f"no actor {actor!r} with concurrency slots is declared in this process")
     text, group = (text or "").strip(), group.strip()
     if group:
-        if group not in named_groups(suite, config, text):
+        named = named_groups(suite, config, text)
+        if group not in named:
             raise InvalidOption(f"no slot group of {actor!r} has the key {text!r}")
-        if group == whole_actor(actor) and config.options.get("concurrency_key") is None:
-            return Target("")  # the actor's own limit
-        for value in ([] if text.startswith("#") else candidates(config, text)):
-            if key_group(config, value) == group:
-                return Target(group, key_words(config, value), value)
-        return Target(group)  # named by its hash: the words kept with its limit stay
+        return named[group]
     if not text or text == ALL:
         return Target("")
     if config.options.get("concurrency_key") is None:
@@ -205,22 +201,23 @@ def limit_target(suite: "Suite", actor: str, text: Optional[str], group: str = "
     return Target(group, key_words(config, chosen), chosen, warning)
 
 
-def named_groups(suite: "Suite", config: "ActorConfig", text: str) -> set[str]:
-    """Every group ``text`` may name, whatever jobs have had ('' for the actor's own)."""
-    text = text.strip()
-    if not text or text == ALL:
-        return {"", whole_actor(config.actor_name)} if config.options.get("concurrency_key") is None else {""}
-    if text.startswith("#"):
+def named_groups(suite: "Suite", config: "ActorConfig", text: str) -> dict[str, Target]:
+    """Every group ``text`` may name, whatever jobs have had, and the target each is."""
+    if not text or text == ALL:  # the actor's own limit: its one group when it has no key
+        return {"": Target(""), **({whole_actor(config.actor_name): Target("")}
+                                   if config.options.get("concurrency_key") is None else {})}
+    if text.startswith("#"):  # named by its hash: the words kept with its limit stay
         try:
-            return {by_hash(suite, config, text)}
+            return {group: Target(group) for group in [by_hash(suite, config, text)]}
         except InvalidOption:
-            return set()
-    found = set()
+            return {}
+    found: dict[str, Target] = {}
     for value in candidates(config, text):
         try:
-            found.add(key_group(config, value))
+            group = key_group(config, value)
         except InvalidOption:
             continue
+        found.setdefault(group, Target(group, key_words(config, value), value))
     return found
 
 
