@@ -121,8 +121,11 @@ def listing(
     def run(ctx: Context, args: argparse.Namespace) -> int:
         found = read(ctx.load(), **_given(args, options))
         rows = found.rows if isinstance(found, Page) else found
-        cells = [[show(row) for _, show in columns] for row in rows]
-        text = lambda: "\n".join([table([h for h, _ in columns], cells, empty=empty), *notes(found)])  # noqa: E731
+
+        def text() -> str:
+            cells = [[show(row) for _, show in columns] for row in rows]
+            return "\n".join([table([header for header, _ in columns], cells, empty=empty), *notes(found)])
+
         ctx.emit(found.as_dict() if isinstance(found, Page) else [row.as_dict() for row in rows], text)
         return 0
 
@@ -130,7 +133,8 @@ def listing(
 
 
 def _page_notes(page: Page) -> list[str]:
-    return [f"more: --cursor {page.cursor}"] * bool(page.cursor) + [f"not read: {down}" for down in page.down]
+    more = [f"more: --cursor {page.cursor}"] if page.cursor else []
+    return more + [f"not read: {down}" for down in page.down]
 
 
 def _slot_notes(groups: list[SlotGroupView]) -> list[str]:
@@ -150,7 +154,7 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
     def text() -> str:
         items: list[tuple[str, Any]] = [
             ("id", view.id), ("message id", view.message_id), ("actor", view.actor), ("queue", view.queue),
-            ("status", view.status), *[("why", view.why)] * bool(view.why), *[("slot", view.slot)] * bool(view.slot),
+            ("status", view.status), *[(name, said) for name, said in (("why", view.why), ("slot", view.slot)) if said],
             ("key", view.key or "-"), ("arguments", detail(_json_text(view.args) + " " + _json_text(view.kwargs))),
             ("attempts", view.attempts), ("fencing token", view.fencing_token), ("created", view.created_at),
             ("enqueued", view.enqueued_at), ("due", view.process_after), ("started", view.started_at),
