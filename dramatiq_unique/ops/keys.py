@@ -5,6 +5,7 @@ run-time limit is set on (words, a bare value, a ``#hash``, or ``(all)``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import types
@@ -104,10 +105,7 @@ def derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[st
 
 def _tokens(column: Any) -> Any:
     """``column`` with every JSON separator made a comma: each value then sits between commas."""
-    expr = pw.fn.REPLACE(column, "[", ",")
-    for sep in _SEPARATORS[1:]:
-        expr = pw.fn.REPLACE(expr, sep, ",")
-    return expr
+    return functools.reduce(lambda expr, sep: pw.fn.REPLACE(expr, sep, ","), _SEPARATORS, column)
 
 
 def _defaulted(suite: "Suite", actor: Optional[str], name: str) -> bool:
