@@ -86,7 +86,7 @@ def _option(flag: str, help: str, **more: Any) -> Option:
     return flag, {"help": help, **more}
 
 
-ACTOR = _option("--actor", "only this actor's")
+ACTOR = _option("--actor", "only this actor's jobs, groups or limits")
 SINCE = _option("--since", "created (the dead set: failed) since: 15m, 2h, 1d, or an ISO time (UTC)")
 KEY = _option("--key", "the key in words: customer=42 (quote a value to make it a string)")
 YES = _option("--yes", "do it without asking", action="store_true")
