@@ -120,10 +120,7 @@ def jobs(
         f = dataclasses.replace(f, unique_keys=keys.derived(suite, actor, key))
     position = parse_cursor(cursor)
 
-    def tables(index: int, found: list[type[JobModel]]) -> list[tuple[int, type[JobModel]]]:
-        return [(index, table) for table in found]
-
-    answered, down = lookup.each_store(suite, "listing jobs", tables)
+    answered, down = lookup.each_store(suite, "listing jobs", lambda index, found: [(index, t) for t in found])
     sources = [(source, store, table) for source, (store, table) in enumerate(t for ts in answered for t in ts)]
     with guarded("listing jobs"):
         rows, next_cursor = _read(suite, sources, f, position, limit)
