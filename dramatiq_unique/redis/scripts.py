@@ -200,29 +200,34 @@ class Script:
         link.post(("EVALSHA", self.sha, len(keys), *keys, *args), self.text)
 
 
-def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list:
-    """Run ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC; its replies, one per call.
-    Raises redis-py's errors: a connection error, or the first error reply."""
-    commands: list[tuple[Any, ...]] = [("MULTI",), ("SCRIPT", "LOAD", script.text)]  # a restarted server knows it again
-    commands += [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-    commands.append(("EXEC",))
-    for attempt in (1, 2):
+def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+            before: Sequence[Command] = ()) -> list:
+    """Run the commands ``before``, then ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC;
+    the script's replies, one per call.  Raises redis-py's errors: a connection error, or the first error reply.
+    The script is loaded in the same MULTI until this connection has run it; on ``NOSCRIPT`` (none of its calls
+    ran) all is sent again with it: ``before`` must be safe to repeat."""
+    for attempt in range(1, ATTEMPTS + 1):
         link = link_of(script.client)
+        load = [("SCRIPT", "LOAD", script.text)] if script.sha not in link.known else []
+        commands = [("MULTI",), *load, *before]
+        commands += [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
+        commands.append(("EXEC",))
         fresh = not link.answered
         try:
             replies = link.call_all(commands)
         except RedisConnectionError:
-            if fresh or attempt == 2:
+            if fresh or attempt == ATTEMPTS:
                 raise
             continue
-        break
-    for reply in replies[:-1]:
-        if isinstance(reply, ResponseError):  # refused when queued: EXEC aborted it all
-            raise reply
-    result = replies[-1]
-    if isinstance(result, ResponseError):
-        raise result
-    for reply in result or ():
-        if isinstance(reply, ResponseError):
-            raise reply
-    return list(result or ())[1:]  # the SCRIPT LOAD's reply left out
+        result = replies[-1]
+        # Refused when queued (EXEC then aborted it all), else failed when run.
+        errors = [r for r in replies[:-1] if isinstance(r, ResponseError)] or [
+            r for r in (result if isinstance(result, list) else [result]) if isinstance(r, ResponseError)]
+        if any(isinstance(error, NoScriptError) for error in errors) and attempt < ATTEMPTS:
+            link.known.discard(script.sha)
+            continue
+        if errors:
+            raise errors[0]
+        link.known.add(script.sha)
+        return list(result)[len(load) + len(before):]
+    raise redis.RedisError(f"script {script.sha} could not be run")

@@ -20,7 +20,6 @@ from dramatiq_unique.errors import (
     DramatiqUniqueError,
     DuplicateJob,
     NotConfigured,
-    RedisUnavailable,
 )
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
@@ -231,17 +230,15 @@ def _insert_unique(
 
 def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
     """The queue lock of a send that holds its key: whoever held the lock held it for a job
-    that no longer waits, so it is overwritten (on one master; with several, taken if free)."""
+    that no longer waits, so it is overwritten (on one master; with several, taken if free).
+    On the broker's own server it goes with the publish, in one round trip (broker/publish.py)."""
     token = message.message_id
-    try:
-        if suite.locks.single:
-            suite.locks.force(lock_name, token, ttl)
-        else:
-            suite.locks.acquire(lock_name, ttl, token=token)
-    except RedisUnavailable as error:
-        if suite.publisher is None or not suite.publisher.covers(error):
-            raise
-        # The broker's server is down too: its publish fails as the broker's (kept for the re-drive).
+    if suite.publisher is not None and suite.publisher.later((lock_name, token, ttl)):
+        return
+    if suite.locks.single:
+        suite.locks.force(lock_name, token, ttl)
+    else:
+        suite.locks.acquire(lock_name, ttl, token=token)
 
 
 def _conflict(

@@ -45,6 +45,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
         created: list[Created] = []
         token = created_rows.set(created)
+        armed = suite.publisher.arm() if suite.publisher is not None else None
         try:
             with guarded(f"checking {describe(message)} for a duplicate"):
                 check_options(suite, message, delay)
@@ -82,6 +83,8 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
             raise
         finally:
             created_rows.reset(token)
+            if armed is not None:
+                armed.var.reset(armed)
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
     broker.enqueue = enqueue  # type: ignore[method-assign]
