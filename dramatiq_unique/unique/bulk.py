@@ -26,9 +26,8 @@ from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfig
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
-from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.enqueue import _needs, may_fail_over, queue_lock_ttl, row_fields
+from dramatiq_unique.unique.enqueue import _needs, may_fail_over, new_row, queue_lock_ttl
 from dramatiq_unique.unique.send import check_options
 
 if TYPE_CHECKING:
@@ -235,18 +234,8 @@ class Batch:
         if self.delay is not None:
             message = message.copy(queue_name=dq_name(message.queue_name),
                                    options={"eta": current_millis() + self.delay})
-        key = recent.key_of(self.config, message)
-        fields = row_fields(self.config, message, self.delay)
-        fields["unique_key"] = key
-        if self.held is not None or self.deferred:  # published at commit, or by the re-drive
-            fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
-        holds = key is not None and self.lock in opt.QUEUE_LOCKS
-        marker: dict = {"qt": message.message_id} if holds else {}
-        if self.deferred:
-            marker[deferral.DEFERRED] = 1
-        fields["options"][MARKER] = marker
-        if holds:
-            fields["unique_hold"] = key
+        fields, key, holds = new_row(self.config, message, self.delay,  # published at commit, or by the re-drive
+                                     pending=self.held is not None or self.deferred, deferred=self.deferred)
         return _Row(message, original, fields, key, holds)
 
     def _insert(self, writes: list[_Row]) -> dict[str, int]:

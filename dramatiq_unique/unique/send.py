@@ -22,8 +22,7 @@ from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.errors import InvalidOption, RedisPermissionDenied, permission_refused
 from dramatiq_unique.guard import describe, guarded
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.created import Created, created_rows
-from dramatiq_unique.unique.enqueue import Redirect
+from dramatiq_unique.unique.enqueue import Created, Redirect, created_rows
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message
@@ -73,9 +72,9 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
                 return kept
             # Nothing was published (the broker or a later middleware
             # failed): a row left behind would be a phantom job.
-            for item in created:
+            for undo, _ in created:
                 try:
-                    item.undo()
+                    undo()
                 except Exception:  # the original error matters more
                     logger.exception("Could not undo a job row after a failed send.")
             if isinstance(error, redis.ResponseError) and permission_refused(error):
@@ -109,8 +108,8 @@ def _keep(
             deferral.failed(suite, broker, error)
             return deferred.message
     try:
-        for item in created:
-            item.keep()
+        for _, keep in created:
+            keep()
     except Exception:
         # The database is down too: the row, if left queued, is found by the lost-message check.
         logger.exception("Could not keep job %s pending after the broker failed.", message.message_id)
