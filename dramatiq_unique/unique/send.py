@@ -145,7 +145,7 @@ def check_options(suite: "Suite", message: "Message", delay: Optional[int] = Non
     config = suite.actor_config(message.actor_name)
     if config is not None:
         opt.check_delay(delay)
-        opt.check_send(suite.broker, message.actor_name, config.options, opts, config.fn)
+        opt.check_send(opts, config.options, config.fn, broker=suite.broker, actor_name=message.actor_name)
         return
     given = opts.keys() & opt.SUITE_OPTIONS
     if given:
