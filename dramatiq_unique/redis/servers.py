@@ -38,10 +38,6 @@ def client_from_url(url: str, **kwargs: Any) -> redis_lib.Redis:
     (see the module's docs).  ``kwargs`` go to the client's connections, as ``Redis.from_url`` takes them."""
     if not is_sentinel_url(url):
         return redis_lib.Redis.from_url(url, **kwargs)
-    return sentinel_client(url, **kwargs)
-
-
-def sentinel_client(url: str, **kwargs: Any) -> redis_lib.Redis:
     parsed = urlparse(url)
     hosts = []
     netloc = parsed.netloc.rsplit("@", 1)[-1]
@@ -165,7 +161,8 @@ def _sentinel_master(client: redis_lib.Redis, timeout_ms: float, role: str, boun
     with the sentinels' own timeouts and retries); RedisUnavailable, saying so, if none names one."""
     pool: Any = client.connection_pool
     manager = pool.sentinel_manager
-    probe = Sentinel([_address(s) for s in manager.sentinels], sentinel_kwargs={**manager.sentinel_kwargs, **bounded})
+    asked = {name: bounded[name] for name in ("socket_timeout", "socket_connect_timeout", "retry")}
+    probe = Sentinel([_address(s) for s in manager.sentinels], sentinel_kwargs={**manager.sentinel_kwargs, **asked})
     try:
         host, port = probe.discover_master(pool.service_name)
     except (redis_lib.RedisError, OSError) as e:

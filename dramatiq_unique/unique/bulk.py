@@ -83,8 +83,7 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     if len(work) == 1 or outbox.active() is not None or any(db.in_transaction() for db in suite.stores.databases):
         sent: list[Message] = []
         for items in work:
-            batch = Batch(suite, config, actor, delay)
-            batch.build(items)
+            batch = Batch(suite, config, actor, delay, items)
             batch.store()
             batch.publish()
             sent += batch.settle()
@@ -114,8 +113,7 @@ def _pipelined(suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Opt
             ThreadPoolExecutor(1, thread_name_prefix="send-many-publish") as pub:
         try:
             for items in work:
-                batch = Batch(suite, config, actor, delay)
-                batch.build(items)
+                batch = Batch(suite, config, actor, delay, items)
                 stored = db.submit(batch.store)
                 pending.append((batch, stored, pub.submit(publish, batch, stored)))
                 if len(pending) > 2:
@@ -166,7 +164,9 @@ class Batch:
     """One batch of a tracked actor's items: built, stored, published (maybe in another thread while
     the next batch is stored), settled."""
 
-    def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int]) -> None:
+    def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
+                 items: list[Item]) -> None:
+        """Build the batch's messages and rows, checked (in the sender's thread: context variables)."""
         self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
         self.broker = actor.broker
         self.lock = config.unique_lock
@@ -175,14 +175,10 @@ class Batch:
         # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
         self.deferred = self.held is None and deferral.skip_publish(suite)
         self.model = config.model
-        self.rows: list[_Row] = []
+        self.rows = [self._row(args, kwargs) for args, kwargs in items]
         self.inserted: list[_Row] = []
         self.error: Optional[BaseException] = None
         self.published = False
-
-    def build(self, items: list[Item]) -> None:
-        """The batch's messages and rows, checked (in the sender's thread: context variables)."""
-        self.rows = [self._row(args, kwargs) for args, kwargs in items]
 
     def store(self) -> None:
         """Write the rows, resolve duplicates; those to publish in ``self.inserted`` (none if they wait for
