@@ -27,7 +27,16 @@ from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.enqueue import _needs, may_fail_over, new_row, queue_lock_ttl
+from dramatiq_unique.unique.enqueue import (
+    Created,
+    _needs,
+    made_row,
+    may_fail_over,
+    new_row,
+    publish_failed,
+    queue_lock_ttl,
+    undo_all,
+)
 from dramatiq_unique.unique.send import check_options
 
 if TYPE_CHECKING:
@@ -177,6 +186,8 @@ class Batch:
         self.model = config.model
         self.rows = [self._row(args, kwargs) for args, kwargs in items]
         self.inserted: list[_Row] = []
+        #: How to undo the rows to publish, or keep them for the re-drive (unique/enqueue.py).
+        self.created: list[Created] = []
         self.error: Optional[BaseException] = None
         self.published = False
 
@@ -195,17 +206,23 @@ class Batch:
         self._resolve(self.rows, ids, first)
         self.inserted = [row for row in writes if row.message.message_id in ids]
         self._finish(self.inserted, ids)
+        self.created = [made_row(self.suite, self.model, _id(row), row.fields,
+                                 self.suite.keys.queue_lock(str(row.key)) if row.holds else None)
+                        for row in self.inserted]
 
     def settle(self) -> list["Message"]:
         """After the publish: a failure kept or undone (and raised), then the items left to the single
         send; one message per item."""
         if self.inserted and not self.published:
-            self._failed(self.inserted, self.error or RuntimeError("not published"))
+            error = self.error or RuntimeError("not published")
+            if not publish_failed(self.suite, self.broker, self.created, error):
+                raise error
         elif self.inserted:
             deferral.published(self.broker)
             for row in self.inserted:
                 self.broker.emit_after("enqueue", row.message, self.delay)
-                row.resolved = row.message
+        for row in self.inserted:
+            row.resolved = row.message
         for row in self.rows:
             if row.single:
                 row.resolved = _single(self.actor, (row.original.args, row.original.kwargs), self.delay)
@@ -213,15 +230,8 @@ class Batch:
 
     def undo(self) -> None:
         """Delete the rows written and never published, and free their locks (if taken, else no-ops)."""
-        if not self.inserted or self.published:
-            return
-        self.model.delete().where(self.model.id.in_([_id(row) for row in self.inserted])).execute()
-        for row in self.inserted:
-            if row.holds:
-                try:
-                    self.suite.locks.release(self.suite.keys.queue_lock(str(row.key)), row.message.message_id)
-                except Exception:  # often the very failure being undone: it expires by itself
-                    pass
+        if not self.published:
+            undo_all(self.created)
 
     def _row(self, args: tuple, kwargs: dict) -> _Row:
         original = self.actor.message_with_options(args=args, kwargs=kwargs)
@@ -312,17 +322,6 @@ class Batch:
             self.error = error
             return deferral.defers(self.suite, error)
         return True
-
-    def _failed(self, inserted: list[_Row], error: BaseException) -> None:
-        """Nothing was published (MULTI/EXEC): the rows kept pending for the re-drive if the broker is
-        down (on_broker_down="defer"), their locks naming them; else undone with their locks, and raise."""
-        if not deferral.defers(self.suite, error):
-            self.undo()
-            raise error
-        for row in inserted:
-            deferral.keep(self.model, _id(row), row.fields["broker_ref"], row.fields["options"])
-            row.resolved = row.message
-        deferral.failed(self.suite, self.broker, error)
 
 
 def _id(row: _Row) -> int:

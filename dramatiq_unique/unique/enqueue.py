@@ -112,19 +112,49 @@ def new_row(config: "ActorConfig", message: "Message", delay: Optional[int], *, 
     return fields, key, holds
 
 
-def created_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: Optional[str]) -> None:
-    """A row inserted with ``fields``, and the queue lock ``lock_name`` taken under its message id, if any."""
-    created = created_rows.get()
-    if created is None or fields["status"] != JobStatus.QUEUED.value:
-        return  # a pending row (outbox, deferred) is not published by this send
+def made_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: Optional[str]) -> Created:
+    """How to undo a row inserted with ``fields`` (and the queue lock ``lock_name`` taken under its message
+    id, if any), and how to keep it for the re-drive instead."""
 
     def undo() -> None:
         jobs.delete(model, row_id)
         if lock_name:
             queue.free(suite, (lock_name, fields["message_id"]), fields["message_id"], wait=True)
 
-    # The lock, if it was written, names the waiting job: it stays (the database decides anyway).
-    created.append((undo, lambda: deferral.keep(model, row_id, fields["broker_ref"], fields["options"])))
+    # Kept, the lock, if it was written, names the waiting job: it stays (the database decides anyway).
+    return undo, lambda: deferral.keep(model, row_id, fields["broker_ref"], fields["options"])
+
+
+def created_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: Optional[str]) -> None:
+    """A row this send inserted, for its wrapper; a pending row (outbox, deferred) is not this send's to publish."""
+    created = created_rows.get()
+    if created is not None and fields["status"] == JobStatus.QUEUED.value:
+        created.append(made_row(suite, model, row_id, fields, lock_name))
+
+
+def publish_failed(suite: "Suite", broker: Any, created: list[Created], error: BaseException) -> bool:
+    """A publish failed with ``error``: what the send wrote kept pending for the re-drive if the broker is
+    down (on_broker_down="defer"; True), else undone, as a row left behind would be a phantom job."""
+    if created and deferral.defers(suite, error):
+        try:
+            for _, keep in created:
+                keep()
+        except Exception:
+            # The database is down too: the row, if left queued, is found by the lost-message check.
+            logger.exception("Could not keep %d jobs pending after the broker failed.", len(created))
+        else:
+            deferral.failed(suite, broker, error)
+            return True
+    undo_all(created)
+    return False
+
+
+def undo_all(created: list[Created]) -> None:
+    for undo, _ in created:
+        try:
+            undo()
+        except Exception:  # the error that made it undo matters more
+            logger.exception("Could not undo a job row after a failed send.")
 
 
 def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
