@@ -46,7 +46,8 @@ class Publisher:
         #: The broker's own script, over this thread's connection (redis/scripts.py).
         text = broker.scripts["dispatch"].script
         self.dispatch = scripts.Script(broker.client, text.decode() if isinstance(text, bytes) else text)
-        self._enqueue = broker._dispatch("enqueue")
+        #: The broker's own ``do_enqueue``, which :meth:`install` wraps.
+        self._enqueue = broker.do_enqueue
 
     @classmethod
     def install(cls, broker: Any, suite: "Suite") -> Optional["Publisher"]:
