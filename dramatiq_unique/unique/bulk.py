@@ -29,12 +29,11 @@ from dramatiq_unique.storage import jobs
 from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.enqueue import (
     Created,
-    _needs,
     made_row,
-    may_fail_over,
     new_row,
     publish_failed,
     queue_lock_ttl,
+    store,
     undo_all,
 )
 from dramatiq_unique.unique.send import check_options
@@ -251,19 +250,14 @@ class Batch:
         # In the keys' order: two batches of the same keys wait on each other in one order, never a deadlock.
         holding = any(row.holds for row in writes)
         fields = [row.fields for row in (sorted(writes, key=lambda row: row.key or "") if holding else writes)]
-        what = f"recording {len(writes)} {self.config.actor_name} jobs"
-        stores = self.suite.stores
-        if stores.several and self.held is None and not holding and may_fail_over(self.config, {}):
-            shared: dict = dict(fields[0]["options"][MARKER])  # the same for every row: no key
+        marker: dict = dict(fields[0]["options"][MARKER])
+        if not holding:  # the same for every row without a key: it gets the store's index, as a single send's
             for row in fields:
-                row["options"][MARKER] = shared  # gets the store's index, as a single send's marker
-            with guarded(what):
-                self.model, ids = stores.insert(self.model, lambda target: jobs.insert_many(target, fields),
-                                                shared)
-            return ids
-        with guarded(what):
-            return stores.on_primary(self.model, lambda: _needs(self.config, {}, self.held),
-                                     lambda: jobs.insert_many(self.model, fields))
+                row["options"][MARKER] = marker
+        with guarded(f"recording {len(writes)} {self.config.actor_name} jobs"):
+            self.model, ids = store(self.suite, self.config, {}, self.held,
+                                    lambda target: jobs.insert_many(target, fields), marker)
+        return ids
 
     def _resolve(self, rows: list[_Row], ids: dict[str, int], first: dict[str, _Row]) -> None:
         """Settle every row that was not inserted: a duplicate of a job in the table or of an

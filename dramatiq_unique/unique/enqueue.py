@@ -169,30 +169,20 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     deferred = held is None and deferral.skip_publish(suite)
     # Not in the broker until the caller's transaction commits, or it is back.
     fields, key, holds = new_row(config, message, delay, pending=held is not None or deferred, deferred=deferred)
-    model, marker = config.model, fields["options"][MARKER]
-    if not holds:
+    marker = fields["options"][MARKER]
 
-        def write(target: "type[JobModel]") -> tuple[int, int]:
-            try:
-                row_id, revision, created = jobs.adopt(target, fields)  # the same message sent again: the same job
-            except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
-                raise Redirect(held_by.job.message_id) from None
-            if created:
-                created_row(suite, target, row_id, fields, None)
-            return row_id, revision
-
-        if suite.stores.several and held is None and may_fail_over(config, opts):
-            model, (row_id, revision) = suite.stores.insert(model, write, marker)
-        else:  # with one store, on_primary only calls write
-            row_id, revision = suite.stores.on_primary(model, lambda: _needs(config, opts, held), lambda: write(model))
-    else:
+    def write(target: "type[JobModel]") -> tuple[int, int]:
         try:
-            row_id, revision = suite.stores.on_primary(
-                model, lambda: _needs(config, opts, held),
-                lambda: _insert_unique(suite, config, message, delay, str(key), fields),
-            )
-        except jobs.IdempotencyHeld as held_by:
+            if holds:
+                return _insert_unique(suite, config, message, delay, str(key), fields)
+            row_id, revision, created = jobs.adopt(target, fields)  # the same message sent again: the same job
+        except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
             raise Redirect(held_by.job.message_id) from None
+        if created:
+            created_row(suite, target, row_id, fields, None)
+        return row_id, revision
+
+    model, (row_id, revision) = store(suite, config, opts, held, write, marker)
     marker.update(id=row_id, rev=revision)
     opts[MARKER] = marker
     if held is not None:
@@ -201,6 +191,18 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
     if deferred:
         raise outbox.Deferred(dataclasses.replace(message, options=job_options(message.options)))
+
+
+def store(suite: "Suite", config: "ActorConfig", opts: dict, held: Any, write: Callable[[Any], Any],
+          marker: dict) -> tuple["type[JobModel]", Any]:
+    """``write(model)`` of a send's rows on the primary store; while it is down, in another store where
+    the send may fail over (outside transaction()), ``marker`` then getting that store's index.  Returns
+    the model written and what ``write`` returned."""
+    if suite.stores.several and held is None and may_fail_over(config, opts):
+        return suite.stores.insert(config.model, write, marker)
+    # With one store, on_primary only calls write.
+    return config.model, suite.stores.on_primary(config.model, lambda: _needs(config, opts, held),
+                                                 lambda: write(config.model))
 
 
 def may_fail_over(config: "ActorConfig", opts: dict) -> bool:
