@@ -17,10 +17,12 @@ if TYPE_CHECKING:
 class DramatiqUniqueError(MiddlewareError):
     """A dramatiq_unique error."""
 
-    def __init__(self, detail: str = "", **context: Any) -> None:
+    def __init__(self, detail: str = "", *, job: "Optional[pw.Model]" = None, **context: Any) -> None:
         # A message may name a URL, a DSN or a settings dict: never with its password (it reaches
         # logs, terminals, the dashboard).
         self.detail = detail = redact(detail) if isinstance(detail, str) else detail
+        #: The job row the error is about, where there is one.
+        self.job = job
         self.context = context
         message = " ".join((self.__doc__ or "").split())  # a docstring's lines make one line
         super().__init__(f"{message}: {detail}" if detail else message)
@@ -41,10 +43,6 @@ class HookFailed(DramatiqUniqueError):
 class DuplicateJob(DramatiqUniqueError):
     """A job with the same unique key is already waiting or running"""
 
-    def __init__(self, detail: str = "", *, job: "Optional[pw.Model]" = None) -> None:
-        super().__init__(detail)
-        self.job = job
-
 
 class JobNotFound(DramatiqUniqueError, LookupError):
     """No job of this app has that id or message id"""
@@ -56,10 +54,6 @@ class AmbiguousJobId(DramatiqUniqueError, LookupError):
 
 class JobStateError(DramatiqUniqueError):
     """The job is not in a state that allows this operation"""
-
-    def __init__(self, detail: str = "", *, job: "Optional[pw.Model]" = None) -> None:
-        super().__init__(detail)
-        self.job = job
 
 
 class LockLost(DramatiqUniqueError):
@@ -108,10 +102,6 @@ class UnsupportedVersion(DependencyUnavailable):
 
 class IdempotencyKeyReused(DramatiqUniqueError):
     """The idempotency key was already used for a job with other arguments"""
-
-    def __init__(self, detail: str = "", *, job: "Optional[pw.Model]" = None) -> None:
-        super().__init__(detail)
-        self.job = job
 
 
 class NotSerializable(DramatiqUniqueError, TypeError):

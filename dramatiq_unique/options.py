@@ -18,20 +18,10 @@ from dramatiq_unique.errors import InvalidOption
 if TYPE_CHECKING:
     import dramatiq
 
-#: The lock taken when an actor sets ``unique_args`` but no ``unique_lock``.
+#: The lock taken when an actor sets ``unique_args`` but no ``unique_lock``; the other defaults: suite.ActorConfig.
 DEFAULT_UNIQUE_LOCK = "until_and_while_executing"
-
-#: What a duplicate send does by default.
-DEFAULT_UNIQUE_ON_CONFLICT = "skip"
-
-#: Lease (ms) of a running job's row and execution lock.
-DEFAULT_UNIQUE_TTL = 60_000
-
 #: Which waiting job of a key runs next.
 DEFAULT_UNIQUE_ORDER_BY = "created_at"
-
-#: Lease (ms) of a concurrency slot.
-DEFAULT_CONCURRENCY_TTL = 60_000
 
 UNTIL_EXECUTING = "until_executing"
 UNTIL_EXECUTED = "until_executed"
@@ -195,10 +185,6 @@ def _flag(name: str, value: Any) -> None:
         raise InvalidOption(f"{name} must be True or False, not {show(value)}")
 
 
-def _positive_ms(name: str, value: Any) -> None:
-    _check_ms(name, value, positive=True)
-
-
 #: Each option's check, in the order validate() runs them (the first bad value is the one
 #: reported).  ``job_model`` is checked where its table is made (Suite.configure_actor).
 _CHECKS: dict[str, Callable[[str, Any, Callable[..., Any]], None]] = {
@@ -207,10 +193,10 @@ _CHECKS: dict[str, Callable[[str, Any, Callable[..., Any]], None]] = {
     "unique_lock": lambda name, value, fn: _choice(name, value, LOCK_TYPES),
     "unique_on_conflict": lambda name, value, fn: _choice(name, value, CONFLICT_STRATEGIES),
     "unique_order_by": lambda name, value, fn: _choice(name, value, ORDER_BY),
-    "unique_ttl": lambda name, value, fn: _positive_ms(name, value),
-    "unique_window": lambda name, value, fn: _positive_ms(name, value),
-    "concurrency_ttl": lambda name, value, fn: _positive_ms(name, value),
-    "idempotency_window": lambda name, value, fn: _positive_ms(name, value),
+    "unique_ttl": lambda name, value, fn: _check_ms(name, value, positive=True),
+    "unique_window": lambda name, value, fn: _check_ms(name, value, positive=True),
+    "concurrency_ttl": lambda name, value, fn: _check_ms(name, value, positive=True),
+    "idempotency_window": lambda name, value, fn: _check_ms(name, value, positive=True),
     "concurrency_limit": lambda name, value, fn: _whole(name, value),
     "track": lambda name, value, fn: _flag(name, value),
 }
@@ -228,9 +214,11 @@ def validate(options: dict, fn: Callable[..., Any]) -> None:
                 raise InvalidOption(f"{name} has no effect without unique_args")
 
 
-def validate_message(message_options: dict, actor_options: dict, fn: Callable[..., Any]) -> None:
-    """Check a send's own options (``send_with_options``) as the actor's were checked at
-    declaration, with the same errors: before anything is written or published."""
+def check_send(message_options: dict, actor_options: dict, fn: Callable[..., Any], *,
+               broker: "Optional[dramatiq.Broker]" = None, actor_name: str = "") -> None:
+    """Check a send's own options (``send_with_options``, ``submit()``'s) once, as the actor's were
+    at declaration, with the same errors, before anything is written or published; and the middlewares
+    they need on ``broker``: ``unique_lock="while_executing"`` without ExecutionLocks would run unlocked."""
     given = message_options.keys() & (SUITE_OPTIONS | SUBMIT_OPTIONS)
     if not given:
         return  # the common send: nothing of its own to check
@@ -244,9 +232,13 @@ def validate_message(message_options: dict, actor_options: dict, fn: Callable[..
     owner = message_options.get("owner")
     if owner is not None and (not isinstance(owner, str) or len(owner) > MAX_KEY_LENGTH):
         raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
-    if given & SUITE_OPTIONS:
-        # What the send will run with: its own options over the actor's, as lookup() resolves them.
-        validate({name: lookup(message_options, actor_options, name) for name in SUITE_OPTIONS}, fn)
+    if not given & SUITE_OPTIONS:
+        return
+    # What the send will run with: its own options over the actor's, as lookup() resolves them.
+    validate({name: lookup(message_options, actor_options, name) for name in SUITE_OPTIONS}, fn)
+    own = {name: message_options[name] for name in given & SUITE_OPTIONS if message_options[name] is not None}
+    if own and broker is not None:
+        check(f"{actor_name} (a message's own options)", {**actor_options, **own}, _installed(broker))
 
 
 # -- which of the suite's middlewares an actor needs ----------------------------
@@ -274,18 +266,6 @@ def check_actor(broker: "dramatiq.Broker", actor: "dramatiq.Actor") -> None:
     out of order (:class:`~dramatiq_unique.errors.InvalidOption`, naming the actor and option)."""
     validate(actor.options, actor.fn)
     check(actor.actor_name, actor.options, _installed(broker))
-
-
-def check_send(broker: "Optional[dramatiq.Broker]", actor_name: str, actor_options: dict, message_options: dict,
-               fn: Callable[..., Any]) -> None:
-    """A send's own options, checked once, as the actor's were at declaration (:func:`validate_message`),
-    and the middlewares they need: ``unique_lock="while_executing"`` on a broker without
-    ExecutionLocks would run the job unlocked."""
-    validate_message(message_options, actor_options, fn)
-    given = {name: message_options[name] for name in message_options.keys() & SUITE_OPTIONS
-             if message_options[name] is not None}
-    if given and broker is not None:
-        check(f"{actor_name} (a message's own options)", {**actor_options, **given}, _installed(broker))
 
 
 def _installed(broker: "dramatiq.Broker") -> list[Optional[str]]:

@@ -31,22 +31,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: ms after its lease ran out (or it was due) that a job missing from the broker counts as lost.
-DEFAULT_LOST_AFTER = 60_000
-#: What happens to a lost job: "redrive" sends it again, "fail" marks it failed.
-DEFAULT_ON_LOST = "redrive"
-#: How long (ms) finished rows are kept before the re-drive prunes them: 7 days.
-DEFAULT_RETENTION = 7 * 24 * 3600 * 1000
-#: How long (ms) an idempotency key returns the same job: 24 hours.
-DEFAULT_IDEMPOTENCY_WINDOW = 24 * 3600 * 1000
-
-#: ms a new PostgreSQL connection may take.
-DEFAULT_DATABASE_CONNECT_TIMEOUT = 5_000
-#: ms a PostgreSQL statement may take, and a dead connection may go unnoticed.
-DEFAULT_DATABASE_TIMEOUT = 30_000
-#: ms each Redis server may take to answer setup()'s check.
-DEFAULT_CHECK_TIMEOUT = 2_000
-
 #: Longest app name the ``app`` column holds.
 MAX_APP_LENGTH = 255
 
@@ -66,20 +50,20 @@ RedisSpec = Union[str, redis_lib.Redis, Sequence[Union[str, redis_lib.Redis]]]
 class Settings:
     """Suite-wide settings, every time in milliseconds (each is described in docs/reference/settings.md)."""
 
-    lost_after: int = DEFAULT_LOST_AFTER
-    on_lost: str = DEFAULT_ON_LOST
-    retention: int = DEFAULT_RETENTION
-    idempotency_window: int = DEFAULT_IDEMPOTENCY_WINDOW
+    lost_after: int = 60_000
+    on_lost: str = "redrive"
+    retention: int = 7 * 24 * 3600 * 1000  # 7 days
+    idempotency_window: int = 24 * 3600 * 1000  # 24 hours
     key_prefix: str = DEFAULT_KEY_PREFIX
     redriver: bool = True
     redrive_interval: int = 5_000
     redrive_page_size: int = 500
     #: None: prepared unless behind a pooler in transaction mode, where True is refused (storage/database.py).
     prepared_statements: Optional[bool] = None
-    database_connect_timeout: int = DEFAULT_DATABASE_CONNECT_TIMEOUT
-    database_timeout: int = DEFAULT_DATABASE_TIMEOUT
+    database_connect_timeout: int = 5_000
+    database_timeout: int = 30_000
     check_redis: bool = True
-    check_timeout: int = DEFAULT_CHECK_TIMEOUT
+    check_timeout: int = 2_000
     #: Keep it well below ``unique_ttl``: a lease is only valid for its TTL less the time taken to take it.
     lock_timeout: int = DEFAULT_LOCK_TIMEOUT
     store_down_for: int = _stores.DEFAULT_DOWN_FOR
@@ -125,15 +109,17 @@ class ActorConfig:
     app: str = ""
     unique_args: opt.ArgsSpec = None
     unique_lock: str = opt.DEFAULT_UNIQUE_LOCK
-    unique_on_conflict: str = opt.DEFAULT_UNIQUE_ON_CONFLICT
-    unique_ttl: float = opt.DEFAULT_UNIQUE_TTL
+    unique_on_conflict: str = "skip"
+    #: Lease (ms) of a running job's row and execution lock.
+    unique_ttl: float = 60_000
     unique_window: Optional[int] = None
     unique_order_by: str = opt.DEFAULT_UNIQUE_ORDER_BY
     concurrency_limit: Optional[int] = None
     concurrency_key: opt.ArgsSpec = None
-    concurrency_ttl: float = opt.DEFAULT_CONCURRENCY_TTL
+    #: Lease (ms) of a concurrency slot.
+    concurrency_ttl: float = 60_000
     #: The suite's ``idempotency_window`` unless the actor sets its own.
-    idempotency_window: float = DEFAULT_IDEMPOTENCY_WINDOW
+    idempotency_window: float = Settings.idempotency_window
 
     def __post_init__(self) -> None:
         self._put(self.options)

@@ -40,23 +40,18 @@ class Delivery:
     def send(self, message: Message, broker_ref: Optional[str] = None) -> None:
         """Deliver a woken job's message; ``broker_ref``, if given, is the id its row
         already records for it (used by a local delivery)."""
-        if self._deliver_locally(message, broker_ref):
+        plan = self.plan(message, broker_ref)
+        if plan is not None:
+            with self._lock:
+                if self._claim is None or self._claim.client is not plan.broker.client:
+                    self._claim = lua.register(plan.broker.client, "broker_claim")
+            self._claim(keys=plan.keys, args=plan.args)
+            plan.complete()
             return
         broker = self._broker_of()
         if broker is None:
             raise RuntimeError("the suite has no broker to send woken jobs through")
         broker.enqueue(message)
-
-    def _deliver_locally(self, message: Message, broker_ref: Optional[str] = None) -> bool:
-        plan = self.plan(message, broker_ref)
-        if plan is None:
-            return False
-        with self._lock:
-            if self._claim is None or self._claim.client is not plan.broker.client:
-                self._claim = lua.register(plan.broker.client, "broker_claim")
-        self._claim(keys=plan.keys, args=plan.args)
-        plan.complete()
-        return True
 
     def plan(self, message: Message, broker_ref: Optional[str] = None) -> "Optional[LocalDelivery]":
         """A local delivery of ``message``, its Redis writes left to the caller (who may fold

@@ -39,14 +39,19 @@ def check(broker: Any, version: Optional[str] = None) -> None:
         )
 
 
+def dispatch_args(broker: Any, command: str, queue_name: str, *args: Any, worker: Optional[str] = None,
+                  maintenance: int = 0) -> list:
+    """The arguments of the Redis broker's own ``dispatch.lua`` as its ``do_<command>`` passes them, for
+    ``worker`` (the broker's own id by default)."""
+    return [command, current_millis(), queue_name, worker or broker.broker_id, broker.heartbeat_timeout,
+            broker.dead_message_ttl, maintenance, broker._max_unpack_size(), *args]
+
+
 def dispatch(broker: Any, command: str, queue_name: str, *args: Any, worker: Optional[str] = None,
-             maintenance: int = 0, client: Any = None) -> Any:
-    """Run the Redis broker's own ``dispatch.lua`` as its ``do_<command>`` does, for ``worker`` (the
-    broker's own id by default); ``client``: a pipeline to queue it in."""
-    return broker.scripts["dispatch"](keys=[broker.namespace], client=client, args=[
-        command, current_millis(), queue_name, worker or broker.broker_id, broker.heartbeat_timeout,
-        broker.dead_message_ttl, maintenance, broker._max_unpack_size(), *args,
-    ])
+             maintenance: int = 0) -> Any:
+    """Run the Redis broker's own ``dispatch.lua`` as its ``do_<command>`` does."""
+    return broker.scripts["dispatch"](keys=[broker.namespace], args=dispatch_args(
+        broker, command, queue_name, *args, worker=worker, maintenance=maintenance))
 
 
 class BrokerKeys:

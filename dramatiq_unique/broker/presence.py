@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 from dramatiq.common import current_millis, dq_name, xq_name
 
@@ -56,19 +56,10 @@ class RedisProbe:
     def requeue_orphans(self, rows: "Iterable[JobModel]") -> int:
         """Hand messages held by dead consumers back to their queues, by Dramatiq's own maintenance
         (which a quiet queue may not run for long); returns how many queues were swept."""
-        rows = [row for row in rows if row.broker_ref]
-        dead = self._workers(0, current_millis() - self.broker.heartbeat_timeout) if rows else []
-        if not dead:
-            return 0
-        pipe = self.client.pipeline(transaction=False)
-        probes = []
-        for row in rows:
-            for queue_name in (row.queue_name, dq_name(row.queue_name)):
-                for worker in dead:
-                    pipe.sismember(self.keys.acks(worker, queue_name), row.broker_ref)
-                    probes.append(queue_name)
-        queues = {name for name, held in zip(probes, pipe.execute(), strict=True) if held}
-        for queue_name in sorted(queues):
+        held = self._held(rows, 0, current_millis() - self.broker.heartbeat_timeout,
+                          lambda row: (row.queue_name, dq_name(row.queue_name)))
+        queues = sorted({queue_name for _, queue_name, _ in held})
+        for queue_name in queues:
             dispatch(self.broker, "qsize", queue_name, maintenance=1)
             logger.info("Moved messages of dead workers back to queue %r.", queue_name)
         return len(queues)
@@ -77,30 +68,28 @@ class RedisProbe:
         """Hand back to its delay queue each row's delayed message that a *live* worker fetched and no
         longer holds (its connection broke: its delay queue starts empty); returns how many.  ``rows``:
         retrying rows due ``lost_after`` ago whose message was found present."""
-        rows = [row for row in rows if row.broker_ref]
-        workers = self._workers(current_millis() - self.broker.heartbeat_timeout, "+inf") if rows else []
-        if not workers:
-            return 0
-        pipe = self.client.pipeline(transaction=False)
-        probes = []
-        for row in rows:
-            for worker in workers:
-                pipe.sismember(self.keys.acks(worker, dq_name(row.queue_name)), row.broker_ref)
-                probes.append((row, worker))
-        released = 0
-        for (row, worker), held in zip(probes, pipe.execute(), strict=True):
-            if held:  # Dramatiq's own requeue, as that worker's shutdown would run it
-                dispatch(self.broker, "requeue", dq_name(row.queue_name), row.broker_ref, worker=worker)
-                released += 1
-                logger.warning("Job %s's retry was held by live worker %s, which no longer has it (its connection "
-                               "to Redis broke): handed back to queue %r.", row.message_id, worker,
-                               dq_name(row.queue_name))
-        return released
+        held = self._held(rows, current_millis() - self.broker.heartbeat_timeout, "+inf",
+                          lambda row: (dq_name(row.queue_name),))
+        for row, queue_name, worker in held:  # Dramatiq's own requeue, as that worker's shutdown would run it
+            dispatch(self.broker, "requeue", queue_name, row.broker_ref, worker=worker)
+            logger.warning("Job %s's retry was held by live worker %s, which no longer has it (its connection "
+                           "to Redis broke): handed back to queue %r.", row.message_id, worker, queue_name)
+        return len(held)
 
-    def _workers(self, low: Any, high: Any) -> list[str]:
-        """The broker processes whose last heartbeat falls between ``low`` and ``high`` (ms)."""
-        return [w.decode() if isinstance(w, bytes) else w
-                for w in self.client.zrangebyscore(self.keys.heartbeats(), low, high)]
+    def _held(self, rows: "Iterable[JobModel]", low: Any, high: Any,
+              queues: "Callable[[JobModel], tuple[str, ...]]") -> "list[tuple[JobModel, str, str]]":
+        """Each (row, queue, worker) whose ack set holds the row's message, of the rows with a broker id,
+        their ``queues``, and the workers whose last heartbeat falls between ``low`` and ``high`` (ms)."""
+        rows = [row for row in rows if row.broker_ref]
+        workers = [w.decode() if isinstance(w, bytes) else w
+                   for w in self.client.zrangebyscore(self.keys.heartbeats(), low, high)] if rows else []
+        probes = [(row, queue_name, worker) for row in rows for queue_name in queues(row) for worker in workers]
+        if not probes:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for row, queue_name, worker in probes:
+            pipe.sismember(self.keys.acks(worker, queue_name), row.broker_ref)
+        return [probe for probe, held in zip(probes, pipe.execute(), strict=True) if held]
 
 
 def probe_for(broker: "Broker") -> Optional[RedisProbe]:

@@ -1,47 +1,83 @@
-"""Publishing a batch of tracked messages on the Redis broker in one round trip: the broker's own
-``dispatch`` script once per message, in one MULTI/EXEC of redis-py's, queue locks taken first.
+"""Publishing tracked messages on the Redis broker with their queue locks: the broker's own ``dispatch``
+script once per message, in one MULTI/EXEC with the locks' SETs where the locks live on the broker's
+server (one round trip), else after the locks are taken (docs/discussions/how-it-is-built.md, "Sending").
 
-A single send goes through Dramatiq's own ``enqueue``; only :func:`dramatiq_unique.send_many` and
-the outbox's commit publish batches (docs/discussions/how-it-is-built.md, "Sending")."""
+A single send goes through Dramatiq's own ``enqueue``, whose ``do_enqueue`` this module wraps to carry
+a unique send's queue lock; :func:`dramatiq_unique.send_many` and the outbox's commit publish batches."""
 
 from __future__ import annotations
 
+import contextvars
 from typing import TYPE_CHECKING, Any, Optional
 
+import redis
 from dramatiq import Middleware
 from dramatiq.brokers.redis import RedisBroker
 
-from dramatiq_unique.broker.keys import dispatch
-from dramatiq_unique.errors import RedisPermissionDenied, RedisUnavailable
+from dramatiq_unique.broker.keys import dispatch_args
+from dramatiq_unique.errors import RedisPermissionDenied, permission_refused
 from dramatiq_unique.locks import queue
+from dramatiq_unique.redis import scripts
+from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.servers import identity
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
 
-#: One message of a batch: (queue name, the broker's id for it, body, its queue lock (name, token, ttl ms) or None).
-Entry = tuple[str, str, bytes, Optional[tuple]]
+#: A queue lock: (name, token, ttl ms).
+Lock = tuple[str, str, float]
+#: One message of a batch: (queue name, the broker's id for it, body, its queue lock or None).
+Entry = tuple[str, str, bytes, Optional[Lock]]
+
+# The queue locks of the single send under way, to go with its publish (set by unique/send.py's wrapper
+# where they can: None elsewhere, and then a lock is taken at once).
+_pending: contextvars.ContextVar[Optional[list[Lock]]] = contextvars.ContextVar("dramatiq_unique_lock",
+                                                                                  default=None)
 
 
 class Publisher:
-    """Publishes batches of tracked messages on one Redis broker."""
+    """Publishes tracked messages, with their queue locks, on one Redis broker."""
 
     def __init__(self, broker: Any, suite: "Suite") -> None:
         self.broker, self.suite = broker, suite
-        #: Whether the queue locks live on the broker's server, as one master: a lock that fails there
-        #: is left out, the publish then failing as the broker's (a Sentinel pool is named by its service).
+        #: Whether the queue locks live on the broker's server, as one master: then they go in the
+        #: publish's MULTI/EXEC (a Sentinel pool is named by its service).
         self.shares_server = suite.locks.single and identity(broker.client) == identity(suite.locks.masters[0])
+        #: The broker's own script, over this thread's connection (redis/scripts.py).
+        text = broker.scripts["dispatch"].script
+        self.dispatch = scripts.Script(broker.client, text.decode() if isinstance(text, bytes) else text)
+        #: The broker's own ``do_enqueue``, which :meth:`install` wraps.
+        self._enqueue = broker.do_enqueue
 
     @classmethod
     def install(cls, broker: Any, suite: "Suite") -> Optional["Publisher"]:
-        """A Publisher for ``broker`` if it is a Redis broker; None if not."""
-        return cls(broker, suite) if isinstance(broker, RedisBroker) else None
+        """A Publisher for ``broker`` if it is a Redis broker, its ``do_enqueue`` wrapped; None if not."""
+        if not isinstance(broker, RedisBroker):
+            return None
+        publisher = cls(broker, suite)
+        broker.do_enqueue = publisher.do_enqueue  # type: ignore[attr-defined]
+        return publisher
 
-    def covers(self, error: RedisUnavailable) -> bool:
-        """Whether a queue lock that failed with ``error`` may be left out of a send: the locks share
-        the broker's server, which is down too, so the publish fails as the broker's.  A refusal (an
-        ACL) comes from a server that answers: the publish would go through without the lock."""
-        return self.shares_server and not isinstance(error, RedisPermissionDenied)
+    def arm(self) -> contextvars.Token:
+        """Let the send under way leave its queue lock to its publish (see :meth:`later`); the caller
+        resets the token when the send is over."""
+        return _pending.set([] if self.shares_server else None)
+
+    @staticmethod
+    def later(lock: Lock) -> bool:
+        """Leave ``lock`` to the publish of the send under way; False if it must be taken now."""
+        pending = _pending.get()
+        if pending is not None:
+            pending.append(lock)
+        return pending is not None
+
+    def do_enqueue(self, queue_name: str, ref: str, body: bytes) -> Any:
+        """The broker's ``do_enqueue``, with the queue lock the send under way left to it."""
+        pending = _pending.get()
+        if not pending:
+            return self._enqueue(queue_name, ref, body)
+        self.publish_many([(queue_name, ref, body, pending.pop())])
+        return None
 
     def batches(self) -> bool:
         """Whether tracked messages may be published in batches: a batch goes around the broker's
@@ -52,15 +88,21 @@ class Publisher:
         return all(getattr(m, "suite", None) is self.suite for m in hooks)  # JobTracking's alone
 
     def publish_many(self, entries: list[Entry]) -> None:
-        """Take the entries' queue locks (one call), then publish the messages as the broker's
-        ``enqueue`` would, all or none (MULTI/EXEC).  Raises redis-py's errors or RedisUnavailable."""
+        """Publish the messages as the broker's ``enqueue`` would, all or none, their queue locks first.
+        Raises redis-py's errors, RedisUnavailable (a lock on another server), RedisPermissionDenied."""
+        locks = [entry[3] for entry in entries if entry[3] is not None]
+        if not self.shares_server:
+            queue.take_many(self.suite, locks)
+            locks = []
+        broker = self.broker
+        # Overwritten: the database decided that these sends hold their keys.
+        sets = [("SET", f"{LOCK_PREFIX}:{name}", token, "PX", int(ttl)) for name, token, ttl in locks]
+        calls = [([broker.namespace], dispatch_args(broker, "enqueue", queue_name, ref, body,
+                                                    maintenance=broker._should_do_maintenance("enqueue")))
+                 for queue_name, ref, body, _ in entries]
         try:
-            queue.take_many(self.suite, [entry[3] for entry in entries if entry[3] is not None])
-        except RedisUnavailable as error:
-            if not self.covers(error):
-                raise
-        with self.broker.client.pipeline(transaction=True) as pipe:
-            for queue_name, ref, body, _ in entries:
-                dispatch(self.broker, "enqueue", queue_name, ref, body, client=pipe,
-                         maintenance=self.broker._should_do_maintenance("enqueue"))
-            pipe.execute()
+            scripts.run_all(self.dispatch, calls, before=sets)
+        except redis.ResponseError as error:
+            if permission_refused(error):
+                raise RedisPermissionDenied(f"publishing {len(entries)} messages: {error}") from error
+            raise

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, SessionTransaction, SessionTransactionOrigin
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.storage.database import ReconnectingPostgresqlDatabase, _postgres
 from dramatiq_unique.storage.savepoints import Flush, _Journal
-from dramatiq_unique.suite import DEFAULT_DATABASE_CONNECT_TIMEOUT, DEFAULT_DATABASE_TIMEOUT
+from dramatiq_unique.suite import Settings
 
 #: The sessions of this thread or task in a ``session.begin()`` transaction, with their engines.
 _sessions: contextvars.ContextVar[tuple[tuple[Any, Session], ...]] = contextvars.ContextVar(
@@ -40,7 +40,7 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         if engine.dialect.name != "postgresql" or not hasattr(engine, "raw_connection"):
             raise InvalidOption(f"database=engine needs a sync PostgreSQL engine, not {engine!r}")
         url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        made = _postgres(url, DEFAULT_DATABASE_CONNECT_TIMEOUT, DEFAULT_DATABASE_TIMEOUT)
+        made = _postgres(url, Settings.database_connect_timeout, Settings.database_timeout)
         db = cls(made.database, prefer_psycopg3=engine.dialect.driver == "psycopg", **made.connect_params)
         db.suite_option, db.engine = getattr(made, "suite_option", None), engine
         if engine not in _engines:

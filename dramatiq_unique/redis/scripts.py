@@ -54,35 +54,21 @@ class _Link:
 
     def call(self, command: Command) -> Any:
         """Send ``command`` and return its reply, an error reply as its exception."""
-        redo = None
-        try:
-            self._connect()
-            if self.unread:  # their replies come first; no health-check PING: it would read one of theirs
-                self.conn.send_command(*command, check_health=False)
-                redo = self._settle()
-            else:
-                self.conn.send_command(*command)
-            reply = self._reply()
-        except BaseException:
-            # A broken connection, a timeout, or an exception raised into the thread mid-call
-            # (Dramatiq's TimeLimit): a reply may be left unread, so start afresh.
-            self.close()
-            raise
-        self.answered = True
-        if redo:
-            self._redo(redo)
-        return reply
+        return self.call_all([command])[0]
 
     def call_all(self, commands: Sequence[Command]) -> list:
-        """Send ``commands`` in one write; their replies, as :meth:`call` gives them."""
+        """Send ``commands`` in one write; their replies, each error reply as its exception."""
         redo = None
         try:
             self._connect()
+            # Posted calls' replies come first; no health-check PING then: it would read one of theirs.
             self.conn.send_packed_command(self.conn.pack_commands(commands), check_health=not self.unread)
             if self.unread:
                 redo = self._settle()
             replies = [self._reply() for _ in commands]
         except BaseException:
+            # A broken connection, a timeout, or an exception raised into the thread mid-call
+            # (Dramatiq's TimeLimit): a reply may be left unread, so start afresh.
             self.close()
             raise
         self.answered = True
@@ -164,31 +150,7 @@ class Script:
         self.sha = hashlib.sha1(text.encode()).hexdigest()
 
     def __call__(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> Any:
-        link = link_of(self.client)
-        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
-        resent = False
-        for attempt in range(1, ATTEMPTS + 1):
-            fresh = not link.answered
-            try:
-                reply = link.call(command)
-            except RedisConnectionError:
-                # Sent again only over a connection that had worked, and once: a fresh one that
-                # failed means the server is down.  Our scripts are safe to repeat.
-                if fresh or resent or attempt == ATTEMPTS:
-                    raise
-                resent = True
-                continue
-            if isinstance(reply, NoScriptError):
-                # Redis restarted or flushed its scripts: load it, send again.
-                loaded = link.call(("SCRIPT", "LOAD", self.text))
-                if isinstance(loaded, ResponseError):
-                    raise loaded
-                continue
-            link.known.add(self.sha)  # an error reply too: the server ran it
-            if isinstance(reply, ResponseError):
-                raise reply
-            return reply
-        raise redis.RedisError(f"script {self.sha} could not be run")
+        return run_all(self, [(keys, args)], multi=False)[0]
 
     def post(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
         """Run the script without waiting for its reply (see the module's docs); a script
@@ -200,29 +162,35 @@ class Script:
         link.post(("EVALSHA", self.sha, len(keys), *keys, *args), self.text)
 
 
-def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list:
-    """Run ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC; its replies, one per call.
-    Raises redis-py's errors: a connection error, or the first error reply."""
-    commands: list[tuple[Any, ...]] = [("MULTI",), ("SCRIPT", "LOAD", script.text)]  # a restarted server knows it again
-    commands += [("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls]
-    commands.append(("EXEC",))
-    for attempt in (1, 2):
+def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+            before: Sequence[Command] = (), *, multi: bool = True) -> list:
+    """Run the commands ``before``, then ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC
+    (in one write without, ``multi=False``); the script's replies, one per call.  Raises redis-py's errors:
+    a connection error, or the first error reply.  The script is loaded in the same write until this
+    connection has run it, and sent again with it on ``NOSCRIPT``; all is sent again once more after an
+    open connection broke: ``before`` and the script must be safe to repeat."""
+    for attempt in range(1, ATTEMPTS + 1):
         link = link_of(script.client)
+        load = [("SCRIPT", "LOAD", script.text)] if script.sha not in link.known else []
+        commands = [*load, *before, *(("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args in calls)]
         fresh = not link.answered
         try:
-            replies = link.call_all(commands)
+            replies = link.call_all([("MULTI",), *commands, ("EXEC",)] if multi else commands)
         except RedisConnectionError:
-            if fresh or attempt == 2:
+            # A fresh connection that failed means the server is down; after a broken one, the
+            # next attempt opens a fresh one: sent again at most once.
+            if fresh or attempt == ATTEMPTS:
                 raise
             continue
-        break
-    for reply in replies[:-1]:
-        if isinstance(reply, ResponseError):  # refused when queued: EXEC aborted it all
-            raise reply
-    result = replies[-1]
-    if isinstance(result, ResponseError):
-        raise result
-    for reply in result or ():
-        if isinstance(reply, ResponseError):
-            raise reply
-    return list(result or ())[1:]  # the SCRIPT LOAD's reply left out
+        if multi:  # refused when queued (EXEC then aborted it all), else the replies of EXEC
+            queued = [reply for reply in replies[1:-1] if isinstance(reply, ResponseError)]
+            replies = queued or ([replies[-1]] if isinstance(replies[-1], ResponseError) else list(replies[-1]))
+        errors = [reply for reply in replies if isinstance(reply, ResponseError)]
+        if any(isinstance(error, NoScriptError) for error in errors) and attempt < ATTEMPTS:
+            link.known.discard(script.sha)  # Redis restarted or flushed its scripts: loaded again
+            continue
+        link.known.add(script.sha)  # an error reply too: the server ran it
+        if errors:
+            raise errors[0]
+        return replies[len(load) + len(before):]
+    raise redis.RedisError(f"script {script.sha} could not be run")

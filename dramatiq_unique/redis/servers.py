@@ -38,10 +38,6 @@ def client_from_url(url: str, **kwargs: Any) -> redis_lib.Redis:
     (see the module's docs).  ``kwargs`` go to the client's connections, as ``Redis.from_url`` takes them."""
     if not is_sentinel_url(url):
         return redis_lib.Redis.from_url(url, **kwargs)
-    return sentinel_client(url, **kwargs)
-
-
-def sentinel_client(url: str, **kwargs: Any) -> redis_lib.Redis:
     parsed = urlparse(url)
     hosts = []
     netloc = parsed.netloc.rsplit("@", 1)[-1]
@@ -114,23 +110,6 @@ def describe(client: Any) -> Optional[str]:
     return f"{scheme}://{hosts}/{pool.service_name}/{pool.connection_kwargs.get('db', 0)}"
 
 
-def discover_master(client: Any, timeout_ms: float) -> tuple[str, int]:
-    """The address of the master that a Sentinel client's sentinels name now, each asked within
-    ``timeout_ms`` and once (not with their clients' own timeouts and retries)."""
-    pool = client.connection_pool
-    manager = pool.sentinel_manager
-    seconds = timeout_ms / 1000
-    kwargs = {**manager.sentinel_kwargs, "socket_timeout": seconds, "socket_connect_timeout": seconds,
-              "retry": Retry(NoBackoff(), 0)}
-    probe = Sentinel([_address(s) for s in manager.sentinels], sentinel_kwargs=kwargs)
-    try:
-        host, port = probe.discover_master(pool.service_name)
-        return str(host), int(port)
-    finally:
-        for sentinel in probe.sentinels:
-            sentinel.close()
-
-
 def address(client: redis_lib.Redis) -> str:
     """Where a client points: ``redis://host:port/db`` (``rediss://``, ``unix://``, ``redis+sentinel://``),
     without credentials."""
@@ -178,16 +157,22 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
 
 
 def _sentinel_master(client: redis_lib.Redis, timeout_ms: float, role: str, bounded: dict[str, Any]) -> Any:
-    """A connection to the master the sentinels name now, each asked within ``timeout_ms`` (not with the
-    sentinels' own timeouts and retries); RedisUnavailable, saying so, if none names one."""
+    """A connection to the master the sentinels name now, each asked within ``timeout_ms`` and once (not
+    with the sentinels' own timeouts and retries); RedisUnavailable, saying so, if none names one."""
     pool: Any = client.connection_pool
+    manager = pool.sentinel_manager
+    asked = {name: bounded[name] for name in ("socket_timeout", "socket_connect_timeout", "retry")}
+    probe = Sentinel([_address(s) for s in manager.sentinels], sentinel_kwargs={**manager.sentinel_kwargs, **asked})
     try:
-        host, port = discover_master(client, timeout_ms)
+        host, port = probe.discover_master(pool.service_name)
     except (redis_lib.RedisError, OSError) as e:
         raise RedisUnavailable(
             f"{role} at {address(client)}: no sentinel named a master of service {pool.service_name!r} within "
             f"{timeout_ms:g} ms ({type(e).__name__}); are the sentinels running, and is the URL right?"
         ) from e
+    finally:
+        for sentinel in probe.sentinels:
+            sentinel.close()
     kwargs = {key: value for key, value in pool.connection_kwargs.items() if key != "connection_pool"}
     connection_class = redis_lib.SSLConnection if "SSL" in pool.connection_class.__name__ else redis_lib.Connection
     return connection_class(**{**kwargs, **bounded, "host": host, "port": port})

@@ -26,9 +26,16 @@ from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfig
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
-from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.enqueue import _needs, may_fail_over, queue_lock_ttl, row_fields
+from dramatiq_unique.unique.enqueue import (
+    Created,
+    made_row,
+    new_row,
+    publish_failed,
+    queue_lock_ttl,
+    store,
+    undo_all,
+)
 from dramatiq_unique.unique.send import check_options
 
 if TYPE_CHECKING:
@@ -84,8 +91,7 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     if len(work) == 1 or outbox.active() is not None or any(db.in_transaction() for db in suite.stores.databases):
         sent: list[Message] = []
         for items in work:
-            batch = Batch(suite, config, actor, delay)
-            batch.build(items)
+            batch = Batch(suite, config, actor, delay, items)
             batch.store()
             batch.publish()
             sent += batch.settle()
@@ -115,8 +121,7 @@ def _pipelined(suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Opt
             ThreadPoolExecutor(1, thread_name_prefix="send-many-publish") as pub:
         try:
             for items in work:
-                batch = Batch(suite, config, actor, delay)
-                batch.build(items)
+                batch = Batch(suite, config, actor, delay, items)
                 stored = db.submit(batch.store)
                 pending.append((batch, stored, pub.submit(publish, batch, stored)))
                 if len(pending) > 2:
@@ -167,7 +172,9 @@ class Batch:
     """One batch of a tracked actor's items: built, stored, published (maybe in another thread while
     the next batch is stored), settled."""
 
-    def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int]) -> None:
+    def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
+                 items: list[Item]) -> None:
+        """Build the batch's messages and rows, checked (in the sender's thread: context variables)."""
         self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
         self.broker = actor.broker
         self.lock = config.unique_lock
@@ -176,14 +183,12 @@ class Batch:
         # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
         self.deferred = self.held is None and deferral.skip_publish(suite)
         self.model = config.model
-        self.rows: list[_Row] = []
+        self.rows = [self._row(args, kwargs) for args, kwargs in items]
         self.inserted: list[_Row] = []
+        #: How to undo the rows to publish, or keep them for the re-drive (unique/enqueue.py).
+        self.created: list[Created] = []
         self.error: Optional[BaseException] = None
         self.published = False
-
-    def build(self, items: list[Item]) -> None:
-        """The batch's messages and rows, checked (in the sender's thread: context variables)."""
-        self.rows = [self._row(args, kwargs) for args, kwargs in items]
 
     def store(self) -> None:
         """Write the rows, resolve duplicates; those to publish in ``self.inserted`` (none if they wait for
@@ -200,17 +205,23 @@ class Batch:
         self._resolve(self.rows, ids, first)
         self.inserted = [row for row in writes if row.message.message_id in ids]
         self._finish(self.inserted, ids)
+        self.created = [made_row(self.suite, self.model, _id(row), row.fields,
+                                 self.suite.keys.queue_lock(str(row.key)) if row.holds else None)
+                        for row in self.inserted]
 
     def settle(self) -> list["Message"]:
         """After the publish: a failure kept or undone (and raised), then the items left to the single
         send; one message per item."""
         if self.inserted and not self.published:
-            self._failed(self.inserted, self.error or RuntimeError("not published"))
+            error = self.error or RuntimeError("not published")
+            if not publish_failed(self.suite, self.broker, self.created, error):
+                raise error
         elif self.inserted:
             deferral.published(self.broker)
             for row in self.inserted:
                 self.broker.emit_after("enqueue", row.message, self.delay)
-                row.resolved = row.message
+        for row in self.inserted:
+            row.resolved = row.message
         for row in self.rows:
             if row.single:
                 row.resolved = _single(self.actor, (row.original.args, row.original.kwargs), self.delay)
@@ -218,15 +229,8 @@ class Batch:
 
     def undo(self) -> None:
         """Delete the rows written and never published, and free their locks (if taken, else no-ops)."""
-        if not self.inserted or self.published:
-            return
-        self.model.delete().where(self.model.id.in_([_id(row) for row in self.inserted])).execute()
-        for row in self.inserted:
-            if row.holds:
-                try:
-                    self.suite.locks.release(self.suite.keys.queue_lock(str(row.key)), row.message.message_id)
-                except Exception:  # often the very failure being undone: it expires by itself
-                    pass
+        if not self.published:
+            undo_all(self.created)
 
     def _row(self, args: tuple, kwargs: dict) -> _Row:
         original = self.actor.message_with_options(args=args, kwargs=kwargs)
@@ -235,18 +239,8 @@ class Batch:
         if self.delay is not None:
             message = message.copy(queue_name=dq_name(message.queue_name),
                                    options={"eta": current_millis() + self.delay})
-        key = recent.key_of(self.config, message)
-        fields = row_fields(self.config, message, self.delay)
-        fields["unique_key"] = key
-        if self.held is not None or self.deferred:  # published at commit, or by the re-drive
-            fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
-        holds = key is not None and self.lock in opt.QUEUE_LOCKS
-        marker: dict = {"qt": message.message_id} if holds else {}
-        if self.deferred:
-            marker[deferral.DEFERRED] = 1
-        fields["options"][MARKER] = marker
-        if holds:
-            fields["unique_hold"] = key
+        fields, key, holds = new_row(self.config, message, self.delay,  # published at commit, or by the re-drive
+                                     pending=self.held is not None or self.deferred, deferred=self.deferred)
         return _Row(message, original, fields, key, holds)
 
     def _insert(self, writes: list[_Row]) -> dict[str, int]:
@@ -256,19 +250,14 @@ class Batch:
         # In the keys' order: two batches of the same keys wait on each other in one order, never a deadlock.
         holding = any(row.holds for row in writes)
         fields = [row.fields for row in (sorted(writes, key=lambda row: row.key or "") if holding else writes)]
-        what = f"recording {len(writes)} {self.config.actor_name} jobs"
-        stores = self.suite.stores
-        if stores.several and self.held is None and not holding and may_fail_over(self.config, {}):
-            shared: dict = dict(fields[0]["options"][MARKER])  # the same for every row: no key
+        marker: dict = dict(fields[0]["options"][MARKER])
+        if not holding:  # the same for every row without a key: it gets the store's index, as a single send's
             for row in fields:
-                row["options"][MARKER] = shared  # gets the store's index, as a single send's marker
-            with guarded(what):
-                self.model, ids = stores.insert(self.model, lambda target: jobs.insert_many(target, fields),
-                                                shared)
-            return ids
-        with guarded(what):
-            return stores.on_primary(self.model, lambda: _needs(self.config, {}, self.held),
-                                     lambda: jobs.insert_many(self.model, fields))
+                row["options"][MARKER] = marker
+        with guarded(f"recording {len(writes)} {self.config.actor_name} jobs"):
+            self.model, ids = store(self.suite, self.config, {}, self.held,
+                                    lambda target: jobs.insert_many(target, fields), marker)
+        return ids
 
     def _resolve(self, rows: list[_Row], ids: dict[str, int], first: dict[str, _Row]) -> None:
         """Settle every row that was not inserted: a duplicate of a job in the table or of an
@@ -327,17 +316,6 @@ class Batch:
             self.error = error
             return deferral.defers(self.suite, error)
         return True
-
-    def _failed(self, inserted: list[_Row], error: BaseException) -> None:
-        """Nothing was published (MULTI/EXEC): the rows kept pending for the re-drive if the broker is
-        down (on_broker_down="defer"), their locks naming them; else undone with their locks, and raise."""
-        if not deferral.defers(self.suite, error):
-            self.undo()
-            raise error
-        for row in inserted:
-            deferral.keep(self.model, _id(row), row.fields["broker_ref"], row.fields["options"])
-            row.resolved = row.message
-        deferral.failed(self.suite, self.broker, error)
 
 
 def _id(row: _Row) -> int:

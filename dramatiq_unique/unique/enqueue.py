@@ -4,9 +4,10 @@ The database decides duplicates; the order of operations is in docs/discussions/
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from dramatiq.common import q_name
 
@@ -20,14 +21,13 @@ from dramatiq_unique.errors import (
     DramatiqUniqueError,
     DuplicateJob,
     NotConfigured,
-    RedisUnavailable,
 )
+from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.created import created_retry, created_row
 from dramatiq_unique.unique.keys import bind_arguments, idempotency_hold
 
 if TYPE_CHECKING:
@@ -40,6 +40,12 @@ logger = logging.getLogger(__name__)
 
 #: How many times a unique send tries its insert while the holders it meets go away.
 MAX_INSERT_ROUNDS = 20
+
+#: What the send under way wrote (set by send.py's wrapper), each as (undo: the publish failed, and it would
+#: be a phantom job; keep: the broker is down, kept pending for the re-drive instead).
+Created = tuple[Callable[[], None], Callable[[], None]]
+created_rows: contextvars.ContextVar[Optional[list[Created]]] = contextvars.ContextVar("dramatiq_unique_created",
+                                                                                      default=None)
 
 
 class Redirect(DramatiqUniqueError):
@@ -87,6 +93,70 @@ def row_fields(config: "ActorConfig", message: "Message", delay: Optional[int]) 
     return fields
 
 
+def new_row(config: "ActorConfig", message: "Message", delay: Optional[int], *, pending: bool,
+            deferred: bool) -> tuple[dict[str, Any], Optional[str], bool]:
+    """A new send's row fields, its unique key, and whether it holds the key (a lock type with a queue
+    lock, whose token its marker carries: the message id, which a worker releases it with)."""
+    key = recent.key_of(config, message)
+    fields = row_fields(config, message, delay)
+    fields["unique_key"] = key
+    if pending:
+        fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
+    holds = key is not None and config.for_message(message.options).unique_lock in opt.QUEUE_LOCKS
+    marker: dict[str, Any] = {"qt": message.message_id} if holds else {}
+    if deferred:
+        marker[deferral.DEFERRED] = 1
+    fields["options"][MARKER] = marker
+    if holds:
+        fields["unique_hold"] = key
+    return fields, key, holds
+
+
+def made_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: Optional[str]) -> Created:
+    """How to undo a row inserted with ``fields`` (and the queue lock ``lock_name`` taken under its message
+    id, if any), and how to keep it for the re-drive instead."""
+
+    def undo() -> None:
+        jobs.delete(model, row_id)
+        if lock_name:
+            queue.free(suite, (lock_name, fields["message_id"]), fields["message_id"], wait=True)
+
+    # Kept, the lock, if it was written, names the waiting job: it stays (the database decides anyway).
+    return undo, lambda: deferral.keep(model, row_id, fields["broker_ref"], fields["options"])
+
+
+def created_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: Optional[str]) -> None:
+    """A row this send inserted, for its wrapper; a pending row (outbox, deferred) is not this send's to publish."""
+    created = created_rows.get()
+    if created is not None and fields["status"] == JobStatus.QUEUED.value:
+        created.append(made_row(suite, model, row_id, fields, lock_name))
+
+
+def publish_failed(suite: "Suite", broker: Any, created: list[Created], error: BaseException) -> bool:
+    """A publish failed with ``error``: what the send wrote kept pending for the re-drive if the broker is
+    down (on_broker_down="defer"; True), else undone, as a row left behind would be a phantom job."""
+    if created and deferral.defers(suite, error):
+        try:
+            for _, keep in created:
+                keep()
+        except Exception:
+            # The database is down too: the row, if left queued, is found by the lost-message check.
+            logger.exception("Could not keep %d jobs pending after the broker failed.", len(created))
+        else:
+            deferral.failed(suite, broker, error)
+            return True
+    undo_all(created)
+    return False
+
+
+def undo_all(created: list[Created]) -> None:
+    for undo, _ in created:
+        try:
+            undo()
+        except Exception:  # the error that made it undo matters more
+            logger.exception("Could not undo a job row after a failed send.")
+
+
 def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """``before_enqueue`` for a tracked actor."""
     opts = message.options
@@ -94,42 +164,25 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
     if marker is not None and "id" in marker:
         _known(suite, config, message, delay)
         return
-    key = recent.key_of(config, message)
-    fields = row_fields(config, message, delay)
-    fields["unique_key"] = key
     held = outbox.active()
     # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
     deferred = held is None and deferral.skip_publish(suite)
-    if held is not None or deferred:  # not in the broker until the caller's transaction commits, or it is back
-        fields.update(status=JobStatus.PENDING.value, enqueued_at=None, broker_ref=None)
-    lock = config.for_message(opts).unique_lock
-    model = config.model
-    if key is None or lock not in opt.QUEUE_LOCKS:
-        marker = {deferral.DEFERRED: 1} if deferred else {}
-        fields["options"][MARKER] = marker
+    # Not in the broker until the caller's transaction commits, or it is back.
+    fields, key, holds = new_row(config, message, delay, pending=held is not None or deferred, deferred=deferred)
+    marker = fields["options"][MARKER]
 
-        def write(target: "type[JobModel]") -> tuple[int, int]:
-            try:
-                row_id, revision, created = jobs.adopt(target, fields)  # the same message sent again: the same job
-            except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
-                raise Redirect(held_by.job.message_id) from None
-            if created:
-                created_row(target, row_id, fields, None, None, suite)
-            return row_id, revision
-
-        if suite.stores.several and held is None and may_fail_over(config, opts):
-            model, (row_id, revision) = suite.stores.insert(model, write, marker)
-        else:  # with one store, on_primary only calls write
-            row_id, revision = suite.stores.on_primary(model, lambda: _needs(config, opts, held), lambda: write(model))
-    else:
+    def write(target: "type[JobModel]") -> tuple[int, int]:
         try:
-            row_id, revision = suite.stores.on_primary(
-                model, lambda: _needs(config, opts, held),
-                lambda: _insert_unique(suite, config, message, delay, key, lock, fields, deferred=deferred),
-            )
-        except jobs.IdempotencyHeld as held_by:
+            if holds:
+                return _insert_unique(suite, config, message, delay, str(key), fields)
+            row_id, revision, created = jobs.adopt(target, fields)  # the same message sent again: the same job
+        except jobs.IdempotencyHeld as held_by:  # submit() with a key that a job already has
             raise Redirect(held_by.job.message_id) from None
-        marker = fields["options"][MARKER]
+        if created:
+            created_row(suite, target, row_id, fields, None)
+        return row_id, revision
+
+    model, (row_id, revision) = store(suite, config, opts, held, write, marker)
     marker.update(id=row_id, rev=revision)
     opts[MARKER] = marker
     if held is not None:
@@ -138,6 +191,18 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
         raise held.defer(suite.broker, message, delay, (model, row_id, revision))
     if deferred:
         raise outbox.Deferred(dataclasses.replace(message, options=job_options(message.options)))
+
+
+def store(suite: "Suite", config: "ActorConfig", opts: dict, held: Any, write: Callable[[Any], Any],
+          marker: dict) -> tuple["type[JobModel]", Any]:
+    """``write(model)`` of a send's rows on the primary store; while it is down, in another store where
+    the send may fail over (outside transaction()), ``marker`` then getting that store's index.  Returns
+    the model written and what ``write`` returned."""
+    if suite.stores.several and held is None and may_fail_over(config, opts):
+        return suite.stores.insert(config.model, write, marker)
+    # With one store, on_primary only calls write.
+    return config.model, suite.stores.on_primary(config.model, lambda: _needs(config, opts, held),
+                                                 lambda: write(config.model))
 
 
 def may_fail_over(config: "ActorConfig", opts: dict) -> bool:
@@ -183,8 +248,10 @@ def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Opt
     ).execute()
     # If the publish fails, JobTracking records a retry that the re-drive must send; the
     # same if the broker is down: the re-drive sends the retry when it is due.
-    not_enqueued = lambda: setattr(ctx, "retry_enqueued", False)  # noqa: E731
-    created_retry(not_enqueued)
+    created = created_rows.get()
+    if created is not None:
+        not_enqueued = lambda: setattr(ctx, "retry_enqueued", False)  # noqa: E731
+        created.append((not_enqueued, not_enqueued))
 
 
 def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional[int]) -> float:
@@ -199,25 +266,22 @@ def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional
 
 
 def _insert_unique(
-    suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, lock: str, fields: dict,
-    *, deferred: bool = False,
+    suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, fields: dict,
 ) -> tuple[int, int]:
-    """Insert a row holding ``key``, then take its queue lock (not for a send kept pending,
-    ``deferred``); returns (row id, revision), or raises to redirect."""
+    """Insert a row holding ``key``, then take its queue lock (not for a send kept pending); returns
+    (row id, revision), or raises to redirect."""
     opts = message.options
-    conflict = config.for_message(opts).unique_on_conflict
+    resolved = config.for_message(opts)
+    conflict, lock = resolved.unique_on_conflict, resolved.unique_lock
     window = recent.window(config, opts, lock)
-    # The lock's token is the message id: a worker releases it with the one its message carries.
-    fields["options"][MARKER] = {"qt": message.message_id, **({deferral.DEFERRED: 1} if deferred else {})}
     for _ in range(MAX_INSERT_ROUNDS):
         row_id, holder = jobs.insert_holding(config.model, fields, key, window, full=conflict != "skip")
         if row_id is not None:
-            lock_name = suite.keys.queue_lock(key)
-            # Inside transaction() the send is published at the caller's commit, or rolled
-            # back: the lock is left out (the index decides either way); so for a send kept pending.
-            locked = not deferred and outbox.active() is None
-            created_row(config.model, row_id, fields, lock_name, message.message_id if locked else None, suite)
-            if locked:
+            # Inside transaction() the send is published at the caller's commit, or rolled back: the
+            # lock is left out (the index decides either way); so for a send kept pending.
+            lock_name = suite.keys.queue_lock(key) if fields["status"] == JobStatus.QUEUED.value else None
+            created_row(suite, config.model, row_id, fields, lock_name)
+            if lock_name:
                 take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
         if holder is None:
@@ -231,17 +295,15 @@ def _insert_unique(
 
 def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
     """The queue lock of a send that holds its key: whoever held the lock held it for a job
-    that no longer waits, so it is overwritten (on one master; with several, taken if free)."""
+    that no longer waits, so it is overwritten (on one master; with several, taken if free).
+    On the broker's own server it goes with the publish, in one round trip (broker/publish.py)."""
     token = message.message_id
-    try:
-        if suite.locks.single:
-            suite.locks.force(lock_name, token, ttl)
-        else:
-            suite.locks.acquire(lock_name, ttl, token=token)
-    except RedisUnavailable as error:
-        if suite.publisher is None or not suite.publisher.covers(error):
-            raise
-        # The broker's server is down too: its publish fails as the broker's (kept for the re-drive).
+    if suite.publisher is not None and suite.publisher.later((lock_name, token, ttl)):
+        return
+    if suite.locks.single:
+        suite.locks.force(lock_name, token, ttl)
+    else:
+        suite.locks.acquire(lock_name, ttl, token=token)
 
 
 def _conflict(

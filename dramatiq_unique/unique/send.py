@@ -22,8 +22,7 @@ from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.errors import InvalidOption, RedisPermissionDenied, permission_refused
 from dramatiq_unique.guard import describe, guarded
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.created import Created, created_rows
-from dramatiq_unique.unique.enqueue import Redirect
+from dramatiq_unique.unique.enqueue import Created, Redirect, created_rows, publish_failed
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message
@@ -45,6 +44,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":
         created: list[Created] = []
         token = created_rows.set(created)
+        armed = suite.publisher.arm() if suite.publisher is not None else None
         try:
             with guarded(f"checking {describe(message)} for a duplicate"):
                 check_options(suite, message, delay)
@@ -67,53 +67,39 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         except outbox.Deferred as deferred:  # inside transaction(): published after commit; or kept pending
             return deferred.message
         except BaseException as error:
-            kept = _keep(suite, broker, message, delay, created, error) if deferral.defers(suite, error) else None
+            if publish_failed(suite, broker, created, error):
+                return message
+            kept = _record_pending(suite, broker, message, delay, error) if not created else None
             if kept is not None:
                 return kept
-            # Nothing was published (the broker or a later middleware
-            # failed): a row left behind would be a phantom job.
-            for item in created:
-                try:
-                    item.undo()
-                except Exception:  # the original error matters more
-                    logger.exception("Could not undo a job row after a failed send.")
             if isinstance(error, redis.ResponseError) and permission_refused(error):
                 raise RedisPermissionDenied(f"sending {describe(message)}: {error}") from error
             raise
         finally:
             created_rows.reset(token)
+            if armed is not None:
+                armed.var.reset(armed)
 
     enqueue._dramatiq_unique = True  # type: ignore[attr-defined]
     broker.enqueue = enqueue  # type: ignore[method-assign]
 
 
-def _keep(
-    suite: "Suite", broker: "Broker", message: "Message", delay: Optional[int], created: list[Created],
-    error: BaseException,
+def _record_pending(
+    suite: "Suite", broker: "Broker", message: "Message", delay: Optional[int], error: BaseException,
 ) -> Optional["Message"]:
-    """A tracked send the broker failed (on_broker_down="defer"): what it wrote kept pending for
-    the re-drive; returns the message, or None to raise (nothing to keep: untracked, a re-send)."""
-    if not created:
-        if MARKER in message.options or is_resending() or suite.actor_config(message.actor_name) is None:
-            return None
-        # No row yet: Dramatiq's RabbitMQ broker declares a queue new to this process before it
-        # records the send; recorded now, pending, without trying the broker again.
-        try:
-            with deferral.skipping():
-                broker.emit_before("enqueue", message, delay)
-            return None  # pragma: no cover  (a tracked send always raises Deferred here)
-        except outbox.Deferred as deferred:
-            deferral.failed(suite, broker, error)
-            return deferred.message
-    try:
-        for item in created:
-            item.keep()
-    except Exception:
-        # The database is down too: the row, if left queued, is found by the lost-message check.
-        logger.exception("Could not keep job %s pending after the broker failed.", message.message_id)
+    """A tracked send the broker failed before it was recorded (Dramatiq's RabbitMQ broker declares a queue
+    new to this process first): recorded now, pending, without trying the broker again, if the broker is
+    down (on_broker_down="defer"); returns the message, or None to raise (untracked, a re-send)."""
+    if not deferral.defers(suite, error) or MARKER in message.options or is_resending() \
+            or suite.actor_config(message.actor_name) is None:
         return None
-    deferral.failed(suite, broker, error)
-    return message
+    try:
+        with deferral.skipping():
+            broker.emit_before("enqueue", message, delay)
+        return None  # pragma: no cover  (a tracked send always raises Deferred here)
+    except outbox.Deferred as deferred:
+        deferral.failed(suite, broker, error)
+        return deferred.message
 
 
 def _resend_replaced(
@@ -143,7 +129,7 @@ def check_options(suite: "Suite", message: "Message", delay: Optional[int] = Non
     config = suite.actor_config(message.actor_name)
     if config is not None:
         opt.check_delay(delay)
-        opt.check_send(suite.broker, message.actor_name, config.options, opts, config.fn)
+        opt.check_send(opts, config.options, config.fn, broker=suite.broker, actor_name=message.actor_name)
         return
     given = opts.keys() & opt.SUITE_OPTIONS
     if given:

@@ -73,7 +73,7 @@ def test_any_suite_option_implies_tracking():
 
 # -- times, choices and keys that cannot be stable ---------------------------
 
-from dramatiq_unique.options import validate_message  # noqa: E402
+from dramatiq_unique.options import check_send  # noqa: E402
 
 _SENTINEL = object()
 
@@ -138,16 +138,16 @@ def test_a_key_that_leaves_out_the_sentinel_is_fine():
 )
 def test_a_message_option_is_checked_as_at_declaration(message_options, fragment):
     with pytest.raises(InvalidOption, match=fragment):
-        validate_message(message_options, {"unique_args": ["report_id"]}, report)
+        check_send(message_options, {"unique_args": ["report_id"]}, report)
 
 
 def test_message_options_resolve_over_the_actor_before_the_check():
     # The actor's unique_args makes the message's unique_lock meaningful...
-    validate_message({"unique_lock": "until_executed"}, {"unique_args": ["report_id"]}, report)
+    check_send({"unique_lock": "until_executed"}, {"unique_args": ["report_id"]}, report)
     # ...and a message's own unique_lock on an actor without unique_args does nothing.
     with pytest.raises(InvalidOption, match="no effect without unique_args"):
-        validate_message({"unique_lock": "until_executed"}, {"track": True}, report)
-    validate_message({"max_retries": 3, "unique_ttl": None}, {"track": True}, report)
+        check_send({"unique_lock": "until_executed"}, {"track": True}, report)
+    check_send({"max_retries": 3, "unique_ttl": None}, {"track": True}, report)
 
 
 # -- each middleware declares the options it reads; which combinations are refused ---

@@ -1,5 +1,5 @@
-"""Tracked sends published by the Redis broker's own enqueue, unique ones after their queue locks
-are written, on real Redis with SQLite and PostgreSQL."""
+"""Tracked sends published by the Redis broker's own enqueue, unique ones with their queue locks,
+on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dramatiq.brokers.redis import RedisBroker
 import dramatiq_unique
 from dramatiq_unique import JobModel, send_many
 from dramatiq_unique.broker.publish import Publisher
+from dramatiq_unique.redis import scripts
 from tests.durable import RedisServer, running_worker
 from tests.helpers import queue_lock_of, queue_size, wait_until
 from tests.integration.unique.test_bulk import Runs
@@ -58,17 +59,30 @@ def test_a_tracked_message_is_published_by_the_broker_and_runs(suite, broker, wo
     wait_until(lambda: sum(broker.client.hlen(f"{broker.namespace}:{q}.msgs") for q in ("default", "default.DQ")) == 0)
 
 
-def test_a_unique_send_writes_its_queue_lock_before_its_message(suite, broker, redis_client, monkeypatch):
+def test_a_unique_send_writes_its_queue_lock_with_its_message(suite, broker, redis_client, monkeypatch):
+    """Given the locks on the broker's server, When a unique send publishes, Then its queue lock is SET in
+    the MULTI/EXEC that publishes its message, before it: one round trip, no call of its own."""
     @dramatiq.actor(unique_args=True, unique_lock="until_executing")
     def sync(account):
         pass
 
-    calls = watch_publishes(suite, broker, redis_client, monkeypatch)
+    trips: list = []
+    real = scripts._Link.call_all
+
+    def counted(self, commands):
+        trips.append([command[0] for command in commands])
+        return real(self, commands)
+
+    def separately(*args):
+        raise AssertionError("the queue lock was taken on its own")
+
+    monkeypatch.setattr(scripts._Link, "call_all", counted)
+    monkeypatch.setattr(suite.locks, "force", separately)
     sent = sync.send("acme")
-    assert len(calls) == 1
-    [(key, token)] = calls[0][1]
-    assert token.decode() == sent.message_id, "the lock names the job when its message is published"
-    assert queue_lock_of(suite, redis_client, sent.message_id).decode() == sent.message_id
+    [trip] = trips
+    assert trip[0] == "MULTI" and trip[-2:] == ["EVALSHA", "EXEC"] and trip[-3] == "SET", trip
+    key = f"redlock:{suite.keys.queue_lock(dramatiq_unique.get_job(sent.message_id).unique_key)}"
+    assert redis_client.get(key).decode() == sent.message_id, "the lock names the job"
     assert 0 < redis_client.pttl(key) <= 60_000
     assert queue_size(broker) == 1
     assert sync.send("acme").message_id == sent.message_id
@@ -79,10 +93,10 @@ def test_a_failed_publish_leaves_no_row_and_no_lock(suite, broker, redis_client,
     def sync(account):
         pass
 
-    def down(*args):
+    def down(self, commands):
         raise redis.ConnectionError("Redis went away")
 
-    monkeypatch.setattr(broker, "do_enqueue", down)
+    monkeypatch.setattr(scripts._Link, "call_all", down)
     monkeypatch.setattr(suite.settings, "on_broker_down", "raise")
     with pytest.raises(redis.ConnectionError):
         sync.send("acme")
@@ -92,11 +106,11 @@ def test_a_failed_publish_leaves_no_row_and_no_lock(suite, broker, redis_client,
     monkeypatch.undo()
     assert dramatiq_unique.get_job(sync.send("acme").message_id).status == "queued"
 
-    # With "defer" (the default) the row waits pending for the re-drive, its lock naming it.
-    monkeypatch.setattr(broker, "do_enqueue", down)
+    # With "defer" (the default) the row waits pending for the re-drive; the lock went with the publish.
+    monkeypatch.setattr(scripts._Link, "call_all", down)
     kept = sync.send("other")
     assert dramatiq_unique.get_job(kept.message_id).status == "pending" and queue_size(broker) == 1
-    assert queue_lock_of(suite, redis_client, kept.message_id).decode() == kept.message_id
+    assert queue_lock_of(suite, redis_client, kept.message_id) is None
     assert sync.send("other").message_id == kept.message_id, "a duplicate meanwhile is the pending job"
 
 
@@ -152,20 +166,24 @@ def redrive_and_run(broker, runs: Runs, expected: int) -> None:
     assert len(runs.counts) == expected and set(runs.counts.values()) == {1}, runs.counts
 
 
-def test_the_brokers_server_killed_between_the_queue_lock_and_the_publish(own_redis):
-    """Given one Redis for the broker and the locks, When it dies after a unique send took its lock and
-    before the publish, Then the send returns, its row waits pending, a duplicate meanwhile resolves to
+def test_the_brokers_server_killed_as_a_unique_send_publishes(own_redis):
+    """Given one Redis for the broker and the locks, When it dies as a unique send publishes,
+    Then the send returns, its row waits pending, a duplicate meanwhile resolves to
     it, and once the server is back (empty) the re-drive publishes it and it runs once."""
     server, broker, sync, runs = own_redis
-    dispatch = broker._dispatch("enqueue")
+    real = scripts._Link.call_all
+    stopped: list = []
 
-    def killed(*args):
-        server.stop()
-        return dispatch(*args)
+    def killed(self, commands):
+        if not stopped:
+            stopped.append(server.stop())
+        return real(self, commands)
 
-    broker.do_enqueue = killed
-    sent = sync.send("k")
-    del broker.do_enqueue
+    scripts._Link.call_all = killed
+    try:
+        sent = sync.send("k")
+    finally:
+        scripts._Link.call_all = real
     assert dramatiq_unique.get_job(sent.message_id).status == "pending"
     assert sync.send("k").message_id == sent.message_id, "the database decides while Redis is down"
     server.start()

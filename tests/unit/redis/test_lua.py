@@ -27,9 +27,10 @@ from dramatiq_unique.slots.gate import SlotGate
 PACKAGE = Path(dramatiq_unique.__file__).parent
 SCRIPTS = [name for name in lua.names() if not name.startswith("_")]
 FRAGMENTS = [name for name in lua.names() if name.startswith("_")]
-#: The modules that may make a scripts.Script: the loader, and the Redlock masters, which
-#: register the texts Locks takes from the loader (checked below).
-REGISTERING = {"redis/lua.py", "locks/masters.py"}
+#: The modules that may make a scripts.Script: the loader, the Redlock masters, which register the
+#: texts Locks takes from the loader (checked below), and the publisher, which runs the Redis broker's
+#: own dispatch script with the queue locks in one MULTI/EXEC.
+REGISTERING = {"redis/lua.py", "locks/masters.py", "broker/publish.py"}
 
 
 def header(text: str) -> str:
