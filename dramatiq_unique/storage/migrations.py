@@ -79,11 +79,24 @@ def _to_v3(model: Model, names: set[str]) -> list[Step]:
             for name in PARKED_COLUMNS if name not in names]
 
 
+def _to_v4(model: Model, names: set[str]) -> list[Step]:
+    db = model._meta.database
+    partial = [index._name for index in model._meta.fields_to_index() if index._where is not None]  # type: ignore[attr-defined]
+
+    def run() -> None:
+        for name in partial:  # dropped first: CREATE INDEX IF NOT EXISTS would keep a whole one of that name
+            db.execute_sql(f"DROP INDEX IF EXISTS {queries.table(db, name, model._meta.schema)}")
+        model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
+
+    return [Step(f"create {len(partial)} indexes again as partial ones (a row only in those it is looked for by)", run)]
+
+
 #: version: (its name, its steps for a table whose columns are given).
 MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {
     1: ("app column and app-first indexes", _to_v1),
     2: ("per-attempt history", _to_v2),
     3: ("time parked", _to_v3),
+    4: ("partial indexes", _to_v4),
 }
 assert max(MIGRATIONS) == CURRENT_VERSION, "a migration to every version up to CURRENT_VERSION"
 #: The migrations of the suite's other tables (the limits' table has had one version).

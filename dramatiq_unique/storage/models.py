@@ -77,6 +77,32 @@ class StatusField(pw.CharField):
         return None if value is None else str(value.value if isinstance(value, JobStatus) else value)
 
 
+#: The job table's partial indexes (schema version 4), by their columns: a row is in one only while the
+#: predicate holds, so that a start writes to 3 of the 10 indexes (the waiting rows' one leaves it, the
+#: running rows' one takes it) and an outcome to 3 (the finished rows' one), instead of to all of them.
+#: The (app, unique_hold) index stays whole: the earlier release's inserts name it in ON CONFLICT.
+PARTIAL_INDEXES = {
+    ("unique_key",): '"unique_key" IS NOT NULL',
+    ("app", "status", "process_after"): "\"status\" IN ('pending', 'queued', 'retrying')",
+    ("app", "status", "lease_until"): "\"status\" = 'running'",
+    ("app", "finished_at"): '"finished_at" IS NOT NULL',
+    ("app", "status", "finished_at"): "\"status\" IN ('failed', 'cancelled')",
+    ("app", "idempotency_hold"): '"idempotency_hold" IS NOT NULL',
+    ("app", "parked_on", "created_at"): '"parked_on" IS NOT NULL',
+}
+
+
+class JobMetadata(pw.Metadata):
+    """Peewee's metadata, with the indexes of :data:`PARTIAL_INDEXES` partial (a subclass inherits it)."""
+
+    def fields_to_index(self) -> list:
+        made = []
+        for index in super().fields_to_index():
+            where = PARTIAL_INDEXES.get(tuple(field.column_name for field in index._expressions))
+            made.append(index if where is None else index.where(pw.SQL(where)))
+        return made
+
+
 class JobModel(pw.Model):
     """A job's durable record.  Subclass it for an actor's own table (``job_model=``)."""
 
@@ -90,7 +116,7 @@ class JobModel(pw.Model):
     kwargs = JSONField(default=dict)
     #: The message's options, so the re-drive can rebuild the message.
     options = JSONField(default=dict)
-    unique_key = pw.CharField(max_length=300, null=True, index=True)
+    unique_key = pw.CharField(max_length=300, null=True)  # indexed: see Meta.indexes
     #: Unique per app: see Meta.indexes.
     unique_hold = pw.CharField(max_length=300, null=True)
     status = StatusField(max_length=16, default=JobStatus.QUEUED.value)
@@ -132,11 +158,16 @@ class JobModel(pw.Model):
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
-        # Each starts with app: a pass and a waker read their own app's rows, and two apps' holds never collide.
+        model_metadata_class = JobMetadata
+        # Each but the first starts with app: a pass and a waker read their own app's rows, and two apps'
+        # holds never collide.
         indexes = (
+            (("unique_key",), False),
             (("app", "status", "process_after"), False),
             (("app", "status", "lease_until"), False),
             (("app", "finished_at"), False),
+            # The dead set and the failed or cancelled rows of a listing, which the first two leave out.
+            (("app", "status", "finished_at"), False),
             (("app", "unique_hold"), True),
             (("app", "idempotency_hold"), True),
             # With created_at: a group's queue head is read in order, and the scan stops at the first due one.

@@ -18,7 +18,7 @@ from dramatiq_unique.storage import queries
 logger = logging.getLogger(__name__)
 
 #: The schema version this release writes and reads (storage/migrations.py lists how to reach it).
-CURRENT_VERSION = 3
+CURRENT_VERSION = 4
 #: The table that records each job table's version, in every store.
 VERSIONS_TABLE = "dramatiq_unique_schema"
 #: The column every row's app is kept in (queries.sql: add_app_column); version 1 added it.
