@@ -121,22 +121,10 @@ def set_prepare_threshold(db: pw.Database) -> None:
             db.connection().prepare_threshold = None
 
 
-def _client_pid(conn: Any) -> Optional[int]:
-    """The backend process id the server (or a pooler) gave this connection at start-up."""
-    info = getattr(conn, "info", None)
-    pid = getattr(info, "backend_pid", None) if info is not None else None
-    if pid is None and hasattr(conn, "get_backend_pid"):
-        pid = conn.get_backend_pid()
-    return int(pid) if pid is not None else None
-
-
 def _server_pid(conn: Any) -> int:
-    cur = conn.cursor()
-    try:
+    with conn.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
         return int(cur.fetchone()[0])
-    finally:
-        cur.close()
 
 
 def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
@@ -147,7 +135,7 @@ def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) 
     if not isinstance(db, pw.PostgresqlDatabase) or is_psycopg3(db):
         return False
     conn = db.connection()
-    if _client_pid(conn) in (None, _server_pid(conn)):
+    if conn.info.backend_pid == _server_pid(conn):  # the id the server (or a pooler) gave it at start-up
         return False
     import psycopg2
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Optional, TypeVar, cast
+from typing import Any, Optional, TypeVar, cast
 
 import peewee as pw
 
-from dramatiq_unique.storage import queries, schema
+from dramatiq_unique.storage import queries
 
 M = TypeVar("M", bound=pw.Model)
 
@@ -238,9 +238,3 @@ def create_fence_table(db: pw.Database) -> None:
 
 def base_field_names() -> frozenset[str]:
     return frozenset(JobModel._meta.fields)
-
-
-def create_tables(db: pw.Database, models: Iterable[type[JobModel]]) -> None:
-    """Create each model's table and indexes if missing; refuse a table of an earlier schema version."""
-    for model in models:
-        schema.create_or_migrate(model)
