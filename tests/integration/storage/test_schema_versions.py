@@ -47,7 +47,8 @@ def _setup(broker, database_url, key_prefix):
 def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_url, key_prefix, capsys):
     """Given a version-1 table holding jobs: setup() refuses it naming the command; status says so
     (exit 1); a dry run changes nothing; migrate adds the history column (rows kept), makes the
-    indexes partial and adds the failed rows' one, is idempotent; then setup() accepts it, a job runs and its attempt is in its history."""
+    indexes partial and adds the failed rows' one, is idempotent; then setup() accepts it, a job runs
+    and its attempt is in its history."""
     done = insert_v1(v1_db, app=key_prefix, actor_name="job", result="7")
     failed = insert_v1(v1_db, app=key_prefix, actor_name="job", status="failed")
     indexes = index_names(v1_db)
