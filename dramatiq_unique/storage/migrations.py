@@ -12,15 +12,13 @@ from playhouse import migrate as pw_migrate
 from dramatiq_unique.storage import queries, schema
 from dramatiq_unique.storage.schema import COLUMNS, CURRENT_VERSION
 
-#: Indexes before version 1 that the app-leading ones replace: (columns, unique).
-OLD_INDEXES = (
-    (("status", "process_after"), False),
-    (("status", "lease_until"), False),
-    (("finished_at",), False),
-    (("unique_hold",), True),
-    (("idempotency_hold",), True),
-    (("parked_on",), False),
-)
+#: Indexes that a version dropped, by version: (columns, unique).  Version 1 led them with the app;
+#: version 4 serves the running rows by the open rows' partial index.
+OLD_INDEXES = {
+    1: ((("status", "process_after"), False), (("status", "lease_until"), False), (("finished_at",), False),
+        (("unique_hold",), True), (("idempotency_hold",), True), (("parked_on",), False)),
+    4: ((("app", "status", "lease_until"), False),),
+}
 
 
 #: ms a migration step may wait for its table's lock on PostgreSQL: every statement after an ALTER TABLE
@@ -52,14 +50,16 @@ def _to_v1(model: Model, names: set[str]) -> list[Step]:
                           lambda: db.execute_sql(queries.statement(model, "add_app_column").sql)))
     steps.append(Step("create the model's indexes that are missing (app first)",
                       lambda: model._schema.create_indexes(safe=True)))  # type: ignore[attr-defined]
+    return steps + [Step(f"drop index {index} if it exists (replaced by an app-first one)", _dropping(model, index))
+                    for index in _old_indexes(model, 1)]
+
+
+def _old_indexes(model: Model, version: int) -> list[str]:
+    """The names of the indexes ``version`` dropped, but those ``model`` declares itself (a subclass keeps them)."""
     wanted = {tuple(columns) for columns, _ in model._meta.indexes}
-    for columns, unique in OLD_INDEXES:
-        # A subclass that declares one of these indexes itself keeps it.
-        if columns not in wanted and all(name in model._meta.fields for name in columns):
-            index = pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]  # peewee's index name
-            steps.append(Step(f"drop index {index} if it exists (replaced by an app-first one)",
-                              _dropping(model, index)))
-    return steps
+    return [pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]  # peewee's index name
+            for columns, unique in OLD_INDEXES[version]
+            if columns not in wanted and all(name in model._meta.fields for name in columns)]
 
 
 def _adding(version: int) -> Callable[[Model, set[str]], list[Step]]:
@@ -75,14 +75,15 @@ def _adding(version: int) -> Callable[[Model, set[str]], list[Step]]:
 
 def _to_v4(model: Model, names: set[str]) -> list[Step]:
     # Dropped first: CREATE INDEX IF NOT EXISTS would keep a whole index of the same name.
-    drops = [_dropping(model, index._name) for index in model._meta.fields_to_index() if index._where is not None]
+    partial = [index._name for index in model._meta.fields_to_index() if index._where is not None]
+    drops = [_dropping(model, name) for name in partial + _old_indexes(model, 4)]
 
     def run() -> None:
         for drop in drops:
             drop()
         model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
 
-    return [Step(f"create {len(drops)} indexes again as partial ones (a row only in those it is looked for by)", run)]
+    return [Step(f"create {len(partial)} indexes again as partial ones (a row only in those it is looked for by)", run)]
 
 
 #: version: (its name, its steps for a table whose columns are given).

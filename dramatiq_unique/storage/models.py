@@ -78,13 +78,14 @@ class StatusField(pw.CharField):
 
 
 #: The job table's partial indexes (schema version 4), by their columns: a row is in one only while the
-#: predicate holds, so that a start writes to 3 of the 10 indexes (the waiting rows' one leaves it, the
-#: running rows' one takes it) and an outcome to 3 (the finished rows' one), instead of to all of them.
-#: The (app, unique_hold) index stays whole: the earlier release's inserts name it in ON CONFLICT.
+#: predicate holds, so that a start or an outcome writes to 4 of the 9 indexes (the key, the message id,
+#: the hold and the open or the finished rows' one) instead of to all of them.  The open rows' index
+#: serves the running ones too (few: one per worker thread) and nothing indexes lease_until, so that a
+#: lease's renewal can be a HOT update.  The (app, unique_hold) index stays whole: the earlier release's
+#: inserts name it in ON CONFLICT.
 PARTIAL_INDEXES = {
     ("unique_key",): '"unique_key" IS NOT NULL',
-    ("app", "status", "process_after"): "\"status\" IN ('pending', 'queued', 'retrying')",
-    ("app", "status", "lease_until"): "\"status\" = 'running'",
+    ("app", "status", "process_after"): "\"status\" IN ('pending', 'queued', 'retrying', 'running')",
     ("app", "finished_at"): '"finished_at" IS NOT NULL',
     ("app", "status", "finished_at"): "\"status\" IN ('failed', 'cancelled')",
     ("app", "idempotency_hold"): '"idempotency_hold" IS NOT NULL',
@@ -164,7 +165,6 @@ class JobModel(pw.Model):
         indexes = (
             (("unique_key",), False),
             (("app", "status", "process_after"), False),
-            (("app", "status", "lease_until"), False),
             (("app", "finished_at"), False),
             # The dead set and the failed or cancelled rows of a listing, which the first two leave out.
             (("app", "status", "finished_at"), False),

@@ -47,8 +47,8 @@ def _setup(broker, database_url, key_prefix):
 def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_url, key_prefix, capsys):
     """Given a version-1 table holding jobs: setup() refuses it naming the command; status says so
     (exit 1); a dry run changes nothing; migrate adds the history column (rows kept), makes the
-    indexes partial and adds the failed rows' one, is idempotent; then setup() accepts it, a job runs
-    and its attempt is in its history."""
+    indexes partial, drops the running rows' one and adds the failed rows' one, is idempotent; then
+    setup() accepts it, a job runs and its attempt is in its history."""
     done = insert_v1(v1_db, app=key_prefix, actor_name="job", result="7")
     failed = insert_v1(v1_db, app=key_prefix, actor_name="job", status="failed")
     indexes = index_names(v1_db)
@@ -74,10 +74,10 @@ def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_u
     assert main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["current"] is True
     definitions = index_definitions(v1_db)
-    assert set(definitions) == indexes | {"jobmodel_app_status_finished_at"}  # none dropped, one added
+    assert set(definitions) == indexes - {"jobmodel_app_status_lease_until"} | {"jobmodel_app_status_finished_at"}
     partial = {name for name, sql in definitions.items() if " WHERE " in sql.upper()}
-    assert partial == {"jobmodel_unique_key", "jobmodel_app_status_process_after", "jobmodel_app_status_lease_until",
-                       "jobmodel_app_finished_at", "jobmodel_app_status_finished_at", "jobmodel_app_idempotency_hold",
+    assert partial == {"jobmodel_unique_key", "jobmodel_app_status_process_after", "jobmodel_app_finished_at",
+                       "jobmodel_app_status_finished_at", "jobmodel_app_idempotency_hold",
                        "jobmodel_app_parked_on_created_at"}, definitions
 
     suite = _setup(broker, database_url, key_prefix)
