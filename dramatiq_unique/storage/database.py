@@ -113,9 +113,10 @@ def refused_options(error: BaseException) -> bool:
     return "unsupported startup parameter" in text and "options" in text
 
 
-def set_prepare_threshold(db: pw.Database) -> None:
-    """psycopg 3 prepares nothing on ``db``'s next connections, nor on this thread's open one."""
-    if is_psycopg3(db):
+def set_prepare_threshold(db: pw.Database, *, given: bool = False) -> None:
+    """psycopg 3 prepares nothing on ``db``'s next connections, nor on this thread's open one (psycopg2
+    prepares nothing by itself); ``given``: unless its parameters say otherwise."""
+    if is_psycopg3(db) and not (given and "prepare_threshold" in db.connect_params):
         db.connect_params["prepare_threshold"] = None
         if not db.is_closed():
             db.connection().prepare_threshold = None
@@ -210,12 +211,6 @@ def is_postgres(db: pw.Database) -> bool:
     return isinstance(db, pw.PostgresqlDatabase)
 
 
-def _prepare_setting(db: pw.Database, prepared: bool) -> None:
-    # psycopg 3 prepares by itself; psycopg2 takes no such parameter.
-    if not prepared and is_psycopg3(db):
-        db.connect_params.setdefault("prepare_threshold", None)
-
-
 def reconnecting(db: pw.Database) -> pw.Database:
     """Make a given PostgreSQL database reconnect, in place (ReconnectMixin's logic around its own
     ``execute_sql`` and ``begin``: its class cannot become a subclass); any other is returned as is."""
@@ -259,7 +254,8 @@ def _open(
             _check_driver(database, repr(database))
             if connect_timeout:
                 database.connect_params.setdefault("connect_timeout", _seconds(connect_timeout))
-            _prepare_setting(database, prepared)
+            if not prepared:
+                set_prepare_threshold(database, given=True)
         return reconnecting(database)
     if not isinstance(database, str):
         # Its type only: a dict or a tuple of settings would show its password.
@@ -280,7 +276,8 @@ def _open(
         return _sqlite(database)
     if scheme in POSTGRES_SCHEMES:
         db = _postgres(database, connect_timeout, timeout)
-        _prepare_setting(db, prepared)
+        if not prepared:
+            set_prepare_threshold(db, given=True)
         return db
     try:
         db = db_url.connect(database)

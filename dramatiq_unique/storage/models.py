@@ -83,11 +83,16 @@ class StatusField(pw.CharField):
 #: serves the running ones too (few: one per worker thread) and nothing indexes lease_until, so that a
 #: lease's renewal can be a HOT update.  The (app, unique_hold) index stays whole: the earlier release's
 #: inserts name it in ON CONFLICT.
+def _status_in(*statuses: str) -> str:
+    listed = "', '".join(statuses)
+    return f"\"status\" IN ('{listed}')"
+
+
 PARTIAL_INDEXES = {
     ("unique_key",): '"unique_key" IS NOT NULL',
-    ("app", "status", "process_after"): "\"status\" IN ('pending', 'queued', 'retrying', 'running')",
+    ("app", "status", "process_after"): _status_in(*WAITING, JobStatus.RUNNING.value),
     ("app", "finished_at"): '"finished_at" IS NOT NULL',
-    ("app", "status", "finished_at"): "\"status\" IN ('failed', 'cancelled')",
+    ("app", "status", "finished_at"): _status_in(JobStatus.FAILED.value, JobStatus.CANCELLED.value),
     ("app", "idempotency_hold"): '"idempotency_hold" IS NOT NULL',
     ("app", "parked_on", "created_at"): '"parked_on" IS NOT NULL',
 }
