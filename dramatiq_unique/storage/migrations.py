@@ -74,16 +74,20 @@ def _adding(version: int) -> Callable[[Model, set[str]], list[Step]]:
 
 
 def _to_v4(model: Model, names: set[str]) -> list[Step]:
-    # Dropped first: CREATE INDEX IF NOT EXISTS would keep a whole index of the same name.
-    partial = [index._name for index in model._meta.fields_to_index() if index._where is not None]
-    drops = [_dropping(model, name) for name in partial + _old_indexes(model, 4)]
-
-    def run() -> None:
-        for drop in drops:
-            drop()
-        model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
-
-    return [Step(f"create {len(partial)} indexes again as partial ones (a row only in those it is looked for by)", run)]
+    db, meta = model._meta.database, model._meta
+    # In the schema the connection resolves the table in (peewee's get_indexes looks in 'public').
+    where = db.execute_sql("SELECT COALESCE(%s, current_schema())", [meta.schema]).fetchone()[0] if (
+        isinstance(db, pw.PostgresqlDatabase)) else meta.schema
+    found = {index.name: index.sql or "" for index in db.get_indexes(meta.table_name, where)}
+    # A whole index of a partial one's name is dropped first (CREATE INDEX IF NOT EXISTS would keep it); a
+    # partial one made beforehand (CONCURRENTLY) is kept.
+    whole = [index._name for index in meta.fields_to_index()
+             if index._where is not None and " WHERE " not in found.get(index._name, " WHERE ").upper()]
+    steps = [Step(f"drop index {name} (made again partial)", _dropping(model, name)) for name in whole]
+    steps += [Step(f"drop index {name} (the open rows' index serves the running ones)", _dropping(model, name))
+              for name in _old_indexes(model, 4) if name in found]
+    return [*steps, Step("create the partial indexes that are missing (a row only in those it is looked for by)",
+                         lambda: model._schema.create_indexes(safe=True))]  # type: ignore[attr-defined]
 
 
 #: version: (its name, its steps for a table whose columns are given).
