@@ -74,11 +74,8 @@ def _adding(version: int) -> Callable[[Model, set[str]], list[Step]]:
 
 
 def _to_v4(model: Model, names: set[str]) -> list[Step]:
-    db, meta = model._meta.database, model._meta
-    # In the schema the connection resolves the table in (peewee's get_indexes looks in 'public').
-    where = db.execute_sql("SELECT COALESCE(%s, current_schema())", [meta.schema]).fetchone()[0] if (
-        isinstance(db, pw.PostgresqlDatabase)) else meta.schema
-    found = {index.name: index.sql or "" for index in db.get_indexes(meta.table_name, where)}
+    meta = model._meta
+    found = {index.name: index.sql or "" for index in meta.database.get_indexes(meta.table_name, schema.where(model))}
     # A whole index of a partial one's name is dropped first (CREATE INDEX IF NOT EXISTS would keep it); a
     # partial one made beforehand (CONCURRENTLY) is kept.
     whole = [index._name for index in meta.fields_to_index()

@@ -12,7 +12,6 @@ from typing import Iterator, Optional
 import peewee as pw
 
 from dramatiq_unique.errors import SchemaOutOfDate
-from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.models import utcnow
 
 logger = logging.getLogger(__name__)
@@ -78,15 +77,18 @@ def table_key(model: type[pw.Model]) -> str:
     return f"{meta.schema}.{meta.table_name}" if meta.schema else meta.table_name
 
 
-def columns(model: type[pw.Model]) -> set[str]:
-    """The table's column names (none: no table), in the schema the connection resolves it in."""
+def where(model: type[pw.Model]) -> Optional[str]:
+    """The schema ``model``'s table is in: its own, or on PostgreSQL the first of the search_path, which
+    peewee's reads of the catalog (``get_columns``, ``get_indexes``) do not default to."""
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):
-        meta = model._meta
-        query = queries.statement(model, "table_columns")
-        cursor = db.execute_sql(query.sql, {"table": meta.table_name, "schema": meta.schema})
-        return {name for (name,) in cursor.fetchall()}
-    return {column.name for column in db.get_columns(model._meta.table_name, model._meta.schema)}
+        return db.execute_sql("SELECT COALESCE(%s, current_schema())", [model._meta.schema]).fetchone()[0]
+    return model._meta.schema
+
+
+def columns(model: type[pw.Model]) -> set[str]:
+    """The table's column names (none: no table)."""
+    return {column.name for column in model._meta.database.get_columns(model._meta.table_name, where(model))}
 
 
 def target_version(model: type[pw.Model]) -> int:
