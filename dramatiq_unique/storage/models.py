@@ -77,17 +77,17 @@ class StatusField(pw.CharField):
         return None if value is None else str(value.value if isinstance(value, JobStatus) else value)
 
 
-#: The job table's partial indexes (schema version 4), by their columns: a row is in one only while the
-#: predicate holds, so that a start or an outcome writes to 4 of the 9 indexes (the key, the message id,
-#: the hold and the open or the finished rows' one) instead of to all of them.  The open rows' index
-#: serves the running ones too (few: one per worker thread) and nothing indexes lease_until, so that a
-#: lease's renewal can be a HOT update.  The (app, unique_hold) index stays whole: the earlier release's
-#: inserts name it in ON CONFLICT.
 def _status_in(*statuses: str) -> str:
     listed = "', '".join(statuses)
     return f"\"status\" IN ('{listed}')"
 
 
+#: The job table's partial indexes (schema version 4), by their columns: a row is in one only while the
+#: predicate holds, so that a start or an outcome writes to 4 of the 9 indexes (the primary key, the
+#: message id, the hold, and the open or the finished rows' one) instead of to all of them.  The open
+#: rows' index serves the running ones too (few: one per worker thread) and nothing indexes lease_until,
+#: so that a lease's renewal can be a HOT update.  The (app, unique_hold) index stays whole: the earlier
+#: release's inserts name it in ON CONFLICT (docs/discussions/how-it-is-built.md, "Storage").
 PARTIAL_INDEXES = {
     ("unique_key",): '"unique_key" IS NOT NULL',
     ("app", "status", "process_after"): _status_in(*WAITING, JobStatus.RUNNING.value),
@@ -122,7 +122,7 @@ class JobModel(pw.Model):
     kwargs = JSONField(default=dict)
     #: The message's options, so the re-drive can rebuild the message.
     options = JSONField(default=dict)
-    unique_key = pw.CharField(max_length=300, null=True)  # indexed: see Meta.indexes
+    unique_key = pw.CharField(max_length=300, null=True, index=True)
     #: Unique per app: see Meta.indexes.
     unique_hold = pw.CharField(max_length=300, null=True)
     status = StatusField(max_length=16, default=JobStatus.QUEUED.value)
@@ -165,13 +165,11 @@ class JobModel(pw.Model):
     class Meta:
         table_name = "dramatiq_unique_jobs"
         model_metadata_class = JobMetadata
-        # Each but the first starts with app: a pass and a waker read their own app's rows, and two apps'
-        # holds never collide.
+        # Each starts with app: a pass and a waker read their own app's rows, and two apps' holds never collide.
         indexes = (
-            (("unique_key",), False),
             (("app", "status", "process_after"), False),
             (("app", "finished_at"), False),
-            # The dead set and the failed or cancelled rows of a listing, which the first two leave out.
+            # The dead set, and a listing's failed or cancelled rows, by status (the one above has none).
             (("app", "status", "finished_at"), False),
             (("app", "unique_hold"), True),
             (("app", "idempotency_hold"), True),
