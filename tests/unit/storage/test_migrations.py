@@ -89,7 +89,8 @@ def test_a_table_of_version_3_gets_partial_indexes(db):
     with schema.locked(db):
         schema.record(model, 3)
     planned = migrations.migrate(model, dry_run=True).pending
-    assert len(planned) == 7 and not any("jobmodel_app_finished_at" in step for step in planned)  # 5 + 1 dropped
+    # 3 whole ones dropped (SQLite keeps the status ones whole) and the running rows' one, the partial ones made
+    assert len(planned) == 5 and not any("jobmodel_app_finished_at" in step for step in planned)
     assert migrations.migrate(model).version == 4
 
     def definitions() -> dict:
@@ -98,7 +99,7 @@ def test_a_table_of_version_3_gets_partial_indexes(db):
 
     partial = {name for name, sql in definitions().items() if " WHERE " in sql}
     assert partial == {index._name for index in model._meta.fields_to_index() if index._where is not None}
-    assert len(partial) == 6 and "mine" in definitions() and "jobmodel_app_unique_hold" not in partial
+    assert len(partial) == 4 and "mine" in definitions() and "jobmodel_app_unique_hold" not in partial
     assert "jobmodel_app_status_lease_until" not in definitions()
     insert = 'INSERT INTO "dramatiq_unique_jobs" (app, message_id, actor_name, queue_name, args, kwargs, options, ' \
         'status, attempts, revision, created_at, fencing_token, unique_hold, idempotency_hold) ' \
