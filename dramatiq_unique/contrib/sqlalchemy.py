@@ -44,8 +44,8 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         db = cls(made.database, prefer_psycopg3=engine.dialect.driver == "psycopg", **made.connect_params)
         db.suite_option, db.engine = getattr(made, "suite_option", None), engine
         if engine not in _engines:
-            for name in ("after_cursor_execute", "release_savepoint", "rollback_savepoint", "commit", "rollback"):
-                event.listen(engine, name, globals()[f"_on_{name}"])
+            for name, listener in _LISTENERS.items():
+                event.listen(engine, name, listener)
         _engines[engine] = db
         return db
 
@@ -108,9 +108,7 @@ def _began(session: Session, transaction: SessionTransaction) -> None:
 def _ended(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None:
         _sessions.set(tuple(pair for pair in _sessions.get() if pair[1] is not session))
-        journal = session.info.pop(_KEY, None)
-        if journal is not None:  # rolled back (a commit took it first)
-            journal.drop()
+        _drop(session.info)  # rolled back, if it is still there (a commit takes it first)
 
 
 @event.listens_for(Session, "after_commit")
@@ -127,35 +125,32 @@ def _committed(session: Session) -> None:
             _sessions.reset(token)
 
 
-def _journal(conn: Any) -> Optional[_Journal]:
-    return conn.info.get(_KEY)
-
-
 def _on_after_cursor_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
     # Its name, which the savepoint event does not give yet.
-    if statement.startswith("SAVEPOINT "):
-        journal = _journal(conn)
+    journal = conn.info.get(_KEY)
+    if journal is not None and statement.startswith("SAVEPOINT "):
+        journal.savepoint(statement[10:].strip())
+
+
+def _following(method: str) -> Any:
+    """A savepoint event's listener: the connection's journal does ``method`` with the savepoint's name."""
+    def listener(conn: Any, name: str, context: Any) -> None:
+        journal = conn.info.get(_KEY)
         if journal is not None:
-            journal.savepoint(statement[10:].strip())
+            getattr(journal, method)(name)
+    return listener
 
 
-def _on_release_savepoint(conn: Any, name: str, context: Any) -> None:
-    journal = _journal(conn)
-    if journal is not None:
-        journal.release(name)
-
-
-def _on_rollback_savepoint(conn: Any, name: str, context: Any) -> None:
-    journal = _journal(conn)
-    if journal is not None:
-        journal.roll_back_to(name)
-
-
-def _on_commit(conn: Any) -> None:
-    conn.info.pop(_KEY, None)  # the session's after_commit publishes it
-
-
-def _on_rollback(conn: Any) -> None:
-    journal = conn.info.pop(_KEY, None)
+def _drop(info: dict) -> None:
+    journal = info.pop(_KEY, None)
     if journal is not None:
         journal.drop()
+
+
+_LISTENERS = {
+    "after_cursor_execute": _on_after_cursor_execute,
+    "release_savepoint": _following("release"),
+    "rollback_savepoint": _following("roll_back_to"),
+    "commit": lambda conn: conn.info.pop(_KEY, None),  # the session's after_commit publishes it
+    "rollback": lambda conn: _drop(conn.info),
+}

@@ -113,30 +113,19 @@ def refused_options(error: BaseException) -> bool:
     return "unsupported startup parameter" in text and "options" in text
 
 
-def set_prepare_threshold(db: pw.Database) -> None:
-    """psycopg 3 prepares nothing on ``db``'s next connections, nor on this thread's open one."""
-    if is_psycopg3(db):
+def set_prepare_threshold(db: pw.Database, *, given: bool = False) -> None:
+    """psycopg 3 prepares nothing on ``db``'s next connections, nor on this thread's open one (psycopg2
+    prepares nothing by itself); ``given``: unless its parameters say otherwise."""
+    if is_psycopg3(db) and not (given and "prepare_threshold" in db.connect_params):
         db.connect_params["prepare_threshold"] = None
         if not db.is_closed():
             db.connection().prepare_threshold = None
 
 
-def _client_pid(conn: Any) -> Optional[int]:
-    """The backend process id the server (or a pooler) gave this connection at start-up."""
-    info = getattr(conn, "info", None)
-    pid = getattr(info, "backend_pid", None) if info is not None else None
-    if pid is None and hasattr(conn, "get_backend_pid"):
-        pid = conn.get_backend_pid()
-    return int(pid) if pid is not None else None
-
-
 def _server_pid(conn: Any) -> int:
-    cur = conn.cursor()
-    try:
+    with conn.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
         return int(cur.fetchone()[0])
-    finally:
-        cur.close()
 
 
 def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
@@ -147,7 +136,7 @@ def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) 
     if not isinstance(db, pw.PostgresqlDatabase) or is_psycopg3(db):
         return False
     conn = db.connection()
-    if _client_pid(conn) in (None, _server_pid(conn)):
+    if conn.info.backend_pid == _server_pid(conn):  # the id the server (or a pooler) gave it at start-up
         return False
     import psycopg2
 
@@ -222,12 +211,6 @@ def is_postgres(db: pw.Database) -> bool:
     return isinstance(db, pw.PostgresqlDatabase)
 
 
-def _prepare_setting(db: pw.Database, prepared: bool) -> None:
-    # psycopg 3 prepares by itself; psycopg2 takes no such parameter.
-    if not prepared and is_psycopg3(db):
-        db.connect_params.setdefault("prepare_threshold", None)
-
-
 def reconnecting(db: pw.Database) -> pw.Database:
     """Make a given PostgreSQL database reconnect, in place (ReconnectMixin's logic around its own
     ``execute_sql`` and ``begin``: its class cannot become a subclass); any other is returned as is."""
@@ -271,7 +254,8 @@ def _open(
             _check_driver(database, repr(database))
             if connect_timeout:
                 database.connect_params.setdefault("connect_timeout", _seconds(connect_timeout))
-            _prepare_setting(database, prepared)
+            if not prepared:
+                set_prepare_threshold(database, given=True)
         return reconnecting(database)
     if not isinstance(database, str):
         # Its type only: a dict or a tuple of settings would show its password.
@@ -292,7 +276,8 @@ def _open(
         return _sqlite(database)
     if scheme in POSTGRES_SCHEMES:
         db = _postgres(database, connect_timeout, timeout)
-        _prepare_setting(db, prepared)
+        if not prepared:
+            set_prepare_threshold(db, given=True)
         return db
     try:
         db = db_url.connect(database)

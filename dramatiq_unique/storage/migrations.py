@@ -10,17 +10,15 @@ import peewee as pw
 from playhouse import migrate as pw_migrate
 
 from dramatiq_unique.storage import queries, schema
-from dramatiq_unique.storage.schema import APP_COLUMN, CURRENT_VERSION, HISTORY_COLUMN, PARKED_COLUMNS
+from dramatiq_unique.storage.schema import COLUMNS, CURRENT_VERSION
 
-#: Indexes before version 1 that the app-leading ones replace: (columns, unique).
-OLD_INDEXES = (
-    (("status", "process_after"), False),
-    (("status", "lease_until"), False),
-    (("finished_at",), False),
-    (("unique_hold",), True),
-    (("idempotency_hold",), True),
-    (("parked_on",), False),
-)
+#: Indexes that a version dropped, by version: (columns, unique).  Version 1 led them with the app;
+#: version 4 serves the running rows by the open rows' partial index.
+OLD_INDEXES = {
+    1: ((("status", "process_after"), False), (("status", "lease_until"), False), (("finished_at",), False),
+        (("unique_hold",), True), (("idempotency_hold",), True), (("parked_on",), False)),
+    4: ((("app", "status", "lease_until"), False),),
+}
 
 
 #: ms a migration step may wait for its table's lock on PostgreSQL: every statement after an ALTER TABLE
@@ -39,59 +37,65 @@ class Step:
 Model = type[pw.Model]
 
 
+def _dropping(model: Model, name: str) -> Callable[[], None]:
+    db = model._meta.database
+    return lambda: db.execute_sql(f"DROP INDEX IF EXISTS {queries.table(db, name, model._meta.schema)}")
+
+
 def _to_v1(model: Model, names: set[str]) -> list[Step]:
     db = model._meta.database
     steps = []
-    if APP_COLUMN not in names:
-        steps.append(Step(f"add column {APP_COLUMN} VARCHAR(255) NOT NULL DEFAULT ''",
+    if "app" not in names:
+        steps.append(Step("add column app VARCHAR(255) NOT NULL DEFAULT ''",
                           lambda: db.execute_sql(queries.statement(model, "add_app_column").sql)))
     steps.append(Step("create the model's indexes that are missing (app first)",
                       lambda: model._schema.create_indexes(safe=True)))  # type: ignore[attr-defined]
+    return steps + [Step(f"drop index {index} if it exists (replaced by an app-first one)", _dropping(model, index))
+                    for index in _old_indexes(model, 1)]
+
+
+def _old_indexes(model: Model, version: int) -> list[str]:
+    """The names of the indexes ``version`` dropped, but those ``model`` declares itself (a subclass keeps them)."""
     wanted = {tuple(columns) for columns, _ in model._meta.indexes}
-    for columns, unique in OLD_INDEXES:
-        # A subclass that declares one of these indexes itself keeps it.
-        if columns not in wanted and all(name in model._meta.fields for name in columns):
-            index = pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]  # peewee's index name
-            sql = f"DROP INDEX IF EXISTS {queries.table(db, index, model._meta.schema)}"
-            steps.append(Step(f"drop index {index} if it exists (replaced by an app-first one)",
-                              lambda sql=sql: db.execute_sql(sql)))  # type: ignore[misc]
+    return [pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]  # peewee's index name
+            for columns, unique in OLD_INDEXES[version]
+            if columns not in wanted and all(name in model._meta.fields for name in columns)]
+
+
+def _adding(version: int) -> Callable[[Model, set[str]], list[Step]]:
+    """The steps that add the columns ``version`` added, each as the model declares it but NULL; a column
+    the table has already (a job_model that declared it) is left as it is."""
+    def steps(model: Model, names: set[str]) -> list[Step]:
+        migrator = pw_migrate.SchemaMigrator.from_database(model._meta.database, schema=model._meta.schema)
+        fields = {name: type(model._meta.fields[name])(null=True) for name in COLUMNS[version] if name not in names}
+        return [Step(f"add column {name} {field.field_type} NULL", lambda name=name, field=field: pw_migrate.migrate(  # type: ignore[misc]
+            migrator.add_column(model._meta.table_name, name, field))) for name, field in fields.items()]
     return steps
 
 
-def _to_v2(model: Model, names: set[str]) -> list[Step]:
-    if HISTORY_COLUMN in names:
-        return []
-    migrator = pw_migrate.SchemaMigrator.from_database(model._meta.database, schema=model._meta.schema)
-    table = model._meta.table_name
-    return [Step(f"add column {HISTORY_COLUMN} TEXT NULL (the attempts, as JSON)", lambda: pw_migrate.migrate(
-        migrator.add_column(table, HISTORY_COLUMN, pw.TextField(null=True))))]
-
-
-def _to_v3(model: Model, names: set[str]) -> list[Step]:
-    migrator = pw_migrate.SchemaMigrator.from_database(model._meta.database, schema=model._meta.schema)
-    table = model._meta.table_name
-    at, attempt = PARKED_COLUMNS
-    fields = {at: pw.DateTimeField(null=True), attempt: pw.IntegerField(null=True)}
-    types = {at: "TIMESTAMP", attempt: "INTEGER"}
-    # A column the table has already (a job_model that declared it) is left as it is.
-    return [Step(f"add column {name} {types[name]} NULL (when the job was first parked in its wait)",
-                 lambda name=name: pw_migrate.migrate(migrator.add_column(table, name, fields[name])))  # type: ignore[misc]
-            for name in PARKED_COLUMNS if name not in names]
+def _to_v4(model: Model, names: set[str]) -> list[Step]:
+    meta = model._meta
+    found = {index.name: index.sql or "" for index in meta.database.get_indexes(meta.table_name, schema.where(model))}
+    # A whole index of a partial one's name is dropped first (CREATE INDEX IF NOT EXISTS would keep it); a
+    # partial one made beforehand (CONCURRENTLY) is kept.
+    whole = [index._name for index in meta.fields_to_index()
+             if index._where is not None and " WHERE " not in found.get(index._name, " WHERE ").upper()]
+    steps = [Step(f"drop index {name} (made again partial)", _dropping(model, name)) for name in whole]
+    steps += [Step(f"drop index {name} (the open rows' index serves the running ones)", _dropping(model, name))
+              for name in _old_indexes(model, 4) if name in found]
+    return [*steps, Step("create the partial indexes that are missing (a row only in those it is looked for by)",
+                         lambda: model._schema.create_indexes(safe=True))]  # type: ignore[attr-defined]
 
 
 #: version: (its name, its steps for a table whose columns are given).
 MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {
     1: ("app column and app-first indexes", _to_v1),
-    2: ("per-attempt history", _to_v2),
-    3: ("time parked", _to_v3),
+    2: ("per-attempt history", _adding(2)),
+    3: ("time parked", _adding(3)),
+    4: ("partial indexes", _to_v4),
 }
 assert max(MIGRATIONS) == CURRENT_VERSION, "a migration to every version up to CURRENT_VERSION"
-#: The migrations of the suite's other tables (the limits' table has had one version).
-OTHER_MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {}
-
-
-def migrations_of(model: Model) -> dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]]:
-    return MIGRATIONS if schema.is_job_table(model) else OTHER_MIGRATIONS
+# The suite's other tables (the limits' one) have had one version: none has a migration yet.
 
 
 @dataclasses.dataclass
@@ -117,21 +121,19 @@ class TableStatus:
 
 
 def _plan(model: Model) -> tuple[Optional[int], list[tuple[int, Step]]]:
-    names = schema.columns(model)
-    if not names:
+    version = schema.version_of(model)
+    if version is None:
         return None, []
-    found = schema.recorded(model)
-    version = schema.inferred(names, model) if found is None else found
-    steps = []
+    names, steps = schema.columns(model), []
     for target in range(version + 1, schema.target_version(model) + 1):
         # A later migration's look at the columns counts what the earlier ones add.
-        after = names | ({APP_COLUMN} if target > 1 else set()) | ({HISTORY_COLUMN} if target > 2 else set())
-        steps += [(target, step) for step in migrations_of(model)[target][1](model, after)]
+        after = names.union(*(COLUMNS.get(earlier, ()) for earlier in range(1, target)))
+        steps += [(target, step) for step in MIGRATIONS[target][1](model, after)]
     return version, steps
 
 
 def _describe(model: Model, target: int, step: Step) -> str:
-    return f"version {target} ({migrations_of(model)[target][0]}): {step.text}"
+    return f"version {target} ({MIGRATIONS[target][0]}): {step.text}"
 
 
 def status(model: Model, store: str = "") -> TableStatus:

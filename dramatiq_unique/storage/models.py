@@ -9,11 +9,11 @@ from __future__ import annotations
 import enum
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Optional, TypeVar, cast
+from typing import Any, Optional, TypeVar, cast
 
 import peewee as pw
 
-from dramatiq_unique.storage import queries, schema
+from dramatiq_unique.storage import queries
 
 M = TypeVar("M", bound=pw.Model)
 
@@ -77,6 +77,42 @@ class StatusField(pw.CharField):
         return None if value is None else str(value.value if isinstance(value, JobStatus) else value)
 
 
+def _status_in(*statuses: str) -> str:
+    listed = "', '".join(statuses)
+    return f"\"status\" IN ('{listed}')"
+
+
+#: The job table's partial indexes (schema version 4), by their columns: a row is in one only while the
+#: predicate holds, so that a start or an outcome writes to 4 of the 9 indexes (the primary key, the
+#: message id, the hold, and the open or the finished rows' one) instead of to all of them.  The open
+#: rows' index serves the running ones too (few: one per worker thread) and nothing indexes lease_until,
+#: so that a lease's renewal can be a HOT update.  The (app, unique_hold) index stays whole: the earlier
+#: release's inserts name it in ON CONFLICT (docs/discussions/how-it-is-built.md, "Storage").  On SQLite
+#: those whose predicate reads the status stay whole: its planner takes a partial index only for a query
+#: that repeats the predicate's terms (an IS NOT NULL is implied by a comparison, a status IN never).
+PARTIAL_INDEXES = {
+    ("unique_key",): '"unique_key" IS NOT NULL',
+    ("app", "status", "process_after"): _status_in(*WAITING, JobStatus.RUNNING.value),
+    ("app", "finished_at"): '"finished_at" IS NOT NULL',
+    ("app", "status", "finished_at"): _status_in(JobStatus.FAILED.value, JobStatus.CANCELLED.value),
+    ("app", "idempotency_hold"): '"idempotency_hold" IS NOT NULL',
+    ("app", "parked_on", "created_at"): '"parked_on" IS NOT NULL',
+}
+
+
+class JobMetadata(pw.Metadata):
+    """Peewee's metadata, with the indexes of :data:`PARTIAL_INDEXES` partial (a subclass inherits it)."""
+
+    def fields_to_index(self) -> list:
+        made = []
+        for index in super().fields_to_index():
+            where = PARTIAL_INDEXES.get(tuple(field.column_name for field in index._expressions))
+            if where is not None and '"status"' in where and not isinstance(self.database, pw.PostgresqlDatabase):
+                where = None
+            made.append(index if where is None else index.where(pw.SQL(where)))
+        return made
+
+
 class JobModel(pw.Model):
     """A job's durable record.  Subclass it for an actor's own table (``job_model=``)."""
 
@@ -132,11 +168,13 @@ class JobModel(pw.Model):
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
+        model_metadata_class = JobMetadata
         # Each starts with app: a pass and a waker read their own app's rows, and two apps' holds never collide.
         indexes = (
             (("app", "status", "process_after"), False),
-            (("app", "status", "lease_until"), False),
             (("app", "finished_at"), False),
+            # The dead set, and a listing's failed or cancelled rows, by status (the one above has none).
+            (("app", "status", "finished_at"), False),
             (("app", "unique_hold"), True),
             (("app", "idempotency_hold"), True),
             # With created_at: a group's queue head is read in order, and the scan stops at the first due one.
@@ -207,9 +245,3 @@ def create_fence_table(db: pw.Database) -> None:
 
 def base_field_names() -> frozenset[str]:
     return frozenset(JobModel._meta.fields)
-
-
-def create_tables(db: pw.Database, models: Iterable[type[JobModel]]) -> None:
-    """Create each model's table and indexes if missing; refuse a table of an earlier schema version."""
-    for model in models:
-        schema.create_or_migrate(model)

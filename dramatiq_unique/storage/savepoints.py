@@ -93,7 +93,7 @@ class _Journal:
 
 def _journal(db: pw.Database, *, create: bool) -> Optional[_Journal]:
     """The journal of this thread's transaction on ``db`` (a new one if ``create``)."""
-    state = _state(db)
+    state = db._state  # type: ignore[attr-defined]  # peewee's per-thread state: its commit callbacks
     journal: Optional[_Journal] = getattr(state, _JOURNAL, None)
     if journal is not None and (
         journal.closed or (journal.registered and journal.commit not in state.commit_callbacks)
@@ -106,16 +106,9 @@ def _journal(db: pw.Database, *, create: bool) -> Optional[_Journal]:
 
 
 def _end(db: pw.Database) -> None:
-    state = _state(db)
-    journal: Optional[_Journal] = getattr(state, _JOURNAL, None)
+    journal: Optional[_Journal] = getattr(db._state, _JOURNAL, None)  # type: ignore[attr-defined]
     if journal is not None:
-        journal.drop()
-        setattr(state, _JOURNAL, None)
-
-
-def _state(db: pw.Database) -> Any:
-    """Peewee's per-thread connection state of ``db`` (its transactions and commit callbacks)."""
-    return db._state  # type: ignore[attr-defined]
+        journal.drop()  # closed: the next hold makes another
 
 
 def hold(db: pw.Database, flush: Flush, item: Any) -> None:
@@ -144,33 +137,23 @@ def _name(quoted: str) -> str:
     return quoted.lower()
 
 
-def _seen(db: pw.Database, sql: str) -> None:
-    """A statement ``db`` ran without an error: the journal follows it if it moves a savepoint."""
-    match = _SAVEPOINT.match(sql)
-    if match:
-        journal = _journal(db, create=True)
-        assert journal is not None
-        journal.savepoint(_name(match["name"]))
-        return
-    match = _RELEASE.match(sql)
-    if match:
-        journal = _journal(db, create=False)
-        if journal is not None:
-            journal.release(_name(match["name"]))
-        return
-    if _ROLLBACK.match(sql):
+#: How the journal follows a statement that moves a savepoint: (pattern, the journal's method, whether the
+#: statement makes the journal).
+_MOVES = ((_SAVEPOINT, "savepoint", True), (_RELEASE, "release", False), (_ROLLBACK_TO, "roll_back_to", False))
+
+
+def _follow(db: pw.Database, sql: str, *, failed: bool) -> None:
+    """The journal follows ``sql``, which ``db`` ran (``failed``: with an error), if it moves a savepoint.
+    A failed ROLLBACK TO still ends what the savepoint held: the transaction cannot commit it."""
+    for pattern, method, create in _MOVES:
+        match = pattern.match(sql)
+        if match:
+            journal = _journal(db, create=create) if not failed or method == "roll_back_to" else None
+            if journal is not None:
+                getattr(journal, method)(_name(match["name"]))
+            return
+    if not failed and _ROLLBACK.match(sql):
         _end(db)
-
-
-def _rolled_back_to(db: pw.Database, sql: str) -> bool:
-    """``sql`` rolls back to a savepoint (whether or not it succeeds): cut the journal back."""
-    match = _ROLLBACK_TO.match(sql)
-    if not match:
-        return False
-    journal = _journal(db, create=False)
-    if journal is not None:
-        journal.roll_back_to(_name(match["name"]))
-    return True
 
 
 def track(db: pw.Database) -> pw.Database:
@@ -185,11 +168,9 @@ def track(db: pw.Database) -> pw.Database:
         try:
             cursor = execute_sql(sql, *args, **kwargs)
         except BaseException:
-            # A failed ROLLBACK TO still ends what the savepoint held: the transaction cannot commit it.
-            _rolled_back_to(db, sql)
+            _follow(db, sql, failed=True)
             raise
-        if not _rolled_back_to(db, sql):
-            _seen(db, sql)
+        _follow(db, sql, failed=False)
         return cursor
 
     def tracking_rollback(*args: Any, **kwargs: Any) -> Any:

@@ -4,29 +4,26 @@ current version, refused if older, given its missing indexes if current: docs/op
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import logging
-import threading
-from datetime import datetime, timezone
 from typing import Iterator, Optional
 
 import peewee as pw
 
 from dramatiq_unique.errors import SchemaOutOfDate
-from dramatiq_unique.storage import queries
+from dramatiq_unique.storage.models import utcnow
 
 logger = logging.getLogger(__name__)
 
 #: The schema version this release writes and reads (storage/migrations.py lists how to reach it).
-CURRENT_VERSION = 3
+CURRENT_VERSION = 4
 #: The table that records each job table's version, in every store.
 VERSIONS_TABLE = "dramatiq_unique_schema"
-#: The column every row's app is kept in (queries.sql: add_app_column); version 1 added it.
-APP_COLUMN = "app"
-#: The per-attempt history (version 2).
-HISTORY_COLUMN = "history"
-#: When a job was first parked in its wait, and at which attempt (version 3).
-PARKED_COLUMNS = ("parked_at", "parked_attempt")
+#: The columns each version added to the job tables: the app (queries.sql: add_app_column), the
+#: per-attempt history, when a job was first parked in its wait and at which attempt.  Version 4 made
+#: indexes partial.
+COLUMNS = {1: ("app",), 2: ("history",), 3: ("parked_at", "parked_attempt")}
 #: What the refusal tells the operator to run.
 COMMAND = "python -m dramatiq_unique migrate APP (or: dramatiq-unique migrate APP)"
 
@@ -45,19 +42,18 @@ class VersionModel(pw.Model):
         table_name = VERSIONS_TABLE
 
 
-_tolerant = threading.local()
+_tolerant = contextvars.ContextVar("dramatiq_unique_tolerant", default=False)
 
 
 @contextlib.contextmanager
 def tolerating_old() -> Iterator[None]:
-    """Within it (this thread), set-up opens a table of an older version instead of refusing it:
-    ``migrate`` imports the app, whose ``setup()`` must get as far as naming its tables."""
-    before = getattr(_tolerant, "on", False)
-    _tolerant.on = True
+    """Within it, set-up opens a table of an older version instead of refusing it: ``migrate`` imports
+    the app, whose ``setup()`` must get as far as naming its tables."""
+    token = _tolerant.set(True)
     try:
         yield
     finally:
-        _tolerant.on = before
+        _tolerant.reset(token)
 
 
 @contextlib.contextmanager
@@ -81,15 +77,18 @@ def table_key(model: type[pw.Model]) -> str:
     return f"{meta.schema}.{meta.table_name}" if meta.schema else meta.table_name
 
 
-def columns(model: type[pw.Model]) -> set[str]:
-    """The table's column names (none: no table), in the schema the connection resolves it in."""
+def where(model: type[pw.Model]) -> Optional[str]:
+    """The schema ``model``'s table is in: its own, or on PostgreSQL the first of the search_path, which
+    peewee's reads of the catalog (``get_columns``, ``get_indexes``) do not default to."""
     db = model._meta.database
     if isinstance(db, pw.PostgresqlDatabase):
-        meta = model._meta
-        query = queries.statement(model, "table_columns")
-        cursor = db.execute_sql(query.sql, {"table": meta.table_name, "schema": meta.schema})
-        return {name for (name,) in cursor.fetchall()}
-    return {column.name for column in db.get_columns(model._meta.table_name, model._meta.schema)}
+        return db.execute_sql("SELECT COALESCE(%s, current_schema())", [model._meta.schema]).fetchone()[0]
+    return model._meta.schema
+
+
+def columns(model: type[pw.Model]) -> set[str]:
+    """The table's column names (none: no table)."""
+    return {column.name for column in model._meta.database.get_columns(model._meta.table_name, where(model))}
 
 
 def target_version(model: type[pw.Model]) -> int:
@@ -105,11 +104,10 @@ def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
     """The version of a table that recorded none, from its columns (another table than a job table: 1)."""
     if model is not None and not is_job_table(model):
         return 1
-    if APP_COLUMN not in names:
-        return 0
-    if HISTORY_COLUMN not in names:
-        return 1
-    return 3 if PARKED_COLUMNS[0] in names else 2
+    version = 0
+    while version + 1 in COLUMNS and COLUMNS[version + 1][0] in names:
+        version += 1
+    return version
 
 
 def recorded(model: type[pw.Model]) -> Optional[int]:
@@ -136,14 +134,10 @@ def record(model: type[pw.Model], version: int) -> None:
     db = model._meta.database
     with db.bind_ctx([VersionModel], bind_refs=False, bind_backrefs=False):
         db.create_tables([VersionModel], safe=True)
-        VersionModel.insert(table=table_key(model), version=version, migrated_at=_utcnow()).on_conflict(
+        VersionModel.insert(table=table_key(model), version=version, migrated_at=utcnow()).on_conflict(
             conflict_target=[VersionModel.table], update={VersionModel.version: version,
-                                                          VersionModel.migrated_at: _utcnow()},
+                                                          VersionModel.migrated_at: utcnow()},
         ).execute()
-
-
-def _utcnow() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 def _versions_exist(db: pw.Database) -> bool:
@@ -174,7 +168,7 @@ def create_or_migrate(model: type[pw.Model]) -> None:
             model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
             record(model, target)
         elif version < target:
-            if not getattr(_tolerant, "on", False):
+            if not _tolerant.get():
                 raise out_of_date(model, version)
             logger.info("%s is at schema version %d of %d; to be migrated.", table_key(model), version, target)
         else:

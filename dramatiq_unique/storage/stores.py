@@ -193,18 +193,13 @@ class Stores:
             else:
                 marker.pop(STORE, None)
             try:
-                self.ensure(model, index)
-                result = insert(target)
+                return target, self._write(model, index, lambda target=target: insert(target))  # type: ignore[misc]
             except DB_ERRORS as e:
-                if target._meta.database.in_transaction():
-                    raise  # the caller's transaction is lost with it: nothing to fail over
-                if not unreachable(e):
-                    raise  # the store answers: its error (a deadlock, a timeout) is the send's
-                self.mark_down(index, e)
+                # In the caller's transaction, it is lost with it; from a store that answers, the error
+                # (a deadlock, a timeout) is the send's: nothing to fail over.
+                if target._meta.database.in_transaction() or not unreachable(e):
+                    raise
                 error = e
-                continue
-            self.mark_up(index)
-            return target, result
         assert error is not None
         raise error
 
@@ -214,14 +209,19 @@ class Stores:
         if not self.several:
             return write()
         self.check_primary(what())
+        return self._write(model, 0, write)
+
+    def _write(self, model: type[pw.Model], index: int, write: Callable[[], T]) -> T:
+        """``write`` on store ``index``, its table made first; the store remembered down if it does not
+        answer (outside a transaction), up if it does."""
         try:
-            self.ensure(model, 0)
+            self.ensure(model, index)
             result = write()
         except DB_ERRORS as e:
-            if not self.databases[0].in_transaction() and unreachable(e):
-                self.mark_down(0, e)
+            if not self.model_in(model, index)._meta.database.in_transaction() and unreachable(e):
+                self.mark_down(index, e)
             raise
-        self.mark_up(0)
+        self.mark_up(index)
         return result
 
     def check_primary(self, what: str) -> None:

@@ -49,7 +49,7 @@ from dramatiq_unique import JobModel  # noqa: E402
 from dramatiq_unique.durable.outcome import outcome  # noqa: E402
 from dramatiq_unique.storage import database as databases  # noqa: E402
 from dramatiq_unique.storage import jobs, queries  # noqa: E402
-from dramatiq_unique.storage.models import create_tables  # noqa: E402
+from dramatiq_unique.storage.schema import create_or_migrate  # noqa: E402
 from dramatiq_unique.unique.enqueue import row_fields  # noqa: E402
 
 #: Connection kinds: label: (psycopg 3?, its prepare_threshold, or psycopg2 with our preparing on/off).
@@ -149,7 +149,7 @@ def bench_statements(url: str, args: argparse.Namespace) -> None:
     dbs = {kind: open_kind(url, kind) for kind in KINDS}
     base = next(iter(KINDS))  # the ratios' base: psycopg2, prepared
     JobModel.bind(dbs[base], bind_refs=False, bind_backrefs=False)
-    create_tables(dbs[base], [JobModel])
+    create_or_migrate(JobModel)
     benches = {kind: Statements(db, kind) for kind, db in dbs.items()}
     rows = (*STATEMENTS, "sum")
     # figures[measure][kind][statement]: one value per round; measures: wall, client CPU, server CPU, CPU.

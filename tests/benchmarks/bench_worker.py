@@ -1,8 +1,8 @@
-"""Processing by a real ``dramatiq`` worker (the CLI), as ratios to plain Dramatiq.
+"""Processing by a real ``dramatiq`` worker (the CLI), as ratios to plain Dramatiq, and PostgreSQL's cost per job.
 
-    python tests/benchmarks/bench_worker.py [--jobs 3000] [--runs 5] [--processes 2] [--threads 8]
+    python tests/benchmarks/bench_worker.py [--jobs 3000] [--runs 5] [--processes 2] [--threads 8] [--shared-pg]
 
-Issue 16, part 2: with ``python -m dramatiq worker_app --processes 2 --threads 8``, tracked jobs
+Targets: with ``python -m dramatiq worker_app --processes 2 --threads 8``, tracked jobs
 at least 0.7 and unique jobs at least 0.6 of plain Dramatiq's processing rate, in every run, on
 PostgreSQL.  Each run has a fresh PostgreSQL schema, Redis namespace and worker; the kinds of no-op
 job (``worker_app.py``) take turns, in an order that rotates from run to run.  Besides ``plain``,
@@ -25,6 +25,17 @@ How a kind is timed (fair to both sides, and the worker's start-up left out):
   its length every 2 ms; the actors do nothing, not even count.
 * Not timed: every tracked, unique or floor job's row must then read ``succeeded`` with its start and
   end recorded, and no queue lock of the run may be left in Redis.
+
+The database's cost per job of each kind, over the same timed part (the ``pg µs/job`` and ``WAL B/job``
+rows): the CPU time (user + system) of all of PostgreSQL's processes, from ``/proc`` (the postmaster's
+own and its waited-for children's, plus each live child's: a backend that exits meanwhile is still
+counted), and the WAL written (``pg_wal_lsn_diff`` of ``pg_current_wal_lsn()``).  ``plain`` makes no
+statement: its figures are what the server spends idle (checkpointer, WAL writer, autovacuum).  So that
+the CPU is the benchmark's alone, it runs by default on a throwaway cluster of its own
+(``tests.servers.PostgresCluster``: ``initdb`` and ``pg_ctl`` from ``pg_config --bindir``, as the
+``postgres`` user when run as root, ``fsync=off``), removed at the end; ``--shared-pg`` runs on the
+test services' PostgreSQL (127.0.0.1:5432) instead, whose CPU other clients share (the benchmark must
+run on its host, to read ``/proc``).
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ import time
 from pathlib import Path
 
 import peewee as pw
-from common import REDIS_URL, pg_database, rig
+from common import PG, REDIS_URL, pg_database, rig
 from worker_app import declare
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -53,11 +64,55 @@ SELECT '', md5(random()::text), 'floor', 'floor', '[]', '{}', '{}', 'queued', 0,
 FROM generate_series(1, %s) RETURNING id"""
 
 
+class PgCost:
+    """A PostgreSQL server's CPU time, all its processes, and its WAL position, sampled together."""
+
+    def __init__(self, pg: dict) -> None:
+        self.pg = pg
+        self.db = pw.PostgresqlDatabase(**pg)
+        backend = self.db.execute_sql("SELECT pg_backend_pid()").fetchone()[0]
+        self.postmaster = _stat(backend)[1]
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(self) -> float:
+        """Seconds of CPU spent by the server so far (ended children included, as the postmaster waited for them)."""
+        _, _, utime, stime, cutime, cstime = _stat(self.postmaster)
+        ticks = utime + stime + cutime + cstime
+        with open(f"/proc/{self.postmaster}/task/{self.postmaster}/children") as f:
+            for pid in f.read().split():
+                try:
+                    ticks += sum(_stat(int(pid))[2:4])
+                except OSError:  # ended meanwhile: its time is the postmaster's cutime now
+                    pass
+        return ticks / self.tick
+
+    def sample(self) -> tuple[float, str]:
+        return self.cpu(), self.db.execute_sql("SELECT pg_current_wal_lsn()").fetchone()[0]
+
+    def per_job(self, before: tuple[float, str], after: tuple[float, str], jobs: int) -> tuple[float, float]:
+        """(µs of server CPU, bytes of WAL) per job between two samples."""
+        wal = self.db.execute_sql("SELECT pg_wal_lsn_diff(%s, %s)", (after[1], before[1])).fetchone()[0]
+        return (after[0] - before[0]) * 1e6 / jobs, float(wal) / jobs
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _stat(pid: int) -> tuple[int, int, int, int, int, int]:
+    """(pid, parent pid, utime, stime, cutime, cstime) from /proc/PID/stat, in clock ticks."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+    return pid, int(fields[1]), int(fields[11]), int(fields[12]), int(fields[13]), int(fields[14])
+
+
 class Run:
     """One schema, namespace, suite (for sending) and CLI worker."""
 
-    def __init__(self, database: str, args: argparse.Namespace) -> None:
+    def __init__(self, database: str, args: argparse.Namespace, cost: PgCost) -> None:
         self.database = database
+        self.cost = cost
+        #: (µs of server CPU, bytes of WAL) per job of each kind, over its timed part.
+        self.per_job: dict[str, tuple[float, float]] = {}
         self.ns, self.broker, self.suite = rig(database)
         self.actors = declare()
         self.redis = self.broker.client
@@ -121,13 +176,15 @@ class Run:
         finally:
             self.signal(signal.SIGCONT)
         start, left = self.wait(kind, n, 300)
+        before = self.cost.sample()
         end, _ = self.wait(kind, 0, 300)
+        self.per_job[kind] = self.cost.per_job(before, self.cost.sample(), left)
         return left / (end - start)
 
     def check(self) -> None:
         """Every tracked and unique job's row done, its start and end recorded; no queue lock left."""
         db = pw.PostgresqlDatabase(None)
-        db.init(**_pg_params(self.database))
+        db.init(**_pg_params(self.database, self.cost.pg))
         rows = dict(db.execute_sql(
             "SELECT actor_name, count(*) FROM dramatiq_unique_jobs WHERE status = 'succeeded' "
             "AND started_at IS NOT NULL AND finished_at IS NOT NULL GROUP BY actor_name").fetchall())
@@ -153,10 +210,9 @@ class Run:
         self.broker.close()
 
 
-def _pg_params(url: str) -> dict:
-    from common import PG
+def _pg_params(url: str, pg: dict) -> dict:
     schema = url.split("search_path%3D", 1)[1]
-    return {**PG, "options": f"-csearch_path={schema}"}
+    return {**pg, "options": f"-csearch_path={schema}"}
 
 
 def main() -> None:
@@ -166,18 +222,40 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--shared-pg", action="store_true",
+                        help="the test services' PostgreSQL (5432), not a cluster of the benchmark's own: "
+                             "its CPU figures count other clients' work too")
     args = parser.parse_args()
-    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; PostgreSQL; "
+    cluster = None
+    if args.shared_pg:
+        pg = PG
+    else:
+        from tests.servers import PostgresCluster
+
+        cluster = PostgresCluster().start()
+        pg = dict(database="postgres", host="127.0.0.1", port=cluster.port, user="postgres")
+    cost = PgCost(pg)
+    try:
+        bench(args, pg, cost, "shared, 5432" if cluster is None else f"own cluster, port {cluster.port}")
+    finally:
+        cost.close()
+        if cluster is not None:
+            cluster.remove()
+
+
+def bench(args: argparse.Namespace, pg: dict, cost: PgCost, where: str) -> None:
+    print(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores; PostgreSQL ({where}); "
           f"dramatiq --processes {args.processes} --threads {args.threads}; {args.jobs} jobs timed "
           f"after {args.warm}")
     print(f"{'run':<5}{'order':<30}{'plain/s':>9}{'tracked/s':>11}{'unique/s':>10}{'floor/s':>9}"
           f"{'tracked':>9}{'unique':>8}{'floor':>7}{'load':>6}")
     ratios: dict[str, list[float]] = {kind: [] for kind in (*TARGETS, "floor")}
+    costs: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
     for r in range(args.runs):
         order = KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]
         load = os.getloadavg()[0]  # the machine is shared: what else ran shows here
-        with pg_database() as url:
-            run = Run(url, args)
+        with pg_database(pg) as url:
+            run = Run(url, args, cost)
             try:
                 run.warm_up(20 * args.threads)
                 rate = {kind: run.process(kind, args.jobs, args.warm) for kind in order}
@@ -186,9 +264,14 @@ def main() -> None:
                 run.close()
         for kind in ratios:
             ratios[kind].append(rate[kind] / rate["plain"])
+        for kind in KINDS:
+            costs[kind].append(run.per_job[kind])
         print(f"{r + 1:<5}{','.join(order):<30}{rate['plain']:>9.0f}{rate['tracked']:>11.0f}{rate['unique']:>10.0f}"
-              f"{rate['floor']:>9.0f}{ratios['tracked'][-1]:>9.2f}{ratios['unique'][-1]:>8.2f}{ratios['floor'][-1]:>7.2f}{load:>6.1f}",
-              flush=True)
+              f"{rate['floor']:>9.0f}{ratios['tracked'][-1]:>9.2f}{ratios['unique'][-1]:>8.2f}{ratios['floor'][-1]:>7.2f}{load:>6.1f}")
+        for at, label in ((0, "pg µs/job"), (1, "WAL B/job")):
+            print(f"{'':<5}{label:<30}" + "".join(f"{run.per_job[kind][at]:>{width}.0f}" for kind, width in
+                                                  (("plain", 9), ("tracked", 11), ("unique", 10), ("floor", 9))),
+                  flush=True)
     for kind, target in TARGETS.items():
         got = ratios[kind]
         met = sum(x >= target for x in got)
@@ -197,6 +280,11 @@ def main() -> None:
     got = ratios["floor"]
     print(f"floor (plain + the two statements alone): median {statistics.median(got):.2f} "
           f"(range {min(got):.2f}-{max(got):.2f})")
+    for kind in KINDS:
+        cpu, wal = ([c[at] for c in costs[kind]] for at in (0, 1))
+        print(f"{kind}: PostgreSQL CPU median {statistics.median(cpu):.0f} µs/job "
+              f"(range {min(cpu):.0f}-{max(cpu):.0f}), "
+              f"WAL median {statistics.median(wal):.0f} B/job (range {min(wal):.0f}-{max(wal):.0f})")
 
 
 if __name__ == "__main__":

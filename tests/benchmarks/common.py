@@ -20,13 +20,15 @@ PG = dict(database="test", host="127.0.0.1", user="postgres")
 
 
 @contextlib.contextmanager
-def pg_database() -> Iterator[str]:
-    """The URL of a fresh PostgreSQL schema, dropped afterwards."""
+def pg_database(pg: Optional[dict] = None) -> Iterator[str]:
+    """The URL of a fresh PostgreSQL schema, dropped afterwards, on ``pg`` (connection parameters; PG)."""
+    pg = pg or PG
     schema = f"bench_{uuid.uuid4().hex[:8]}"
-    admin = pw.PostgresqlDatabase(**PG)
+    admin = pw.PostgresqlDatabase(**pg)
     admin.execute_sql(f'CREATE SCHEMA "{schema}"')
     try:
-        yield f"postgresql://{PG['user']}@{PG['host']}:5432/{PG['database']}?options=-csearch_path%3D{schema}"
+        yield (f"postgresql://{pg['user']}@{pg['host']}:{pg.get('port', 5432)}/{pg['database']}"
+               f"?options=-csearch_path%3D{schema}")
     finally:
         admin.execute_sql(f'DROP SCHEMA "{schema}" CASCADE')
         admin.close()

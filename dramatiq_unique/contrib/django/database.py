@@ -94,11 +94,7 @@ class DjangoDatabase(pw.PostgresqlDatabase):
     def atomic(self, *args: Any, **kwargs: Any) -> Any:
         return django_transaction.atomic(using=self.alias)
 
-    def transaction(self, *args: Any, **kwargs: Any) -> Any:
-        return django_transaction.atomic(using=self.alias)
-
-    def savepoint(self) -> Any:
-        return django_transaction.atomic(using=self.alias)
+    transaction = savepoint = atomic  # Django's atomic() nests as both
 
     def after_commit(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         django_transaction.on_commit(fn, using=self.alias)

@@ -149,7 +149,7 @@ import json, sys
 import peewee as pw
 from playhouse.db_url import parse
 from dramatiq_unique import JobModel
-from dramatiq_unique.storage import models, queries
+from dramatiq_unique.storage import models, queries, schema
 
 params = parse(sys.argv[1])
 db = pw.PostgresqlDatabase(params.pop("database"), **params)
@@ -157,7 +157,7 @@ queries.enable(db, True)
 values = {"app": "", "hold": "h", "key": "k", "id": 0, "revision": 0, "succeeded": "succeeded",
           "failed": "failed", "running": "running", "live_after": None, "woken_by": ""}
 with db.bind_ctx([JobModel], bind_refs=False, bind_backrefs=False):
-    models.create_tables(db, [JobModel])
+    schema.create_or_migrate(JobModel)
     models.create_fence_table(db)
     for name in sys.argv[2:]:
         query = queries.on(db, name) if name == "current_token" else queries.statement(JobModel, name)

@@ -105,7 +105,7 @@ def test_migrate_upgrades_a_table_of_the_earlier_version(legacy_db, database_url
         names = index_names(suite.db)
         assert not names & REPLACED, names
         assert {"jobmodel_app_status_process_after", "jobmodel_app_unique_hold", "jobmodel_app_idempotency_hold",
-                "jobmodel_app_status_lease_until", "jobmodel_app_finished_at",
+                "jobmodel_app_status_finished_at", "jobmodel_app_finished_at",
                 "jobmodel_app_parked_on_created_at"} <= names
         # A process of the earlier version, still running during the upgrade, can still insert.
         late = insert_legacy(db, "job")

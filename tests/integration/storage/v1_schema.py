@@ -63,8 +63,13 @@ def insert_v1(db, *, app: str, actor_name: str, status: str = "succeeded", table
 
 
 def index_names(db, table: str = "dramatiq_unique_jobs") -> set[str]:
+    return set(index_definitions(db, table))
+
+
+def index_definitions(db, table: str = "dramatiq_unique_jobs") -> dict[str, str]:
+    """Each index of ``table`` by name: its CREATE INDEX statement (none for SQLite's own)."""
     if is_postgres(db):
-        sql = "SELECT indexname FROM pg_indexes WHERE tablename = %s AND schemaname = current_schema()"
+        sql = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s AND schemaname = current_schema()"
     else:
-        sql = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?"
-    return {name for (name,) in db.execute_sql(sql, [table]).fetchall()}
+        sql = "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = ?"
+    return {name: definition or "" for (name, definition) in db.execute_sql(sql, [table]).fetchall()}

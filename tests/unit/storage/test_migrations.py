@@ -49,7 +49,8 @@ def test_an_older_table_is_refused_unless_tolerated(db):
     with schema.tolerating_old():
         schema.create_or_migrate(model)
     planned = migrations.migrate(model, dry_run=True)
-    assert planned.version == 1 and len(planned.pending) == 1 and "history" in planned.pending[0]
+    assert planned.version == 1 and len(planned.pending) == 2 and "history" in planned.pending[0]
+    assert "partial" in planned.pending[1]
     assert schema.version_of(model) == 1
     done = migrations.migrate(model)
     assert done.version == schema.CURRENT_VERSION and done.applied == planned.pending
@@ -65,9 +66,48 @@ def test_a_table_of_version_2_gets_the_parked_columns(db):
     assert schema.version_of(model) == 2
     planned = migrations.migrate(model, dry_run=True)
     assert [step.split(": ", 1)[1].split()[:3] for step in planned.pending] == [
-        ["add", "column", "parked_at"], ["add", "column", "parked_attempt"]]
-    assert migrations.migrate(model).version == 3
-    assert {"parked_at", "parked_attempt"} <= schema.columns(model) and schema.recorded(model) == 3
+        ["add", "column", "parked_at"], ["add", "column", "parked_attempt"], ["create", "the", "partial"]]
+    assert migrations.migrate(model).version == 4
+    assert {"parked_at", "parked_attempt"} <= schema.columns(model) and schema.recorded(model) == 4
+
+
+def test_a_table_of_version_3_gets_partial_indexes(db):
+    """Its whole indexes of the names the model makes partial are made again with their WHERE, the
+    unique ones keep their guarantee, the running rows' index goes (the open rows' one serves them), and
+    the job table's other indexes stay as they are, a partial one made beforehand (CONCURRENTLY) too."""
+    model = bound(JobModel, db, 0)
+    schema.create_or_migrate(model)
+    for index in model._meta.fields_to_index():
+        if index._name == "jobmodel_app_finished_at":
+            continue  # made partial beforehand
+        db.execute_sql(f'DROP INDEX "{index._name}"')
+        db.execute_sql(f'CREATE {"UNIQUE " if index._unique else ""}INDEX "{index._name}" ON "dramatiq_unique_jobs" '
+                       f'({", ".join(chr(34) + f.column_name + chr(34) for f in index._expressions)})')
+    db.execute_sql('CREATE INDEX "mine" ON "dramatiq_unique_jobs" ("queue_name")')
+    db.execute_sql('CREATE INDEX "jobmodel_app_status_lease_until" ON "dramatiq_unique_jobs" '
+                   '("app", "status", "lease_until")')
+    with schema.locked(db):
+        schema.record(model, 3)
+    planned = migrations.migrate(model, dry_run=True).pending
+    # 3 whole ones dropped (SQLite keeps the status ones whole) and the running rows' one, the partial ones made
+    assert len(planned) == 5 and not any("jobmodel_app_finished_at" in step for step in planned)
+    assert migrations.migrate(model).version == 4
+
+    def definitions() -> dict:
+        rows = db.execute_sql("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+        return dict(rows.fetchall())
+
+    partial = {name for name, sql in definitions().items() if " WHERE " in sql}
+    assert partial == {index._name for index in model._meta.fields_to_index() if index._where is not None}
+    assert len(partial) == 4 and "mine" in definitions() and "jobmodel_app_unique_hold" not in partial
+    assert "jobmodel_app_status_lease_until" not in definitions()
+    insert = 'INSERT INTO "dramatiq_unique_jobs" (app, message_id, actor_name, queue_name, args, kwargs, options, ' \
+        'status, attempts, revision, created_at, fencing_token, unique_hold, idempotency_hold) ' \
+        "VALUES ('a', ?, 'x', 'q', '[]', '{}', '{}', 'queued', 0, 0, '2026-01-01', 0, ?, ?)"
+    db.execute_sql(insert, ["m1", "k", "i"])
+    for message_id, hold, idempotency in (("m2", "k", None), ("m3", None, "i")):
+        with pytest.raises(pw.IntegrityError):
+            db.execute_sql(insert, [message_id, hold, idempotency])
 
 
 def test_a_newer_table_is_accepted(db):

@@ -1,4 +1,4 @@
-"""The job tables at the suite's schema version 3 (storage/migrations.py): created, or upgraded.
+"""The job tables at the suite's schema version (storage/migrations.py): created, or upgraded.
 
 A release that changes the schema adds a migration that runs the same step."""
 
