@@ -67,36 +67,22 @@ JOB_ID = "dramatiq_unique.redrive"
 
 @dataclasses.dataclass
 class RedriveCounts:
-    """What one pass did."""
+    """What one pass did; ``ran`` is False when another process held the pass lock."""
 
-    #: False when another process held the pass lock and this call did nothing.
     ran: bool = True
-    #: Due pending and retrying jobs sent.
-    sent: int = 0
-    #: Parked jobs woken because their lock or slot holder was gone.
-    woken: int = 0
-    #: Jobs whose message was missed for the first time (checked again next pass).
-    missing: int = 0
-    #: Jobs confirmed lost.
-    lost: int = 0
-    #: Lost jobs sent again (``on_lost="redrive"``).
-    redriven: int = 0
-    #: Jobs marked failed: lost with ``on_lost="fail"`` or retries exhausted, or dead-lettered.
-    failed: int = 0
-    #: Queues whose messages held by dead workers were handed back (Redis broker).
-    requeued: int = 0
-    #: Retries handed back to their delay queue from a live worker that had dropped them (Redis broker).
-    released: int = 0
-    #: Finished rows deleted after ``retention``.
-    pruned: int = 0
-    #: Sends that failed (broker down); those jobs wait for the next pass.
-    errors: int = 0
-    #: Rows written without an app (an earlier version) that this app took.
-    adopted: int = 0
-    #: Rows found in a combination of columns that no state allows, and set right.
-    repaired: int = 0
-    #: Jobs sent (of ``sent`` and ``redriven``) that were kept pending because the broker was down.
-    deferred: int = 0
+    sent: int = 0  # due pending and retrying jobs
+    woken: int = 0  # parked jobs whose lock or slot holder was gone
+    missing: int = 0  # jobs whose message was missed a first time (checked again next pass)
+    lost: int = 0  # jobs confirmed lost
+    redriven: int = 0  # lost jobs sent again (on_lost="redrive")
+    failed: int = 0  # lost under on_lost="fail", retries exhausted, or dead-lettered
+    requeued: int = 0  # queues whose messages held by dead workers were handed back (Redis broker)
+    released: int = 0  # retries a live worker had dropped, handed back to their delay queue (Redis broker)
+    pruned: int = 0  # finished rows deleted after retention
+    errors: int = 0  # sends that failed (broker down): those jobs wait for the next pass
+    adopted: int = 0  # rows written without an app (an earlier version) that this app took
+    repaired: int = 0  # rows in a combination of columns that no state allows, set right
+    deferred: int = 0  # jobs sent (of sent and redriven) that were kept pending while the broker was down
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -159,9 +145,8 @@ def due(model: type[JobModel], status: str, now: datetime) -> Any:
 def suspects(
     model: type[JobModel], cutoff: datetime, marked_before: datetime, *, can_probe: bool
 ) -> list[tuple[str, Any, Any]]:
-    """(status, condition, order) of jobs overdue by ``lost_after`` (``cutoff``: now minus it) whose message
-    the pass looks for: each at most once per ``lost_after``, and one marked missing after ``marked_before``
-    waits for a later pass to confirm."""
+    """(status, condition, order) of jobs overdue by ``lost_after`` whose message the pass looks for: each
+    at most once per ``lost_after``; one marked missing after ``marked_before`` waits for a later pass."""
     fresh = model.checked_at.is_null() | (model.checked_at <= cutoff)
     unmarked = model.missing_since.is_null() | (model.missing_since <= marked_before)
     groups = [(RUNNING, (model.status == RUNNING) & (model.lease_until <= cutoff), model.lease_until)]
@@ -179,18 +164,17 @@ def prune(
     model: type[JobModel], scope: Any, settings: Any, *, page: int, max_pages: int,
     after_page: Callable[[], None] = lambda: None,
 ) -> int:
-    """Delete ``model``'s finished rows (of ``scope``, a :meth:`Scope.where` condition) past the
-    ``retention`` setting, page by page, calling ``after_page`` after each; returns how many."""
+    """Delete ``model``'s finished rows (of ``scope``) past ``retention``, a page per statement; returns how many."""
     # Rows hold idempotency keys for their window: keep them at least that long.
     cutoff = after_ms(-max(settings.retention, settings.idempotency_window))
+    finished = (model.finished_at < cutoff) & model.status.in_(FINISHED) & scope
     pruned = 0
     for _ in range(max_pages):
-        query: pw.Select = model.select(model.id).where((model.finished_at < cutoff) & model.status.in_(FINISHED))
-        ids = [row_id for (row_id,) in query.where(scope).limit(page).tuples()]
-        if ids:
-            pruned += model.delete().where(model.id.in_(ids)).execute()
+        deleted = model.delete().where(model.id.in_(model.select(model.id).where(finished).limit(page))).execute()
+        pruned += deleted
+        if deleted:
             after_page()
-        if len(ids) < page:
+        if deleted < page:
             break
     return pruned
 
@@ -203,19 +187,14 @@ def claim_fields(model: type[JobModel], **extra: Any) -> dict:
 
 
 def claim_page(model: type[JobModel], cond: Any, page: int) -> list[JobModel]:
-    """Claim up to ``page`` rows matching ``cond``; returns them as claimed."""
-    db = model._meta.database
-    with db.atomic():
-        # process_after alone: the index gives that order, so LIMIT stops early (no sort of the backlog).
-        query: pw.Select = model.select(model.id).where(cond).order_by(model.process_after).limit(page)
-        if is_postgres(db):
-            query = query.for_update(skip_locked=True)
-        ids = [row_id for (row_id,) in query.tuples()]
-        if not ids:
-            return []
-        # The condition again: a row another pass claimed meanwhile no longer matches.
-        update = model.update(claim_fields(model)).where(model.id.in_(ids) & cond)
-        return list(update.returning(*sending_fields(model)).execute())
+    """Claim up to ``page`` rows matching ``cond`` in one statement; returns them as claimed."""
+    # process_after alone: the index gives that order, so LIMIT stops early (no sort of the backlog).
+    ids: pw.Select = model.select(model.id).where(cond).order_by(model.process_after).limit(page)
+    if is_postgres(model._meta.database):
+        ids = ids.for_update(skip_locked=True)
+    # The condition again: a row another pass claimed meanwhile no longer matches.
+    return list(model.update(claim_fields(model)).where(model.id.in_(ids) & cond)
+                .returning(*sending_fields(model)).execute())
 
 
 def sending_fields(model: type[JobModel]) -> list[pw.Field]:
@@ -290,8 +269,8 @@ _repaired_lock = threading.Lock()
 
 
 def repair_due(suite: "Suite", model: type[JobModel]) -> bool:
-    """Whether this process's last look at ``model`` is ``lost_after`` old (and take this one): the looks
-    read a parked or queued backlog through, and a repaired row waits ``lost_after`` anyway."""
+    """Whether this process last looked ``lost_after`` ago (and look now): a look reads the parked and
+    queued backlog through, and a repaired row waits ``lost_after`` anyway."""
     now = time.monotonic()
     with _repaired_lock:
         seen = _repaired_at.setdefault(suite, {})
@@ -303,8 +282,8 @@ def repair_due(suite: "Suite", model: type[JobModel]) -> bool:
 
 
 def repair(model: type[JobModel], scope: Any) -> int:
-    """Set right the rows of ``model`` (of ``scope``) in a combination no state allows, each with an ERROR;
-    returns how many.  Conditional UPDATEs: a row that moved on meanwhile no longer matches."""
+    """Set right, each with an ERROR, the rows no state allows; conditional UPDATEs: a row that moved on
+    meanwhile no longer matches."""
     repaired = 0
     for what, found_by, fields in REPAIRS:
         found = list(
@@ -504,14 +483,9 @@ def start_redriver(
     interval: Optional[float] = None, *, suite: Optional["Suite"] = None, broker: Optional[dramatiq.Broker] = None,
     scheduler: Optional["BaseScheduler"] = None,
 ) -> "BaseScheduler":
-    """Run :func:`redrive` every ``interval`` ms (default: the ``redrive_interval`` setting).
-
-    Starts and returns a new ``BackgroundScheduler``, or adds the job to
-    ``scheduler`` if one is given (the caller starts and stops that one).
-    Stop the returned scheduler with ``scheduler.shutdown()``.  The first
-    pass runs at once.  Every process may run one: the pass lock lets one
-    pass run at a time across the cluster, and a tick that finds it taken
-    is skipped.
+    """Run :func:`redrive` every ``interval`` ms (default: ``redrive_interval``), the first pass at once, in a
+    new started ``BackgroundScheduler`` (stop it with ``shutdown()``) or in ``scheduler`` (the caller's).
+    Every process may run one: the pass lock lets one pass run at a time, a tick that finds it taken is skipped.
     """
     suite = suite or _config.current()
     interval = suite.settings.redrive_interval if interval is None else interval

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, Optional
 
 import peewee as pw
 import redis as redis_lib
@@ -15,7 +15,7 @@ from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage.database import describe, open_database
-from dramatiq_unique.storage.models import JobModel, bound_limits
+from dramatiq_unique.storage.models import JobModel, bound_copy, bound_limits
 from dramatiq_unique.suite import Settings, app_name
 
 #: The environment variables of the mode without an app.
@@ -66,14 +66,10 @@ def of_suite(suite: Any) -> Target:
 
 def bound(model: type[JobModel], db: pw.Database, index: int) -> type[JobModel]:
     """``model`` bound to ``db`` without rebinding the class itself (other code in the process uses it)."""
-    meta = model._meta
-    attrs = {"database": db, "table_name": meta.table_name, "schema": meta.schema}
-    made = cast(Any, type(model))(f"{model.__name__}_cli{index}", (model,), {
-        "Meta": type("Meta", (), attrs), "__module__": model.__module__,
-    })
+    made = bound_copy(model, db, f"{model.__name__}_cli{index}")
     # peewee names indexes after it: the names set-up gives them (storage/stores.py's model_in in another store).
-    made._meta.name = meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
-    return cast(type[JobModel], made)
+    made._meta.name = model._meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
+    return made
 
 
 def from_environment(
