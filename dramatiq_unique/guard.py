@@ -25,8 +25,7 @@ _OWN_SKIP = "_dramatiq_unique_own_skip"
 
 
 def own_skip(message: Any) -> bool:
-    """Whether the suite itself skipped ``message`` (it parked it, or dropped a duplicate,
-    finished or replaced copy), as opposed to another middleware (``AgeLimit``, a user's)."""
+    """Whether the suite itself skipped ``message`` (parked it, dropped a copy), not another middleware."""
     return bool(getattr(message, _OWN_SKIP, False))
 
 
@@ -45,7 +44,7 @@ def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
 
 
 class guarded:
-    """Context manager: errors inside become the suite's errors (see :func:`translate`)."""
+    """Errors inside become the suite's errors (see :func:`translate`)."""
 
     __slots__ = ("where",)
 
@@ -73,9 +72,8 @@ def describe(message: Any) -> str:
 
 
 def hook(fn: F) -> F:
-    """Decorate a middleware's ``before_enqueue``/``before_process_message(self, broker, message, ...)``
-    (or ``before_declare_actor(self, broker, actor)``: a table that cannot be created must not
-    leave the actor declared untracked)."""
+    """Decorate a middleware's ``before_enqueue``, ``before_process_message`` or ``before_declare_actor`` (a
+    table that cannot be created must not leave the actor declared untracked)."""
 
     @functools.wraps(fn)
     def wrapper(self: Any, broker: Any, message: Any, *args: Any, **kwargs: Any) -> Any:

@@ -14,7 +14,7 @@ from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
 from dramatiq_unique.guard import guarded
-from dramatiq_unique.options import MAX_KEY_LENGTH, check_delay, show
+from dramatiq_unique.options import check_delay, validate_message
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, after_ms
 from dramatiq_unique.suite import current
@@ -31,13 +31,10 @@ def submit(
 ) -> tuple[JobModel, bool]:
     """Send a job unless the key already made one; returns ``(job, created)``.
 
-    With ``idempotency_key``, a later call for the same actor with the same
-    ``(owner, idempotency_key)`` within the window returns the same job,
-    whatever its state, and sends nothing; reusing a key with other
-    arguments raises :class:`IdempotencyKeyReused`.  Without a key it
-    behaves like ``send()`` under the actor's unique options and tells
-    whether a new job was made (``created=False``: a duplicate was skipped).
-    Meant for HTTP producers: 201 when created, 202 when not.
+    With ``idempotency_key``, a later call for the same actor with the same ``(owner, idempotency_key)``
+    within the window returns the same job, whatever its state, and sends nothing; reusing a key with other
+    arguments raises :class:`IdempotencyKeyReused`.  Without a key it behaves like ``send()`` and tells
+    whether a new job was made.  Meant for HTTP producers: 201 when created, 202 when not.
     """
     suite = current()
     config = suite.actor_config(actor.actor_name)
@@ -50,14 +47,8 @@ def submit(
     options: dict[str, Any] = {}
     hold = None
     if idempotency_key is not None:
-        if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 255:
-            raise InvalidOption(
-                f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, "
-                f"not {show(idempotency_key)}"
-            )
         owner = None if owner is None else str(owner)
-        if owner is not None and len(owner) > MAX_KEY_LENGTH:
-            raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
+        validate_message({"idempotency_key": idempotency_key, "owner": owner}, config.options, config.fn)
         hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
         suite.stores.check_primary(f"an idempotent send of {actor.actor_name}")  # keys live in the primary
         with guarded(f"looking up idempotency key {idempotency_key!r}"):
@@ -83,12 +74,8 @@ def submit(
 
 
 def _holder(model: type[JobModel], app: str, hold: str) -> Optional[JobModel]:
-    """The job of ``app`` that holds idempotency key ``hold``; another app's is not ours.
-
-    A job written before rows had an app (``app = ''``, not yet adopted by a re-drive pass,
-    scope.py) counts too, so a client retrying across an upgrade gets its job back.  One
-    query: both are probes of the ``(app, idempotency_hold)`` index.
-    """
+    """The job of ``app`` that holds idempotency key ``hold``, or one written before rows had an app (not
+    yet adopted, scope.py): a client retrying across an upgrade gets its job back.  Both probe one index."""
     rows = list(model.select().where(model.app.in_([app, NO_APP]) & (model.idempotency_hold == hold)).limit(2))
     return next((row for row in rows if row.app == app), rows[0] if rows else None)
 
