@@ -121,17 +121,17 @@ class Outbox:
                                  "lost (track=True would keep it for the re-drive).", item.message.message_id)
                 continue  # its row stays pending for the re-drive
             try:
-                if item.row is not None and not self._claim(item):
-                    continue  # a re-drive pass sent it already, or a later send wrote the row
+                # pending -> queued while the row is as this send left it; its broker id is written after the
+                # publish.  Not claimed: a re-drive pass sent it already, or a later send wrote the row.
+                if item.row is not None and not _claim_held(item.row[0], [(*item.row[1:], item.stamp, item.message)],
+                                                            [None]):
+                    continue
                 # What is left of the delay; none once due (straight to the queue).
                 left = int((item.due - time.monotonic()) * 1000) if item.delay is not None else 0
-                delay = left if left > 0 else None
                 with resending():
-                    sent = item.broker.enqueue(item.message, delay=delay)
+                    sent = item.broker.enqueue(item.message, delay=left if left > 0 else None)
                 if item.row is not None:
-                    model, row_id, _ = item.row
-                    model.update(broker_ref=broker_ref(sent)).where((model.id == row_id) & model.broker_ref.is_null()) \
-                        .execute()
+                    jobs.record_refs(item.row[0], {item.row[1]: broker_ref(sent)})  # a ref set meanwhile is kept
             except Exception as error:
                 down = True
                 if item.row is not None:
@@ -171,12 +171,6 @@ class Outbox:
                 for message in sent:
                     broker.emit_after("enqueue", message, None)
         return rest, False
-
-    def _claim(self, item: _Item) -> bool:
-        """``pending`` -> ``queued`` if the row is still as this send left it; the broker's id is written
-        after the publish."""
-        model, row_id, revision = item.row  # type: ignore[misc]
-        return bool(_claim_held(model, [(row_id, revision, item.stamp, item.message)], [None]))
 
     def _unclaim(self, item: _Item) -> None:
         model, row_id, _ = item.row  # type: ignore[misc]

@@ -47,19 +47,16 @@ _DUPLICATE = {
 }
 
 
-def fields(job_id: Any, actor: Any, key: Optional[str] = None, **more: Any) -> dict[str, Any]:
-    """The ``extra=`` of a log line about a job: its id, actor and unique key, and ``more``."""
+def fields(job_id: Any, actor: Any, key: Optional[str] = None, **more: Any) -> dict[str, Any]:  # a line's extra=
     return {JOB_ID: job_id, ACTOR: actor, UNIQUE_KEY: key, **more}
 
 
-def now_ms() -> int:
-    """Epoch ms: the stamps of :data:`PARKED_AT` and :data:`HANDED_AT` (read in other processes)."""
+def now_ms() -> int:  # epoch ms, not monotonic: PARKED_AT and HANDED_AT are read in other processes
     return int(time.time() * 1000)
 
 
 def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str], why: str = "") -> None:
-    """A unique send met a job holding its key and ``decision`` was taken: one INFO line that names
-    both job ids (the new send's message id and the existing job's), and the decision's counter."""
+    """A unique send met a job holding its key: an INFO line naming both job ids, and the decision counted."""
     if logger.isEnabledFor(logging.INFO):
         logger.info(_DUPLICATE[decision], message.actor_name, message.message_id, existing_id,
                     f" ({why})" if why else "",
@@ -70,7 +67,7 @@ def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str],
 
 
 def parked(gate: str, message: Any, group: str) -> None:
-    """A job parked on ``group`` of a ``gate`` ("lock" or "slot"): a wait begins."""
+    """A job parked on ``group`` of a ``gate`` ("lock" or "slot")."""
     actor = getattr(message, "actor_name", None)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("Job %s parked on %s.", message.message_id, group, extra=fields(message.message_id, actor))
@@ -79,28 +76,24 @@ def parked(gate: str, message: Any, group: str) -> None:
 
 
 def taken_up(gate: str, message: Any, marker: Mapping[str, Any], wake: Mapping[str, Any]) -> None:
-    """A woken job took up the gate handed to it: its wait (since it parked) and the hand-over
-    (since the gate was handed on) end here."""
+    """A woken job took up the gate handed to it: its wait and the hand-over end."""
     if (on := sink) is not None:
         on.taken_up(getattr(message, "queue_name", None), getattr(message, "actor_name", None), gate,
                     marker.get(PARKED_AT), wake.get(HANDED_AT))
 
 
-def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:
-    """The parked jobs now, by (actor, gate), counted by a re-drive pass."""
+def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:  # by (actor, gate), from a re-drive pass
     if (on := sink) is not None:
         on.parked_counts(counts)
 
 
 def heartbeat(job: Any) -> None:
-    """``heartbeat()`` renewed a job's leases."""
     if (on := sink) is not None:
         on.inc(on.heartbeats, job.queue_name, job.actor_name)
 
 
 def lock_lost(job: Any, error: E) -> E:
-    """A running job learned that its lock or lease is gone (``LockLost``): a WARNING, counted.
-    Returns ``error``, so a call site can ``raise events.lock_lost(job, LockLost(...))``."""
+    """A running job learned that its lock or lease is gone: a WARNING, counted; ``raise lock_lost(job, error)``."""
     job_id, actor = (job.message_id, job.actor_name) if job is not None else ("?", None)
     logger.warning("Job %s (%s) lost its lease: %s", job_id, actor, getattr(error, "detail", error),
                    extra=fields(job_id, actor, getattr(job, "unique_key", None)))
@@ -110,8 +103,7 @@ def lock_lost(job: Any, error: E) -> E:
 
 
 def fenced_out(job: Any, write: str) -> None:
-    """A write of an attempt (``write``: "outcome", "checkpoint" or "lease") was refused by its
-    fencing token: a newer attempt owns the row.  A WARNING, counted."""
+    """A write ("outcome", "checkpoint" or "lease") refused by the attempt's fencing token: a WARNING, counted."""
     logger.warning("Job %s (%s) was taken over by a newer attempt; its %s write was refused by the fencing "
                    "token %s.", job.message_id, job.actor_name, write, job.fencing_token,
                    extra=fields(job.message_id, job.actor_name, job.unique_key))
@@ -120,27 +112,23 @@ def fenced_out(job: Any, write: str) -> None:
 
 
 def job_lost(row: Any, where: str, then: str) -> None:
-    """The re-drive confirmed a job lost (its message is in none of the broker's queues): a WARNING.
-    ``then`` says what follows ("sent again"; a job marked failed has its own line)."""
+    """The re-drive confirmed a job lost: a WARNING; ``then`` says what follows (a failed job has its own line)."""
     logger.warning("Job %s (%s) lost while %s: %s.", row.message_id, row.actor_name, where, then,
                    extra=fields(row.message_id, row.actor_name, row.unique_key))
 
 
 def job_failed(row: Any, reason: str) -> None:
-    """The re-drive marked a job failed (lost under ``on_lost="fail"``, retries exhausted, dead-lettered)."""
     logger.warning("Job %s (%s) marked failed: %s.", row.message_id, row.actor_name, reason,
                    extra=fields(row.message_id, row.actor_name, row.unique_key))
 
 
-def redrive_pass(counts: Any) -> None:
-    """A re-drive pass ended with ``counts`` (a :class:`RedriveCounts`)."""
+def redrive_pass(counts: Any) -> None:  # counts: a RedriveCounts
     if (on := sink) is not None and counts.ran:
         on.redrive_pass(counts.as_dict())
 
 
 def guarded(fn: F) -> F:
-    """A metric update never breaks the suite: its error is logged (with its trace once), the event
-    goes uncounted."""
+    """A metric update never breaks the suite: its error is logged (with its trace once), the event uncounted."""
 
     @functools.wraps(fn)
     def update(self: "SuiteMetrics", *args: Any) -> None:
