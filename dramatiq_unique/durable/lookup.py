@@ -115,14 +115,10 @@ def _again(suite: "Suite", row: JobModel) -> JobModel:
     if index is None or row.id is None:
         where = "an unsaved row" if row.id is None else "a row of none of this suite's job stores"
         raise JobNotFound(f"{row.message_id!r} ({where})")
-    table = suite.stores.model_in(base_of(type(row)), index)
-    found, down = each_store(suite, f"reading job {row.message_id}", lambda _, __: ours(
-        suite, jobs.get(table, id=row.id, message_id=row.message_id)), indexes=[index])
-    if down:
-        raise down[0]
-    if found[0] is None:
+    found = find_job(suite, row.id, model=base_of(type(row)), store=index)
+    if found is None or found.message_id != row.message_id:  # SQLite may give a deleted row's id again
         raise JobNotFound(repr(row.message_id))
-    return found[0]
+    return found
 
 
 def _numbered(suite: "Suite", number: int, model: type[JobModel]) -> Optional[JobModel]:

@@ -20,8 +20,8 @@ def check(
     max_pass_age: Optional[float] = None, probe_port: Optional[int] = None, probe_host: str = "0.0.0.0",
     say: Callable[[str], None] = print, probe_details: bool = False,
 ) -> int:
-    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (a status and
-    short reason; the findings themselves with ``probe_details``, see :mod:`~dramatiq_unique.health.probe`)."""
+    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (see
+    :mod:`~dramatiq_unique.health.probe`)."""
     def report() -> checks.Report:
         return checks.run(target, overdue_after=overdue_after, max_pass_age=max_pass_age)
 

@@ -55,7 +55,6 @@ class Target:
 
 
 def of_suite(suite: Any) -> Target:
-    """The target of an app's suite."""
     return Target(
         databases=list(suite.stores.databases), models=list(suite.models), masters=list(suite.masters),
         keys=suite.keys, app=suite.app, lost_after=suite.settings.lost_after,
@@ -99,8 +98,7 @@ def from_environment(
     )
 
 
-def tables(target: Target) -> list[tuple[int, type[JobModel]]]:
-    """Every (store index, job model bound to that store) of the target."""
+def tables(target: Target) -> list[tuple[int, type[JobModel]]]:  # (store index, job model bound to it)
     return [(index, target.model_in(model, index)) for index in range(len(target.databases)) for model in target.models]
 
 
