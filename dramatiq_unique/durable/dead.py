@@ -16,12 +16,11 @@ import peewee as pw
 
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
-from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.durable.bulk_actions import RETRY, Selection, cancel_fields, matching
 from dramatiq_unique.durable.messages import RETRY_BASE, build_message
-from dramatiq_unique.durable.redrive import claim_fields, sending_fields
+from dramatiq_unique.durable.redrive import claim_fields, send_claimed, sending_fields
 from dramatiq_unique.errors import DuplicateJob, JobStateError, RedisUnavailable
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks import queue
@@ -134,14 +133,7 @@ def retry_job(
                                  queue_lock_ttl(config, opts, lock, None))
             except RedisUnavailable:  # the row's hold decides; the lock only names the waiting job
                 logger.warning("Retrying job %s without its Redis queue lock: Redis is down.", job.message_id)
-        try:
-            with resending():
-                sent = broker.enqueue(build_message(row))
-        except Exception as e:
-            jobs.unclaim_sends(table, [row.id], PENDING)
-            logger.warning("Could not send job %s again (%s): left pending for the re-drive.", job.message_id, e)
-        else:
-            jobs.record_refs(table, {row.id: broker_ref(sent)})
+        send_claimed(suite, broker, table, [row], PENDING)  # a publish refused leaves it pending for the re-drive
         return jobs.get(table, id=row.id) or row
 
 

@@ -28,7 +28,7 @@ from dramatiq_unique import errors
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
-from dramatiq_unique.broker.refs import resending
+from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import deferral
 from dramatiq_unique.durable.messages import build_message, retries_so_far
@@ -202,6 +202,24 @@ def sending_fields(model: type[JobModel]) -> list[pw.Field]:
     names = ("id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "revision",
              "attempts", "created_at", "process_after", "status")
     return [model._meta.fields[name] for name in names]
+
+
+def send_claimed(
+    suite: "Suite", broker: dramatiq.Broker, model: type[JobModel], claimed: list[JobModel], revert_to: str,
+) -> list[JobModel]:
+    """Send claimed rows in order and record their broker ids; on a failure, hand the rest back to
+    ``revert_to`` for the next pass, and stop.  Returns the rows sent."""
+    refs: dict[int, str] = {}
+    for i, row in enumerate(claimed):
+        try:
+            with resending():
+                refs[row.id] = broker_ref(broker.enqueue(build_message(row)))
+        except Exception as e:
+            deferral.send_failed(suite, broker, row.message_id, e)
+            jobs.unclaim_sends(model, [r.id for r in claimed[i:]], revert_to)
+            break
+    jobs.record_refs(model, refs)  # a ref set meanwhile is newer: kept
+    return claimed[:len(refs)]
 
 
 def unchanged(model: type[JobModel], row: JobModel) -> Any:
@@ -380,23 +398,12 @@ class _Pass:
         return (when, row.id)
 
     def _publish(self, model: type[JobModel], claimed: list[JobModel], *, revert_to: str) -> int:
-        """Send claimed rows in order; on a broker failure, hand the rest back and stop sending."""
-        claimed = sorted(claimed, key=self._order_key)
-        refs: dict[int, str] = {}
-        for i, row in enumerate(claimed):
-            try:
-                with resending():
-                    sent = self.broker.enqueue(build_message(row))
-            except Exception as e:
-                self.broker_down = True
-                self.counts.errors += 1
-                deferral.send_failed(self.suite, self.broker, row.message_id, e)  # the next pass tries again
-                jobs.unclaim_sends(model, [r.id for r in claimed[i:]], revert_to)
-                break
-            refs[row.id] = sent.options.get("redis_message_id") or row.message_id
-            self.counts.deferred += deferral.was_deferred(row)
-        jobs.record_refs(model, refs)  # a ref set meanwhile is newer: kept
-        return len(refs)
+        sent = send_claimed(self.suite, self.broker, model, sorted(claimed, key=self._order_key), revert_to)
+        if len(sent) < len(claimed):  # the broker failed: no more sends this pass
+            self.broker_down = True
+            self.counts.errors += 1
+        self.counts.deferred += sum(map(deferral.was_deferred, sent))
+        return len(sent)
 
     def _check_lost(self, model: type[JobModel]) -> None:
         cutoff = after_ms(-self.suite.settings.lost_after)
