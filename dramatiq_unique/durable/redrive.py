@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-import weakref
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -282,23 +280,6 @@ REPAIRS: tuple[tuple[str, Callable[[Any], Any], Callable[[Any], dict]], ...] = (
      lambda m: {m.enqueued_at: utcnow()}),
 )
 
-_repaired_at: "weakref.WeakKeyDictionary[Suite, dict[type[JobModel], float]]" = weakref.WeakKeyDictionary()
-_repaired_lock = threading.Lock()
-
-
-def repair_due(suite: "Suite", model: type[JobModel]) -> bool:
-    """Whether this process last looked ``lost_after`` ago (and look now): a look reads the parked and
-    queued backlog through, and a repaired row waits ``lost_after`` anyway."""
-    now = time.monotonic()
-    with _repaired_lock:
-        seen = _repaired_at.setdefault(suite, {})
-        last = seen.get(model)
-        if last is not None and (now - last) * 1000 < float(suite.settings.lost_after):
-            return False
-        seen[model] = now
-        return True
-
-
 def repair(model: type[JobModel], scope: Any) -> int:
     """Set right, each with an ERROR, the rows no state allows; conditional UPDATEs: a row that moved on
     meanwhile no longer matches."""
@@ -352,7 +333,10 @@ class _Pass:
                 stores.ensure(base, index)  # a store down at set-up gets its tables now
             model = stores.model_in(base, index)
             self.counts.adopted += self.scope.adopt(model, self.page, MAX_PAGES)
-            if repair_due(self.suite, model):  # before the sends and the lost check, which then take them
+            # Before the sends and the lost check, which then take them; once per lost_after in the cluster:
+            # a look reads the parked and queued backlog through, and a repaired row waits lost_after anyway.
+            looked = f"{self.lock_name}:repaired:{index}:{model._meta.table_name}"
+            if self.suite.redis.set(looked, 1, nx=True, px=int(self.suite.settings.lost_after)):
                 self.counts.repaired += repair(model, self.scope.where(model))
             self._send_due(model)
             self._check_lost(model)
