@@ -7,8 +7,9 @@ logs anything else.  :func:`hook` and :func:`guarded` turn every other error int
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable, Literal, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import peewee as pw
 import redis
@@ -43,24 +44,16 @@ def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
     return HookFailed(detail)
 
 
-class guarded:
-    """Errors inside become the suite's errors (see :func:`translate`)."""
-
-    __slots__ = ("where",)
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
-        if exc is None or not isinstance(exc, Exception):
-            return False  # no error, or KeyboardInterrupt and friends: as they are
-        replacement = translate(exc, self.where)
+@contextlib.contextmanager
+def guarded(where: str) -> Iterator[None]:
+    """Errors inside become the suite's errors (see :func:`translate`); KeyboardInterrupt and friends pass."""
+    try:
+        yield
+    except Exception as error:
+        replacement = translate(error, where)
         if replacement is None:
-            return False
-        raise replacement from exc
+            raise
+        raise replacement from error
 
 
 def describe(message: Any) -> str:
