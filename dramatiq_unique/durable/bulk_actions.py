@@ -237,7 +237,8 @@ def cancel_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection
     locks: list[tuple[str, str]] = []
 
     def take(outcome: Outcome, model: type[JobModel], names: tuple[str, ...], matched: Any) -> None:
-        freed = _cancel(model, matched & of(model, names))
+        update = model.update(cancel_fields(model)).where(matched & of(model, names))
+        freed = list(update.returning(model.unique_key, queue_lock_token(model)).tuples().execute())
         outcome.done += len(freed)
         locks.extend((suite.keys.queue_lock(key), token) for key, token in freed if key and token)
 
@@ -246,12 +247,6 @@ def cancel_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection
     logger.info("Bulk cancel of %s: %d jobs cancelled, %d left (actor not declared here).", sel, outcome.done,
                 outcome.undeclared)
     return outcome
-
-
-def _cancel(model: type[JobModel], cond: Any) -> list[tuple[Optional[str], Optional[str]]]:
-    """Cancel the rows under ``cond``; returns each one's (unique key, queue lock token)."""
-    update = model.update(cancel_fields(model)).where(cond).returning(model.unique_key, queue_lock_token(model))
-    return [(key, qt) for key, qt in update.tuples().execute()]
 
 
 def release_all(suite: "Suite", locks: list[tuple[str, str]]) -> None:
