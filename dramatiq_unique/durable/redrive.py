@@ -19,7 +19,6 @@ import dramatiq
 import peewee as pw
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
-from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Retries
 
 from dramatiq_unique import errors
@@ -237,23 +236,14 @@ class JobLost(errors.DramatiqUniqueError):
     """The job's message is in none of the broker's queues"""
 
 
-def actor_options(suite: "Suite", broker: dramatiq.Broker, actor_name: str) -> dict:
-    """The actor's options, as this process's suite or ``broker`` knows them ({} if neither does)."""
-    config = suite.actor_config(actor_name)
-    if config is not None:
-        return config.options
-    try:
-        return broker.get_actor(actor_name).options
-    except ActorNotFound:
-        return {}
-
-
 def retries_exhausted(suite: "Suite", broker: dramatiq.Broker, row: JobModel) -> bool:
     """Whether Dramatiq's Retries would give up after this (lost) attempt, decided as it decides."""
     retries_mw = next((m for m in broker.middleware if isinstance(m, Retries)), None)
     if retries_mw is None:
         return True  # without Retries a failed attempt is final
-    options, row_options = actor_options(suite, broker, row.actor_name), row.options or {}
+    # A pass's rows are of the actors its suite declares (Scope).
+    config, row_options = suite.actor_config(row.actor_name), row.options or {}
+    options = config.options if config is not None else {}
     retries = max(retries_so_far(row) - 1, 0)  # a retry_job() restarts the count
     retry_when = options.get("retry_when", retries_mw.retry_when)
     if retry_when is not None:
@@ -450,8 +440,8 @@ class _Pass:
 
     def _fail(self, model: type[JobModel], row: JobModel, reason: str) -> None:
         options = row.options or {}
-        lock = opt.lookup(options, actor_options(self.suite, self.broker, row.actor_name), "unique_lock",
-                          opt.DEFAULT_UNIQUE_LOCK)
+        config = self.suite.actor_config(row.actor_name)
+        lock = config.for_message(options).unique_lock if config is not None else opt.DEFAULT_UNIQUE_LOCK
         if row.last_error:  # the re-drive only saw the message go; keep the cause an attempt recorded
             reason = f"{reason}; the last error recorded before: {row.last_error}"[:MAX_ERROR_LENGTH]
         fields: dict[str, Any] = {"status": FAILED, "finished_at": utcnow(), "lease_until": None, "last_error": reason}
