@@ -27,9 +27,8 @@ def wipe_broker(broker: Any) -> int:
 
 
 def pass_selects(suite: Any, broker: Any, model: Any) -> list[tuple[str, Any]]:
-    """The statements that one re-drive pass runs (no pass lock) that select from ``model``'s table (a
-    SELECT, or an UPDATE or DELETE of the rows a subquery selects), as (sql, params), read from peewee's
-    query log; a statement run for several pages, once."""
+    """The SELECTs on ``model``'s table that one re-drive pass runs (no pass lock), as (sql, params),
+    read from peewee's query log; a statement run for several pages, once."""
     seen: list[tuple[str, Any]] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.msg) if isinstance(record.msg, tuple) else None  # type: ignore
@@ -45,7 +44,7 @@ def pass_selects(suite: Any, broker: Any, model: Any) -> list[tuple[str, Any]]:
     table = f'"{model._meta.table_name}" AS'
     selects: dict[str, Any] = {}
     for sql, params in seen:
-        if sql.startswith(("SELECT", "UPDATE", "DELETE")) and table in sql:
+        if sql.startswith("SELECT") and table in sql:
             selects.setdefault(sql, params)
     return list(selects.items())
 

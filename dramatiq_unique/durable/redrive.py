@@ -161,17 +161,18 @@ def prune(
     model: type[JobModel], scope: Any, settings: Any, *, page: int, max_pages: int,
     after_page: Callable[[], None] = lambda: None,
 ) -> int:
-    """Delete ``model``'s finished rows (of ``scope``) past ``retention``, a page per statement; returns how many."""
+    """Delete ``model``'s finished rows (of ``scope``) past ``retention``, a page at a time; returns how many."""
     # Rows hold idempotency keys for their window: keep them at least that long.
     cutoff = after_ms(-max(settings.retention, settings.idempotency_window))
     finished = (model.finished_at < cutoff) & model.status.in_(FINISHED) & scope
     pruned = 0
+    query: pw.Select = model.select(model.id).where(finished).limit(page)
     for _ in range(max_pages):
-        deleted = model.delete().where(model.id.in_(model.select(model.id).where(finished).limit(page))).execute()
-        pruned += deleted
-        if deleted:
+        ids = [row_id for (row_id,) in query.tuples()]
+        if ids:
+            pruned += model.delete().where(model.id.in_(ids)).execute()
             after_page()
-        if deleted < page:
+        if len(ids) < page:
             break
     return pruned
 
@@ -184,14 +185,20 @@ def claim_fields(model: type[JobModel], **extra: Any) -> dict:
 
 
 def claim_page(model: type[JobModel], cond: Any, page: int) -> list[JobModel]:
-    """Claim up to ``page`` rows matching ``cond`` in one statement; returns them as claimed."""
-    # process_after alone: the index gives that order, so LIMIT stops early (no sort of the backlog).
-    ids: pw.Select = model.select(model.id).where(cond).order_by(model.process_after).limit(page)
-    if is_postgres(model._meta.database):
-        ids = ids.for_update(skip_locked=True)
-    # The condition again: a row another pass claimed meanwhile no longer matches.
-    return list(model.update(claim_fields(model)).where(model.id.in_(ids) & cond)
-                .returning(*sending_fields(model)).execute())
+    """Claim up to ``page`` rows matching ``cond``; returns them as claimed."""
+    db = model._meta.database
+    with db.atomic():
+        # process_after alone: the index gives that order, so LIMIT stops early (no sort of the backlog).
+        query: pw.Select = model.select(model.id).where(cond).order_by(model.process_after).limit(page)
+        if is_postgres(db):
+            query = query.for_update(skip_locked=True)
+        ids = [row_id for (row_id,) in query.tuples()]
+        if not ids:
+            return []
+        # The ids as values, not a subquery, which PostgreSQL may run again for every row it updates.  The
+        # condition again: a row another pass claimed meanwhile no longer matches.
+        update = model.update(claim_fields(model)).where(model.id.in_(ids) & cond)
+        return list(update.returning(*sending_fields(model)).execute())
 
 
 def sending_fields(model: type[JobModel]) -> list[pw.Field]:
