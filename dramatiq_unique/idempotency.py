@@ -14,7 +14,7 @@ from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption
 from dramatiq_unique.guard import guarded
-from dramatiq_unique.options import check_delay, validate_message
+from dramatiq_unique.options import MAX_KEY_LENGTH, check_delay, show
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, after_ms
 from dramatiq_unique.suite import current
@@ -47,8 +47,14 @@ def submit(
     options: dict[str, Any] = {}
     hold = None
     if idempotency_key is not None:
+        if not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 255:
+            raise InvalidOption(
+                f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, "
+                f"not {show(idempotency_key)}"
+            )
         owner = None if owner is None else str(owner)
-        validate_message({"idempotency_key": idempotency_key, "owner": owner}, config.options, config.fn)
+        if owner is not None and len(owner) > MAX_KEY_LENGTH:
+            raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
         hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
         suite.stores.check_primary(f"an idempotent send of {actor.actor_name}")  # keys live in the primary
         with guarded(f"looking up idempotency key {idempotency_key!r}"):
