@@ -7,8 +7,9 @@ logs anything else.  :func:`hook` and :func:`guarded` turn every other error int
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, Callable, Literal, Optional, TypeVar
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import peewee as pw
 import redis
@@ -25,8 +26,7 @@ _OWN_SKIP = "_dramatiq_unique_own_skip"
 
 
 def own_skip(message: Any) -> bool:
-    """Whether the suite itself skipped ``message`` (it parked it, or dropped a duplicate,
-    finished or replaced copy), as opposed to another middleware (``AgeLimit``, a user's)."""
+    """Whether the suite itself skipped ``message`` (parked it, dropped a copy), not another middleware."""
     return bool(getattr(message, _OWN_SKIP, False))
 
 
@@ -44,24 +44,16 @@ def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
     return HookFailed(detail)
 
 
-class guarded:
-    """Context manager: errors inside become the suite's errors (see :func:`translate`)."""
-
-    __slots__ = ("where",)
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
-        if exc is None or not isinstance(exc, Exception):
-            return False  # no error, or KeyboardInterrupt and friends: as they are
-        replacement = translate(exc, self.where)
+@contextlib.contextmanager
+def guarded(where: str) -> Iterator[None]:
+    """Errors inside become the suite's errors (see :func:`translate`); KeyboardInterrupt and friends pass."""
+    try:
+        yield
+    except Exception as error:
+        replacement = translate(error, where)
         if replacement is None:
-            return False
-        raise replacement from exc
+            raise
+        raise replacement from error
 
 
 def describe(message: Any) -> str:
@@ -73,9 +65,8 @@ def describe(message: Any) -> str:
 
 
 def hook(fn: F) -> F:
-    """Decorate a middleware's ``before_enqueue``/``before_process_message(self, broker, message, ...)``
-    (or ``before_declare_actor(self, broker, actor)``: a table that cannot be created must not
-    leave the actor declared untracked)."""
+    """Decorate a middleware's ``before_enqueue``, ``before_process_message`` or ``before_declare_actor`` (a
+    table that cannot be created must not leave the actor declared untracked)."""
 
     @functools.wraps(fn)
     def wrapper(self: Any, broker: Any, message: Any, *args: Any, **kwargs: Any) -> Any:

@@ -31,13 +31,10 @@ def submit(
 ) -> tuple[JobModel, bool]:
     """Send a job unless the key already made one; returns ``(job, created)``.
 
-    With ``idempotency_key``, a later call for the same actor with the same
-    ``(owner, idempotency_key)`` within the window returns the same job,
-    whatever its state, and sends nothing; reusing a key with other
-    arguments raises :class:`IdempotencyKeyReused`.  Without a key it
-    behaves like ``send()`` under the actor's unique options and tells
-    whether a new job was made (``created=False``: a duplicate was skipped).
-    Meant for HTTP producers: 201 when created, 202 when not.
+    With ``idempotency_key``, a later call for the same actor with the same ``(owner, idempotency_key)``
+    within the window returns the same job, whatever its state, and sends nothing; reusing a key with other
+    arguments raises :class:`IdempotencyKeyReused`.  Without a key it behaves like ``send()`` and tells
+    whether a new job was made.  Meant for HTTP producers: 201 when created, 202 when not.
     """
     suite = current()
     config = suite.actor_config(actor.actor_name)
@@ -77,12 +74,8 @@ def submit(
 
 
 def _holder(model: type[JobModel], app: str, hold: str) -> Optional[JobModel]:
-    """The job of ``app`` that holds idempotency key ``hold``; another app's is not ours.
-
-    A job written before rows had an app (``app = ''``, not yet adopted by a re-drive pass,
-    scope.py) counts too, so a client retrying across an upgrade gets its job back.  One
-    query: both are probes of the ``(app, idempotency_hold)`` index.
-    """
+    """The job of ``app`` that holds idempotency key ``hold``, or one written before rows had an app (not
+    yet adopted, scope.py): a client retrying across an upgrade gets its job back.  Both probe one index."""
     rows = list(model.select().where(model.app.in_([app, NO_APP]) & (model.idempotency_hold == hold)).limit(2))
     return next((row for row in rows if row.app == app), rows[0] if rows else None)
 

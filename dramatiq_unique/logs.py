@@ -18,7 +18,6 @@ WORKER_LOGGER = "dramatiq.worker.WorkerThread"
 
 
 def _install(cls: type[logging.Filter], logger_name: str) -> None:
-    """Add a ``cls`` filter to the logger ``logger_name``, unless it has one."""
     logger = logging.getLogger(logger_name)
     if not any(isinstance(f, cls) for f in logger.filters):
         logger.addFilter(cls())
@@ -69,8 +68,7 @@ class RedactPasswords(logging.Filter):
 
     @classmethod
     def install(cls) -> None:
-        """On every logger of the suite's modules imported so far (a logger's filter sees only its own
-        records, not its children's)."""
+        # On every logger of the suite's modules imported so far: a logger's filter sees only its own records.
         for name in list(logging.root.manager.loggerDict):
             if name == "dramatiq_unique" or name.startswith("dramatiq_unique."):
                 _install(cls, name)

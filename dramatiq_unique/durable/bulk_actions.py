@@ -21,7 +21,6 @@ import redis
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import lookup
-from dramatiq_unique.durable.dead import cancel_fields
 from dramatiq_unique.durable.messages import RETRY_BASE
 from dramatiq_unique.durable.redrive import claim_fields
 from dramatiq_unique.durable.scope import NO_APP, Scope
@@ -50,16 +49,11 @@ RELEASE_BATCH = 1_000
 class Selection:
     """Which rows a bulk action takes, besides its own statuses and the app's scope."""
 
-    #: One actor's rows only.
     actor: Optional[str] = None
-    #: Rows of these unique keys only (an empty tuple: none); None: any key.
-    unique_keys: Optional[tuple[str, ...]] = None
-    #: Dead jobs that failed at or after it; waiting jobs created at or after it (naive UTC).
-    since: Optional[datetime] = None
-    #: Dead jobs whose error holds this text (any case).
-    error: Optional[str] = None
-    #: The waiting statuses a cancel takes (all of them by default).
-    statuses: tuple[str, ...] = WAITING
+    unique_keys: Optional[tuple[str, ...]] = None  # these keys' rows only (an empty tuple: none)
+    since: Optional[datetime] = None  # dead jobs failed, waiting jobs created, at or after it (naive UTC)
+    error: Optional[str] = None  # dead jobs whose error holds this text (any case)
+    statuses: tuple[str, ...] = WAITING  # the waiting statuses a cancel takes
 
 
 @dataclasses.dataclass
@@ -67,16 +61,13 @@ class Outcome:
     """What a bulk action did, or (``preview``) would do."""
 
     action: str
-    #: Rows taken (retried or cancelled); for a preview, the rows that match.
-    done: int = 0
-    #: Retry: rows left failed because another job holds (or takes) their key, and the first few of
-    #: them as (job id, the id of the job holding its key, or None when another retried one takes it).
+    done: int = 0  # rows retried or cancelled; for a preview, the rows that match
+    # Retry: rows left failed because another job holds (or takes) their key, and the first few of them as
+    # (job id, the id of the job holding its key, or None when another retried one takes it).
     blocked: int = 0
     blocked_by: list[tuple[int, Optional[int]]] = dataclasses.field(default_factory=list)
-    #: Rows that match, of actors this process does not declare: left as they are.
-    undeclared: int = 0
-    #: Stores that did not answer: their rows were not acted on.
-    down: list[str] = dataclasses.field(default_factory=list)
+    undeclared: int = 0  # rows that match, of actors this process does not declare: left as they are
+    down: list[str] = dataclasses.field(default_factory=list)  # stores that did not answer
     preview: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -84,8 +75,8 @@ class Outcome:
 
 
 def matching(suite: "Suite", action: str, table: Any, sel: Selection) -> Any:
-    """This app's rows (legacy ones too) of ``action``'s statuses that ``sel`` selects, any actor.
-    ``table`` is the model or an alias of it (the statements' subqueries)."""
+    """This app's rows (legacy ones too) of ``action``'s statuses that ``sel`` selects, any actor
+    (``table``: the model or an alias of it)."""
     status = (table.status == FAILED) if action == RETRY else table.status.in_(sel.statuses)
     cond = table.app.in_((suite.app, NO_APP)) & status
     if sel.actor is not None:
@@ -104,30 +95,22 @@ def of(table: Any, names: tuple[str, ...]) -> Any:
 
 
 def holds(suite: "Suite", model: type[JobModel], table: Any, names: tuple[str, ...]) -> Any:
-    """Whether the row of ``table`` (``model`` or an alias of it) holds its unique key while it waits
-    (its lock type is not ``while_executing``), in SQL."""
-    return table.unique_key.is_null(False) & (lock_type(suite, model, table, names) != opt.WHILE_EXECUTING)
-
-
-def lock_type(suite: "Suite", model: type[JobModel], table: Any, names: tuple[str, ...]) -> Any:
-    """The unique lock type of the row of ``table`` in SQL: its message's option, else its actor's, else
-    the default.  Its options are named unqualified: the innermost query's row, which ``table`` must be."""
+    """Whether the row of ``table`` (``model`` or an alias) holds its key while it waits, in SQL: its lock
+    type (its message's option, else its actor's, else the default) is not ``while_executing``.  Its options
+    are named unqualified: the innermost query's row, which ``table`` must be."""
     if is_postgres(model._meta.database):
         own = pw.SQL("CAST(\"options\" AS jsonb) ->> 'unique_lock'")
     else:
         own = pw.SQL("json_extract(\"options\", '$.unique_lock')")
-    locks = []
-    for name in names:
-        config = suite.actor_config(name)
-        if config is not None:
-            locks.append((name, config.unique_lock))
+    configs = [(name, suite.actor_config(name)) for name in names]
+    locks = [(name, config.unique_lock) for name, config in configs if config is not None]
     actors = pw.Case(table.actor_name, locks, opt.DEFAULT_UNIQUE_LOCK) if locks else opt.DEFAULT_UNIQUE_LOCK
-    return pw.fn.COALESCE(own, actors)
+    return table.unique_key.is_null(False) & (pw.fn.COALESCE(own, actors) != opt.WHILE_EXECUTING)
 
 
 def restarted_count(model: type[JobModel]) -> Any:
-    """The row's options with Retries' count restarted at its attempts (the marker's ``rb``, as
-    retry_job writes it) and the message's own count dropped (build_message gives it one)."""
+    """The row's options with Retries' count restarted at its attempts (``rb``, as retry_job writes it)
+    and the message's own count dropped (build_message gives it one)."""
     if is_postgres(model._meta.database):
         return pw.SQL(
             f"CAST(jsonb_set(CAST(\"options\" AS jsonb) - 'retries', '{{{MARKER}}}', "
@@ -147,8 +130,7 @@ def queue_lock_token(model: type[JobModel]) -> Any:
 
 
 def preview(suite: "Suite", broker: Optional[dramatiq.Broker], action: str, sel: Selection) -> Outcome:
-    """How many rows ``action`` would take now, and how many that match it would leave (their actor
-    is not declared here); one COUNT per job table and store."""
+    """How many rows ``action`` would take now, and leave (actor not declared here); one COUNT per table."""
     scope, outcome = Scope(suite, broker), Outcome(action, preview=True)
 
     def count(index: int, tables: list[type[JobModel]]) -> None:
@@ -168,7 +150,7 @@ def _act(
     take: Callable[[Outcome, type[JobModel], tuple[str, ...], Any], None],
 ) -> Outcome:
     """``take(outcome, model, declared actors, matching rows)`` in every job table of every store that answers;
-    the rows that match of actors not declared here are counted and left."""
+    matching rows of actors not declared here are counted."""
     scope, outcome = Scope(suite, broker), Outcome(action)
 
     def act(index: int, tables: list[type[JobModel]]) -> None:
@@ -227,8 +209,8 @@ def _retry(suite: "Suite", model: type[JobModel], names: tuple[str, ...], sel: S
 
 
 def _blockers(suite: "Suite", model: type[JobModel], blocked: Any, most: int) -> list[tuple[int, Optional[int]]]:
-    """The first ``most`` rows left failed, each with the job holding its key (None: none holds it, another
-    dead job of the key was retried; or it failed meanwhile)."""
+    """The first ``most`` rows left failed, each with the job holding its key (None: another dead job of
+    the key was retried, or the holder failed meanwhile)."""
     left = list(model.select(model.id, model.unique_key).where(blocked).order_by(model.id.desc()).limit(most))
     keys = {row.unique_key for row in left if row.unique_key is not None}
     holders: dict[Any, int] = {}
@@ -239,16 +221,24 @@ def _blockers(suite: "Suite", model: type[JobModel], blocked: Any, most: int) ->
     return [(row.id, holders.get(row.unique_key)) for row in left]
 
 
+def cancel_fields(model: Any) -> dict:
+    """What a cancel writes: finished, a new revision (its message is skipped when it arrives), its key
+    freed, out of its lock or slot group, any deck reservation of it ended."""
+    return {model.status: JobStatus.CANCELLED.value, model.finished_at: utcnow(), model.revision: model.revision + 1,
+            model.unique_hold: None, model.parked_on: None, model.lease_until: None, model.missing_since: None}
+
+
 def cancel_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection) -> Outcome:
-    """Cancel the waiting jobs ``sel`` matches; one UPDATE per job table and store, then their queue
-    locks released in batches."""
+    """Cancel the waiting jobs ``sel`` matches: one UPDATE per job table and store, then their queue locks
+    released in batches."""
     bad = [s for s in sel.statuses if s not in WAITING]
     if bad or not sel.statuses:
         raise ValueError(f"only waiting jobs can be cancelled ({', '.join(WAITING)}), not {', '.join(bad) or 'none'}")
     locks: list[tuple[str, str]] = []
 
     def take(outcome: Outcome, model: type[JobModel], names: tuple[str, ...], matched: Any) -> None:
-        freed = _cancel(model, matched & of(model, names))
+        update = model.update(cancel_fields(model)).where(matched & of(model, names))
+        freed = list(update.returning(model.unique_key, queue_lock_token(model)).tuples().execute())
         outcome.done += len(freed)
         locks.extend((suite.keys.queue_lock(key), token) for key, token in freed if key and token)
 
@@ -259,15 +249,9 @@ def cancel_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection
     return outcome
 
 
-def _cancel(model: type[JobModel], cond: Any) -> list[tuple[Optional[str], Optional[str]]]:
-    """Cancel the rows under ``cond``; returns each one's (unique key, queue lock token)."""
-    update = model.update(cancel_fields(model)).where(cond).returning(model.unique_key, queue_lock_token(model))
-    return [(key, qt) for key, qt in update.tuples().execute()]
-
-
 def release_all(suite: "Suite", locks: list[tuple[str, str]]) -> None:
-    """Release each ``(lock name, token)`` where the token still holds it, on every master, a batch of
-    :data:`RELEASE_BATCH` per round trip; a master that fails leaves its locks to their TTL."""
+    """Release each ``(lock name, token)`` where the token still holds it, on every master, in batches; a
+    master that fails leaves its locks to their TTL."""
     if not locks:
         return
     calls = [([f"{LOCK_PREFIX}:{name}"], [token]) for name, token in locks]

@@ -16,12 +16,11 @@ import peewee as pw
 
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
-from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import lookup
+from dramatiq_unique.durable.bulk_actions import RETRY, Selection, cancel_fields, matching
 from dramatiq_unique.durable.messages import RETRY_BASE, build_message
-from dramatiq_unique.durable.redrive import claim_fields, sending_fields
-from dramatiq_unique.durable.scope import NO_APP
+from dramatiq_unique.durable.redrive import claim_fields, send_claimed, sending_fields
 from dramatiq_unique.errors import DuplicateJob, JobStateError, RedisUnavailable
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks import queue
@@ -53,8 +52,7 @@ def _changed(job: JobModel, what: str) -> JobStateError:
 
 
 def since_of(since: Union[datetime, timedelta, None], now: Optional[datetime] = None) -> Optional[datetime]:
-    """``since`` as the job table's time (naive UTC): a datetime (an aware one converted, a
-    naive one taken as UTC), or a timedelta meaning that long before ``now``."""
+    """``since`` as the job table's time (naive UTC; a naive datetime is UTC), or a timedelta before ``now``."""
     if since is None:
         return None
     if isinstance(since, timedelta):
@@ -76,22 +74,15 @@ def dead_jobs(
     actor_name: Optional[str] = None, since: Union[datetime, timedelta, None] = None, limit: int = DEFAULT_LIMIT,
     *, suite: Optional["Suite"] = None,
 ) -> list[JobModel]:
-    """The dead set: this app's failed jobs in every job table, the last to fail first.
-
-    ``actor_name``: one actor's only; ``since``: failed at or after it (a datetime, naive
-    ones in UTC, or a timedelta: that long ago); ``limit``: at most that many rows.
-    """
+    """The dead set: this app's failed jobs in every job table, the last to fail first; ``actor_name``'s
+    only, failed at or after ``since`` (a datetime, naive in UTC, or a timedelta: that long ago)."""
     if actor_name is not None and not isinstance(actor_name, str):
         raise TypeError(f"actor_name must be a str, not {type(actor_name).__name__}")
-    limit, after = check_limit(limit), since_of(since)
+    limit, sel = check_limit(limit), Selection(actor=actor_name, since=since_of(since))
     suite = suite or _config.current()
 
     def query(model: type[JobModel]) -> Any:
-        cond = model.app.in_((suite.app, NO_APP)) & (model.status == FAILED)
-        if actor_name is not None:
-            cond &= model.actor_name == actor_name
-        if after is not None:
-            cond &= model.finished_at >= after
+        cond = matching(suite, RETRY, model, sel)
         return model.select().where(cond).order_by(model.finished_at.desc(), model.id.desc()).limit(limit)
 
     found = lookup.select_all(suite, "reading the dead set", query)
@@ -105,16 +96,12 @@ def retry_job(
 ) -> JobModel:
     """Send a failed job again as a new attempt of the same job; returns its row after the send.
 
-    Its attempts, last error, checkpoints and timings stay; its unique key is held again and
-    Dramatiq's ``Retries`` starts a new count.  The job is named by its message id, its row (from
-    ``dead_jobs()``: acted on in the store it came from) or its numeric id (in ``model``, the shared
-    table by default), which with several stores must be one store's only (:class:`AmbiguousJobId`
-    otherwise).
-
-    Raises :class:`JobNotFound`, :class:`JobStateError` (not failed, or changed meanwhile: a
-    second retry at once), or :class:`DuplicateJob` (``.job``: the job now holding its unique
-    key).  If the broker refuses the publish, the row is left ``pending`` for the re-drive,
-    and returned so.
+    Its attempts, last error, checkpoints and timings stay; its unique key is held again and Dramatiq's
+    ``Retries`` starts a new count.  The job is named by its message id, its row (acted on in the store it
+    came from) or its numeric id (in ``model``, the shared table by default; :class:`AmbiguousJobId` if
+    several stores have it).  Raises :class:`JobNotFound`, :class:`JobStateError` (not failed, or changed
+    meanwhile), or :class:`DuplicateJob` (``.job``: the holder of its key).  A publish the broker refuses
+    leaves the row ``pending`` for the re-drive.
     """
     suite = suite or _config.current()
     job = lookup.resolve(suite, id_or_message_id, model=model)
@@ -146,14 +133,7 @@ def retry_job(
                                  queue_lock_ttl(config, opts, lock, None))
             except RedisUnavailable:  # the row's hold decides; the lock only names the waiting job
                 logger.warning("Retrying job %s without its Redis queue lock: Redis is down.", job.message_id)
-        try:
-            with resending():
-                sent = broker.enqueue(build_message(row))
-        except Exception as e:
-            jobs.unclaim_sends(table, [row.id], PENDING)
-            logger.warning("Could not send job %s again (%s): left pending for the re-drive.", job.message_id, e)
-        else:
-            jobs.record_refs(table, {row.id: broker_ref(sent)})
+        send_claimed(suite, broker, table, [row], PENDING)  # a publish refused leaves it pending for the re-drive
         return jobs.get(table, id=row.id) or row
 
 
@@ -186,26 +166,15 @@ def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str]
     raise JobStateError(f"could not take the key of {named(job)} back: it keeps changing hands", job=job)
 
 
-def cancel_fields(model: Any) -> dict:
-    """What a cancel writes: finished, a new revision (its message is skipped when it arrives), its key
-    freed, out of its lock or slot group, any deck reservation of it ended."""
-    return {model.status: JobStatus.CANCELLED.value, model.finished_at: utcnow(), model.revision: model.revision + 1,
-            model.unique_hold: None, model.parked_on: None, model.lease_until: None, model.missing_since: None}
-
-
 def cancel_job(
     id_or_message_id: Union[int, str, JobModel], *, model: Optional[type[JobModel]] = None,
     suite: Optional["Suite"] = None,
 ) -> JobModel:
-    """Cancel a waiting job; returns its row, now ``cancelled``.
+    """Cancel a waiting job (``pending``, ``queued`` or ``retrying``); returns its row, now ``cancelled``.
 
-    A waiting job is ``pending`` (scheduled, held by the outbox, parked), ``queued`` or ``retrying``.
-    Whatever message of it is in the broker is skipped when it arrives, its unique key is freed and a
-    parked one is never woken.  The job is named as for :func:`~dramatiq_unique.retry_job`: its message
-    id, its row, or a numeric id that only one store has.
-
-    Raises :class:`JobNotFound`, or :class:`JobStateError` for a job that is running or
-    finished, or that changed while it was cancelled (it started, was retried, replaced).
+    Its message is skipped when it arrives, its unique key freed, a parked one never woken.  The job is
+    named as for :func:`~dramatiq_unique.retry_job`.  Raises :class:`JobNotFound`, or :class:`JobStateError`
+    for a job running, finished, or changed while it was cancelled.
     """
     suite = suite or _config.current()
     job = lookup.resolve(suite, id_or_message_id, model=model)

@@ -25,7 +25,6 @@ from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus
 
 if TYPE_CHECKING:
-
     from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import Suite
 
@@ -76,13 +75,12 @@ def describe(broker: Any) -> str:
 
 
 class Outage:
-    """What this process knows of its broker being down (one per broker)."""
+    """What this process knows of a broker being down."""
 
     def __init__(self, broker: Any) -> None:
         self.name = describe(broker)
         self.down = False
-        #: time.monotonic() until which tracked sends do not try the broker.
-        self.until = 0.0
+        self.until = 0.0  # time.monotonic() until which tracked sends do not try the broker
         self._lock = threading.Lock()
 
     def failed(self, error: BaseException, backoff_ms: float) -> None:
@@ -102,8 +100,7 @@ class Outage:
                 self.down, self.until = False, 0.0
             logger.debug("The broker (%s) answers again.", self.name)
 
-    def resting(self) -> bool:
-        """Whether a publish failed less than ``broker_down_backoff`` ago."""
+    def resting(self) -> bool:  # a publish failed less than broker_down_backoff ago
         return self.until > 0.0 and time.monotonic() < self.until
 
 
@@ -120,14 +117,12 @@ def outage(broker: Any) -> Outage:
 
 
 def published(broker: Any) -> None:
-    """A publish on ``broker`` succeeded: the outage, if there was one, is over."""
     found = _outages.get(broker)
     if found is not None:
         found.answered()
 
 
 def failed(suite: "Suite", broker: Any, error: BaseException) -> None:
-    """A publish on ``broker`` failed with a connection error and its job was kept (logged once per outage)."""
     outage(broker).failed(error, suite.settings.broker_down_backoff)
 
 
@@ -142,7 +137,6 @@ def send_failed(suite: "Suite", broker: Any, message_id: str, error: BaseExcepti
                        exc_info=error)
 
 
-# Set while a send is to be written pending without trying the broker (see skip_publish).
 _skipping: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_skip_publish", default=False)
 
 
@@ -168,7 +162,6 @@ def skip_publish(suite: "Suite") -> bool:
 
 
 def flagged(options: dict) -> dict:
-    """A row's options with the deferred mark."""
     return {**options, MARKER: {**(options.get(MARKER) or {}), DEFERRED: 1}}
 
 
@@ -179,12 +172,10 @@ def keep(model: type["JobModel"], row_id: int, ref: Optional[str], options: dict
 
 
 def was_deferred(row: "JobModel") -> bool:
-    """Whether the row was kept pending because the broker was down when it was sent."""
     return bool(((row.options or {}).get(MARKER) or {}).get(DEFERRED))
 
 
-def log_backlog(count: int) -> None:
-    """Once per re-drive pass that published jobs deferred while the broker was down."""
+def log_backlog(count: int) -> None:  # once per re-drive pass that published deferred jobs
     if count:
         logger.info("Published %d job%s deferred while the broker was down.", count, "" if count == 1 else "s")
 

@@ -23,8 +23,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def ours(suite: "Suite", job: Optional[JobModel]) -> Optional[JobModel]:
-    """``job`` if it is this suite's app's (or was written before rows had an app), else None."""
+def ours(suite: "Suite", job: Optional[JobModel]) -> Optional[JobModel]:  # this app's, or written before apps
     return job if job is not None and job.app in (suite.app, NO_APP) else None
 
 
@@ -59,9 +58,9 @@ def find_job(
     suite: "Suite", id_or_message_id: Union[int, str], *, model: Optional[type[JobModel]] = None,
     store: Optional[int] = None,
 ) -> Optional[JobModel]:
-    """A job of this app by message id (any table, any store, or ``store``) or numeric id (``model``,
-    the shared table by default, in the primary or ``store``); None if there is none.  None found while a
-    store did not answer raises ``DatabaseUnavailable``: it may be there."""
+    """A job of this app by message id (any table and store, or ``store``) or numeric id (in ``model``, the
+    shared table by default, of the primary or ``store``); None if none.  ``DatabaseUnavailable`` instead of
+    None while a store did not answer: it may be there."""
     numeric = isinstance(id_or_message_id, int) or str(id_or_message_id).isdigit()
     indexes = [store or 0] if numeric or store is not None else None
 
@@ -71,8 +70,7 @@ def find_job(
 
     down: list[DatabaseUnavailable] = []
     for index in range(len(suite.stores)) if indexes is None else indexes:
-        # Store by store, stopping at the first that has it: a job of the primary is found
-        # without asking (or waiting for) a secondary.
+        # Stopping at the first store that has it: a job of the primary is found without waiting for a secondary.
         found, failed = each_store(suite, f"reading job {id_or_message_id}", read, indexes=[index])
         if found and found[0] is not None:
             return found[0]
@@ -89,9 +87,8 @@ MAX_JOB_ID = 2**63 - 1
 def resolve(
     suite: "Suite", job: Union[int, str, JobModel], *, model: Optional[type[JobModel]] = None,
 ) -> JobModel:
-    """The one job of this app that an action (retry, cancel) names: its row (read again from its store),
-    its message id, or a numeric id (in ``model``), which with several stores must name a job in exactly one
-    (:class:`AmbiguousJobId`; ``DatabaseUnavailable`` while one does not answer).  :class:`JobNotFound` for none."""
+    """The one job of this app that an action names: its row (read again), its message id, or a numeric id (in
+    ``model``) that names a job in exactly one store (:class:`AmbiguousJobId`); :class:`JobNotFound` for none."""
     if isinstance(job, bool) or not isinstance(job, (int, str, JobModel)):
         raise TypeError(f"a job id (int), message id (str) or job row (JobModel), not {type(job).__name__}")
     if isinstance(job, JobModel):
@@ -113,24 +110,18 @@ def resolve(
 
 
 def _again(suite: "Suite", row: JobModel) -> JobModel:
-    """``row`` read again from the store and table it came from (so an action sees its state now)."""
     database = type(row)._meta.database
     index = next((i for i, db in enumerate(suite.stores.databases) if db is database), None)
     if index is None or row.id is None:
         where = "an unsaved row" if row.id is None else "a row of none of this suite's job stores"
         raise JobNotFound(f"{row.message_id!r} ({where})")
-    table = suite.stores.model_in(base_of(type(row)), index)
-    found, down = each_store(suite, f"reading job {row.message_id}", lambda _, __: ours(
-        suite, jobs.get(table, id=row.id, message_id=row.message_id)), indexes=[index])
-    if down:
-        raise down[0]
-    if found[0] is None:
+    found = find_job(suite, row.id, model=base_of(type(row)), store=index)
+    if found is None or found.message_id != row.message_id:  # SQLite may give a deleted row's id again
         raise JobNotFound(repr(row.message_id))
-    return found[0]
+    return found
 
 
 def _numbered(suite: "Suite", number: int, model: type[JobModel]) -> Optional[JobModel]:
-    """The job of ``number`` in ``model`` if exactly one store has one (see :func:`resolve`)."""
     stores = suite.stores
 
     def read(index: int, _: list[type[JobModel]]) -> Optional[JobModel]:
@@ -155,8 +146,8 @@ def _numbered(suite: "Suite", number: int, model: type[JobModel]) -> Optional[Jo
 
 
 def select_all(suite: "Suite", what: str, query: Callable[[type[JobModel]], Any]) -> list[JobModel]:
-    """The rows ``query(table)`` selects in every job table of every store that answers (a store
-    that does not is named in a WARNING: the answer lacks its rows)."""
+    """The rows ``query(table)`` selects in every job table of every store that answers (the others named
+    in a WARNING)."""
     found, down = each_store(suite, what, lambda _, tables: [row for table in tables for row in query(table)])
     for error in down:
         logger.warning("%s; its rows are left out.", error)

@@ -39,9 +39,8 @@ _SCALARS = frozenset({str, int, bool, type(None), float})
 
 
 def _fits(value: Any, strict: bool) -> bool:
-    """Whether the JSON column gives ``value`` back as the app's encoder would: exact
-    types only (an IntEnum or a str subclass would come back plain); ``strict`` (an
-    encoder other than JSON) also wants tuples and dict keys other than str kept."""
+    """Whether the JSON column gives ``value`` back as the app's encoder would: exact types only (an IntEnum
+    would come back plain); ``strict`` (an encoder other than JSON) keeps tuples and non-str dict keys."""
     kind = type(value)
     if kind in _SCALARS:
         return True
@@ -53,8 +52,7 @@ def _fits(value: Any, strict: bool) -> bool:
     return False
 
 
-def _stored(value: Any, strict: bool, where: str) -> Any:
-    """``value`` as a JSON column holds it: itself, or its bytes in the app's encoding."""
+def _stored(value: Any, strict: bool, where: str) -> Any:  # itself, or its bytes in the app's encoding
     if _fits(value, strict):
         return value
     encoder = dramatiq.get_encoder()
@@ -67,7 +65,6 @@ def _stored(value: Any, strict: bool, where: str) -> Any:
 
 
 def args_to_row(args: Any, kwargs: dict) -> tuple[list, dict]:
-    """A message's arguments as the job row's JSON columns hold them."""
     strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
     return ([_stored(a, strict, f"argument {i}") for i, a in enumerate(args)],
             {k: _stored(v, strict, f"argument {k}") for k, v in kwargs.items()})
@@ -80,7 +77,6 @@ def _decode(value: Any) -> Any:
 
 
 def options_to_row(options: dict) -> dict:
-    """A job's options (:func:`job_options`) as the row's JSON column holds them."""
     strict = not isinstance(dramatiq.get_encoder(), JSONEncoder)
     if all(_fits(v, strict) for v in options.values()):
         return options  # the common case: nothing to copy
@@ -88,7 +84,6 @@ def options_to_row(options: dict) -> dict:
 
 
 def args_from_row(args: Any, kwargs: Any) -> tuple[tuple, dict]:
-    """The arguments a row's JSON columns hold, as the job's message carries them."""
     return tuple(_decode(a) for a in args or ()), {k: _decode(v) for k, v in (kwargs or {}).items()}
 
 
@@ -100,14 +95,12 @@ def job_options(options: dict, marker: Optional[dict] = None) -> dict:
     return kept
 
 
-def epoch_ms(moment: datetime) -> int:
-    """A naive UTC datetime as Dramatiq's millisecond timestamp."""
+def epoch_ms(moment: datetime) -> int:  # a naive UTC datetime as Dramatiq's timestamp
     return calendar.timegm(moment.utctimetuple()) * 1000 + moment.microsecond // 1000
 
 
 def rebuild(row: "JobModel", marker: Optional[dict] = None, *, timestamp: Optional[int] = None) -> Message:
-    """The job's message from its row: same id, arguments and options, marked as the row's
-    current revision, with ``marker``'s entries added.  ``timestamp`` defaults to now."""
+    """The job's message from its row, marked as the row's current revision, with ``marker``'s entries."""
     options = {k: _decode(v) for k, v in job_options(row.options or {}).items()}
     options[MARKER] = {**(options.get(MARKER) or {}), "id": row.id, "rev": row.revision, **(marker or {})}
     args, kwargs = args_from_row(row.args, row.kwargs)
@@ -125,7 +118,7 @@ def build_message(row: "JobModel") -> Message:
 
 
 def retries_so_far(row: "JobModel") -> int:
-    """The failed attempts Dramatiq's Retries counts for the job: all of them, or those since
-    :func:`dramatiq_unique.retry_job` last sent it again (a manual retry starts a new count)."""
+    """The failed attempts Dramatiq's Retries counts: those since :func:`dramatiq_unique.retry_job` last
+    sent the job again, if it did."""
     base = ((row.options or {}).get(MARKER) or {}).get(RETRY_BASE, 0)
     return max(row.attempts - int(base), 0)

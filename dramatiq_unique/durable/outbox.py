@@ -52,12 +52,9 @@ class _Item:
     broker: "Broker"
     message: "Message"
     delay: Optional[int]
-    #: time.monotonic() at which the delay runs out.
-    due: float
-    #: (model, row id, revision) of the job row the send wrote in the transaction.
-    row: Optional[tuple[type["JobModel"], int, int]]
-    #: What a replace wrote into its row's ``broker_ref`` (:meth:`Block.stamp`); None for an insert.
-    stamp: Optional[str] = None
+    due: float  # time.monotonic() at which the delay runs out
+    row: Optional[tuple[type["JobModel"], int, int]]  # (model, id, revision) of the row the send wrote
+    stamp: Optional[str] = None  # what a replace wrote into its row's broker_ref (Block.stamp)
 
 
 class Block:
@@ -79,9 +76,9 @@ class Block:
         return Deferred(clean)
 
     def stamp(self, model: type["JobModel"]) -> tuple[str, dict[str, Any]]:
-        """A replace of a waiting job in this block: the id of the send it will hold, and what the replace
-        writes besides the new arguments: the row waits ``pending``, out of the broker, with that id in its
-        ``broker_ref`` (which the send's claim checks); a parked row stays parked (it is woken from the row)."""
+        """A replace of a waiting job in this block: the id of the send it will hold, and what it writes besides
+        the arguments: the row waits ``pending`` with that id in its ``broker_ref`` (the send's claim checks
+        it); a parked row stays parked (it is woken from the row)."""
         stamp = uuid.uuid4().hex
         writes = {"enqueued_at": None, "broker_ref": stamp, "checked_at": None, "missing_since": None}
         held: dict[str, Any] = {name: pw.Case(None, [(model.parked_on.is_null(), value)], getattr(model, name))
@@ -124,17 +121,17 @@ class Outbox:
                                  "lost (track=True would keep it for the re-drive).", item.message.message_id)
                 continue  # its row stays pending for the re-drive
             try:
-                if item.row is not None and not self._claim(item):
-                    continue  # a re-drive pass sent it already, or a later send wrote the row
+                # pending -> queued while the row is as this send left it; its broker id is written after the
+                # publish.  Not claimed: a re-drive pass sent it already, or a later send wrote the row.
+                if item.row is not None and not _claim_held(item.row[0], [(*item.row[1:], item.stamp, item.message)],
+                                                            [None]):
+                    continue
                 # What is left of the delay; none once due (straight to the queue).
                 left = int((item.due - time.monotonic()) * 1000) if item.delay is not None else 0
-                delay = left if left > 0 else None
                 with resending():
-                    sent = item.broker.enqueue(item.message, delay=delay)
+                    sent = item.broker.enqueue(item.message, delay=left if left > 0 else None)
                 if item.row is not None:
-                    model, row_id, _ = item.row
-                    model.update(broker_ref=broker_ref(sent)).where((model.id == row_id) & model.broker_ref.is_null()) \
-                        .execute()
+                    jobs.record_refs(item.row[0], {item.row[1]: broker_ref(sent)})  # a ref set meanwhile is kept
             except Exception as error:
                 down = True
                 if item.row is not None:
@@ -175,18 +172,6 @@ class Outbox:
                     broker.emit_after("enqueue", message, None)
         return rest, False
 
-    def _claim(self, item: _Item) -> bool:
-        """``pending`` -> ``queued``, if the row is still as this send left it (see the claim_held query)."""
-        model, row_id, revision = item.row  # type: ignore[misc]
-        # SQLite may reuse the id of a rolled-back row: the message id tells them apart.
-        cond = (model.id == row_id) & (model.message_id == item.message.message_id) & model.parked_on.is_null()
-        cond &= (model.status == JobStatus.PENDING.value) & (model.revision == revision)
-        if item.stamp is not None:
-            cond &= model.broker_ref == item.stamp  # the send that last wrote the row is this one
-        # The stamp goes with the claim: the broker's id is written after the publish.
-        return bool(model.update(status=JobStatus.QUEUED.value, enqueued_at=utcnow(), broker_ref=None).where(cond)
-                    .execute())
-
     def _unclaim(self, item: _Item) -> None:
         model, row_id, _ = item.row  # type: ignore[misc]
         try:
@@ -202,9 +187,8 @@ Held = tuple[int, int, Optional[str], "Message"]
 
 
 def claim_and_publish(suite: "Suite", model: type["JobModel"], held: list[Held]) -> list["Message"]:
-    """Claim ``held``'s rows in ``model``'s table, each with its broker id, and publish the ones claimed
-    in one MULTI/EXEC: one round trip each.  Returns the messages published; if the publish fails, the
-    rows claimed go back to ``pending`` (for the re-drive) and the error is raised."""
+    """Claim ``held``'s rows, each with its broker id, and publish the ones claimed in one MULTI/EXEC;
+    returns them.  If the publish fails, the claimed rows go back to ``pending`` and the error is raised."""
     publisher = suite.publisher
     assert publisher is not None  # Outbox batches only where there is one
     # Each held send its own broker id, which the claim returns: a row is claimed by at most one of
@@ -227,9 +211,9 @@ def claim_and_publish(suite: "Suite", model: type["JobModel"], held: list[Held])
     return messages
 
 
-def _claim_held(model: type["JobModel"], held: list[Held], refs: list[str]) -> dict[str, int]:
-    """``pending`` -> ``queued`` with each row's broker id (``refs``, one per held send), for the rows still
-    as the send left them (the ``claim_held`` query); {broker id: row id} of the sends that claimed one."""
+def _claim_held(model: type["JobModel"], held: list[Held], refs: list[Optional[str]]) -> dict[Optional[str], int]:
+    """``pending`` -> ``queued`` with each row's broker id (``refs``), for the rows still as the send left them
+    (the ``claim_held`` query); {broker id: row id} of the sends that claimed one."""
     db = model._meta.database
     values: dict[str, Any] = {"queued": JobStatus.QUEUED.value, "pending": JobStatus.PENDING.value,
                               "now": model.enqueued_at.db_value(utcnow())}
@@ -245,7 +229,7 @@ def _claim_held(model: type["JobModel"], held: list[Held], refs: list[str]) -> d
             cursor = db.execute_sql(query.sql, values)
         return {ref: row_id for (row_id, ref) in cursor.fetchall()}
     query = queries.statement(model, "claim_one_held")
-    claimed: dict[str, int] = {}
+    claimed: dict[Optional[str], int] = {}
     with db.atomic():
         for (row_id, revision, stamp, message), ref in zip(held, refs, strict=True):
             values.update(id=row_id, message_id=message.message_id, revision=revision, stamp=stamp, ref=ref)
@@ -261,8 +245,8 @@ _PUBLISHING.open = False
 
 
 def active() -> Optional[Block]:
-    """The ``transaction()`` block this thread is in, if any (a context copied to another thread is
-    not in it: the transaction is the opening thread's, as peewee's transactions are per thread)."""
+    """The ``transaction()`` block this thread is in (not a context copied to another thread: peewee's
+    transactions are per thread)."""
     block = _active.get()
     if block is None:  # a framework's transaction (dramatiq_unique.contrib) holds the sends as a block does
         suite = _config._current
@@ -272,8 +256,8 @@ def active() -> Optional[Block]:
 
 @contextlib.contextmanager
 def opened(suite: "Suite") -> Iterator[Any]:
-    """A database transaction of ``suite`` (a savepoint inside another) whose sends are held until it
-    commits; yields peewee's transaction object.  Behind :func:`dramatiq_unique.transaction`."""
+    """:func:`dramatiq_unique.transaction`: a database transaction (a savepoint inside another) whose sends
+    are held until it commits; yields peewee's transaction object."""
     block = Block(suite)
     token = _active.set(block)
     try:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
-import weakref
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -21,14 +19,13 @@ import dramatiq
 import peewee as pw
 import redis
 from apscheduler.schedulers.background import BackgroundScheduler
-from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Retries
 
 from dramatiq_unique import errors
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
 from dramatiq_unique.broker.presence import Presence, probe_for
-from dramatiq_unique.broker.refs import resending
+from dramatiq_unique.broker.refs import broker_ref, resending
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import deferral
 from dramatiq_unique.durable.messages import build_message, retries_so_far
@@ -67,36 +64,22 @@ JOB_ID = "dramatiq_unique.redrive"
 
 @dataclasses.dataclass
 class RedriveCounts:
-    """What one pass did."""
+    """What one pass did; ``ran`` is False when another process held the pass lock."""
 
-    #: False when another process held the pass lock and this call did nothing.
     ran: bool = True
-    #: Due pending and retrying jobs sent.
-    sent: int = 0
-    #: Parked jobs woken because their lock or slot holder was gone.
-    woken: int = 0
-    #: Jobs whose message was missed for the first time (checked again next pass).
-    missing: int = 0
-    #: Jobs confirmed lost.
-    lost: int = 0
-    #: Lost jobs sent again (``on_lost="redrive"``).
-    redriven: int = 0
-    #: Jobs marked failed: lost with ``on_lost="fail"`` or retries exhausted, or dead-lettered.
-    failed: int = 0
-    #: Queues whose messages held by dead workers were handed back (Redis broker).
-    requeued: int = 0
-    #: Retries handed back to their delay queue from a live worker that had dropped them (Redis broker).
-    released: int = 0
-    #: Finished rows deleted after ``retention``.
-    pruned: int = 0
-    #: Sends that failed (broker down); those jobs wait for the next pass.
-    errors: int = 0
-    #: Rows written without an app (an earlier version) that this app took.
-    adopted: int = 0
-    #: Rows found in a combination of columns that no state allows, and set right.
-    repaired: int = 0
-    #: Jobs sent (of ``sent`` and ``redriven``) that were kept pending because the broker was down.
-    deferred: int = 0
+    sent: int = 0  # due pending and retrying jobs
+    woken: int = 0  # parked jobs whose lock or slot holder was gone
+    missing: int = 0  # jobs whose message was missed a first time (checked again next pass)
+    lost: int = 0  # jobs confirmed lost
+    redriven: int = 0  # lost jobs sent again (on_lost="redrive")
+    failed: int = 0  # lost under on_lost="fail", retries exhausted, or dead-lettered
+    requeued: int = 0  # queues whose messages held by dead workers were handed back (Redis broker)
+    released: int = 0  # retries a live worker had dropped, handed back to their delay queue (Redis broker)
+    pruned: int = 0  # finished rows deleted after retention
+    errors: int = 0  # sends that failed (broker down): those jobs wait for the next pass
+    adopted: int = 0  # rows written without an app (an earlier version) that this app took
+    repaired: int = 0  # rows in a combination of columns that no state allows, set right
+    deferred: int = 0  # jobs sent (of sent and redriven) that were kept pending while the broker was down
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -159,9 +142,8 @@ def due(model: type[JobModel], status: str, now: datetime) -> Any:
 def suspects(
     model: type[JobModel], cutoff: datetime, marked_before: datetime, *, can_probe: bool
 ) -> list[tuple[str, Any, Any]]:
-    """(status, condition, order) of jobs overdue by ``lost_after`` (``cutoff``: now minus it) whose message
-    the pass looks for: each at most once per ``lost_after``, and one marked missing after ``marked_before``
-    waits for a later pass to confirm."""
+    """(status, condition, order) of jobs overdue by ``lost_after`` whose message the pass looks for: each
+    at most once per ``lost_after``; one marked missing after ``marked_before`` waits for a later pass."""
     fresh = model.checked_at.is_null() | (model.checked_at <= cutoff)
     unmarked = model.missing_since.is_null() | (model.missing_since <= marked_before)
     groups = [(RUNNING, (model.status == RUNNING) & (model.lease_until <= cutoff), model.lease_until)]
@@ -179,14 +161,14 @@ def prune(
     model: type[JobModel], scope: Any, settings: Any, *, page: int, max_pages: int,
     after_page: Callable[[], None] = lambda: None,
 ) -> int:
-    """Delete ``model``'s finished rows (of ``scope``, a :meth:`Scope.where` condition) past the
-    ``retention`` setting, page by page, calling ``after_page`` after each; returns how many."""
+    """Delete ``model``'s finished rows (of ``scope``) past ``retention``, a page at a time; returns how many."""
     # Rows hold idempotency keys for their window: keep them at least that long.
     cutoff = after_ms(-max(settings.retention, settings.idempotency_window))
+    finished = (model.finished_at < cutoff) & model.status.in_(FINISHED) & scope
     pruned = 0
+    query: pw.Select = model.select(model.id).where(finished).limit(page)
     for _ in range(max_pages):
-        query: pw.Select = model.select(model.id).where((model.finished_at < cutoff) & model.status.in_(FINISHED))
-        ids = [row_id for (row_id,) in query.where(scope).limit(page).tuples()]
+        ids = [row_id for (row_id,) in query.tuples()]
         if ids:
             pruned += model.delete().where(model.id.in_(ids)).execute()
             after_page()
@@ -213,7 +195,8 @@ def claim_page(model: type[JobModel], cond: Any, page: int) -> list[JobModel]:
         ids = [row_id for (row_id,) in query.tuples()]
         if not ids:
             return []
-        # The condition again: a row another pass claimed meanwhile no longer matches.
+        # The ids as values, not a subquery, which PostgreSQL may run again for every row it updates.  The
+        # condition again: a row another pass claimed meanwhile no longer matches.
         update = model.update(claim_fields(model)).where(model.id.in_(ids) & cond)
         return list(update.returning(*sending_fields(model)).execute())
 
@@ -223,6 +206,24 @@ def sending_fields(model: type[JobModel]) -> list[pw.Field]:
     names = ("id", "message_id", "actor_name", "queue_name", "args", "kwargs", "options", "revision",
              "attempts", "created_at", "process_after", "status")
     return [model._meta.fields[name] for name in names]
+
+
+def send_claimed(
+    suite: "Suite", broker: dramatiq.Broker, model: type[JobModel], claimed: list[JobModel], revert_to: str,
+) -> list[JobModel]:
+    """Send claimed rows in order and record their broker ids; on a failure, hand the rest back to
+    ``revert_to`` for the next pass, and stop.  Returns the rows sent."""
+    refs: dict[int, str] = {}
+    for i, row in enumerate(claimed):
+        try:
+            with resending():
+                refs[row.id] = broker_ref(broker.enqueue(build_message(row)))
+        except Exception as e:
+            deferral.send_failed(suite, broker, row.message_id, e)
+            jobs.unclaim_sends(model, [r.id for r in claimed[i:]], revert_to)
+            break
+    jobs.record_refs(model, refs)  # a ref set meanwhile is newer: kept
+    return claimed[:len(refs)]
 
 
 def unchanged(model: type[JobModel], row: JobModel) -> Any:
@@ -242,23 +243,14 @@ class JobLost(errors.DramatiqUniqueError):
     """The job's message is in none of the broker's queues"""
 
 
-def actor_options(suite: "Suite", broker: dramatiq.Broker, actor_name: str) -> dict:
-    """The actor's options, as this process's suite or ``broker`` knows them ({} if neither does)."""
-    config = suite.actor_config(actor_name)
-    if config is not None:
-        return config.options
-    try:
-        return broker.get_actor(actor_name).options
-    except ActorNotFound:
-        return {}
-
-
 def retries_exhausted(suite: "Suite", broker: dramatiq.Broker, row: JobModel) -> bool:
     """Whether Dramatiq's Retries would give up after this (lost) attempt, decided as it decides."""
     retries_mw = next((m for m in broker.middleware if isinstance(m, Retries)), None)
     if retries_mw is None:
         return True  # without Retries a failed attempt is final
-    options, row_options = actor_options(suite, broker, row.actor_name), row.options or {}
+    # A pass's rows are of the actors its suite declares (Scope).
+    config, row_options = suite.actor_config(row.actor_name), row.options or {}
+    options = config.options if config is not None else {}
     retries = max(retries_so_far(row) - 1, 0)  # a retry_job() restarts the count
     retry_when = options.get("retry_when", retries_mw.retry_when)
     if retry_when is not None:
@@ -285,26 +277,9 @@ REPAIRS: tuple[tuple[str, Callable[[Any], Any], Callable[[Any], dict]], ...] = (
      lambda m: {m.enqueued_at: utcnow()}),
 )
 
-_repaired_at: "weakref.WeakKeyDictionary[Suite, dict[type[JobModel], float]]" = weakref.WeakKeyDictionary()
-_repaired_lock = threading.Lock()
-
-
-def repair_due(suite: "Suite", model: type[JobModel]) -> bool:
-    """Whether this process's last look at ``model`` is ``lost_after`` old (and take this one): the looks
-    read a parked or queued backlog through, and a repaired row waits ``lost_after`` anyway."""
-    now = time.monotonic()
-    with _repaired_lock:
-        seen = _repaired_at.setdefault(suite, {})
-        last = seen.get(model)
-        if last is not None and (now - last) * 1000 < float(suite.settings.lost_after):
-            return False
-        seen[model] = now
-        return True
-
-
 def repair(model: type[JobModel], scope: Any) -> int:
-    """Set right the rows of ``model`` (of ``scope``) in a combination no state allows, each with an ERROR;
-    returns how many.  Conditional UPDATEs: a row that moved on meanwhile no longer matches."""
+    """Set right, each with an ERROR, the rows no state allows; conditional UPDATEs: a row that moved on
+    meanwhile no longer matches."""
     repaired = 0
     for what, found_by, fields in REPAIRS:
         found = list(
@@ -355,7 +330,10 @@ class _Pass:
                 stores.ensure(base, index)  # a store down at set-up gets its tables now
             model = stores.model_in(base, index)
             self.counts.adopted += self.scope.adopt(model, self.page, MAX_PAGES)
-            if repair_due(self.suite, model):  # before the sends and the lost check, which then take them
+            # Before the sends and the lost check, which then take them; once per lost_after in the cluster:
+            # a look reads the parked and queued backlog through, and a repaired row waits lost_after anyway.
+            looked = f"{self.lock_name}:repaired:{index}:{model._meta.table_name}"
+            if self.suite.redis.set(looked, 1, nx=True, px=int(self.suite.settings.lost_after)):
                 self.counts.repaired += repair(model, self.scope.where(model))
             self._send_due(model)
             self._check_lost(model)
@@ -401,23 +379,12 @@ class _Pass:
         return (when, row.id)
 
     def _publish(self, model: type[JobModel], claimed: list[JobModel], *, revert_to: str) -> int:
-        """Send claimed rows in order; on a broker failure, hand the rest back and stop sending."""
-        claimed = sorted(claimed, key=self._order_key)
-        refs: dict[int, str] = {}
-        for i, row in enumerate(claimed):
-            try:
-                with resending():
-                    sent = self.broker.enqueue(build_message(row))
-            except Exception as e:
-                self.broker_down = True
-                self.counts.errors += 1
-                deferral.send_failed(self.suite, self.broker, row.message_id, e)  # the next pass tries again
-                jobs.unclaim_sends(model, [r.id for r in claimed[i:]], revert_to)
-                break
-            refs[row.id] = sent.options.get("redis_message_id") or row.message_id
-            self.counts.deferred += deferral.was_deferred(row)
-        jobs.record_refs(model, refs)  # a ref set meanwhile is newer: kept
-        return len(refs)
+        sent = send_claimed(self.suite, self.broker, model, sorted(claimed, key=self._order_key), revert_to)
+        if len(sent) < len(claimed):  # the broker failed: no more sends this pass
+            self.broker_down = True
+            self.counts.errors += 1
+        self.counts.deferred += sum(map(deferral.was_deferred, sent))
+        return len(sent)
 
     def _check_lost(self, model: type[JobModel]) -> None:
         cutoff = after_ms(-self.suite.settings.lost_after)
@@ -480,8 +447,8 @@ class _Pass:
 
     def _fail(self, model: type[JobModel], row: JobModel, reason: str) -> None:
         options = row.options or {}
-        lock = opt.lookup(options, actor_options(self.suite, self.broker, row.actor_name), "unique_lock",
-                          opt.DEFAULT_UNIQUE_LOCK)
+        config = self.suite.actor_config(row.actor_name)
+        lock = config.for_message(options).unique_lock if config is not None else opt.DEFAULT_UNIQUE_LOCK
         if row.last_error:  # the re-drive only saw the message go; keep the cause an attempt recorded
             reason = f"{reason}; the last error recorded before: {row.last_error}"[:MAX_ERROR_LENGTH]
         fields: dict[str, Any] = {"status": FAILED, "finished_at": utcnow(), "lease_until": None, "last_error": reason}
@@ -504,14 +471,9 @@ def start_redriver(
     interval: Optional[float] = None, *, suite: Optional["Suite"] = None, broker: Optional[dramatiq.Broker] = None,
     scheduler: Optional["BaseScheduler"] = None,
 ) -> "BaseScheduler":
-    """Run :func:`redrive` every ``interval`` ms (default: the ``redrive_interval`` setting).
-
-    Starts and returns a new ``BackgroundScheduler``, or adds the job to
-    ``scheduler`` if one is given (the caller starts and stops that one).
-    Stop the returned scheduler with ``scheduler.shutdown()``.  The first
-    pass runs at once.  Every process may run one: the pass lock lets one
-    pass run at a time across the cluster, and a tick that finds it taken
-    is skipped.
+    """Run :func:`redrive` every ``interval`` ms (default: ``redrive_interval``), the first pass at once, in a
+    new started ``BackgroundScheduler`` (stop it with ``shutdown()``) or in ``scheduler`` (the caller's).
+    Every process may run one: the pass lock lets one pass run at a time, a tick that finds it taken is skipped.
     """
     suite = suite or _config.current()
     interval = suite.settings.redrive_interval if interval is None else interval

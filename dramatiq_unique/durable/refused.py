@@ -30,29 +30,26 @@ logger = logging.getLogger(__name__)
 RESEND_MARGIN = 50
 
 
-def _frees_key(config: "ActorConfig", opts: dict) -> bool:
-    """Whether the job's key goes when it fails: it has one, and ``until_expired`` does not keep it."""
+def _frees_key(config: "ActorConfig", opts: dict) -> bool:  # has a key, and not until_expired (which keeps it)
     resolved = config.for_message(opts)
     return resolved.unique and resolved.unique_lock != opt.UNTIL_EXPIRED
 
 
-def _waiting(model: Any, job_id: int, revision: int) -> Any:
-    """The row still waits for this delivery: same revision, not parked, not running, not finished."""
+def _waiting(model: Any, job_id: int, revision: int) -> Any:  # the row still waits for this very delivery
     return (model.id == job_id) & (model.revision == revision) & model.status.in_(WAITING) & model.parked_on.is_null()
 
 
 def skip_reason(message: Any, started: bool = False) -> str:
-    """``last_error`` of a job another middleware (or its actor) skipped: the ``SkipMessage`` and its text."""
-    # Dramatiq keeps the SkipMessage on the proxy when the middleware also failed the
-    # message (AgeLimit does); a plain skip leaves nothing to quote.
+    """``last_error`` of a job another middleware (or its actor) skipped: Dramatiq keeps the SkipMessage on
+    the proxy when the middleware also failed the message (AgeLimit does); a plain skip leaves nothing."""
     error = getattr(message, "_exception", None)
     head = f"{type(error).__name__}: {error}" if error is not None else "SkipMessage: its message was skipped"
     return f"{head} ({'skipped after its attempt started' if started else 'skipped before it ran'})"
 
 
 def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> bool:
-    """Mark the job of a delivery that ended before it started failed, and free its key, while its row
-    still waits for this very delivery; returns whether it did."""
+    """Mark failed, its key freed, the job of a delivery that ended before it started, while its row still
+    waits for this very delivery; returns whether it did."""
     model = job_model(suite, config.model, message.options)  # the store that holds the row
     marker = message.options.get(MARKER) or {}
     if "id" in marker:
@@ -85,8 +82,8 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
 
 
 def note_refusal(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> None:
-    """A delivery refused before the job started, which Retries sends again: the waiting
-    row's ``last_error`` says why (an operator sees ``RedisUnavailable: ...``, not nothing)."""
+    """A delivery refused before the job started, which Retries sends again: the waiting row's
+    ``last_error`` says why (``RedisUnavailable: ...``)."""
     marker = message.options.get(MARKER) or {}
     if "id" not in marker:
         return

@@ -79,14 +79,12 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
         status = migrations.status(model, target.store_name(index))
         data = {"store": index, "table": status.table, "version": status.version, "target": status.target}
         if status.version is None:
-            findings.append(Finding("schema", WARNING, f"{status.table} in {status.store} does not exist yet "
-                                    "(set-up creates it)", data))
+            severity, detail = WARNING, "does not exist yet (set-up creates it)"
         elif not status.current:
-            findings.append(Finding("schema", CRITICAL, f"{status.table} in {status.store} is at version "
-                                    f"{status.version} of {status.target}: run {schema.COMMAND}", data))
+            severity, detail = CRITICAL, f"is at version {status.version} of {status.target}: run {schema.COMMAND}"
         else:
-            findings.append(Finding("schema", OK, f"{status.table} in {status.store} is at version "
-                                    f"{status.version}", data))
+            severity, detail = OK, f"is at version {status.version}"
+        findings.append(Finding("schema", severity, f"{status.table} in {status.store} {detail}", data))
     return findings, up
 
 
@@ -100,16 +98,15 @@ def redis_masters(target: Target) -> Finding:
             errors.append(f"master {i}: {_first_line(e)}")
     total = len(target.masters)
     if not total:
-        return Finding("redis", WARNING, f"no Redis named (set {'DRAMATIQ_UNIQUE_REDIS_URL'})")
+        return Finding("redis", WARNING, "no Redis named (set DRAMATIQ_UNIQUE_REDIS_URL)")
     quorum = total // 2 + 1
-    data = {"answered": answered, "masters": total, "quorum": quorum}
+    detail = f"{answered} of {total} Redis masters answer"
     if answered < quorum:
-        return Finding("redis", CRITICAL, f"{answered} of {total} Redis masters answer, {quorum} needed: "
-                       + "; ".join(errors), data)
-    if errors:
-        return Finding("redis", WARNING, f"{answered} of {total} Redis masters answer (quorum {quorum}): "
-                       + "; ".join(errors), data)
-    return Finding("redis", OK, f"{answered} of {total} Redis masters answer", data)
+        severity, detail = CRITICAL, f"{detail}, {quorum} needed: " + "; ".join(errors)
+    else:
+        severity = WARNING if errors else OK
+        detail += f" (quorum {quorum}): " + "; ".join(errors) if errors else ""
+    return Finding("redis", severity, detail, {"answered": answered, "masters": total, "quorum": quorum})
 
 
 def last_pass(target: Target, max_age: Optional[float] = None) -> Optional[Finding]:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any, Callable, Optional
 
 import peewee as pw
@@ -20,21 +22,15 @@ def check(
     max_pass_age: Optional[float] = None, probe_port: Optional[int] = None, probe_host: str = "0.0.0.0",
     say: Callable[[str], None] = print, probe_details: bool = False,
 ) -> int:
-    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (a status and
-    short reason; the findings themselves with ``probe_details``, see :mod:`~dramatiq_unique.health.probe`)."""
-    def report() -> checks.Report:
-        return checks.run(target, overdue_after=overdue_after, max_pass_age=max_pass_age)
-
+    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (see
+    :mod:`~dramatiq_unique.health.probe`)."""
+    report = functools.partial(checks.run, target, overdue_after=overdue_after, max_pass_age=max_pass_age)
     if probe_port is not None:
         server = probe.serve(report, probe_port, host=probe_host, details=probe_details)
         say(f"health probe on http://{probe_host}:{server.server_address[1]}/"
             + (" (with details: store addresses, job ids)" if probe_details else ""))
-        try:
+        with server, contextlib.suppress(KeyboardInterrupt):
             server.serve_forever()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.server_close()
         return 0
     found = report()
 

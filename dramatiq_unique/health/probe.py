@@ -31,9 +31,7 @@ class ProbeServer(http.server.ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], run_checks: Callable[[], Report], *, cache_ms: float = DEFAULT_CACHE,
                  details: bool = False):
         super().__init__(address, _Handler)
-        self.run_checks = run_checks
-        self.cache_ms = cache_ms
-        self.details = details
+        self.run_checks, self.cache_ms, self.details = run_checks, cache_ms, details
         self._lock = threading.Lock()
         self._last: Optional[tuple[float, Report]] = None
 
@@ -84,8 +82,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def serve(run_checks: Callable[[], Report], port: int, *, host: str = "0.0.0.0",
           cache_ms: float = DEFAULT_CACHE, details: bool = False) -> ProbeServer:
-    """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving:
-    call ``serve_forever()`` (and ``shutdown()`` from another thread).  ``details``: answer the full
-    report, store addresses and job ids included (see the module docstring)."""
+    """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving;
+    ``details``: it answers the full report, store addresses and job ids included."""
     RedactPasswords.install()  # the check may run without an app, so without setup()
     return ProbeServer((host, port), run_checks, cache_ms=cache_ms, details=details)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, Optional
 
 import peewee as pw
 import redis as redis_lib
@@ -15,7 +15,7 @@ from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.storage.database import describe, open_database
-from dramatiq_unique.storage.models import JobModel, bound_limits
+from dramatiq_unique.storage.models import JobModel, bound_copy, bound_limits
 from dramatiq_unique.suite import Settings, app_name
 
 #: The environment variables of the mode without an app.
@@ -55,7 +55,6 @@ class Target:
 
 
 def of_suite(suite: Any) -> Target:
-    """The target of an app's suite."""
     return Target(
         databases=list(suite.stores.databases), models=list(suite.models), masters=list(suite.masters),
         keys=suite.keys, app=suite.app, lost_after=suite.settings.lost_after,
@@ -66,14 +65,10 @@ def of_suite(suite: Any) -> Target:
 
 def bound(model: type[JobModel], db: pw.Database, index: int) -> type[JobModel]:
     """``model`` bound to ``db`` without rebinding the class itself (other code in the process uses it)."""
-    meta = model._meta
-    attrs = {"database": db, "table_name": meta.table_name, "schema": meta.schema}
-    made = cast(Any, type(model))(f"{model.__name__}_cli{index}", (model,), {
-        "Meta": type("Meta", (), attrs), "__module__": model.__module__,
-    })
+    made = bound_copy(model, db, f"{model.__name__}_cli{index}")
     # peewee names indexes after it: the names set-up gives them (storage/stores.py's model_in in another store).
-    made._meta.name = meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
-    return cast(type[JobModel], made)
+    made._meta.name = model._meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
+    return made
 
 
 def from_environment(
@@ -103,8 +98,7 @@ def from_environment(
     )
 
 
-def tables(target: Target) -> list[tuple[int, type[JobModel]]]:
-    """Every (store index, job model bound to that store) of the target."""
+def tables(target: Target) -> list[tuple[int, type[JobModel]]]:  # (store index, job model bound to it)
     return [(index, target.model_in(model, index)) for index in range(len(target.databases)) for model in target.models]
 
 

@@ -15,25 +15,15 @@ logger = logging.getLogger(__name__)
 
 
 class Metrics(Middleware):
-    """Turns the suite's metrics on when a worker process boots, and keeps parked jobs out of
-    Dramatiq's own message counts.
+    """Turns the suite's metrics on when a worker process boots (``setup()`` adds it), and keeps parked
+    deliveries out of Dramatiq's own message counts.
 
-    :func:`dramatiq_unique.setup` adds it.  With Dramatiq's ``Prometheus``
-    middleware on the broker, the suite's metrics go to the same
-    multiprocess directory, so its exposition server (port 9191) shows
-    both; without it, they stay off unless ``enabled=True``.  Either way,
-    parked deliveries are not counted as processed messages by Dramatiq's
-    middleware (:mod:`dramatiq_unique.broker.prometheus`).  Costs nothing
-    when ``prometheus_client`` is not installed and no metrics are asked for.
-
-    Parameters:
-      enabled: None (the default): on when Dramatiq's ``Prometheus`` middleware
-        is on the broker; True: on anyway (to the multiprocess directory in the
-        environment, else to the process's default registry); False: off.
+    ``enabled``: None, on when Dramatiq's ``Prometheus`` middleware is on the broker, in its multiprocess
+    directory, so that its exposition server (port 9191) shows both; True, on anyway (in the environment's
+    directory, else the process's default registry); False, off.
     """
 
     def __init__(self, *, enabled: Optional[bool] = None) -> None:
-        #: None: on when Dramatiq's Prometheus middleware is on the broker.
         self.enabled = enabled
 
     def after_process_boot(self, broker) -> None:

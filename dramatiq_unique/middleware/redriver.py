@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Optional
 
 from dramatiq import Middleware
@@ -13,21 +12,10 @@ from dramatiq_unique.suite import Suite
 if TYPE_CHECKING:
     from apscheduler.schedulers.base import BaseScheduler
 
-logger = logging.getLogger(__name__)
-
-
 class Redriver(Middleware):
-    """Starts :func:`~dramatiq_unique.start_redriver` after a worker boots and stops it at shutdown.
-
-    Does nothing when the suite's ``redriver`` setting is false (run
-    ``python -m dramatiq_unique redrive APP_MODULE`` instead, or nothing).
-    Every worker process runs one; the pass lock keeps passes one at a
-    time across the cluster.
-
-    Parameters:
-      suite: the configuration that :func:`dramatiq_unique.setup` returns.
-      interval: ms between passes; the ``redrive_interval`` setting by default.
-    """
+    """Runs :func:`~dramatiq_unique.start_redriver` (every ``interval`` ms, ``redrive_interval`` by default) in
+    every worker process, unless the ``redriver`` setting is false (``python -m dramatiq_unique redrive APP``
+    then runs it); the pass lock keeps passes one at a time across the cluster."""
 
     def __init__(self, *, suite: Suite, interval: Optional[float] = None) -> None:
         self.suite = suite

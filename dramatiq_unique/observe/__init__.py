@@ -1,6 +1,6 @@
 """Observation: the suite's log lines and Prometheus metrics (:mod:`.events`), and the switch that turns
-the metrics on in a process, in the multiprocess directory of Dramatiq's ``Prometheus`` middleware so
-that one endpoint shows both (``prometheus_client`` is imported only then)."""
+the metrics on in a process, in the multiprocess directory of Dramatiq's ``Prometheus`` middleware so that
+one endpoint shows both (``prometheus_client`` is imported only then: it must see that directory first)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ logger = logging.getLogger(__name__)
 
 #: The environment variables prometheus_client reads (the lower-case one is its older name; Dramatiq sets both).
 ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
-
 _lock = threading.Lock()
 
 
@@ -35,17 +34,10 @@ def metrics_on() -> bool:
 
 
 def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
-    """Turn the suite's metrics on in this process (once; later calls do nothing).
-
-    Parameters:
-      multiprocess_dir: the directory of prometheus_client's multiprocess
-        mode; the one already in the environment by default, else none (the
-        process's default registry).  The ``Metrics`` middleware passes
-        Dramatiq's, when Dramatiq's ``Prometheus`` middleware is on the broker.
-
-    Raises :class:`~dramatiq_unique.errors.NotConfigured` if prometheus_client
-    is not installed (``pip install 'dramatiq_unique[prometheus]'``).
-    """
+    """Turn the suite's metrics on in this process (once; later calls do nothing), in the multiprocess
+    directory ``multiprocess_dir`` (the ``Metrics`` middleware passes Dramatiq's), else the one already in
+    the environment, else the process's default registry.  :class:`~dramatiq_unique.errors.NotConfigured`
+    without prometheus_client (``pip install 'dramatiq_unique[prometheus]'``)."""
     with _lock:
         if events.sink is not None:
             return
@@ -57,8 +49,6 @@ def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
         try:
             import prometheus_client as prom
             from prometheus_client import values
-
-            from dramatiq_unique.observe.metrics import SuiteMetrics
         except ImportError as e:
             raise NotConfigured("metrics need prometheus_client: pip install 'dramatiq_unique[prometheus]'") from e
         multiprocess = getattr(values.ValueClass, "_multiprocess", False)
@@ -68,7 +58,7 @@ def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
                            "endpoint.  Import it after the worker boots, or set PROMETHEUS_MULTIPROC_DIR first.")
         # Multiprocess: a private registry, as Dramatiq's (the directory is what is shared).  Otherwise the
         # default one, that the process's own exposition serves.
-        events.sink = SuiteMetrics(prom.CollectorRegistry() if multiprocess else prom.REGISTRY)
+        events.sink = events.SuiteMetrics(prom.CollectorRegistry() if multiprocess else prom.REGISTRY)
 
 
 def disable_metrics() -> None:

@@ -1,17 +1,16 @@
-"""The events the suite observes: one hook per event, writing its log line and moving its metric.
+"""The events the suite observes: one hook per event, writing its log line and moving its metric
+(:class:`SuiteMetrics`; labels are bounded, never a key nor a job id).
 
-Hooks never raise and import nothing of the suite, so every module may call them; with metrics
-off a hook reads one global.
+Hooks never raise and import nothing of the suite, so every module may call them; with metrics off a
+hook reads one global, and prometheus_client is not imported.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar
-
-if TYPE_CHECKING:
-    from dramatiq_unique.observe.metrics import SuiteMetrics
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
 #: The logger of every line below: route or filter the suite's events by this one name.
 logger = logging.getLogger("dramatiq_unique.events")
@@ -27,8 +26,15 @@ DECISION = "decision"
 PARKED_AT = "pk"
 #: The key, in a wake-up's reservation, of the time the gate was handed on (epoch ms).
 HANDED_AT = "ts"
+#: Every metric's name starts with this.
+PREFIX = "dramatiq_unique_"
+#: Buckets (seconds) of how long a parked job waited for its lock or slot.
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, float("inf"))
+#: Buckets (seconds) of a hand-over: from a gate handed on to the woken job taking it up.
+HANDOVER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, float("inf"))
 
 E = TypeVar("E", bound=BaseException)
+F = TypeVar("F", bound=Callable[..., None])
 
 #: The metrics of this process, shared by every suite in it (prometheus_client refuses a metric
 #: registered twice); None while metrics are off.  Set by :func:`~dramatiq_unique.observe.enable_metrics`.
@@ -41,19 +47,16 @@ _DUPLICATE = {
 }
 
 
-def fields(job_id: Any, actor: Any, key: Optional[str] = None, **more: Any) -> dict[str, Any]:
-    """The ``extra=`` of a log line about a job: its id, actor and unique key, and ``more``."""
+def fields(job_id: Any, actor: Any, key: Optional[str] = None, **more: Any) -> dict[str, Any]:  # a line's extra=
     return {JOB_ID: job_id, ACTOR: actor, UNIQUE_KEY: key, **more}
 
 
-def now_ms() -> int:
-    """Epoch ms: the stamps of :data:`PARKED_AT` and :data:`HANDED_AT` (read in other processes)."""
+def now_ms() -> int:  # epoch ms, not monotonic: PARKED_AT and HANDED_AT are read in other processes
     return int(time.time() * 1000)
 
 
 def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str], why: str = "") -> None:
-    """A unique send met a job holding its key and ``decision`` was taken: one INFO line that names
-    both job ids (the new send's message id and the existing job's), and the decision's counter."""
+    """A unique send met a job holding its key: an INFO line naming both job ids, and the decision counted."""
     if logger.isEnabledFor(logging.INFO):
         logger.info(_DUPLICATE[decision], message.actor_name, message.message_id, existing_id,
                     f" ({why})" if why else "",
@@ -64,7 +67,7 @@ def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str],
 
 
 def parked(gate: str, message: Any, group: str) -> None:
-    """A job parked on ``group`` of a ``gate`` ("lock" or "slot"): a wait begins."""
+    """A job parked on ``group`` of a ``gate`` ("lock" or "slot")."""
     actor = getattr(message, "actor_name", None)
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("Job %s parked on %s.", message.message_id, group, extra=fields(message.message_id, actor))
@@ -73,28 +76,24 @@ def parked(gate: str, message: Any, group: str) -> None:
 
 
 def taken_up(gate: str, message: Any, marker: Mapping[str, Any], wake: Mapping[str, Any]) -> None:
-    """A woken job took up the gate handed to it: its wait (since it parked) and the hand-over
-    (since the gate was handed on) end here."""
+    """A woken job took up the gate handed to it: its wait and the hand-over end."""
     if (on := sink) is not None:
         on.taken_up(getattr(message, "queue_name", None), getattr(message, "actor_name", None), gate,
                     marker.get(PARKED_AT), wake.get(HANDED_AT))
 
 
-def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:
-    """The parked jobs now, by (actor, gate), counted by a re-drive pass."""
+def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:  # by (actor, gate), from a re-drive pass
     if (on := sink) is not None:
         on.parked_counts(counts)
 
 
 def heartbeat(job: Any) -> None:
-    """``heartbeat()`` renewed a job's leases."""
     if (on := sink) is not None:
         on.inc(on.heartbeats, job.queue_name, job.actor_name)
 
 
 def lock_lost(job: Any, error: E) -> E:
-    """A running job learned that its lock or lease is gone (``LockLost``): a WARNING, counted.
-    Returns ``error``, so a call site can ``raise events.lock_lost(job, LockLost(...))``."""
+    """A running job learned that its lock or lease is gone: a WARNING, counted; ``raise lock_lost(job, error)``."""
     job_id, actor = (job.message_id, job.actor_name) if job is not None else ("?", None)
     logger.warning("Job %s (%s) lost its lease: %s", job_id, actor, getattr(error, "detail", error),
                    extra=fields(job_id, actor, getattr(job, "unique_key", None)))
@@ -104,8 +103,7 @@ def lock_lost(job: Any, error: E) -> E:
 
 
 def fenced_out(job: Any, write: str) -> None:
-    """A write of an attempt (``write``: "outcome", "checkpoint" or "lease") was refused by its
-    fencing token: a newer attempt owns the row.  A WARNING, counted."""
+    """A write ("outcome", "checkpoint" or "lease") refused by the attempt's fencing token: a WARNING, counted."""
     logger.warning("Job %s (%s) was taken over by a newer attempt; its %s write was refused by the fencing "
                    "token %s.", job.message_id, job.actor_name, write, job.fencing_token,
                    extra=fields(job.message_id, job.actor_name, job.unique_key))
@@ -114,19 +112,108 @@ def fenced_out(job: Any, write: str) -> None:
 
 
 def job_lost(row: Any, where: str, then: str) -> None:
-    """The re-drive confirmed a job lost (its message is in none of the broker's queues): a WARNING.
-    ``then`` says what follows ("sent again"; a job marked failed has its own line)."""
+    """The re-drive confirmed a job lost: a WARNING; ``then`` says what follows (a failed job has its own line)."""
     logger.warning("Job %s (%s) lost while %s: %s.", row.message_id, row.actor_name, where, then,
                    extra=fields(row.message_id, row.actor_name, row.unique_key))
 
 
 def job_failed(row: Any, reason: str) -> None:
-    """The re-drive marked a job failed (lost under ``on_lost="fail"``, retries exhausted, dead-lettered)."""
     logger.warning("Job %s (%s) marked failed: %s.", row.message_id, row.actor_name, reason,
                    extra=fields(row.message_id, row.actor_name, row.unique_key))
 
 
-def redrive_pass(counts: Any) -> None:
-    """A re-drive pass ended with ``counts`` (a :class:`RedriveCounts`)."""
+def redrive_pass(counts: Any) -> None:  # counts: a RedriveCounts
     if (on := sink) is not None and counts.ran:
         on.redrive_pass(counts.as_dict())
+
+
+def guarded(fn: F) -> F:
+    """A metric update never breaks the suite: its error is logged (with its trace once), the event uncounted."""
+
+    @functools.wraps(fn)
+    def update(self: "SuiteMetrics", *args: Any) -> None:
+        try:
+            fn(self, *args)
+        except Exception:
+            self.failures += 1
+            logger.warning("Could not update a dramatiq_unique metric (%d so far); it goes uncounted.",
+                           self.failures, exc_info=self.failures == 1)
+
+    return update  # type: ignore[return-value]
+
+
+def _label(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+class SuiteMetrics:
+    """The metrics, one update per hook of :mod:`dramatiq_unique.observe.events`."""
+
+    def __init__(self, registry: Any) -> None:
+        import prometheus_client as prom
+
+        self.registry = registry
+        self.failures = 0
+        job = ["queue_name", "actor_name"]
+        kw: dict[str, Any] = {"registry": registry}
+        self.duplicates = prom.Counter(
+            PREFIX + "duplicates_total", "Unique sends that met a job holding their key, by decision "
+            "(skip, raise, replace).", [*job, "decision"], **kw)
+        self.waits = prom.Counter(
+            PREFIX + "waits_total", "Jobs parked to wait for an execution lock or a concurrency slot.",
+            [*job, "gate"], **kw)
+        self.wait_seconds = prom.Histogram(
+            PREFIX + "wait_seconds", "How long a parked job waited, from parking to taking up its lock or slot.",
+            [*job, "gate"], buckets=WAIT_BUCKETS, **kw)
+        self.handover_seconds = prom.Histogram(
+            PREFIX + "handover_seconds", "From a lock or slot handed on by its holder to the woken job taking "
+            "it up.", [*job, "gate"], buckets=HANDOVER_BUCKETS, **kw)
+        # Set by each re-drive pass from the job table: the cluster's count, whichever process counted last.
+        self.parked_jobs = prom.Gauge(
+            PREFIX + "parked_jobs", "Jobs parked now, waiting for an execution lock or a slot (counted by the "
+            "last re-drive pass).", ["actor_name", "gate"], multiprocess_mode="mostrecent", **kw)
+        self.fenced = prom.Counter(
+            PREFIX + "fenced_writes_refused_total", "Writes of an attempt refused by its fencing token (a newer "
+            "attempt owns the job), by write (outcome, checkpoint, lease).", [*job, "write"], **kw)
+        self.heartbeats = prom.Counter(
+            PREFIX + "heartbeats_total", "heartbeat() calls that renewed a job's leases.", job, **kw)
+        self.locks_lost = prom.Counter(
+            PREFIX + "lock_lost_total", "Running jobs that learned their lock or lease was gone (LockLost).",
+            job, **kw)
+        self.redrive_jobs = prom.Counter(
+            PREFIX + "redrive_jobs_total", "Jobs a re-drive pass handled, by outcome (sent, woken, missing, "
+            "lost, redriven, failed, requeued, pruned, errors, ...).", ["outcome"], **kw)
+        self.redrive_passes = prom.Counter(
+            PREFIX + "redrive_passes_total", "Re-drive passes run by this process.", **kw)
+        self._parked_seen: set[tuple[str, str]] = set()
+        self.collectors = [self.duplicates, self.waits, self.wait_seconds, self.handover_seconds, self.parked_jobs,
+                           self.fenced, self.heartbeats, self.locks_lost, self.redrive_jobs, self.redrive_passes]
+
+    @guarded
+    def inc(self, counter: Any, *labels: Any) -> None:
+        """Counts one event on ``counter``, labelled by ``labels`` (None: the empty label)."""
+        counter.labels(*map(_label, labels)).inc()
+
+    @guarded
+    def taken_up(self, queue: Any, actor: Any, gate: str, parked_at: Any, handed_at: Any) -> None:
+        now = time.time() * 1000
+        labels = (_label(queue), _label(actor), gate)
+        if isinstance(parked_at, (int, float)):
+            self.wait_seconds.labels(*labels).observe(max(0.0, now - parked_at) / 1000)
+        if isinstance(handed_at, (int, float)):
+            self.handover_seconds.labels(*labels).observe(max(0.0, now - handed_at) / 1000)
+
+    @guarded
+    def parked_counts(self, counts: Mapping[tuple[str, str], int]) -> None:
+        for actor, gate in self._parked_seen - set(counts):  # emptied groups read 0, not their last count
+            self.parked_jobs.labels(actor, gate).set(0)
+        for (actor, gate), count in counts.items():
+            self.parked_jobs.labels(_label(actor), gate).set(count)
+        self._parked_seen |= set(counts)
+
+    @guarded
+    def redrive_pass(self, counts: Mapping[str, Any]) -> None:
+        self.redrive_passes.inc()
+        for outcome, count in counts.items():
+            if outcome != "ran" and isinstance(count, int) and count:  # a count added later is counted too
+                self.redrive_jobs.labels(outcome).inc(count)
