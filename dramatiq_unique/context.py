@@ -67,8 +67,6 @@ class JobContext:
     model: "Any" = None
     #: The gates the attempt holds, by kind ("lock", "slot"): parking/gates.py.
     held: dict[str, Held] = dataclasses.field(default_factory=dict)
-    #: Renew the attempt's Redis leases for heartbeat(), each returning the seconds left.
-    renewers: list[Callable[[], float]] = dataclasses.field(default_factory=list)
     #: Run when the actor is done, before the outcome is recorded (a slot is handed on first).
     before_record: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     #: The LockLost that ended the attempt's hold: it is not recorded as succeeded.

@@ -299,9 +299,7 @@ def test_a_job_started_ahead_and_picked_up_late_runs_under_that_start(suite, bro
     """Given jobs started ahead of their delivery (from the deck, or by their claim), When their pick-up comes
     late (the slot reservation no longer counts as fresh), Then each runs under the start written for it, once
     its row shows no other attempt took over: one attempt each, one token per attempt, all succeeded."""
-    from dramatiq_unique.middleware import concurrency_slots as slots_middleware
-
-    monkeypatch.setattr(slots_middleware.ConcurrencySlots, "_fresh_here", lambda self, wake, ttl: False)
+    monkeypatch.setattr(dramatiq_unique.ConcurrencySlots, "_fresh_here", lambda self, wake, ttl: False)
     runs, release = Runs(), threading.Event()
 
     @dramatiq.actor(concurrency_limit=1, max_retries=0)
@@ -323,9 +321,7 @@ def test_a_job_taken_over_before_its_late_pick_up_is_not_run(suite, broker, make
     """Given a job started ahead of its delivery and picked up late, When another attempt took the job over in
     between (a newer token on its row), Then the late pick-up does not run it and writes nothing; the slot goes
     on to the next job, which runs."""
-    from dramatiq_unique.middleware import concurrency_slots as slots_middleware
-
-    cls = slots_middleware.ConcurrencySlots
+    cls = dramatiq_unique.ConcurrencySlots
     monkeypatch.setattr(cls, "_fresh_here", lambda self, wake, ttl: False)
     still_ours = cls._still_ours
     taken: list[int] = []
