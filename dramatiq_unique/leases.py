@@ -14,6 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Optional
 
+import redis as redis_lib
 from dramatiq import Middleware
 from dramatiq.asyncio import async_to_sync
 from dramatiq.middleware import SkipMessage
@@ -247,9 +248,9 @@ class LockGate:
     kind = LOCK
     lost = "the execution lock of {} ran out or was taken"
 
-    def __init__(self, suite: Suite, flags: str) -> None:
+    def __init__(self, suite: Suite, wakeups: lot.Flags) -> None:
         self.suite = suite
-        self.flags = flags
+        self.wakeups = wakeups
         self.atomic_release = suite.locks.single
 
     def name(self, group: str) -> str:
@@ -267,7 +268,17 @@ class LockGate:
         return fresh if self.suite.locks.transfer(self.name(group), token, fresh, ttl_ms) else None
 
     def release_unless_flagged(self, group: str, token: str) -> int:
-        return self.suite.locks.release_unless(self.name(group), token, self.flags, group)
+        return self.suite.locks.release_unless(self.name(group), token, self.wakeups.key, group)
+
+    def hand_over(self, group: str, token: str) -> tuple[int, str]:
+        return self.release_unless_flagged(group, token), token
+
+    def flag_and_take(self, group: str, ttl_ms: float, delay_ms: float) -> Optional[str]:
+        try:
+            self.wakeups.flag(group, delay_ms)
+        except redis_lib.RedisError:
+            logger.warning("Could not flag %s: its holder looks in the database for waiting jobs.", group)
+        return self.take(group, ttl_ms)
 
     def release(self, group: str, token: str) -> None:
         self.suite.locks.release(self.name(group), token)
@@ -310,7 +321,7 @@ class ExecutionLocks(GateMiddleware):
 
     def __init__(self, *, suite: Suite, local_handoff: bool = True) -> None:
         super().__init__(suite=suite, local_handoff=local_handoff)
-        self.gate = LockGate(suite, self.parking.wakeups.key)
+        self.gate = LockGate(suite, self.parking.wakeups)
         self.parking.register(self.gate)
         try:
             create_fence_table(suite.db)

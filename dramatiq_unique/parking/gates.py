@@ -1,8 +1,5 @@
-"""What jobs park on: the gate protocol, and the words parking and gates share.
-
-A gate (an execution lock, a concurrency slot) is held by a token; jobs that cannot enter it are
-parked by group (:mod:`dramatiq_unique.parking.lot`).
-"""
+"""What jobs park on: the gate protocol (an execution lock, a concurrency slot), and the words
+parking and gates share."""
 
 from __future__ import annotations
 
@@ -56,10 +53,10 @@ class GroupInfo:
 
 
 class Gate(Protocol):
-    """Something jobs park on.  Tokens are opaque strings; every call may raise
+    """Something jobs park on, held by opaque tokens; every call may raise
     :class:`~dramatiq_unique.errors.DependencyUnavailable`."""
 
-    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``, :mod:`dramatiq_unique.parking.groups`).
+    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``).
     kind: str
     #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
     atomic_release: bool
@@ -70,13 +67,20 @@ class Gate(Protocol):
         """The group's table and order; None if this process does not know it."""
 
     def take(self, group: str, ttl_ms: float) -> Optional[str]:
-        """Enter the gate now, for a job about to be woken; None if it is not free."""
+        """Enter now, for a job about to be woken; None if it is not free."""
+
+    def flag_and_take(self, group: str, ttl_ms: float, delay_ms: float) -> Optional[str]:
+        """Flag ``group`` (its waiters are due for a look in ``delay_ms``), then :meth:`take`."""
 
     def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
         """Re-issue a held gate under a new token; None if ``token`` no longer holds it."""
 
     def release_unless_flagged(self, group: str, token: str) -> int:
-        """Release unless the group is flagged: RELEASED, KEPT or NOT_HELD."""
+        """RELEASED, KEPT (the group is flagged) or NOT_HELD."""
+
+    def hand_over(self, group: str, token: str) -> tuple[int, str]:
+        """:meth:`release_unless_flagged`, and the token the woken job gets if KEPT: a fresh one where
+        the gate re-issues it in the same call, else ``token`` (:meth:`pass_to` follows)."""
 
     def release(self, group: str, token: str) -> None:
         """Release if ``token`` holds it."""
@@ -85,15 +89,10 @@ class Gate(Protocol):
         """ms until the current holder's lease runs out (0 if free)."""
 
     def renew(self, group: str, token: str, ttl_ms: float, limit: int) -> bool:
-        """Renew ``token``'s lease to ``ttl_ms``; False if it lost the gate."""
+        """False if ``token`` lost the gate."""
 
-    # Optional, where a gate can do two steps in one call (SlotGate does):
-    #   hand_over(group, token) -> (outcome, token): release_unless_flagged that re-issues
-    #     the gate to a fresh token when it keeps it;
-    #   flag_and_take(group, ttl_ms, delay_ms) -> token or None: flag the group, then take.
-    # Optional, where a gate names its holders for the operator's views (SlotGate does):
-    #   note(group, token, message_id): the gate under ``token`` went to that job, which waits in
-    #     the broker for a worker thread (its row says queued, and holds the gate all the same).
+    # Optional (SlotGate has them): pass_and_deliver(), used by the deck; note(group, token,
+    # message_id), naming for the operator's views the job a woken token went to.
 
 
 def reservation(group: str, token: str, worker_id: str) -> dict:

@@ -212,6 +212,6 @@ def gate_of(suite: "Suite") -> SlotGate:
     spot = lot.of(suite)
     gate = spot.gates.get(SLOT)
     if not isinstance(gate, SlotGate):
-        gate = SlotGate(suite, spot.flags)
+        gate = SlotGate(suite, spot.wakeups.key)
         spot.register(gate)
     return gate

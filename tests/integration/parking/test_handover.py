@@ -1,6 +1,6 @@
 """The deck hand-over verifies before it delivers.
 
-A row reserved on deck (dramatiq_unique.parking.deck) is started in the database, by a compare-and-set on
+A row reserved on deck (dramatiq_unique.parking.lot) is started in the database, by a compare-and-set on
 what the reservation read (revision, reservation owner, broker id, fencing token),
 before its message is delivered: a row replaced, or taken by another process, while it
 waited on deck is not delivered from the deck, and no fencing token goes to two attempts.
@@ -18,7 +18,7 @@ import dramatiq
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
-from dramatiq_unique.parking import deck, lot
+from dramatiq_unique.parking import lot
 from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import after_ms, utcnow
@@ -57,7 +57,7 @@ def queue_behind_a_holder(make_worker: Any, actor: Any, runs: Runs, waiting: int
     wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
     for i in range(1, waiting + 1):
         actor.send(i)
-    on_deck = min(waiting, deck.DEPTH)
+    on_deck = min(waiting, lot.DEPTH)
     wait_until(lambda: len(reserved(actor.actor_name)) == on_deck, timeout=10, what=f"{on_deck} rows on deck")
 
 
@@ -80,7 +80,7 @@ def test_a_job_replaced_on_deck_runs_its_new_arguments_once(suite, broker, make_
     wait_until(lambda: runs.labels() == [("holder", 0)], timeout=10, what="the holder to start")
     edit.send("a", 1)
     edit.send("b", 1)
-    wait_until(lambda: len(reserved("edit")) == deck.DEPTH, timeout=10, what="two rows on deck")
+    wait_until(lambda: len(reserved("edit")) == lot.DEPTH, timeout=10, what="two rows on deck")
     edit.send("a", 2)  # replaces a's arguments while a waits on deck
     wait_until(lambda: [r.args for r in rows("edit") if r.unique_key and r.args[0] == "a"] == [["a", 2]],
                timeout=5, what="the replace")
@@ -207,7 +207,7 @@ def test_a_worker_stopped_with_rows_on_deck_does_not_run_them_when_it_resumes(su
         # first process has fetched but not parked yet is that process's until it resumes (Dramatiq's Redis
         # broker hands a silent consumer's messages back only after its heartbeat timeout, a minute, and the
         # re-drive is off here), so stopping it then strands that job whatever the suite does.
-        wait_until(lambda: len(parked_rows("slot_job")) == 4 and len(reserved("slot_job")) == deck.DEPTH,
+        wait_until(lambda: len(parked_rows("slot_job")) == 4 and len(reserved("slot_job")) == lot.DEPTH,
                    timeout=10, what="every waiting job parked, two on deck")
         on_deck = {r.args[1] for r in reserved("slot_job")}
         group = reserved("slot_job")[0].parked_on
