@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 def masters_of(suite: Suite) -> list[redis.Redis]:
     """The clients a :class:`KeyLock` asks, as the jobs' locks do: one server's client as given; of
-    several masters, each over the suite's bounded client (:mod:`dramatiq_unique.locks.masters`)."""
+    several masters, each over the suite's bounded client (:mod:`dramatiq_unique.locks.redlock`)."""
     return list(suite.masters) if suite.locks.single else [node.client for node in suite.locks.nodes]
 
 

@@ -18,7 +18,7 @@ import redis
 
 import dramatiq_unique
 from dramatiq_unique.broker.delivery import Delivery
-from dramatiq_unique.locks import masters
+from dramatiq_unique.locks import redlock as masters
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.parking.lot import Flags
 from dramatiq_unique.redis import lua, scripts
@@ -29,7 +29,7 @@ SCRIPTS = [name for name in lua.names() if not name.startswith("_")]
 FRAGMENTS = [name for name in lua.names() if name.startswith("_")]
 #: The modules that may make a scripts.Script: the loader, and the Redlock masters, which
 #: register the texts Locks takes from the loader (checked below).
-REGISTERING = {"redis/lua.py", "locks/masters.py"}
+REGISTERING = {"redis/lua.py", "locks/redlock.py"}
 
 
 def header(text: str) -> str:
