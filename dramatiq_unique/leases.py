@@ -159,6 +159,8 @@ class GateMiddleware(Middleware):
     capability: ClassVar[str]
     #: The options the middleware reads (Dramatiq refuses an option no middleware declares).
     options: ClassVar[frozenset]
+    #: The ActorConfig property that says whether a job (with its message's own options) takes the gate.
+    takes: ClassVar[str]
     gate: Gate
 
     def __init__(self, *, suite: Suite, local_handoff: Optional[bool] = None) -> None:
@@ -189,15 +191,11 @@ class GateMiddleware(Middleware):
         if config is None or message.failed:
             return
         ctx = context.attach(message, self.suite, config)  # JobTracking's too
-        if self.applies(ctx.config):
-            self.enter(ctx, message)
+        if getattr(ctx.config, self.takes):
+            ctx.held[self.gate.kind] = self.enter(ctx, message)
 
-    def applies(self, config: ActorConfig) -> bool:
-        """Whether the actor's jobs (with the message's own options) take this gate."""
-        raise NotImplementedError
-
-    def enter(self, ctx: JobContext, message: Any) -> None:
-        """Take the gate for the attempt (:meth:`hold`), or park the job (:meth:`park`)."""
+    def enter(self, ctx: JobContext, message: Any) -> Held:
+        """Take the gate for the attempt, or park the job (``parking.park_message`` raises SkipMessage)."""
         raise NotImplementedError
 
     def take_up(self, ctx: JobContext, message: Any, group: str) -> Optional[dict]:
@@ -211,14 +209,6 @@ class GateMiddleware(Middleware):
         events.taken_up(self.gate.kind, message, marker, wake)
         ctx.woken = True
         return wake
-
-    def hold(self, ctx: JobContext, held: Held) -> None:
-        ctx.held[self.gate.kind] = held
-
-    def park(self, config: ActorConfig, message: Any, group: str, retry_in: float, **kwargs: Any) -> NoReturn:
-        """Park the job until a holder hands the gate over (SkipMessage); a job woken for another
-        gate hands that one on while it waits."""
-        self.parking.park_message(self.gate, group, config, message, retry_in, **kwargs)
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         self.leave(message)
@@ -317,6 +307,7 @@ class ExecutionLocks(GateMiddleware):
 
     capability: ClassVar[str] = opt.LOCKS
     options: ClassVar[frozenset] = opt.LOCK_OPTIONS
+    takes: ClassVar[str] = "execution_lock"
     gate: LockGate
 
     def __init__(self, *, suite: Suite, local_handoff: bool = True) -> None:
@@ -331,10 +322,7 @@ class ExecutionLocks(GateMiddleware):
             # The primary is down at set-up: its fencing table is made when it first answers.
             suite.stores.later(0, lambda: create_fence_table(suite.db))
 
-    def applies(self, config: ActorConfig) -> bool:
-        return config.execution_lock
-
-    def enter(self, ctx: JobContext, message: Any) -> None:
+    def enter(self, ctx: JobContext, message: Any) -> Held:
         config = ctx.config
         key = derive_key(config.actor_name, config.fn, config.unique_args, message.args, message.kwargs)
         assert key is not None
@@ -352,11 +340,11 @@ class ExecutionLocks(GateMiddleware):
                 retry_in = self.gate.retry_in(group)
             except RedisUnavailable:
                 retry_in = ttl
-            self.park(config, message, group, retry_in, unique_key=key)
+            self.parking.park_message(self.gate, group, config, message, retry_in, unique_key=key)
         # JobTracking draws the key's fencing token as it starts the attempt: on
         # PostgreSQL in the same statement, one synchronous commit fewer per job.
         ctx.fence_key = key
-        self.hold(ctx, Held(self.gate, group, token, ttl))
+        return Held(self.gate, group, token, ttl)
 
 
 class ConcurrencySlots(GateMiddleware):
@@ -394,6 +382,7 @@ class ConcurrencySlots(GateMiddleware):
 
     capability: ClassVar[str] = opt.SLOTS
     options: ClassVar[frozenset] = opt.SLOT_OPTIONS
+    takes: ClassVar[str] = "has_slots"
     gate: SlotGate
 
     def __init__(self, *, suite: Suite, local_handoff: Optional[bool] = None) -> None:
@@ -401,10 +390,7 @@ class ConcurrencySlots(GateMiddleware):
         self.gate = gate_of(suite)
         overrides.open_table(suite)  # the run-time limits are kept there
 
-    def applies(self, config: ActorConfig) -> bool:
-        return config.has_slots
-
-    def enter(self, ctx: JobContext, message: Any) -> None:
+    def enter(self, ctx: JobContext, message: Any) -> Held:
         config, opts = ctx.config, message.options
         group = slot_group(group_key(config, {}, message.args, message.kwargs))
         ttl, limit = config.concurrency_ttl, declared_limit(config)
@@ -424,19 +410,19 @@ class ConcurrencySlots(GateMiddleware):
             if reserved is None and own is None and self.parking.ondeck.places.busy(group):
                 # Jobs of the group wait on deck here, so it is full: queue up behind them without
                 # asking first (parking looks at the slots once more, and wakes the head if one is free).
-                self.park(config, message, group, ttl)
+                self.parking.park_message(self.gate, group, config, message, ttl)
             entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
             if not entered:
                 if started is not None:  # its start is undone: it waits parked, as not started
                     with guarded(f"parking job {message.message_id}"):
                         jobs.unstart(config.model, started, group)
-                self.park(config, message, group, ttl if wait < 0 else wait)
+                self.parking.park_message(self.gate, group, config, message, ttl if wait < 0 else wait)
             if started is not None:
                 started = self._still_ours(config, message, group, token, started)
         ctx.started = started  # its claim started the attempt: JobTracking uses that row
-        self.hold(ctx, Held(self.gate, group, token, ttl, limit))
         self.parking.ondeck.places.holding(group, 1)
         ctx.before_record.append(lambda: self.leave(message))  # handed on before the outcome is written
+        return Held(self.gate, group, token, ttl, limit)
 
     def _still_ours(self, config: ActorConfig, message: Any, group: str, token: str, started: JobModel) -> JobModel:
         """A job started by its claim (or the deck) and picked up late runs under that start only if its
