@@ -223,10 +223,7 @@ class GateMiddleware(Middleware):
         if held is None:
             return
         self.leaving(held)
-        try:
-            self.parking.leave(self.gate, held.group, held.token)
-        except Exception:
-            logger.exception("Could not hand on %s; it frees itself when its lease runs out.", held.group)
+        self.parking.hand_on(held.group, held.token)
 
     def leaving(self, held: Held) -> None:
         """Called as the attempt lets go of ``held``, before it is handed on."""

@@ -102,7 +102,7 @@ class Parking:
         marker = message.options.get(MARKER)
         reserved = marker.pop(WAKE, None) if isinstance(marker, dict) else None
         if isinstance(reserved, dict):
-            self._hand_on(reserved)
+            self.hand_on(str(reserved.get("g")), str(reserved.get("t")))
         raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
 
     def park(
@@ -118,7 +118,7 @@ class Parking:
         if place is None:
             return False
         if isinstance(reserved, dict) and reserved.get("g") != group:
-            self._hand_on(reserved)  # woken for another gate, which it must not sit on while parked
+            self.hand_on(str(reserved.get("g")), str(reserved.get("t")))  # woken for another gate: not to sit on
         # This delivery ends here: Results must not store a None for it.
         message.options["store_results"] = False
         setattr(message, PARKED, True)
@@ -157,13 +157,14 @@ class Parking:
             self.wake_if_flagged(gate, group)
         self.ondeck.released(gate, group)
 
-    def _hand_on(self, reserved: dict) -> None:
-        gate = self.gate_for(str(reserved.get("g", "")))
+    def hand_on(self, group: str, token: str) -> None:
+        """:meth:`leave`, for a gate of a kind registered here; what fails is logged."""
+        gate = self.gate_for(group)
         if gate is not None:
             try:
-                self.leave(gate, reserved["g"], reserved["t"])
+                self.leave(gate, group, token)
             except Exception:
-                logger.exception("Could not hand on %s; it frees itself when its lease runs out.", reserved.get("g"))
+                logger.exception("Could not hand on %s; it frees itself when its lease runs out.", group)
 
     # -- the watchdog ----------------------------------------------------------------
 
