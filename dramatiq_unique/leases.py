@@ -324,14 +324,11 @@ class ExecutionLocks(GateMiddleware):
         key = derive_key(config.actor_name, config.fn, config.unique_args, message.args, message.kwargs)
         assert key is not None
         group = lock_group(key)
-        name, ttl = self.suite.keys.execution_lock(key), config.unique_ttl
+        ttl = config.unique_ttl
         wake = self.take_up(ctx, message, group)
-        fresh = new_token()
         ctx.lock_asked = time.monotonic()
-        if wake and self.suite.locks.transfer(name, wake["t"], fresh, ttl):  # handed to us when woken
-            token: Optional[str] = fresh
-        else:
-            token = self.suite.locks.acquire(name, ttl, fresh)[0]
+        token = self.gate.pass_to(group, wake["t"], ttl) if wake else None  # handed to us when woken
+        token = token or self.gate.take(group, ttl)
         if token is None:
             try:
                 retry_in = self.gate.retry_in(group)
