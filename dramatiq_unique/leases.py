@@ -54,14 +54,12 @@ _CARRIES = "_dramatiq_unique_carries_context"
 def heartbeat() -> float:
     """Inside an actor: renew the current job's leases; returns the seconds left.
 
-    Renews the execution lock and concurrency slot the job holds (one
-    Redis round trip each, every call) and the job row's lease (a
-    database write at most every tenth of ``unique_ttl``).  Call it as
-    often as you like: there is no limit on renewals.
+    Renews the execution lock and concurrency slot the job holds (one Redis round trip each, every call) and
+    the job row's lease (a database write at most every tenth of ``unique_ttl``).  Call it as often as you
+    like: there is no limit on renewals.
 
-    Raises :class:`~dramatiq_unique.errors.LockLost` if a lease is gone
-    (it ran out, or Redis lost it, or a newer attempt took the job): stop
-    the work, the attempt will not be recorded as succeeded.
+    Raises :class:`~dramatiq_unique.errors.LockLost` if a lease is gone (it ran out, or Redis lost it, or a
+    newer attempt took the job): stop the work, the attempt will not be recorded as succeeded.
     """
     ctx = context.require()
     if ctx.lock_lost is not None:
@@ -278,23 +276,19 @@ class LockGate:
 
 
 class ExecutionLocks(GateMiddleware):
-    """Holds an execution lock while a ``while_executing`` or
-    ``until_and_while_executing`` job runs, one job per unique key.
+    """Holds an execution lock while a ``while_executing`` or ``until_and_while_executing`` job runs, one
+    job per unique key.
 
-    A message whose key is locked is parked: acked without running, its
-    row ``pending``, and woken by the holder when it finishes, in
-    ``unique_order_by`` order.  Each acquisition draws the key's next
-    fencing token, which the attempt's row carries.  ``unique_ttl`` is
-    the lock's lease; ``heartbeat()`` renews it.  If Redis cannot be
-    reached the message fails with
-    :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends
-    it again later: it never runs unlocked.
+    A message whose key is locked is parked: acked without running, its row ``pending``, and woken by the
+    holder when it finishes, in ``unique_order_by`` order.  Each acquisition draws the key's next fencing
+    token, which the attempt's row carries.  ``unique_ttl`` is the lock's lease; ``heartbeat()`` renews it.
+    If Redis cannot be reached the message fails with :class:`~dramatiq_unique.errors.RedisUnavailable` and
+    Retries sends it again later: it never runs unlocked.
 
-    Add it before :class:`JobTracking`, which it needs: the lock is taken
-    before the row is marked running (the row gets the lock's fencing
-    token), and handed on after the outcome is recorded.  An actor that
-    takes an execution lock is refused when it is declared on a broker
-    without JobTracking, or with it out of order.
+    Add it before :class:`JobTracking`, which it needs: the lock is taken before the row is marked running
+    (the row gets the lock's fencing token), and handed on after the outcome is recorded.  An actor that
+    takes an execution lock is refused when it is declared on a broker without JobTracking, or with it out
+    of order.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
@@ -342,30 +336,23 @@ class ExecutionLocks(GateMiddleware):
 
 
 class ConcurrencySlots(GateMiddleware):
-    """Runs at most ``concurrency_limit`` jobs of an actor at once, per
-    value of its ``concurrency_key`` (or per actor without one), across
-    every worker sharing the Redis.
+    """Runs at most ``concurrency_limit`` jobs of an actor at once, per value of its ``concurrency_key`` (or
+    per actor without one), across every worker sharing the Redis.
 
-    A job whose group is full is parked: acked without running, holding
-    no thread and burning no retry, its row ``pending``; a job that
-    leaves its slot hands it to the group's next parked job
-    (``unique_order_by`` order).  Slots are leased for
-    ``concurrency_ttl``; ``heartbeat()`` renews the lease, and a holder
-    that died loses its slot when the lease runs out.  Limits can be
-    changed at run time with :func:`dramatiq_unique.set_concurrency_limit`.
-    If Redis cannot be reached the message fails with
-    :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends it
-    again later: it never runs unlimited.
+    A job whose group is full is parked: acked without running, holding no thread and burning no retry, its
+    row ``pending``; a job that leaves its slot hands it to the group's next parked job (``unique_order_by``
+    order).  Slots are leased for ``concurrency_ttl``; ``heartbeat()`` renews the lease, and a holder that
+    died loses its slot when the lease runs out.  Limits can be changed at run time with
+    :func:`dramatiq_unique.set_concurrency_limit`. If Redis cannot be reached the message fails with
+    :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends it again later: it never runs
+    unlimited.
 
-    Add it before :class:`ExecutionLocks` (which goes before
-    :class:`JobTracking`): a job takes its slot, then its execution lock,
-    then its row is marked running; on the way out the slot is handed on
-    first (a slot orders nothing: the next job need not wait for the
-    outcome's commit), then the outcome is recorded, then the lock is
-    handed on.  A job that waits for one gate hands the other on
-    meanwhile.  It needs JobTracking: an actor with a concurrency option
-    is refused when it is declared on a broker without JobTracking, or
-    with the middlewares out of order.
+    Add it before :class:`ExecutionLocks` (which goes before :class:`JobTracking`): a job takes its slot,
+    then its execution lock, then its row is marked running; on the way out the slot is handed on first (a
+    slot orders nothing: the next job need not wait for the outcome's commit), then the outcome is recorded,
+    then the lock is handed on.  A job that waits for one gate hands the other on meanwhile.  It needs
+    JobTracking: an actor with a concurrency option is refused when it is declared on a broker without
+    JobTracking, or with the middlewares out of order.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.

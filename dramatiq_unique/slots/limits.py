@@ -144,17 +144,13 @@ def set_concurrency_limit(
 ) -> int:
     """Change a slot limit at run time, for every worker at once; returns the jobs it started.
 
-    ``key=None`` sets the limit of all the actor's groups (those without
-    a limit of their own); a ``key`` sets one group's (a tenant's).
-    ``0`` halts: running jobs finish, nothing new starts, parked jobs
-    wait.  ``None`` removes the override at that level: the group falls
-    back to the actor's override, then to the declared
-    ``concurrency_limit``.  Raising a limit starts parked jobs at once,
-    one per newly free slot, in their order.  Overrides are kept in the
-    database (the primary store) and copied to Redis: a Redis that loses
-    its data gets them back before its next slot decision.  Called inside
-    a transaction of the caller's, the row commits or rolls back with it
-    (Redis's copy is written at once: call it outside one).
+    ``key=None`` sets the limit of all the actor's groups (those without a limit of their own); a ``key``
+    sets one group's (a tenant's). ``0`` halts: running jobs finish, nothing new starts, parked jobs wait.
+    ``None`` removes the override at that level: the group falls back to the actor's override, then to the
+    declared ``concurrency_limit``.  Raising a limit starts parked jobs at once, one per newly free slot, in
+    their order.  Overrides are kept in the database (the primary store) and copied to Redis: a Redis that
+    loses its data gets them back before its next slot decision.  Called inside a transaction of the
+    caller's, the row commits or rolls back with it (Redis's copy is written at once: call it outside one).
     """
     suite = suite or _config.current()
     if key is None:
@@ -194,9 +190,8 @@ def set_group_limit(
 def concurrency_status(actor_name: str, key: Any = None, *, suite: Optional["Suite"] = None) -> ConcurrencyStatus:
     """The limit, holders and parked jobs of a group (``key`` as for :func:`set_concurrency_limit`).
 
-    With ``key=None`` on an actor that has a ``concurrency_key``: the
-    actor-wide limit, and holders and parked jobs summed over its groups
-    (which scans the suite's slot keys in Redis: an operator's call, not
+    With ``key=None`` on an actor that has a ``concurrency_key``: the actor-wide limit, and holders and
+    parked jobs summed over its groups (which scans the suite's slot keys in Redis: an operator's call, not
     one for a hot path).
     """
     suite = suite or _config.current()
