@@ -21,6 +21,7 @@ import redis as redis_lib
 
 from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
 from dramatiq_unique.guard import guarded
+from dramatiq_unique.redis.keys import glob_escape
 from dramatiq_unique.storage import schema
 from dramatiq_unique.storage.database import DB_ERRORS, describe, is_postgres
 from dramatiq_unique.storage.models import LimitModel, bound_limits, utcnow
@@ -254,7 +255,6 @@ def _adopt(suite: "Suite", model: type[LimitModel], known: list[Override]) -> li
 
 
 def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
-    pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
-    for raw in suite.redis.scan_iter(match=pattern, count=1000):
+    for raw in suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000):
         name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
         yield name[len(prefix):]
