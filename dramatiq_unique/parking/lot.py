@@ -328,21 +328,11 @@ class Parking:
         return self.pass_on(gate, group, token)
 
     def parked_groups(self, limit: int = DEFAULT_PAGE) -> list[str]:
-        """Up to ``limit`` groups per table with parked jobs of this app, of a gate this process knows."""
-        groups = []
-        for model in list(self.suite.models):
-            # This app's groups only: another app's, of the same name, is free in this app's Redis
-            # but not this app's to wake (and the claims would find none of its rows).
-            parked_here = (model.app == self.suite.app) & model.parked_on.is_null(False)
-            query = (
-                model.select(model.parked_on)
-                .where(parked_here & (model.status == JobStatus.PENDING.value))
-                .distinct()
-                .limit(limit)
-            )
-            names = [job.parked_on for job in query if job.parked_on is not None]
-            groups += [group for group in names if self.gate_for(group) is not None]
-        return groups
+        """Up to ``limit`` groups per table with parked jobs of this app, of a gate this process knows.
+        This app's only: another app's group of the same name is free in this app's Redis but not this
+        app's to wake (and the claims would find none of its rows)."""
+        found = (parked_on(model, self.suite.app, limit=limit) for model in list(self.suite.models))
+        return [group for groups in found for group in groups if self.gate_for(group) is not None]
 
     def wake_orphans(self, limit: int = DEFAULT_PAGE) -> int:
         """Wake the first parked job of every group of this app whose gate is free; returns how many woke."""
@@ -769,6 +759,14 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
     # SQLite hands back text for an aggregate and for its clock.
     until, db_time = (model.lease_until.python_value(v) if isinstance(v, str) else v for v in (until, db_time))
     return max((until - db_time).total_seconds() * 1000, 0)
+
+
+def parked_on(model: type[JobModel], app: str, prefix: str = "", limit: Optional[int] = None) -> list[str]:
+    """The groups (starting with ``prefix``) that jobs of ``app`` are parked on in ``model``'s table."""
+    where = (model.app == app) & model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value)
+    if prefix:
+        where &= pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix
+    return [str(job.parked_on) for job in model.select(model.parked_on).where(where).distinct().limit(limit)]
 
 
 def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = None) -> tuple[int, int]:

@@ -108,20 +108,6 @@ def key_words(config: "ActorConfig", key: Any) -> str:
                     for name, value in selected.items())
 
 
-def _parked_groups(config: "ActorConfig") -> list[str]:
-    model = config.model
-    prefix = slot_groups_of(config.actor_name)
-    query = (
-        model.select(model.parked_on)
-        .where(
-            (model.app == config.app) & (model.status == JobStatus.PENDING.value)
-            & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)
-        )
-        .distinct()
-    )
-    return [job.parked_on for job in query if job.parked_on is not None]
-
-
 def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
     """Start parked jobs of ``group`` while it has free slots; how many were woken."""
     gate, spot = gate_of(suite), lot.of(suite)
@@ -183,7 +169,7 @@ def set_group_limit(
     elif not keyed:
         groups = [slot_group(whole_actor(actor_name))]
     else:
-        groups = _parked_groups(config)
+        groups = lot.parked_on(config.model, config.app, slot_groups_of(actor_name))
     return sum(wake_free(suite, g) for g in groups)
 
 
