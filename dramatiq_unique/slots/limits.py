@@ -111,16 +111,8 @@ def key_words(config: "ActorConfig", key: Any) -> str:
 def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
     """Start parked jobs of ``group`` while it has free slots; how many were woken."""
     gate, spot = gate_of(suite), lot.of(suite)
-    info = gate.describe(group)
-    if info is None:
-        return 0
     woken = 0
-    while woken < most:
-        token = gate.take(group, info.ttl_ms)
-        if token is None:
-            break
-        if spot.pass_on(gate, group, token) is None:  # nobody (due) parked: the slot was released
-            break
+    while woken < most and spot.wake(gate, group) is not None:  # None: no free slot, or nobody (due) parked
         woken += 1
     return woken
 
