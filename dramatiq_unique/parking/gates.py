@@ -22,24 +22,6 @@ NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
 
 
 @dataclasses.dataclass(frozen=True)
-class StartSpec:
-    """How a woken job of an actor is started by the claim that wakes it (the slot is all it waits for)."""
-
-    #: The attempt's lease (``unique_ttl``), ms.
-    lease_ms: float
-    #: Whether the start releases the row's unique hold (``until_executing`` and the like).
-    release_hold: bool
-
-
-def spec_for(config: "ActorConfig") -> Optional[StartSpec]:
-    """The actor's start-at-claim spec; None if its woken jobs start the ordinary way (an execution
-    lock may still park them once they have their slot, and a running row cannot be parked)."""
-    if config.execution_lock:
-        return None
-    return StartSpec(lease_ms=config.unique_ttl, release_hold=config.released_at_start)
-
-
-@dataclasses.dataclass(frozen=True)
 class GroupInfo:
     """What waking a group's next job needs to know."""
 
@@ -48,8 +30,10 @@ class GroupInfo:
     order_by: str
     #: Lease (ms) of a gate handed to a woken job, until it takes it up.
     ttl_ms: float
-    #: Set where a woken job needs nothing but this gate: its claim starts it.
-    start: Optional[StartSpec] = None
+    #: The actor, where a woken job needs nothing but this gate (no execution lock may still park it
+    #: once it has its slot, and a running row cannot be parked): its claim starts it, with the
+    #: actor's ``unique_ttl`` as its lease, releasing its unique hold where the lock type says so.
+    start: Optional[ActorConfig] = None
 
 
 class Gate(Protocol):

@@ -297,7 +297,8 @@ class Parking:
         now, start = utcnow(), None
         if info.start is not None and self.delivery.local and self.delivery.worker is not None:
             # Delivered to this process's worker: the claim starts the attempt too.
-            start = (after_ms(info.start.lease_ms, now), f"{self.suite.worker_id}:woken", info.start.release_hold)
+            config = info.start
+            start = (after_ms(config.unique_ttl, now), f"{self.suite.worker_id}:woken", config.released_at_start)
         row = jobs.claim_parked(
             info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app
         )
@@ -383,7 +384,7 @@ class OnDeck:
             return
         began = time.monotonic() if since is None else since
         info = gate.describe(group)
-        if info is None or info.start is None or info.start.release_hold:
+        if info is None or info.start is None or info.start.released_at_start:
             return  # its start would take more than this module writes
         late = None if place is None else place_of(info.order_by, *place)
         while True:
@@ -435,7 +436,7 @@ class OnDeck:
         if (time.monotonic() - deck.since) * 1000 < max_wait(info):  # else its reservation may be running out
             try:  # verified and started before anything is delivered: a stale reservation starts nothing
                 started = jobs.start_reserved(
-                    info.model, row, self.marker, f"{parking.suite.worker_id}:woken", info.start.lease_ms
+                    info.model, row, self.marker, f"{parking.suite.worker_id}:woken", info.start.unique_ttl
                 )
             except Exception:
                 logger.exception("Could not start job %s, on deck.", row.message_id)

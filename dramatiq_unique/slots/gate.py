@@ -12,7 +12,7 @@ import redis as redis_lib
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl, spec_for
+from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
 from dramatiq_unique.redis import lua
 from dramatiq_unique.slots import overrides
@@ -145,7 +145,8 @@ class SlotGate:
         config = self._config(group)
         if config is None:  # a per-message concurrency_limit alone still makes groups: no has_slots() here
             return None
-        return GroupInfo(config.model, config.unique_order_by, config.concurrency_ttl, spec_for(config))
+        start = None if config.execution_lock else config
+        return GroupInfo(config.model, config.unique_order_by, config.concurrency_ttl, start)
 
     def take(self, group: str, ttl_ms: float) -> Optional[str]:
         token = new_token()
