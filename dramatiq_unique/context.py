@@ -1,9 +1,6 @@
-"""Per-attempt state: what the middlewares know about the message being processed.
-
-The context lives on the message proxy (so middlewares that run before
-the job row is loaded can leave state for it) and, while the actor
-runs, in a context variable read by :func:`current_job` and friends.
-"""
+"""Per-attempt state: what the middlewares know about the message being processed.  It lives on the
+message proxy (so middlewares that run before the row is loaded can leave state for it) and, while the
+actor runs, in a context variable read by :func:`current_job` and friends."""
 
 from __future__ import annotations
 
@@ -67,8 +64,6 @@ class JobContext:
     model: "Any" = None
     #: The gates the attempt holds, by kind ("lock", "slot"): parking/gates.py.
     held: dict[str, Held] = dataclasses.field(default_factory=dict)
-    #: Renew the attempt's Redis leases for heartbeat(), each returning the seconds left.
-    renewers: list[Callable[[], float]] = dataclasses.field(default_factory=list)
     #: Run when the actor is done, before the outcome is recorded (a slot is handed on first).
     before_record: list[Callable[[], None]] = dataclasses.field(default_factory=list)
     #: The LockLost that ended the attempt's hold: it is not recorded as succeeded.

@@ -16,8 +16,7 @@ import redis as redis_lib
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfigured
-from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT
-from dramatiq_unique.locks.redlock import Locks
+from dramatiq_unique.locks.redlock import DEFAULT_LOCK_TIMEOUT, Locks
 from dramatiq_unique.redis.keys import DEFAULT_KEY_PREFIX, RedisKeys
 from dramatiq_unique.redis.servers import client_from_url
 from dramatiq_unique.storage import queries
@@ -213,7 +212,7 @@ class Suite:
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
-        #: several Redlock masters, over its bounded client (locks/masters.py), so that the first master
+        #: several Redlock masters, over its bounded client (locks/redlock.py), so that the first master
         #: down costs the flags, which the suite can do without, ``lock_timeout`` at most.
         self.redis = self.masters[0] if self.locks.single else self.locks.nodes[0].client
         self.keys = RedisKeys(self.settings.key_prefix)

@@ -355,7 +355,7 @@ class _Pass:
             pass  # the primary is down: the pass reports it, and looks again next time
         except RedisUnavailable as e:
             logger.warning("The re-drive could not compare the run-time limits with Redis: %s", e)
-        self.counts.woken += lot.wake_orphans(self.suite)
+        self.counts.woken += lot.of(self.suite).wake_orphans()
         if metrics_on():  # the parked-jobs gauge: one query per table, only with metrics on
             events.parked_counts(lot.parked_counts(self.scope.models(), self.suite.app, self.suite.actors.values()))
 

@@ -173,10 +173,10 @@ def parked(target: Target, recheck: float = DEFAULT_RECHECK) -> Finding:
                        {"checked": False})
     from dramatiq_unique.parking import lot
 
-    first = set(lot.orphaned_groups(target.suite))
+    first = set(lot.of(target.suite).orphans())
     if first:
         time.sleep(recheck / 1000)
-        first &= set(lot.orphaned_groups(target.suite))
+        first &= set(lot.of(target.suite).orphans())
     groups = sorted(first)
     if groups:
         return Finding("parked", WARNING, f"{len(groups)} group(s) with parked jobs and no live holder (the "

@@ -28,18 +28,16 @@ logger = logging.getLogger(__name__)
 
 def masters_of(suite: Suite) -> list[redis.Redis]:
     """The clients a :class:`KeyLock` asks, as the jobs' locks do: one server's client as given; of
-    several masters, each over the suite's bounded client (:mod:`dramatiq_unique.locks.masters`)."""
+    several masters, each over the suite's bounded client (:mod:`dramatiq_unique.locks.redlock`)."""
     return list(suite.masters) if suite.locks.single else [node.client for node in suite.locks.nodes]
 
 
 class KeyLock(Redlock):
     """A pottery :class:`~pottery.Redlock` on a unique key's execution lock; :func:`lock` makes one.
 
-    ``auto_release_time`` (pottery's, in seconds) is the ``unique_ttl``
-    given to :func:`lock` (ms), by default the actor's.  Redis errors
-    raise pottery's ``QuorumIsImpossible`` (``raise_on_redis_errors``
-    is on): a blocking ``acquire()`` with its Redis down fails, it does
-    not wait on.
+    ``auto_release_time`` (pottery's, in seconds) is the ``unique_ttl`` given to :func:`lock` (ms), by
+    default the actor's.  Redis errors raise pottery's ``QuorumIsImpossible`` (``raise_on_redis_errors`` is
+    on): a blocking ``acquire()`` with its Redis down fails, it does not wait on.
 
     Attributes:
       unique_key: the key (``<actor name>:<digest>``), as job rows carry it in ``unique_key``.
@@ -108,21 +106,17 @@ class KeyLock(Redlock):
 def lock(actor: dramatiq.Actor, *args: Any, unique_ttl: Optional[int] = None, **kwargs: Any) -> KeyLock:
     """A pottery Redlock on the execution lock that ``actor.send(*args, **kwargs)``'s job would take.
 
-    The key is computed as a worker computes it (``unique_args`` bound
-    through the actor's signature, from the arguments as a message
-    carries them), so ``lock(sync, 42)`` and ``lock(sync, customer_id=42)``
-    hold the same key.  With ``unique_args`` a list of names, only those
-    arguments are needed (the others do not change the key); with
-    ``True`` or a callable, the arguments a send would give.
+    The key is computed as a worker computes it (``unique_args`` bound through the actor's signature, from
+    the arguments as a message carries them), so ``lock(sync, 42)`` and ``lock(sync, customer_id=42)`` hold
+    the same key.  With ``unique_args`` a list of names, only those arguments are needed (the others do not
+    change the key); with ``True`` or a callable, the arguments a send would give.
 
-    ``unique_ttl`` (ms) is the lock's lease, pottery's
-    ``auto_release_time``: by default the actor's ``unique_ttl`` (60 s
-    unless set); ``extend()`` renews it.  Nothing is taken until
-    ``acquire()`` or ``with``.
+    ``unique_ttl`` (ms) is the lock's lease, pottery's ``auto_release_time``: by default the actor's
+    ``unique_ttl`` (60 s unless set); ``extend()`` renews it.  Nothing is taken until ``acquire()`` or
+    ``with``.
 
-    Raises :class:`InvalidOption` for what is not an actor, an actor
-    without ``unique_args`` or whose ``unique_lock`` takes no execution
-    lock (``until_executing``, ``until_executed``, ``until_expired``),
+    Raises :class:`InvalidOption` for what is not an actor, an actor without ``unique_args`` or whose
+    ``unique_lock`` takes no execution lock (``until_executing``, ``until_executed``, ``until_expired``),
     arguments that do not fit it, and a bad ``unique_ttl``.
     """
     if not isinstance(actor, dramatiq.Actor):

@@ -45,22 +45,21 @@ def take_many(suite: "Suite", locks: list[tuple]) -> None:
 def release(suite: "Suite", job: Any, marker: dict, *, wait: bool = True) -> None:
     """Free the queue lock the job's send took, if it took one; ``wait=False`` at a job's start
     (a wait costs a worker thread its turn at the GIL)."""
-    if job.unique_key and marker.get("qt"):
-        free(suite, (suite.keys.queue_lock(job.unique_key), marker["qt"]), job.message_id, wait=wait)
+    release_key(suite, job.unique_key, marker.get("qt"), job.message_id, wait=wait)
 
 
-def release_key(suite: "Suite", unique_key: Optional[str], token: Optional[str], message_id: str) -> None:
-    """Free the queue lock of ``unique_key`` if ``token`` still holds it (a job that ends unrun)."""
-    if unique_key and token:
-        free(suite, (suite.keys.queue_lock(unique_key), token), message_id, wait=True)
-
-
-def free(suite: "Suite", lock: tuple, message_id: str, *, wait: bool) -> None:
-    """Release ``(lock name, token)``; a Redis outage only costs the lock its TTL."""
+def release_key(
+    suite: "Suite", unique_key: Optional[str], token: Optional[str], message_id: str, *, wait: bool = True,
+) -> None:
+    """Free the queue lock of ``unique_key`` if ``token`` still holds it; a Redis outage only costs the
+    lock its TTL."""
+    if not (unique_key and token):
+        return
+    name = suite.keys.queue_lock(unique_key)
     try:
         if wait:
-            suite.locks.release(*lock)
+            suite.locks.release(name, token)
         else:
-            suite.locks.release_later(*lock)
+            suite.locks.release_later(name, token)
     except RedisUnavailable:
         logger.warning("Could not release the queue lock of job %s; it expires by itself.", message_id)

@@ -1,21 +1,227 @@
 """Redis locks, in milliseconds and our tokens: a key ``redlock:<name>`` holding its holder's token, as
 pottery writes it (so the two exclude each other).  One master: one script per operation; several:
-the Redlock algorithm over the same scripts (:mod:`dramatiq_unique.locks.masters`).  Whoever knows
-a token may release or extend its lock (a queue lock's token travels with its message).
+the Redlock algorithm over the same scripts, each master asked over a bounded client of the suite's
+own and skipped a while after it failed, so that a master down or stalled costs a lock operation
+``lock_timeout`` at most (why: docs/discussions/how-it-is-built.md, "Gates: locks, slots and parking").
+Whoever knows a token may release or extend its lock (a queue lock's token travels with its message).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.locks.masters import DEFAULT_LOCK_TIMEOUT, Master, MasterSkipped, Replies, ask_all, drift
-from dramatiq_unique.redis import lua
+from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
+from dramatiq_unique.redis.servers import describe
+
+#: ms each Redlock master may take to connect or to answer (the ``lock_timeout`` setting).
+DEFAULT_LOCK_TIMEOUT = 100
+#: ms a master that failed is skipped before it is asked again.
+PAUSE = 1_000
+#: pottery's (and the Redlock paper's) allowance for clock drift: 1% of the TTL, plus 2 ms.
+CLOCK_DRIFT_FACTOR = 0.01
+
+# Connection settings that belong to the user's pool itself (redis-py 7+'s maintenance
+# notifications) or that redis-py derives again: not copied to the derived pool.
+_POOL_OWN = ("maint_notifications_pool_handler", "maint_notifications_config", "himport_registry",
+             "orig_host_address", "orig_socket_timeout", "orig_socket_connect_timeout")
+
+
+class MasterSkipped(RedisConnectionError):
+    """A master that failed a moment ago is not asked again yet."""
+
+
+class _Forcing(threading.local):
+    on = False
+
+
+#: Set while this thread asks masters it would skip (their answers are needed for a majority).
+_forcing = _Forcing()
+
+
+class Master:
+    """One Redlock master, asked over a bounded client of its own (:func:`bounded_client`), and skipped
+    for :data:`PAUSE` ms after it failed, by this object and by its connections alike."""
+
+    def __init__(self, client: redis.Redis, timeout_ms: float) -> None:
+        self.where = _where(client)
+        #: time.monotonic() until which the master is skipped.
+        self.down_until = 0.0
+        #: Whether its last failure was a timeout (a stalled master), not a refused connection.
+        self.timed_out = False
+        #: Whether a thread is asking it again while it is skipped (one at a time).
+        self.probing = False
+        self._lock = threading.Lock()
+        self._scripts: dict[str, scripts.Script] = {}
+        self._scripts_lock = threading.Lock()
+        self.client = bounded_client(client, timeout_ms, self)
+
+    def skipped(self) -> bool:
+        """Whether the master failed within the last :data:`PAUSE` ms.  Once the pause is over, one
+        thread asks it again while the others keep skipping it until that one knows."""
+        if not self.down_until:
+            return False
+        now = time.monotonic()
+        if self.down_until > now:
+            return True
+        with self._lock:
+            if self.down_until > now:
+                return True
+            self.down_until = now + PAUSE / 1000  # this thread probes; should it fail, the pause goes on
+            return False
+
+    def probe(self) -> bool:
+        """Claim the one probe of a stalled master allowed at a time (see :func:`ask_all`)."""
+        with self._lock:
+            if self.probing:
+                return False
+            self.probing = True
+            return True
+
+    def failed(self, error: Exception) -> None:
+        self.timed_out = isinstance(error, RedisTimeoutError)
+        self.down_until = time.monotonic() + PAUSE / 1000
+
+    def answered(self) -> None:
+        if self.down_until:
+            self.down_until = 0.0
+
+    def run(self, text: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run one of our scripts on this master (registered on first use)."""
+        script = self._scripts.get(text)
+        if script is None:
+            with self._scripts_lock:
+                script = self._scripts.setdefault(text, scripts.Script(self.client, text))
+        return script(keys=keys, args=args)
+
+    def call(self, fn: Callable[["Master"], Any]) -> Any:
+        """``fn(self)``; a connection error or a timeout has the master skipped for a while (even a refused
+        connection: under load each failed call costs its thread a turn at the GIL per system call)."""
+        try:
+            reply = fn(self)
+        except MasterSkipped:
+            raise
+        except (RedisConnectionError, RedisTimeoutError) as e:
+            self.failed(e)
+            raise
+        self.answered()
+        return reply
+
+
+def _guarded(connection_class: type, master: Master) -> type:
+    """``connection_class``, its connections failing at once while ``master`` is skipped, and telling it
+    of their failures: a master down costs the suite's plain commands (wake-up flags, on the first
+    master) no system call while it is skipped."""
+
+    class Guarded(connection_class):
+        def connect_check_health(self, *args: Any, **kwargs: Any) -> Any:
+            if self._sock is None and not _forcing.on and master.skipped():
+                raise MasterSkipped(f"master {master.where} failed a moment ago")
+            try:
+                return super().connect_check_health(*args, **kwargs)
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                master.failed(e)
+                raise
+
+        def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                reply = super().read_response(*args, **kwargs)
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                master.failed(e)
+                raise
+            master.answered()
+            return reply
+
+    Guarded.__name__ = Guarded.__qualname__ = f"Guarded{connection_class.__name__}"
+    return Guarded
+
+
+def bounded_client(client: redis.Redis, timeout_ms: float, master: Master) -> redis.Redis:
+    """A client of the same server as ``client``, with socket timeouts of ``timeout_ms``, no retry after a
+    timeout and one after a broken connection, skipped while ``master`` is.  A pool that cannot be
+    copied (Sentinel...) is used as it is."""
+    pool = client.connection_pool
+    seconds = timeout_ms / 1000
+    kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
+    # Sent again once after a connection error (a connection the server closed when it restarted:
+    # our plain commands are safe to repeat), never after a timeout (a stalled server).
+    kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_error=[], retry_on_timeout=False,
+                  retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
+    try:
+        pool.connection_class(**kwargs)  # the settings fit the connection class (nothing connects yet)
+        cls = _guarded(pool.connection_class, master)
+        return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=cls, **kwargs))
+    except Exception:  # pragma: no cover  (a pool that takes other settings)
+        return client
+
+
+def drift(ttl_ms: float) -> float:
+    """The clock-drift allowance of a lease of ``ttl_ms``."""
+    return ttl_ms * CLOCK_DRIFT_FACTOR + 2
+
+
+def _where(client: redis.Redis) -> str:
+    sentinel = describe(client)
+    if sentinel is not None:
+        return sentinel
+    kwargs = client.connection_pool.connection_kwargs
+    return kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+class Replies:
+    """What the masters answered to one operation: their replies, and the errors of those that failed."""
+
+    def __init__(self) -> None:
+        self.replies: list[Any] = []
+        self.errors: list[Exception] = []
+
+    def count(self, predicate: Callable[[Any], bool]) -> int:
+        return sum(1 for reply in self.replies if predicate(reply))
+
+
+def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int, force: bool = True) -> Replies:
+    """``fn(master)`` on every master in turn.  One that failed a moment ago is skipped, counted as failed,
+    unless the others cannot reach ``quorum`` without it and ``force``: then it is asked too (one that
+    timed out by one thread at a time, the others counting it as failed)."""
+    out = Replies()
+    skipped = []
+    _forcing.on = True  # the skipping is done here: the connections' own check would skip a probe
+    try:
+        for master in masters:
+            if master.skipped():
+                skipped.append(master)
+                continue
+            try:
+                out.replies.append(master.call(fn))
+            except redis.RedisError as e:
+                out.errors.append(e)
+        if not (force and len(out.errors) + len(skipped) > len(masters) - quorum):
+            skipped, left_out = [], skipped
+        else:  # a master that timed out fails slowly: one thread at a time asks it (it may have resumed)
+            left_out = [m for m in skipped if m.timed_out and not m.probe()]
+            skipped = [m for m in skipped if m not in left_out]
+        for master in skipped:
+            try:
+                out.replies.append(master.call(fn))
+            except redis.RedisError as e:
+                out.errors.append(e)
+            finally:
+                master.probing = False
+        out.errors += [MasterSkipped(f"master {m.where} failed a moment ago") for m in left_out]
+    finally:
+        _forcing.on = False
+    return out
+
 
 #: Outcomes of :meth:`Locks.release_unless`: the replies of its script.
 NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
@@ -47,7 +253,7 @@ class Locks:
         self.single = len(self.masters) == 1
         self.quorum = len(self.masters) // 2 + 1
         self.timeout_ms = timeout_ms
-        #: With several masters, each master's bounded client and state (masters.py).
+        #: With several masters, each master's bounded client and state.
         self.nodes: list[Master] = []
         self._scripts: dict[str, Any] = {}
         if self.single:

@@ -1,8 +1,5 @@
-"""What jobs park on: the gate protocol, and the words parking and gates share.
-
-A gate (an execution lock, a concurrency slot) is held by a token; jobs that cannot enter it are
-parked by group (:mod:`dramatiq_unique.parking.lot`).
-"""
+"""What jobs park on: the gate protocol (an execution lock, a concurrency slot), and the words
+parking and gates share."""
 
 from __future__ import annotations
 
@@ -25,24 +22,6 @@ NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
 
 
 @dataclasses.dataclass(frozen=True)
-class StartSpec:
-    """How a woken job of an actor is started by the claim that wakes it (the slot is all it waits for)."""
-
-    #: The attempt's lease (``unique_ttl``), ms.
-    lease_ms: float
-    #: Whether the start releases the row's unique hold (``until_executing`` and the like).
-    release_hold: bool
-
-
-def spec_for(config: "ActorConfig") -> Optional[StartSpec]:
-    """The actor's start-at-claim spec; None if its woken jobs start the ordinary way (an execution
-    lock may still park them once they have their slot, and a running row cannot be parked)."""
-    if config.execution_lock:
-        return None
-    return StartSpec(lease_ms=config.unique_ttl, release_hold=config.released_at_start)
-
-
-@dataclasses.dataclass(frozen=True)
 class GroupInfo:
     """What waking a group's next job needs to know."""
 
@@ -51,15 +30,17 @@ class GroupInfo:
     order_by: str
     #: Lease (ms) of a gate handed to a woken job, until it takes it up.
     ttl_ms: float
-    #: Set where a woken job needs nothing but this gate: its claim starts it.
-    start: Optional[StartSpec] = None
+    #: The actor, where a woken job needs nothing but this gate (no execution lock may still park it
+    #: once it has its slot, and a running row cannot be parked): its claim starts it, with the
+    #: actor's ``unique_ttl`` as its lease, releasing its unique hold where the lock type says so.
+    start: Optional[ActorConfig] = None
 
 
 class Gate(Protocol):
-    """Something jobs park on.  Tokens are opaque strings; every call may raise
+    """Something jobs park on, held by opaque tokens; every call may raise
     :class:`~dramatiq_unique.errors.DependencyUnavailable`."""
 
-    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``, :mod:`dramatiq_unique.parking.groups`).
+    #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``).
     kind: str
     #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
     atomic_release: bool
@@ -70,13 +51,20 @@ class Gate(Protocol):
         """The group's table and order; None if this process does not know it."""
 
     def take(self, group: str, ttl_ms: float) -> Optional[str]:
-        """Enter the gate now, for a job about to be woken; None if it is not free."""
+        """Enter now, for a job about to be woken; None if it is not free."""
+
+    def flag_and_take(self, group: str, ttl_ms: float, delay_ms: float) -> Optional[str]:
+        """Flag ``group`` (its waiters are due for a look in ``delay_ms``), then :meth:`take`."""
 
     def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
         """Re-issue a held gate under a new token; None if ``token`` no longer holds it."""
 
     def release_unless_flagged(self, group: str, token: str) -> int:
-        """Release unless the group is flagged: RELEASED, KEPT or NOT_HELD."""
+        """RELEASED, KEPT (the group is flagged) or NOT_HELD."""
+
+    def hand_over(self, group: str, token: str) -> tuple[int, str]:
+        """:meth:`release_unless_flagged`, and the token the woken job gets if KEPT: a fresh one where
+        the gate re-issues it in the same call, else ``token`` (:meth:`pass_to` follows)."""
 
     def release(self, group: str, token: str) -> None:
         """Release if ``token`` holds it."""
@@ -85,15 +73,10 @@ class Gate(Protocol):
         """ms until the current holder's lease runs out (0 if free)."""
 
     def renew(self, group: str, token: str, ttl_ms: float, limit: int) -> bool:
-        """Renew ``token``'s lease to ``ttl_ms``; False if it lost the gate."""
+        """False if ``token`` lost the gate."""
 
-    # Optional, where a gate can do two steps in one call (SlotGate does):
-    #   hand_over(group, token) -> (outcome, token): release_unless_flagged that re-issues
-    #     the gate to a fresh token when it keeps it;
-    #   flag_and_take(group, ttl_ms, delay_ms) -> token or None: flag the group, then take.
-    # Optional, where a gate names its holders for the operator's views (SlotGate does):
-    #   note(group, token, message_id): the gate under ``token`` went to that job, which waits in
-    #     the broker for a worker thread (its row says queued, and holds the gate all the same).
+    # Optional (SlotGate has them): pass_and_deliver(), used by the deck; note(group, token,
+    # message_id), naming for the operator's views the job a woken token went to.
 
 
 def reservation(group: str, token: str, worker_id: str) -> dict:

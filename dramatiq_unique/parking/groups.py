@@ -16,36 +16,29 @@ WHOLE_ACTOR = "all"
 
 
 def kind_of(group: str) -> str:
-    """The kind a group's name starts with: ``"lock"`` for ``lock:<unique key>``."""
     return group.split(":", 1)[0]
 
 
-def _rest(group: str) -> str:
-    return group.split(":", 1)[1]
-
-
 def lock_group(unique_key: str) -> str:
-    """The group of the jobs waiting for the execution lock of ``unique_key``."""
     return f"{LOCK}:{unique_key}"
 
 
 def unique_key_of(group: str) -> str:
     """The unique key of a group ``lock:<unique key>``."""
-    return _rest(group)
+    return group.split(":", 1)[1]
 
 
 def slot_group(key: str) -> str:
-    """The name of the slot group whose group key is ``key``."""
     return f"{SLOT}:{key}"
 
 
 def slot_key_of(group: str) -> str:
     """The group key of a slot group ``slot:<group key>``."""
-    return _rest(group)
+    return group.split(":", 1)[1]
 
 
 def whole_actor(actor_name: str) -> str:
-    """The group key of an actor without ``concurrency_key``: ``<actor name>:all``."""
+    """The group key of an actor without ``concurrency_key``."""
     return f"{actor_name}:{WHOLE_ACTOR}"
 
 
@@ -57,4 +50,4 @@ def slot_groups_of(actor_name: str) -> str:
 def actor_of(group: str) -> str:
     """The actor of a lock or slot group: what lies between the kind and the last colon
     (an actor's name may hold colons; a digest or ``all`` does not)."""
-    return _rest(group).rsplit(":", 1)[0]
+    return group.split(":", 1)[1].rsplit(":", 1)[0]

@@ -1,12 +1,14 @@
 """Parking: jobs that wait for a gate (an execution lock, a slot) without holding a worker thread.
 
 A job that cannot enter its gate is parked in its row (``pending``, ``parked_on`` its group), its
-group flagged in Redis, its message acked; a holder that leaves wakes the next one.  How and why:
-docs/discussions/how-it-is-built.md, "Gates: locks, slots and parking".
+group flagged in Redis, its message acked; a holder that leaves wakes the next one, first from the
+rows this process reserved on deck.  How and why: docs/discussions/how-it-is-built.md, "Gates:
+locks, slots and parking".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,9 +25,9 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options, rebuild
 from dramatiq_unique.errors import DependencyUnavailable
 from dramatiq_unique.guard import guarded
+from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.observe import events
-from dramatiq_unique.parking.deck import OnDeck
 from dramatiq_unique.parking.gates import KEPT, NOT_HELD, RELEASED, WAKE, Gate, GroupInfo, gate_ttl, reservation
 from dramatiq_unique.parking.groups import LOCK, SLOT, kind_of
 from dramatiq_unique.redis import lua
@@ -42,19 +44,26 @@ logger = logging.getLogger(__name__)
 
 #: ms between two looks of a worker's watchdog at the groups whose holder's lease ran out.
 DEFAULT_WAKE_INTERVAL = 500
-#: Flags looked at per watchdog pass, and groups per :func:`wake_orphans` call.
+#: Flags looked at per watchdog pass, and groups per :meth:`Parking.wake_orphans` call.
 DEFAULT_PAGE = 100
 #: Bound on compare-and-set rounds lost to other wakers.
 MAX_ROUNDS = 20
 #: ms before a group whose wake-up failed (or that no gate here knows) is looked at again.
 RETRY_DELAY = 5_000
+#: Rows on deck per group and process: two, so that two holders of a group here that
+#: finish together both hand over in one step.
+DEPTH = 2
+#: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at
+#: most half the group's slot lease, the length of a reservation in the database: so a
+#: killed process's rows are free about when its slots are).
+MAX_WAIT_MS = 2_000
 #: Seconds a row started by its claim waits for its message's pick-up (which then writes an ordinary start).
 KEEP_FOR = 60.0
 
 
 class Parking:
-    """Parking for one suite: its gates, Redis flags, delivery and watchdog.  Get it with :func:`of`.
-    Thread-safe: worker threads, the watchdog and the re-drive call it at once."""
+    """Parking for one suite (get it with :func:`of`).  Worker threads, the watchdog and the re-drive
+    call it at once."""
 
     def __init__(self, suite: "Suite") -> None:
         self.suite = suite
@@ -62,23 +71,12 @@ class Parking:
         self.started = Started()
         self.gates: dict[str, Gate] = {}
         self.wakeups = Flags(suite.redis, suite.keys.wakeups())
-        #: The Redis key of the wake-up flags.
-        self.flags = self.wakeups.key
         self.delivery = Delivery(lambda: suite.broker)
-        #: The next job of busy slot groups, claimed ahead (see :mod:`dramatiq_unique.parking.deck`).
+        #: The next jobs of busy slot groups, reserved ahead (:class:`OnDeck`).
         self.ondeck = OnDeck(self)
         self.wake_interval = DEFAULT_WAKE_INTERVAL
         self._watchdog: Optional[Watchdog] = None
         self._lock = threading.Lock()
-
-    @property
-    def local_handoff(self) -> bool:
-        """Whether woken jobs go to this process's worker when possible (see :mod:`dramatiq_unique.broker.delivery`)."""
-        return self.delivery.local
-
-    @local_handoff.setter
-    def local_handoff(self, value: bool) -> None:
-        self.delivery.local = value
 
     def register(self, gate: Gate) -> None:
         self.gates[gate.kind] = gate
@@ -89,9 +87,9 @@ class Parking:
         self, gate: Gate, group: str, config: "ActorConfig", message: Any, retry_in_ms: float,
         unique_key: Optional[str] = None,
     ) -> NoReturn:
-        """Park the message's job on ``group`` (a message without a row gets one first); always raises
-        SkipMessage.  A job that is not waiting (a duplicate delivery, a finished or replaced job) is
-        dropped, handing on a gate it was woken for rather than sit on it."""
+        """Park the message's job (a message without a row gets one first): SkipMessage.  A job that is
+        not waiting (a duplicate delivery, a finished or replaced job) is dropped, handing on a gate it
+        was woken for rather than sit on it."""
         with guarded(f"parking job {message.message_id}"):
             job_id, revision = job_row(config, message, unique_key)
             waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
@@ -104,15 +102,14 @@ class Parking:
         marker = message.options.get(MARKER)
         reserved = marker.pop(WAKE, None) if isinstance(marker, dict) else None
         if isinstance(reserved, dict):
-            self._hand_on(reserved)
+            self.hand_on(str(reserved.get("g")), str(reserved.get("t")))
         raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
 
     def park(
         self, gate: Gate, group: str, message: Any, model: type[JobModel], job_id: int, revision: int,
         retry_in_ms: float,
     ) -> bool:
-        """Park ``message``'s job on ``group``; False if the job is not waiting (another delivery runs
-        it, or it finished or was replaced): the caller drops the message, else acks it unrun."""
+        """False if the job is not waiting (another delivery runs it, it finished or was replaced)."""
         marker = dict(message.options.get(MARKER) or {})
         reserved = marker.pop(WAKE, None)
         marker[events.PARKED_AT] = events.now_ms()  # the wait's start, read when it takes up its gate
@@ -121,30 +118,20 @@ class Parking:
         if place is None:
             return False
         if isinstance(reserved, dict) and reserved.get("g") != group:
-            self._hand_on(reserved)  # woken for another gate, which it must not sit on while parked
+            self.hand_on(str(reserved.get("g")), str(reserved.get("t")))  # woken for another gate: not to sit on
         # This delivery ends here: Results must not store a None for it.
         message.options["store_results"] = False
         setattr(message, PARKED, True)
         events.parked(gate.kind, message, group)
-        flag_and_take = getattr(gate, "flag_and_take", None)  # both steps in one call, where the gate can
-        if flag_and_take is None:
-            try:
-                self.wakeups.flag(group, retry_in_ms)
-            except redis_lib.RedisError:
-                logger.warning("Parked job %s but could not flag %s: the holder looks in the database.",
-                               message.message_id, group)
         try:
-            if flag_and_take is not None:
-                token = flag_and_take(group, gate_ttl(gate, group), retry_in_ms)
-            else:
-                token = gate.take(group, gate_ttl(gate, group))
+            token = gate.flag_and_take(group, gate_ttl(gate, group), retry_in_ms)
         except DependencyUnavailable:
             logger.warning("Parked job %s; could not look at %s again: the re-drive wakes it if need be.",
                            message.message_id, group)
             return True
         if token is not None:  # the holder left meanwhile: wake the head of the queue ourselves
             self.pass_on(gate, group, token, fresh=True)
-        else:  # full: a holder in this process may take the next job on deck (parking/deck.py)
+        else:  # full: a holder in this process may take the next job on deck (OnDeck)
             self.ondeck.fill(gate, group, place=(*place, job_id))
         return True
 
@@ -155,17 +142,13 @@ class Parking:
         began = time.monotonic()
         if self.ondeck.hand_over(gate, group, token, since=began) is not None:  # a job reserved here first
             return
-        hand_over = getattr(gate, "hand_over", None)  # re-issues the gate for the woken job in the same call
         try:
-            if hand_over is not None:
-                outcome, token = hand_over(group, token)
-            else:
-                outcome = gate.release_unless_flagged(group, token)
+            outcome, handed = gate.hand_over(group, token)
         except DependencyUnavailable:
             logger.warning("Could not release %s; it frees itself when its lease runs out.", group, exc_info=True)
             return
         if outcome == KEPT:
-            if self.pass_on(gate, group, token, fresh=hand_over is not None) is not None:
+            if self.pass_on(gate, group, handed, fresh=handed != token) is not None:
                 self.ondeck.fill(gate, group, since=began)
                 return
         elif outcome == NOT_HELD or not gate.atomic_release:
@@ -174,25 +157,26 @@ class Parking:
             self.wake_if_flagged(gate, group)
         self.ondeck.released(gate, group)
 
-    def _hand_on(self, reserved: dict) -> None:
-        gate = self.gate_for(str(reserved.get("g", "")))
+    def hand_on(self, group: str, token: str) -> None:
+        """:meth:`leave`, for a gate of a kind registered here; what fails is logged."""
+        gate = self.gate_for(group)
         if gate is not None:
             try:
-                self.leave(gate, reserved["g"], reserved["t"])
+                self.leave(gate, group, token)
             except Exception:
-                logger.exception("Could not hand on %s; it frees itself when its lease runs out.", reserved.get("g"))
+                logger.exception("Could not hand on %s; it frees itself when its lease runs out.", group)
 
     # -- the watchdog ----------------------------------------------------------------
 
     def attach(self, worker: "dramatiq.Worker") -> None:
-        """Called at worker boot: deliver woken jobs locally, and start the watchdog."""
+        """At worker boot: deliver woken jobs locally, and start the watchdog."""
         with self._lock:
             self.delivery.worker = worker
             if self._watchdog is None or not self._watchdog.alive():
                 self._watchdog = Watchdog(self.tick, lambda: self.wake_interval, self.suite.close)
 
     def detach(self, worker: "dramatiq.Worker") -> None:
-        """Called at worker shutdown: back to the broker for deliveries; stop the watchdog."""
+        """At worker shutdown: back to the broker for deliveries; stop the watchdog."""
         with self._lock:
             if self.delivery.worker is worker:
                 self.delivery.worker = None
@@ -209,8 +193,8 @@ class Parking:
 
     def pass_on(self, gate: Gate, group: str, token: str, fresh: bool = False) -> Optional[JobModel]:
         """Holding ``group``'s gate under ``token`` (``fresh``: in no message yet, no re-issue needed):
-        wake the next parked job (returned), or release the gate (None).  On an error the gate is
-        released and the group left flagged for the watchdog."""
+        wake the next parked job (returned), or release the gate.  On an error the gate is released
+        and the group left flagged for the watchdog."""
         woken = self.ondeck.hand_over(gate, group, token)  # a job reserved here comes first
         if woken is not None:
             return woken
@@ -253,7 +237,7 @@ class Parking:
                         self.wakeups.flag(group, 0)
                     continue
                 if waiting is not None and flags:
-                    # Reserved by another process for its deck (deck.py): it hands them a
+                    # Reserved by another process for its deck: it hands them a
                     # slot; should it die, look again when their reservation has run out.
                     gate.release(group, token)
                     self.wakeups.flag(group, waiting + 50)
@@ -298,7 +282,7 @@ class Parking:
         return self.wake(gate, group)
 
     def wake(self, gate: Gate, group: str) -> Optional[JobModel]:
-        """Take a free slot of ``group``'s gate, if there is one, for its next waiter."""
+        """Take a free place in ``group``'s gate, if there is one, for its next waiter."""
         try:
             token = gate.take(group, gate_ttl(gate, group))
         except (DependencyUnavailable, redis_lib.RedisError):
@@ -313,7 +297,8 @@ class Parking:
         now, start = utcnow(), None
         if info.start is not None and self.delivery.local and self.delivery.worker is not None:
             # Delivered to this process's worker: the claim starts the attempt too.
-            start = (after_ms(info.start.lease_ms, now), f"{self.suite.worker_id}:woken", info.start.release_hold)
+            config = info.start
+            start = (after_ms(config.unique_ttl, now), f"{self.suite.worker_id}:woken", config.released_at_start)
         row = jobs.claim_parked(
             info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app
         )
@@ -344,21 +329,11 @@ class Parking:
         return self.pass_on(gate, group, token)
 
     def parked_groups(self, limit: int = DEFAULT_PAGE) -> list[str]:
-        """Up to ``limit`` groups per table with parked jobs of this app, of a gate this process knows."""
-        groups = []
-        for model in list(self.suite.models):
-            # This app's groups only: another app's, of the same name, is free in this app's Redis
-            # but not this app's to wake (and the claims would find none of its rows).
-            parked_here = (model.app == self.suite.app) & model.parked_on.is_null(False)
-            query = (
-                model.select(model.parked_on)
-                .where(parked_here & (model.status == JobStatus.PENDING.value))
-                .distinct()
-                .limit(limit)
-            )
-            names = [job.parked_on for job in query if job.parked_on is not None]
-            groups += [group for group in names if self.gate_for(group) is not None]
-        return groups
+        """Up to ``limit`` groups per table with parked jobs of this app, of a gate this process knows.
+        This app's only: another app's group of the same name is free in this app's Redis but not this
+        app's to wake (and the claims would find none of its rows)."""
+        found = (parked_on(model, self.suite.app, limit=limit) for model in list(self.suite.models))
+        return [group for groups in found for group in groups if self.gate_for(group) is not None]
 
     def wake_orphans(self, limit: int = DEFAULT_PAGE) -> int:
         """Wake the first parked job of every group of this app whose gate is free; returns how many woke."""
@@ -379,6 +354,287 @@ class Parking:
         return found
 
 
+class OnDeck:
+    """The rows on deck of one :class:`Parking`, by group: the next jobs of a busy slot group, reserved
+    ahead by the process whose holder runs.  When a holder here leaves, the first row on deck is started
+    by a compare-and-set on what its reservation read, then handed the slot and delivered in one Redis
+    call: one commit and one Redis call on a hand-over's critical path."""
+
+    def __init__(self, parking: "Parking") -> None:
+        self.parking = parking
+        self.enabled = True
+        self.places = Places()
+        #: The ``worker`` value of the rows this process reserved.
+        self.marker = f"{parking.suite.worker_id}:deck"
+
+    def usable(self, gate: Gate) -> bool:
+        """Whether rows of ``gate``'s groups go on deck here (a lock has no deck; a woken job needs a
+        local worker)."""
+        delivery = self.parking.delivery
+        return self.enabled and hasattr(gate, "pass_and_deliver") and delivery.local and delivery.worker is not None
+
+    def fill(
+        self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None,
+    ) -> None:
+        """Reserve ``group``'s next parked rows, up to ``DEPTH`` on deck: after a hand-over that woke a
+        job of the group here (``since``: when it began), or after a job parked on it while a holder runs
+        here (``place``: its ``(created_at, process_after, id)``, which may take the last row's place).
+        A row that raced a holder here letting its slot go after ``since`` is put back, the group woken."""
+        if not self.usable(gate):
+            return
+        began = time.monotonic() if since is None else since
+        info = gate.describe(group)
+        if info is None or info.start is None or info.start.released_at_start:
+            return  # its start would take more than this module writes
+        late = None if place is None else place_of(info.order_by, *place)
+        while True:
+            if not self.places.book(group, with_holder=since is None, late=late):
+                return
+            late = None
+            rows: list[JobModel] = []
+            try:
+                rows = self._reserve(info, group, 1)
+            finally:
+                kept = self._settle(gate, group, info, rows, began, booked=1)
+            if not kept:
+                return
+
+    def _reserve(self, info: GroupInfo, group: str, count: int) -> list[JobModel]:
+        """Up to ``count`` rows reserved for the group's slot lease, by the database's clock."""
+        rows: list[JobModel] = []
+        while len(rows) < count:
+            row = jobs.reserve(info.model, group, info.order_by, self.marker, info.ttl_ms, app=self.parking.suite.app)
+            if row is None:
+                break
+            rows.append(row)
+        return rows
+
+    def _settle(
+        self, gate: "Gate", group: str, info: "GroupInfo", rows: list[JobModel], began: float, booked: int,
+    ) -> bool:
+        """Put freshly reserved rows on deck (``booked`` places were counted for them), those that cannot
+        stay back; True if all were kept."""
+        back, raced = self.places.settle(group, info, rows, began, booked)
+        for row in back:
+            self.put_back(info, row, group)
+        if raced and back:
+            self.parking.wake_if_flagged(gate, group)  # a slot may be free for them
+        return bool(rows) and not back
+
+    def hand_over(self, gate: "Gate", group: str, token: str, since: Optional[float] = None) -> Optional[JobModel]:
+        """Holding ``group``'s slot under ``token``: start the first row on deck, then pass it the slot and
+        deliver it in one Redis call, then reserve the next rows; the started row.  None (the caller goes
+        on the usual way) if none is on deck, it is no longer ours as reserved, or the pass failed."""
+        began = time.monotonic() if since is None else since
+        first = self.places.take_first(group)  # with the places left on deck, booked now (see fill())
+        if first is None:
+            return None
+        deck, booked = first
+        parking, row, info = self.parking, deck.row, deck.info
+        assert info.start is not None
+        started = None
+        if (time.monotonic() - deck.since) * 1000 < max_wait(info):  # else its reservation may be running out
+            try:  # verified and started before anything is delivered: a stale reservation starts nothing
+                started = jobs.start_reserved(
+                    info.model, row, self.marker, f"{parking.suite.worker_id}:woken", info.start.unique_ttl
+                )
+            except Exception:
+                logger.exception("Could not start job %s, on deck.", row.message_id)
+        passed, plan = False, None
+        if started is not None:
+            fresh = new_token()
+            try:
+                # Built from the row as the start returned it: the database's arguments, not the deck's copy.
+                wake = reservation(group, fresh, parking.suite.worker_id)
+                plan = parking.delivery.plan(rebuild(started, {WAKE: wake}), started.broker_ref)
+                if plan is not None:
+                    parking.started.put(started)
+                    passed = gate.pass_and_deliver(  # type: ignore[attr-defined]
+                        group, token, fresh, info.ttl_ms, plan.keys, plan.args
+                    )
+            except Exception:
+                logger.exception("Could not hand %s to job %s, on deck.", group, row.message_id)
+        if not passed or plan is None:
+            logger.debug("Job %s, on deck, was not handed %s (changed, taken, waited too long or the pass failed).",
+                         row.message_id, group)
+            if started is not None:
+                parking.started.take(started.message_id, started.revision)
+            self._settle(gate, group, info, [], began, booked)
+            self.put_back(info, row, group, started)  # cleared if still ours, the group flagged
+            return None
+        plan.complete()
+        time.sleep(0)  # yield the GIL: the woken job's thread goes first, the next reservations after
+        refilled: list[JobModel] = []
+        try:
+            refilled = self._reserve(info, group, booked)
+        except Exception:
+            logger.exception("Could not reserve the next jobs of %s.", group)
+        finally:
+            self._settle(gate, group, info, refilled, began, booked)
+        logger.debug("Handed %s to job %s, on deck.", group, row.message_id)
+        return started
+
+    def released(self, gate: "Gate", group: str) -> None:
+        """A holder of ``group`` here left without handing its slot on (nobody was waiting, or it had
+        lost the slot): a row reserved meanwhile would wait for nobody, so it is woken."""
+        if not self.enabled or not hasattr(gate, "pass_and_deliver"):
+            return  # a gate without a deck (an execution lock): nothing to note on every leave
+        if self.places.released(group):
+            self.parking.wake(gate, group)
+
+    def put_back(self, info: "GroupInfo", row: JobModel, group: str, started: Optional[JobModel] = None) -> None:
+        """Clear a reservation (undoing ``started``, a start not delivered): the row is an ordinary
+        parked job again, and its group flagged."""
+        model = info.model
+        try:
+            if started is not None:
+                jobs.unstart(model, started, group)
+            model.update(worker=None, lease_until=None).where(
+                (model.id == row.id) & (model.status == JobStatus.PENDING.value) & (model.worker == self.marker)
+            ).execute()
+            self.parking.wakeups.flag(group, 0)
+        except Exception:
+            logger.exception("Could not clear the reservation of job %s; it ends by itself.", row.message_id)
+
+    def sweep(self, max_wait_ms: Optional[float] = None) -> int:
+        """Put back the rows that waited on deck too long (all of them with ``max_wait_ms=0``)."""
+        stale = self.places.stale(max_wait_ms)
+        for group, deck in stale:
+            self.put_back(deck.info, deck.row, group)
+        return len(stale)
+
+
+@dataclasses.dataclass
+class Deck:
+    """A row on deck: reserved for this process, waiting for a holder of its group here."""
+
+    row: JobModel
+    info: GroupInfo
+    since: float  # monotonic seconds
+
+    @property
+    def key(self) -> tuple:
+        return place_of(self.info.order_by, self.row.created_at, self.row.process_after, self.row.id)
+
+
+def place_of(order_by: str, created_at: Any, process_after: Any, job_id: int) -> tuple:
+    """A row's place in its group's queue (as the claim orders them)."""
+    first = process_after if order_by == "process_after" and process_after is not None else created_at
+    return (first, job_id)
+
+
+def max_wait(info: GroupInfo) -> float:
+    """ms a row of a group with ``info`` may wait on deck."""
+    return min(MAX_WAIT_MS, info.ttl_ms / 2)
+
+
+class Places:
+    """The places on deck of one process, by group.  Thread-safe."""
+
+    def __init__(self) -> None:
+        self._decks: dict[str, list[Deck]] = {}
+        self._holders: dict[str, int] = {}
+        self._coming: dict[str, int] = {}  # group: reservations under way
+        self._missed: dict[str, float] = {}  # group: when a holder here last let its slot go
+        self._missed_cap = 1000
+        self._lock = threading.Lock()
+
+    def book(self, group: str, *, with_holder: bool, late: Optional[tuple] = None) -> bool:
+        """Count a place on deck for one reservation before it is made; False if none is left
+        (``with_holder``: only while a holder of the group runs here).  ``late``: a job that just parked,
+        which gets a place on a full deck if it comes before the last row (that one goes back)."""
+        with self._lock:
+            decks, coming = self._decks.get(group, []), self._coming.get(group, 0)
+            if with_holder and group not in self._holders:
+                return False
+            if len(decks) + coming >= DEPTH:
+                # Full: only a job that parked late, ahead of the last on deck, gets a place.
+                if not (late is not None and not coming and decks and late < decks[-1].key):
+                    return False
+            self._coming[group] = coming + 1
+            return True
+
+    def settle(
+        self, group: str, info: GroupInfo, rows: list[JobModel], began: float, booked: int,
+    ) -> tuple[list[JobModel], bool]:
+        """Put freshly reserved rows on deck: the rows that cannot stay, and whether a holder here let its
+        slot go after ``began`` (it may have looked at the deck before these rows were on it)."""
+        back: list[JobModel] = []
+        with self._lock:
+            left = self._coming.get(group, 0) - booked
+            if left > 0:
+                self._coming[group] = left
+            else:
+                self._coming.pop(group, None)
+            raced = self._missed.get(group, 0.0) >= began
+            for row in rows:
+                # A message that brought unique options of its own starts the usual way, not from the deck.
+                if raced or any(str(k).startswith("unique_") for k in (row.options or {})):
+                    back.append(row)
+                    continue
+                decks = self._decks.setdefault(group, [])
+                decks.append(Deck(row, info, time.monotonic()))
+                decks.sort(key=lambda d: d.key)
+                if len(decks) > DEPTH:
+                    back.append(decks.pop().row)
+        return back, raced
+
+    def take_first(self, group: str) -> Optional[tuple[Deck, int]]:
+        """Take the first row on deck off it, and book the places then free for its refill:
+        ``(deck, booked)``; None if there is none."""
+        with self._lock:
+            decks = self._decks.get(group)
+            deck = decks.pop(0) if decks else None
+            if decks == []:
+                del self._decks[group]
+            if deck is None:
+                return None
+            booked = max(DEPTH - len(self._decks.get(group, ())) - self._coming.get(group, 0), 0)
+            if booked:
+                self._coming[group] = self._coming.get(group, 0) + booked
+            return deck, booked
+
+    def released(self, group: str) -> bool:
+        """Note that a holder of ``group`` here let its slot go now; whether rows wait on deck for it."""
+        with self._lock:
+            if len(self._missed) > self._missed_cap:  # only fills under way look: keep the recent ones
+                cut = time.monotonic() - 60
+                self._missed = {g: t for g, t in self._missed.items() if t > cut}
+                self._missed_cap = max(1000, 2 * len(self._missed))  # so pruning stays rare
+            self._missed[group] = time.monotonic()
+            return bool(self._decks.get(group))
+
+    def stale(self, max_wait_ms: Optional[float] = None) -> list[tuple[str, Deck]]:
+        """Take off the deck the rows that waited too long (all with ``max_wait_ms=0``)."""
+        now = time.monotonic()
+        stale: list[tuple[str, Deck]] = []
+
+        def old(deck: Deck) -> bool:
+            return (now - deck.since) * 1000 >= (max_wait(deck.info) if max_wait_ms is None else max_wait_ms)
+
+        with self._lock:
+            for group, decks in list(self._decks.items()):
+                stale += [(group, d) for d in decks if old(d)]
+                keep = [d for d in decks if not old(d)]
+                if keep:
+                    self._decks[group] = keep
+                else:
+                    del self._decks[group]
+        return stale
+
+    def holding(self, group: str, change: int) -> None:
+        """Count a slot taken (+1) or left (-1) in this process."""
+        with self._lock:
+            count = self._holders.get(group, 0) + change
+            if count > 0:
+                self._holders[group] = count
+            else:
+                self._holders.pop(group, None)
+
+    def busy(self, group: str) -> bool:
+        return bool(self._decks.get(group))  # a read of one dict entry: no lock needed
+
+
 _parkings: "weakref.WeakKeyDictionary[Suite, Parking]" = weakref.WeakKeyDictionary()
 _parkings_lock = threading.Lock()
 
@@ -391,18 +647,6 @@ def of(suite: "Suite") -> Parking:
             parking = _parkings[suite] = Parking(suite)
             ParkedSkipFilter.install()
         return parking
-
-
-def wake_orphans(suite: "Suite", *, limit: int = DEFAULT_PAGE) -> int:
-    """For the re-drive: wake parked jobs whose gate has no live holder (a lost wake-up); how many woke.
-    Safe from any process at any time: a held gate is left to its holder, claims are compare-and-set."""
-    return of(suite).wake_orphans(limit)
-
-
-def orphaned_groups(suite: "Suite", *, limit: int = DEFAULT_PAGE) -> list[str]:
-    """Groups of this app with parked jobs whose gate has no live holder (read only: what
-    :func:`wake_orphans` would wake; the ``check`` command reports them)."""
-    return of(suite).orphans(limit)
 
 
 class Flags:
@@ -516,6 +760,14 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
     # SQLite hands back text for an aggregate and for its clock.
     until, db_time = (model.lease_until.python_value(v) if isinstance(v, str) else v for v in (until, db_time))
     return max((until - db_time).total_seconds() * 1000, 0)
+
+
+def parked_on(model: type[JobModel], app: str, prefix: str = "", limit: Optional[int] = None) -> list[str]:
+    """The groups (starting with ``prefix``) that jobs of ``app`` are parked on in ``model``'s table."""
+    where = (model.app == app) & model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value)
+    if prefix:
+        where &= pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix
+    return [str(job.parked_on) for job in model.select(model.parked_on).where(where).distinct().limit(limit)]
 
 
 def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = None) -> tuple[int, int]:

@@ -1,8 +1,6 @@
-"""Concurrency slots in Redis: at most ``limit`` holders per group, leased, as a parking gate.
-
-A group (``slot:<actor>:<digest>``, or ``:all`` without ``concurrency_key``) is a sorted set of
-holder tokens scored with when their lease runs out; its limit is read in each script, run-time
-overrides first (:mod:`dramatiq_unique.slots.overrides`).  How: docs/discussions/how-it-is-built.md.
+"""Concurrency slots in Redis, as a parking gate: a group (``slot:<actor>:<digest>``, or ``:all``
+without ``concurrency_key``) is a sorted set of holder tokens scored with when their lease runs out;
+each script reads its limit, run-time overrides first.  How: docs/discussions/how-it-is-built.md.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import redis as redis_lib
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl, spec_for
+from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
 from dramatiq_unique.redis import lua
 from dramatiq_unique.slots import overrides
@@ -40,35 +38,29 @@ def group_key(config: "ActorConfig", message_options: dict, args: tuple, kwargs:
 
 
 def declared_limit(config: "ActorConfig") -> int:
+    """The limit the scripts get for the actor (overrides still apply)."""
     return UNLIMITED if config.concurrency_limit is None else int(config.concurrency_limit)
 
 
 class GroupStatus(NamedTuple):
-    """A slot group as :meth:`SlotGate.status` reads it."""
+    """A slot group as Redis holds it: holders, the limit in force (-1: none), the group's override and
+    the actor's (None: none), ms until a holder's lease runs out (-1: halted), whether Redis holds the
+    run-time limits (if not, the overrides are not to be trusted until put back), the limit the group's
+    last message brought, and the message ids of the jobs handed a slot that wait in the broker."""
 
     held: int
-    #: The limit in force (-1: none).
     limit: int
-    #: The group's override and the actor's, as Redis holds them (None: none).
     own: Optional[int]
     actor: Optional[int]
-    #: ms until a holder's lease runs out (-1: halted).
     wait: float
-    #: Whether Redis holds the run-time limits (False: it lost them, and the overrides above are
-    #: not to be trusted until they are put back).
     loaded: bool = True
-    #: The limit the group's last message brought (None: none).
     message: Optional[int] = None
-    #: Message ids of the jobs handed a slot while they wait in the broker (noted: :meth:`SlotGate.note`).
     waiting_holders: tuple[str, ...] = ()
 
 
 class SlotGate:
-    """Concurrency slots as a parking :class:`~dramatiq_unique.parking.gates.Gate`.
-
-    Get it with :func:`gate_of`.  Every method may raise
-    :class:`~dramatiq_unique.errors.RedisUnavailable`.
-    """
+    """Concurrency slots as a parking gate (get it with :func:`gate_of`).  Every method may raise
+    :class:`~dramatiq_unique.errors.RedisUnavailable`."""
 
     kind = SLOT
     lost = "the concurrency slot in {} ran out and the group is full"
@@ -115,8 +107,6 @@ class SlotGate:
         except redis_lib.RedisError as e:
             raise RedisUnavailable(f"concurrency slots of {group!r}: {e}") from e
 
-    # -- for the middleware ---------------------------------------------------
-
     def enter(self, group: str, token: str, ttl_ms: float, limit: int, reserved: Optional[str],
               own_limit: Optional[int] = None) -> tuple[bool, float]:
         """Take up ``reserved`` (handed to this job when it was woken) or a free slot: ``(True, 0)``, or
@@ -130,8 +120,7 @@ class SlotGate:
         return bool(self._call(self._renew, group, [limit, token, int(ttl_ms)]))
 
     def status(self, group: str, limit: Optional[int] = None) -> GroupStatus:
-        """The group's holders, limit and overrides (:class:`GroupStatus`); a suite that may write puts
-        the run-time limits back first if Redis lost them."""
+        """A suite that may write puts the run-time limits back first if Redis lost them."""
         default = self._default(group) if limit is None else limit
         notes = self.suite.keys.slot_jobs(slot_key_of(group))
         reply = self._call(self._status, group, [default], (notes,))
@@ -144,21 +133,20 @@ class SlotGate:
                            as_int(message), waiting)
 
     def note(self, group: str, token: str, message_id: str) -> None:
-        """``token``'s slot was handed to the job of ``message_id``, which waits in the broker for a worker
-        thread: noted next to the group, for the operator's views (the notes of tokens that left are dropped)."""
+        """``token``'s slot went to the job of ``message_id``, which waits in the broker for a worker thread:
+        noted for the operator's views (the notes of tokens that left are dropped)."""
         key, keys = slot_key_of(group), self.suite.keys
         try:
             self._note(keys=[keys.slots(key), keys.slot_jobs(key)], args=[token, message_id])
         except redis_lib.RedisError as e:
             raise RedisUnavailable(f"noting a holder of {group!r}: {e}") from e
 
-    # -- the Gate protocol ------------------------------------------------------
-
     def describe(self, group: str) -> Optional[GroupInfo]:
         config = self._config(group)
         if config is None:  # a per-message concurrency_limit alone still makes groups: no has_slots() here
             return None
-        return GroupInfo(config.model, config.unique_order_by, config.concurrency_ttl, spec_for(config))
+        start = None if config.execution_lock else config
+        return GroupInfo(config.model, config.unique_order_by, config.concurrency_ttl, start)
 
     def take(self, group: str, ttl_ms: float) -> Optional[str]:
         token = new_token()
@@ -172,26 +160,20 @@ class SlotGate:
     def release_unless_flagged(self, group: str, token: str) -> int:
         return int(self._call(self._leave, group, [self._default(group), token, group, "", 0], (self.flags,)))
 
-    # -- one round trip instead of two, where parking can use it -------------------
-
     def hand_over(self, group: str, token: str) -> tuple[int, str]:
-        """Leave, re-issuing the slot to a fresh token if someone waits: ``(KEPT, fresh)``,
-        ``(RELEASED, token)`` or ``(NOT_HELD, token)``.  The fresh token is the woken job's."""
+        """Leave, re-issuing the slot to a fresh token for the woken job if someone waits (one call)."""
         fresh = new_token()
         args = [self._default(group), token, group, fresh, int(gate_ttl(self, group))]
         outcome = int(self._call(self._leave, group, args, (self.flags,)))
         return outcome, (fresh if outcome == KEPT else token)
 
     def pass_and_deliver(self, group: str, token: str, fresh: str, ttl_ms: float, keys: list, args: list) -> bool:
-        """Hand the slot held by ``token`` to ``fresh`` and write a local delivery's message
-        (``keys``/``args`` of :class:`~dramatiq_unique.broker.delivery.LocalDelivery`), in one step;
+        """Hand the slot held by ``token`` to ``fresh`` and write a local delivery's message, in one step;
         False, with nothing written, if the slot was not held or the group is over its limit."""
         script_args = [self._default(group), token, fresh, int(ttl_ms), *args]
         return bool(self._call(self._pass_and_deliver, group, script_args, tuple(keys)))
 
     def flag_and_take(self, group: str, ttl_ms: float, delay_ms: float) -> Optional[str]:
-        """Flag ``group`` (its waiters are due for a look in ``delay_ms``) and take a free slot
-        if there is one, in one step: a token, or None."""
         token = new_token()
         args = [self._default(group), token, int(ttl_ms), group, int(max(delay_ms, 0))]
         return token if self._call(self._flag_and_take, group, args, (self.flags,)) else None
@@ -208,10 +190,10 @@ class SlotGate:
 
 
 def gate_of(suite: "Suite") -> SlotGate:
-    """The suite's slot gate, registered with its parking (one per suite)."""
+    """The suite's slot gate, registered with its parking."""
     spot = lot.of(suite)
     gate = spot.gates.get(SLOT)
     if not isinstance(gate, SlotGate):
-        gate = SlotGate(suite, spot.flags)
+        gate = SlotGate(suite, spot.wakeups.key)
         spot.register(gate)
     return gate

@@ -1,8 +1,6 @@
-"""Run-time concurrency limits: :func:`set_concurrency_limit` and :func:`concurrency_status`.
-
-Kept in the database and copied to Redis (:mod:`dramatiq_unique.slots.overrides`), where every
-worker's next decision reads them.  A raised limit wakes parked jobs at once; 0 halts a group.
-"""
+"""Run-time concurrency limits: :func:`set_concurrency_limit` and :func:`concurrency_status`.  Kept in
+the database and copied to Redis (:mod:`dramatiq_unique.slots.overrides`), where every worker's next
+decision reads them.  A raised limit wakes parked jobs at once; 0 halts a group."""
 
 from __future__ import annotations
 
@@ -110,43 +108,11 @@ def key_words(config: "ActorConfig", key: Any) -> str:
                     for name, value in selected.items())
 
 
-def _level(config: "ActorConfig", key: Any) -> tuple[str, Optional[str]]:
-    """(the override's group: '' for the actor's own, the one group it limits or None for all the actor's)."""
-    if key is not None:
-        group = key_group(config, key)
-        return group, slot_group(group)
-    if config.options.get("concurrency_key") is None:
-        return "", slot_group(whole_actor(config.actor_name))
-    return "", None
-
-
-def _parked_groups(config: "ActorConfig") -> list[str]:
-    model = config.model
-    prefix = slot_groups_of(config.actor_name)
-    query = (
-        model.select(model.parked_on)
-        .where(
-            (model.app == config.app) & (model.status == JobStatus.PENDING.value)
-            & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)
-        )
-        .distinct()
-    )
-    return [job.parked_on for job in query if job.parked_on is not None]
-
-
 def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
-    """Start parked jobs of ``group`` while it has free slots; returns how many were woken."""
+    """Start parked jobs of ``group`` while it has free slots; how many were woken."""
     gate, spot = gate_of(suite), lot.of(suite)
-    info = gate.describe(group)
-    if info is None:
-        return 0
     woken = 0
-    while woken < most:
-        token = gate.take(group, info.ttl_ms)
-        if token is None:
-            break
-        if spot.pass_on(gate, group, token) is None:  # nobody (due) parked: the slot was released
-            break
+    while woken < most and spot.wake(gate, group) is not None:  # None: no free slot, or nobody (due) parked
         woken += 1
     return woken
 
@@ -156,34 +122,28 @@ def set_concurrency_limit(
 ) -> int:
     """Change a slot limit at run time, for every worker at once; returns the jobs it started.
 
-    ``key=None`` sets the limit of all the actor's groups (those without
-    a limit of their own); a ``key`` sets one group's (a tenant's).
-    ``0`` halts: running jobs finish, nothing new starts, parked jobs
-    wait.  ``None`` removes the override at that level: the group falls
-    back to the actor's override, then to the declared
-    ``concurrency_limit``.  Raising a limit starts parked jobs at once,
-    one per newly free slot, in their order.  Overrides are kept in the
-    database (the primary store) and copied to Redis: a Redis that loses
-    its data gets them back before its next slot decision.  Called inside
-    a transaction of the caller's, the row commits or rolls back with it
-    (Redis's copy is written at once: call it outside one).
+    ``key=None`` sets the limit of all the actor's groups (those without a limit of their own); a ``key``
+    sets one group's (a tenant's). ``0`` halts: running jobs finish, nothing new starts, parked jobs wait.
+    ``None`` removes the override at that level: the group falls back to the actor's override, then to the
+    declared ``concurrency_limit``.  Raising a limit starts parked jobs at once, one per newly free slot, in
+    their order.  Overrides are kept in the database (the primary store) and copied to Redis: a Redis that
+    loses its data gets them back before its next slot decision.  Called inside a transaction of the
+    caller's, the row commits or rolls back with it (Redis's copy is written at once: call it outside one).
     """
-    _check_limit(limit)
     suite = suite or _config.current()
+    if key is None:
+        return set_group_limit(actor_name, "", limit, suite=suite)
     config = _slot_config(suite, actor_name)
-    group, _ = _level(config, key)
-    words = None if key is None else key_words(config, key)
-    return set_group_limit(actor_name, group, limit, suite=suite, words=words, key=key)
+    words = key_words(config, key)
+    return set_group_limit(actor_name, key_group(config, key), limit, suite=suite, words=words, key=key)
 
 
 def set_group_limit(
     actor_name: str, group: str, limit: Optional[int], *, suite: "Suite", words: Optional[str] = None, key: Any = None,
 ) -> int:
-    """:func:`set_concurrency_limit` for a level named by its group key (the operator's surfaces name
-    the groups they list so): '' for the actor's own limit, else one of the actor's groups
-    (``<actor>:<digest>``, as ``concurrency_status`` and the ``slots`` view give it), whether or
-    not a job has its key.  ``words``/``key``: the key, to keep with the override (an override's
-    own are kept when not given).  Returns the jobs it started."""
+    """:func:`set_concurrency_limit` for a level named by its group key, as the operator's surfaces list
+    them: '' for the actor's own limit, else ``<actor>:<digest>``, whether or not a job has its key.
+    ``words``/``key``: the key, kept with the override (an override's own are kept when not given)."""
     _check_limit(limit)
     config = _slot_config(suite, actor_name)
     keyed = config.options.get("concurrency_key") is not None
@@ -201,36 +161,38 @@ def set_group_limit(
     elif not keyed:
         groups = [slot_group(whole_actor(actor_name))]
     else:
-        groups = _parked_groups(config)
+        groups = lot.parked_on(config.model, config.app, slot_groups_of(actor_name))
     return sum(wake_free(suite, g) for g in groups)
 
 
 def concurrency_status(actor_name: str, key: Any = None, *, suite: Optional["Suite"] = None) -> ConcurrencyStatus:
     """The limit, holders and parked jobs of a group (``key`` as for :func:`set_concurrency_limit`).
 
-    With ``key=None`` on an actor that has a ``concurrency_key``: the
-    actor-wide limit, and holders and parked jobs summed over its groups
-    (which scans the suite's slot keys in Redis: an operator's call, not
+    With ``key=None`` on an actor that has a ``concurrency_key``: the actor-wide limit, and holders and
+    parked jobs summed over its groups (which scans the suite's slot keys in Redis: an operator's call, not
     one for a hot path).
     """
     suite = suite or _config.current()
     config = _slot_config(suite, actor_name)
-    level, group = _level(config, key)
-    return _status(suite, config, key, level, group)
+    return _status(suite, config, key, "" if key is None else key_group(config, key))
 
 
 def group_status(actor_name: str, group: str, *, suite: "Suite") -> ConcurrencyStatus:
     """:func:`concurrency_status` of a level named by its group key, as :func:`set_group_limit` takes it."""
     config = _slot_config(suite, actor_name)
-    keyed = config.options.get("concurrency_key") is not None
-    if not keyed or group in ("", whole_actor(actor_name)):
-        return _status(suite, config, None, "", None if keyed else slot_group(whole_actor(actor_name)))
+    if group in ("", whole_actor(actor_name)) or config.options.get("concurrency_key") is None:
+        return _status(suite, config, None, "")
     kept = overrides.find(suite, actor_name, group)
-    return _status(suite, config, kept.key if kept is not None else None, group, slot_group(group))
+    return _status(suite, config, kept.key if kept is not None else None, group)
 
 
-def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str, group: Optional[str]) -> ConcurrencyStatus:
+def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str) -> ConcurrencyStatus:
+    """``level``: a group key, or '' for the actor's own limit (all its groups, or its one group unkeyed)."""
     actor_name, gate = config.actor_name, gate_of(suite)
+    if level:
+        group: Optional[str] = slot_group(level)
+    else:
+        group = None if config.options.get("concurrency_key") is not None else slot_group(whole_actor(actor_name))
     declared = config.options.get("concurrency_limit")
     model = config.model
     waiting = (model.app == suite.app) & (model.status == JobStatus.PENDING.value)  # another app's are not ours

@@ -1,8 +1,7 @@
-"""Run-time limits, kept: each override a row in the database, and a copy in Redis for the slot scripts.
-
-The row is the record; a marker key says Redis holds every override, and a slot script that finds
-it missing answers ``LIMITS_UNKNOWN`` rather than decide at the declared limit (:func:`restore_if_lost`).
-How a change and a restore take turns: docs/discussions/how-it-is-built.md.
+"""Run-time limits, kept: each override a row in the database (the record), and a copy in Redis for the
+slot scripts.  A marker key says Redis holds every override; a slot script that finds it missing
+answers ``LIMITS_UNKNOWN`` rather than decide at the declared limit (:func:`restore_if_lost`).  How a
+change and a restore take turns: docs/discussions/how-it-is-built.md.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import redis as redis_lib
 
 from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
 from dramatiq_unique.guard import guarded
+from dramatiq_unique.redis.keys import glob_escape
 from dramatiq_unique.storage import schema
 from dramatiq_unique.storage.database import DB_ERRORS, describe, is_postgres
 from dramatiq_unique.storage.models import LimitModel, bound_limits, utcnow
@@ -45,21 +45,18 @@ _restoring = threading.Lock()
 
 @dataclasses.dataclass(frozen=True)
 class Override:
-    """A limit set at run time: the actor's own (``group`` '') or one slot group's."""
+    """A limit set at run time: the actor's own (``group`` '') or one slot group's (``<actor>:<digest>``),
+    with its key in words (``customer=42``) and as ``set_concurrency_limit`` took it, where known."""
 
     actor: str
-    #: The group's key (``<actor>:<digest>``), or '' for the actor's own override.
     group: str
     limit: int
-    #: The key in words (``customer=42``); None for the actor's own, or when not known.
     words: Optional[str]
-    #: The key as ``set_concurrency_limit`` took it; None when not known.
     key: Any
     set_at: Optional[datetime]
 
 
 def redis_key(suite: "Suite", actor: str, group: str) -> str:
-    """Where Redis holds the override of ``actor`` (``group`` '') or of one of its groups."""
     return suite.keys.limit(group) if group else suite.keys.actor_limit(actor)
 
 
@@ -73,7 +70,7 @@ def writes(suite: "Suite") -> bool:
 
 
 def model_of(suite: "Suite") -> type[LimitModel]:
-    """The limits' table of ``suite``'s primary store (its model bound there, made once)."""
+    """The limits' table of ``suite``'s primary store."""
     with _models_lock:
         model = _models.get(suite)
         if model is None:
@@ -82,8 +79,8 @@ def model_of(suite: "Suite") -> type[LimitModel]:
 
 
 def open_table(suite: "Suite") -> None:
-    """Create the limits' table in the primary if missing (at set-up, by ConcurrencySlots); a primary that
-    does not answer, of several stores, gets it at its first use."""
+    """Create the limits' table in the primary if missing; a primary that does not answer, of several
+    stores, gets it at its first use."""
     if not writes(suite):
         return
     model = model_of(suite)
@@ -106,8 +103,8 @@ def _model(suite: "Suite") -> type[LimitModel]:
 
 @contextlib.contextmanager
 def _turns(db: pw.Database, app: str) -> Iterator[None]:
-    """A transaction no other change or restore of the app's limits runs in (see the module docstring):
-    on PostgreSQL an advisory lock of the app's, on SQLite the write lock from the start."""
+    """A transaction no other change or restore of the app's limits runs in: on PostgreSQL an advisory
+    lock of the app's, on SQLite the write lock from the start."""
     if isinstance(db, pw.SqliteDatabase) and not db.in_transaction():
         with db.atomic(lock_type="IMMEDIATE"):
             yield
@@ -139,8 +136,7 @@ def _as_json(key: Any) -> Any:
 def write(
     suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None, key: Any = None,
 ) -> None:
-    """Set (``limit`` an int) or remove (None) the override of ``actor`` (``group`` '') or of one group:
-    the row, and Redis's copy in the row's transaction."""
+    """Set (``limit`` an int) or remove (None) an override: the row, and Redis's copy in its transaction."""
     model = _model(suite)
     db = model._meta.database
     target = redis_key(suite, actor, group)
@@ -168,7 +164,7 @@ def write(
 
 
 def listing(suite: "Suite", actor: Optional[str] = None) -> list[Override]:
-    """The app's overrides (of ``actor``, or all), by actor and group: the database's record."""
+    """The app's overrides (of ``actor``, or all), by actor and group."""
     with guarded("reading the run-time limits"):
         model = _model(suite)
         if not writes(suite) and not schema.columns(model):
@@ -178,7 +174,6 @@ def listing(suite: "Suite", actor: Optional[str] = None) -> list[Override]:
 
 
 def find(suite: "Suite", actor: str, group: str) -> Optional[Override]:
-    """The override of ``actor`` (``group`` '') or of one of its groups, or None."""
     return next((o for o in listing(suite, actor) if o.group == group), None)
 
 
@@ -203,8 +198,8 @@ def restore(suite: "Suite") -> int:
 
 
 def restore_if_lost(suite: "Suite") -> int:
-    """:func:`restore` if the marker is missing (a slot script found it so); 0 if another thread did it
-    meanwhile, or if this suite may not write (the command line's from the environment)."""
+    """:func:`restore` if the marker is missing; 0 if another thread did it meanwhile, or if this suite
+    may not write (the command line's from the environment)."""
     if not writes(suite):
         return 0
     with _restoring:
@@ -260,7 +255,6 @@ def _adopt(suite: "Suite", model: type[LimitModel], known: list[Override]) -> li
 
 
 def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
-    pattern = "".join(f"\\{c}" if c in "*?[]\\" else c for c in prefix) + "*"
-    for raw in suite.redis.scan_iter(match=pattern, count=1000):
+    for raw in suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000):
         name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
         yield name[len(prefix):]

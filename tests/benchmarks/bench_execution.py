@@ -92,7 +92,7 @@ class Run:
 
     def handoff(self, n: int, run_ms: int, threads: int, local: bool) -> tuple[list[float], float]:
         """Gaps (ms) between one job of a key ending and the next one starting, and jobs/s of the chain."""
-        lot.of(self.suite).local_handoff = local
+        lot.of(self.suite).delivery.local = local
         for i in range(n):
             self.actors["chain"].send("k", i, run_ms)
         self.suite.close()

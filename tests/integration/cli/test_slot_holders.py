@@ -37,7 +37,7 @@ def test_holders_woken_while_every_thread_is_busy_are_named(suite, broker, datab
         wait_until(lambda: concurrency_status("slot_job", key="a").parked == 2, timeout=15, what="two parked")
         job.send("b", 0, run_ms=15_000)  # the second thread: busy from now on
         wait_until(lambda: tally.running("b") == 1, timeout=15, what="b's job to start")
-        # The worker reserves the next rows of a busy group for its own holder (parking/deck.py) and
+        # The worker reserves the next rows of a busy group for its own holder (parking/lot.py) and
         # gives them back after a while: wait for that, so another process can wake them.
         wait_until(lambda: all(JobModel.get_by_id(i).worker is None for i in _ids("a")[1:]), timeout=15,
                    what="the parked rows off the worker's deck")

@@ -394,7 +394,7 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
 
         a.use()
         info = gate_of(a.suite).describe(group)
-        assert lot.wake_orphans(a.suite) == 0 and broker_messages(a.broker) == []
+        assert lot.of(a.suite).wake_orphans() == 0 and broker_messages(a.broker) == []
         assert jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app) is None
         assert reserve_elsewhere(info, group, a.suite.app) is None
         assert lot.waiting_in(info, group, app=a.suite.app) is None
@@ -408,7 +408,7 @@ def test_parking_statements_see_only_their_apps_rows(database_url, key_prefix):
         assert reserved is not None and reserved.id == a_rows[0].id
         claimed = jobs.claim_parked(JobModel, group, "created_at", utcnow(), "ref", app=a.suite.app)
         assert claimed is not None and claimed.id == a_rows[1].id
-        assert lot.wake_orphans(a.suite) == 1  # the last of A's: its slot is free
+        assert lot.of(a.suite).wake_orphans() == 1  # the last of A's: its slot is free
         assert [m["message_id"] for m in broker_messages(a.broker)] == [a_rows[2].message_id]
         assert b_untouched()
         b.use()
@@ -461,7 +461,7 @@ def test_parking_statements_use_the_app_and_group_index_on_postgresql(pg_url, ke
         assert claimed is not None
         assert lot.waiting_in(info, group, app=app.suite.app) == 0
         assert concurrency_status("job").parked == 2
-        assert lot.wake_orphans(app.suite) == 2  # the last of the group, and the head of the hot one
+        assert lot.of(app.suite).wake_orphans() == 2  # the last of the group, and the head of the hot one
         monkeypatch.undo()
 
         explained, generic = 0, 0

@@ -276,6 +276,8 @@ def test_with_three_masters_the_lock_is_held_on_a_majority_and_wakes_the_jobs(br
         wait_until(lambda: parked(first), timeout=WAIT, what="the job parked")
         held.release()
         wait_until(lambda: finished(first), timeout=WAIT, what="the job after the release")
+        # Its outcome is recorded before its lock is handed on: wait for the hand-over too.
+        wait_until(lambda: not held.locked(), timeout=WAIT, what="the job's lock let go")
 
         servers[2].stop()
         assert held.acquire(blocking=False)

@@ -21,7 +21,7 @@ import redis
 
 import dramatiq_unique
 from dramatiq_unique import RedisUnavailable, current_job, heartbeat
-from dramatiq_unique.locks import masters as redlock
+from dramatiq_unique.locks import redlock
 from dramatiq_unique.locks.redlock import KEPT, NOT_HELD, RELEASED, Locks, new_token
 from tests.helpers import wait_until
 
@@ -254,8 +254,8 @@ def test_a_dead_or_stalled_master_is_asked_over_a_bounded_client_and_then_skippe
     os.kill(masters[1].process.pid, signal.SIGSTOP)
     try:
         assert locks.extend("job", token, 5_000)
-        assert locks.nodes[1].health.down_until > time.monotonic(), "the stalled master failed, and is skipped"
-        assert locks.nodes[1].health.skipped()
+        assert locks.nodes[1].down_until > time.monotonic(), "the stalled master failed, and is skipped"
+        assert locks.nodes[1].skipped()
         replies = redlock.ask_all(locks.nodes, lambda master: master.run("return 1", [], []), locks.quorum)
         assert replies.replies == [1, 1] and isinstance(replies.errors[0], redlock.MasterSkipped)
         fresh = new_token()

@@ -1,4 +1,4 @@
-"""Execution locks (dramatiq_unique.middleware.execution_locks), on real Redis with SQLite and PostgreSQL."""
+"""Execution locks (dramatiq_unique.leases), on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -408,7 +408,7 @@ def test_a_sigkilled_holder_frees_its_lock_after_the_ttl(suite, broker, database
         wait_until(lambda: sum(1 for r in rows("exec_job") if r.parked_on) == 1, timeout=10, what="parked")
         # Parked by the holder's own process and killed before its flag, the job would be the
         # re-drive's (off here): kill once the key is flagged.
-        flags = lot.of(suite).flags
+        flags = lot.of(suite).wakeups.key
         wait_until(lambda: redis_client.zcard(flags) == 1, timeout=10, what="the key flagged")
         proc.kill_child(pid)
         killed_at = time.time()

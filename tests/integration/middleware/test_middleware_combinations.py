@@ -277,8 +277,8 @@ def test_slots_alone_can_publish_woken_jobs_through_the_broker(broker, bare_suit
     add_tracking(broker, bare_suite)
     slots = ConcurrencySlots(suite=bare_suite, local_handoff=False)
     broker.add_middleware(slots, before=JobTracking)
-    assert slots.parking.local_handoff is False
-    assert ConcurrencySlots(suite=bare_suite).parking.local_handoff is False  # None leaves it as set
+    assert slots.parking.delivery.local is False
+    assert ConcurrencySlots(suite=bare_suite).parking.delivery.local is False  # None leaves it as set
     peak = Peak()
 
     @dramatiq.actor(concurrency_limit=1)

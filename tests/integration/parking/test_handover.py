@@ -1,6 +1,6 @@
 """The deck hand-over verifies before it delivers.
 
-A row reserved on deck (dramatiq_unique.parking.deck) is started in the database, by a compare-and-set on
+A row reserved on deck (dramatiq_unique.parking.lot) is started in the database, by a compare-and-set on
 what the reservation read (revision, reservation owner, broker id, fencing token),
 before its message is delivered: a row replaced, or taken by another process, while it
 waited on deck is not delivered from the deck, and no fencing token goes to two attempts.
@@ -18,7 +18,7 @@ import dramatiq
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
-from dramatiq_unique.parking import deck, lot
+from dramatiq_unique.parking import lot
 from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import after_ms, utcnow
@@ -57,7 +57,7 @@ def queue_behind_a_holder(make_worker: Any, actor: Any, runs: Runs, waiting: int
     wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
     for i in range(1, waiting + 1):
         actor.send(i)
-    on_deck = min(waiting, deck.DEPTH)
+    on_deck = min(waiting, lot.DEPTH)
     wait_until(lambda: len(reserved(actor.actor_name)) == on_deck, timeout=10, what=f"{on_deck} rows on deck")
 
 
@@ -80,7 +80,7 @@ def test_a_job_replaced_on_deck_runs_its_new_arguments_once(suite, broker, make_
     wait_until(lambda: runs.labels() == [("holder", 0)], timeout=10, what="the holder to start")
     edit.send("a", 1)
     edit.send("b", 1)
-    wait_until(lambda: len(reserved("edit")) == deck.DEPTH, timeout=10, what="two rows on deck")
+    wait_until(lambda: len(reserved("edit")) == lot.DEPTH, timeout=10, what="two rows on deck")
     edit.send("a", 2)  # replaces a's arguments while a waits on deck
     wait_until(lambda: [r.args for r in rows("edit") if r.unique_key and r.args[0] == "a"] == [["a", 2]],
                timeout=5, what="the replace")
@@ -207,7 +207,7 @@ def test_a_worker_stopped_with_rows_on_deck_does_not_run_them_when_it_resumes(su
         # first process has fetched but not parked yet is that process's until it resumes (Dramatiq's Redis
         # broker hands a silent consumer's messages back only after its heartbeat timeout, a minute, and the
         # re-drive is off here), so stopping it then strands that job whatever the suite does.
-        wait_until(lambda: len(parked_rows("slot_job")) == 4 and len(reserved("slot_job")) == deck.DEPTH,
+        wait_until(lambda: len(parked_rows("slot_job")) == 4 and len(reserved("slot_job")) == lot.DEPTH,
                    timeout=10, what="every waiting job parked, two on deck")
         on_deck = {r.args[1] for r in reserved("slot_job")}
         group = reserved("slot_job")[0].parked_on
@@ -299,9 +299,7 @@ def test_a_job_started_ahead_and_picked_up_late_runs_under_that_start(suite, bro
     """Given jobs started ahead of their delivery (from the deck, or by their claim), When their pick-up comes
     late (the slot reservation no longer counts as fresh), Then each runs under the start written for it, once
     its row shows no other attempt took over: one attempt each, one token per attempt, all succeeded."""
-    from dramatiq_unique.middleware import concurrency_slots as slots_middleware
-
-    monkeypatch.setattr(slots_middleware.ConcurrencySlots, "_fresh_here", lambda self, wake, ttl: False)
+    monkeypatch.setattr(dramatiq_unique.ConcurrencySlots, "_fresh_here", lambda self, wake, ttl: False)
     runs, release = Runs(), threading.Event()
 
     @dramatiq.actor(concurrency_limit=1, max_retries=0)
@@ -323,9 +321,7 @@ def test_a_job_taken_over_before_its_late_pick_up_is_not_run(suite, broker, make
     """Given a job started ahead of its delivery and picked up late, When another attempt took the job over in
     between (a newer token on its row), Then the late pick-up does not run it and writes nothing; the slot goes
     on to the next job, which runs."""
-    from dramatiq_unique.middleware import concurrency_slots as slots_middleware
-
-    cls = slots_middleware.ConcurrencySlots
+    cls = dramatiq_unique.ConcurrencySlots
     monkeypatch.setattr(cls, "_fresh_here", lambda self, wake, ttl: False)
     still_ours = cls._still_ours
     taken: list[int] = []

@@ -1,4 +1,4 @@
-"""Rows on deck (dramatiq_unique.parking.deck): the next jobs of a busy slot group, reserved ahead by this process."""
+"""Rows on deck (dramatiq_unique.parking.lot): the next jobs of a busy slot group, reserved ahead by this process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import dramatiq
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, concurrency_status
-from dramatiq_unique.parking import deck
+from dramatiq_unique.parking import lot
 from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, after_ms, utcnow
@@ -32,7 +32,7 @@ def test_reserved_jobs_stay_parked_and_start_in_order_once_each(suite, broker, m
 
     make_worker(4)
     queue_behind_a_holder(step, rec, 5)
-    wait_until(lambda: len(reserved("step")) == deck.DEPTH, timeout=10, what="rows on deck")
+    wait_until(lambda: len(reserved("step")) == lot.DEPTH, timeout=10, what="rows on deck")
     # The last two may still be on their way to parking when the deck is full.
     wait_until(lambda: concurrency_status("step").parked == 4, timeout=5, what="4 parked jobs")
     assert rec.started() == 1
@@ -89,7 +89,7 @@ def test_stopping_the_worker_gives_reserved_jobs_back(suite, broker, make_worker
 
     first = make_worker(4)
     queue_behind_a_holder(slow, rec, 4)
-    wait_until(lambda: len(reserved("slow")) == deck.DEPTH, timeout=10, what="rows on deck")
+    wait_until(lambda: len(reserved("slow")) == lot.DEPTH, timeout=10, what="rows on deck")
     first.stop(timeout=10_000)  # lets the running job finish
     assert reserved("slow") == []
     # Parked again, or (the last hand-over, after the worker let go of its deck) sent through the broker:
@@ -126,7 +126,7 @@ def test_other_wakers_skip_a_reserved_row_until_its_reservation_ends(suite, brok
 def test_a_row_kept_on_deck_too_long_goes_back_to_the_queue(suite, broker, make_worker, monkeypatch):
     """Given a holder running a long job and rows reserved behind it, When they wait longer than the
     deck's bound, Then the watchdog puts them back (parked, unreserved), and they still run in order."""
-    monkeypatch.setattr(deck, "MAX_WAIT_MS", 200)
+    monkeypatch.setattr(lot, "MAX_WAIT_MS", 200)
     rec = Recorder()
 
     @dramatiq.actor(concurrency_limit=1)

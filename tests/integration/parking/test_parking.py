@@ -25,7 +25,7 @@ from tests.integration.parking.helpers import ORDER, Delivery, TestGate, sent
 def park(suite):
     ORDER["value"] = "created_at"
     spot = lot.of(suite)
-    gate = TestGate(suite, spot.flags)
+    gate = TestGate(suite, spot.wakeups)
     spot.register(gate)
     return spot, gate
 
@@ -141,10 +141,10 @@ def test_wake_orphans_recovers_from_lost_flags(park, broker, redis_client):
     holder = gate.take("t:held", 5_000)
     park_row(spot, gate, "t:free", free)
     park_row(spot, gate, "t:held", held)
-    redis_client.delete(spot.flags)
+    redis_client.delete(spot.wakeups.key)
     threading.Event().wait(0.4)
 
-    assert lot.wake_orphans(spot.suite) == 1
+    assert spot.wake_orphans() == 1
     assert [m.message_id for m in sent(broker)] == ["job-0"]
     assert JobModel.get_by_id(held.id).parked_on == "t:held" and spot.wakeups.is_flagged("t:held")
     spot.leave(gate, "t:held", holder)
@@ -165,7 +165,7 @@ def test_another_apps_rows_on_the_same_group_are_never_woken(park, broker):
     assert [m.message_id for m in sent(broker)] == ["job-1"]
     spot.leave(gate, "t:g", sent(broker)[0].options[MARKER]["wake"]["t"])
     assert gate.take("t:g", 1000) is not None, "released: nobody of this app waits"
-    assert lot.wake_orphans(spot.suite) == 0 and not spot.wakeups.is_flagged("t:alone")
+    assert spot.wake_orphans() == 0 and not spot.wakeups.is_flagged("t:alone")
     assert len(sent(broker)) == 1
     assert [(r.status, r.parked_on, r.broker_ref) for r in map(JobModel.get_by_id, [t.id for t in theirs])] == [
         ("pending", "t:g", None), ("pending", "t:alone", None)]

@@ -1,4 +1,4 @@
-"""Concurrency slots (dramatiq_unique.middleware.concurrency_slots, dramatiq_unique.slots.gate,
+"""Concurrency slots (dramatiq_unique.leases, dramatiq_unique.slots.gate,
 dramatiq_unique.slots.limits), on real Redis with the job table on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -558,7 +558,7 @@ def test_a_sigkilled_holder_frees_its_slot_after_its_lease(suite, broker, databa
         assert concurrency_status("slot_job", key="t").holders == 1
         # Killed between its park and its flag, the holder's process would leave the job to the
         # re-drive (off here): kill once the group is flagged, as the test means to.
-        flags = dramatiq_unique.parking.lot.of(suite).flags
+        flags = dramatiq_unique.parking.lot.of(suite).wakeups.key
         wait_until(lambda: redis_client.zcard(flags) == 1, timeout=10, what="the group flagged")
         (child,) = holder.children()
         holder.kill_child(child)

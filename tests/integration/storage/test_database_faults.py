@@ -129,7 +129,7 @@ def test_the_wakeup_watchdog_recovers(private_suite, broker, cluster, kind):
     """Given the watchdog thread woke a parked job (its thread has a connection), When the
     server restarts or cuts its session, Then it still wakes the next waiter of a dead holder."""
     spot = lot.of(private_suite)
-    gate = TestGate(private_suite, spot.flags)
+    gate = TestGate(private_suite, spot.wakeups)
     spot.register(gate)
     watchdog = Watchdog(spot.tick, lambda: 50, private_suite.close)
     try:

@@ -1,4 +1,4 @@
-"""The places on deck (dramatiq_unique.parking.deck): the deck's bookkeeping, no services."""
+"""The places on deck (dramatiq_unique.parking.lot): the deck's bookkeeping, no services."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from dramatiq_unique import JobModel
-from dramatiq_unique.parking import deck as places_module
-from dramatiq_unique.parking.deck import DEPTH, Places, place_of
+from dramatiq_unique.parking import lot as places_module
 from dramatiq_unique.parking.gates import GroupInfo
+from dramatiq_unique.parking.lot import DEPTH, Places, place_of
 
 T0 = datetime(2026, 1, 1)
 INFO = GroupInfo(JobModel, "created_at", 5_000)

@@ -18,7 +18,7 @@ import redis
 
 import dramatiq_unique
 from dramatiq_unique.broker.delivery import Delivery
-from dramatiq_unique.locks import masters
+from dramatiq_unique.locks import redlock as masters
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.parking.lot import Flags
 from dramatiq_unique.redis import lua, scripts
@@ -30,7 +30,7 @@ FRAGMENTS = [name for name in lua.names() if name.startswith("_")]
 #: The modules that may make a scripts.Script: the loader, the Redlock masters, which register the
 #: texts Locks takes from the loader (checked below), and the publisher, which runs the Redis broker's
 #: own dispatch script with the queue locks in one MULTI/EXEC.
-REGISTERING = {"redis/lua.py", "locks/masters.py", "broker/publish.py"}
+REGISTERING = {"redis/lua.py", "locks/redlock.py", "broker/publish.py"}
 
 
 def header(text: str) -> str:
