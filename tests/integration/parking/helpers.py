@@ -8,7 +8,7 @@ import dramatiq
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.leases import LockGate
+from dramatiq_unique.middleware.execution_locks import LockGate
 from dramatiq_unique.parking.gates import GroupInfo
 from tests.integration.slots.helpers import rows
 
