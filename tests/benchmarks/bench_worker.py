@@ -33,7 +33,8 @@ counted), and the WAL written (``pg_wal_lsn_diff`` of ``pg_current_wal_lsn()``).
 statement: its figures are what the server spends idle (checkpointer, WAL writer, autovacuum).  So that
 the CPU is the benchmark's alone, it runs by default on a throwaway cluster of its own
 (``tests.servers.PostgresCluster``: ``initdb`` and ``pg_ctl`` from ``pg_config --bindir``, as the
-``postgres`` user when run as root, ``fsync=off``), removed at the end; ``--shared-pg`` runs on the
+``postgres`` user when run as root, with ``fsync`` on as in production: a commit waits for its WAL
+flush), removed at the end; ``--shared-pg`` runs on the
 test services' PostgreSQL (127.0.0.1:5432) instead, whose CPU other clients share (the benchmark must
 run on its host, to read ``/proc``).
 """
@@ -232,7 +233,7 @@ def main() -> None:
     else:
         from tests.servers import PostgresCluster
 
-        cluster = PostgresCluster().start()
+        cluster = PostgresCluster(fsync=True).start()
         pg = dict(database="postgres", host="127.0.0.1", port=cluster.port, user="postgres")
     cost = PgCost(pg)
     try:
