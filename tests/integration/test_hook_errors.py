@@ -22,10 +22,9 @@ from dramatiq_unique import (
     InvalidOption,
     JobModel,
     JobRejected,
-    leases,
     submit,
 )
-from dramatiq_unique.middleware import job_tracking
+from dramatiq_unique.middleware import concurrency_slots, execution_locks, job_tracking
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.unique import recent
 from tests.helpers import queue_size, wait_until
@@ -90,8 +89,8 @@ def test_an_error_in_the_early_duplicate_check_fails_the_send(suite, broker, mon
     "module, name, options",
     [
         (job_tracking, "store", {"track": True}),
-        (leases, "derive_key", {"unique_args": True, "unique_lock": "while_executing"}),
-        (leases, "group_key", {"concurrency_limit": 2}),
+        (execution_locks, "derive_key", {"unique_args": True, "unique_lock": "while_executing"}),
+        (concurrency_slots, "group_key", {"concurrency_limit": 2}),
     ],
     ids=["JobTracking", "ExecutionLocks", "ConcurrencySlots"],
 )
