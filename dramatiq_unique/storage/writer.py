@@ -63,7 +63,7 @@ class _Slot:
 @dataclass
 class Tally:
     """What a writer did: batches of two or more requests written, their rows, batches that failed, and
-    requests written alone after their wait."""
+    requests written by their own statement (alone, or after their wait)."""
 
     batches: int = 0
     rows: int = 0
@@ -131,6 +131,7 @@ class Writer:
     def _lead(self, batch: list[_Slot]) -> None:
         try:
             if len(batch) == 1:  # alone: its own statement, at once
+                self.tally.alone += 1
                 try:
                     batch[0].verdict = batch[0].alone()
                 except Exception as e:
