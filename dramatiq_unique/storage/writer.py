@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 import peewee as pw
@@ -52,7 +52,8 @@ class _Slot:
     request: Any
     alone: Callable[[], Any]
     keys: tuple[Hashable, ...]
-    done: threading.Event = field(default_factory=threading.Event)
+    #: A queued slot's: held until its batch committed, or it is to lead one (a lock costs less than an Event).
+    gate: Any = None
     verdict: Any = ALONE
     #: In a batch: its thread no longer writes alone.
     taken: bool = False
@@ -97,6 +98,8 @@ class Writer:
             if lead:
                 slot.taken, slot.batch = True, [slot]
             else:
+                slot.gate = threading.Lock()
+                slot.gate.acquire()
                 self._queue.append(slot)
         if not lead:
             self._follow(slot)
@@ -110,13 +113,13 @@ class Writer:
     def _follow(self, slot: _Slot) -> None:
         began = time.monotonic()
         try:
-            if not slot.done.wait((WAIT_MS if self.wait_ms is None else self.wait_ms) / 1000):
+            if not slot.gate.acquire(timeout=(WAIT_MS if self.wait_ms is None else self.wait_ms) / 1000):
                 with self._lock:
                     if not slot.taken:  # no batch took it in time: it writes alone
                         self._queue.remove(slot)
                         self.tally.alone += 1
                         return
-                slot.done.wait()
+                slot.gate.acquire()
         except BaseException:  # an asynchronous exception (a time limit): its batch must still run
             with self._lock:
                 if not slot.taken:
@@ -151,9 +154,9 @@ class Writer:
         finally:
             nxt = self._hand_over()
             for slot in batch[1:]:
-                slot.done.set()
+                slot.gate.release()
             if nxt:
-                nxt[0].done.set()
+                nxt[0].gate.release()
 
     def _hand_over(self) -> list[_Slot]:
         """The next batch, its leader (its first slot) named; the writer idle if none is queued."""

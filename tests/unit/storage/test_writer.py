@@ -170,10 +170,11 @@ def test_a_queued_thread_interrupted_before_a_batch_took_it_leaves_the_queue():
     class Interrupted(BaseException):
         pass
 
-    def interrupted_wait(timeout: Any = None) -> bool:
-        raise Interrupted
+    class Gate:
+        def acquire(self, timeout: Any = None) -> bool:
+            raise Interrupted
 
-    slot.done.wait = interrupted_wait  # type: ignore[method-assign]
+    slot.gate = Gate()
     with pytest.raises(Interrupted):
         made._follow(slot)
     assert made._queue == []
