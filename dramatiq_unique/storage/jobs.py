@@ -167,19 +167,16 @@ def insert_or_holder(
     IntegrityError on the clash (as on any other unique column's)."""
     if not (read_holder and is_postgres(model._meta.database)):
         return _insert(model, values), None
+    # Not group-committed: an actor whose sends often meet a holder comes here, and a batch would
+    # leave each clashing row to a statement of its own, a round trip more.
     written, params = _present(model, values)
     params.setdefault("app", "")
-
-    def alone() -> tuple[Optional[int], Optional[JobModel]]:
-        row = queries.run(model, "insert_or_holder", params, written=written).fetchone()
-        if row is None:
-            return None, None
-        if row[1] is None:  # the inserted branch: no message id
-            return row[0], None
-        return None, to_model(model, row, HOLDER_COLUMNS)
-
-    found = grouped(model, "insert", params, alone)
-    return found if isinstance(found, tuple) else (found, None)  # a batch's verdict: the row's id
+    row = queries.run(model, "insert_or_holder", params, written=written).fetchone()
+    if row is None:
+        return None, None
+    if row[1] is None:  # the inserted branch: no message id
+        return row[0], None
+    return None, to_model(model, row, HOLDER_COLUMNS)
 
 
 def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, int]:
