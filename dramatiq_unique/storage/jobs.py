@@ -97,9 +97,10 @@ _START_ROW = ("id", "key", "revision", "started_at", "lease_until", "worker", "r
 
 def _start_rows(model: type[JobModel], kind: str, requests: list[dict[str, Any]]) -> list[Any]:
     """Each start's row, as its statement returns it; None where it was refused."""
-    constants = {name: requests[0][name] for name in ("running", "succeeded", "failed")}
-    rows = _json([{name: request[name] for name in _START_ROW} for request in requests])
-    found = {row[0]: row[1:] for row in queries.run(model, f"{kind}_rows", {"rows": rows, **constants}).fetchall()}
+    params = {name: requests[0][name] for name in ("running", "succeeded", "failed")}
+    params.update(rows=_json([{name: request[name] for name in _START_ROW} for request in requests]),
+                  ids=[request["id"] for request in requests], keys=[request["key"] for request in requests])
+    found = {row[0]: row[1:] for row in queries.run(model, f"{kind}_rows", params).fetchall()}
     return [found.get(request["id"]) for request in requests]
 
 
@@ -110,7 +111,8 @@ FENCED_COLUMNS = frozenset(("status", "finished_at", "result", "last_error", "en
 
 def _fenced_rows(model: type[JobModel], kind: str, requests: list[dict[str, Any]]) -> list[Any]:
     """Each fenced write's row count."""
-    found = {row[0] for row in queries.run(model, "update_fenced_rows", {"rows": _json(requests), "keep": MAX_HISTORY})}
+    params = {"rows": _json(requests), "ids": [request["id"] for request in requests], "keep": MAX_HISTORY}
+    found = {row[0] for row in queries.run(model, "update_fenced_rows", params)}
     return [1 if request["id"] in found else 0 for request in requests]
 
 

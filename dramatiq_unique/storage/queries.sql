@@ -86,13 +86,17 @@ RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token",
 -- name: start_attempt_rows (postgresql) --
 -- start_attempt for a batch of rows, one statement (storage/writer.py): %(rows)s is a JSON list of each
 -- start's id, revision, started_at, lease_until, worker, release_hold, live_after and woken_by; no row
--- twice.  Returns the id of each row started, then start_attempt's columns.
+-- twice; %(ids)s their ids, an array.  Returns the id of each row started, then start_attempt's columns.
+-- The rows are found through the array, by the primary key's index: a generic plan estimates a
+-- parameter array at a few elements, but a JSON list at a hundred rows, for which it may scan a table
+-- whose statistics are young.
 UPDATE {jobs} SET "status" = %(running)s, "attempts" = {jobs}."attempts" + 1, "started_at" = s."started_at",
 "lease_until" = s."lease_until", "worker" = s."worker", "fencing_token" = {jobs}."fencing_token" + 1,
 "parked_on" = NULL, "unique_hold" = CASE WHEN s."release_hold" = 1 THEN NULL ELSE {jobs}."unique_hold" END
 FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb)) AS s ("id" bigint, "revision" integer, "started_at" timestamp,
 "lease_until" timestamp, "worker" text, "release_hold" integer, "live_after" timestamp, "woken_by" text)
-WHERE {jobs}."id" = s."id" AND {jobs}."revision" = s."revision" AND {jobs}."status" NOT IN (%(succeeded)s, %(failed)s)
+WHERE {jobs}."id" = ANY(CAST(%(ids)s AS bigint[]))
+AND {jobs}."id" = s."id" AND {jobs}."revision" = s."revision" AND {jobs}."status" NOT IN (%(succeeded)s, %(failed)s)
 AND ({jobs}."status" <> %(running)s OR {jobs}."lease_until" IS NULL OR {jobs}."lease_until" <= s."live_after"
 OR {jobs}."worker" LIKE s."woken_by")
 RETURNING {jobs}."id", {jobs}."message_id", {jobs}."actor_name", {jobs}."attempts", {jobs}."unique_key",
@@ -103,7 +107,8 @@ RETURNING {jobs}."id", {jobs}."message_id", {jobs}."actor_name", {jobs}."attempt
 -- and no key twice (the fences' upsert takes each key once, in the keys' order, as every batch does).  A
 -- running row that a start of the batch takes is left to that start (PostgreSQL does not update a row
 -- twice in a statement); the fence key a start draws is its row's own unique key, so no other start's
--- revocation would reach it.
+-- revocation would reach it.  Rows found through arrays of their ids and keys (%(keys)s), as
+-- start_attempt_rows says.
 WITH s AS (SELECT * FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb)) AS s ("id" bigint, "key" text,
 "revision" integer, "started_at" timestamp, "lease_until" timestamp, "worker" text, "release_hold" integer,
 "live_after" timestamp, "woken_by" text)),
@@ -111,13 +116,15 @@ drawn AS (INSERT INTO {fences} ("key", "token") SELECT s."key", 1 FROM s ORDER B
 ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING {fences}."key", {fences}."token"),
 revoked AS (UPDATE {jobs} SET "fencing_token" = drawn."token" FROM s JOIN drawn ON drawn."key" = s."key"
 JOIN {jobs} AS me ON me."id" = s."id"
-WHERE {jobs}."unique_key" = s."key" AND {jobs}."status" = 'running' AND {jobs}."fencing_token" < drawn."token"
+WHERE {jobs}."unique_key" = ANY(CAST(%(keys)s AS text[])) AND {jobs}."unique_key" = s."key"
+AND {jobs}."status" = 'running' AND {jobs}."fencing_token" < drawn."token"
 AND {jobs}."app" = me."app" AND {jobs}."id" NOT IN (SELECT s."id" FROM s))
 UPDATE {jobs} SET "status" = %(running)s, "attempts" = {jobs}."attempts" + 1, "started_at" = s."started_at",
 "lease_until" = s."lease_until", "worker" = s."worker", "fencing_token" = drawn."token",
 "parked_on" = NULL, "unique_hold" = CASE WHEN s."release_hold" = 1 THEN NULL ELSE {jobs}."unique_hold" END
 FROM s JOIN drawn ON drawn."key" = s."key"
-WHERE {jobs}."id" = s."id" AND {jobs}."revision" = s."revision" AND {jobs}."status" NOT IN (%(succeeded)s, %(failed)s)
+WHERE {jobs}."id" = ANY(CAST(%(ids)s AS bigint[])) AND {jobs}."id" = s."id" AND {jobs}."revision" = s."revision"
+AND {jobs}."status" NOT IN (%(succeeded)s, %(failed)s)
 AND ({jobs}."status" <> %(running)s OR {jobs}."lease_until" IS NULL OR {jobs}."lease_until" <= s."live_after"
 OR {jobs}."worker" LIKE s."woken_by")
 RETURNING {jobs}."id", {jobs}."message_id", {jobs}."actor_name", {jobs}."attempts", {jobs}."unique_key",
@@ -156,7 +163,8 @@ WHERE "id" = %(row_id)s AND "fencing_token" = %(attempt_token)s
 -- update_fenced (with the history's append where a row has an "_entry") for a batch of rows, one
 -- statement (storage/writer.py): %(rows)s is a JSON list of each row's "id", the attempt's
 -- "fencing_token" and the columns it writes, of the fixed list below (a column a row leaves out keeps its
--- value); no row twice.  Returns the ids of the rows written.
+-- value); no row twice; %(ids)s their ids, an array, as start_attempt_rows has it.  Returns the ids of the
+-- rows written.
 UPDATE {jobs} SET
 "status" = CASE WHEN e.v ? 'status' THEN r."status" ELSE {jobs}."status" END,
 "finished_at" = CASE WHEN e.v ? 'finished_at' THEN r."finished_at" ELSE {jobs}."finished_at" END,
@@ -171,9 +179,9 @@ UPDATE {jobs} SET
 WHEN {jobs}."history" IS NULL THEN '[' || (e.v ->> '_entry') || ']'
 ELSE CAST(jsonb_path_query_array(CAST({jobs}."history" AS jsonb) || jsonb_build_array(CAST(e.v ->> '_entry' AS jsonb)),
 '$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
-FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS e (v)
-CROSS JOIN LATERAL jsonb_populate_record(NULL::{jobs}, e.v) AS r
-WHERE {jobs}."id" = r."id" AND {jobs}."fencing_token" = r."fencing_token"
+FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS e (v) CROSS JOIN LATERAL jsonb_populate_record(NULL::{jobs}, e.v) AS r
+WHERE {jobs}."id" = ANY(CAST(%(ids)s AS bigint[])) AND {jobs}."id" = r."id"
+AND {jobs}."fencing_token" = r."fencing_token"
 RETURNING {jobs}."id"
 
 -- name: history_append (postgresql) --
