@@ -415,7 +415,12 @@ def start(
             return None
         values["token"] = draw_token(model, fence_key, job_id)
     name = "start_attempt_fenced" if merged else "start_attempt"
-    row = grouped(model, name, values, lambda: queries.run(model, name, values).fetchone())
+
+    def alone() -> Any:
+        return queries.run(model, name, values).fetchone()
+
+    # A token given by the caller: a batch draws its own, so such a start goes alone.
+    row = alone() if values["token"] is not None else grouped(model, name, values, alone)
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
