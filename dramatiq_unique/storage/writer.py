@@ -14,6 +14,7 @@ own statement raises (docs/discussions/how-it-is-built.md, "The writer").
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -189,6 +190,16 @@ def groupable(db: pw.Database) -> bool:
 
 _writers: "weakref.WeakKeyDictionary[Any, dict[str, Writer]]" = weakref.WeakKeyDictionary()
 _made = threading.Lock()
+
+
+def _forget() -> None:
+    """In a forked child: fresh writers, as a lock another thread of the parent held stays held there."""
+    global _made
+    _made = threading.Lock()
+    _writers.clear()
+
+
+os.register_at_fork(after_in_child=_forget)
 
 
 def of(model: Any, kind: str, make: Callable[[], Writer]) -> Writer:

@@ -195,3 +195,19 @@ def test_groupable_only_on_postgres_own_connections_outside_a_transaction():
             return None
 
     assert not writer.groupable(Borrowed("x"))
+
+
+def test_a_forked_child_starts_with_fresh_writers():
+    import os
+
+    made = writer.of(test_a_forked_child_starts_with_fresh_writers, "kind", lambda: make(Recorder()))
+    made._lock.acquire()  # held by a thread of the parent as it forks
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child
+            fresh = writer.of(test_a_forked_child_starts_with_fresh_writers, "kind", lambda: make(Recorder()))
+            os._exit(0 if fresh is not made and fresh.write({"n": 1, "key": 1}, lambda: 7) == 7 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        made._lock.release()
