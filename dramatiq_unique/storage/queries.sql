@@ -87,9 +87,9 @@ RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token",
 -- start_attempt for a batch of rows, one statement (storage/writer.py): %(rows)s is a JSON list of each
 -- start's id, revision, started_at, lease_until, worker, release_hold, live_after and woken_by; no row
 -- twice; %(ids)s their ids, an array.  Returns the id of each row started, then start_attempt's columns.
--- The rows are found through the array, by the primary key's index: a generic plan estimates a
--- parameter array at a few elements, but a JSON list at a hundred rows, for which it may scan a table
--- whose statistics are young.
+-- The rows are found through the array, by the primary key's index: the planner sees its length (the
+-- statement is planned for each batch's parameters), where it guesses a hundred rows for a JSON list
+-- and, on a young table's statistics, scans the table for them, as a plan for any parameters does too.
 UPDATE {jobs} SET "status" = %(running)s, "attempts" = {jobs}."attempts" + 1, "started_at" = s."started_at",
 "lease_until" = s."lease_until", "worker" = s."worker", "fencing_token" = {jobs}."fencing_token" + 1,
 "parked_on" = NULL, "unique_hold" = CASE WHEN s."release_hold" = 1 THEN NULL ELSE {jobs}."unique_hold" END
