@@ -16,7 +16,9 @@ from typing import Any, Callable, Optional
 import dramatiq_unique
 from dramatiq_unique import JobModel
 from tests import fault_app
+from tests.durable import RedisServer
 from tests.faults import events as ev
+from tests.servers import PostgresCluster
 from tests.workers import CliWorker
 
 logger = logging.getLogger(__name__)
@@ -204,6 +206,20 @@ def start_rig(cleanup: contextlib.ExitStack, env: dict[str, str], directory: Pat
     redriver = Redriver(app)
     cleanup.callback(redriver.close)
     return app, fleet, redriver
+
+
+def postgres_rig(cleanup: contextlib.ExitStack, directory: Path, *, threads: int) -> tuple[
+        PostgresCluster, fault_app.App, Fleet]:
+    """:func:`start_rig` with the job table on a PostgreSQL cluster of the test's own, and broker, locks
+    and event log on a redis-server of its own, each closed by ``cleanup``."""
+    cluster = PostgresCluster()
+    cleanup.callback(cluster.remove)
+    cluster.start()
+    server = RedisServer().start()
+    cleanup.callback(server.stop)
+    env = fault_env(broker_url=server.url, database_url=cluster.url, key_prefix=prefix())
+    app, fleet, _ = start_rig(cleanup, env, directory, threads=threads)
+    return cluster, app, fleet
 
 
 def rows(app: fault_app.App) -> list[JobModel]:
