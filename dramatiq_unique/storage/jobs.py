@@ -7,15 +7,14 @@ fenced by the attempt's ``fencing_token``.
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
-from typing import Any, Callable, Hashable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import peewee as pw
 
 from dramatiq_unique.observe import events
-from dramatiq_unique.storage import queries, writer
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.database import is_postgres
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, dumps, utcnow
 
@@ -66,70 +65,6 @@ def _present(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, 
     return _written(model, {name: v for name, v in _with_defaults(model, values).items() if v is not None})
 
 
-# -- group commit (storage/writer.py): on PostgreSQL, the sends, starts and fenced writes that threads
-# make at once go as one statement of a JSON list of rows, each answered as its own statement would be --
-
-
-def grouped(model: type[JobModel], kind: str, request: dict[str, Any], alone: Callable[[], Any]) -> Any:
-    """``alone()``, or ``request``'s verdict from a batch of this process's ``kind`` writes on ``model``."""
-    if not writer.groupable(model._meta.database):
-        return alone()
-    batch, keys = _KINDS[kind]
-    made = writer.of(model, kind, lambda: writer.Writer(batch=lambda requests: batch(model, kind, requests), keys=keys))
-    return made.write(request, alone)
-
-
-def _json(rows: list[dict[str, Any]]) -> str:
-    return json.dumps(rows, separators=(",", ":"), default=lambda v: v.isoformat())
-
-
-def _insert_rows(model: type[JobModel], kind: str, requests: list[dict[str, Any]]) -> list[Any]:
-    """Each send's row id; a row that clashed is written alone, whose INSERT decides as it would."""
-    written = tuple(sorted({column for request in requests for column in request}))
-    rows = queries.run(model, "insert_rows", {"rows": _json(requests)}, written=written).fetchall()
-    ids = {message_id: row_id for row_id, message_id in rows}
-    return [ids.get(request["message_id"], writer.ALONE) for request in requests]
-
-
-#: What a start of a batch gives of its ``start()`` values.
-_START_ROW = ("id", "key", "revision", "started_at", "lease_until", "worker", "release_hold", "live_after", "woken_by")
-
-
-def _start_rows(model: type[JobModel], kind: str, requests: list[dict[str, Any]]) -> list[Any]:
-    """Each start's row, as its statement returns it; None where it was refused."""
-    params = {name: requests[0][name] for name in ("running", "succeeded", "failed")}
-    params.update(rows=_json([{name: request[name] for name in _START_ROW} for request in requests]),
-                  ids=[request["id"] for request in requests], keys=[request["key"] for request in requests])
-    found = {row[0]: row[1:] for row in queries.run(model, f"{kind}_rows", params).fetchall()}
-    return [found.get(request["id"]) for request in requests]
-
-
-#: The columns a batch of fenced writes may give (update_fenced_rows); a write of another goes alone.
-FENCED_COLUMNS = frozenset(("status", "finished_at", "result", "last_error", "enqueued_at", "process_after",
-                            "lease_until", "unique_hold", "checkpoints"))
-
-
-def _fenced_rows(model: type[JobModel], kind: str, requests: list[dict[str, Any]]) -> list[Any]:
-    """Each fenced write's row count."""
-    params = {"rows": _json(requests), "ids": [request["id"] for request in requests], "keep": MAX_HISTORY}
-    found = {row[0] for row in queries.run(model, "update_fenced_rows", params)}
-    return [1 if request["id"] in found else 0 for request in requests]
-
-
-def _row_key(request: dict[str, Any]) -> tuple[Hashable, ...]:
-    return (request["id"],)
-
-
-#: Per kind of write: its batch, and the keys that no two requests of one batch share.
-_KINDS: dict[str, tuple[Callable[[type[JobModel], str, list[dict[str, Any]]], list[Any]],
-                        Callable[[dict[str, Any]], tuple[Hashable, ...]]]] = {
-    "insert": (_insert_rows, lambda request: (request["message_id"],)),
-    "start_attempt": (_start_rows, _row_key),
-    "start_attempt_fenced": (_start_rows, lambda request: (request["id"], ("key", request["key"]))),
-    "update_fenced": (_fenced_rows, _row_key),
-}
-
-
 # -- a send's row ---------------------------------------------------------------------
 
 
@@ -157,7 +92,7 @@ def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int, bool
 
 def _insert(model: type[JobModel], values: dict[str, Any]) -> int:
     written, params = _present(model, values)
-    return grouped(model, "insert", params, lambda: queries.run(model, "insert", params, written=written).fetchone()[0])
+    return queries.run(model, "insert", params, written=written).fetchone()[0]
 
 
 def insert_or_holder(
@@ -169,8 +104,6 @@ def insert_or_holder(
     IntegrityError on the clash (as on any other unique column's)."""
     if not (read_holder and is_postgres(model._meta.database)):
         return _insert(model, values), None
-    # Not group-committed: an actor whose sends often meet a holder comes here, and a batch would
-    # leave each clashing row to a statement of its own, a round trip more.
     written, params = _present(model, values)
     params.setdefault("app", "")
     row = queries.run(model, "insert_or_holder", params, written=written).fetchone()
@@ -414,13 +347,7 @@ def start(
         if queries.run(model, "startable", values).fetchone() is None:
             return None
         values["token"] = draw_token(model, fence_key, job_id)
-    name = "start_attempt_fenced" if merged else "start_attempt"
-
-    def alone() -> Any:
-        return queries.run(model, name, values).fetchone()
-
-    # A token given by the caller: a batch draws its own, so such a start goes alone.
-    row = alone() if values["token"] is not None else grouped(model, name, values, alone)
+    row = queries.run(model, "start_attempt_fenced" if merged else "start_attempt", values).fetchone()
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
@@ -439,19 +366,11 @@ def update_fenced(
     """UPDATE one row only if its fencing token is still ``fencing_token``; returns the row count.
     ``attempt``: a history entry appended in the same statement."""
     written, params = _written(model, values)
-    request = {**params, "id": job_id, "fencing_token": fencing_token}
     params["row_id"], params["attempt_token"] = job_id, fencing_token
-    name = "update_fenced"
-    if attempt is not None:
-        params.update(_history_params(attempt))
-        request["_entry"], name = params["entry"], "update_fenced_with_history"
-
-    def alone() -> int:
-        return queries.run(model, name, params, written=written).rowcount
-
-    if not FENCED_COLUMNS.issuperset(written):
-        return alone()
-    return grouped(model, "update_fenced", request, alone)
+    if attempt is None:
+        return queries.run(model, "update_fenced", params, written=written).rowcount
+    params.update(_history_params(attempt))
+    return queries.run(model, "update_fenced_with_history", params, written=written).rowcount
 
 
 def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:

@@ -36,13 +36,6 @@ UNION ALL
 SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}
 WHERE "app" = %(app)s AND "unique_hold" = %(unique_hold)s AND NOT EXISTS (SELECT 1 FROM inserted)
 
--- name: insert_rows (postgresql) --
--- A batch of sends' rows (storage/writer.py), %(rows)s a JSON list of each row's columns (one it leaves out
--- is NULL); a row that clashes with another (its message, hold or idempotency key) is left out, for its
--- own INSERT to decide.  Returns the id and message id of each row inserted.
-INSERT INTO {jobs} ({fields}) SELECT {fields} FROM jsonb_populate_recordset(NULL::{jobs}, CAST(%(rows)s AS jsonb))
-ON CONFLICT DO NOTHING RETURNING "id", "message_id"
-
 -- name: insert_many --
 -- A batch's rows in one statement; a row whose hold (or idempotency key) another job holds is left out.
 INSERT INTO {jobs} ({fields}) VALUES {rows} ON CONFLICT DO NOTHING RETURNING "id", "message_id"
@@ -83,53 +76,6 @@ AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live
 OR "worker" LIKE %(woken_by)s)
 RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
 
--- name: start_attempt_rows (postgresql) --
--- start_attempt for a batch of rows, one statement (storage/writer.py): %(rows)s is a JSON list of each
--- start's id, revision, started_at, lease_until, worker, release_hold, live_after and woken_by; no row
--- twice; %(ids)s their ids, an array.  Returns the id of each row started, then start_attempt's columns.
--- The rows are found through the array, by the primary key's index: the planner sees its length (the
--- statement is planned for each batch's parameters), where it guesses a hundred rows for a JSON list
--- and, on a young table's statistics, scans the table for them, as a plan for any parameters does too.
-UPDATE {jobs} SET "status" = %(running)s, "attempts" = {jobs}."attempts" + 1, "started_at" = s."started_at",
-"lease_until" = s."lease_until", "worker" = s."worker", "fencing_token" = {jobs}."fencing_token" + 1,
-"parked_on" = NULL, "unique_hold" = CASE WHEN s."release_hold" = 1 THEN NULL ELSE {jobs}."unique_hold" END
-FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb)) AS s ("id" bigint, "revision" integer, "started_at" timestamp,
-"lease_until" timestamp, "worker" text, "release_hold" integer, "live_after" timestamp, "woken_by" text)
-WHERE {jobs}."id" = ANY(CAST(%(ids)s AS bigint[]))
-AND {jobs}."id" = s."id" AND {jobs}."revision" = s."revision" AND {jobs}."status" NOT IN (%(succeeded)s, %(failed)s)
-AND ({jobs}."status" <> %(running)s OR {jobs}."lease_until" IS NULL OR {jobs}."lease_until" <= s."live_after"
-OR {jobs}."worker" LIKE s."woken_by")
-RETURNING {jobs}."id", {jobs}."message_id", {jobs}."actor_name", {jobs}."attempts", {jobs}."unique_key",
-{jobs}."fencing_token", {jobs}."checkpoints"
-
--- name: start_attempt_fenced_rows (postgresql) --
--- start_attempt_fenced for a batch of rows: start_attempt_rows' %(rows)s, each with its fencing "key"; no row
--- and no key twice (the fences' upsert takes each key once, in the keys' order, as every batch does).  A
--- running row that a start of the batch takes is left to that start (PostgreSQL does not update a row
--- twice in a statement); the fence key a start draws is its row's own unique key, so no other start's
--- revocation would reach it.  Rows found through arrays of their ids and keys (%(keys)s), as
--- start_attempt_rows says.
-WITH s AS (SELECT * FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb)) AS s ("id" bigint, "key" text,
-"revision" integer, "started_at" timestamp, "lease_until" timestamp, "worker" text, "release_hold" integer,
-"live_after" timestamp, "woken_by" text)),
-drawn AS (INSERT INTO {fences} ("key", "token") SELECT s."key", 1 FROM s ORDER BY s."key"
-ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING {fences}."key", {fences}."token"),
-revoked AS (UPDATE {jobs} SET "fencing_token" = drawn."token" FROM s JOIN drawn ON drawn."key" = s."key"
-JOIN {jobs} AS me ON me."id" = s."id"
-WHERE {jobs}."unique_key" = ANY(CAST(%(keys)s AS text[])) AND {jobs}."unique_key" = s."key"
-AND {jobs}."status" = 'running' AND {jobs}."fencing_token" < drawn."token"
-AND {jobs}."app" = me."app" AND {jobs}."id" NOT IN (SELECT s."id" FROM s))
-UPDATE {jobs} SET "status" = %(running)s, "attempts" = {jobs}."attempts" + 1, "started_at" = s."started_at",
-"lease_until" = s."lease_until", "worker" = s."worker", "fencing_token" = drawn."token",
-"parked_on" = NULL, "unique_hold" = CASE WHEN s."release_hold" = 1 THEN NULL ELSE {jobs}."unique_hold" END
-FROM s JOIN drawn ON drawn."key" = s."key"
-WHERE {jobs}."id" = ANY(CAST(%(ids)s AS bigint[])) AND {jobs}."id" = s."id" AND {jobs}."revision" = s."revision"
-AND {jobs}."status" NOT IN (%(succeeded)s, %(failed)s)
-AND ({jobs}."status" <> %(running)s OR {jobs}."lease_until" IS NULL OR {jobs}."lease_until" <= s."live_after"
-OR {jobs}."worker" LIKE s."woken_by")
-RETURNING {jobs}."id", {jobs}."message_id", {jobs}."actor_name", {jobs}."attempts", {jobs}."unique_key",
-{jobs}."fencing_token", {jobs}."checkpoints"
-
 -- name: startable --
 -- Whether start_attempt would take the row now (its conditions, read only).
 SELECT 1 FROM {jobs}
@@ -158,31 +104,6 @@ WHEN json_array_length("history") >= %(keep)s
 THEN json_insert(json_remove("history", '$[0]'), '$[#]', json(%(entry)s))
 ELSE json_insert("history", '$[#]', json(%(entry)s)) END
 WHERE "id" = %(row_id)s AND "fencing_token" = %(attempt_token)s
-
--- name: update_fenced_rows (postgresql) --
--- update_fenced (with the history's append where a row has an "_entry") for a batch of rows, one
--- statement (storage/writer.py): %(rows)s is a JSON list of each row's "id", the attempt's
--- "fencing_token" and the columns it writes, of the fixed list below (a column a row leaves out keeps its
--- value); no row twice; %(ids)s their ids, an array, as start_attempt_rows has it.  Returns the ids of the
--- rows written.
-UPDATE {jobs} SET
-"status" = CASE WHEN e.v ? 'status' THEN r."status" ELSE {jobs}."status" END,
-"finished_at" = CASE WHEN e.v ? 'finished_at' THEN r."finished_at" ELSE {jobs}."finished_at" END,
-"result" = CASE WHEN e.v ? 'result' THEN r."result" ELSE {jobs}."result" END,
-"last_error" = CASE WHEN e.v ? 'last_error' THEN r."last_error" ELSE {jobs}."last_error" END,
-"enqueued_at" = CASE WHEN e.v ? 'enqueued_at' THEN r."enqueued_at" ELSE {jobs}."enqueued_at" END,
-"process_after" = CASE WHEN e.v ? 'process_after' THEN r."process_after" ELSE {jobs}."process_after" END,
-"lease_until" = CASE WHEN e.v ? 'lease_until' THEN r."lease_until" ELSE {jobs}."lease_until" END,
-"unique_hold" = CASE WHEN e.v ? 'unique_hold' THEN r."unique_hold" ELSE {jobs}."unique_hold" END,
-"checkpoints" = CASE WHEN e.v ? 'checkpoints' THEN r."checkpoints" ELSE {jobs}."checkpoints" END,
-"history" = CASE WHEN NOT e.v ? '_entry' THEN {jobs}."history"
-WHEN {jobs}."history" IS NULL THEN '[' || (e.v ->> '_entry') || ']'
-ELSE CAST(jsonb_path_query_array(CAST({jobs}."history" AS jsonb) || jsonb_build_array(CAST(e.v ->> '_entry' AS jsonb)),
-'$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
-FROM jsonb_array_elements(CAST(%(rows)s AS jsonb)) AS e (v) CROSS JOIN LATERAL jsonb_populate_record(NULL::{jobs}, e.v) AS r
-WHERE {jobs}."id" = ANY(CAST(%(ids)s AS bigint[])) AND {jobs}."id" = r."id"
-AND {jobs}."fencing_token" = r."fencing_token"
-RETURNING {jobs}."id"
 
 -- name: history_append (postgresql) --
 -- An expression: the row's history with %(entry)s appended, the last %(keep)s kept (for the re-drive's

@@ -1,4 +1,4 @@
-"""PostgreSQL restarting under load, and workers SIGKILLed while batches of their writes are in flight.
+"""PostgreSQL restarting under load, and workers SIGKILLed while many of their writes are in flight.
 
 The job table lives on a PostgreSQL cluster of the test's own (tests/servers.py); broker, locks and
 the event log on a redis-server of its own.  Producer threads send tracked and while_executing jobs
@@ -8,8 +8,8 @@ while two `dramatiq` worker groups run them.  Re-drive passes run in the test pr
   restarts (``pg_ctl restart -m fast``: every session is ended, as in a restart or a fail-over) and the
   producers go on sending.
 * ``burst-stop`` and ``burst-sigkill``: four producers sending as fast as they can, eight threads a
-  worker, jobs of 20 ms, so that the workers' starts and outcomes, and the producers' sends, go in
-  batches (storage/writer.py); while they run, the cluster is stopped at once (``-m immediate``) and
+  worker, jobs of 20 ms, so that many of the workers' starts and outcomes, and the producers' sends, are
+  in flight at any moment; while they run, the cluster is stopped at once (``-m immediate``) and
   started again, or three busy worker processes are SIGKILLed one after another.
 
 Asserted: every send returned or raised DatabaseUnavailable, and none hung; every job whose send

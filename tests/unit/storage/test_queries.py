@@ -46,7 +46,7 @@ def rendered(model, name: str) -> queries.Query:
     kwargs: dict = {}
     if "{order_by}" in text:
         kwargs["order_by"] = "created_at"
-    if "{values}" in text or "{assignments}" in text or "{fields}" in text:
+    if "{values}" in text or "{assignments}" in text:
         kwargs["written"] = ("status", "app", "unique_hold")
     return queries.statement(model, name, **kwargs)
 

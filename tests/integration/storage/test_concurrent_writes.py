@@ -1,19 +1,19 @@
-"""Group commit (storage/writer.py) on a real PostgreSQL: many threads' starts, outcomes and sends at once
-get the verdicts their own statements would give, and a batch that fails changes none of them."""
+"""Many threads' starts, outcomes and sends at once on a real PostgreSQL: each gets the verdict its own
+statement gives alone (a duplicate refused, a fenced-out attempt refused, one holder of a key)."""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import dramatiq
 import peewee as pw
 import pytest
 
 from dramatiq_unique import JobModel
-from dramatiq_unique.storage import jobs, writer
+from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, utcnow
 from tests.helpers import wait_until
 
@@ -21,14 +21,6 @@ from tests.helpers import wait_until
 @pytest.fixture(params=["postgres"])
 def database_url(request) -> str:
     return request.getfixturevalue("pg_url")
-
-
-@pytest.fixture(autouse=True)
-def long_wait(monkeypatch) -> Iterator[None]:
-    """Queued requests wait long enough for a batch on a busy machine: the threads below do batch."""
-    monkeypatch.setattr(writer, "WAIT_MS", 2_000.0)
-    writer._writers.pop(JobModel, None)  # a fresh tally for each test
-    yield
 
 
 def at_once(count: int, fn: Callable[[int], Any]) -> list[Any]:
@@ -69,20 +61,15 @@ def start(row_id: int, fence_key: Any = None, worker_name: str = "w") -> Any:
         JobModel._meta.database.close()
 
 
-def tally(kind: str) -> writer.Tally:
-    return writer.of(JobModel, kind, lambda: pytest.fail(f"no writer of {kind}")).tally
-
-
-def test_many_threads_start_their_rows_in_batches_each_with_its_row(suite):
+def test_many_threads_start_their_rows_at_once_each_with_its_row(suite):
     ids = rows(24)
     started = at_once(24, lambda i: start(ids[i]))
     assert [job.message_id for job in started] == [f"m{i}" for i in range(24)]
     assert all(job.fencing_token == 1 and job.attempts == 1 for job in started)
     assert JobModel.select().where(JobModel.status == JobStatus.RUNNING.value).count() == 24
-    assert tally("start_attempt").batches >= 1
 
 
-def test_a_message_delivered_twice_inside_one_batch_starts_once(suite):
+def test_a_message_delivered_twice_at_once_starts_once(suite):
     ids = rows(8)
     started = at_once(16, lambda i: start(ids[i % 8], worker_name=f"w{i}"))
     for row_id in ids:
@@ -90,10 +77,9 @@ def test_a_message_delivered_twice_inside_one_batch_starts_once(suite):
         assert len(winners) == 1
     assert sum(job is None for job in started) == 8
     assert all(row.attempts == 1 for row in JobModel.select())
-    assert tally("start_attempt").batches >= 1
 
 
-def test_two_attempts_of_one_key_in_one_batch_are_fenced(suite):
+def test_two_attempts_of_one_key_at_once_are_fenced(suite):
     """Rows of one unique key started at once: each draws its own token, and only the newest attempt may
     write its outcome (the older one was fenced out by the newer one's draw)."""
     ids = rows(6, key=lambda i: f"k{i % 2}")
@@ -106,10 +92,9 @@ def test_two_attempts_of_one_key_in_one_batch_are_fenced(suite):
                     for job in mine}
         assert outcomes == {1: False, 2: False, 3: True}
         assert jobs.current_token(JobModel._meta.database, key) == 3
-    assert tally("start_attempt_fenced").batches >= 1
 
 
-def test_outcomes_of_many_threads_are_written_in_batches_with_their_history(suite):
+def test_outcomes_of_many_threads_at_once_keep_their_history(suite):
     ids = rows(20)
     started = [start(row_id) for row_id in ids]
     zombie = started[0]
@@ -136,39 +121,9 @@ def test_outcomes_of_many_threads_are_written_in_batches_with_their_history(suit
         assert (row.status, row.result, row.last_error) == (("succeeded", {"n": i}, None) if i % 2 else
                                                             ("retrying", None, "boom"))
         assert row.finished_at is not None if i % 2 else row.finished_at is None
-    assert tally("update_fenced").batches >= 1
 
 
-def test_a_failing_batch_leaves_each_thread_its_own_statement(suite, monkeypatch):
-    ids = rows(12)
-    failed: list[int] = []
-
-    def failing(model, kind, requests):
-        failed.append(len(requests))
-        raise pw.OperationalError("deadlock detected")
-
-    monkeypatch.setitem(jobs._KINDS, "start_attempt", (failing, jobs._KINDS["start_attempt"][1]))
-    started = at_once(12, lambda i: start(ids[i]))
-    assert failed and tally("start_attempt").failed == len(failed)
-    assert all(job is not None and job.attempts == 1 for job in started)
-    assert all(row.status == "running" for row in JobModel.select())
-
-
-def test_a_failing_statement_raises_in_each_thread_as_its_own_would(suite, monkeypatch):
-    ids = rows(6)
-    real = jobs.queries.run
-
-    def down(model, name, params, **identifiers):
-        if name.startswith("start_attempt"):
-            raise pw.OperationalError("server closed the connection unexpectedly")
-        return real(model, name, params, **identifiers)
-
-    monkeypatch.setattr(jobs.queries, "run", down)
-    started = at_once(6, lambda i: start(ids[i]))
-    assert all(isinstance(error, pw.OperationalError) for error in started)
-
-
-def test_sends_of_many_threads_share_a_commit_and_a_hold_goes_to_one(suite):
+def test_sends_of_many_threads_at_once_and_a_hold_goes_to_one(suite):
     def send(i: int) -> Any:
         try:
             return jobs.insert_or_holder(JobModel, {"message_id": f"s{i}", "actor_name": "a", "queue_name": "default",
@@ -189,21 +144,11 @@ def test_sends_of_many_threads_share_a_commit_and_a_hold_goes_to_one(suite):
         elif result is not inserted[0]:  # the holder, or none if it committed after the statement began
             assert result[0] is None and (result[1] is None or result[1].message_id != f"s{i}")
     assert JobModel.select().count() == 9
-    assert tally("insert").batches >= 1
-
-
-def test_a_send_inside_a_transaction_stays_on_its_connection(suite):
-    db = JobModel._meta.database
-    with db.atomic() as transaction:
-        row_id, _, _ = jobs.adopt(JobModel, {"message_id": "t1", "actor_name": "a", "queue_name": "default"})
-        assert not writer.groupable(db)
-        transaction.rollback()
-    assert jobs.get(JobModel, id=row_id) is None
 
 
 def test_copies_of_messages_delivered_to_a_worker_at_once_run_once(suite, broker, make_worker):
-    """Each message three times in the queue, eight worker threads: copies whose starts meet in one
-    batch go to the next, which refuses them; every job runs once and succeeds."""
+    """Each message three times in the queue, eight worker threads: every copy's start but the first is
+    refused; every job runs once and succeeds."""
     runs: dict[int, int] = {}
     lock = threading.Lock()
 
@@ -223,4 +168,3 @@ def test_copies_of_messages_delivered_to_a_worker_at_once_run_once(suite, broker
     time.sleep(2)  # the copies' time to run, would they
     assert runs == {n: 1 for n in range(12)}
     assert all(row.attempts == 1 for row in model.select())
-    assert writer.of(model, "start_attempt", lambda: pytest.fail("no writer")).tally.batches >= 1
