@@ -47,7 +47,7 @@ from dramatiq_unique.unique import recent
 
 def analyze(db: pw.Database, tables: list[str], truncate: bool = False) -> None:
     for table in tables:
-        if truncate:
+        if truncate and table != "dramatiq_unique_schema":  # the tables' versions: kept, as in any deployment
             db.execute_sql(f'TRUNCATE "{table}" CASCADE')
         db.execute_sql(f'ANALYZE "{table}"')
 
