@@ -3,6 +3,7 @@ Django's own in a PostgreSQL schema of this process's, made by ``migrate``."""
 
 from __future__ import annotations
 
+import atexit
 import uuid
 from typing import Any, Iterator
 from urllib.parse import urlparse
@@ -34,8 +35,15 @@ def _admin() -> pw.PostgresqlDatabase:
     return pw.PostgresqlDatabase(_pg.path.lstrip("/"), host=_pg.hostname, port=_pg.port or 5432, user=_pg.username)
 
 
+def _drop_schema() -> None:
+    _admin().execute_sql(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE')
+
+
 if not settings.configured:
     _admin().execute_sql(f'CREATE SCHEMA "{SCHEMA}"')
+    # Made when this module is imported, which a test worker that runs no Django test does too: dropped
+    # when the process ends, whatever ran.
+    atexit.register(_drop_schema)
     settings.configure(
         SECRET_KEY="tests", DEBUG=False, USE_TZ=True, ROOT_URLCONF="tests.integration.contrib.django.urls",
         ALLOWED_HOSTS=["*"],
@@ -74,7 +82,6 @@ def migrated() -> Iterator[None]:
     call_command("migrate", verbosity=0)
     yield
     connections.close_all()
-    _admin().execute_sql(f'DROP SCHEMA "{SCHEMA}" CASCADE')
 
 
 @pytest.fixture
