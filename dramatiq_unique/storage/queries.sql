@@ -382,8 +382,3 @@ ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS "app" VARCHAR(255) NOT NULL DEFAULT 
 -- name: add_app_column (sqlite) --
 -- Add the app column to a job table of an earlier version: a constant default, so no rewrite of the table.
 ALTER TABLE {jobs} ADD COLUMN "app" VARCHAR(255) NOT NULL DEFAULT ''
-
--- name: table_columns (postgresql) --
--- A table's column names, in the schema given (%(schema)s), or else the first of the search_path.
-SELECT column_name FROM information_schema.columns
-WHERE table_name = %(table)s AND table_schema = COALESCE(%(schema)s, current_schema())
