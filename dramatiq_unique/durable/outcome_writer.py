@@ -13,10 +13,12 @@ why no promise changes.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import queue
 import threading
+import time
 from typing import Any, Iterable, Optional
 
 from dramatiq.broker import Broker, Consumer, MessageProxy
@@ -35,6 +37,9 @@ _WRITER = "_dramatiq_unique_outcome_writer"
 MAX_BATCH = 64
 #: How long a consumer that closes waits for the outcomes of the messages it delivered.
 CLOSE_WAIT_MS = 30_000
+#: How long a batch is sent again while it fails, and the longest pause between two tries.
+RETRY_MS = 30_000
+RETRY_PAUSE_MS = 1_000
 
 
 def install(broker: Broker) -> None:
@@ -68,6 +73,27 @@ def stop(broker: Broker) -> None:
     writer = getattr(broker, _WRITER, None)
     if writer is not None:
         writer.stop()
+
+
+def _write_until(model: type[jobs.JobModel], done: list[tuple[Any, dict[str, Any]]], deadline: float) -> None:
+    """Write a batch, sent again while it fails (a deadlock, a timeout, a server down for a while) until
+    ``deadline``: a job whose outcome is recorded late is not run again, one whose outcome is lost is (the
+    re-drive finds its row running when its lease runs out).  Then its messages are acked, as a single
+    write that fails is."""
+    pause = 0.05
+    for again in itertools.count():
+        try:
+            jobs.finish_succeeded(model, done, again=again > 0)
+            return
+        except Exception:
+            if time.monotonic() + pause > deadline:
+                logger.exception("Could not record the outcomes of %d jobs (%s…); the re-drive settles them.",
+                                  len(done), done[0][0].message_id)
+                return
+            logger.warning("Could not record the outcomes of %d jobs; trying again in %d ms.", len(done),
+                           pause * 1000, exc_info=again == 0)
+        time.sleep(pause)
+        pause = min(pause * 2, RETRY_PAUSE_MS / 1000)
 
 
 class _Consumer(Consumer):
@@ -166,18 +192,7 @@ class OutcomeWriter:
             model, job, fields = getattr(message, _OUTCOME)
             by_model[model].append((job, fields))
         for model, done in by_model.items():
-            try:
-                jobs.finish_succeeded(model, done)
-            except Exception:
-                # A deadlock, a timeout or a lost server fails the batch whole: each outcome alone then,
-                # as JobTracking writes one it cannot defer.
-                logger.warning("A batch of %d outcomes failed; writing them one by one.", len(done), exc_info=True)
-                for job, fields in done:
-                    try:
-                        jobs.finish(model, job, release_hold=False, **fields)
-                    except Exception:
-                        logger.exception("Could not record the outcome of job %s; the re-drive settles it.",
-                                         job.message_id)
+            _write_until(model, done, time.monotonic() + RETRY_MS / 1000)
         return {model._meta.database for model in by_model}
 
     def _ack(self, batch: list[tuple[_Consumer, MessageProxy]]) -> None:

@@ -384,10 +384,12 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
     return bool(count)
 
 
-def finish_succeeded(model: type[JobModel], done: Sequence[tuple[JobModel, dict[str, Any]]]) -> set[int]:
+def finish_succeeded(model: type[JobModel], done: Sequence[tuple[JobModel, dict[str, Any]]], *,
+                     again: bool = False) -> set[int]:
     """Record a batch of attempts that succeeded in one statement: ``(job, fields)`` pairs as :func:`finish`
     takes them.  Returns the ids written; the others' rows are a newer attempt's, each reported as
-    :func:`finish` reports it.  PostgreSQL only."""
+    :func:`finish` reports it, unless the batch is sent ``again`` (its first reply was lost: its rows may
+    read succeeded already).  PostgreSQL only."""
     result = model._meta.fields["result"]
     params = {
         "ids": [job.id for job, _ in done], "tokens": [job.fencing_token for job, _ in done],
@@ -397,7 +399,7 @@ def finish_succeeded(model: type[JobModel], done: Sequence[tuple[JobModel, dict[
     }
     written = {row[0] for row in queries.run(model, "finish_succeeded", params).fetchall()}
     for job, _ in done:
-        if job.id not in written:
+        if job.id not in written and not again:
             events.fenced_out(job, "outcome")
     return written
 

@@ -29,9 +29,9 @@ def batches(monkeypatch) -> list[int]:
     sizes: list[int] = []
     finish_succeeded = jobs.finish_succeeded
 
-    def counted(model, done):
+    def counted(model, done, again=False):
         sizes.append(len(done))
-        return finish_succeeded(model, done)
+        return finish_succeeded(model, done, again=again)
 
     monkeypatch.setattr(jobs, "finish_succeeded", counted)
     return sizes
@@ -91,3 +91,40 @@ def test_a_stopping_worker_writes_and_acks_what_waits(pg_suite, broker, batches)
     done = JobModel.select().where(JobModel.message_id.in_(sent) & (JobModel.status == "succeeded")).count()
     assert done >= 8
     assert broker.client.hlen(f"{broker.namespace}:{held.queue_name}.msgs") == 16 - done
+
+
+def test_a_copy_delivered_while_its_outcome_waits_does_not_run(pg_suite, broker, monkeypatch):
+    """The copy finds the row running (its outcome not yet committed): it waits for the attempt, and once
+    the outcome is committed it is dropped as a finished job's copy."""
+    held, entered = threading.Event(), threading.Event()
+    finish_succeeded = jobs.finish_succeeded
+
+    def slow(model, done, again=False):
+        entered.set()
+        held.wait(10)
+        return finish_succeeded(model, done, again=again)
+
+    monkeypatch.setattr(jobs, "finish_succeeded", slow)
+    runs: list[int] = []
+
+    @dramatiq.actor(track=True, unique_ttl=300)
+    def once(n):
+        runs.append(n)
+
+    message = once.send(1)
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker.start()
+    try:
+        assert entered.wait(10), "the outcome reached the writer"
+        broker.enqueue(message.copy())  # a second delivery of the same job while its outcome waits
+        wait_until(lambda: broker.client.hlen(f"{broker.namespace}:{once.queue_name}.DQ.msgs") or len(runs) > 1,
+                   timeout=10, what="the copy sent again for the lease's end")
+        held.set()
+        broker.join(once.queue_name, timeout=20_000)
+        broker.join(f"{once.queue_name}.DQ", timeout=20_000)
+        worker.join()
+    finally:
+        held.set()
+        worker.stop(timeout=10_000)
+    assert runs == [1]
+    assert JobModel.get(JobModel.message_id == message.message_id).status == "succeeded"

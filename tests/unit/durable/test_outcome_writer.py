@@ -53,7 +53,7 @@ def rig(monkeypatch):
     gate, entered = threading.Event(), threading.Event()
     gate.set()
 
-    def finish_succeeded(model, done):
+    def finish_succeeded(model, done, again=False):
         entered.set()
         gate.wait(10)
         batches.append([job.id for job, _ in done])
@@ -111,18 +111,35 @@ def test_outcomes_that_wait_while_a_statement_is_in_flight_share_the_next_one(ri
         assert rig.events.index(("written", n)) < rig.events.index(("ack", message.message_id))
 
 
-def test_a_failed_batch_is_written_one_by_one_and_still_acked(rig, monkeypatch):
-    def fails(model, done):
-        raise pw.OperationalError("deadlock detected")
+def test_a_failed_batch_is_sent_again_until_it_is_written(rig, monkeypatch):
+    tries: list[bool] = []
 
-    alone: list[int] = []
-    monkeypatch.setattr(jobs, "finish_succeeded", fails)
-    monkeypatch.setattr(jobs, "finish", lambda model, job, **fields: alone.append(job.id) or True)
+    def fails_twice(model, done, again=False):
+        tries.append(again)
+        if len(tries) < 3:
+            raise pw.OperationalError("server closed the connection unexpectedly")
+        rig.events.extend(("written", job.id) for job, _ in done)
+        return {job.id for job, _ in done}
+
+    monkeypatch.setattr(jobs, "finish_succeeded", fails_twice)
     delivered = deliver_and_defer(rig, 2)
     for message in delivered:
         rig.consumer.ack(message)
     rig.consumer.close()
-    assert sorted(alone) == [0, 1]
+    assert tries[0] is False and all(tries[1:])  # sent again: rows it finds finished are not fenced out
+    assert [kind for kind, _ in rig.events] in (["written", "written", "ack", "ack"],)
+
+
+def test_a_batch_that_fails_past_its_deadline_is_acked_for_the_re_drive(rig, monkeypatch):
+    def fails(model, done, again=False):
+        raise pw.OperationalError("deadlock detected")
+
+    monkeypatch.setattr(jobs, "finish_succeeded", fails)
+    monkeypatch.setattr(outcome_writer, "RETRY_MS", 200)
+    delivered = deliver_and_defer(rig, 2)
+    for message in delivered:
+        rig.consumer.ack(message)
+    rig.consumer.close()
     assert sorted(i for kind, i in rig.events if kind == "ack") == sorted(m.message_id for m in delivered)
 
 
