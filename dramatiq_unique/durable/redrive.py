@@ -1,10 +1,7 @@
 """The re-drive: a pass that sends what came due and recovers what the broker lost, and its timer.
 
-Per store and job table, on this app's rows of the actors this process declares (scope.py), a pass
-wakes orphaned parked jobs (the primary's only), sets right rows no state allows, sends due rows,
-looks for lost messages and prunes finished rows.  Claims are conditional UPDATEs, so two passes
-never send one job; the pass lock only saves work.  Every query starts from an index that leaves
-finished rows out.  See docs/discussions/how-it-is-built.md.
+Claims are conditional UPDATEs, so two passes never send one job; the pass lock only saves work.
+See docs/discussions/how-it-is-built.md.
 """
 
 from __future__ import annotations
@@ -86,9 +83,7 @@ class RedriveCounts:
 
     # Read like a dict too: counts["sent"], dict(counts).
     def __getitem__(self, name: str) -> Any:
-        if name not in self.__dataclass_fields__:
-            raise KeyError(name)
-        return getattr(self, name)
+        return self.as_dict()[name]
 
     def keys(self) -> list[str]:
         return list(self.__dataclass_fields__)
