@@ -1,8 +1,6 @@
 """The dead set and the operator's actions on one job: :func:`dead_jobs`, :func:`retry_job`, :func:`cancel_job`.
 
-A job is dead when its row says ``failed``: no status of its own.  A retry makes it a new attempt of the
-same job (same row and message id, a new revision, its history kept); a cancel ends a waiting job.  Each
-is one conditional UPDATE, so a job that moved on meanwhile is refused (:class:`JobStateError`).
+Each is one conditional UPDATE, so a job that moved on meanwhile is refused (:class:`JobStateError`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Sending while the broker is down: the ``on_broker_down`` setting.
 
-With ``"defer"``, a tracked send whose publish fails with a connection error keeps its row, made
-``pending`` and marked :data:`DEFERRED`, and returns as if published: the row is the source of truth and
-the re-drive publishes it later.  The outage is logged once per process and broker, and for
-``broker_down_backoff`` ms after a failure sends skip the broker.  See docs/howto/outbox.md.
+With ``"defer"``, a tracked send whose publish fails with a connection error keeps its row ``pending``
+(marked :data:`DEFERRED`) for the re-drive and returns as if published.  See docs/howto/outbox.md.
 """
 
 from __future__ import annotations

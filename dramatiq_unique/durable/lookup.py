@@ -1,7 +1,5 @@
-"""Reading this app's jobs in every job table of every store, for :func:`get_job`, the dead set and the
-operator's commands.  With several stores, one that does not answer is skipped and remembered down;
-with one, its failure is the caller's :class:`DatabaseUnavailable`.
-"""
+"""Reading this app's jobs in every job table of every store.  With several stores, one that does not
+answer is skipped and remembered down; with one, its failure is the caller's :class:`DatabaseUnavailable`."""
 
 from __future__ import annotations
 

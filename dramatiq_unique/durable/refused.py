@@ -1,9 +1,7 @@
 """Deliveries that end before the job runs: refused, skipped by another middleware, or duplicates.
 
-A delivery refused until Dramatiq gave up, or skipped by another middleware, ends the job: its row is
-``failed`` with the cause and its key freed.  The suite's own skips are not failures.  A second delivery
-of a running job is sent again, due when the live attempt's lease runs out.  Decided here so that
-:class:`~dramatiq_unique.middleware.JobTracking` stays small.
+A refused or skipped delivery ends the job (``failed``, its key freed); a second delivery of a running job
+is sent again, due when the live attempt's lease runs out.  Decided here so that JobTracking stays small.
 """
 
 from __future__ import annotations
