@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER, job_model
-from dramatiq_unique.errors import NotConfigured
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
@@ -99,9 +98,8 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
     left = (lease - utcnow()).total_seconds() * 1000 if lease is not None else 0
     delay = int(max(left, 0) + jobs.LEASE_SKEW_MS + RESEND_MARGIN)
     broker = suite.broker
+    assert broker is not None  # set when a broker declared the tracked actor, before any job ran
     try:
-        if broker is None:  # set when a broker declares a tracked actor, before any job runs
-            raise NotConfigured("no broker has declared a tracked actor")
         # The row's broker id becomes the copy's (enqueue.py): should the live attempt die,
         # the re-drive finds the copy waiting in the broker and leaves the job to it.
         broker.enqueue(getattr(message, "_message", message), delay=delay)
