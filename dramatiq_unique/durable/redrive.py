@@ -145,8 +145,7 @@ def suspects(
     for status in (QUEUED, RETRYING):
         cond = (model.status == status) & (model.process_after <= cutoff) & (model.enqueued_at <= cutoff)
         if not can_probe:
-            # The broker cannot be asked: trust it with what it took (broker_ref set
-            # after the publish); a claim whose publish never happened has none.
+            # The broker cannot be asked: trust it with what it took (broker_ref is set after the publish).
             cond &= model.broker_ref.is_null()
         groups.append((status, cond, model.process_after))
     return [(status, cond & fresh & unmarked, order) for status, cond, order in groups]
@@ -340,9 +339,8 @@ class _Pass:
             logger.warning("The re-drive lock expired during a pass.")  # harmless: claims are conditional
 
     def _wake_parked(self) -> None:
-        # Parked rows wait for a lock or a slot; their wake-ups live in Redis and can be lost (a holder
-        # killed, Redis wiped): wake every group with no holder.  The run-time limits first: a Redis
-        # that lost them gets them back before a group is woken at its declared limit.
+        # Wake-ups live in Redis and can be lost (a holder killed, Redis wiped): wake every group with no
+        # holder, after putting back run-time limits Redis lost (a group is not woken at its declared limit).
         try:
             if overrides.check(self.suite):
                 logger.info("The re-drive put back run-time limits that Redis had lost or held otherwise.")

@@ -62,9 +62,8 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     waiting = _waiting(model, job_id, revision)
     if _frees_key(config, message.options):
         fields["unique_hold"] = None
-        # The Redis key goes before the row says failed, as at a finish (JobTracking._record): once a
-        # reader sees the job failed, its key is free in Redis too.  Only while the row still waits for
-        # this delivery; should it start meanwhile, the lock only named it (the row's hold decides).
+        # The Redis key goes first, as at a finish: once a reader sees the job failed, its key is free in
+        # Redis too.  Only while the row still waits for this delivery (else the row's hold decides).
         row = model.select(model.unique_key).where(waiting).first()
         if row is None:
             return False
