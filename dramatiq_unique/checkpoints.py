@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, TypeVar
 
-from dramatiq_unique.context import JobContext, require
+from dramatiq_unique.context import require
 from dramatiq_unique.errors import LockLost, NotSerializable
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
@@ -22,15 +22,6 @@ def step_key(name: str) -> str:
     return f"{job.message_id}:{name}"  # type: ignore[union-attr]
 
 
-def _check_fence(ctx: JobContext) -> None:
-    job = ctx.job
-    model = type(job)
-    with guarded(f"checking the fence of job {job.message_id}"):  # type: ignore[union-attr]
-        token = model.select(model.fencing_token).where(model.id == job.id).scalar()  # type: ignore[union-attr]
-    if token != job.fencing_token:  # type: ignore[union-attr]
-        raise events.lock_lost(job, LockLost(f"job {job.message_id} was started again by a newer attempt"))  # type: ignore[union-attr]
-
-
 def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run ``fn(*args, **kwargs)`` once per job; on a retry return its stored result.
 
@@ -40,13 +31,16 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     recorded as done, :class:`LockLost` if a newer attempt owns the job, and
     :class:`DatabaseUnavailable` if the step cannot be checked or recorded.
     """
-    ctx = require()
-    job = ctx.job
+    job = require().job
     assert job is not None
     done = dict(job.checkpoints or {})
     if name in done:
         return done[name]
-    _check_fence(ctx)  # a zombie should not even start the step's side effect
+    model = type(job)
+    with guarded(f"checking the fence of job {job.message_id}"):  # a zombie should not even start the step
+        token = model.select(model.fencing_token).where(model.id == job.id).scalar()
+    if token != job.fencing_token:
+        raise events.lock_lost(job, LockLost(f"job {job.message_id} was started again by a newer attempt"))
     result = fn(*args, **kwargs)
     try:
         stored = json.loads(dumps(result))
@@ -54,7 +48,7 @@ def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
     done[name] = stored
     with guarded(f"recording step {name!r} of job {job.message_id}"):
-        recorded = jobs.update_fenced(type(job), job.id, job.fencing_token, {"checkpoints": done})
+        recorded = jobs.update_fenced(model, job.id, job.fencing_token, {"checkpoints": done})
     if not recorded:
         events.fenced_out(job, "checkpoint")
         raise LockLost(f"job {job.message_id} was started again by a newer attempt; step {name!r} not recorded")

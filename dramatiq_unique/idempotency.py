@@ -47,21 +47,22 @@ def submit(
     options: dict[str, Any] = {}
     hold = None
     if idempotency_key is not None:
-        owner = None if owner is None else str(owner)
-        check_send({"idempotency_key": idempotency_key, "owner": owner}, {}, config.fn)
-        hold = idempotency_hold(actor.actor_name, owner, idempotency_key)
+        options = {"idempotency_key": idempotency_key, "owner": None if owner is None else str(owner)}
+        check_send(options, {}, config.fn)
+        hold = idempotency_hold(actor.actor_name, options["owner"], idempotency_key)
         suite.stores.check_primary(f"an idempotent send of {actor.actor_name}")  # keys live in the primary
+        # This app's job, else one written before rows had an app (not yet adopted, scope.py): a client
+        # retrying across an upgrade gets its job back.  Both probe one index.
         with guarded(f"looking up idempotency key {idempotency_key!r}"):
-            existing = _holder(model, config.app, hold)
+            rows = list(model.select().where(model.app.in_([config.app, NO_APP]) & (model.idempotency_hold == hold))
+                        .limit(2))
+        existing = next((row for row in rows if row.app == config.app), rows[0] if rows else None)
         if existing is not None:
-            window = config.idempotency_window
-            if existing.created_at > after_ms(-window):
+            if existing.created_at > after_ms(-config.idempotency_window):
                 return _same_request(config.fn, existing, args, kwargs), False
             # The key outlived its window: it may make a new job.
-            model.update(idempotency_hold=None).where(
-                (model.id == existing.id) & (model.idempotency_hold == hold)
-            ).execute()
-        options = {"idempotency_key": idempotency_key, "owner": owner}
+            unheld = (model.id == existing.id) & (model.idempotency_hold == hold)
+            model.update(idempotency_hold=None).where(unheld).execute()
     message = actor.message_with_options(args=args, kwargs=kwargs, **options)
     sent = actor.broker.enqueue(message, delay=delay)
     job = jobs.get(job_model(suite, model, sent.options), message_id=sent.message_id)  # its row's store
@@ -71,13 +72,6 @@ def submit(
     if not created and hold is not None and job.idempotency_hold == hold:
         _same_request(config.fn, job, args, kwargs)  # a racing submit with this key won
     return job, created
-
-
-def _holder(model: type[JobModel], app: str, hold: str) -> Optional[JobModel]:
-    """The job of ``app`` that holds idempotency key ``hold``, or one written before rows had an app (not
-    yet adopted, scope.py): a client retrying across an upgrade gets its job back.  Both probe one index."""
-    rows = list(model.select().where(model.app.in_([app, NO_APP]) & (model.idempotency_hold == hold)).limit(2))
-    return next((row for row in rows if row.app == app), rows[0] if rows else None)
 
 
 def _same_request(fn: Any, job: JobModel, args: tuple, kwargs: dict) -> JobModel:

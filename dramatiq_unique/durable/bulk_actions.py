@@ -1,10 +1,8 @@
 """Bulk actions: retry every dead job a selection matches, cancel every waiting job one matches.
 
-Each is one ``UPDATE`` per job table and store however many rows match, written in SQL (JSON functions
-of PostgreSQL and SQLite for a row's lock type and marker), so that no row is read into Python.  A row
-goes through what :func:`~dramatiq_unique.retry_job` or :func:`~dramatiq_unique.cancel_job` does to one
-job, except that retried rows are left ``pending`` for the re-drive to send a page at a time.  See
-docs/howto/dead-set.md.
+One ``UPDATE`` per job table and store, in SQL, so that no row is read into Python; a row goes through
+what ``retry_job`` or ``cancel_job`` does, except that retried rows are left ``pending`` for the re-drive.
+See docs/howto/dead-set.md.
 """
 
 from __future__ import annotations
@@ -131,34 +129,28 @@ def queue_lock_token(model: type[JobModel]) -> Any:
 
 def preview(suite: "Suite", broker: Optional[dramatiq.Broker], action: str, sel: Selection) -> Outcome:
     """How many rows ``action`` would take now, and leave (actor not declared here); one COUNT per table."""
-    scope, outcome = Scope(suite, broker), Outcome(action, preview=True)
-
-    def count(index: int, tables: list[type[JobModel]]) -> None:
-        for model in tables:
-            mine = pw.Case(None, [(of(model, scope.names(model)), 1)], 0)
-            query = model.select(pw.fn.COUNT(model.id), pw.fn.SUM(mine)).where(matching(suite, action, model, sel))
-            total, ours = cast(tuple, query.tuples().get())
-            outcome.done += int(ours or 0)
-            outcome.undeclared += int(total or 0) - int(ours or 0)
-
-    outcome.down = [str(e) for e in lookup.each_store(suite, f"counting the jobs to {action}", count)[1]]
-    return outcome
+    return _act(suite, broker, action, sel, f"counting the jobs to {action}", None)
 
 
 def _act(
     suite: "Suite", broker: Optional[dramatiq.Broker], action: str, sel: Selection, what: str,
-    take: Callable[[Outcome, type[JobModel], tuple[str, ...], Any], None],
+    take: Optional[Callable[[Outcome, type[JobModel], tuple[str, ...], Any], None]],
 ) -> Outcome:
-    """``take(outcome, model, declared actors, matching rows)`` in every job table of every store that answers;
-    matching rows of actors not declared here are counted."""
-    scope, outcome = Scope(suite, broker), Outcome(action)
+    """``take(outcome, model, declared actors, matching rows)`` in every job table of every store that answers
+    (None: a preview, which counts them); matching rows of actors not declared here are counted."""
+    scope, outcome = Scope(suite, broker), Outcome(action, preview=take is None)
 
     def act(index: int, tables: list[type[JobModel]]) -> None:
         for model in tables:
             names, matched = scope.names(model), matching(suite, action, model, sel)
-            if names:
+            mine = pw.Case(None, [(of(model, names), 1)], 0)
+            query = model.select(pw.fn.COUNT(model.id), pw.fn.SUM(mine)).where(matched)
+            total, ours = cast(tuple, query.tuples().get())
+            outcome.undeclared += int(total or 0) - int(ours or 0)
+            if take is None:
+                outcome.done += int(ours or 0)
+            elif names:
                 take(outcome, model, names, matched)
-            outcome.undeclared += model.select().where(matched & ~of(model, names)).count()
 
     outcome.down = [str(e) for e in lookup.each_store(suite, what, act)[1]]
     return outcome

@@ -1,8 +1,6 @@
 """The dead set and the operator's actions on one job: :func:`dead_jobs`, :func:`retry_job`, :func:`cancel_job`.
 
-A job is dead when its row says ``failed``: no status of its own.  A retry makes it a new attempt of the
-same job (same row and message id, a new revision, its history kept); a cancel ends a waiting job.  Each
-is one conditional UPDATE, so a job that moved on meanwhile is refused (:class:`JobStateError`).
+Each is one conditional UPDATE, so a job that moved on meanwhile is refused (:class:`JobStateError`).
 """
 
 from __future__ import annotations
@@ -81,11 +79,14 @@ def dead_jobs(
     limit, sel = check_limit(limit), Selection(actor=actor_name, since=since_of(since))
     suite = suite or _config.current()
 
-    def query(model: type[JobModel]) -> Any:
-        cond = matching(suite, RETRY, model, sel)
-        return model.select().where(cond).order_by(model.finished_at.desc(), model.id.desc()).limit(limit)
+    def read(index: int, tables: list[type[JobModel]]) -> list[JobModel]:
+        return [row for model in tables for row in model.select().where(matching(suite, RETRY, model, sel))
+                .order_by(model.finished_at.desc(), model.id.desc()).limit(limit)]
 
-    found = lookup.select_all(suite, "reading the dead set", query)
+    answers, down = lookup.each_store(suite, "reading the dead set", read)
+    for error in down:
+        logger.warning("%s; its rows are left out.", error)
+    found = [row for rows in answers for row in rows]
     found.sort(key=lambda job: (job.finished_at or datetime.min, job.id), reverse=True)
     return found[:limit]
 

@@ -1,9 +1,7 @@
 """Sending while the broker is down: the ``on_broker_down`` setting.
 
-With ``"defer"``, a tracked send whose publish fails with a connection error keeps its row, made
-``pending`` and marked :data:`DEFERRED`, and returns as if published: the row is the source of truth and
-the re-drive publishes it later.  The outage is logged once per process and broker, and for
-``broker_down_backoff`` ms after a failure sends skip the broker.  See docs/howto/outbox.md.
+With ``"defer"``, a tracked send whose publish fails with a connection error keeps its row ``pending``
+(marked :data:`DEFERRED`) for the re-drive and returns as if published.  See docs/howto/outbox.md.
 """
 
 from __future__ import annotations
@@ -34,21 +32,18 @@ logger = logging.getLogger(__name__)
 DEFERRED = "dfr"
 
 
-def _broker_errors() -> tuple[type[BaseException], ...]:
-    # Dramatiq 2.1 renamed its ConnectionError (ConnectionClosed, ConnectionFailed...) BrokerConnectionError.
-    dramatiq_error = getattr(dramatiq.errors, "BrokerConnectionError", None) or dramatiq.errors.ConnectionError
-    errors: list[type[BaseException]] = [redis.ConnectionError, redis.TimeoutError, dramatiq_error]
-    try:  # pika is only there with the RabbitMQ broker; its connection errors may escape Dramatiq's retries
-        import pika.exceptions  # type: ignore[import-untyped]
+#: The errors that say the broker could not be reached (our own publish script raises redis-py's).  Dramatiq 2.1
+#: renamed its ConnectionError (ConnectionClosed, ConnectionFailed...) BrokerConnectionError.
+BROKER_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError, redis.TimeoutError,
+    getattr(dramatiq.errors, "BrokerConnectionError", None) or dramatiq.errors.ConnectionError,
+)
+try:  # pika is only there with the RabbitMQ broker; its connection errors may escape Dramatiq's retries
+    import pika.exceptions  # type: ignore[import-untyped]
 
-        errors.append(pika.exceptions.AMQPConnectionError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(errors)
-
-
-#: The errors that say the broker could not be reached (our own publish script raises redis-py's).
-BROKER_ERRORS = _broker_errors()
+    BROKER_ERRORS += (pika.exceptions.AMQPConnectionError,)
+except ImportError:  # pragma: no cover
+    pass
 
 
 def defers(suite: "Suite", error: BaseException) -> bool:

@@ -1,12 +1,9 @@
-"""Reading this app's jobs in every job table of every store, for :func:`get_job`, the dead set and the
-operator's commands.  With several stores, one that does not answer is skipped and remembered down;
-with one, its failure is the caller's :class:`DatabaseUnavailable`.
-"""
+"""Reading this app's jobs in every job table of every store.  With several stores, one that does not
+answer is skipped and remembered down; with one, its failure is the caller's :class:`DatabaseUnavailable`."""
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar, Union
 
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import AmbiguousJobId, DatabaseUnavailable, JobNotFound
@@ -17,8 +14,6 @@ from dramatiq_unique.storage.stores import base_of, unreachable
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
-
-logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -143,12 +138,3 @@ def _numbered(suite: "Suite", number: int, model: type[JobModel]) -> Optional[Jo
     if down:
         raise down[0]
     return found[0] if found else None
-
-
-def select_all(suite: "Suite", what: str, query: Callable[[type[JobModel]], Any]) -> list[JobModel]:
-    """The rows ``query(table)`` selects in every job table of every store that answers (the others named
-    in a WARNING)."""
-    found, down = each_store(suite, what, lambda _, tables: [row for table in tables for row in query(table)])
-    for error in down:
-        logger.warning("%s; its rows are left out.", error)
-    return [row for rows in found for row in rows]

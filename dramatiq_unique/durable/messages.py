@@ -1,15 +1,13 @@
 """Between a job's row and its messages: what a job keeps of a message, and its message rebuilt from the row.
 
-The re-drive, the outbox and the parking all rebuild messages from rows and must agree on what belongs
-to one delivery (dropped) and what to the job (kept).  Arguments and options the JSON columns cannot hold
-(an app with another encoder) are stored in the app's encoding and come back as the very value.
+Arguments and options the JSON columns cannot hold (an app with another encoder) are stored in the app's
+encoding and come back as the very value.
 """
 
 from __future__ import annotations
 
 import base64
 import calendar
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Optional
 
 import dramatiq
@@ -95,10 +93,6 @@ def job_options(options: dict, marker: Optional[dict] = None) -> dict:
     return kept
 
 
-def epoch_ms(moment: datetime) -> int:  # a naive UTC datetime as Dramatiq's timestamp
-    return calendar.timegm(moment.utctimetuple()) * 1000 + moment.microsecond // 1000
-
-
 def rebuild(row: "JobModel", marker: Optional[dict] = None, *, timestamp: Optional[int] = None) -> Message:
     """The job's message from its row, marked as the row's current revision, with ``marker``'s entries."""
     options = {k: _decode(v) for k, v in job_options(row.options or {}).items()}
@@ -110,7 +104,8 @@ def rebuild(row: "JobModel", marker: Optional[dict] = None, *, timestamp: Option
 
 def build_message(row: "JobModel") -> Message:
     """The job's message rebuilt to be sent again, stamped with its creation time, its Retries count kept."""
-    message = rebuild(row, timestamp=epoch_ms(row.created_at))
+    created = row.created_at  # naive UTC, as Dramatiq's timestamp
+    message = rebuild(row, timestamp=calendar.timegm(created.utctimetuple()) * 1000 + created.microsecond // 1000)
     if row.attempts:
         # Retries counts failed attempts in the message; every attempt so far failed.
         message.options["retries"] = retries_so_far(row)

@@ -1,9 +1,7 @@
 """The transactional outbox: sends that commit, or roll back, with the caller's own writes.
 
-Inside ``transaction()``, a tracked send writes its row ``pending`` in the caller's transaction and
-publishes nothing; the held sends follow its savepoints (storage/savepoints.py): what rolls back is
-never published.  After the commit each row is claimed (``pending`` -> ``queued``, only while still as
-its send left it) and published, in batches on the suite's Redis broker; a broker down leaves them
+Inside ``transaction()`` a tracked send writes its row ``pending`` and publishes nothing; after the commit
+each row is claimed (only while still as its send left it) and published; a broker down leaves them
 ``pending`` for the re-drive.  See docs/howto/outbox.md.
 """
 
@@ -57,12 +55,12 @@ class _Item:
     stamp: Optional[str] = None  # what a replace wrote into its row's broker_ref (Block.stamp)
 
 
+@dataclasses.dataclass(eq=False)
 class Block:
     """A ``transaction()`` block open in this thread: its sends are held in the database transaction."""
 
-    def __init__(self, suite: "Suite") -> None:
-        self.suite = suite
-        self.open = True
+    suite: "Suite"
+    open: bool = True
 
     def defer(
         self, broker: "Broker", message: "Message", delay: Optional[int], row: Optional[tuple] = None, *,
@@ -137,7 +135,10 @@ class Outbox:
                 if item.row is not None:
                     # Pending for the re-drive, logged as the suite logs a broker outage.
                     deferral.send_failed(self.suite, item.broker, item.message.message_id, error)
-                    self._unclaim(item)
+                    try:
+                        jobs.unclaim_sends(item.row[0], [item.row[1]], JobStatus.PENDING.value)
+                    except Exception:  # left queued without a broker_ref: the lost-message check recovers it
+                        logger.exception("Could not put job %s back to pending.", item.message.message_id)
                 else:
                     logger.error("Could not publish untracked message %s after commit; it is lost (track=True "
                                  "would keep it for the re-drive).", item.message.message_id, exc_info=True)
@@ -171,14 +172,6 @@ class Outbox:
                 for message in sent:
                     broker.emit_after("enqueue", message, None)
         return rest, False
-
-    def _unclaim(self, item: _Item) -> None:
-        model, row_id, _ = item.row  # type: ignore[misc]
-        try:
-            jobs.unclaim_sends(model, [row_id], JobStatus.PENDING.value)
-        except Exception:
-            # Left queued without a broker_ref: the lost-message check recovers it.
-            logger.exception("Could not put job %s back to pending.", item.message.message_id)
 
 
 #: A held send: (its row's id, the row's revision at the send, the stamp a replace wrote into the row's
@@ -240,8 +233,7 @@ def _claim_held(model: type["JobModel"], held: list[Held], refs: list[Optional[s
 
 _active: contextvars.ContextVar[Optional[Block]] = contextvars.ContextVar("dramatiq_unique_outbox", default=None)
 #: Set while held sends are published: they are in no block, even inside a framework's open transaction.
-_PUBLISHING = Block.__new__(Block)
-_PUBLISHING.open = False
+_PUBLISHING = Block(None, open=False)  # type: ignore[arg-type]
 
 
 def active() -> Optional[Block]:

@@ -21,17 +21,6 @@ def format_error(exception: BaseException) -> str:
     return f"{head}\n{text}"[:MAX_ERROR_LENGTH]
 
 
-def jsonable(value: Any) -> Any:
-    """``value`` if it survives JSON, else None (a result that cannot be stored is dropped)."""
-    if value is None:
-        return None
-    try:
-        dumps(value)
-    except (TypeError, ValueError):
-        return None
-    return value
-
-
 def outcome(
     message: Any, result: Any, exception: Optional[BaseException], *, retries: bool, retry_enqueued: bool,
     min_backoff: float = DEFAULT_MIN_BACKOFF,
@@ -40,7 +29,12 @@ def outcome(
     ``retries``: the broker has Retries; ``retry_enqueued``: Retries sent the message again meanwhile."""
     now = utcnow()
     if exception is None and not message.failed:
-        return dict(status=JobStatus.SUCCEEDED.value, finished_at=now, result=jsonable(result), last_error=None), True
+        if result is not None:
+            try:
+                dumps(result)
+            except (TypeError, ValueError):
+                result = None  # a result JSON cannot hold is not stored
+        return dict(status=JobStatus.SUCCEEDED.value, finished_at=now, result=result, last_error=None), True
     if message.failed or not retries:
         error = format_error(exception) if exception else "failed"
         return dict(status=JobStatus.FAILED.value, finished_at=now, last_error=error), True

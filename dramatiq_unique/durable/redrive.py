@@ -1,10 +1,7 @@
 """The re-drive: a pass that sends what came due and recovers what the broker lost, and its timer.
 
-Per store and job table, on this app's rows of the actors this process declares (scope.py), a pass
-wakes orphaned parked jobs (the primary's only), sets right rows no state allows, sends due rows,
-looks for lost messages and prunes finished rows.  Claims are conditional UPDATEs, so two passes
-never send one job; the pass lock only saves work.  Every query starts from an index that leaves
-finished rows out.  See docs/discussions/how-it-is-built.md.
+Claims are conditional UPDATEs, so two passes never send one job; the pass lock only saves work.
+See docs/discussions/how-it-is-built.md.
 """
 
 from __future__ import annotations
@@ -86,9 +83,7 @@ class RedriveCounts:
 
     # Read like a dict too: counts["sent"], dict(counts).
     def __getitem__(self, name: str) -> Any:
-        if name not in self.__dataclass_fields__:
-            raise KeyError(name)
-        return getattr(self, name)
+        return self.as_dict()[name]
 
     def keys(self) -> list[str]:
         return list(self.__dataclass_fields__)
@@ -150,8 +145,7 @@ def suspects(
     for status in (QUEUED, RETRYING):
         cond = (model.status == status) & (model.process_after <= cutoff) & (model.enqueued_at <= cutoff)
         if not can_probe:
-            # The broker cannot be asked: trust it with what it took (broker_ref set
-            # after the publish); a claim whose publish never happened has none.
+            # The broker cannot be asked: trust it with what it took (broker_ref is set after the publish).
             cond &= model.broker_ref.is_null()
         groups.append((status, cond, model.process_after))
     return [(status, cond & fresh & unmarked, order) for status, cond, order in groups]
@@ -345,9 +339,8 @@ class _Pass:
             logger.warning("The re-drive lock expired during a pass.")  # harmless: claims are conditional
 
     def _wake_parked(self) -> None:
-        # Parked rows wait for a lock or a slot; their wake-ups live in Redis and can be lost (a holder
-        # killed, Redis wiped): wake every group with no holder.  The run-time limits first: a Redis
-        # that lost them gets them back before a group is woken at its declared limit.
+        # Wake-ups live in Redis and can be lost (a holder killed, Redis wiped): wake every group with no
+        # holder, after putting back run-time limits Redis lost (a group is not woken at its declared limit).
         try:
             if overrides.check(self.suite):
                 logger.info("The re-drive put back run-time limits that Redis had lost or held otherwise.")

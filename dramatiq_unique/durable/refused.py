@@ -1,9 +1,7 @@
 """Deliveries that end before the job runs: refused, skipped by another middleware, or duplicates.
 
-A delivery refused until Dramatiq gave up, or skipped by another middleware, ends the job: its row is
-``failed`` with the cause and its key freed.  The suite's own skips are not failures.  A second delivery
-of a running job is sent again, due when the live attempt's lease runs out.  Decided here so that
-:class:`~dramatiq_unique.middleware.JobTracking` stays small.
+A refused or skipped delivery ends the job (``failed``, its key freed); a second delivery of a running job
+is sent again, due when the live attempt's lease runs out.  Decided here so that JobTracking stays small.
 """
 
 from __future__ import annotations
@@ -13,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER, job_model
-from dramatiq_unique.errors import NotConfigured
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
@@ -65,9 +62,8 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     waiting = _waiting(model, job_id, revision)
     if _frees_key(config, message.options):
         fields["unique_hold"] = None
-        # The Redis key goes before the row says failed, as at a finish (JobTracking._record): once a
-        # reader sees the job failed, its key is free in Redis too.  Only while the row still waits for
-        # this delivery; should it start meanwhile, the lock only named it (the row's hold decides).
+        # The Redis key goes first, as at a finish: once a reader sees the job failed, its key is free in
+        # Redis too.  Only while the row still waits for this delivery (else the row's hold decides).
         row = model.select(model.unique_key).where(waiting).first()
         if row is None:
             return False
@@ -101,9 +97,8 @@ def wait_for_attempt(suite: "Suite", message: Any, running: "JobModel") -> None:
     left = (lease - utcnow()).total_seconds() * 1000 if lease is not None else 0
     delay = int(max(left, 0) + jobs.LEASE_SKEW_MS + RESEND_MARGIN)
     broker = suite.broker
+    assert broker is not None  # set when a broker declared the tracked actor, before any job ran
     try:
-        if broker is None:  # set when a broker declares a tracked actor, before any job runs
-            raise NotConfigured("no broker has declared a tracked actor")
         # The row's broker id becomes the copy's (enqueue.py): should the live attempt die,
         # the re-drive finds the copy waiting in the broker and leaves the job to it.
         broker.enqueue(getattr(message, "_message", message), delay=delay)

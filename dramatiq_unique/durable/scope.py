@@ -1,8 +1,7 @@
 """Which job rows a process may act on: its own app's (``app`` = ``key_prefix``), of the actors it declares.
 
-Apps may share a job table, and a process may declare only some actors: a pass never sends a row into
-a broker that cannot run it, nor fails or prunes a row it does not understand.  Rows written before the
-``app`` column (``app = ''``) are adopted.  See docs/howto/several-apps.md.
+A pass never sends a row into a broker that cannot run it, nor fails or prunes a row it does not
+understand.  Rows written before the ``app`` column (``app = ''``) are adopted.  See docs/howto/several-apps.md.
 """
 
 from __future__ import annotations
@@ -80,17 +79,11 @@ class Scope:
         digest = hashlib.sha256("\n".join(names).encode("utf-8")).hexdigest()[:16]
         return f"{self.suite.keys.redrive_lock()}:{digest}"
 
-    def __repr__(self) -> str:
-        return f"<Scope app={self.app!r} actors={sum(len(n) for n in self.actors.values())}>"
-
     def adopt(self, model: type[JobModel], page: int, max_pages: int) -> int:
         """Give rows without an app (``app = ''``) of this scope's actors this app, waiting ones first,
         at most ``max_pages`` pages of each per pass; returns how many."""
-        names = self.names(model)
-        if not names or self.app == NO_APP:  # never so: setup() refuses an empty key_prefix
-            return 0
         adopted = 0
-        legacy = (model.app == NO_APP) & model.actor_name.in_(names)
+        legacy = (model.app == NO_APP) & model.actor_name.in_(self.names(model))  # never empty: models() has them
         for cond in (legacy & model.status.not_in(FINISHED), legacy & model.status.in_(FINISHED)):
             for _ in range(max_pages):
                 ids = [job.id for job in model.select(model.id).where(cond).limit(page)]
