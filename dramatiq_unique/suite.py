@@ -94,8 +94,7 @@ _RESOLVED = frozenset(RESOLVED)
 
 @dataclasses.dataclass(frozen=True)
 class ActorConfig:
-    """An actor's suite options, resolved once when it is declared; :meth:`for_message` puts a
-    message's own options (``send_with_options``) over them."""
+    """An actor's suite options, resolved when it is declared; :meth:`for_message` puts a message's over them."""
 
     actor_name: str
     fn: Callable[..., Any]
@@ -161,30 +160,18 @@ def _redis_clients(spec: RedisSpec) -> list[redis_lib.Redis]:
     items = [spec] if isinstance(spec, (str, redis_lib.Redis)) else list(spec)
     if not items:
         raise InvalidOption("redis must name at least one server")
-    clients = []
     for item in items:
-        if isinstance(item, str):
-            clients.append(client_from_url(item))
-        elif isinstance(item, redis_lib.Redis):
-            clients.append(item)
-        else:
+        if not isinstance(item, (str, redis_lib.Redis)):
             raise InvalidOption(f"redis must be a URL, a redis.Redis or a list of them, not {item!r}")
-    return clients
+    return [client_from_url(item) if isinstance(item, str) else item for item in items]
 
 
 class Suite:
     """Holds the suite's configuration; :func:`dramatiq_unique.setup` returns one.
 
-    Parameters:
-      database: a URL (``sqlite:///jobs.db``, ``postgresql://...``) or a peewee Database, or a
-        non-empty list of them: several job stores, the primary first, listed in the same order by
-        every process (see :mod:`dramatiq_unique.storage.stores`).  A
-        PostgreSQL URL opens a :class:`~dramatiq_unique.storage.database.ReconnectingPostgresqlDatabase`
-        bounded by the ``database_connect_timeout`` and ``database_timeout`` settings; a given
-        ``PostgresqlDatabase`` is made to reconnect in place and keeps its own timeouts (a missing
-        ``connect_timeout`` is added).  See :mod:`dramatiq_unique.storage.database`.
-      redis: a URL, a ``redis.Redis``, or a list of them (Redlock masters).
-      **settings: see :class:`Settings`.
+    ``database``: a URL, a peewee Database, or a list of them (job stores, the primary first, in the same
+    order in every process: :mod:`~dramatiq_unique.storage.stores`, :mod:`~dramatiq_unique.storage.database`);
+    ``redis``: a URL, a ``redis.Redis``, or a list of them (Redlock masters); ``settings``: :class:`Settings`.
     """
 
     #: An outbox block that every transaction of ``db`` is in: a framework's (dramatiq_unique.contrib).
@@ -204,16 +191,14 @@ class Suite:
                      for spec in _stores.specs(database)]
         #: The job stores, the primary first (one, unless ``database`` listed several).
         self.stores = _stores.Stores(databases, down_for=self.settings.store_down_for)
-        #: The primary store's Database.
         self.db = databases[0]
         self._check_stores()  # fail fast, naming the server
         for db in databases:  # not behind a pooler in transaction mode (storage/database.py)
             queries.enable(db, prepare and not configure_pooler(db, self.settings.prepared_statements))
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
-        #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
-        #: several Redlock masters, over its bounded client (locks/redlock.py), so that the first master
-        #: down costs the flags, which the suite can do without, ``lock_timeout`` at most.
+        #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of several,
+        #: its bounded client (locks/redlock.py): that master down costs ``lock_timeout`` at most.
         self.redis = self.masters[0] if self.locks.single else self.locks.nodes[0].client
         self.keys = RedisKeys(self.settings.key_prefix)
         #: The app this suite's job rows belong to, in a database several apps share (durable/scope.py).

@@ -67,5 +67,5 @@ def disable_metrics() -> None:
         sink, events.sink = events.sink, None
         if sink is None or sink.registry is None:
             return
-        for collector in sink.collectors:
+        for collector in sink.metrics.values():
             sink.registry.unregister(collector)
