@@ -144,24 +144,24 @@ def overdue(target: Target, up: set[int], overdue_after: float = DEFAULT_OVERDUE
     for index, model in tables(target):
         if index not in up:
             continue
-        mine = model.app == target.app
+        mine, table = model.app == target.app, model._meta.table_name
+        waiting = mine & model.parked_on.is_null()
+        due = pw.fn.COALESCE(model.process_after, model.created_at)
         not_retrying = [status for status in WAITING if status != JobStatus.RETRYING.value]
-        waiting = (mine & model.status.in_(not_retrying) & model.parked_on.is_null()
-                   & (pw.fn.COALESCE(model.process_after, model.created_at) < cutoff))
-        retrying = (mine & (model.status == JobStatus.RETRYING.value) & model.parked_on.is_null()
-                    & (pw.fn.COALESCE(model.process_after, model.created_at) < retry_cutoff))
-        running = mine & (model.status == JobStatus.RUNNING.value) & (model.lease_until < cutoff)
-        where = f"{model._meta.table_name} in {target.store_name(index)}"
-        for kind, cond, after in (("waiting", waiting, overdue_after), ("retrying", retrying, retry_after),
-                                  ("running", running, overdue_after)):
+        for kind, cond, after in (
+            ("waiting", waiting & model.status.in_(not_retrying) & (due < cutoff), overdue_after),
+            ("retrying", waiting & (model.status == JobStatus.RETRYING.value) & (due < retry_cutoff), retry_after),
+            ("running", mine & (model.status == JobStatus.RUNNING.value) & (model.lease_until < cutoff), overdue_after),
+        ):
             count = model.select().where(cond).count()
-            data = {"store": index, "table": model._meta.table_name, "kind": kind, "count": count,
-                    "overdue_after_ms": int(after)}
             if count:
                 ids = [row.id for row in model.select(model.id).where(cond).order_by(model.id).limit(SAMPLE)]
                 what = "with their lease run out" if kind == "running" else "due"
-                findings.append(Finding("overdue", WARNING, f"{count} {kind} job(s) of {where} {what} more than "
-                                        f"{after / 1000:g} s ago (e.g. {ids})", {**data, "ids": ids}))
+                findings.append(Finding(
+                    "overdue", WARNING, f"{count} {kind} job(s) of {table} in {target.store_name(index)} {what} "
+                    f"more than {after / 1000:g} s ago (e.g. {ids})",
+                    {"store": index, "table": table, "kind": kind, "count": count, "overdue_after_ms": int(after),
+                     "ids": ids}))
     if not findings:
         findings.append(Finding("overdue", OK, "no overdue jobs", {"overdue_after_ms": overdue_after}))
     return findings
@@ -192,11 +192,8 @@ def run(
     findings, up = databases(target)
     redis_finding = redis_masters(target)
     findings.append(redis_finding)
-    redis_up = redis_finding.data.get("answered", 0) > 0
-    if redis_up:
-        found = last_pass(target, max_pass_age)
-        if found is not None:
-            findings.append(found)
+    if redis_finding.data.get("answered", 0) > 0 and (found := last_pass(target, max_pass_age)) is not None:
+        findings.append(found)
     findings += _guarded("overdue", lambda: overdue(target, up, overdue_after))
     if 0 in up and redis_finding.severity < CRITICAL:
         findings += _guarded("parked", lambda: [parked(target, recheck)])

@@ -5,6 +5,7 @@ table only; nothing is created or written but by ``migrate``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Optional
 
@@ -63,14 +64,6 @@ def of_suite(suite: Any) -> Target:
     )
 
 
-def bound(model: type[JobModel], db: pw.Database, index: int) -> type[JobModel]:
-    """``model`` bound to ``db`` without rebinding the class itself (other code in the process uses it)."""
-    made = bound_copy(model, db, f"{model.__name__}_cli{index}")
-    # peewee names indexes after it: the names set-up gives them (storage/stores.py's model_in in another store).
-    made._meta.name = model._meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
-    return made
-
-
 def from_environment(
     *, key_prefix: Optional[str] = None, environ: Optional[dict[str, str]] = None, timeout: float = DEFAULT_TIMEOUT,
 ) -> Optional[Target]:
@@ -80,13 +73,14 @@ def from_environment(
     if not urls:
         return None
     databases = [open_database(url, connect_timeout=timeout, timeout=max(timeout, 10_000)) for url in urls]
-    models: dict[tuple[type, int], type[JobModel]] = {}
 
+    @functools.cache
     def model_in(model: type[JobModel], index: int) -> type[JobModel]:
-        found = models.get((model, index))
-        if found is None:
-            found = models[(model, index)] = bound(model, databases[index], index)
-        return found
+        """``model`` bound to store ``index`` without rebinding the class itself (other code uses it)."""
+        made = bound_copy(model, databases[index], f"{model.__name__}_cli{index}")
+        # peewee names indexes after it: the names set-up gives them (storage/stores.py's model_in).
+        made._meta.name = model._meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
+        return made
 
     masters = [client_from_url(url, socket_timeout=timeout / 1000, socket_connect_timeout=timeout / 1000)
                for url in env.get(REDIS_ENV, "").split()]

@@ -1,9 +1,6 @@
-"""Sending many jobs at once: :func:`send_many`, batch by batch (:class:`Batch`).
-
-A batch is one multi-row INSERT, its holders read in one query, its rows published in one round
-trip on the Redis broker (:mod:`dramatiq_unique.broker.publish`); what the bulk path does not do
-itself goes through the single send, item by item (docs/howto/send-many.md says which).
-"""
+"""Sending many jobs at once: :func:`send_many`, batch by batch (:class:`Batch`): one multi-row INSERT, its
+holders read in one query, its rows published in one round trip on the Redis broker; what the bulk path does
+not do itself goes through the single send, item by item (docs/howto/send-many.md says which)."""
 
 from __future__ import annotations
 
@@ -22,20 +19,12 @@ from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import job_options
-from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfigured
+from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.enqueue import (
-    Created,
-    made_row,
-    new_row,
-    publish_failed,
-    queue_lock_ttl,
-    store,
-    undo_all,
-)
+from dramatiq_unique.unique.enqueue import Created, made_row, new_row, publish_failed, queue_lock_ttl, store, undo_all
 from dramatiq_unique.unique.send import check_options
 
 if TYPE_CHECKING:
@@ -73,15 +62,10 @@ def batches(items: list[Item], size: int) -> list[list[Item]]:
 
 
 def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = None) -> list["Message"]:
-    """Send one job per item; returns one message per item, in order, each as ``send()`` would return
-    it (a duplicate's message is the existing job's).  How each option behaves in bulk:
-    docs/howto/send-many.md."""
+    """Send one job per item; returns one message per item, in order, each as ``send()`` would return it."""
     parsed = items_of(items)
     opt.check_delay(delay)
-    try:
-        suite: Optional[Suite] = _config.current()
-    except NotConfigured:
-        suite = None
+    suite = _config._current
     config = suite.actor_config(actor.actor_name) if suite is not None else None
     if suite is None or config is None or not _bulk(suite, config, actor):
         return [_single(actor, item, delay) for item in parsed]
@@ -101,8 +85,8 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
 
 def _pipelined(suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
                work: list[list[Item]]) -> list["Message"]:
-    """Batch k + 2 built here while k + 1 is written by a helper thread and k published by another;
-    once a publish fails for good (or a write), no later batch is published, those written deleted."""
+    """Batch k + 2 built here while k + 1 is written by a helper thread and k published by another; once a
+    publish or a write fails, no later batch is published, those written deleted."""
     go_on = threading.Event()
     go_on.set()
 
@@ -169,12 +153,11 @@ class _Row:
 
 
 class Batch:
-    """One batch of a tracked actor's items: built, stored, published (maybe in another thread while
-    the next batch is stored), settled."""
+    """One batch of a tracked actor's items: built (in the sender's thread: context variables), stored,
+    published (maybe in another thread while the next batch is stored), settled."""
 
     def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
                  items: list[Item]) -> None:
-        """Build the batch's messages and rows, checked (in the sender's thread: context variables)."""
         self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
         self.broker = actor.broker
         self.lock = config.unique_lock
@@ -191,8 +174,7 @@ class Batch:
         self.published = False
 
     def store(self) -> None:
-        """Write the rows, resolve duplicates; those to publish in ``self.inserted`` (none if they wait for
-        the outbox or the re-drive).  May run in another thread, unless in transaction()."""
+        """Write the rows, resolve duplicates; those to publish in ``self.inserted``."""
         first: dict[str, _Row] = {}
         writes: list[_Row] = []
         for row in self.rows:
@@ -210,8 +192,7 @@ class Batch:
                         for row in self.inserted]
 
     def settle(self) -> list["Message"]:
-        """After the publish: a failure kept or undone (and raised), then the items left to the single
-        send; one message per item."""
+        """After the publish: a failure kept or undone (and raised), then the items left to the single send."""
         if self.inserted and not self.published:
             error = self.error or RuntimeError("not published")
             if not publish_failed(self.suite, self.broker, self.created, error):
@@ -260,8 +241,7 @@ class Batch:
         return ids
 
     def _resolve(self, rows: list[_Row], ids: dict[str, int], first: dict[str, _Row]) -> None:
-        """Settle every row that was not inserted: a duplicate of a job in the table or of an
-        earlier item of the batch."""
+        """Settle every row not inserted: a duplicate of a job in the table or of an earlier item."""
         lost = [row for row in rows if row.message.message_id not in ids and first.get(row.key) is row]  # type: ignore[arg-type]
         if any(not row.holds for row in lost):
             raise DatabaseUnavailable(f"a {self.config.actor_name} job row was refused without a key held")
@@ -296,8 +276,8 @@ class Batch:
             self.inserted = []  # nothing to publish now
 
     def publish(self) -> bool:
-        """Publish ``self.inserted``, queue locks first; may run in another thread (no database call, no
-        context variable).  An error is kept for :meth:`settle`; returns whether later batches may go on."""
+        """Publish ``self.inserted``, queue locks first (no database call, no context variable: maybe in another
+        thread); an error is kept for :meth:`settle`.  Returns whether later batches may go on."""
         publisher = self.suite.publisher
         assert publisher is not None
         try:

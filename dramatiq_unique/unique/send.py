@@ -87,9 +87,8 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
 def _record_pending(
     suite: "Suite", broker: "Broker", message: "Message", delay: Optional[int], error: BaseException,
 ) -> Optional["Message"]:
-    """A tracked send the broker failed before it was recorded (Dramatiq's RabbitMQ broker declares a queue
-    new to this process first): recorded now, pending, without trying the broker again, if the broker is
-    down (on_broker_down="defer"); returns the message, or None to raise (untracked, a re-send)."""
+    """A tracked send the broker failed before it was recorded (RabbitMQ declaring a new queue): recorded pending
+    if the broker is down (on_broker_down="defer"); returns the message, or None to raise."""
     if not deferral.defers(suite, error) or MARKER in message.options or is_resending() \
             or suite.actor_config(message.actor_name) is None:
         return None
@@ -121,8 +120,7 @@ def _resend_replaced(
 
 
 def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
-    """A send's own suite options and delay, checked as the actor's were at declaration, before
-    anything is written or published (a retry or re-send carries the ones checked at its send)."""
+    """A send's own suite options and delay, checked as the actor's were at declaration (not a retry's)."""
     opts = message.options
     if MARKER in opts:
         return
@@ -141,16 +139,8 @@ def check_options(suite: "Suite", message: "Message", delay: Optional[int] = Non
 
 @contextlib.contextmanager
 def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
-    """A database transaction whose sends are published only after it commits.
-
-    Yields peewee's transaction object.  Nested blocks are savepoints.
-    The sends follow the transaction: those made inside a savepoint
-    that rolls back (a nested block, a nested ``atomic()``) or before
-    the transaction's rollback are never published; the rest are
-    published when the outermost transaction commits (the caller's
-    own, if it holds one on the same database).  See
-    :mod:`dramatiq_unique.durable.outbox`.
-    """
+    """A database transaction (peewee's, yielded; nested blocks are savepoints) whose sends are published when
+    the outermost transaction commits, never those of a savepoint or transaction rolled back (durable/outbox.py)."""
     suite = suite or _config.current()
     if suite.broker is not None:
         install_enqueue(suite.broker, suite)
