@@ -1,9 +1,5 @@
-"""One guard for every ``before_*`` hook: no error lets a send or a job go on unprotected.
-
-Dramatiq stops a send or a job only for a ``MiddlewareError`` raised in a ``before_*`` hook, and merely
-logs anything else.  :func:`hook` and :func:`guarded` turn every other error into one of the suite's
-(:func:`translate`), keeping the original as ``__cause__``: Retries then decides, as for any failed job.
-"""
+"""One guard for every ``before_*`` hook: Dramatiq stops a send or a job only for a ``MiddlewareError``, so
+:func:`hook` and :func:`guarded` turn every other error into one of the suite's (:func:`translate`)."""
 
 from __future__ import annotations
 
@@ -75,10 +71,8 @@ def hook(fn: F) -> F:
         except SkipMessage:
             # Ours: a park or a dropped copy, which must neither fail the job nor free its
             # key (JobTracking.after_skip_message does that for other middlewares' skips).
-            try:
+            with contextlib.suppress(AttributeError):  # not a message proxy (a declared actor): nothing to mark
                 setattr(message, _OWN_SKIP, True)
-            except AttributeError:  # not a message proxy (a declared actor): nothing to mark
-                pass
             raise
         except MiddlewareError:
             raise

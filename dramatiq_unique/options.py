@@ -1,8 +1,5 @@
-"""Actor options: their names, defaults, validation, and the middlewares they need.
-
-Options live in ``actor.options``; a message may override them through ``send_with_options``
-(``is None``: the actor's value, so that a falsy ``0`` is kept).  Resolved values: suite.ActorConfig.
-"""
+"""Actor options: their names, defaults, validation, and the middlewares they need; a message's own
+(``send_with_options``) count unless ``None``.  Resolved values: suite.ActorConfig."""
 
 from __future__ import annotations
 

@@ -71,12 +71,11 @@ class Settings:
     send_many_batch: int = 1_000
 
     def __post_init__(self) -> None:
-        for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size",
-                     "database_connect_timeout", "database_timeout", "check_timeout", "lock_timeout",
-                     "store_down_for", "broker_down_backoff", "send_many_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")
+        for field in dataclasses.fields(self):  # the times and sizes: those with an int default
+            value = getattr(self, field.name)
+            if type(field.default) is int and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                                or value <= 0):
+                raise InvalidOption(f"setting {field.name} must be a positive number, not {value!r}")
         if not isinstance(self.key_prefix, str) or not self.key_prefix:  # "": rows any app adopts (scope.py)
             raise InvalidOption(f"setting key_prefix must be a non-empty str, not {self.key_prefix!r}: it names this "
                                 "app's job rows, and '' names rows written before rows had an app, which apps adopt")

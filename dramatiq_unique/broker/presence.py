@@ -8,6 +8,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name, xq_name
 
 from dramatiq_unique.broker.keys import BrokerKeys, dispatch
@@ -94,8 +95,4 @@ class RedisProbe:
 
 def probe_for(broker: "Broker") -> Optional[RedisProbe]:
     """The probe for ``broker``, or None if the broker cannot be asked about one message."""
-    from dramatiq.brokers.redis import RedisBroker
-
-    if isinstance(broker, RedisBroker):
-        return RedisProbe(broker)
-    return None
+    return RedisProbe(broker) if isinstance(broker, RedisBroker) else None

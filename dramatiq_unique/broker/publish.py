@@ -1,9 +1,6 @@
-"""Publishing tracked messages on the Redis broker with their queue locks: the broker's own ``dispatch``
-script once per message, in one MULTI/EXEC with the locks' SETs where the locks live on the broker's
-server (one round trip), else after the locks are taken (docs/discussions/how-it-is-built.md, "Sending").
-
-A single send goes through Dramatiq's own ``enqueue``, whose ``do_enqueue`` this module wraps to carry
-a unique send's queue lock; :func:`dramatiq_unique.send_many` and the outbox's commit publish batches."""
+"""Publishing tracked messages on the Redis broker with their queue locks: its ``dispatch`` script per message,
+in one MULTI/EXEC with the locks' SETs where the locks live on the broker's server, else after the locks are
+taken; ``do_enqueue`` wrapped to carry a single send's lock (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``check --probe-port N``: the findings as an HTTP probe for orchestrators, on ``http.server``.
-
-200 while nothing is critical, 503 when something is, with a short reason that names no host, store,
-table or job (the full report only with ``details``).  Runs take turns; a recent report is served again.
-"""
+"""``check --probe-port N``: the findings as an HTTP probe, 200 while nothing is critical, else 503, with a
+short reason naming no host, store, table or job (the full report with ``details``); a recent report is reused."""
 
 from __future__ import annotations
 

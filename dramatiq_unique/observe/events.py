@@ -1,9 +1,5 @@
-"""The events the suite observes: one hook per event, writing its log line and moving its metric
-(:class:`SuiteMetrics`; labels are bounded, never a key nor a job id).
-
-Hooks never raise and import nothing of the suite, so every module may call them; with metrics off a
-hook reads one global, and prometheus_client is not imported.
-"""
+"""The events the suite observes: one hook per event, writing its log line and moving its metric (bounded labels,
+never a key nor a job id).  Hooks never raise and import nothing of the suite; with metrics off, one global read."""
 
 from __future__ import annotations
 

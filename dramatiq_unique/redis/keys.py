@@ -1,9 +1,4 @@
-"""Every Redis key format the suite writes, in one place, under one prefix.
-
-The unique keys these formats take are derived in :mod:`dramatiq_unique.unique.keys`
-(only their hash reaches Redis); the Redis broker's own keys are laid out in
-:mod:`dramatiq_unique.broker.keys`.
-"""
+"""Every Redis key format the suite writes, under one prefix (the broker's own: broker/keys.py)."""
 
 from __future__ import annotations
 

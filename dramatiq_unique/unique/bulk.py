@@ -91,12 +91,8 @@ def _pipelined(suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Opt
     go_on.set()
 
     def publish(batch: Batch, stored: "Future") -> None:
-        try:
-            stored.result()
-        except BaseException:  # noqa: BLE001  (raised by settle)
-            go_on.clear()
-            return
-        if go_on.is_set() and not batch.publish():
+        # A write's error is raised by _settle.
+        if stored.exception() is not None or (go_on.is_set() and not batch.publish()):
             go_on.clear()
 
     sent: list[Message] = []
@@ -132,9 +128,8 @@ def _settle(batch: Batch, stored: "Future", published: "Future") -> list["Messag
 
 def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
     """Whether a batch of ``actor`` takes the bulk path (see the module's docs)."""
-    if actor.broker is not suite.broker or suite.publisher is None or not suite.publisher.batches():
-        return False
-    return not config.unique or config.unique_on_conflict != "raise"
+    return (actor.broker is suite.broker and suite.publisher is not None and suite.publisher.batches()
+            and (not config.unique or config.unique_on_conflict != "raise"))
 
 
 def _single(actor: "Actor", item: Item, delay: Optional[int]) -> "Message":

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, broker_ref, is_resending
 from dramatiq_unique.context import MARKER, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
@@ -215,7 +215,7 @@ def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Opt
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
     model = job_model(suite, config.model, message.options)  # the store that holds its row
-    ref = redis_ref(message)
+    ref = message.options.get(REDIS_MESSAGE_ID)  # the Redis broker's id for this delivery
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
         # A promotion from a delay queue (the broker gives it a new id, which the
         # lost-message check looks up) or a re-send by the suite (which records it).

@@ -1,7 +1,5 @@
 """A send through the suite: Dramatiq's ``broker.enqueue``, wrapped once per broker, around the
-``before_enqueue`` hooks that record it: early duplicates, redirects, the outbox's held sends, and
-the rows of a failed publish undone or kept for the re-drive (docs/discussions/how-it-is-built.md,
-"Sending")."""
+``before_enqueue`` hooks that record it (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
