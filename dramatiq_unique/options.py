@@ -26,9 +26,7 @@ WHILE_EXECUTING = "while_executing"
 UNTIL_AND_WHILE_EXECUTING = "until_and_while_executing"
 UNTIL_EXPIRED = "until_expired"
 
-LOCK_TYPES = frozenset(
-    {UNTIL_EXECUTING, UNTIL_EXECUTED, WHILE_EXECUTING, UNTIL_AND_WHILE_EXECUTING, UNTIL_EXPIRED}
-)
+LOCK_TYPES = frozenset({UNTIL_EXECUTING, UNTIL_EXECUTED, WHILE_EXECUTING, UNTIL_AND_WHILE_EXECUTING, UNTIL_EXPIRED})
 #: Lock types that hold a queue-level lock from enqueue.
 QUEUE_LOCKS = frozenset({UNTIL_EXECUTING, UNTIL_EXECUTED, UNTIL_AND_WHILE_EXECUTING, UNTIL_EXPIRED})
 #: Lock types whose queue-level hold ends when the job starts.
@@ -216,14 +214,10 @@ def check_send(message_options: dict, actor_options: dict, fn: Callable[..., Any
         return  # the common send: nothing of its own to check
     if message_options.get("job_model") is not None:
         raise InvalidOption("job_model cannot be set per message: it names the actor's job table")
-    key = message_options.get("idempotency_key")
-    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH):
-        raise InvalidOption(
-            f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}"
-        )
-    owner = message_options.get("owner")
-    if owner is not None and (not isinstance(owner, str) or len(owner) > MAX_KEY_LENGTH):
-        raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
+    for name, shortest, what in (("idempotency_key", 1, "a non-empty str"), ("owner", 0, "a str")):
+        value = message_options.get(name)
+        if value is not None and (not isinstance(value, str) or not shortest <= len(value) <= MAX_KEY_LENGTH):
+            raise InvalidOption(f"{name} must be {what} of at most {MAX_KEY_LENGTH} characters, not {show(value)}")
     if not given & SUITE_OPTIONS:
         return
     # What the send will run with: its own options over the actor's, as lookup() resolves them.

@@ -28,8 +28,7 @@ Entry = tuple[str, str, bytes, Optional[Lock]]
 
 # The queue locks of the single send under way, to go with its publish (set by unique/send.py's wrapper
 # where they can: None elsewhere, and then a lock is taken at once).
-_pending: contextvars.ContextVar[Optional[list[Lock]]] = contextvars.ContextVar("dramatiq_unique_lock",
-                                                                                  default=None)
+_pending: contextvars.ContextVar[Optional[list[Lock]]] = contextvars.ContextVar("dramatiq_unique_lock", default=None)
 
 
 class Publisher:

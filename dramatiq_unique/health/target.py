@@ -24,8 +24,6 @@ DATABASE_ENV = "DRAMATIQ_UNIQUE_DATABASE_URL"
 REDIS_ENV = "DRAMATIQ_UNIQUE_REDIS_URL"
 #: ms each service may take to answer a command (connect and each call).
 DEFAULT_TIMEOUT = 3_000
-#: ms after its lease ran out that a job counts as lost (the suite's own default, for the mode without an app).
-DEFAULT_LOST_AFTER = 60_000
 
 
 @dataclasses.dataclass
@@ -87,7 +85,7 @@ def from_environment(
     prefix = key_prefix or DEFAULT_KEY_PREFIX
     return Target(
         databases=databases, models=[JobModel], masters=masters, keys=RedisKeys(prefix), app=app_name(prefix),
-        lost_after=DEFAULT_LOST_AFTER, redrive_interval=Settings.redrive_interval, model_in=model_in,
+        lost_after=Settings.lost_after, redrive_interval=Settings.redrive_interval, model_in=model_in,
         others=[bound_limits(databases[0])],
     )
 
