@@ -31,12 +31,10 @@ def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
     if isinstance(error, MiddlewareError):
         return None
     detail = f"{where}: {type(error).__name__}: {error}"
-    if isinstance(error, DB_ERRORS):
-        return DatabaseUnavailable(detail)
-    if isinstance(error, pw.DataError):
-        return JobRejected(detail)
-    if isinstance(error, _REDIS_ERRORS):
-        return RedisUnavailable(detail)
+    for kinds, replacement in ((DB_ERRORS, DatabaseUnavailable), (pw.DataError, JobRejected),
+                               (_REDIS_ERRORS, RedisUnavailable)):
+        if isinstance(error, kinds):
+            return replacement(detail)
     return HookFailed(detail)
 
 
@@ -54,10 +52,8 @@ def guarded(where: str) -> Iterator[None]:
 
 def describe(message: Any) -> str:
     """``<actor> job <message id>`` for a message, ``actor <name>`` for an actor being declared."""
-    message_id = getattr(message, "message_id", None)
-    if message_id is None:
-        return f"actor {getattr(message, 'actor_name', '?')}"
-    return f"{getattr(message, 'actor_name', '?')} job {message_id}"
+    actor, message_id = getattr(message, "actor_name", "?"), getattr(message, "message_id", None)
+    return f"actor {actor}" if message_id is None else f"{actor} job {message_id}"
 
 
 def hook(fn: F) -> F:

@@ -85,9 +85,8 @@ def lookup(message_options: dict, actor_options: dict, name: str, default: Any =
 
 def is_tracked(actor_options: dict) -> bool:
     """Whether an actor's jobs get a row: any suite option implies tracking."""
-    if actor_options.get("track") is True:
-        return True
-    return any(actor_options.get(name) is not None for name in SUITE_OPTIONS - {"track"})
+    return actor_options.get("track") is True or any(
+        actor_options.get(name) is not None for name in SUITE_OPTIONS - {"track"})
 
 
 def _check_ms(name: str, value: Any, fn: Any) -> None:
@@ -246,8 +245,7 @@ _WHY = {
 
 
 def check_actor(broker: "dramatiq.Broker", actor: "dramatiq.Actor") -> None:
-    """Refuse (InvalidOption) an actor whose suite options are bad, or need a middleware the broker lacks or
-    has out of order."""
+    """Refuse an actor whose suite options are bad, or need a middleware the broker lacks or has out of order."""
     validate(actor.options, actor.fn)
     check(actor.actor_name, actor.options, _installed(broker))
 

@@ -67,8 +67,7 @@ class RedisProbe:
 
     def release_stranded(self, rows: "Iterable[JobModel]") -> int:
         """Hand back to its delay queue each row's delayed message that a *live* worker fetched and no
-        longer holds (its connection broke: its delay queue starts empty); returns how many.  ``rows``:
-        retrying rows due ``lost_after`` ago whose message was found present."""
+        longer holds (its connection broke: its delay queue starts empty); returns how many."""
         held = self._held(rows, current_millis() - self.broker.heartbeat_timeout, "+inf",
                           lambda row: (dq_name(row.queue_name),))
         for row, queue_name, worker in held:  # Dramatiq's own requeue, as that worker's shutdown would run it

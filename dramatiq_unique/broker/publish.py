@@ -55,8 +55,7 @@ class Publisher:
         return publisher
 
     def arm(self) -> contextvars.Token:
-        """Let the send under way leave its queue lock to its publish (see :meth:`later`); the caller
-        resets the token when the send is over."""
+        """Let the send under way leave its queue lock to its publish (:meth:`later`); the caller resets it."""
         return _pending.set([] if self.shares_server else None)
 
     @staticmethod

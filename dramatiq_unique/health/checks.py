@@ -130,9 +130,8 @@ def last_pass(target: Target, max_age: Optional[float] = None) -> Optional[Findi
 
 
 def retry_overdue_after(target: Target) -> float:
-    """ms after it was due that a retrying row is reported: the re-drive finds a retry whose message the
-    broker lost (or a worker dropped) ``lost_after`` after it was due, and sends it at its next pass or
-    the one after; a backlog in front of the retry also shows, as it should."""
+    """ms after it was due that a retrying row is reported: a lost retry is sent ``lost_after`` after it was
+    due, at the re-drive's next pass or the one after."""
     return target.lost_after + 2 * target.redrive_interval
 
 

@@ -22,8 +22,7 @@ def check(
     max_pass_age: Optional[float] = None, probe_port: Optional[int] = None, probe_host: str = "0.0.0.0",
     say: Callable[[str], None] = print, probe_details: bool = False,
 ) -> int:
-    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (see
-    :mod:`~dramatiq_unique.health.probe`)."""
+    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (health/probe.py)."""
     report = functools.partial(checks.run, target, overdue_after=overdue_after, max_pass_age=max_pass_age)
     if probe_port is not None:
         server = probe.serve(report, probe_port, host=probe_host, details=probe_details)

@@ -79,7 +79,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def serve(run_checks: Callable[[], Report], port: int, *, host: str = "0.0.0.0",
           cache_ms: float = DEFAULT_CACHE, details: bool = False) -> ProbeServer:
-    """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving;
-    ``details``: it answers the full report, store addresses and job ids included."""
+    """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving."""
     RedactPasswords.install()  # the check may run without an app, so without setup()
     return ProbeServer((host, port), run_checks, cache_ms=cache_ms, details=details)

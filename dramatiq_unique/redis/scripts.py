@@ -98,8 +98,7 @@ class _Link:
             return e
 
     def _settle(self) -> list[tuple[Command, str]]:
-        """Read the replies of posted calls; returns the calls the server did not run for want
-        of their script."""
+        """Read the replies of posted calls; returns those the server did not run for want of their script."""
         redo: list[tuple[Command, str]] = []
         while self.unread:
             command, text = self.unread.popleft()
@@ -153,8 +152,7 @@ class Script:
         return run_all(self, [(keys, args)], multi=False)[0]
 
     def post(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
-        """Run the script without waiting for its reply (see the module's docs); a script
-        unknown to the server is loaded and run before the link's next call returns."""
+        """Run the script without waiting for its reply (one unknown to this connection: waiting for it)."""
         link = link_of(self.client)
         if self.sha not in link.known:  # first use on this connection: wait, loading it if need be
             self(keys, args)

@@ -29,8 +29,7 @@ def is_sentinel_url(url: str) -> bool:
 
 
 def client_from_url(url: str, **kwargs: Any) -> redis_lib.Redis:
-    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://`` (redis-py's own) or a Sentinel URL
-    (see the module's docs).  ``kwargs`` go to the client's connections, as ``Redis.from_url`` takes them."""
+    """A client for ``url`` (redis-py's own schemes, or a Sentinel URL), ``kwargs`` as ``Redis.from_url`` takes them."""
     if not is_sentinel_url(url):
         return redis_lib.Redis.from_url(url, **kwargs)
     parsed = urlparse(url)
@@ -103,8 +102,7 @@ def describe(client: Any) -> Optional[str]:
 
 
 def address(client: redis_lib.Redis) -> str:
-    """Where a client points: ``redis://host:port/db`` (``rediss://``, ``unix://``, ``redis+sentinel://``),
-    without credentials."""
+    """Where a client points, without credentials: ``redis://host:port/db`` (``rediss``, ``unix``, Sentinel)."""
     sentinel = describe(client)
     if sentinel is not None:
         return sentinel

@@ -181,7 +181,15 @@ class Batch:
         ids = self._insert(writes)
         self._resolve(self.rows, ids, first)
         self.inserted = [row for row in writes if row.message.message_id in ids]
-        self._finish(self.inserted, ids)
+        for row in self.inserted:  # marked; those held for the outbox or kept pending are settled now
+            row.message.options[MARKER] = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
+            if self.held is not None:
+                row_ref = (self.model, _id(row), 0)
+                row.resolved = self.held.defer(self.broker, row.message, self.delay, row_ref).message
+            elif self.deferred:
+                row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
+        if self.held is not None or self.deferred:
+            self.inserted = []  # nothing to publish now
         self.created = [made_row(self.suite, self.model, _id(row), row.fields,
                                  self.suite.keys.queue_lock(str(row.key)) if row.holds else None)
                         for row in self.inserted]
@@ -257,18 +265,6 @@ class Batch:
                 continue
             events.duplicate("skip", row.original, holder.message_id, row.key)
             row.resolved = row.original.copy(message_id=holder.message_id)
-
-    def _finish(self, inserted: list[_Row], ids: dict[str, int]) -> None:
-        """Mark the rows inserted; those held for the outbox or kept pending are settled now."""
-        for row in inserted:
-            row.message.options[MARKER] = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
-            if self.held is not None:
-                row_ref = (self.model, _id(row), 0)
-                row.resolved = self.held.defer(self.broker, row.message, self.delay, row_ref).message
-            elif self.deferred:
-                row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
-        if self.held is not None or self.deferred:
-            self.inserted = []  # nothing to publish now
 
     def publish(self) -> bool:
         """Publish ``self.inserted``, queue locks first (no database call, no context variable: maybe in another

@@ -258,8 +258,7 @@ def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional
 def _insert_unique(
     suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, fields: dict,
 ) -> tuple[int, int]:
-    """Insert a row holding ``key``, then take its queue lock (not for a send kept pending); returns
-    (row id, revision), or raises to redirect."""
+    """Insert a row holding ``key``, then take its queue lock (not if kept pending); (row id, revision)."""
     opts = message.options
     resolved = config.for_message(opts)
     conflict, lock = resolved.unique_on_conflict, resolved.unique_lock

@@ -60,9 +60,8 @@ _recent = _Recent(RECENT_KEYS)
 
 
 def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
-    """A duplicate ``skip`` send answered on one small query, before the broker copies,
-    encodes or announces the message: the message id of the job holding the key, or None to
-    go on.  The insert decides in the end; this only spares a duplicate the way to it."""
+    """A duplicate ``skip`` send answered on one small query, before the broker builds the message: the id
+    of the job holding the key, or None to go on (the insert decides in the end)."""
     config = suite.actor_config(message.actor_name)
     if config is None or MARKER in message.options or outbox.active() is not None:
         return None
