@@ -133,23 +133,16 @@ def check_args_spec(name: str, spec: ArgsSpec, fn: Callable[..., Any]) -> None:
     """Validate a ``unique_args``/``concurrency_key`` value against the actor's function."""
     if spec is None or callable(spec):
         return
-    if spec is True:
-        _check_defaults(name, fn, None)
-        return
-    if spec is False:
-        raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not False")
-    if isinstance(spec, str) or not isinstance(spec, (list, tuple)):
-        raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not {show(spec)}")
-    for arg in spec:
-        if not isinstance(arg, str):
-            raise InvalidOption(f"{name} entries must be parameter names, not {show(arg)}")
-    params = _parameters(fn)
-    if params is None:
-        return
-    for arg in spec:
-        if arg not in params:
-            raise InvalidOption(f"{name} names {show(arg)}, which {fn.__qualname__}() has no parameter for")
-    _check_defaults(name, fn, spec)
+    if spec is not True:
+        if not isinstance(spec, (list, tuple)):
+            raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not {show(spec)}")
+        params = _parameters(fn)  # None: no signature to check against
+        for arg in spec:
+            if not isinstance(arg, str):
+                raise InvalidOption(f"{name} entries must be parameter names, not {show(arg)}")
+            if params is not None and arg not in params:
+                raise InvalidOption(f"{name} names {show(arg)}, which {fn.__qualname__}() has no parameter for")
+    _check_defaults(name, fn, None if spec is True else spec)
 
 
 def _check_defaults(name: str, fn: Callable[..., Any], selected: Optional[Any]) -> None:

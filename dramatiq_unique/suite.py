@@ -57,7 +57,7 @@ class Settings:
     redriver: bool = True
     redrive_interval: int = 5_000
     redrive_page_size: int = 500
-    #: None: prepared unless behind a pooler in transaction mode, where True is refused (storage/database.py).
+    #: None: prepared unless behind a pooler in transaction mode (storage/database.py).
     prepared_statements: Optional[bool] = None
     database_connect_timeout: int = 5_000
     database_timeout: int = 30_000

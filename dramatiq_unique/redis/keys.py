@@ -44,8 +44,7 @@ class RedisKeys:
         return f"{self.prefix}:actor-limit:{actor_name}"
 
     def limits_loaded(self) -> str:
-        """Set when Redis holds every run-time limit of the app's database (slots/overrides.py): gone with a
-        flush or a restart without persistence, and then the slot scripts decide nothing until they are back."""
+        """Set while Redis holds every run-time limit of the app's database (slots/overrides.py)."""
         return f"{self.prefix}:limits-loaded"
 
     def wakeups(self) -> str:

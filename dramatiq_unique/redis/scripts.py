@@ -42,8 +42,7 @@ class _Link:
         self.answered = False
         #: Posted calls whose replies are still to be read, oldest first: (command, script text).
         self.unread: collections.deque[tuple[Command, str]] = collections.deque()
-        #: Scripts this connection has seen the server run: only those are posted (an idle thread
-        #: may never make the next call that would run an unknown one again).
+        #: Scripts this connection has seen the server run: only those are posted.
         self.known: set[str] = set()
 
     def _connect(self) -> None:
@@ -67,8 +66,7 @@ class _Link:
                 redo = self._settle()
             replies = [self._reply() for _ in commands]
         except BaseException:
-            # A broken connection, a timeout, or an exception raised into the thread mid-call
-            # (Dramatiq's TimeLimit): a reply may be left unread, so start afresh.
+            # A broken connection, a timeout, an exception raised mid-call (TimeLimit): a reply may be unread.
             self.close()
             raise
         self.answered = True
@@ -162,11 +160,9 @@ class Script:
 
 def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
             before: Sequence[Command] = (), *, multi: bool = True) -> list:
-    """Run the commands ``before``, then ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC
-    (in one write without, ``multi=False``); the script's replies, one per call.  Raises redis-py's errors:
-    a connection error, or the first error reply.  The script is loaded in the same write until this
-    connection has run it, and sent again with it on ``NOSCRIPT``; all is sent again once more after an
-    open connection broke: ``before`` and the script must be safe to repeat."""
+    """Run the commands ``before``, then ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC (or
+    one write, ``multi=False``); the script's replies, or redis-py's error (the first error reply).  The script is
+    loaded with it until known; all is sent again after a broken connection: it must be safe to repeat."""
     for attempt in range(1, ATTEMPTS + 1):
         link = link_of(script.client)
         load = [("SCRIPT", "LOAD", script.text)] if script.sha not in link.known else []
@@ -175,8 +171,7 @@ def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
         try:
             replies = link.call_all([("MULTI",), *commands, ("EXEC",)] if multi else commands)
         except RedisConnectionError:
-            # A fresh connection that failed means the server is down; after a broken one, the
-            # next attempt opens a fresh one: sent again at most once.
+            # A fresh connection that failed: the server is down; after a broken one, sent again once.
             if fresh or attempt == ATTEMPTS:
                 raise
             continue

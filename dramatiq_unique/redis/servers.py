@@ -46,7 +46,6 @@ def client_from_url(url: str, **kwargs: Any) -> redis_lib.Redis:
     parts = [unquote(p) for p in parsed.path.split("/") if p]
     if not parts or len(parts) > 2 or not hosts:
         raise InvalidOption("a Sentinel URL is redis+sentinel://host:port[,host:port...]/service[/db]")
-    service = parts[0]
     try:
         db = int(parts[1]) if len(parts) == 2 else 0
     except ValueError:
@@ -63,15 +62,13 @@ def client_from_url(url: str, **kwargs: Any) -> redis_lib.Redis:
         master.update({name: query[name] for name in _SSL if name in query})
         if "ssl_check_hostname" in master:
             master["ssl_check_hostname"] = master["ssl_check_hostname"].lower() in ("1", "true", "yes")
-    sentinel_kwargs: dict[str, Any] = dict(common)
-    for name in ("username", "password"):
-        if f"sentinel_{name}" in query:
-            sentinel_kwargs[name] = query[f"sentinel_{name}"]
+    sentinel_kwargs: dict[str, Any] = {**common, **{name: query[f"sentinel_{name}"] for name in ("username", "password")
+                                                    if f"sentinel_{name}" in query}}
     if query.get("sentinel_ssl", "").lower() in ("1", "true", "yes"):
         sentinel_kwargs["ssl"] = True
         sentinel_kwargs.update({name: query[name] for name in _SSL if name in query and name != "ssl_check_hostname"})
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **{**common, **kwargs})
-    return sentinel.master_for(service, **master)
+    return sentinel.master_for(parts[0], **master)
 
 
 def identity(client: Any) -> tuple:

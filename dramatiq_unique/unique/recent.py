@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 
 
 class _Recent:
-    """The unique keys this process sent last, up to ``size``: duplicates come in bursts (a
-    user pressing refresh), and a key new to the process is more likely free."""
+    """The unique keys this process sent last, up to ``size``: a key new to the process is more likely free."""
 
     def __init__(self, size: int) -> None:
         self.size = size
