@@ -1,6 +1,5 @@
-"""Per-attempt state: what the middlewares know about the message being processed.  It lives on the
-message proxy (so middlewares that run before the row is loaded can leave state for it) and, while the
-actor runs, in a context variable read by :func:`current_job` and friends."""
+"""Per-attempt state: what the middlewares know about the message being processed, on the message proxy
+and, while the actor runs, in a context variable read by :func:`current_job` and friends."""
 
 from __future__ import annotations
 

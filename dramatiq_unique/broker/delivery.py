@@ -1,6 +1,5 @@
-"""Delivering a woken job: its message rebuilt from its row, handed straight to this process's
-worker as the broker's fetch would have left it, else published (docs/discussions/how-it-is-built.md,
-"Sending")."""
+"""Delivering a woken job: its message rebuilt from its row, handed straight to this process's worker as
+the broker's fetch would have left it, else published (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 

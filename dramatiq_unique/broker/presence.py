@@ -1,6 +1,5 @@
-"""Is a job's message still in the broker?  The re-drive's lost-message check, one ``HEXISTS`` per
-job on the Redis broker, and the hand-back of messages that dead or reconnected workers hold
-(docs/discussions/how-it-is-built.md, "Sending")."""
+"""Is a job's message still in the broker?  The re-drive's lost-message check on the Redis broker, and the
+hand-back of messages that dead or reconnected workers hold (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 

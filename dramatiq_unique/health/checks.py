@@ -1,6 +1,5 @@
-"""The ``check`` command's findings (database, schema, redis, redrive, overdue, parked) and their
-severities: 0 ok, 1 warning, 2 critical (the table is in docs/operations/health-check.md).  A check
-whose service is down reports nothing of its own: that service's finding says why."""
+"""The ``check`` command's findings and their severities (docs/operations/health-check.md); a check whose
+service is down reports nothing of its own: that service's finding says why."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What the ``check``, ``status`` and ``migrate`` commands look at: an app's suite, or, without one,
-the services ``DRAMATIQ_UNIQUE_DATABASE_URL`` and ``DRAMATIQ_UNIQUE_REDIS_URL`` name (the shared job
-table only; nothing is created or written but by ``migrate``)."""
+"""What the ``check``, ``status`` and ``migrate`` commands look at: an app's suite, or the shared job table
+and the Redis that ``DRAMATIQ_UNIQUE_DATABASE_URL`` and ``DRAMATIQ_UNIQUE_REDIS_URL`` name."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Lua scripts on the hot paths, called over a redis-py connection of the calling thread's own: sent
-again only after a connection that had worked broke, loaded on ``NOSCRIPT``, posted without waiting
-for the reply, or batched in one MULTI/EXEC (docs/discussions/how-it-is-built.md, "Storage")."""
+"""Lua scripts on the hot paths, over the calling thread's own connection: sent again only after a working
+connection broke, loaded on ``NOSCRIPT``, posted without waiting, or batched (how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 

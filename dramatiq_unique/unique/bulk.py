@@ -1,6 +1,5 @@
-"""Sending many jobs at once: :func:`send_many`, batch by batch (:class:`Batch`): one multi-row INSERT, its
-holders read in one query, its rows published in one round trip on the Redis broker; what the bulk path does
-not do itself goes through the single send, item by item (docs/howto/send-many.md says which)."""
+"""Sending many jobs at once: :func:`send_many`, batch by batch (:class:`Batch`: one multi-row INSERT, one
+publish round trip); what the bulk path does not do goes through the single send (docs/howto/send-many.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The enqueue side: recording a send, and uniqueness at enqueue (JobTracking's ``before_enqueue``).
-The database decides duplicates; the order of operations is in docs/discussions/how-it-is-built.md,
-"Sending"."""
+"""The enqueue side: recording a send, and uniqueness at enqueue (JobTracking's ``before_enqueue``), which
+the database decides (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
