@@ -168,9 +168,16 @@ def _redis_clients(spec: RedisSpec) -> list[redis_lib.Redis]:
 class Suite:
     """Holds the suite's configuration; :func:`dramatiq_unique.setup` returns one.
 
-    ``database``: a URL, a peewee Database, or a list of them (job stores, the primary first, in the same
-    order in every process: :mod:`~dramatiq_unique.storage.stores`, :mod:`~dramatiq_unique.storage.database`);
-    ``redis``: a URL, a ``redis.Redis``, or a list of them (Redlock masters); ``settings``: :class:`Settings`.
+    Parameters:
+      database: a URL (``sqlite:///jobs.db``, ``postgresql://...``) or a peewee Database, or a
+        non-empty list of them: several job stores, the primary first, listed in the same order by
+        every process (see :mod:`dramatiq_unique.storage.stores`).  A
+        PostgreSQL URL opens a :class:`~dramatiq_unique.storage.database.ReconnectingPostgresqlDatabase`
+        bounded by the ``database_connect_timeout`` and ``database_timeout`` settings; a given
+        ``PostgresqlDatabase`` is made to reconnect in place and keeps its own timeouts (a missing
+        ``connect_timeout`` is added).  See :mod:`dramatiq_unique.storage.database`.
+      redis: a URL, a ``redis.Redis``, or a list of them (Redlock masters).
+      **settings: see :class:`Settings`.
     """
 
     #: An outbox block that every transaction of ``db`` is in: a framework's (dramatiq_unique.contrib).

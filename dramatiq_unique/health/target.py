@@ -61,6 +61,14 @@ def of_suite(suite: Any) -> Target:
     )
 
 
+def bound(model: type[JobModel], db: pw.Database, index: int) -> type[JobModel]:
+    """``model`` bound to ``db`` without rebinding the class itself (other code in the process uses it)."""
+    made = bound_copy(model, db, f"{model.__name__}_cli{index}")
+    # peewee names indexes after it: the names set-up gives them (storage/stores.py's model_in in another store).
+    made._meta.name = model._meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
+    return made
+
+
 def from_environment(
     *, key_prefix: Optional[str] = None, environ: Optional[dict[str, str]] = None, timeout: float = DEFAULT_TIMEOUT,
 ) -> Optional[Target]:
@@ -73,11 +81,7 @@ def from_environment(
 
     @functools.cache
     def model_in(model: type[JobModel], index: int) -> type[JobModel]:
-        """``model`` bound to store ``index`` without rebinding the class itself (other code uses it)."""
-        made = bound_copy(model, databases[index], f"{model.__name__}_cli{index}")
-        # peewee names indexes after it: the names set-up gives them (storage/stores.py's model_in).
-        made._meta.name = model._meta.name if index == 0 else f"{model.__name__}_store{index}".lower()
-        return made
+        return bound(model, databases[index], index)
 
     masters = [client_from_url(url, socket_timeout=timeout / 1000, socket_connect_timeout=timeout / 1000)
                for url in env.get(REDIS_ENV, "").split()]

@@ -33,8 +33,10 @@ def metrics_on() -> bool:
 
 
 def enable_metrics(*, multiprocess_dir: Optional[str] = None) -> None:
-    """Turn the suite's metrics on in this process (once), in ``multiprocess_dir``, else the environment's
-    multiprocess directory, else the default registry; NotConfigured without prometheus_client."""
+    """Turn the suite's metrics on in this process (once; later calls do nothing), in the multiprocess
+    directory ``multiprocess_dir`` (the ``Metrics`` middleware passes Dramatiq's), else the one already in
+    the environment, else the process's default registry.  :class:`~dramatiq_unique.errors.NotConfigured`
+    without prometheus_client (``pip install 'dramatiq_unique[prometheus]'``)."""
     with _lock:
         if events.sink is not None:
             return

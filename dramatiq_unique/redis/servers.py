@@ -29,7 +29,8 @@ def is_sentinel_url(url: str) -> bool:
 
 
 def client_from_url(url: str, **kwargs: Any) -> redis_lib.Redis:
-    """A client for ``url`` (redis-py's own schemes, or a Sentinel URL), ``kwargs`` as ``Redis.from_url`` takes them."""
+    """A client for ``url``: ``redis://``, ``rediss://``, ``unix://`` (redis-py's own) or a Sentinel URL
+    (see the module's docs).  ``kwargs`` go to the client's connections, as ``Redis.from_url`` takes them."""
     if not is_sentinel_url(url):
         return redis_lib.Redis.from_url(url, **kwargs)
     parsed = urlparse(url)

@@ -61,7 +61,9 @@ def batches(items: list[Item], size: int) -> list[list[Item]]:
 
 
 def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = None) -> list["Message"]:
-    """Send one job per item; returns one message per item, in order, each as ``send()`` would return it."""
+    """Send one job per item; returns one message per item, in order, each as ``send()`` would return
+    it (a duplicate's message is the existing job's).  How each option behaves in bulk:
+    docs/howto/send-many.md."""
     parsed = items_of(items)
     opt.check_delay(delay)
     suite = _config._current

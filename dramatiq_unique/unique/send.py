@@ -137,8 +137,16 @@ def check_options(suite: "Suite", message: "Message", delay: Optional[int] = Non
 
 @contextlib.contextmanager
 def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
-    """A database transaction (peewee's, yielded; nested blocks are savepoints) whose sends are published when
-    the outermost transaction commits, never those of a savepoint or transaction rolled back (durable/outbox.py)."""
+    """A database transaction whose sends are published only after it commits.
+
+    Yields peewee's transaction object.  Nested blocks are savepoints.
+    The sends follow the transaction: those made inside a savepoint
+    that rolls back (a nested block, a nested ``atomic()``) or before
+    the transaction's rollback are never published; the rest are
+    published when the outermost transaction commits (the caller's
+    own, if it holds one on the same database).  See
+    :mod:`dramatiq_unique.durable.outbox`.
+    """
     suite = suite or _config.current()
     if suite.broker is not None:
         install_enqueue(suite.broker, suite)
