@@ -229,14 +229,13 @@ class Suite:
 
     def _check_stores(self) -> None:
         """One store must answer; of several, at least one (the others are named in a warning)."""
-        if not self.stores.several:
-            check_database(self.db)
-            return
         errors = []
         for index, db in enumerate(self.stores.databases):
             try:
                 check_database(db)
             except DatabaseUnavailable as e:
+                if not self.stores.several:
+                    raise
                 errors.append(str(e))
                 logger.warning("Job %s did not answer at set-up (%s); its tables are created when it first "
                                "answers.", self.stores.name(index), e)

@@ -53,10 +53,6 @@ class BrokerKeys:
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
 
-    def queue(self, queue_name: str) -> str:
-        """A queue's list of message ids."""
-        return f"{self.namespace}:{queue_name}"
-
     def messages(self, queue_name: str) -> str:
         """A queue's hash of message id to message body."""
         return f"{self.namespace}:{queue_name}.msgs"

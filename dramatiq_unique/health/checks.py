@@ -88,17 +88,16 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
 
 
 def redis_masters(target: Target) -> Finding:
-    answered, errors = 0, []
+    errors = []
     for i, client in enumerate(target.masters):
         try:
             client.ping()
-            answered += 1
         except redis_lib.RedisError as e:
             errors.append(f"master {i}: {_first_line(e)}")
     total = len(target.masters)
     if not total:
         return Finding("redis", WARNING, "no Redis named (set DRAMATIQ_UNIQUE_REDIS_URL)")
-    quorum = total // 2 + 1
+    answered, quorum = total - len(errors), total // 2 + 1
     detail = f"{answered} of {total} Redis masters answer"
     if answered < quorum:
         severity, detail = CRITICAL, f"{detail}, {quorum} needed: " + "; ".join(errors)
