@@ -190,8 +190,7 @@ def validate(options: dict, fn: Callable[..., Any]) -> None:
     for name, check in _CHECKS.items():
         check(name, options.get(name), fn)
     if options.get("unique_args") is None:
-        # unique_ttl (the row lease) and unique_order_by (who runs next)
-        # also serve tracked and slot-limited actors without uniqueness.
+        # unique_ttl (the row lease) and unique_order_by also serve actors without uniqueness.
         for name in ("unique_lock", "unique_on_conflict", "unique_window"):
             if options.get(name) is not None:
                 raise InvalidOption(f"{name} has no effect without unique_args")

@@ -77,8 +77,7 @@ def identity(client: Any) -> tuple:
     pool = client.connection_pool
     kwargs = pool.connection_kwargs
     if isinstance(pool, SentinelConnectionPool):
-        manager = pool.sentinel_manager
-        sentinels = frozenset(_address(s) for s in getattr(manager, "sentinels", ()))
+        sentinels = frozenset(_address(s) for s in getattr(pool.sentinel_manager, "sentinels", ()))
         return ("sentinel", pool.service_name, sentinels, kwargs.get("db", 0))
     return (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db", 0))
 
