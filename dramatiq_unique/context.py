@@ -1,6 +1,5 @@
-"""Per-attempt state: what the middlewares know about the message being processed.  It lives on the
-message proxy (so middlewares that run before the row is loaded can leave state for it) and, while the
-actor runs, in a context variable read by :func:`current_job` and friends."""
+"""Per-attempt state: what the middlewares know about the message being processed, on the message proxy
+and, while the actor runs, in a context variable read by :func:`current_job` and friends."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ class JobContext:
     lease_written: Optional[float] = None
     #: The unique key whose fencing token the start draws (an execution lock is held).
     fence_key: Optional[str] = None
-    #: time.monotonic() when the delivery asked for its execution lock: the lock's lease runs from
-    #: then, and a start after it ran out must not draw the key's fencing token.
+    #: time.monotonic() when the delivery asked for its execution lock, whose lease runs from then.
     lock_asked: Optional[float] = None
     #: The row a woken job's claim already started (parking).
     started: "Optional[JobModel]" = None
@@ -132,8 +130,7 @@ def current_job() -> "JobModel":
     ctx = require()
     job = ctx.job
     if getattr(job, PARTIAL, False):
-        # The start returned only what the middlewares need; read the rest once.  This
-        # attempt's own columns (fencing token, checkpoints) stay as the attempt knows them.
+        # The start returned only what the middlewares need: the rest read once, the attempt's own columns kept.
         model = type(job)  # in the store that holds the row
         full = model.get_or_none(model.id == job.id)  # type: ignore[union-attr]
         if full is not None:

@@ -18,8 +18,7 @@ class DramatiqUniqueError(MiddlewareError):
     """A dramatiq_unique error."""
 
     def __init__(self, detail: str = "", *, job: "Optional[pw.Model]" = None, **context: Any) -> None:
-        # A message may name a URL, a DSN or a settings dict: never with its password (it reaches
-        # logs, terminals, the dashboard).
+        # A message may name a URL, a DSN or a settings dict: never with its password.
         self.detail = detail = redact(detail) if isinstance(detail, str) else detail
         #: The job row the error is about, where there is one.
         self.job = job
@@ -76,8 +75,7 @@ class RedisUnavailable(DependencyUnavailable):
     """Redis could not be reached for a lock"""
 
     def __new__(cls, detail: Any = "", **context: Any) -> "RedisUnavailable":
-        # Every wrapper of a Redis error raises this class: one Redis refused for want of a right
-        # says so instead (a subclass: handled as any Redis failure, nothing sent or run unprotected).
+        # Every wrapper of a Redis error raises this class: a refusal by the ACL says so (a subclass).
         if cls is RedisUnavailable and permission_refused(detail):
             cls = RedisPermissionDenied
         return super().__new__(cls, detail)
@@ -90,8 +88,8 @@ class RedisPermissionDenied(RedisUnavailable):
 
 
 def permission_refused(error: Any) -> bool:
-    """Whether ``error`` (a Redis error, or its text) is a refusal by the user's ACL: redis-py's
-    ``NoPermissionError`` drops the ``NOPERM`` code from its text, a script's reply keeps it."""
+    """Whether ``error`` (a Redis error, or its text) is a refusal by the user's ACL (``NoPermissionError``
+    drops the ``NOPERM`` code from its text, a script's reply keeps it)."""
     text = str(error)
     return NOPERM in text or type(error).__name__ == "NoPermissionError" or "user has no permissions" in text
 

@@ -1,9 +1,5 @@
-"""One guard for every ``before_*`` hook: no error lets a send or a job go on unprotected.
-
-Dramatiq stops a send or a job only for a ``MiddlewareError`` raised in a ``before_*`` hook, and merely
-logs anything else.  :func:`hook` and :func:`guarded` turn every other error into one of the suite's
-(:func:`translate`), keeping the original as ``__cause__``: Retries then decides, as for any failed job.
-"""
+"""One guard for every ``before_*`` hook: Dramatiq stops a send or a job only for a ``MiddlewareError``, so
+:func:`hook` and :func:`guarded` turn every other error into one of the suite's (:func:`translate`)."""
 
 from __future__ import annotations
 
@@ -35,12 +31,10 @@ def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
     if isinstance(error, MiddlewareError):
         return None
     detail = f"{where}: {type(error).__name__}: {error}"
-    if isinstance(error, DB_ERRORS):
-        return DatabaseUnavailable(detail)
-    if isinstance(error, pw.DataError):
-        return JobRejected(detail)
-    if isinstance(error, _REDIS_ERRORS):
-        return RedisUnavailable(detail)
+    for kinds, replacement in ((DB_ERRORS, DatabaseUnavailable), (pw.DataError, JobRejected),
+                               (_REDIS_ERRORS, RedisUnavailable)):
+        if isinstance(error, kinds):
+            return replacement(detail)
     return HookFailed(detail)
 
 
@@ -58,10 +52,8 @@ def guarded(where: str) -> Iterator[None]:
 
 def describe(message: Any) -> str:
     """``<actor> job <message id>`` for a message, ``actor <name>`` for an actor being declared."""
-    message_id = getattr(message, "message_id", None)
-    if message_id is None:
-        return f"actor {getattr(message, 'actor_name', '?')}"
-    return f"{getattr(message, 'actor_name', '?')} job {message_id}"
+    actor, message_id = getattr(message, "actor_name", "?"), getattr(message, "message_id", None)
+    return f"actor {actor}" if message_id is None else f"{actor} job {message_id}"
 
 
 def hook(fn: F) -> F:
@@ -75,10 +67,8 @@ def hook(fn: F) -> F:
         except SkipMessage:
             # Ours: a park or a dropped copy, which must neither fail the job nor free its
             # key (JobTracking.after_skip_message does that for other middlewares' skips).
-            try:
+            with contextlib.suppress(AttributeError):  # not a message proxy (a declared actor): nothing to mark
                 setattr(message, _OWN_SKIP, True)
-            except AttributeError:  # not a message proxy (a declared actor): nothing to mark
-                pass
             raise
         except MiddlewareError:
             raise

@@ -47,9 +47,8 @@ class ResultWarningFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if "returned a value that is not None" not in message:
-            return True
-        return not any(f"Actor '{name}' returned" in message for s in self.suites for name in s.actors)
+        return "returned a value that is not None" not in message or not any(
+            f"Actor '{name}' returned" in message for s in self.suites for name in s.actors)
 
 
 class QuietTicks(logging.Filter):

@@ -1,8 +1,5 @@
-"""Actor options: their names, defaults, validation, and the middlewares they need.
-
-Options live in ``actor.options``; a message may override them through ``send_with_options``
-(``is None``: the actor's value, so that a falsy ``0`` is kept).  Resolved values: suite.ActorConfig.
-"""
+"""Actor options: their names, defaults, validation, and the middlewares they need; a message's own
+(``send_with_options``) count unless ``None``.  Resolved values: suite.ActorConfig."""
 
 from __future__ import annotations
 
@@ -29,9 +26,7 @@ WHILE_EXECUTING = "while_executing"
 UNTIL_AND_WHILE_EXECUTING = "until_and_while_executing"
 UNTIL_EXPIRED = "until_expired"
 
-LOCK_TYPES = frozenset(
-    {UNTIL_EXECUTING, UNTIL_EXECUTED, WHILE_EXECUTING, UNTIL_AND_WHILE_EXECUTING, UNTIL_EXPIRED}
-)
+LOCK_TYPES = frozenset({UNTIL_EXECUTING, UNTIL_EXECUTED, WHILE_EXECUTING, UNTIL_AND_WHILE_EXECUTING, UNTIL_EXPIRED})
 #: Lock types that hold a queue-level lock from enqueue.
 QUEUE_LOCKS = frozenset({UNTIL_EXECUTING, UNTIL_EXECUTED, UNTIL_AND_WHILE_EXECUTING, UNTIL_EXPIRED})
 #: Lock types whose queue-level hold ends when the job starts.
@@ -42,10 +37,8 @@ EXECUTION_LOCKS = frozenset({WHILE_EXECUTING, UNTIL_AND_WHILE_EXECUTING})
 CONFLICT_STRATEGIES = frozenset({"skip", "raise", "replace"})
 ORDER_BY = frozenset({"created_at", "process_after"})
 
-# -- the options, grouped by the middleware that reads them ------------------
-# A middleware's ``actor_options`` is its group, as Dramatiq's own middlewares declare theirs:
-# Dramatiq then refuses an option whose middleware is not on the broker.  Groups overlap where
-# two middlewares read the same option (the key, the lease, the waiters' order).
+# -- the options, grouped by the middleware that reads them (its ``actor_options``, so that Dramatiq
+# refuses an option whose middleware is not on the broker); groups overlap where two read one option.
 
 #: The job row's own options (JobTracking).
 TRACKING_OPTIONS = frozenset({"track", "job_model", "idempotency_window"})
@@ -64,12 +57,10 @@ SUITE_OPTIONS = UNIQUE_OPTIONS | CONCURRENCY_OPTIONS | TRACKING_OPTIONS
 
 ArgsSpec = Union[None, bool, list, tuple, Callable[..., Any]]
 
-#: What a repr holds when it names a memory address (``<object object at 0x7f...>``):
-#: a value with such a repr has no stable form across processes, so it cannot make a key.
+#: A repr that names a memory address (``<object object at 0x7f...>``): no stable form across processes, no key.
 ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
-#: The longest time an option may give (ms): ten years.  Past it a lease or window only
-#: overflows a date (``unique_window=10**15``) or Redis' expiry, and is surely a unit mistake.
+#: The longest time an option may give (ms): ten years; past it, surely a unit mistake that overflows a date.
 MAX_MS = 10 * 365 * 24 * 3600 * 1000
 
 #: Message options that ``submit()`` sets; checked at send like the suite's options.
@@ -94,23 +85,20 @@ def lookup(message_options: dict, actor_options: dict, name: str, default: Any =
 
 def is_tracked(actor_options: dict) -> bool:
     """Whether an actor's jobs get a row: any suite option implies tracking."""
-    if actor_options.get("track") is True:
-        return True
-    return any(actor_options.get(name) is not None for name in SUITE_OPTIONS - {"track"})
+    return actor_options.get("track") is True or any(
+        actor_options.get(name) is not None for name in SUITE_OPTIONS - {"track"})
 
 
-def _check_ms(name: str, value: Any, *, positive: bool) -> None:
-    """Times are whole milliseconds: an int, or a float with no fraction (``1500.0``); at least 1
-    when ``positive``.  ``0.5`` or ``1.5`` is refused rather than rounded: Redis and the row's
-    lease count whole milliseconds, and a rounding would hide a unit mistake (seconds for ms)."""
+def _check_ms(name: str, value: Any, fn: Any) -> None:
+    """Times are whole milliseconds (``1500.0`` too), at least 1: ``1.5`` is refused, not rounded, as Redis and
+    the row's lease count whole milliseconds and a rounding would hide a unit mistake (seconds for ms)."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
         raise InvalidOption(f"{name} must be a whole number of milliseconds, not {show(value)}")
-    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
-        raise InvalidOption(f"{name} must be a whole number of milliseconds, not {show(value)}")
-    if value < 0 or (positive and value < 1):
-        raise InvalidOption(f"{name} must be {'positive' if positive else 'zero or more'}, not {show(value)}")
+    if value < 1:
+        raise InvalidOption(f"{name} must be positive, not {show(value)}")
     if value > MAX_MS:
         raise InvalidOption(f"{name} must be at most {MAX_MS} ms (ten years), not {show(value)}")
 
@@ -125,10 +113,13 @@ def check_delay(delay: Any) -> None:
         raise InvalidOption(f"delay must be at most {MAX_MS} ms (ten years), not {show(delay)}")
 
 
-def _choice(name: str, value: Any, allowed: frozenset) -> None:
-    # isinstance first: an unhashable value (a list) must not raise TypeError in the look-up.
-    if value is not None and (not isinstance(value, str) or value not in allowed):
-        raise InvalidOption(f"{name} must be one of {sorted(allowed)}, not {show(value)}")
+def _choice(allowed: frozenset) -> Callable[[str, Any, Any], None]:
+    def check(name: str, value: Any, fn: Any) -> None:
+        # isinstance first: an unhashable value (a list) must not raise TypeError in the look-up.
+        if value is not None and (not isinstance(value, str) or value not in allowed):
+            raise InvalidOption(f"{name} must be one of {sorted(allowed)}, not {show(value)}")
+
+    return check
 
 
 def _parameters(fn: Callable[..., Any]) -> Optional[dict[str, inspect.Parameter]]:
@@ -142,28 +133,20 @@ def check_args_spec(name: str, spec: ArgsSpec, fn: Callable[..., Any]) -> None:
     """Validate a ``unique_args``/``concurrency_key`` value against the actor's function."""
     if spec is None or callable(spec):
         return
-    if spec is True:
-        _check_defaults(name, fn, None)
-        return
-    if spec is False:
-        raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not False")
-    if isinstance(spec, str) or not isinstance(spec, (list, tuple)):
-        raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not {show(spec)}")
-    for arg in spec:
-        if not isinstance(arg, str):
-            raise InvalidOption(f"{name} entries must be parameter names, not {show(arg)}")
-    params = _parameters(fn)
-    if params is None:
-        return
-    for arg in spec:
-        if arg not in params:
-            raise InvalidOption(f"{name} names {show(arg)}, which {fn.__qualname__}() has no parameter for")
-    _check_defaults(name, fn, spec)
+    if spec is not True:
+        if not isinstance(spec, (list, tuple)):
+            raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not {show(spec)}")
+        params = _parameters(fn)  # None: no signature to check against
+        for arg in spec:
+            if not isinstance(arg, str):
+                raise InvalidOption(f"{name} entries must be parameter names, not {show(arg)}")
+            if params is not None and arg not in params:
+                raise InvalidOption(f"{name} names {show(arg)}, which {fn.__qualname__}() has no parameter for")
+    _check_defaults(name, fn, None if spec is True else spec)
 
 
 def _check_defaults(name: str, fn: Callable[..., Any], selected: Optional[Any]) -> None:
-    """A default that makes the key must have the same form in every process: a sentinel
-    ``object()`` has a memory address in its repr, so each process would make another key."""
+    """A default that makes the key must have the same form in every process (no memory address in its repr)."""
     for param in (_parameters(fn) or {}).values():
         if param.default is inspect.Parameter.empty or (selected is not None and param.name not in selected):
             continue
@@ -175,12 +158,12 @@ def _check_defaults(name: str, fn: Callable[..., Any], selected: Optional[Any]) 
             )
 
 
-def _whole(name: str, value: Any) -> None:
+def _whole(name: str, value: Any, fn: Any) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise InvalidOption(f"{name} must be a whole number, 0 or more, not {show(value)}")
 
 
-def _flag(name: str, value: Any) -> None:
+def _flag(name: str, value: Any, fn: Any) -> None:
     if value is not None and not isinstance(value, bool):
         raise InvalidOption(f"{name} must be True or False, not {show(value)}")
 
@@ -190,15 +173,15 @@ def _flag(name: str, value: Any) -> None:
 _CHECKS: dict[str, Callable[[str, Any, Callable[..., Any]], None]] = {
     "unique_args": check_args_spec,
     "concurrency_key": check_args_spec,
-    "unique_lock": lambda name, value, fn: _choice(name, value, LOCK_TYPES),
-    "unique_on_conflict": lambda name, value, fn: _choice(name, value, CONFLICT_STRATEGIES),
-    "unique_order_by": lambda name, value, fn: _choice(name, value, ORDER_BY),
-    "unique_ttl": lambda name, value, fn: _check_ms(name, value, positive=True),
-    "unique_window": lambda name, value, fn: _check_ms(name, value, positive=True),
-    "concurrency_ttl": lambda name, value, fn: _check_ms(name, value, positive=True),
-    "idempotency_window": lambda name, value, fn: _check_ms(name, value, positive=True),
-    "concurrency_limit": lambda name, value, fn: _whole(name, value),
-    "track": lambda name, value, fn: _flag(name, value),
+    "unique_lock": _choice(LOCK_TYPES),
+    "unique_on_conflict": _choice(CONFLICT_STRATEGIES),
+    "unique_order_by": _choice(ORDER_BY),
+    "unique_ttl": _check_ms,
+    "unique_window": _check_ms,
+    "concurrency_ttl": _check_ms,
+    "idempotency_window": _check_ms,
+    "concurrency_limit": _whole,
+    "track": _flag,
 }
 
 
@@ -207,8 +190,7 @@ def validate(options: dict, fn: Callable[..., Any]) -> None:
     for name, check in _CHECKS.items():
         check(name, options.get(name), fn)
     if options.get("unique_args") is None:
-        # unique_ttl (the row lease) and unique_order_by (who runs next)
-        # also serve tracked and slot-limited actors without uniqueness.
+        # unique_ttl (the row lease) and unique_order_by also serve actors without uniqueness.
         for name in ("unique_lock", "unique_on_conflict", "unique_window"):
             if options.get(name) is not None:
                 raise InvalidOption(f"{name} has no effect without unique_args")
@@ -216,22 +198,17 @@ def validate(options: dict, fn: Callable[..., Any]) -> None:
 
 def check_send(message_options: dict, actor_options: dict, fn: Callable[..., Any], *,
                broker: "Optional[dramatiq.Broker]" = None, actor_name: str = "") -> None:
-    """Check a send's own options (``send_with_options``, ``submit()``'s) once, as the actor's were
-    at declaration, with the same errors, before anything is written or published; and the middlewares
-    they need on ``broker``: ``unique_lock="while_executing"`` without ExecutionLocks would run unlocked."""
+    """Check a send's own options (``send_with_options``, ``submit()``'s) as the actor's were at declaration,
+    before anything is written or published, and the middlewares they need on ``broker``."""
     given = message_options.keys() & (SUITE_OPTIONS | SUBMIT_OPTIONS)
     if not given:
         return  # the common send: nothing of its own to check
     if message_options.get("job_model") is not None:
         raise InvalidOption("job_model cannot be set per message: it names the actor's job table")
-    key = message_options.get("idempotency_key")
-    if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH):
-        raise InvalidOption(
-            f"idempotency_key must be a non-empty str of at most {MAX_KEY_LENGTH} characters, not {show(key)}"
-        )
-    owner = message_options.get("owner")
-    if owner is not None and (not isinstance(owner, str) or len(owner) > MAX_KEY_LENGTH):
-        raise InvalidOption(f"owner must be a str of at most {MAX_KEY_LENGTH} characters, not {show(owner)}")
+    for name, shortest, what in (("idempotency_key", 1, "a non-empty str"), ("owner", 0, "a str")):
+        value = message_options.get(name)
+        if value is not None and (not isinstance(value, str) or not shortest <= len(value) <= MAX_KEY_LENGTH):
+            raise InvalidOption(f"{name} must be {what} of at most {MAX_KEY_LENGTH} characters, not {show(value)}")
     if not given & SUITE_OPTIONS:
         return
     # What the send will run with: its own options over the actor's, as lookup() resolves them.
@@ -241,10 +218,8 @@ def check_send(message_options: dict, actor_options: dict, fn: Callable[..., Any
         check(f"{actor_name} (a message's own options)", {**actor_options, **own}, _installed(broker))
 
 
-# -- which of the suite's middlewares an actor needs ----------------------------
-# Dramatiq refuses an option no middleware declares; this adds what it cannot know (a lock type
-# whose execution lock no middleware would take, the order the middlewares must sit in).  Each
-# suite middleware names itself with a ``capability`` class attribute.
+# -- which of the suite's middlewares (each named by its ``capability``) an actor needs, in which order:
+# what Dramatiq's own check of ``actor_options`` cannot know.
 
 #: The suite's middlewares by name, in the order they must sit on the broker: a job takes
 #: its slot, then its execution lock, then its row is started.
@@ -262,8 +237,7 @@ _WHY = {
 
 
 def check_actor(broker: "dramatiq.Broker", actor: "dramatiq.Actor") -> None:
-    """Refuse an actor whose suite options are bad, or need a middleware the broker lacks or has
-    out of order (:class:`~dramatiq_unique.errors.InvalidOption`, naming the actor and option)."""
+    """Refuse an actor whose suite options are bad, or need a middleware the broker lacks or has out of order."""
     validate(actor.options, actor.fn)
     check(actor.actor_name, actor.options, _installed(broker))
 
@@ -277,10 +251,9 @@ def needed(options: dict) -> dict[str, str]:
     if not is_tracked(options):
         return {}
     needs = {}
-    for name in ("concurrency_limit", "concurrency_key"):
-        if options.get(name) is not None:
-            needs[SLOTS] = name
-            break
+    slot_option = next((n for n in ("concurrency_limit", "concurrency_key") if options.get(n) is not None), None)
+    if slot_option is not None:
+        needs[SLOTS] = slot_option
     lock = options.get("unique_lock") or DEFAULT_UNIQUE_LOCK
     if options.get("unique_args") is not None and lock in EXECUTION_LOCKS:
         needs[LOCKS] = f"unique_lock={lock!r}"
@@ -289,8 +262,7 @@ def needed(options: dict) -> dict[str, str]:
 
 
 def check(actor_name: str, options: dict, installed: list[Optional[str]]) -> None:
-    """:func:`check_actor` on names: ``installed`` names the broker's middlewares in order, each
-    suite middleware by its ``capability``, Dramatiq's Retries as ``RETRIES``, any other as None."""
+    """:func:`check_actor` on the names of the broker's middlewares (:func:`_installed`)."""
     needs = needed(options)
     for middleware, option in needs.items():
         if middleware not in installed:

@@ -1,6 +1,5 @@
-"""Passwords out of messages: :func:`redact` writes ``***`` for a URL's password, a ``password=`` (and
-the like) key/value pair, and such a key in a dict's repr.  A safety net for text the suite did not
-build itself: what it builds names a database without its password from the start."""
+"""Passwords out of messages: :func:`redact` writes ``***`` for a URL's password, a ``password=`` (and the
+like) pair, and such a key in a dict's repr: a safety net for text the suite did not build itself."""
 
 from __future__ import annotations
 

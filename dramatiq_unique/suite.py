@@ -57,7 +57,7 @@ class Settings:
     redriver: bool = True
     redrive_interval: int = 5_000
     redrive_page_size: int = 500
-    #: None: prepared unless behind a pooler in transaction mode, where True is refused (storage/database.py).
+    #: None: prepared unless behind a pooler in transaction mode (storage/database.py).
     prepared_statements: Optional[bool] = None
     database_connect_timeout: int = 5_000
     database_timeout: int = 30_000
@@ -71,12 +71,11 @@ class Settings:
     send_many_batch: int = 1_000
 
     def __post_init__(self) -> None:
-        for name in ("lost_after", "retention", "idempotency_window", "redrive_interval", "redrive_page_size",
-                     "database_connect_timeout", "database_timeout", "check_timeout", "lock_timeout",
-                     "store_down_for", "broker_down_backoff", "send_many_batch"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise InvalidOption(f"setting {name} must be a positive number, not {value!r}")
+        for field in dataclasses.fields(self):  # the times and sizes: those with an int default
+            value = getattr(self, field.name)
+            if type(field.default) is int and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                                or value <= 0):
+                raise InvalidOption(f"setting {field.name} must be a positive number, not {value!r}")
         if not isinstance(self.key_prefix, str) or not self.key_prefix:  # "": rows any app adopts (scope.py)
             raise InvalidOption(f"setting key_prefix must be a non-empty str, not {self.key_prefix!r}: it names this "
                                 "app's job rows, and '' names rows written before rows had an app, which apps adopt")
@@ -94,8 +93,7 @@ _RESOLVED = frozenset(RESOLVED)
 
 @dataclasses.dataclass(frozen=True)
 class ActorConfig:
-    """An actor's suite options, resolved once when it is declared; :meth:`for_message` puts a
-    message's own options (``send_with_options``) over them."""
+    """An actor's suite options, resolved when it is declared; :meth:`for_message` puts a message's over them."""
 
     actor_name: str
     fn: Callable[..., Any]
@@ -161,15 +159,10 @@ def _redis_clients(spec: RedisSpec) -> list[redis_lib.Redis]:
     items = [spec] if isinstance(spec, (str, redis_lib.Redis)) else list(spec)
     if not items:
         raise InvalidOption("redis must name at least one server")
-    clients = []
     for item in items:
-        if isinstance(item, str):
-            clients.append(client_from_url(item))
-        elif isinstance(item, redis_lib.Redis):
-            clients.append(item)
-        else:
+        if not isinstance(item, (str, redis_lib.Redis)):
             raise InvalidOption(f"redis must be a URL, a redis.Redis or a list of them, not {item!r}")
-    return clients
+    return [client_from_url(item) if isinstance(item, str) else item for item in items]
 
 
 class Suite:
@@ -204,16 +197,14 @@ class Suite:
                      for spec in _stores.specs(database)]
         #: The job stores, the primary first (one, unless ``database`` listed several).
         self.stores = _stores.Stores(databases, down_for=self.settings.store_down_for)
-        #: The primary store's Database.
         self.db = databases[0]
         self._check_stores()  # fail fast, naming the server
         for db in databases:  # not behind a pooler in transaction mode (storage/database.py)
             queries.enable(db, prepare and not configure_pooler(db, self.settings.prepared_statements))
         self.masters = _redis_clients(redis)
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
-        #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of
-        #: several Redlock masters, over its bounded client (locks/redlock.py), so that the first master
-        #: down costs the flags, which the suite can do without, ``lock_timeout`` at most.
+        #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of several,
+        #: its bounded client (locks/redlock.py): that master down costs ``lock_timeout`` at most.
         self.redis = self.masters[0] if self.locks.single else self.locks.nodes[0].client
         self.keys = RedisKeys(self.settings.key_prefix)
         #: The app this suite's job rows belong to, in a database several apps share (durable/scope.py).
@@ -238,14 +229,13 @@ class Suite:
 
     def _check_stores(self) -> None:
         """One store must answer; of several, at least one (the others are named in a warning)."""
-        if not self.stores.several:
-            check_database(self.db)
-            return
         errors = []
         for index, db in enumerate(self.stores.databases):
             try:
                 check_database(db)
             except DatabaseUnavailable as e:
+                if not self.stores.several:
+                    raise
                 errors.append(str(e))
                 logger.warning("Job %s did not answer at set-up (%s); its tables are created when it first "
                                "answers.", self.stores.name(index), e)

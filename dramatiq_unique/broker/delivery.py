@@ -1,6 +1,5 @@
-"""Delivering a woken job: its message rebuilt from its row, handed straight to this process's
-worker as the broker's fetch would have left it, else published (docs/discussions/how-it-is-built.md,
-"Sending")."""
+"""Delivering a woken job: its message rebuilt from its row, handed straight to this process's worker as
+the broker's fetch would have left it, else published (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ class Delivery:
         self._lock = threading.Lock()
 
     def send(self, message: Message, broker_ref: Optional[str] = None) -> None:
-        """Deliver a woken job's message; ``broker_ref``, if given, is the id its row
-        already records for it (used by a local delivery)."""
+        """Deliver a woken job's message (``broker_ref``: the id its row records for it, if any)."""
         plan = self.plan(message, broker_ref)
         if plan is not None:
             with self._lock:
@@ -54,9 +52,8 @@ class Delivery:
         broker.enqueue(message)
 
     def plan(self, message: Message, broker_ref: Optional[str] = None) -> "Optional[LocalDelivery]":
-        """A local delivery of ``message``, its Redis writes left to the caller (who may fold
-        them into a script of its own, see :mod:`dramatiq_unique.parking.deck`); None where only
-        the broker can deliver it.  ``before_enqueue`` is emitted here."""
+        """A local delivery of ``message`` (``before_enqueue`` emitted), its Redis writes left to the caller
+        (parking/deck.py folds them into its script); None where only the broker can deliver it."""
         worker, broker = self.worker, self._broker_of()
         if not self.local or worker is None or _WorkQueueItem is None or not isinstance(broker, RedisBroker):
             return None
@@ -80,8 +77,7 @@ class Delivery:
 
 class LocalDelivery:
     """A message on its way to this process's worker: once ``keys``/``args`` are written as
-    ``broker_claim.lua`` writes them (body in the queue's message hash, id in this worker's ack set),
-    :meth:`complete` puts it on the work queue."""
+    ``broker_claim.lua`` writes them, :meth:`complete` puts it on the work queue."""
 
     def __init__(self, broker: Any, worker: Any, priority: int, message: Message, *, keys: list, args: list) -> None:
         self.broker, self.worker, self.priority, self.message = broker, worker, priority, message

@@ -1,10 +1,6 @@
-"""The Redis broker's own key layout, as Dramatiq 2.x's ``dispatch.lua`` writes it, and the
-Dramatiq versions it was checked against.
-
-The lost-message check reads these keys (presence.py) and a woken job's local delivery writes
-them (delivery.py); on another major version they may be laid out otherwise, and a message
-written where no consumer reads it would be lost without a word: so a Redis broker under an
-untested Dramatiq is refused at set-up (:func:`check`)."""
+"""The Redis broker's own key layout, as Dramatiq 2.x's ``dispatch.lua`` writes it: read by the lost-message
+check, written by a local delivery; a Redis broker under an untested Dramatiq is refused (:func:`check`), as a
+message written where no consumer reads it would be lost without a word."""
 
 from __future__ import annotations
 
@@ -19,17 +15,15 @@ from dramatiq_unique.errors import UnsupportedVersion
 
 #: The Dramatiq versions the suite's use of the Redis broker's internals was written against.
 SUPPORTED = "dramatiq>=2,<3"
-MAJOR_VERSIONS = range(2, 3)
 
 
 def supported(version: str) -> bool:
     match = re.match(r"\s*(\d+)", version)
-    return match is not None and int(match.group(1)) in MAJOR_VERSIONS
+    return match is not None and int(match.group(1)) == 2
 
 
 def check(broker: Any, version: Optional[str] = None) -> None:
-    """Refuse a Redis broker under a Dramatiq these keys were not checked against (once per
-    broker, when the suite wraps its enqueue); ``version``: the installed Dramatiq's by default."""
+    """Refuse a Redis broker under a Dramatiq these keys were not checked against (``version``: the installed)."""
     version = dramatiq.__version__ if version is None else version
     if isinstance(broker, RedisBroker) and not supported(version):
         raise UnsupportedVersion(
@@ -41,8 +35,7 @@ def check(broker: Any, version: Optional[str] = None) -> None:
 
 def dispatch_args(broker: Any, command: str, queue_name: str, *args: Any, worker: Optional[str] = None,
                   maintenance: int = 0) -> list:
-    """The arguments of the Redis broker's own ``dispatch.lua`` as its ``do_<command>`` passes them, for
-    ``worker`` (the broker's own id by default)."""
+    """The arguments of the Redis broker's ``dispatch.lua`` as its ``do_<command>`` passes them."""
     return [command, current_millis(), queue_name, worker or broker.broker_id, broker.heartbeat_timeout,
             broker.dead_message_ttl, maintenance, broker._max_unpack_size(), *args]
 
@@ -59,10 +52,6 @@ class BrokerKeys:
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
-
-    def queue(self, queue_name: str) -> str:
-        """A queue's list of message ids."""
-        return f"{self.namespace}:{queue_name}"
 
     def messages(self, queue_name: str) -> str:
         """A queue's hash of message id to message body."""

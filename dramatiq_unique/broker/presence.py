@@ -1,6 +1,5 @@
-"""Is a job's message still in the broker?  The re-drive's lost-message check, one ``HEXISTS`` per
-job on the Redis broker, and the hand-back of messages that dead or reconnected workers hold
-(docs/discussions/how-it-is-built.md, "Sending")."""
+"""Is a job's message still in the broker?  The re-drive's lost-message check on the Redis broker, and the
+hand-back of messages that dead or reconnected workers hold (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name, xq_name
 
 from dramatiq_unique.broker.keys import BrokerKeys, dispatch
@@ -66,8 +66,7 @@ class RedisProbe:
 
     def release_stranded(self, rows: "Iterable[JobModel]") -> int:
         """Hand back to its delay queue each row's delayed message that a *live* worker fetched and no
-        longer holds (its connection broke: its delay queue starts empty); returns how many.  ``rows``:
-        retrying rows due ``lost_after`` ago whose message was found present."""
+        longer holds (its connection broke: its delay queue starts empty); returns how many."""
         held = self._held(rows, current_millis() - self.broker.heartbeat_timeout, "+inf",
                           lambda row: (dq_name(row.queue_name),))
         for row, queue_name, worker in held:  # Dramatiq's own requeue, as that worker's shutdown would run it
@@ -94,8 +93,4 @@ class RedisProbe:
 
 def probe_for(broker: "Broker") -> Optional[RedisProbe]:
     """The probe for ``broker``, or None if the broker cannot be asked about one message."""
-    from dramatiq.brokers.redis import RedisBroker
-
-    if isinstance(broker, RedisBroker):
-        return RedisProbe(broker)
-    return None
+    return RedisProbe(broker) if isinstance(broker, RedisBroker) else None

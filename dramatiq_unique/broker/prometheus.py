@@ -44,9 +44,8 @@ def quiet_parks(broker: "dramatiq.Broker") -> int:
 
 def _leave_out_parks(prom: Any, original: Callable[..., None]) -> Callable[..., None]:
     def after_skip_message(broker: "dramatiq.Broker", message: Any) -> None:
-        if not getattr(message, PARKED, False):
-            return original(broker, message)
-        if not all(hasattr(prom, name) for name in NEEDED):  # not booted, or another version: as Dramatiq does
+        # Not booted, or another version: as Dramatiq does.
+        if not getattr(message, PARKED, False) or not all(hasattr(prom, name) for name in NEEDED):
             return original(broker, message)
         labels = (message.queue_name, message.actor_name)
         if prom.message_start_times.pop(message.message_id, None) is not None:

@@ -1,9 +1,6 @@
-"""Publishing tracked messages on the Redis broker with their queue locks: the broker's own ``dispatch``
-script once per message, in one MULTI/EXEC with the locks' SETs where the locks live on the broker's
-server (one round trip), else after the locks are taken (docs/discussions/how-it-is-built.md, "Sending").
-
-A single send goes through Dramatiq's own ``enqueue``, whose ``do_enqueue`` this module wraps to carry
-a unique send's queue lock; :func:`dramatiq_unique.send_many` and the outbox's commit publish batches."""
+"""Publishing tracked messages on the Redis broker with their queue locks: its ``dispatch`` script per message,
+in one MULTI/EXEC with the locks' SETs where the locks live on the broker's server, else after the locks are
+taken; ``do_enqueue`` wrapped to carry a single send's lock (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
@@ -31,8 +28,7 @@ Entry = tuple[str, str, bytes, Optional[Lock]]
 
 # The queue locks of the single send under way, to go with its publish (set by unique/send.py's wrapper
 # where they can: None elsewhere, and then a lock is taken at once).
-_pending: contextvars.ContextVar[Optional[list[Lock]]] = contextvars.ContextVar("dramatiq_unique_lock",
-                                                                                  default=None)
+_pending: contextvars.ContextVar[Optional[list[Lock]]] = contextvars.ContextVar("dramatiq_unique_lock", default=None)
 
 
 class Publisher:
@@ -59,8 +55,7 @@ class Publisher:
         return publisher
 
     def arm(self) -> contextvars.Token:
-        """Let the send under way leave its queue lock to its publish (see :meth:`later`); the caller
-        resets the token when the send is over."""
+        """Let the send under way leave its queue lock to its publish (:meth:`later`); the caller resets it."""
         return _pending.set([] if self.shares_server else None)
 
     @staticmethod

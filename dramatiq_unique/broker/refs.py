@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import TYPE_CHECKING, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     from dramatiq import Message
@@ -15,11 +15,6 @@ REDIS_MESSAGE_ID = "redis_message_id"
 
 # Set while the suite re-sends a job (re-drive, outbox): it records the broker's id itself.
 _resending: contextvars.ContextVar[bool] = contextvars.ContextVar("dramatiq_unique_resending", default=False)
-
-
-def redis_ref(message: "Message") -> Optional[str]:
-    """The Redis broker's id for this delivery of ``message``; None on another broker."""
-    return message.options.get(REDIS_MESSAGE_ID)
 
 
 def broker_ref(message: "Message") -> str:

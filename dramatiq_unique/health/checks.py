@@ -1,6 +1,5 @@
-"""The ``check`` command's findings (database, schema, redis, redrive, overdue, parked) and their
-severities: 0 ok, 1 warning, 2 critical (the table is in docs/operations/health-check.md).  A check
-whose service is down reports nothing of its own: that service's finding says why."""
+"""The ``check`` command's findings and their severities (docs/operations/health-check.md); a check whose
+service is down reports nothing of its own: that service's finding says why."""
 
 from __future__ import annotations
 
@@ -89,17 +88,16 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
 
 
 def redis_masters(target: Target) -> Finding:
-    answered, errors = 0, []
+    errors = []
     for i, client in enumerate(target.masters):
         try:
             client.ping()
-            answered += 1
         except redis_lib.RedisError as e:
             errors.append(f"master {i}: {_first_line(e)}")
     total = len(target.masters)
     if not total:
         return Finding("redis", WARNING, "no Redis named (set DRAMATIQ_UNIQUE_REDIS_URL)")
-    quorum = total // 2 + 1
+    answered, quorum = total - len(errors), total // 2 + 1
     detail = f"{answered} of {total} Redis masters answer"
     if answered < quorum:
         severity, detail = CRITICAL, f"{detail}, {quorum} needed: " + "; ".join(errors)
@@ -130,9 +128,8 @@ def last_pass(target: Target, max_age: Optional[float] = None) -> Optional[Findi
 
 
 def retry_overdue_after(target: Target) -> float:
-    """ms after it was due that a retrying row is reported: the re-drive finds a retry whose message the
-    broker lost (or a worker dropped) ``lost_after`` after it was due, and sends it at its next pass or
-    the one after; a backlog in front of the retry also shows, as it should."""
+    """ms after it was due that a retrying row is reported: a lost retry is sent ``lost_after`` after it was
+    due, at the re-drive's next pass or the one after."""
     return target.lost_after + 2 * target.redrive_interval
 
 
@@ -144,24 +141,24 @@ def overdue(target: Target, up: set[int], overdue_after: float = DEFAULT_OVERDUE
     for index, model in tables(target):
         if index not in up:
             continue
-        mine = model.app == target.app
+        mine, table = model.app == target.app, model._meta.table_name
+        waiting = mine & model.parked_on.is_null()
+        due = pw.fn.COALESCE(model.process_after, model.created_at)
         not_retrying = [status for status in WAITING if status != JobStatus.RETRYING.value]
-        waiting = (mine & model.status.in_(not_retrying) & model.parked_on.is_null()
-                   & (pw.fn.COALESCE(model.process_after, model.created_at) < cutoff))
-        retrying = (mine & (model.status == JobStatus.RETRYING.value) & model.parked_on.is_null()
-                    & (pw.fn.COALESCE(model.process_after, model.created_at) < retry_cutoff))
-        running = mine & (model.status == JobStatus.RUNNING.value) & (model.lease_until < cutoff)
-        where = f"{model._meta.table_name} in {target.store_name(index)}"
-        for kind, cond, after in (("waiting", waiting, overdue_after), ("retrying", retrying, retry_after),
-                                  ("running", running, overdue_after)):
+        for kind, cond, after in (
+            ("waiting", waiting & model.status.in_(not_retrying) & (due < cutoff), overdue_after),
+            ("retrying", waiting & (model.status == JobStatus.RETRYING.value) & (due < retry_cutoff), retry_after),
+            ("running", mine & (model.status == JobStatus.RUNNING.value) & (model.lease_until < cutoff), overdue_after),
+        ):
             count = model.select().where(cond).count()
-            data = {"store": index, "table": model._meta.table_name, "kind": kind, "count": count,
-                    "overdue_after_ms": int(after)}
             if count:
                 ids = [row.id for row in model.select(model.id).where(cond).order_by(model.id).limit(SAMPLE)]
                 what = "with their lease run out" if kind == "running" else "due"
-                findings.append(Finding("overdue", WARNING, f"{count} {kind} job(s) of {where} {what} more than "
-                                        f"{after / 1000:g} s ago (e.g. {ids})", {**data, "ids": ids}))
+                findings.append(Finding(
+                    "overdue", WARNING, f"{count} {kind} job(s) of {table} in {target.store_name(index)} {what} "
+                    f"more than {after / 1000:g} s ago (e.g. {ids})",
+                    {"store": index, "table": table, "kind": kind, "count": count, "overdue_after_ms": int(after),
+                     "ids": ids}))
     if not findings:
         findings.append(Finding("overdue", OK, "no overdue jobs", {"overdue_after_ms": overdue_after}))
     return findings
@@ -192,11 +189,8 @@ def run(
     findings, up = databases(target)
     redis_finding = redis_masters(target)
     findings.append(redis_finding)
-    redis_up = redis_finding.data.get("answered", 0) > 0
-    if redis_up:
-        found = last_pass(target, max_pass_age)
-        if found is not None:
-            findings.append(found)
+    if redis_finding.data.get("answered", 0) > 0 and (found := last_pass(target, max_pass_age)) is not None:
+        findings.append(found)
     findings += _guarded("overdue", lambda: overdue(target, up, overdue_after))
     if 0 in up and redis_finding.severity < CRITICAL:
         findings += _guarded("parked", lambda: [parked(target, recheck)])

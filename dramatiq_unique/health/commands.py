@@ -22,8 +22,7 @@ def check(
     max_pass_age: Optional[float] = None, probe_port: Optional[int] = None, probe_host: str = "0.0.0.0",
     say: Callable[[str], None] = print, probe_details: bool = False,
 ) -> int:
-    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (see
-    :mod:`~dramatiq_unique.health.probe`)."""
+    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (health/probe.py)."""
     report = functools.partial(checks.run, target, overdue_after=overdue_after, max_pass_age=max_pass_age)
     if probe_port is not None:
         server = probe.serve(report, probe_port, host=probe_host, details=probe_details)
@@ -43,7 +42,8 @@ def check(
     return found.code
 
 
-def _each_table(target: Target, work: Any) -> list[migrations.TableStatus]:
+def _each_table(target: Target, emit: Emit, work: Any, field: str, head: str = "") -> list[migrations.TableStatus]:
+    """``work(model, store)`` on every table, its results emitted, each table's ``field`` listed under it."""
     results = []
     for index, model in schema_tables(target):
         store = target.store_name(index)
@@ -52,10 +52,11 @@ def _each_table(target: Target, work: Any) -> list[migrations.TableStatus]:
         except pw.DatabaseError as e:  # a store down: the others go on, and the command exits 1
             model._meta.database.close()
             results.append(migrations.TableStatus(schema.table_key(model), store, None, error=redact(str(e).strip())))
+    emit([r.as_dict() for r in results], lambda: _rows(results, field, head))
     return results
 
 
-def _rows(results: list[migrations.TableStatus], field: str, head: str = "") -> str:
+def _rows(results: list[migrations.TableStatus], field: str, head: str) -> str:
     lines = [head] if head else []
     for r in results:
         version = "-" if r.version is None else r.version
@@ -66,18 +67,16 @@ def _rows(results: list[migrations.TableStatus], field: str, head: str = "") -> 
 
 
 def status(target: Target, emit: Emit) -> int:
-    results = _each_table(target, migrations.status)
-    emit([r.as_dict() for r in results], lambda: _rows(results, "pending"))
+    results = _each_table(target, emit, migrations.status, "pending")
     return 0 if all(r.current for r in results) else 1
 
 
 def migrate(target: Target, emit: Emit, *, dry_run: bool = False,
             lock_timeout: float = migrations.DEFAULT_LOCK_TIMEOUT) -> int:
     if dry_run:
-        results = _each_table(target, migrations.status)
-        emit([r.as_dict() for r in results], lambda: _rows(results, "pending", "(dry run: nothing changed)"))
+        results = _each_table(target, emit, migrations.status, "pending", "(dry run: nothing changed)")
     else:
-        results = _each_table(target, lambda model, store: migrations.migrate(model, store, lock_timeout=lock_timeout))
-        emit([r.as_dict() for r in results], lambda: _rows(results, "applied"))
+        results = _each_table(target, emit, lambda model, store: migrations.migrate(
+            model, store, lock_timeout=lock_timeout), "applied")
     return 0 if all(r.error is None for r in results) else 1
 

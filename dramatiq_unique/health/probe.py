@@ -1,8 +1,5 @@
-"""``check --probe-port N``: the findings as an HTTP probe for orchestrators, on ``http.server``.
-
-200 while nothing is critical, 503 when something is, with a short reason that names no host, store,
-table or job (the full report only with ``details``).  Runs take turns; a recent report is served again.
-"""
+"""``check --probe-port N``: the findings as an HTTP probe, 200 while nothing is critical, else 503, with a
+short reason naming no host, store, table or job (the full report with ``details``); a recent report is reused."""
 
 from __future__ import annotations
 
@@ -82,7 +79,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def serve(run_checks: Callable[[], Report], port: int, *, host: str = "0.0.0.0",
           cache_ms: float = DEFAULT_CACHE, details: bool = False) -> ProbeServer:
-    """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving;
-    ``details``: it answers the full report, store addresses and job ids included."""
+    """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving."""
     RedactPasswords.install()  # the check may run without an app, so without setup()
     return ProbeServer((host, port), run_checks, cache_ms=cache_ms, details=details)

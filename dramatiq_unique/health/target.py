@@ -1,10 +1,10 @@
-"""What the ``check``, ``status`` and ``migrate`` commands look at: an app's suite, or, without one,
-the services ``DRAMATIQ_UNIQUE_DATABASE_URL`` and ``DRAMATIQ_UNIQUE_REDIS_URL`` name (the shared job
-table only; nothing is created or written but by ``migrate``)."""
+"""What the ``check``, ``status`` and ``migrate`` commands look at: an app's suite, or the shared job table
+and the Redis that ``DRAMATIQ_UNIQUE_DATABASE_URL`` and ``DRAMATIQ_UNIQUE_REDIS_URL`` name."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Optional
 
@@ -23,8 +23,6 @@ DATABASE_ENV = "DRAMATIQ_UNIQUE_DATABASE_URL"
 REDIS_ENV = "DRAMATIQ_UNIQUE_REDIS_URL"
 #: ms each service may take to answer a command (connect and each call).
 DEFAULT_TIMEOUT = 3_000
-#: ms after its lease ran out that a job counts as lost (the suite's own default, for the mode without an app).
-DEFAULT_LOST_AFTER = 60_000
 
 
 @dataclasses.dataclass
@@ -80,20 +78,17 @@ def from_environment(
     if not urls:
         return None
     databases = [open_database(url, connect_timeout=timeout, timeout=max(timeout, 10_000)) for url in urls]
-    models: dict[tuple[type, int], type[JobModel]] = {}
 
+    @functools.cache
     def model_in(model: type[JobModel], index: int) -> type[JobModel]:
-        found = models.get((model, index))
-        if found is None:
-            found = models[(model, index)] = bound(model, databases[index], index)
-        return found
+        return bound(model, databases[index], index)
 
     masters = [client_from_url(url, socket_timeout=timeout / 1000, socket_connect_timeout=timeout / 1000)
                for url in env.get(REDIS_ENV, "").split()]
     prefix = key_prefix or DEFAULT_KEY_PREFIX
     return Target(
         databases=databases, models=[JobModel], masters=masters, keys=RedisKeys(prefix), app=app_name(prefix),
-        lost_after=DEFAULT_LOST_AFTER, redrive_interval=Settings.redrive_interval, model_in=model_in,
+        lost_after=Settings.lost_after, redrive_interval=Settings.redrive_interval, model_in=model_in,
         others=[bound_limits(databases[0])],
     )
 

@@ -1,6 +1,5 @@
-"""Observation: the suite's log lines and Prometheus metrics (:mod:`.events`), and the switch that turns
-the metrics on in a process, in the multiprocess directory of Dramatiq's ``Prometheus`` middleware so that
-one endpoint shows both (``prometheus_client`` is imported only then: it must see that directory first)."""
+"""Observation: the suite's log lines and metrics (:mod:`.events`), and the switch that turns the metrics on,
+in the multiprocess directory of Dramatiq's ``Prometheus`` middleware so that one endpoint shows both."""
 
 from __future__ import annotations
 
@@ -67,5 +66,5 @@ def disable_metrics() -> None:
         sink, events.sink = events.sink, None
         if sink is None or sink.registry is None:
             return
-        for collector in sink.collectors:
+        for collector in sink.metrics.values():
             sink.registry.unregister(collector)

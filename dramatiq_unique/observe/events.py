@@ -1,9 +1,5 @@
-"""The events the suite observes: one hook per event, writing its log line and moving its metric
-(:class:`SuiteMetrics`; labels are bounded, never a key nor a job id).
-
-Hooks never raise and import nothing of the suite, so every module may call them; with metrics off a
-hook reads one global, and prometheus_client is not imported.
-"""
+"""The events the suite observes: one hook per event, writing its log line and moving its metric (bounded labels,
+never a key nor a job id).  Hooks never raise and import nothing of the suite; with metrics off, one global read."""
 
 from __future__ import annotations
 
@@ -63,7 +59,7 @@ def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str],
                     extra=fields(message.message_id, message.actor_name, key,
                                  **{EXISTING_JOB_ID: existing_id, DECISION: decision}))
     if (on := sink) is not None:
-        on.inc(on.duplicates, message.queue_name, message.actor_name, decision)
+        on.inc("duplicates_total", message.queue_name, message.actor_name, decision)
 
 
 def parked(gate: str, message: Any, group: str) -> None:
@@ -72,7 +68,7 @@ def parked(gate: str, message: Any, group: str) -> None:
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("Job %s parked on %s.", message.message_id, group, extra=fields(message.message_id, actor))
     if (on := sink) is not None:
-        on.inc(on.waits, getattr(message, "queue_name", None), actor, gate)
+        on.inc("waits_total", getattr(message, "queue_name", None), actor, gate)
 
 
 def taken_up(gate: str, message: Any, marker: Mapping[str, Any], wake: Mapping[str, Any]) -> None:
@@ -89,7 +85,7 @@ def parked_counts(counts: Mapping[tuple[str, str], int]) -> None:  # by (actor, 
 
 def heartbeat(job: Any) -> None:
     if (on := sink) is not None:
-        on.inc(on.heartbeats, job.queue_name, job.actor_name)
+        on.inc("heartbeats_total", job.queue_name, job.actor_name)
 
 
 def lock_lost(job: Any, error: E) -> E:
@@ -98,7 +94,7 @@ def lock_lost(job: Any, error: E) -> E:
     logger.warning("Job %s (%s) lost its lease: %s", job_id, actor, getattr(error, "detail", error),
                    extra=fields(job_id, actor, getattr(job, "unique_key", None)))
     if (on := sink) is not None:
-        on.inc(on.locks_lost, getattr(job, "queue_name", None), actor)
+        on.inc("lock_lost_total", getattr(job, "queue_name", None), actor)
     return error
 
 
@@ -108,7 +104,7 @@ def fenced_out(job: Any, write: str) -> None:
                    "token %s.", job.message_id, job.actor_name, write, job.fencing_token,
                    extra=fields(job.message_id, job.actor_name, job.unique_key))
     if (on := sink) is not None:
-        on.inc(on.fenced, job.queue_name, job.actor_name, write)
+        on.inc("fenced_writes_refused_total", job.queue_name, job.actor_name, write)
 
 
 def job_lost(row: Any, where: str, then: str) -> None:
@@ -146,74 +142,67 @@ def _label(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+_JOB = ("queue_name", "actor_name")
+#: The metrics by name (after PREFIX): (kind, help, labels, further arguments).
+METRICS: dict[str, tuple[str, str, tuple[str, ...], dict[str, Any]]] = {
+    "duplicates_total": ("Counter", "Unique sends that met a job holding their key, by decision (skip, raise, "
+                         "replace).", (*_JOB, "decision"), {}),
+    "waits_total": ("Counter", "Jobs parked to wait for an execution lock or a concurrency slot.",
+                    (*_JOB, "gate"), {}),
+    "wait_seconds": ("Histogram", "How long a parked job waited, from parking to taking up its lock or slot.",
+                     (*_JOB, "gate"), {"buckets": WAIT_BUCKETS}),
+    "handover_seconds": ("Histogram", "From a lock or slot handed on by its holder to the woken job taking it up.",
+                         (*_JOB, "gate"), {"buckets": HANDOVER_BUCKETS}),
+    # Set by each re-drive pass from the job table: the cluster's count, whichever process counted last.
+    "parked_jobs": ("Gauge", "Jobs parked now, waiting for an execution lock or a slot (counted by the last "
+                    "re-drive pass).", ("actor_name", "gate"), {"multiprocess_mode": "mostrecent"}),
+    "fenced_writes_refused_total": ("Counter", "Writes of an attempt refused by its fencing token (a newer attempt "
+                                    "owns the job), by write (outcome, checkpoint, lease).", (*_JOB, "write"), {}),
+    "heartbeats_total": ("Counter", "heartbeat() calls that renewed a job's leases.", _JOB, {}),
+    "lock_lost_total": ("Counter", "Running jobs that learned their lock or lease was gone (LockLost).", _JOB, {}),
+    "redrive_jobs_total": ("Counter", "Jobs a re-drive pass handled, by outcome (sent, woken, missing, lost, "
+                           "redriven, failed, requeued, pruned, errors, ...).", ("outcome",), {}),
+    "redrive_passes_total": ("Counter", "Re-drive passes run by this process.", (), {}),
+}
+
+
 class SuiteMetrics:
-    """The metrics, one update per hook of :mod:`dramatiq_unique.observe.events`."""
+    """The metrics (:data:`METRICS`), one update per hook of :mod:`dramatiq_unique.observe.events`."""
 
     def __init__(self, registry: Any) -> None:
         import prometheus_client as prom
 
         self.registry = registry
         self.failures = 0
-        job = ["queue_name", "actor_name"]
-        kw: dict[str, Any] = {"registry": registry}
-        self.duplicates = prom.Counter(
-            PREFIX + "duplicates_total", "Unique sends that met a job holding their key, by decision "
-            "(skip, raise, replace).", [*job, "decision"], **kw)
-        self.waits = prom.Counter(
-            PREFIX + "waits_total", "Jobs parked to wait for an execution lock or a concurrency slot.",
-            [*job, "gate"], **kw)
-        self.wait_seconds = prom.Histogram(
-            PREFIX + "wait_seconds", "How long a parked job waited, from parking to taking up its lock or slot.",
-            [*job, "gate"], buckets=WAIT_BUCKETS, **kw)
-        self.handover_seconds = prom.Histogram(
-            PREFIX + "handover_seconds", "From a lock or slot handed on by its holder to the woken job taking "
-            "it up.", [*job, "gate"], buckets=HANDOVER_BUCKETS, **kw)
-        # Set by each re-drive pass from the job table: the cluster's count, whichever process counted last.
-        self.parked_jobs = prom.Gauge(
-            PREFIX + "parked_jobs", "Jobs parked now, waiting for an execution lock or a slot (counted by the "
-            "last re-drive pass).", ["actor_name", "gate"], multiprocess_mode="mostrecent", **kw)
-        self.fenced = prom.Counter(
-            PREFIX + "fenced_writes_refused_total", "Writes of an attempt refused by its fencing token (a newer "
-            "attempt owns the job), by write (outcome, checkpoint, lease).", [*job, "write"], **kw)
-        self.heartbeats = prom.Counter(
-            PREFIX + "heartbeats_total", "heartbeat() calls that renewed a job's leases.", job, **kw)
-        self.locks_lost = prom.Counter(
-            PREFIX + "lock_lost_total", "Running jobs that learned their lock or lease was gone (LockLost).",
-            job, **kw)
-        self.redrive_jobs = prom.Counter(
-            PREFIX + "redrive_jobs_total", "Jobs a re-drive pass handled, by outcome (sent, woken, missing, "
-            "lost, redriven, failed, requeued, pruned, errors, ...).", ["outcome"], **kw)
-        self.redrive_passes = prom.Counter(
-            PREFIX + "redrive_passes_total", "Re-drive passes run by this process.", **kw)
+        self.metrics = {name: getattr(prom, kind)(PREFIX + name, doc, labels, registry=registry, **more)
+                        for name, (kind, doc, labels, more) in METRICS.items()}
         self._parked_seen: set[tuple[str, str]] = set()
-        self.collectors = [self.duplicates, self.waits, self.wait_seconds, self.handover_seconds, self.parked_jobs,
-                           self.fenced, self.heartbeats, self.locks_lost, self.redrive_jobs, self.redrive_passes]
 
     @guarded
-    def inc(self, counter: Any, *labels: Any) -> None:
-        """Counts one event on ``counter``, labelled by ``labels`` (None: the empty label)."""
-        counter.labels(*map(_label, labels)).inc()
+    def inc(self, metric: str, *labels: Any) -> None:
+        """Counts one event on ``metric``, labelled by ``labels`` (None: the empty label)."""
+        self.metrics[metric].labels(*map(_label, labels)).inc()
 
     @guarded
     def taken_up(self, queue: Any, actor: Any, gate: str, parked_at: Any, handed_at: Any) -> None:
         now = time.time() * 1000
         labels = (_label(queue), _label(actor), gate)
         if isinstance(parked_at, (int, float)):
-            self.wait_seconds.labels(*labels).observe(max(0.0, now - parked_at) / 1000)
+            self.metrics["wait_seconds"].labels(*labels).observe(max(0.0, now - parked_at) / 1000)
         if isinstance(handed_at, (int, float)):
-            self.handover_seconds.labels(*labels).observe(max(0.0, now - handed_at) / 1000)
+            self.metrics["handover_seconds"].labels(*labels).observe(max(0.0, now - handed_at) / 1000)
 
     @guarded
     def parked_counts(self, counts: Mapping[tuple[str, str], int]) -> None:
         for actor, gate in self._parked_seen - set(counts):  # emptied groups read 0, not their last count
-            self.parked_jobs.labels(actor, gate).set(0)
+            self.metrics["parked_jobs"].labels(actor, gate).set(0)
         for (actor, gate), count in counts.items():
-            self.parked_jobs.labels(_label(actor), gate).set(count)
+            self.metrics["parked_jobs"].labels(_label(actor), gate).set(count)
         self._parked_seen |= set(counts)
 
     @guarded
     def redrive_pass(self, counts: Mapping[str, Any]) -> None:
-        self.redrive_passes.inc()
+        self.metrics["redrive_passes_total"].inc()
         for outcome, count in counts.items():
             if outcome != "ran" and isinstance(count, int) and count:  # a count added later is counted too
-                self.redrive_jobs.labels(outcome).inc(count)
+                self.metrics["redrive_jobs_total"].labels(outcome).inc(count)

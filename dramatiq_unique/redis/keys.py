@@ -1,9 +1,4 @@
-"""Every Redis key format the suite writes, in one place, under one prefix.
-
-The unique keys these formats take are derived in :mod:`dramatiq_unique.unique.keys`
-(only their hash reaches Redis); the Redis broker's own keys are laid out in
-:mod:`dramatiq_unique.broker.keys`.
-"""
+"""Every Redis key format the suite writes, under one prefix (the broker's own: broker/keys.py)."""
 
 from __future__ import annotations
 
@@ -49,8 +44,7 @@ class RedisKeys:
         return f"{self.prefix}:actor-limit:{actor_name}"
 
     def limits_loaded(self) -> str:
-        """Set when Redis holds every run-time limit of the app's database (slots/overrides.py): gone with a
-        flush or a restart without persistence, and then the slot scripts decide nothing until they are back."""
+        """Set while Redis holds every run-time limit of the app's database (slots/overrides.py)."""
         return f"{self.prefix}:limits-loaded"
 
     def wakeups(self) -> str:

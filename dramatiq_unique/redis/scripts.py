@@ -1,6 +1,5 @@
-"""Lua scripts on the hot paths, called over a redis-py connection of the calling thread's own: sent
-again only after a connection that had worked broke, loaded on ``NOSCRIPT``, posted without waiting
-for the reply, or batched in one MULTI/EXEC (docs/discussions/how-it-is-built.md, "Storage")."""
+"""Lua scripts on the hot paths, over the calling thread's own connection: sent again only after a working
+connection broke, loaded on ``NOSCRIPT``, posted without waiting, or batched (how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ class _Link:
         self.answered = False
         #: Posted calls whose replies are still to be read, oldest first: (command, script text).
         self.unread: collections.deque[tuple[Command, str]] = collections.deque()
-        #: Scripts this connection has seen the server run: only those are posted (an idle thread
-        #: may never make the next call that would run an unknown one again).
+        #: Scripts this connection has seen the server run: only those are posted.
         self.known: set[str] = set()
 
     def _connect(self) -> None:
@@ -67,8 +65,7 @@ class _Link:
                 redo = self._settle()
             replies = [self._reply() for _ in commands]
         except BaseException:
-            # A broken connection, a timeout, or an exception raised into the thread mid-call
-            # (Dramatiq's TimeLimit): a reply may be left unread, so start afresh.
+            # A broken connection, a timeout, an exception raised mid-call (TimeLimit): a reply may be unread.
             self.close()
             raise
         self.answered = True
@@ -98,8 +95,7 @@ class _Link:
             return e
 
     def _settle(self) -> list[tuple[Command, str]]:
-        """Read the replies of posted calls; returns the calls the server did not run for want
-        of their script."""
+        """Read the replies of posted calls; returns those the server did not run for want of their script."""
         redo: list[tuple[Command, str]] = []
         while self.unread:
             command, text = self.unread.popleft()
@@ -153,8 +149,7 @@ class Script:
         return run_all(self, [(keys, args)], multi=False)[0]
 
     def post(self, keys: Sequence[Any] = (), args: Sequence[Any] = ()) -> None:
-        """Run the script without waiting for its reply (see the module's docs); a script
-        unknown to the server is loaded and run before the link's next call returns."""
+        """Run the script without waiting for its reply (one unknown to this connection: waiting for it)."""
         link = link_of(self.client)
         if self.sha not in link.known:  # first use on this connection: wait, loading it if need be
             self(keys, args)
@@ -164,11 +159,9 @@ class Script:
 
 def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
             before: Sequence[Command] = (), *, multi: bool = True) -> list:
-    """Run the commands ``before``, then ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC
-    (in one write without, ``multi=False``); the script's replies, one per call.  Raises redis-py's errors:
-    a connection error, or the first error reply.  The script is loaded in the same write until this
-    connection has run it, and sent again with it on ``NOSCRIPT``; all is sent again once more after an
-    open connection broke: ``before`` and the script must be safe to repeat."""
+    """Run the commands ``before``, then ``script`` once per ``(keys, args)`` in ``calls``, in one MULTI/EXEC (or
+    one write, ``multi=False``); the script's replies, or redis-py's error (the first error reply).  The script is
+    loaded with it until known; all is sent again after a broken connection: it must be safe to repeat."""
     for attempt in range(1, ATTEMPTS + 1):
         link = link_of(script.client)
         load = [("SCRIPT", "LOAD", script.text)] if script.sha not in link.known else []
@@ -177,8 +170,7 @@ def run_all(script: Script, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
         try:
             replies = link.call_all([("MULTI",), *commands, ("EXEC",)] if multi else commands)
         except RedisConnectionError:
-            # A fresh connection that failed means the server is down; after a broken one, the
-            # next attempt opens a fresh one: sent again at most once.
+            # A fresh connection that failed: the server is down; after a broken one, sent again once.
             if fresh or attempt == ATTEMPTS:
                 raise
             continue

@@ -1,10 +1,5 @@
-"""Which Redis server a client talks to, and the one-time check of the suite's servers at set-up.
-
-Clients from URLs, Sentinel's included (the URL's form is in docs/operations/deploying.md).  Two clients
-reach one server when they name the same host, port (or socket) and database, or the same service and
-database through the same sentinels.  The check sends one ``PING`` to each server, over a fresh connection
-bounded by ``check_timeout`` with no retries, whatever the client carries.
-"""
+"""Which Redis server a client talks to (Sentinel URLs included: docs/operations/deploying.md), and the
+one-time check of the suite's servers at set-up: one ``PING`` each over a fresh, bounded connection."""
 
 from __future__ import annotations
 
@@ -52,35 +47,29 @@ def client_from_url(url: str, **kwargs: Any) -> redis_lib.Redis:
     parts = [unquote(p) for p in parsed.path.split("/") if p]
     if not parts or len(parts) > 2 or not hosts:
         raise InvalidOption("a Sentinel URL is redis+sentinel://host:port[,host:port...]/service[/db]")
-    service = parts[0]
     try:
         db = int(parts[1]) if len(parts) == 2 else 0
     except ValueError:
         raise InvalidOption(f"Sentinel URL: database {parts[1]!r} is not a number") from None
     query = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
     master: dict[str, Any] = {"db": db}
-    if "@" in parsed.netloc:
-        who = parsed.netloc.rsplit("@", 1)[0]
-        user, _, password = who.partition(":")
-        if user:
-            master["username"] = unquote(user)
-        if password:
-            master["password"] = unquote(password)
+    if parsed.username:
+        master["username"] = unquote(parsed.username)
+    if parsed.password:
+        master["password"] = unquote(parsed.password)
     common: dict[str, Any] = {name: float(query[name]) for name in _FLOATS if name in query}
     if parsed.scheme.startswith("rediss"):
         master["ssl"] = True
         master.update({name: query[name] for name in _SSL if name in query})
         if "ssl_check_hostname" in master:
             master["ssl_check_hostname"] = master["ssl_check_hostname"].lower() in ("1", "true", "yes")
-    sentinel_kwargs: dict[str, Any] = dict(common)
-    for name in ("username", "password"):
-        if f"sentinel_{name}" in query:
-            sentinel_kwargs[name] = query[f"sentinel_{name}"]
+    sentinel_kwargs: dict[str, Any] = {**common, **{name: query[f"sentinel_{name}"] for name in ("username", "password")
+                                                    if f"sentinel_{name}" in query}}
     if query.get("sentinel_ssl", "").lower() in ("1", "true", "yes"):
         sentinel_kwargs["ssl"] = True
         sentinel_kwargs.update({name: query[name] for name in _SSL if name in query and name != "ssl_check_hostname"})
     sentinel = Sentinel(hosts, sentinel_kwargs=sentinel_kwargs, **{**common, **kwargs})
-    return sentinel.master_for(service, **master)
+    return sentinel.master_for(parts[0], **master)
 
 
 def identity(client: Any) -> tuple:
@@ -88,8 +77,7 @@ def identity(client: Any) -> tuple:
     pool = client.connection_pool
     kwargs = pool.connection_kwargs
     if isinstance(pool, SentinelConnectionPool):
-        manager = pool.sentinel_manager
-        sentinels = frozenset(_address(s) for s in getattr(manager, "sentinels", ()))
+        sentinels = frozenset(_address(s) for s in getattr(pool.sentinel_manager, "sentinels", ()))
         return ("sentinel", pool.service_name, sentinels, kwargs.get("db", 0))
     return (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db", 0))
 
@@ -111,8 +99,7 @@ def describe(client: Any) -> Optional[str]:
 
 
 def address(client: redis_lib.Redis) -> str:
-    """Where a client points: ``redis://host:port/db`` (``rediss://``, ``unix://``, ``redis+sentinel://``),
-    without credentials."""
+    """Where a client points, without credentials: ``redis://host:port/db`` (``rediss``, ``unix``, Sentinel)."""
     sentinel = describe(client)
     if sentinel is not None:
         return sentinel
@@ -157,8 +144,7 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
 
 
 def _sentinel_master(client: redis_lib.Redis, timeout_ms: float, role: str, bounded: dict[str, Any]) -> Any:
-    """A connection to the master the sentinels name now, each asked within ``timeout_ms`` and once (not
-    with the sentinels' own timeouts and retries); RedisUnavailable, saying so, if none names one."""
+    """A connection to the master the sentinels name now, each asked once within ``timeout_ms``."""
     pool: Any = client.connection_pool
     manager = pool.sentinel_manager
     asked = {name: bounded[name] for name in ("socket_timeout", "socket_connect_timeout", "retry")}
@@ -179,11 +165,8 @@ def _sentinel_master(client: redis_lib.Redis, timeout_ms: float, role: str, boun
 
 
 def check_redis(masters: Sequence[redis_lib.Redis], broker_client: Optional[Any], timeout_ms: float) -> None:
-    """PING each Redis master of the suite, and the broker's Redis if it is another server.
-
-    One master must answer; of several (Redlock), a majority, as a lock needs: a master of
-    three that is down is only logged.
-    """
+    """PING each Redis master of the suite (a majority must answer, as a lock needs; the others are logged),
+    and the broker's Redis if it is another server."""
     seen, down = set(), []
     for client in masters:
         seen.add(address(client))

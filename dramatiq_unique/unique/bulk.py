@@ -1,9 +1,5 @@
-"""Sending many jobs at once: :func:`send_many`, batch by batch (:class:`Batch`).
-
-A batch is one multi-row INSERT, its holders read in one query, its rows published in one round
-trip on the Redis broker (:mod:`dramatiq_unique.broker.publish`); what the bulk path does not do
-itself goes through the single send, item by item (docs/howto/send-many.md says which).
-"""
+"""Sending many jobs at once: :func:`send_many`, batch by batch (:class:`Batch`: one multi-row INSERT, one
+publish round trip); what the bulk path does not do goes through the single send (docs/howto/send-many.md)."""
 
 from __future__ import annotations
 
@@ -22,20 +18,12 @@ from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import job_options
-from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption, NotConfigured
+from dramatiq_unique.errors import DatabaseUnavailable, InvalidOption
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.unique import recent
-from dramatiq_unique.unique.enqueue import (
-    Created,
-    made_row,
-    new_row,
-    publish_failed,
-    queue_lock_ttl,
-    store,
-    undo_all,
-)
+from dramatiq_unique.unique.enqueue import Created, made_row, new_row, publish_failed, queue_lock_ttl, store, undo_all
 from dramatiq_unique.unique.send import check_options
 
 if TYPE_CHECKING:
@@ -78,10 +66,7 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     docs/howto/send-many.md."""
     parsed = items_of(items)
     opt.check_delay(delay)
-    try:
-        suite: Optional[Suite] = _config.current()
-    except NotConfigured:
-        suite = None
+    suite = _config._current
     config = suite.actor_config(actor.actor_name) if suite is not None else None
     if suite is None or config is None or not _bulk(suite, config, actor):
         return [_single(actor, item, delay) for item in parsed]
@@ -101,18 +86,14 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
 
 def _pipelined(suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
                work: list[list[Item]]) -> list["Message"]:
-    """Batch k + 2 built here while k + 1 is written by a helper thread and k published by another;
-    once a publish fails for good (or a write), no later batch is published, those written deleted."""
+    """Batch k + 2 built here while k + 1 is written by a helper thread and k published by another; once a
+    publish or a write fails, no later batch is published, those written deleted."""
     go_on = threading.Event()
     go_on.set()
 
     def publish(batch: Batch, stored: "Future") -> None:
-        try:
-            stored.result()
-        except BaseException:  # noqa: BLE001  (raised by settle)
-            go_on.clear()
-            return
-        if go_on.is_set() and not batch.publish():
+        # A write's error is raised by _settle.
+        if stored.exception() is not None or (go_on.is_set() and not batch.publish()):
             go_on.clear()
 
     sent: list[Message] = []
@@ -148,9 +129,8 @@ def _settle(batch: Batch, stored: "Future", published: "Future") -> list["Messag
 
 def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
     """Whether a batch of ``actor`` takes the bulk path (see the module's docs)."""
-    if actor.broker is not suite.broker or suite.publisher is None or not suite.publisher.batches():
-        return False
-    return not config.unique or config.unique_on_conflict != "raise"
+    return (actor.broker is suite.broker and suite.publisher is not None and suite.publisher.batches()
+            and (not config.unique or config.unique_on_conflict != "raise"))
 
 
 def _single(actor: "Actor", item: Item, delay: Optional[int]) -> "Message":
@@ -169,12 +149,11 @@ class _Row:
 
 
 class Batch:
-    """One batch of a tracked actor's items: built, stored, published (maybe in another thread while
-    the next batch is stored), settled."""
+    """One batch of a tracked actor's items: built (in the sender's thread: context variables), stored,
+    published (maybe in another thread while the next batch is stored), settled."""
 
     def __init__(self, suite: "Suite", config: "ActorConfig", actor: "Actor", delay: Optional[int],
                  items: list[Item]) -> None:
-        """Build the batch's messages and rows, checked (in the sender's thread: context variables)."""
         self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
         self.broker = actor.broker
         self.lock = config.unique_lock
@@ -191,8 +170,7 @@ class Batch:
         self.published = False
 
     def store(self) -> None:
-        """Write the rows, resolve duplicates; those to publish in ``self.inserted`` (none if they wait for
-        the outbox or the re-drive).  May run in another thread, unless in transaction()."""
+        """Write the rows, resolve duplicates; those to publish in ``self.inserted``."""
         first: dict[str, _Row] = {}
         writes: list[_Row] = []
         for row in self.rows:
@@ -204,14 +182,21 @@ class Batch:
         ids = self._insert(writes)
         self._resolve(self.rows, ids, first)
         self.inserted = [row for row in writes if row.message.message_id in ids]
-        self._finish(self.inserted, ids)
+        for row in self.inserted:  # marked; those held for the outbox or kept pending are settled now
+            row.message.options[MARKER] = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
+            if self.held is not None:
+                row_ref = (self.model, _id(row), 0)
+                row.resolved = self.held.defer(self.broker, row.message, self.delay, row_ref).message
+            elif self.deferred:
+                row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
+        if self.held is not None or self.deferred:
+            self.inserted = []  # nothing to publish now
         self.created = [made_row(self.suite, self.model, _id(row), row.fields,
                                  self.suite.keys.queue_lock(str(row.key)) if row.holds else None)
                         for row in self.inserted]
 
     def settle(self) -> list["Message"]:
-        """After the publish: a failure kept or undone (and raised), then the items left to the single
-        send; one message per item."""
+        """After the publish: a failure kept or undone (and raised), then the items left to the single send."""
         if self.inserted and not self.published:
             error = self.error or RuntimeError("not published")
             if not publish_failed(self.suite, self.broker, self.created, error):
@@ -260,8 +245,7 @@ class Batch:
         return ids
 
     def _resolve(self, rows: list[_Row], ids: dict[str, int], first: dict[str, _Row]) -> None:
-        """Settle every row that was not inserted: a duplicate of a job in the table or of an
-        earlier item of the batch."""
+        """Settle every row not inserted: a duplicate of a job in the table or of an earlier item."""
         lost = [row for row in rows if row.message.message_id not in ids and first.get(row.key) is row]  # type: ignore[arg-type]
         if any(not row.holds for row in lost):
             raise DatabaseUnavailable(f"a {self.config.actor_name} job row was refused without a key held")
@@ -283,21 +267,9 @@ class Batch:
             events.duplicate("skip", row.original, holder.message_id, row.key)
             row.resolved = row.original.copy(message_id=holder.message_id)
 
-    def _finish(self, inserted: list[_Row], ids: dict[str, int]) -> None:
-        """Mark the rows inserted; those held for the outbox or kept pending are settled now."""
-        for row in inserted:
-            row.message.options[MARKER] = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
-            if self.held is not None:
-                row_ref = (self.model, _id(row), 0)
-                row.resolved = self.held.defer(self.broker, row.message, self.delay, row_ref).message
-            elif self.deferred:
-                row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
-        if self.held is not None or self.deferred:
-            self.inserted = []  # nothing to publish now
-
     def publish(self) -> bool:
-        """Publish ``self.inserted``, queue locks first; may run in another thread (no database call, no
-        context variable).  An error is kept for :meth:`settle`; returns whether later batches may go on."""
+        """Publish ``self.inserted``, queue locks first (no database call, no context variable: maybe in another
+        thread); an error is kept for :meth:`settle`.  Returns whether later batches may go on."""
         publisher = self.suite.publisher
         assert publisher is not None
         try:

@@ -1,6 +1,5 @@
-"""The enqueue side: recording a send, and uniqueness at enqueue (JobTracking's ``before_enqueue``).
-The database decides duplicates; the order of operations is in docs/discussions/how-it-is-built.md,
-"Sending"."""
+"""The enqueue side: recording a send, and uniqueness at enqueue (JobTracking's ``before_enqueue``), which
+the database decides (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
@@ -12,16 +11,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from dramatiq.common import q_name
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.broker.refs import broker_ref, is_resending, redis_ref
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, broker_ref, is_resending
 from dramatiq_unique.context import MARKER, active, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_to_row, job_options, options_to_row
-from dramatiq_unique.errors import (
-    DatabaseUnavailable,
-    DramatiqUniqueError,
-    DuplicateJob,
-    NotConfigured,
-)
+from dramatiq_unique.errors import DatabaseUnavailable, DramatiqUniqueError, DuplicateJob, NotConfigured
 from dramatiq_unique.locks import queue
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
@@ -41,8 +35,8 @@ logger = logging.getLogger(__name__)
 #: How many times a unique send tries its insert while the holders it meets go away.
 MAX_INSERT_ROUNDS = 20
 
-#: What the send under way wrote (set by send.py's wrapper), each as (undo: the publish failed, and it would
-#: be a phantom job; keep: the broker is down, kept pending for the re-drive instead).
+#: What the send under way wrote (set by send.py's wrapper), each as (undo: the publish failed; keep: the
+#: broker is down, kept pending for the re-drive).
 Created = tuple[Callable[[], None], Callable[[], None]]
 created_rows: contextvars.ContextVar[Optional[list[Created]]] = contextvars.ContextVar("dramatiq_unique_created",
                                                                                       default=None)
@@ -51,9 +45,8 @@ created_rows: contextvars.ContextVar[Optional[list[Created]]] = contextvars.Cont
 class Redirect(DramatiqUniqueError):
     """Internal: the send resolves to an existing job"""
 
-    # Raised by before_enqueue, caught by the broker's wrapped enqueue (send.py), which returns
-    # the existing job's message (or, with ``resend``, sends the replaced job again: its row's
-    # ``marker``, ``model``, and the ``stamp`` of a replace held for the outbox).
+    # Caught by the wrapped enqueue (send.py), which returns the existing job's message, or with ``resend``
+    # sends the replaced job again (its row's ``marker``, ``model``, a replace held for the outbox's ``stamp``).
 
     def __init__(self, message_id: str, *, resend: Optional[dict] = None) -> None:
         super().__init__(message_id)
@@ -113,8 +106,7 @@ def new_row(config: "ActorConfig", message: "Message", delay: Optional[int], *, 
 
 
 def made_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: Optional[str]) -> Created:
-    """How to undo a row inserted with ``fields`` (and the queue lock ``lock_name`` taken under its message
-    id, if any), and how to keep it for the re-drive instead."""
+    """How to undo a row inserted with ``fields`` (and its queue lock ``lock_name``), and how to keep it instead."""
 
     def undo() -> None:
         jobs.delete(model, row_id)
@@ -195,9 +187,8 @@ def on_enqueue(suite: "Suite", config: "ActorConfig", message: "Message", delay:
 
 def store(suite: "Suite", config: "ActorConfig", opts: dict, held: Any, write: Callable[[Any], Any],
           marker: dict) -> tuple["type[JobModel]", Any]:
-    """``write(model)`` of a send's rows on the primary store; while it is down, in another store where
-    the send may fail over (outside transaction()), ``marker`` then getting that store's index.  Returns
-    the model written and what ``write`` returned."""
+    """``write(model)`` on the primary store, or, while it is down and the send may fail over, another (whose
+    index ``marker`` gets); returns the model written and what ``write`` returned."""
     if suite.stores.several and held is None and may_fail_over(config, opts):
         return suite.stores.insert(config.model, write, marker)
     # With one store, on_primary only calls write.
@@ -206,10 +197,8 @@ def store(suite: "Suite", config: "ActorConfig", opts: dict, held: Any, write: C
 
 
 def may_fail_over(config: "ActorConfig", opts: dict) -> bool:
-    """Whether a send's row may go to another store while the primary is down (storage/stores.py):
-    not a unique or idempotent send (a key is unique by the primary's index alone), nor one that
-    takes an execution lock (``unique_args``) or a slot (ActorConfig.has_slots, which this
-    module cannot import): their waiters are parked and woken in order from one table."""
+    """Whether a send's row may go to another store while the primary is down: not a unique or idempotent one
+    (a key is unique by the primary's index alone), nor one taking a lock or slot (waiters wake from one table)."""
     resolved = config.for_message(opts)
     return not (resolved.unique or resolved.has_slots) and opts.get("idempotency_key") is None
 
@@ -225,7 +214,7 @@ def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Opt
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
     ctx = active()
     model = job_model(suite, config.model, message.options)  # the store that holds its row
-    ref = redis_ref(message)
+    ref = message.options.get(REDIS_MESSAGE_ID)  # the Redis broker's id for this delivery
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
         # A promotion from a delay queue (the broker gives it a new id, which the
         # lost-message check looks up) or a re-send by the suite (which records it).
@@ -268,8 +257,7 @@ def queue_lock_ttl(config: "ActorConfig", opts: dict, lock: str, delay: Optional
 def _insert_unique(
     suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int], key: str, fields: dict,
 ) -> tuple[int, int]:
-    """Insert a row holding ``key``, then take its queue lock (not for a send kept pending); returns
-    (row id, revision), or raises to redirect."""
+    """Insert a row holding ``key``, then take its queue lock (not if kept pending); (row id, revision)."""
     opts = message.options
     resolved = config.for_message(opts)
     conflict, lock = resolved.unique_on_conflict, resolved.unique_lock
@@ -294,9 +282,8 @@ def _insert_unique(
 
 
 def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
-    """The queue lock of a send that holds its key: whoever held the lock held it for a job
-    that no longer waits, so it is overwritten (on one master; with several, taken if free).
-    On the broker's own server it goes with the publish, in one round trip (broker/publish.py)."""
+    """The queue lock of a send that holds its key, overwritten on one master (its holder no longer waits),
+    taken if free on several; on the broker's own server it goes with the publish (broker/publish.py)."""
     token = message.message_id
     if suite.publisher is not None and suite.publisher.later((lock_name, token, ttl)):
         return

@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 
 
 class _Recent:
-    """The unique keys this process sent last, up to ``size``: duplicates come in bursts (a
-    user pressing refresh), and a key new to the process is more likely free."""
+    """The unique keys this process sent last, up to ``size``: a key new to the process is more likely free."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -60,9 +59,8 @@ _recent = _Recent(RECENT_KEYS)
 
 
 def skip_early(suite: "Suite", message: "Message") -> Optional[str]:
-    """A duplicate ``skip`` send answered on one small query, before the broker copies,
-    encodes or announces the message: the message id of the job holding the key, or None to
-    go on.  The insert decides in the end; this only spares a duplicate the way to it."""
+    """A duplicate ``skip`` send answered on one small query, before the broker builds the message: the id
+    of the job holding the key, or None to go on (the insert decides in the end)."""
     config = suite.actor_config(message.actor_name)
     if config is None or MARKER in message.options or outbox.active() is not None:
         return None

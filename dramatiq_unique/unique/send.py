@@ -1,7 +1,5 @@
 """A send through the suite: Dramatiq's ``broker.enqueue``, wrapped once per broker, around the
-``before_enqueue`` hooks that record it: early duplicates, redirects, the outbox's held sends, and
-the rows of a failed publish undone or kept for the re-drive (docs/discussions/how-it-is-built.md,
-"Sending")."""
+``before_enqueue`` hooks that record it (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
@@ -87,9 +85,8 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
 def _record_pending(
     suite: "Suite", broker: "Broker", message: "Message", delay: Optional[int], error: BaseException,
 ) -> Optional["Message"]:
-    """A tracked send the broker failed before it was recorded (Dramatiq's RabbitMQ broker declares a queue
-    new to this process first): recorded now, pending, without trying the broker again, if the broker is
-    down (on_broker_down="defer"); returns the message, or None to raise (untracked, a re-send)."""
+    """A tracked send the broker failed before it was recorded (RabbitMQ declaring a new queue): recorded pending
+    if the broker is down (on_broker_down="defer"); returns the message, or None to raise."""
     if not deferral.defers(suite, error) or MARKER in message.options or is_resending() \
             or suite.actor_config(message.actor_name) is None:
         return None
@@ -121,8 +118,7 @@ def _resend_replaced(
 
 
 def check_options(suite: "Suite", message: "Message", delay: Optional[int] = None) -> None:
-    """A send's own suite options and delay, checked as the actor's were at declaration, before
-    anything is written or published (a retry or re-send carries the ones checked at its send)."""
+    """A send's own suite options and delay, checked as the actor's were at declaration (not a retry's)."""
     opts = message.options
     if MARKER in opts:
         return
