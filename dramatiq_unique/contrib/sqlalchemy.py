@@ -17,7 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction, SessionTransactionOrigin
 
 from dramatiq_unique.errors import InvalidOption
-from dramatiq_unique.storage.database import ReconnectingPostgresqlDatabase, _postgres
+from dramatiq_unique.storage.database import ReconnectingPostgresqlDatabase, postgres
 from dramatiq_unique.storage.savepoints import Flush, _Journal
 from dramatiq_unique.suite import Settings
 
@@ -40,9 +40,9 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         if engine.dialect.name != "postgresql" or not hasattr(engine, "raw_connection"):
             raise InvalidOption(f"database=engine needs a sync PostgreSQL engine, not {engine!r}")
         url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        made = _postgres(url, Settings.database_connect_timeout, Settings.database_timeout)
-        db = cls(made.database, prefer_psycopg3=engine.dialect.driver == "psycopg", **made.connect_params)
-        db.suite_option, db.engine = getattr(made, "suite_option", None), engine
+        db = postgres(url, Settings.database_connect_timeout, Settings.database_timeout, cls,
+                      prefer_psycopg3=engine.dialect.driver == "psycopg")
+        db.engine = engine
         if engine not in _engines:
             for name, listener in _LISTENERS.items():
                 event.listen(engine, name, listener)
@@ -65,8 +65,7 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         return super().connection() if session is None else session.connection().connection.driver_connection
 
     def cursor(self, named_cursor: Any = None) -> Any:
-        session = self._session()
-        return super().cursor() if session is None else self.connection().cursor()
+        return super().cursor() if self._session() is None else self.connection().cursor()
 
     def in_transaction(self) -> bool:
         return self._session() is not None or super().in_transaction()

@@ -196,10 +196,6 @@ def configure_pooler(db: pw.Database, setting: Optional[bool]) -> bool:
     return True
 
 
-#: Set on a given Database that :func:`reconnecting` adapted.
-_ADAPTED = "_dramatiq_unique_reconnects"
-
-
 class ReconnectingPostgresqlDatabase(ReconnectMixin, BoundedPostgresqlDatabase):
     """A PostgreSQL database whose threads replace a dead connection on their next statement."""
 
@@ -214,7 +210,7 @@ def is_postgres(db: pw.Database) -> bool:
 def reconnecting(db: pw.Database) -> pw.Database:
     """Make a given PostgreSQL database reconnect, in place (ReconnectMixin's logic around its own
     ``execute_sql`` and ``begin``: its class cannot become a subclass); any other is returned as is."""
-    if not isinstance(db, pw.PostgresqlDatabase) or isinstance(db, ReconnectMixin) or hasattr(db, _ADAPTED):
+    if not isinstance(db, pw.PostgresqlDatabase) or hasattr(db, "_reconnect_errors"):  # ReconnectMixin's
         return db
     errors: dict[type, list[str]] = {}
     for exc_class, fragment in RECONNECT_ERRORS:
@@ -230,7 +226,6 @@ def reconnecting(db: pw.Database) -> pw.Database:
 
     db.execute_sql = reconnecting_execute_sql  # type: ignore[method-assign]
     db.begin = reconnecting_begin  # type: ignore[method-assign]
-    setattr(db, _ADAPTED, True)
     return db
 
 
@@ -243,64 +238,60 @@ def open_database(
     ``connect_timeout`` and ``timeout`` (ms) bound a URL's connecting and each statement (a given Database
     keeps its own, but gets a missing ``connect_timeout``); ``prepared=False``: psycopg 3 prepares nothing.
     """
-    return savepoints.track(_open(database, connect_timeout, timeout, prepared))
-
-
-def _open(
-    database: Union[str, pw.Database], connect_timeout: Optional[float], timeout: Optional[float], prepared: bool
-) -> pw.Database:
     if isinstance(database, pw.Database):
-        if isinstance(database, pw.PostgresqlDatabase):
-            _check_driver(database, repr(database))
+        db = reconnecting(database)
+        if isinstance(db, pw.PostgresqlDatabase):
+            _check_driver(db, repr(db))
             if connect_timeout:
-                database.connect_params.setdefault("connect_timeout", _seconds(connect_timeout))
-            if not prepared:
-                set_prepare_threshold(database, given=True)
-        return reconnecting(database)
-    if not isinstance(database, str):
+                db.connect_params.setdefault("connect_timeout", _seconds(connect_timeout))
+    else:
+        db = _from_url(database, connect_timeout, timeout)
+    if not prepared:
+        set_prepare_threshold(db, given=True)
+    return savepoints.track(db)
+
+
+def _from_url(url: str, connect_timeout: Optional[float], timeout: Optional[float]) -> pw.Database:
+    if not isinstance(url, str):
         # Its type only: a dict or a tuple of settings would show its password.
-        raise InvalidOption(f"database must be a URL or a peewee Database, not a {type(database).__name__}")
-    scheme = urlparse(database).scheme
-    if not scheme or "://" not in database:
-        if "=" in database:  # libpq's key/value form: "host=db password=... dbname=jobs"
+        raise InvalidOption(f"database must be a URL or a peewee Database, not a {type(url).__name__}")
+    scheme = urlparse(url).scheme
+    if not scheme or "://" not in url:
+        if "=" in url:  # libpq's key/value form: "host=db password=... dbname=jobs"
             raise InvalidOption(
-                f"database {redact(database)!r} is not a URL: write the key/value string as one, "
+                f"database {redact(url)!r} is not a URL: write the key/value string as one, "
                 "postgresql://user@host:5432/name?sslmode=require with the password after the user and a "
                 "colon (percent-encoded), or give a peewee PostgresqlDatabase"
             )
         raise InvalidOption(
-            f"database {database!r} is not a URL: write sqlite:///{database} for a SQLite file "
+            f"database {url!r} is not a URL: write sqlite:///{url} for a SQLite file "
             "(four slashes for an absolute path), or postgresql://user@host:5432/name"
         )
-    if scheme.startswith("sqlite"):
-        return _sqlite(database)
     if scheme in POSTGRES_SCHEMES:
-        db = _postgres(database, connect_timeout, timeout)
-        if not prepared:
-            set_prepare_threshold(db, given=True)
-        return db
+        return postgres(url, connect_timeout, timeout)
+    if scheme.startswith("sqlite"):
+        path = db_url.parse(url)["database"]
+        folder = os.path.dirname(os.path.abspath(path))
+        if path != ":memory:" and not path.startswith("file:") and not os.path.isdir(folder):
+            raise InvalidOption(f"database {address(url)!r}: the folder {folder} does not exist; create it first")
+        # IMMEDIATE transactions take the write lock at BEGIN: two writers queue on the busy timeout.
+        return pw.SqliteDatabase(path, pragmas=DEFAULT_SQLITE_PRAGMAS, lock_type="IMMEDIATE", timeout=30)
     try:
-        db = db_url.connect(database)
+        db = db_url.connect(url)
     except (RuntimeError, ValueError) as e:
-        raise InvalidOption(f"database {address(database)}: {e}") from e
+        raise InvalidOption(f"database {address(url)}: {e}") from e
     if not isinstance(db, (pw.SqliteDatabase, pw.PostgresqlDatabase)):  # peewee names MySQL and others too
-        raise InvalidOption(f"database {address(database)}: the job tables run on SQLite (sqlite:///path) or "
+        raise InvalidOption(f"database {address(url)}: the job tables run on SQLite (sqlite:///path) or "
                             f"PostgreSQL (postgresql://user@host:5432/name), not on {type(db).__name__}")
     return db
 
 
-def _sqlite(url: str) -> pw.Database:
-    parsed = db_url.parse(url)
-    path = parsed["database"]
-    if path != ":memory:" and not path.startswith("file:"):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise InvalidOption(f"database {address(url)!r}: the folder {folder} does not exist; create it first")
-    # IMMEDIATE transactions take the write lock at BEGIN: two writers queue on the busy timeout.
-    return pw.SqliteDatabase(path, pragmas=DEFAULT_SQLITE_PRAGMAS, lock_type="IMMEDIATE", timeout=30)
-
-
-def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[float]) -> pw.Database:
+def postgres(
+    url: str, connect_timeout: Optional[float], timeout: Optional[float],
+    cls: type[ReconnectingPostgresqlDatabase] = ReconnectingPostgresqlDatabase, **extra: Any,
+) -> ReconnectingPostgresqlDatabase:
+    """A PostgreSQL Database of class ``cls`` (``extra``: more of its keywords) from a URL, bounded as
+    :func:`open_database` says."""
     params: dict[str, Any] = db_url.parse(url)
     name = params.pop("database", None)
     if not name:
@@ -319,7 +310,7 @@ def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[floa
         params.setdefault("keepalives_idle", max(1, math.ceil(timeout / 3000)))
         params.setdefault("keepalives_interval", max(1, math.ceil(timeout / 6000)))
         params.setdefault("keepalives_count", 3)
-    db = ReconnectingPostgresqlDatabase(name, **params)
+    db = cls(name, **extra, **params)
     db.suite_option = own_option
     _check_driver(db, address(url))
     return db

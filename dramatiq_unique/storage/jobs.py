@@ -46,10 +46,9 @@ def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence
 def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
     # peewee fills field defaults in Python, not in the schema: so must we.
     out = dict(values)
-    for name, default in model._meta.defaults.items():
-        name = name.name if hasattr(name, "name") else name
-        if name not in out and name != "id":
-            out[name] = default() if callable(default) else default
+    for field, default in model._meta.defaults.items():
+        if field.name not in out:
+            out[field.name] = default() if callable(default) else default
     return out
 
 
@@ -65,9 +64,6 @@ def _present(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, 
     return _written(model, {name: v for name, v in _with_defaults(model, values).items() if v is not None})
 
 
-# -- a send's row ---------------------------------------------------------------------
-
-
 class IdempotencyHeld(Exception):
     """Internal: another job already holds the row's idempotency key."""
 
@@ -77,9 +73,8 @@ class IdempotencyHeld(Exception):
 
 
 def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int, bool]:
-    """INSERT a row (field defaults filled in): ``(id, revision, True)``, or ``(id, revision, False)`` of
-    the row an earlier send of the same message inserted.  Raises IdempotencyHeld if another job holds
-    its idempotency key, IntegrityError on another clash."""
+    """INSERT a row: ``(id, revision, True)``, or ``(id, revision, False)`` of the row an earlier send of the
+    same message inserted.  IdempotencyHeld if another job holds its idempotency key."""
     try:
         return _insert(model, fields), 0, True
     except pw.IntegrityError:
@@ -98,10 +93,9 @@ def _insert(model: type[JobModel], values: dict[str, Any]) -> int:
 def insert_or_holder(
     model: type[JobModel], values: dict[str, Any], read_holder: bool = True,
 ) -> tuple[Optional[int], Optional[JobModel]]:
-    """INSERT a row holding ``values["unique_hold"]``: ``(its id, None)``, ``(None, the HOLDER_COLUMNS of the
-    row of its app that holds the key)``, or ``(None, None)`` when the holder committed after the statement
-    began.  One round trip on PostgreSQL with ``read_holder``; else a plain INSERT, which raises
-    IntegrityError on the clash (as on any other unique column's)."""
+    """INSERT a row holding ``values["unique_hold"]``: ``(its id, None)``, ``(None, the holder's HOLDER_COLUMNS)``,
+    or ``(None, None)`` when the holder committed after the statement began.  One round trip on PostgreSQL
+    with ``read_holder``; else a plain INSERT, which raises IntegrityError on the clash."""
     if not (read_holder and is_postgres(model._meta.database)):
         return _insert(model, values), None
     written, params = _present(model, values)
@@ -128,7 +122,7 @@ def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, 
     out: dict[str, int] = {}
     for start in range(0, len(filled), per):
         chunk = filled[start:start + per]
-        sql = queries.rows_statement(model, "insert_many", written, len(chunk))
+        sql = queries.render(model, "insert_many", written=written, rows=len(chunk))
         params = [f.db_value(row.get(f.name)) for row in chunk for f in fields]
         out.update((message_id, row_id) for row_id, message_id in db.execute_sql(sql, params).fetchall())
     return out
@@ -163,8 +157,7 @@ def check_idempotency(model: type[JobModel], fields: dict[str, Any]) -> None:
 # (docs/discussions/benchmarks.md).  So each actor keeps a moving share of its unique inserts that met
 # a holder, this process's own and approximate (updated without a lock); the index decides either way.
 
-#: Share of recent clashes above which an actor reads the holder in the insert: the break-even of the
-#: one statement's extra cost per new row against the round trip a refused duplicate saves.
+#: Share of recent clashes above which an actor reads the holder in the insert: the break-even point.
 CLASH_THRESHOLD = 0.15
 #: Weight of the newest insert in the share: about the last 20 count.
 CLASH_WEIGHT = 0.05
@@ -186,12 +179,10 @@ def record_clash(actor_name: str, held: bool) -> None:
 def insert_holding(
     model: type[JobModel], fields: dict[str, Any], hold: str, window_ms: Optional[float], *, full: bool = True
 ) -> tuple[Optional[int], Optional[JobModel]]:
-    """Try once to insert a row holding ``hold``: ``(row id, None)``, ``(None, holder)``, or ``(None, None)``
-    when the key came free meanwhile (try again).
-
-    The unique index on ``unique_hold`` decides between racing senders.  A holder older than ``window_ms``
-    no longer counts: its hold is cleared.  ``full=False``: the holder may carry only HOLDER_COLUMNS.
-    """
+    """Try once to insert a row holding ``hold`` (the unique index decides between racing senders):
+    ``(row id, None)``, ``(None, holder)``, or ``(None, None)`` when the key came free meanwhile (try again).
+    A holder older than ``window_ms`` no longer counts: its hold is cleared.  ``full=False``: the holder
+    may carry only HOLDER_COLUMNS."""
     db = model._meta.database
     row = {**fields, "unique_hold": hold}
     actor_name, app = fields["actor_name"], fields.get("app", "")
@@ -258,13 +249,12 @@ def unclaim_sends(
     still queued without a broker id, or with the broker id ``ref`` (one of a list) the send wrote, which
     goes too; ``options`` replaces theirs.  A parked row's claim is undone by :func:`unclaim`."""
     fields: dict[str, Any] = {"status": status, "enqueued_at": None}
-    if ref is not None:
-        fields["broker_ref"] = None
     if options is not None:
         fields["options"] = options
     if ref is None:
         published = model.broker_ref.is_null()
     else:
+        fields["broker_ref"] = None
         published = model.broker_ref.in_(ref) if isinstance(ref, list) else model.broker_ref == ref
     model.update(**fields).where(model.id.in_(ids) & (model.status == QUEUED) & published).execute()
 
@@ -279,8 +269,6 @@ def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
         params = {"refs": dumps([[row_id, ref] for row_id, ref in refs.items()])}
     queries.run(model, "record_refs", params)
 
-
-# -- an attempt -----------------------------------------------------------------------
 
 #: ms a running row's lease is still honoured after it ran out by this process's clock, before a new
 #: delivery may replace its attempt: leases are written by one process's clock and judged by another's.
@@ -324,12 +312,9 @@ def start(
     woken_by: Optional[str] = None,
 ) -> Optional[JobModel]:
     """Mark an attempt running and return the row; None if the job finished or was replaced meanwhile,
-    or another attempt of it runs under a live lease (less :data:`LEASE_SKEW_MS`).
-
-    ``woken_by``: a LIKE pattern of the ``worker`` a waker's claim writes on a row it started ahead of
-    its delivery, which this delivery may start again.  ``fence_key``: the attempt draws the key's next
-    fencing token, in the same statement on PostgreSQL.
-    """
+    or another attempt of it runs under a live lease (less :data:`LEASE_SKEW_MS`).  ``woken_by``: a LIKE
+    pattern of the ``worker`` of a row a waker's claim started, which this delivery may start again.
+    ``fence_key``: the attempt draws the key's next fencing token (in the same statement on PostgreSQL)."""
     now = utcnow()
     lease_until = after_ms(lease_ms, now)
     fields = model._meta.fields
@@ -385,13 +370,9 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
 
 
 def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
-    """Record the outcome of an attempt whose token another job of its key took, if no newer attempt of
-    this job started since; False otherwise.
-
-    Without it such a row would stay ``running`` until the re-drive reported a finished job as lost.
-    The attempt is recognised by what only its own start wrote (``worker``, ``attempts``), and the row
-    must still be ``running``, not parked: a parked or re-sent row is no longer this attempt's.
-    """
+    """Record the outcome of an attempt whose token another job of its key took (else the row would stay
+    ``running`` until the re-drive reported it lost), if no newer attempt of this job started since: the
+    row still ``running``, not parked, with what only this attempt's start wrote (``worker``, ``attempts``)."""
     if release_hold:
         fields["unique_hold"] = None
     other = model.alias()
@@ -453,20 +434,15 @@ def history_append(model: type[pw.Model], item: dict[str, Any], keep: int = MAX_
 # on compare-and-sets (start_reserved), not on any clock ---------------------------------------------
 
 
-def no_flush_wait(db: Any) -> bool:
-    """Whether a parking move on ``db`` may commit without waiting for the WAL flush (the
-    ``*_no_flush_wait`` statements): safe because a later synchronous commit flushes it, and a lost
-    move leaves the row where the re-drive looks.  Never inside the caller's own transaction."""
-    return is_postgres(db) and not db.in_transaction()
-
-
 def _move(db: Any, name: str) -> str:
-    return f"{name}_no_flush_wait" if no_flush_wait(db) else name
+    """Parking move ``name``, committed without waiting for the WAL flush on PostgreSQL outside the caller's
+    transaction: a later synchronous commit flushes it, and a lost move leaves the row where the re-drive looks."""
+    return f"{name}_no_flush_wait" if is_postgres(db) and not db.in_transaction() else name
 
 
 def db_now(db: Any) -> str:
     """The database's clock as an SQL expression in the job table's time format (naive UTC)."""
-    return queries.expression(db, "now")
+    return queries.text_of("now", queries.dialect_of(db))
 
 
 def _order(model: type[JobModel], order_by: str) -> str:
@@ -578,9 +554,6 @@ def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
     model.update(status=JobStatus.PENDING.value, parked_on=group).where(
         (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
     ).execute()
-
-
-# -- finding and removing rows ----------------------------------------------------------
 
 
 def delete(model: type[JobModel], job_id: int) -> None:

@@ -111,7 +111,7 @@ def statement(
     key = (name, model, meta.table_name, meta.schema, type(db), order_by, tuple(written))
     found = _rendered.get(key)
     if found is None:
-        found = _rendered.setdefault(key, Query.of(name, _render(model, name, order_by, written), is_postgres(db)))
+        found = _rendered.setdefault(key, Query.of(name, render(model, name, order_by, written), is_postgres(db)))
     return found
 
 
@@ -125,9 +125,10 @@ def on(db: pw.Database, name: str) -> Query:
     return found
 
 
-def _render(model: Model, name: str, order_by: Optional[str] = None, written: Sequence[str] = (),
-            rows: int = 0) -> str:
-    """Statement ``name``'s text for ``model``, its identifiers substituted, its marks as written."""
+def render(model: Model, name: str, order_by: Optional[str] = None, written: Sequence[str] = (),
+           rows: int = 0) -> str:
+    """Statement ``name``'s text for ``model``, its identifiers substituted, its marks as written (not kept);
+    ``rows``: that many rows of the ``written`` columns in the driver's positional marks."""
     meta = model._meta
     db = meta.database
     text = text_of(name, dialect_of(db))
@@ -150,23 +151,12 @@ def _render(model: Model, name: str, order_by: Optional[str] = None, written: Se
     return _IDENTIFIER.sub(lambda m: identifiers[m.group(1)], text)
 
 
-def rows_statement(model: Model, name: str, written: Sequence[str], rows: int) -> str:
-    """Statement ``name`` with ``{rows}`` rows of the ``written`` columns, in the driver's positional marks
-    (values given as one flat list); not kept."""
-    return _render(model, name, written=written, rows=rows)
-
-
 def fragment(model: Model, name: str, params: Mapping[str, Any]) -> pw.SQL:
     """An expression of the file (``now``, ``history_append``) for a peewee query, in peewee's own marks."""
     db = model._meta.database
     text = text_of(name, dialect_of(db))
     order = _PARAM.findall(text)
     return pw.SQL(_PARAM.sub(lambda _: db.param, text), [params[p] for p in order])
-
-
-def expression(db: pw.Database, name: str) -> str:
-    """An expression of the file that takes no parameters (``now``), as written for ``db``."""
-    return text_of(name, dialect_of(db))
 
 
 def run(model: Model, name: str, params: Mapping[str, Any], **identifiers: Any) -> Any:
