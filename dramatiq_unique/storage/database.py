@@ -56,17 +56,16 @@ POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresext", "postgresqlext", "p
 
 
 def is_psycopg3(db: pw.Database) -> bool:
-    """Whether ``db`` connects with psycopg 3."""
     return isinstance(getattr(db, "_adapter", None), pw.Psycopg3Adapter)
 
 
 class BoundedPostgresqlDatabase(pw.PostgresqlDatabase):
     """A PostgreSQL database whose statements the suite bounds (``statement_timeout``) even through
-    a pooler that refuses the start-up option it is set by."""
+    a pooler that refuses the start-up option it is set by: then by ``SET LOCAL``."""
 
-    #: The ``options`` start-up parameter that the suite added: ``-c statement_timeout=...``.
+    #: The ``options`` start-up parameter that the suite added (``-c statement_timeout=...``), and the ms
+    #: each statement is bounded by with ``SET LOCAL`` once a pooler refused it.
     suite_option: Optional[str] = None
-    #: ms each statement is bounded by with ``SET LOCAL``, once a pooler refused the start-up option.
     local_timeout: Optional[int] = None
 
     def _connect(self) -> Any:
@@ -130,9 +129,8 @@ def _server_pid(conn: Any) -> int:
 
 def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
     """Whether ``db`` reaches PostgreSQL, over psycopg2, through a pooler that lends a server connection
-    per transaction: a backend id at start-up that is not the server process's, then a second client
-    connection whose statement runs on the server process the first's just ran on (``tries`` turns,
-    each waiting ``wait_ms`` at most: a full pool in session mode keeps it waiting)."""
+    per transaction: a second client connection's statement runs on the server process the first's just
+    ran on (``tries`` turns, waiting ``wait_ms`` at most: a full pool in session mode keeps it waiting)."""
     if not isinstance(db, pw.PostgresqlDatabase) or is_psycopg3(db):
         return False
     conn = db.connection()
@@ -203,13 +201,11 @@ class ReconnectingPostgresqlDatabase(ReconnectMixin, BoundedPostgresqlDatabase):
 
 
 def is_postgres(db: pw.Database) -> bool:
-    """Whether ``db`` is a PostgreSQL database (any driver)."""
     return isinstance(db, pw.PostgresqlDatabase)
 
 
 def reconnecting(db: pw.Database) -> pw.Database:
-    """Make a given PostgreSQL database reconnect, in place (ReconnectMixin's logic around its own
-    ``execute_sql`` and ``begin``: its class cannot become a subclass); any other is returned as is."""
+    """Make a given PostgreSQL database reconnect, in place (its class cannot become a subclass)."""
     if not isinstance(db, pw.PostgresqlDatabase) or hasattr(db, "_reconnect_errors"):  # ReconnectMixin's
         return db
     errors: dict[type, list[str]] = {}
@@ -345,9 +341,8 @@ def _seconds(ms: float) -> int:
 
 
 def address(url: str) -> str:
-    """A database URL without its password or query (for messages).  Read after :func:`redact`, so
-    that a password holding an unencoded ``/`` or ``@`` (which ``urlparse`` splits wrongly) and a
-    port that is no number show nothing of it either."""
+    """A database URL without its password or query (for messages), read after :func:`redact`: a password
+    holding an unencoded ``/`` or ``@`` (which ``urlparse`` splits wrongly) shows nothing either."""
     url = redact(url).split("?", 1)[0].split("#", 1)[0]
     parsed = urlparse(url)
     if not parsed.netloc:

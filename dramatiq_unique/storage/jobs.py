@@ -7,6 +7,7 @@ fenced by the attempt's ``fencing_token``.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from datetime import datetime
 from typing import Any, Optional, Sequence, Union
@@ -187,10 +188,8 @@ def insert_holding(
     row = {**fields, "unique_hold": hold}
     actor_name, app = fields["actor_name"], fields.get("app", "")
     try:
-        if db.in_transaction():
-            with db.atomic():  # a savepoint: a clash must not abort the caller's transaction
-                row_id, found = insert_or_holder(model, row, expect_holder(actor_name))
-        else:  # in autocommit a failed INSERT leaves nothing to roll back
+        # In the caller's transaction, a savepoint: a clash must not abort it (in autocommit, nothing to undo).
+        with db.atomic() if db.in_transaction() else contextlib.nullcontext():
             row_id, found = insert_or_holder(model, row, expect_holder(actor_name))
         record_clash(actor_name, held=row_id is None)
         if row_id is not None:
@@ -235,10 +234,8 @@ def replace(
         model.update(args=args, kwargs=kwargs, process_after=process_after, revision=model.revision + 1, **(held or {}))
         .where((model.id == holder.id) & (model.unique_hold == hold) & model.status.in_(WAITING))
         .returning(model)
-        .execute()
     )
-    rows = list(updated)
-    return rows[0] if rows else None
+    return next(iter(updated.execute()), None)
 
 
 def unclaim_sends(
@@ -247,7 +244,7 @@ def unclaim_sends(
 ) -> None:
     """Hand rows claimed for a send whose publish failed back to ``status``, for the re-drive: only rows
     still queued without a broker id, or with the broker id ``ref`` (one of a list) the send wrote, which
-    goes too; ``options`` replaces theirs.  A parked row's claim is undone by :func:`unclaim`."""
+    goes too; ``options`` replaces theirs."""
     fields: dict[str, Any] = {"status": status, "enqueued_at": None}
     if options is not None:
         fields["options"] = options
@@ -283,8 +280,7 @@ PARTIAL = "_dramatiq_unique_partial"
 
 def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) -> int:
     """The fencing key's next token, for job ``job_id`` about to run; rows of the key still running
-    under an older token are fenced out.  One statement on PostgreSQL; on SQLite a draw not followed by
-    its revocation runs no job, and the next draw revokes the same rows."""
+    under an older token are fenced out (in the same statement on PostgreSQL)."""
     values = {"key": key, "own": -1 if job_id is None else int(job_id), "running": JobStatus.RUNNING.value}
     if is_postgres(model._meta.database):
         return int(queries.run(model, "draw_and_revoke", values).fetchone()[0])
@@ -389,10 +385,7 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
     return bool(model.update(appended, **fields).where(cond).execute())
 
 
-# -- the attempts' history: a JSON list in the row's ``history``, oldest first, the last few kept,
-# appended in SQL by the statement that writes the outcome (docs/howto/job-record.md) --------------
-
-#: Entries kept per row: the oldest goes when another is appended past it.
+#: Entries kept in a row's history (appended in SQL by the outcome's statement): the oldest goes first.
 MAX_HISTORY = 20
 #: Longest ``error`` of an entry, in characters (the full traceback stays in ``last_error``).
 MAX_HISTORY_ERROR = 500
@@ -421,17 +414,13 @@ def attempt_of(job: JobModel, fields: dict[str, Any], status: Optional[str] = No
     )
 
 
-def _history_params(item: dict[str, Any], keep: int = MAX_HISTORY) -> dict[str, Any]:
-    return {"entry": dumps(item), "keep": max(1, int(keep))}
+def _history_params(item: dict[str, Any]) -> dict[str, Any]:
+    return {"entry": dumps(item), "keep": MAX_HISTORY}
 
 
-def history_append(model: type[pw.Model], item: dict[str, Any], keep: int = MAX_HISTORY) -> pw.Node:
+def history_append(model: type[pw.Model], item: dict[str, Any]) -> pw.Node:
     """The new value of ``history`` with ``item`` appended, for a peewee UPDATE."""
-    return queries.fragment(model, "history_append", _history_params(item, keep))
-
-
-# -- the parking moves: a reservation's lease is written and read by the database's clock; safety rests
-# on compare-and-sets (start_reserved), not on any clock ---------------------------------------------
+    return queries.fragment(model, "history_append", _history_params(item))
 
 
 def _move(db: Any, name: str) -> str:
@@ -455,8 +444,8 @@ def claim_parked(
     start: Optional[tuple[Any, str, bool]] = None, *, app: str,
 ) -> Optional[JobModel]:
     """Claim the next due job of ``app`` parked on ``group`` (pending to queued, its message to be
-    delivered under ``broker_ref``) and return it; None if none.  One statement, so two wakers never
-    claim one row.  ``start`` (lease end, worker, release the hold): start the attempt in it too."""
+    delivered under ``broker_ref``) in one statement; None if none.  ``start`` (lease end, worker, release
+    the hold): start the attempt in it too."""
     db = model._meta.database
     fields = model._meta.fields
     when = fields["enqueued_at"].db_value(now)
@@ -502,7 +491,8 @@ def reserve(
     model: type[JobModel], group: str, order_by: str, marker: str, lease_ms: float, *, app: str,
 ) -> Optional[JobModel]:
     """Reserve the first due, unreserved row of ``app`` parked on ``group`` for the process ``marker``
-    names, for ``lease_ms`` by the database's clock; None if none.  It gets a fresh ``broker_ref``."""
+    names, for ``lease_ms`` by the database's clock (safety rests on start_reserved's compare-and-set, not
+    on any clock); None if none.  It gets a fresh ``broker_ref``."""
     values = {
         "marker": marker, "lease_ms": float(lease_ms), "broker_ref": str(uuid.uuid4()), "app": app, "group": group,
         "pending": JobStatus.PENDING.value, "due": model._meta.fields["process_after"].db_value(utcnow()),
@@ -515,8 +505,8 @@ def reserve(
 def start_reserved(
     model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float,
 ) -> Optional[JobModel]:
-    """Start a row this process reserved (``row`` as its reservation read it); None if it is no longer
-    ours as reserved.  A compare-and-set that reads no clock; the token is drawn in the same statement."""
+    """Start a row this process reserved (``row`` as its reservation read it), drawing its token; None if it
+    is no longer ours as reserved."""
     fields = model._meta.fields
     now = utcnow()
     lease_until = after_ms(lease_ms, now)

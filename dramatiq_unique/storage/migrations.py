@@ -10,6 +10,7 @@ import peewee as pw
 from playhouse import migrate as pw_migrate
 
 from dramatiq_unique.storage import queries, schema
+from dramatiq_unique.storage.queries import Model
 from dramatiq_unique.storage.schema import COLUMNS, CURRENT_VERSION
 
 #: Indexes that a version dropped, by version: (columns, unique).  Version 1 led them with the app;
@@ -21,8 +22,8 @@ OLD_INDEXES = {
 }
 
 
-#: ms a migration step may wait for its table's lock on PostgreSQL: every statement after an ALTER TABLE
-#: waits behind it, so a bounded wait turns a stall of every worker into a failed migrate, run again later.
+#: ms a migration step may wait for its table's lock on PostgreSQL: a failed migrate, run again later,
+#: rather than every worker's statement stalled behind the ALTER TABLE.
 DEFAULT_LOCK_TIMEOUT = 5_000
 
 
@@ -32,9 +33,6 @@ class Step:
 
     text: str
     run: Callable[[], None]
-
-
-Model = type[pw.Model]
 
 
 def _dropping(model: Model, name: str) -> Callable[[], None]:

@@ -113,9 +113,14 @@ def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
 def recorded(model: type[pw.Model]) -> Optional[int]:
     """The version recorded for ``model``'s table in its store, if any."""
     db = model._meta.database
+    # On PostgreSQL, in the schema the search_path resolves (peewee's table_exists looks in 'public').
+    if isinstance(db, pw.PostgresqlDatabase):
+        exists = db.execute_sql("SELECT to_regclass(%s)", [VERSIONS_TABLE]).fetchone()[0] is not None
+    else:
+        exists = VERSIONS_TABLE in db.get_tables()
+    if not exists:
+        return None
     with db.bind_ctx([VersionModel], bind_refs=False, bind_backrefs=False):
-        if not _versions_exist(db):
-            return None
         row = VersionModel.get_or_none(VersionModel.table == table_key(model))
     return None if row is None else int(row.version)
 
@@ -138,13 +143,6 @@ def record(model: type[pw.Model], version: int) -> None:
             conflict_target=[VersionModel.table], update={VersionModel.version: version,
                                                           VersionModel.migrated_at: utcnow()},
         ).execute()
-
-
-def _versions_exist(db: pw.Database) -> bool:
-    # On PostgreSQL, in the schema the search_path resolves (peewee's table_exists looks in 'public').
-    if isinstance(db, pw.PostgresqlDatabase):
-        return db.execute_sql("SELECT to_regclass(%s)", [VERSIONS_TABLE]).fetchone()[0] is not None
-    return VERSIONS_TABLE in db.get_tables()
 
 
 def out_of_date(model: type[pw.Model], version: int) -> SchemaOutOfDate:
