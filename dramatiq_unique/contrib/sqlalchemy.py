@@ -1,11 +1,8 @@
-"""The job tables beside an SQLAlchemy engine: a send inside ``session.begin()`` commits with the session.
+"""The job tables beside an SQLAlchemy engine (``setup(broker, database=engine)``, a sync PostgreSQL one).
 
-``setup(broker, database=engine)`` (PostgreSQL, a sync engine): the suite opens its own connections from
-the engine's URL, and while a Session bound to that engine is in a transaction it began with
-``session.begin()``, in this thread or task, the suite's statements run on the session's connection, in
-its transaction.  What the outbox holds for the commit follows the session's savepoints (the engine's
-savepoint events) and is published after the session's commit (its ``after_commit``).
-"""
+The suite opens its own connections from the engine's URL; while a Session bound to it is in a transaction
+begun with ``session.begin()`` in this thread or task, the suite's statements run in that transaction, and
+what the outbox holds follows the session's savepoints and is published after its commit."""
 
 from __future__ import annotations
 

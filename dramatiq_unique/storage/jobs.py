@@ -153,10 +153,9 @@ def check_idempotency(model: type[JobModel], fields: dict[str, Any]) -> None:
             raise IdempotencyHeld(holder)
 
 
-# Which INSERT a unique send makes.  A refused duplicate costs two round trips with a plain INSERT
-# (then a read of the holder), one with insert_or_holder, which costs every new row more server CPU
-# (docs/discussions/benchmarks.md).  So each actor keeps a moving share of its unique inserts that met
-# a holder, this process's own and approximate (updated without a lock); the index decides either way.
+# Which INSERT a unique send makes: insert_or_holder saves a refused duplicate a round trip but costs every
+# new row more server CPU (docs/discussions/benchmarks.md), so each actor keeps a moving share of its
+# unique inserts that met a holder (this process's, approximate, updated without a lock).
 
 #: Share of recent clashes above which an actor reads the holder in the insert: the break-even point.
 CLASH_THRESHOLD = 0.15
@@ -296,16 +295,8 @@ def current_token(db: pw.Database, key: str) -> int:
 
 
 def start(
-    model: type[JobModel],
-    job_id: int,
-    *,
-    revision: int,
-    lease_ms: float,
-    worker: str,
-    release_hold: bool,
-    fencing_token: Optional[int] = None,
-    fence_key: Optional[str] = None,
-    woken_by: Optional[str] = None,
+    model: type[JobModel], job_id: int, *, revision: int, lease_ms: float, worker: str, release_hold: bool,
+    fencing_token: Optional[int] = None, fence_key: Optional[str] = None, woken_by: Optional[str] = None,
 ) -> Optional[JobModel]:
     """Mark an attempt running and return the row; None if the job finished or was replaced meanwhile,
     or another attempt of it runs under a live lease (less :data:`LEASE_SKEW_MS`).  ``woken_by``: a LIKE

@@ -7,7 +7,7 @@ import hashlib
 import re
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Mapping, Optional, Sequence
 
@@ -74,7 +74,7 @@ class Query:
     prepare_sql: str = ""
     execute_sql: str = ""
     #: The parameters, by name, in the order of their first mark.
-    params: tuple[str, ...] = field(default=())
+    params: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, name: str, sql: str, postgres: bool) -> "Query":
@@ -90,7 +90,6 @@ class Query:
 
 
 def text_of(name: str, dialect: str) -> str:
-    """The text of statement ``name`` in ``dialect``, as the file has it."""
     found = STATEMENTS.get((name, dialect)) or STATEMENTS.get((name, None))
     if found is None:
         raise KeyError(f"no statement {name!r} for {dialect} in {PATH}")
@@ -100,9 +99,7 @@ def text_of(name: str, dialect: str) -> str:
 _rendered: dict[tuple, Query] = {}
 
 
-def statement(
-    model: Model, name: str, *, order_by: Optional[str] = None, written: Sequence[str] = (),
-) -> Query:
+def statement(model: Model, name: str, *, order_by: Optional[str] = None, written: Sequence[str] = ()) -> Query:
     """Statement ``name`` for ``model``'s table in its database's dialect, rendered once per ``order_by``
     column and set of ``written`` columns."""
     meta = model._meta
@@ -160,7 +157,7 @@ def fragment(model: Model, name: str, params: Mapping[str, Any]) -> pw.SQL:
 
 
 def run(model: Model, name: str, params: Mapping[str, Any], **identifiers: Any) -> Any:
-    """Statement ``name`` on ``model``'s table with ``params``, prepared where it can be; returns the cursor."""
+    """Statement ``name`` on ``model``'s table with ``params``; returns the cursor."""
     return execute(model._meta.database, statement(model, name, **identifiers), params)
 
 

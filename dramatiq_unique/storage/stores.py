@@ -151,7 +151,6 @@ class Stores:
             self._ready.add((model, index))
 
     def created(self, model: type[pw.Model], index: int) -> None:
-        """``model``'s table exists in store ``index`` (set-up created it)."""
         self._ready.add((model, index))
 
     def later(self, index: int, step: Callable[[], None]) -> None:
@@ -177,16 +176,12 @@ class Stores:
         if self._down_until.pop(index, None) is not None:
             logger.info("Job %s answers again.", self.name(index))
 
-    def order(self) -> list[int]:
-        """The stores a send that may fail over tries, in order: those not remembered down first."""
-        indexes = range(len(self.databases))
-        return [i for i in indexes if not self.is_down(i)] + [i for i in indexes if self.is_down(i)]
-
     def insert(self, model: type[M], insert: Callable[[type[M]], T], marker: dict) -> tuple[type[M], T]:
-        """Insert a row with ``insert(model)`` in the first store that answers, its index written in
-        ``marker`` (the row's options) first: ``(model in that store, what insert returned)``."""
+        """Insert a row with ``insert(model)`` in the first store that answers (those not remembered down
+        first), its index written in ``marker`` (the row's options) first: ``(model in that store, what
+        insert returned)``."""
         error: Optional[BaseException] = None
-        for index in self.order():
+        for index in sorted(range(len(self.databases)), key=self.is_down):
             target = self.model_in(model, index)
             if index:
                 marker[STORE] = index

@@ -1,9 +1,6 @@
-"""The job tables on a Django database's connection, in its transactions.
-
-A peewee Database whose connection is Django's (per thread, as Django's are), whose ``atomic()`` is
-Django's, and whose commit hooks are ``transaction.on_commit``: a send inside ``transaction.atomic()``
-writes its row in that transaction, and Django drops what a rolled-back savepoint registered.
-"""
+"""The job tables on a Django database's connection, in its transactions: a peewee Database whose
+connection, ``atomic()`` and commit hooks are Django's, so that a send inside ``transaction.atomic()``
+writes its row in that transaction, and Django drops what a rolled-back savepoint registered."""
 
 from __future__ import annotations
 
@@ -60,10 +57,8 @@ class DjangoDatabase(pw.PostgresqlDatabase):
     def _django(self) -> Any:
         return connections[self.alias]
 
-    # -- the connection: Django's, made on first use (never at set-up) --------------------------
-
     def connect(self, reuse_if_open: bool = False) -> bool:
-        return True
+        return True  # Django connects on first use (never at set-up)
 
     def is_closed(self) -> bool:
         return self._django.connection is None
@@ -85,8 +80,6 @@ class DjangoDatabase(pw.PostgresqlDatabase):
 
     def cursor(self, named_cursor: Any = None) -> Any:
         return self.connection().cursor()
-
-    # -- transactions: Django's -----------------------------------------------------------------
 
     def in_transaction(self) -> bool:
         return bool(self._django.in_atomic_block)
