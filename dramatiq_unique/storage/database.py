@@ -7,6 +7,7 @@ follows (docs/discussions/how-it-is-built.md, "Storage").
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -212,16 +213,8 @@ def reconnecting(db: pw.Database) -> pw.Database:
     for exc_class, fragment in RECONNECT_ERRORS:
         errors.setdefault(exc_class, []).append(fragment.lower())
     db._reconnect_errors = errors  # type: ignore[attr-defined]  # what ReconnectMixin.__init__ builds
-    execute_sql, begin = db.execute_sql, db.begin
-
-    def reconnecting_execute_sql(sql: str, params: Any = None) -> Any:
-        return ReconnectMixin._reconnect(db, execute_sql, sql, params)
-
-    def reconnecting_begin(*args: Any, **kwargs: Any) -> Any:
-        return ReconnectMixin._reconnect(db, begin, *args, **kwargs)
-
-    db.execute_sql = reconnecting_execute_sql  # type: ignore[method-assign]
-    db.begin = reconnecting_begin  # type: ignore[method-assign]
+    db.execute_sql = functools.partial(ReconnectMixin._reconnect, db, db.execute_sql)  # type: ignore[method-assign]
+    db.begin = functools.partial(ReconnectMixin._reconnect, db, db.begin)  # type: ignore[method-assign]
     return db
 
 

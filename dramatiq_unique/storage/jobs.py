@@ -27,10 +27,7 @@ HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
 
 
 def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
-    query = model.select()
-    for name, value in where.items():
-        query = query.where(getattr(model, name) == value)
-    return query.first()
+    return model.get_or_none(**where)
 
 
 def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None) -> JobModel:
@@ -44,20 +41,21 @@ def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence
     return job
 
 
-def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
-    # peewee fills field defaults in Python, not in the schema: so must we.
-    out = dict(values)
-    for field, default in model._meta.defaults.items():
-        if field.name not in out:
-            out[field.name] = default() if callable(default) else default
-    return out
-
-
 def _written(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
     """The columns ``values`` (by field name) write, and their parameters by column (``db_value``)."""
     fields = model._meta.fields
     params = {fields[name].column_name: fields[name].db_value(value) for name, value in values.items()}
     return tuple(params), params
+
+
+def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
+    # peewee fills field defaults in Python, not in the schema: so must we (unlike get_default_dict, only
+    # the missing ones: a send calls no default it does not use).
+    out = dict(values)
+    for field, default in model._meta.defaults.items():
+        if field.name not in out:
+            out[field.name] = default() if callable(default) else default
+    return out
 
 
 def _present(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -323,10 +321,8 @@ def start(
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
-    job.__data__.update(
-        id=job_id, revision=revision, status=JobStatus.RUNNING.value, started_at=now,
-        lease_until=lease_until, worker=worker,
-    )
+    job.__data__.update(id=job_id, revision=revision, status=JobStatus.RUNNING.value, started_at=now,
+                        lease_until=lease_until, worker=worker)
     setattr(job, PARTIAL, True)
     return job
 

@@ -123,7 +123,6 @@ class JobModel(pw.Model):
     #: The message's options, so the re-drive can rebuild the message.
     options = JSONField(default=dict)
     unique_key = pw.CharField(max_length=300, null=True, index=True)
-    #: Unique per app: see Meta.indexes.
     unique_hold = pw.CharField(max_length=300, null=True)
     status = StatusField(max_length=16, default=JobStatus.QUEUED.value)
     attempts = pw.IntegerField(default=0)
@@ -140,7 +139,6 @@ class JobModel(pw.Model):
     result = JSONField(null=True)
     idempotency_key = pw.CharField(max_length=255, null=True)
     owner = pw.CharField(max_length=255, null=True)
-    #: Unique per app: see Meta.indexes.
     idempotency_hold = pw.CharField(max_length=300, null=True)
     fencing_token = pw.BigIntegerField(default=0)
     #: Finished steps of the job, in order: {step name: stored result} (checkpoint()).
@@ -164,7 +162,7 @@ class JobModel(pw.Model):
     class Meta:
         table_name = "dramatiq_unique_jobs"
         model_metadata_class = JobMetadata
-        # Each starts with app: a pass and a waker read their own app's rows, and two apps' holds never collide.
+        # Each starts with app: a pass and a waker read their own app's rows; holds are unique per app.
         indexes = (
             (("app", "status", "process_after"), False),
             (("app", "finished_at"), False),

@@ -161,9 +161,7 @@ def run(model: Model, name: str, params: Mapping[str, Any], **identifiers: Any) 
     return execute(model._meta.database, statement(model, name, **identifiers), params)
 
 
-# -- preparing (psycopg2) --------------------------------------------------------------
-
-#: Set on a peewee Database whose statements are prepared.
+#: Set on a peewee Database whose statements are prepared (psycopg2, and Django's cursors).
 _ON = "_dramatiq_unique_prepares"
 
 _unpreparable: set[str] = set()

@@ -20,9 +20,7 @@ logger = logging.getLogger(__name__)
 CURRENT_VERSION = 4
 #: The table that records each job table's version, in every store.
 VERSIONS_TABLE = "dramatiq_unique_schema"
-#: The columns each version added to the job tables: the app (queries.sql: add_app_column), the
-#: per-attempt history, when a job was first parked in its wait and at which attempt.  Version 4 made
-#: indexes partial.
+#: The columns each version added to the job tables (version 4 made indexes partial).
 COLUMNS = {1: ("app",), 2: ("history",), 3: ("parked_at", "parked_attempt")}
 #: What the refusal tells the operator to run.
 COMMAND = "python -m dramatiq_unique migrate APP (or: dramatiq-unique migrate APP)"
@@ -59,16 +57,11 @@ def tolerating_old() -> Iterator[None]:
 @contextlib.contextmanager
 def locked(db: pw.Database) -> Iterator[None]:
     """A transaction in which no other set-up or migration of ``db`` runs."""
-    if isinstance(db, pw.PostgresqlDatabase):
-        with db.atomic():
+    immediate = isinstance(db, pw.SqliteDatabase) and not db.in_transaction()  # SQLite's write lock at BEGIN
+    with db.atomic(lock_type="IMMEDIATE") if immediate else db.atomic():
+        if isinstance(db, pw.PostgresqlDatabase):
             db.execute_sql("SELECT pg_advisory_xact_lock(%s)", [LOCK_ID])
-            yield
-    elif isinstance(db, pw.SqliteDatabase) and not db.in_transaction():
-        with db.atomic(lock_type="IMMEDIATE"):  # SqliteDatabase.atomic takes the lock type
-            yield
-    else:
-        with db.atomic():
-            yield
+        yield
 
 
 def table_key(model: type[pw.Model]) -> str:

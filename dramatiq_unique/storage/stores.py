@@ -91,7 +91,7 @@ class Stores:
     def __init__(self, databases: Sequence[pw.Database], *, down_for: float = DEFAULT_DOWN_FOR) -> None:
         seen = [_identity(db) for db in databases]
         for i, db in enumerate(databases):
-            if seen[i] in seen[:i] or any(db is other for other in databases[:i]):
+            if seen[i] in seen[:i]:
                 raise InvalidOption(f"database lists {describe(db)} twice: each store must be another database")
         self.databases = list(databases)
         self.down_for = down_for
@@ -111,8 +111,6 @@ class Stores:
 
     def name(self, index: int) -> str:
         return f"store {index} ({describe(self.databases[index])})"
-
-    # -- models -------------------------------------------------------------------------
 
     def index_of(self, model: type[pw.Model]) -> int:
         """The store a model (as :meth:`model_in` made it) is bound to; 0 for one bound elsewhere."""
@@ -158,8 +156,6 @@ class Stores:
         with self._lock:
             self._later.setdefault(index, []).append(step)
             self._ready = {ready for ready in self._ready if ready[1] != index}  # so that ensure() runs it
-
-    # -- down or up -----------------------------------------------------------------------
 
     def is_down(self, index: int) -> bool:
         until = self._down_until.get(index)
