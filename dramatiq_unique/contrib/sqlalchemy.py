@@ -84,18 +84,14 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         return True
 
 
-def _bound(session: Session) -> Any:
-    try:
-        bind = session.get_bind()
-    except Exception:  # noqa: BLE001 - several binds and no mapper to choose: not one of ours
-        return None
-    return getattr(bind, "engine", bind)
-
-
 @event.listens_for(Session, "after_transaction_create")
 def _began(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None and transaction.origin is SessionTransactionOrigin.BEGIN:
-        engine = _bound(session)
+        try:
+            bind = session.get_bind()
+        except Exception:  # noqa: BLE001 - several binds and no mapper to choose: not one of ours
+            return
+        engine = getattr(bind, "engine", bind)
         if engine in _engines:
             _sessions.set((*_sessions.get(), (engine, session)))
 

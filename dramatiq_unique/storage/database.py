@@ -1,9 +1,5 @@
-"""Opening the job database: URLs, the driver, timeouts, reconnects, poolers and clear set-up errors.
-
-A PostgreSQL URL is opened with psycopg2 (psycopg 3 if it is missing) as a database whose threads replace
-a dead connection, whose statements are bounded even through PgBouncer, and whose savepoints the outbox
-follows (docs/discussions/how-it-is-built.md, "Storage").
-"""
+"""Opening the job database: URLs, the driver (psycopg2, else psycopg 3), timeouts, reconnects, poolers
+and clear set-up errors (docs/discussions/how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 
@@ -223,10 +219,8 @@ def open_database(
     prepared: bool = True,
 ) -> pw.Database:
     """A peewee Database from a URL (``sqlite:///path``, ``postgresql://...``), or the given one adapted.
-
     ``connect_timeout`` and ``timeout`` (ms) bound a URL's connecting and each statement (a given Database
-    keeps its own, but gets a missing ``connect_timeout``); ``prepared=False``: psycopg 3 prepares nothing.
-    """
+    gets only a missing ``connect_timeout``); ``prepared=False``: psycopg 3 prepares nothing."""
     if isinstance(database, pw.Database):
         db = reconnecting(database)
         if isinstance(db, pw.PostgresqlDatabase):

@@ -1,9 +1,6 @@
-"""The statements on job rows: a send's insert, an attempt's start and outcome, the parking moves.
-
-Each function runs its named statement of ``queries.sql`` (the hot paths skip peewee's query
-builder); writes off the hot paths are peewee queries.  Every write of an attempt's outcome is
-fenced by the attempt's ``fencing_token``.
-"""
+"""The statements on job rows: a send's insert, an attempt's start and outcome (fenced by its
+``fencing_token``), the parking moves.  The hot paths run named statements of ``queries.sql`` (no query
+builder); the rest are peewee queries."""
 
 from __future__ import annotations
 
@@ -531,10 +528,6 @@ def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
     model.update(status=JobStatus.PENDING.value, parked_on=group).where(
         (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
     ).execute()
-
-
-def delete(model: type[JobModel], job_id: int) -> None:
-    model.delete().where(model.id == job_id).execute()
 
 
 def find_job(models: list[type[JobModel]], id_or_message_id: Any, model: Optional[type[JobModel]] = None):

@@ -1,8 +1,4 @@
-"""The job record: :class:`JobModel`, :class:`JobStatus`, and the suite's other tables.
-
-Times are naive UTC.  ``unique_hold`` carries the unique key while a job holds queue-level uniqueness
-(NULL otherwise); its unique index on ``(app, unique_hold)`` makes duplicates impossible within an app.
-"""
+"""The job record: :class:`JobModel`, :class:`JobStatus`, and the suite's other tables (times naive UTC)."""
 
 from __future__ import annotations
 
@@ -123,6 +119,7 @@ class JobModel(pw.Model):
     #: The message's options, so the re-drive can rebuild the message.
     options = JSONField(default=dict)
     unique_key = pw.CharField(max_length=300, null=True, index=True)
+    #: The unique key while the job holds queue-level uniqueness (NULL otherwise): unique per app.
     unique_hold = pw.CharField(max_length=300, null=True)
     status = StatusField(max_length=16, default=JobStatus.QUEUED.value)
     attempts = pw.IntegerField(default=0)

@@ -117,7 +117,7 @@ def made_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: O
     id, if any), and how to keep it for the re-drive instead."""
 
     def undo() -> None:
-        jobs.delete(model, row_id)
+        model.delete_by_id(row_id)
         if lock_name:
             queue.free(suite, (lock_name, fields["message_id"]), fields["message_id"], wait=True)
 
