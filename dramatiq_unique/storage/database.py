@@ -25,23 +25,17 @@ logger = logging.getLogger(__name__)
 #: WAL lets readers run beside the one writer; the busy timeout makes concurrent writers wait.
 DEFAULT_SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 30_000, "synchronous": "normal"}
 
-#: Errors that mean "this connection is dead" (class, fragment of the message): a statement that
-#: raised one outside a transaction is run again on a new connection.  A statement timeout is not one.
+#: Errors that mean "this connection is dead" (class, fragment of psycopg2's or psycopg 3's message): a statement
+#: that raised one outside a transaction is run again on a new connection.  A statement timeout is not one.
 RECONNECT_ERRORS = (
-    (pw.OperationalError, "server closed the connection"),  # psycopg2: restart, crash, killed backend
-    (pw.OperationalError, "terminating connection"),  # ... due to administrator command / idle timeout
-    (pw.OperationalError, "could not receive data from server"),
-    (pw.OperationalError, "could not send data to server"),
-    (pw.OperationalError, "ssl connection has been closed unexpectedly"),
-    (pw.OperationalError, "ssl syscall error"),
-    (pw.OperationalError, "no connection to the server"),
-    (pw.OperationalError, "the connection is closed"),  # psycopg 3
-    (pw.OperationalError, "consuming input failed"),  # psycopg 3
-    (pw.OperationalError, "the connection is lost"),  # psycopg 3
+    *((pw.OperationalError, fragment) for fragment in (
+        "server closed the connection", "terminating connection", "could not receive data from server",
+        "could not send data to server", "ssl connection has been closed unexpectedly", "ssl syscall error",
+        "no connection to the server", "the connection is closed", "consuming input failed", "the connection is lost",
+    )),
     (pw.InterfaceError, "connection already closed"),  # psycopg2: a connection found dead before
-    (pw.InterfaceError, "the connection is closed"),  # psycopg 3
-    # A fail-over: this session still talks to the old primary, now a standby.
-    (pw.InternalError, "read-only transaction"),
+    (pw.InterfaceError, "the connection is closed"),
+    (pw.InternalError, "read-only transaction"),  # a fail-over: this session still talks to the old primary
 )
 
 #: What peewee raises for a database that fails (a connect, a lost connection, a deadlock, a timeout):
