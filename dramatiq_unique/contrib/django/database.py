@@ -18,9 +18,9 @@ from dramatiq_unique.storage.savepoints import Flush
 class _Held:
     """One ``on_commit`` callback: the items held at one savepoint level, handed to their flush once."""
 
-    def __init__(self, flush: Flush) -> None:
+    def __init__(self, flush: Flush, item: Any) -> None:
         self.flush = flush
-        self.items: list[Any] = []
+        self.items: list[Any] = [item]
 
     def __call__(self) -> None:
         self.flush(self.items)  # publish_held never raises: the commit happened
@@ -97,12 +97,9 @@ class DjangoDatabase(pw.PostgresqlDatabase):
         """Keep ``item`` for ``flush`` after the commit (storage/savepoints.py's ``hold``): one callback
         per savepoint level, so a rolled-back savepoint drops its items with what Django drops."""
         django = self._django
-        hooks = django.run_on_commit
-        level = set(django.savepoint_ids)
-        if hooks and isinstance(hooks[-1][1], _Held) and hooks[-1][1].flush is flush and hooks[-1][0] == level:
-            hooks[-1][1].items.append(item)
-            return True
-        held = _Held(flush)
-        held.items.append(item)
-        django.on_commit(held, robust=True)  # an error is logged: the caller committed
+        last = django.run_on_commit[-1] if django.run_on_commit else None
+        if last and isinstance(last[1], _Held) and last[1].flush is flush and last[0] == set(django.savepoint_ids):
+            last[1].items.append(item)
+        else:
+            django.on_commit(_Held(flush, item), robust=True)  # an error is logged: the caller committed
         return True
