@@ -16,8 +16,8 @@ M = TypeVar("M", bound=pw.Model)
 #: Longest ``last_error`` text kept, in characters.
 MAX_ERROR_LENGTH = 8_000
 
-# The stock encoder, named explicitly: importing pottery patches json.dumps.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+#: JSON as the job tables store it, by the stock encoder named explicitly: importing pottery patches json.dumps.
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class JobStatus(str, enum.Enum):
@@ -49,10 +49,6 @@ def utcnow() -> datetime:
 
 def after_ms(ms: Optional[float], start: Optional[datetime] = None) -> datetime:
     return (start or utcnow()) + timedelta(milliseconds=ms or 0)
-
-
-def dumps(value: Any) -> str:
-    return _ENCODER.encode(value)
 
 
 class JSONField(pw.TextField):

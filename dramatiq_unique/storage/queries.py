@@ -52,9 +52,8 @@ def dialect_of(db: pw.Database) -> str:
 
 
 def quote(db: pw.Database, name: str) -> str:
-    """``name`` quoted as an identifier of ``db``: the one quoting rule of the suite's SQL."""
-    left, right = db.quote[0], db.quote[1]  # peewee keeps the pair of quote characters as one string
-    return f"{left}{name}{right}"
+    """``name`` quoted as an identifier of ``db`` (peewee keeps its pair of quote characters as one string)."""
+    return f"{db.quote[0]}{name}{db.quote[1]}"
 
 
 def table(db: pw.Database, name: str, schema: Optional[str] = None) -> str:
