@@ -181,22 +181,21 @@ def insert_holding(
     db = model._meta.database
     row = {**fields, "unique_hold": hold}
     actor_name, app = fields["actor_name"], fields.get("app", "")
+    clash: Optional[pw.IntegrityError] = None
     try:
         # In the caller's transaction, a savepoint: a clash must not abort it (in autocommit, nothing to undo).
         with db.atomic() if db.in_transaction() else contextlib.nullcontext():
             row_id, found = insert_or_holder(model, row, expect_holder(actor_name))
-        record_clash(actor_name, held=row_id is None)
-        if row_id is not None:
-            return row_id, None
-        check_idempotency(model, fields)  # the hold was the arbiter: an idempotency key's clash wins
-        if found is None:  # it committed after the statement began
-            found = read_holder(model, hold, app)
-    except pw.IntegrityError:
-        record_clash(actor_name, held=True)
-        check_idempotency(model, fields)
+    except pw.IntegrityError as e:  # a plain INSERT's clash
+        row_id, found, clash = None, None, e
+    record_clash(actor_name, held=row_id is None)
+    if row_id is not None:
+        return row_id, None
+    check_idempotency(model, fields)  # an idempotency key's clash wins
+    if found is None:  # the clash, or the holder committed after the statement began
         found = read_holder(model, hold, app)
-        if found is None and get(model, message_id=fields["message_id"]) is not None:
-            raise  # not the hold: this message already has a row
+    if found is None and clash is not None and get(model, message_id=fields["message_id"]) is not None:
+        raise clash  # not the hold: this message already has a row
     if found is None:
         return None, None  # it released its hold meanwhile
     if found.message_id == fields["message_id"]:
