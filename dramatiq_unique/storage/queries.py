@@ -57,7 +57,6 @@ def quote(db: pw.Database, name: str) -> str:
 
 
 def table(db: pw.Database, name: str, schema: Optional[str] = None) -> str:
-    """A table's (or index's) name, in its schema if it has one, quoted for ``db``."""
     return f"{quote(db, schema)}.{quote(db, name)}" if schema else quote(db, name)
 
 

@@ -65,7 +65,6 @@ def locked(db: pw.Database) -> Iterator[None]:
 
 
 def table_key(model: type[pw.Model]) -> str:
-    """A job table's name in the version table: ``schema.table``, or the table alone."""
     meta = model._meta
     return f"{meta.schema}.{meta.table_name}" if meta.schema else meta.table_name
 
@@ -85,7 +84,6 @@ def columns(model: type[pw.Model]) -> set[str]:
 
 
 def target_version(model: type[pw.Model]) -> int:
-    """The version this release gives ``model``'s table: its ``dramatiq_unique_version``, or CURRENT_VERSION."""
     return int(getattr(model, "dramatiq_unique_version", CURRENT_VERSION))
 
 

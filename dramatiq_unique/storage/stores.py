@@ -118,7 +118,6 @@ class Stores:
         return next((i for i, db in enumerate(self.databases) if db is database), 0)
 
     def model_in(self, model: type[M], index: int) -> type[M]:
-        """``model`` bound to store ``index``: the model itself for the primary."""
         if index == 0:
             return model
         found = self._models.get((model, index))
