@@ -153,8 +153,7 @@ def create_or_migrate(model: type[pw.Model]) -> None:
     with locked(db):
         version = version_of(model)
         if version is None:
-            model._schema.create_table(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager
-            model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
+            model._schema.create_all(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager: with indexes
             record(model, target)
         elif version < target:
             if not _tolerant.get():
