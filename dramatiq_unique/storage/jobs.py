@@ -333,7 +333,7 @@ def update_fenced(
     params["row_id"], params["attempt_token"] = job_id, fencing_token
     if attempt is None:
         return queries.run(model, "update_fenced", params, written=written).rowcount
-    params.update(_history_params(attempt))
+    params.update(entry=dumps(attempt), keep=MAX_HISTORY)
     return queries.run(model, "update_fenced_with_history", params, written=written).rowcount
 
 
@@ -397,13 +397,9 @@ def attempt_of(job: JobModel, fields: dict[str, Any], status: Optional[str] = No
     )
 
 
-def _history_params(item: dict[str, Any]) -> dict[str, Any]:
-    return {"entry": dumps(item), "keep": MAX_HISTORY}
-
-
 def history_append(model: type[pw.Model], item: dict[str, Any]) -> pw.Node:
     """The new value of ``history`` with ``item`` appended, for a peewee UPDATE."""
-    return queries.fragment(model, "history_append", _history_params(item))
+    return queries.fragment(model, "history_append", {"entry": dumps(item), "keep": MAX_HISTORY})
 
 
 def _move(db: Any, name: str) -> str:
