@@ -1,11 +1,8 @@
-"""The job tables beside an SQLAlchemy engine: a send inside ``session.begin()`` commits with the session.
+"""The job tables beside an SQLAlchemy engine (``setup(broker, database=engine)``, a sync PostgreSQL one).
 
-``setup(broker, database=engine)`` (PostgreSQL, a sync engine): the suite opens its own connections from
-the engine's URL, and while a Session bound to that engine is in a transaction it began with
-``session.begin()``, in this thread or task, the suite's statements run on the session's connection, in
-its transaction.  What the outbox holds for the commit follows the session's savepoints (the engine's
-savepoint events) and is published after the session's commit (its ``after_commit``).
-"""
+The suite opens its own connections from the engine's URL; while a Session bound to it is in a transaction
+begun with ``session.begin()`` in this thread or task, the suite's statements run in that transaction, and
+what the outbox holds follows the session's savepoints and is published after its commit."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction, SessionTransactionOrigin
 
 from dramatiq_unique.errors import InvalidOption
-from dramatiq_unique.storage.database import ReconnectingPostgresqlDatabase, _postgres
+from dramatiq_unique.storage.database import ReconnectingPostgresqlDatabase, postgres
 from dramatiq_unique.storage.savepoints import Flush, _Journal
 from dramatiq_unique.suite import Settings
 
@@ -40,9 +37,9 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         if engine.dialect.name != "postgresql" or not hasattr(engine, "raw_connection"):
             raise InvalidOption(f"database=engine needs a sync PostgreSQL engine, not {engine!r}")
         url = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        made = _postgres(url, Settings.database_connect_timeout, Settings.database_timeout)
-        db = cls(made.database, prefer_psycopg3=engine.dialect.driver == "psycopg", **made.connect_params)
-        db.suite_option, db.engine = getattr(made, "suite_option", None), engine
+        db = postgres(url, Settings.database_connect_timeout, Settings.database_timeout, cls,
+                      prefer_psycopg3=engine.dialect.driver == "psycopg")
+        db.engine = engine
         if engine not in _engines:
             for name, listener in _LISTENERS.items():
                 event.listen(engine, name, listener)
@@ -65,8 +62,7 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         return super().connection() if session is None else session.connection().connection.driver_connection
 
     def cursor(self, named_cursor: Any = None) -> Any:
-        session = self._session()
-        return super().cursor() if session is None else self.connection().cursor()
+        return super().cursor() if self._session() is None else self.connection().cursor()
 
     def in_transaction(self) -> bool:
         return self._session() is not None or super().in_transaction()
@@ -88,18 +84,14 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
         return True
 
 
-def _bound(session: Session) -> Any:
-    try:
-        bind = session.get_bind()
-    except Exception:  # noqa: BLE001 - several binds and no mapper to choose: not one of ours
-        return None
-    return getattr(bind, "engine", bind)
-
-
 @event.listens_for(Session, "after_transaction_create")
 def _began(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None and transaction.origin is SessionTransactionOrigin.BEGIN:
-        engine = _bound(session)
+        try:
+            bind = session.get_bind()
+        except Exception:  # noqa: BLE001 - several binds and no mapper to choose: not one of ours
+            return
+        engine = getattr(bind, "engine", bind)
         if engine in _engines:
             _sessions.set((*_sessions.get(), (engine, session)))
 

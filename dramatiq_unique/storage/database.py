@@ -1,12 +1,9 @@
-"""Opening the job database: URLs, the driver, timeouts, reconnects, poolers and clear set-up errors.
-
-A PostgreSQL URL is opened with psycopg2 (psycopg 3 if it is missing) as a database whose threads replace
-a dead connection, whose statements are bounded even through PgBouncer, and whose savepoints the outbox
-follows (docs/discussions/how-it-is-built.md, "Storage").
-"""
+"""Opening the job database: URLs, the driver (psycopg2, else psycopg 3), timeouts, reconnects, poolers
+and clear set-up errors (docs/discussions/how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -28,23 +25,17 @@ logger = logging.getLogger(__name__)
 #: WAL lets readers run beside the one writer; the busy timeout makes concurrent writers wait.
 DEFAULT_SQLITE_PRAGMAS = {"journal_mode": "wal", "busy_timeout": 30_000, "synchronous": "normal"}
 
-#: Errors that mean "this connection is dead" (class, fragment of the message): a statement that
-#: raised one outside a transaction is run again on a new connection.  A statement timeout is not one.
+#: Errors that mean "this connection is dead" (class, fragment of psycopg2's or psycopg 3's message): a statement
+#: that raised one outside a transaction is run again on a new connection.  A statement timeout is not one.
 RECONNECT_ERRORS = (
-    (pw.OperationalError, "server closed the connection"),  # psycopg2: restart, crash, killed backend
-    (pw.OperationalError, "terminating connection"),  # ... due to administrator command / idle timeout
-    (pw.OperationalError, "could not receive data from server"),
-    (pw.OperationalError, "could not send data to server"),
-    (pw.OperationalError, "ssl connection has been closed unexpectedly"),
-    (pw.OperationalError, "ssl syscall error"),
-    (pw.OperationalError, "no connection to the server"),
-    (pw.OperationalError, "the connection is closed"),  # psycopg 3
-    (pw.OperationalError, "consuming input failed"),  # psycopg 3
-    (pw.OperationalError, "the connection is lost"),  # psycopg 3
+    *((pw.OperationalError, fragment) for fragment in (
+        "server closed the connection", "terminating connection", "could not receive data from server",
+        "could not send data to server", "ssl connection has been closed unexpectedly", "ssl syscall error",
+        "no connection to the server", "the connection is closed", "consuming input failed", "the connection is lost",
+    )),
     (pw.InterfaceError, "connection already closed"),  # psycopg2: a connection found dead before
-    (pw.InterfaceError, "the connection is closed"),  # psycopg 3
-    # A fail-over: this session still talks to the old primary, now a standby.
-    (pw.InternalError, "read-only transaction"),
+    (pw.InterfaceError, "the connection is closed"),
+    (pw.InternalError, "read-only transaction"),  # a fail-over: this session still talks to the old primary
 )
 
 #: What peewee raises for a database that fails (a connect, a lost connection, a deadlock, a timeout):
@@ -56,17 +47,16 @@ POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresext", "postgresqlext", "p
 
 
 def is_psycopg3(db: pw.Database) -> bool:
-    """Whether ``db`` connects with psycopg 3."""
     return isinstance(getattr(db, "_adapter", None), pw.Psycopg3Adapter)
 
 
 class BoundedPostgresqlDatabase(pw.PostgresqlDatabase):
     """A PostgreSQL database whose statements the suite bounds (``statement_timeout``) even through
-    a pooler that refuses the start-up option it is set by."""
+    a pooler that refuses the start-up option it is set by: then by ``SET LOCAL``."""
 
-    #: The ``options`` start-up parameter that the suite added: ``-c statement_timeout=...``.
+    #: The ``options`` start-up parameter that the suite added (``-c statement_timeout=...``), and the ms
+    #: each statement is bounded by with ``SET LOCAL`` once a pooler refused it.
     suite_option: Optional[str] = None
-    #: ms each statement is bounded by with ``SET LOCAL``, once a pooler refused the start-up option.
     local_timeout: Optional[int] = None
 
     def _connect(self) -> Any:
@@ -130,9 +120,8 @@ def _server_pid(conn: Any) -> int:
 
 def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
     """Whether ``db`` reaches PostgreSQL, over psycopg2, through a pooler that lends a server connection
-    per transaction: a backend id at start-up that is not the server process's, then a second client
-    connection whose statement runs on the server process the first's just ran on (``tries`` turns,
-    each waiting ``wait_ms`` at most: a full pool in session mode keeps it waiting)."""
+    per transaction: a second client connection's statement runs on the server process the first's just
+    ran on (``tries`` turns, waiting ``wait_ms`` at most: a full pool in session mode keeps it waiting)."""
     if not isinstance(db, pw.PostgresqlDatabase) or is_psycopg3(db):
         return False
     conn = db.connection()
@@ -196,10 +185,6 @@ def configure_pooler(db: pw.Database, setting: Optional[bool]) -> bool:
     return True
 
 
-#: Set on a given Database that :func:`reconnecting` adapted.
-_ADAPTED = "_dramatiq_unique_reconnects"
-
-
 class ReconnectingPostgresqlDatabase(ReconnectMixin, BoundedPostgresqlDatabase):
     """A PostgreSQL database whose threads replace a dead connection on their next statement."""
 
@@ -207,30 +192,19 @@ class ReconnectingPostgresqlDatabase(ReconnectMixin, BoundedPostgresqlDatabase):
 
 
 def is_postgres(db: pw.Database) -> bool:
-    """Whether ``db`` is a PostgreSQL database (any driver)."""
     return isinstance(db, pw.PostgresqlDatabase)
 
 
 def reconnecting(db: pw.Database) -> pw.Database:
-    """Make a given PostgreSQL database reconnect, in place (ReconnectMixin's logic around its own
-    ``execute_sql`` and ``begin``: its class cannot become a subclass); any other is returned as is."""
-    if not isinstance(db, pw.PostgresqlDatabase) or isinstance(db, ReconnectMixin) or hasattr(db, _ADAPTED):
+    """Make a given PostgreSQL database reconnect, in place (its class cannot become a subclass)."""
+    if not isinstance(db, pw.PostgresqlDatabase) or hasattr(db, "_reconnect_errors"):  # ReconnectMixin's
         return db
     errors: dict[type, list[str]] = {}
     for exc_class, fragment in RECONNECT_ERRORS:
         errors.setdefault(exc_class, []).append(fragment.lower())
     db._reconnect_errors = errors  # type: ignore[attr-defined]  # what ReconnectMixin.__init__ builds
-    execute_sql, begin = db.execute_sql, db.begin
-
-    def reconnecting_execute_sql(sql: str, params: Any = None) -> Any:
-        return ReconnectMixin._reconnect(db, execute_sql, sql, params)
-
-    def reconnecting_begin(*args: Any, **kwargs: Any) -> Any:
-        return ReconnectMixin._reconnect(db, begin, *args, **kwargs)
-
-    db.execute_sql = reconnecting_execute_sql  # type: ignore[method-assign]
-    db.begin = reconnecting_begin  # type: ignore[method-assign]
-    setattr(db, _ADAPTED, True)
+    db.execute_sql = functools.partial(ReconnectMixin._reconnect, db, db.execute_sql)  # type: ignore[method-assign]
+    db.begin = functools.partial(ReconnectMixin._reconnect, db, db.begin)  # type: ignore[method-assign]
     return db
 
 
@@ -239,68 +213,62 @@ def open_database(
     prepared: bool = True,
 ) -> pw.Database:
     """A peewee Database from a URL (``sqlite:///path``, ``postgresql://...``), or the given one adapted.
-
     ``connect_timeout`` and ``timeout`` (ms) bound a URL's connecting and each statement (a given Database
-    keeps its own, but gets a missing ``connect_timeout``); ``prepared=False``: psycopg 3 prepares nothing.
-    """
-    return savepoints.track(_open(database, connect_timeout, timeout, prepared))
-
-
-def _open(
-    database: Union[str, pw.Database], connect_timeout: Optional[float], timeout: Optional[float], prepared: bool
-) -> pw.Database:
+    gets only a missing ``connect_timeout``); ``prepared=False``: psycopg 3 prepares nothing."""
     if isinstance(database, pw.Database):
-        if isinstance(database, pw.PostgresqlDatabase):
-            _check_driver(database, repr(database))
+        db = reconnecting(database)
+        if isinstance(db, pw.PostgresqlDatabase):
+            _check_driver(db, repr(db))
             if connect_timeout:
-                database.connect_params.setdefault("connect_timeout", _seconds(connect_timeout))
-            if not prepared:
-                set_prepare_threshold(database, given=True)
-        return reconnecting(database)
-    if not isinstance(database, str):
+                db.connect_params.setdefault("connect_timeout", _seconds(connect_timeout))
+    else:
+        db = _from_url(database, connect_timeout, timeout)
+    if not prepared:
+        set_prepare_threshold(db, given=True)
+    return savepoints.track(db)
+
+
+def _from_url(url: str, connect_timeout: Optional[float], timeout: Optional[float]) -> pw.Database:
+    if not isinstance(url, str):
         # Its type only: a dict or a tuple of settings would show its password.
-        raise InvalidOption(f"database must be a URL or a peewee Database, not a {type(database).__name__}")
-    scheme = urlparse(database).scheme
-    if not scheme or "://" not in database:
-        if "=" in database:  # libpq's key/value form: "host=db password=... dbname=jobs"
+        raise InvalidOption(f"database must be a URL or a peewee Database, not a {type(url).__name__}")
+    scheme = urlparse(url).scheme
+    if not scheme or "://" not in url:
+        if "=" in url:  # libpq's key/value form: "host=db password=... dbname=jobs"
             raise InvalidOption(
-                f"database {redact(database)!r} is not a URL: write the key/value string as one, "
+                f"database {redact(url)!r} is not a URL: write the key/value string as one, "
                 "postgresql://user@host:5432/name?sslmode=require with the password after the user and a "
                 "colon (percent-encoded), or give a peewee PostgresqlDatabase"
             )
         raise InvalidOption(
-            f"database {database!r} is not a URL: write sqlite:///{database} for a SQLite file "
+            f"database {url!r} is not a URL: write sqlite:///{url} for a SQLite file "
             "(four slashes for an absolute path), or postgresql://user@host:5432/name"
         )
-    if scheme.startswith("sqlite"):
-        return _sqlite(database)
     if scheme in POSTGRES_SCHEMES:
-        db = _postgres(database, connect_timeout, timeout)
-        if not prepared:
-            set_prepare_threshold(db, given=True)
-        return db
+        return postgres(url, connect_timeout, timeout)
+    if scheme.startswith("sqlite"):
+        path = db_url.parse(url)["database"]
+        folder = os.path.dirname(os.path.abspath(path))
+        if path != ":memory:" and not path.startswith("file:") and not os.path.isdir(folder):
+            raise InvalidOption(f"database {address(url)!r}: the folder {folder} does not exist; create it first")
+        # IMMEDIATE transactions take the write lock at BEGIN: two writers queue on the busy timeout.
+        return pw.SqliteDatabase(path, pragmas=DEFAULT_SQLITE_PRAGMAS, lock_type="IMMEDIATE", timeout=30)
     try:
-        db = db_url.connect(database)
+        db = db_url.connect(url)
     except (RuntimeError, ValueError) as e:
-        raise InvalidOption(f"database {address(database)}: {e}") from e
+        raise InvalidOption(f"database {address(url)}: {e}") from e
     if not isinstance(db, (pw.SqliteDatabase, pw.PostgresqlDatabase)):  # peewee names MySQL and others too
-        raise InvalidOption(f"database {address(database)}: the job tables run on SQLite (sqlite:///path) or "
+        raise InvalidOption(f"database {address(url)}: the job tables run on SQLite (sqlite:///path) or "
                             f"PostgreSQL (postgresql://user@host:5432/name), not on {type(db).__name__}")
     return db
 
 
-def _sqlite(url: str) -> pw.Database:
-    parsed = db_url.parse(url)
-    path = parsed["database"]
-    if path != ":memory:" and not path.startswith("file:"):
-        folder = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(folder):
-            raise InvalidOption(f"database {address(url)!r}: the folder {folder} does not exist; create it first")
-    # IMMEDIATE transactions take the write lock at BEGIN: two writers queue on the busy timeout.
-    return pw.SqliteDatabase(path, pragmas=DEFAULT_SQLITE_PRAGMAS, lock_type="IMMEDIATE", timeout=30)
-
-
-def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[float]) -> pw.Database:
+def postgres(
+    url: str, connect_timeout: Optional[float], timeout: Optional[float],
+    cls: type[ReconnectingPostgresqlDatabase] = ReconnectingPostgresqlDatabase, **extra: Any,
+) -> ReconnectingPostgresqlDatabase:
+    """A PostgreSQL Database of class ``cls`` (``extra``: more of its keywords) from a URL, bounded as
+    :func:`open_database` says."""
     params: dict[str, Any] = db_url.parse(url)
     name = params.pop("database", None)
     if not name:
@@ -319,7 +287,7 @@ def _postgres(url: str, connect_timeout: Optional[float], timeout: Optional[floa
         params.setdefault("keepalives_idle", max(1, math.ceil(timeout / 3000)))
         params.setdefault("keepalives_interval", max(1, math.ceil(timeout / 6000)))
         params.setdefault("keepalives_count", 3)
-    db = ReconnectingPostgresqlDatabase(name, **params)
+    db = cls(name, **extra, **params)
     db.suite_option = own_option
     _check_driver(db, address(url))
     return db
@@ -354,9 +322,8 @@ def _seconds(ms: float) -> int:
 
 
 def address(url: str) -> str:
-    """A database URL without its password or query (for messages).  Read after :func:`redact`, so
-    that a password holding an unencoded ``/`` or ``@`` (which ``urlparse`` splits wrongly) and a
-    port that is no number show nothing of it either."""
+    """A database URL without its password or query (for messages), read after :func:`redact`: a password
+    holding an unencoded ``/`` or ``@`` (which ``urlparse`` splits wrongly) shows nothing either."""
     url = redact(url).split("?", 1)[0].split("#", 1)[0]
     parsed = urlparse(url)
     if not parsed.netloc:

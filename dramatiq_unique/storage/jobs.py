@@ -1,12 +1,10 @@
-"""The statements on job rows: a send's insert, an attempt's start and outcome, the parking moves.
-
-Each function runs its named statement of ``queries.sql`` (the hot paths skip peewee's query
-builder); writes off the hot paths are peewee queries.  Every write of an attempt's outcome is
-fenced by the attempt's ``fencing_token``.
-"""
+"""The statements on job rows: a send's insert, an attempt's start and outcome (fenced by its
+``fencing_token``), the parking moves.  The hot paths run named statements of ``queries.sql`` (no query
+builder); the rest are peewee queries."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from datetime import datetime
 from typing import Any, Optional, Sequence, Union
@@ -26,10 +24,7 @@ HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
 
 
 def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
-    query = model.select()
-    for name, value in where.items():
-        query = query.where(getattr(model, name) == value)
-    return query.first()
+    return model.get_or_none(**where)
 
 
 def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None) -> JobModel:
@@ -43,16 +38,6 @@ def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence
     return job
 
 
-def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
-    # peewee fills field defaults in Python, not in the schema: so must we.
-    out = dict(values)
-    for name, default in model._meta.defaults.items():
-        name = name.name if hasattr(name, "name") else name
-        if name not in out and name != "id":
-            out[name] = default() if callable(default) else default
-    return out
-
-
 def _written(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
     """The columns ``values`` (by field name) write, and their parameters by column (``db_value``)."""
     fields = model._meta.fields
@@ -60,12 +45,19 @@ def _written(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, 
     return tuple(params), params
 
 
+def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
+    # peewee fills field defaults in Python, not in the schema: so must we (unlike get_default_dict, only
+    # the missing ones: a send calls no default it does not use).
+    out = dict(values)
+    for field, default in model._meta.defaults.items():
+        if field.name not in out:
+            out[field.name] = default() if callable(default) else default
+    return out
+
+
 def _present(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
     # NULLs are left to the columns (all nullable ones default to NULL): fewer parameters to send.
     return _written(model, {name: v for name, v in _with_defaults(model, values).items() if v is not None})
-
-
-# -- a send's row ---------------------------------------------------------------------
 
 
 class IdempotencyHeld(Exception):
@@ -77,9 +69,8 @@ class IdempotencyHeld(Exception):
 
 
 def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int, bool]:
-    """INSERT a row (field defaults filled in): ``(id, revision, True)``, or ``(id, revision, False)`` of
-    the row an earlier send of the same message inserted.  Raises IdempotencyHeld if another job holds
-    its idempotency key, IntegrityError on another clash."""
+    """INSERT a row: ``(id, revision, True)``, or ``(id, revision, False)`` of the row an earlier send of the
+    same message inserted.  IdempotencyHeld if another job holds its idempotency key."""
     try:
         return _insert(model, fields), 0, True
     except pw.IntegrityError:
@@ -98,10 +89,9 @@ def _insert(model: type[JobModel], values: dict[str, Any]) -> int:
 def insert_or_holder(
     model: type[JobModel], values: dict[str, Any], read_holder: bool = True,
 ) -> tuple[Optional[int], Optional[JobModel]]:
-    """INSERT a row holding ``values["unique_hold"]``: ``(its id, None)``, ``(None, the HOLDER_COLUMNS of the
-    row of its app that holds the key)``, or ``(None, None)`` when the holder committed after the statement
-    began.  One round trip on PostgreSQL with ``read_holder``; else a plain INSERT, which raises
-    IntegrityError on the clash (as on any other unique column's)."""
+    """INSERT a row holding ``values["unique_hold"]``: ``(its id, None)``, ``(None, the holder's HOLDER_COLUMNS)``,
+    or ``(None, None)`` when the holder committed after the statement began.  One round trip on PostgreSQL
+    with ``read_holder``; else a plain INSERT, which raises IntegrityError on the clash."""
     if not (read_holder and is_postgres(model._meta.database)):
         return _insert(model, values), None
     written, params = _present(model, values)
@@ -128,7 +118,7 @@ def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, 
     out: dict[str, int] = {}
     for start in range(0, len(filled), per):
         chunk = filled[start:start + per]
-        sql = queries.rows_statement(model, "insert_many", written, len(chunk))
+        sql = queries.render(model, "insert_many", written=written, rows=len(chunk))
         params = [f.db_value(row.get(f.name)) for row in chunk for f in fields]
         out.update((message_id, row_id) for row_id, message_id in db.execute_sql(sql, params).fetchall())
     return out
@@ -158,13 +148,11 @@ def check_idempotency(model: type[JobModel], fields: dict[str, Any]) -> None:
             raise IdempotencyHeld(holder)
 
 
-# Which INSERT a unique send makes.  A refused duplicate costs two round trips with a plain INSERT
-# (then a read of the holder), one with insert_or_holder, which costs every new row more server CPU
-# (docs/discussions/benchmarks.md).  So each actor keeps a moving share of its unique inserts that met
-# a holder, this process's own and approximate (updated without a lock); the index decides either way.
+# Which INSERT a unique send makes: insert_or_holder saves a refused duplicate a round trip but costs every
+# new row more server CPU (docs/discussions/benchmarks.md), so each actor keeps a moving share of its
+# unique inserts that met a holder (this process's, approximate, updated without a lock).
 
-#: Share of recent clashes above which an actor reads the holder in the insert: the break-even of the
-#: one statement's extra cost per new row against the round trip a refused duplicate saves.
+#: Share of recent clashes above which an actor reads the holder in the insert: the break-even point.
 CLASH_THRESHOLD = 0.15
 #: Weight of the newest insert in the share: about the last 20 count.
 CLASH_WEIGHT = 0.05
@@ -186,33 +174,28 @@ def record_clash(actor_name: str, held: bool) -> None:
 def insert_holding(
     model: type[JobModel], fields: dict[str, Any], hold: str, window_ms: Optional[float], *, full: bool = True
 ) -> tuple[Optional[int], Optional[JobModel]]:
-    """Try once to insert a row holding ``hold``: ``(row id, None)``, ``(None, holder)``, or ``(None, None)``
-    when the key came free meanwhile (try again).
-
-    The unique index on ``unique_hold`` decides between racing senders.  A holder older than ``window_ms``
-    no longer counts: its hold is cleared.  ``full=False``: the holder may carry only HOLDER_COLUMNS.
-    """
+    """Try once to insert a row holding ``hold`` (the unique index decides between racing senders):
+    ``(row id, None)``, ``(None, holder)``, or ``(None, None)`` when the key came free meanwhile (try again).
+    A holder older than ``window_ms`` no longer counts: its hold is cleared.  ``full=False``: the holder
+    may carry only HOLDER_COLUMNS."""
     db = model._meta.database
     row = {**fields, "unique_hold": hold}
     actor_name, app = fields["actor_name"], fields.get("app", "")
+    clash: Optional[pw.IntegrityError] = None
     try:
-        if db.in_transaction():
-            with db.atomic():  # a savepoint: a clash must not abort the caller's transaction
-                row_id, found = insert_or_holder(model, row, expect_holder(actor_name))
-        else:  # in autocommit a failed INSERT leaves nothing to roll back
+        # In the caller's transaction, a savepoint: a clash must not abort it (in autocommit, nothing to undo).
+        with db.atomic() if db.in_transaction() else contextlib.nullcontext():
             row_id, found = insert_or_holder(model, row, expect_holder(actor_name))
-        record_clash(actor_name, held=row_id is None)
-        if row_id is not None:
-            return row_id, None
-        check_idempotency(model, fields)  # the hold was the arbiter: an idempotency key's clash wins
-        if found is None:  # it committed after the statement began
-            found = read_holder(model, hold, app)
-    except pw.IntegrityError:
-        record_clash(actor_name, held=True)
-        check_idempotency(model, fields)
+    except pw.IntegrityError as e:  # a plain INSERT's clash
+        row_id, found, clash = None, None, e
+    record_clash(actor_name, held=row_id is None)
+    if row_id is not None:
+        return row_id, None
+    check_idempotency(model, fields)  # an idempotency key's clash wins
+    if found is None:  # the clash, or the holder committed after the statement began
         found = read_holder(model, hold, app)
-        if found is None and get(model, message_id=fields["message_id"]) is not None:
-            raise  # not the hold: this message already has a row
+    if found is None and clash is not None and get(model, message_id=fields["message_id"]) is not None:
+        raise clash  # not the hold: this message already has a row
     if found is None:
         return None, None  # it released its hold meanwhile
     if found.message_id == fields["message_id"]:
@@ -244,10 +227,8 @@ def replace(
         model.update(args=args, kwargs=kwargs, process_after=process_after, revision=model.revision + 1, **(held or {}))
         .where((model.id == holder.id) & (model.unique_hold == hold) & model.status.in_(WAITING))
         .returning(model)
-        .execute()
     )
-    rows = list(updated)
-    return rows[0] if rows else None
+    return next(iter(updated.execute()), None)
 
 
 def unclaim_sends(
@@ -256,15 +237,14 @@ def unclaim_sends(
 ) -> None:
     """Hand rows claimed for a send whose publish failed back to ``status``, for the re-drive: only rows
     still queued without a broker id, or with the broker id ``ref`` (one of a list) the send wrote, which
-    goes too; ``options`` replaces theirs.  A parked row's claim is undone by :func:`unclaim`."""
+    goes too; ``options`` replaces theirs."""
     fields: dict[str, Any] = {"status": status, "enqueued_at": None}
-    if ref is not None:
-        fields["broker_ref"] = None
     if options is not None:
         fields["options"] = options
     if ref is None:
         published = model.broker_ref.is_null()
     else:
+        fields["broker_ref"] = None
         published = model.broker_ref.in_(ref) if isinstance(ref, list) else model.broker_ref == ref
     model.update(**fields).where(model.id.in_(ids) & (model.status == QUEUED) & published).execute()
 
@@ -280,8 +260,6 @@ def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
     queries.run(model, "record_refs", params)
 
 
-# -- an attempt -----------------------------------------------------------------------
-
 #: ms a running row's lease is still honoured after it ran out by this process's clock, before a new
 #: delivery may replace its attempt: leases are written by one process's clock and judged by another's.
 LEASE_SKEW_MS = 1_000
@@ -295,8 +273,7 @@ PARTIAL = "_dramatiq_unique_partial"
 
 def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) -> int:
     """The fencing key's next token, for job ``job_id`` about to run; rows of the key still running
-    under an older token are fenced out.  One statement on PostgreSQL; on SQLite a draw not followed by
-    its revocation runs no job, and the next draw revokes the same rows."""
+    under an older token are fenced out (in the same statement on PostgreSQL)."""
     values = {"key": key, "own": -1 if job_id is None else int(job_id), "running": JobStatus.RUNNING.value}
     if is_postgres(model._meta.database):
         return int(queries.run(model, "draw_and_revoke", values).fetchone()[0])
@@ -312,24 +289,13 @@ def current_token(db: pw.Database, key: str) -> int:
 
 
 def start(
-    model: type[JobModel],
-    job_id: int,
-    *,
-    revision: int,
-    lease_ms: float,
-    worker: str,
-    release_hold: bool,
-    fencing_token: Optional[int] = None,
-    fence_key: Optional[str] = None,
-    woken_by: Optional[str] = None,
+    model: type[JobModel], job_id: int, *, revision: int, lease_ms: float, worker: str, release_hold: bool,
+    fencing_token: Optional[int] = None, fence_key: Optional[str] = None, woken_by: Optional[str] = None,
 ) -> Optional[JobModel]:
     """Mark an attempt running and return the row; None if the job finished or was replaced meanwhile,
-    or another attempt of it runs under a live lease (less :data:`LEASE_SKEW_MS`).
-
-    ``woken_by``: a LIKE pattern of the ``worker`` a waker's claim writes on a row it started ahead of
-    its delivery, which this delivery may start again.  ``fence_key``: the attempt draws the key's next
-    fencing token, in the same statement on PostgreSQL.
-    """
+    or another attempt of it runs under a live lease (less :data:`LEASE_SKEW_MS`).  ``woken_by``: a LIKE
+    pattern of the ``worker`` of a row a waker's claim started, which this delivery may start again.
+    ``fence_key``: the attempt draws the key's next fencing token (in the same statement on PostgreSQL)."""
     now = utcnow()
     lease_until = after_ms(lease_ms, now)
     fields = model._meta.fields
@@ -351,10 +317,8 @@ def start(
     if row is None:
         return None
     job = to_model(model, row, START_COLUMNS)
-    job.__data__.update(
-        id=job_id, revision=revision, status=JobStatus.RUNNING.value, started_at=now,
-        lease_until=lease_until, worker=worker,
-    )
+    job.__data__.update(id=job_id, revision=revision, status=JobStatus.RUNNING.value, started_at=now,
+                        lease_until=lease_until, worker=worker)
     setattr(job, PARTIAL, True)
     return job
 
@@ -369,7 +333,7 @@ def update_fenced(
     params["row_id"], params["attempt_token"] = job_id, fencing_token
     if attempt is None:
         return queries.run(model, "update_fenced", params, written=written).rowcount
-    params.update(_history_params(attempt))
+    params.update(entry=dumps(attempt), keep=MAX_HISTORY)
     return queries.run(model, "update_fenced_with_history", params, written=written).rowcount
 
 
@@ -405,13 +369,9 @@ def finish_succeeded(model: type[JobModel], done: Sequence[tuple[JobModel, dict[
 
 
 def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
-    """Record the outcome of an attempt whose token another job of its key took, if no newer attempt of
-    this job started since; False otherwise.
-
-    Without it such a row would stay ``running`` until the re-drive reported a finished job as lost.
-    The attempt is recognised by what only its own start wrote (``worker``, ``attempts``), and the row
-    must still be ``running``, not parked: a parked or re-sent row is no longer this attempt's.
-    """
+    """Record the outcome of an attempt whose token another job of its key took (else the row would stay
+    ``running`` until the re-drive reported it lost), if no newer attempt of this job started since: the
+    row still ``running``, not parked, with what only this attempt's start wrote (``worker``, ``attempts``)."""
     if release_hold:
         fields["unique_hold"] = None
     other = model.alias()
@@ -428,10 +388,7 @@ def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, 
     return bool(model.update(appended, **fields).where(cond).execute())
 
 
-# -- the attempts' history: a JSON list in the row's ``history``, oldest first, the last few kept,
-# appended in SQL by the statement that writes the outcome (docs/howto/job-record.md) --------------
-
-#: Entries kept per row: the oldest goes when another is appended past it.
+#: Entries kept in a row's history (appended in SQL by the outcome's statement): the oldest goes first.
 MAX_HISTORY = 20
 #: Longest ``error`` of an entry, in characters (the full traceback stays in ``last_error``).
 MAX_HISTORY_ERROR = 500
@@ -460,33 +417,20 @@ def attempt_of(job: JobModel, fields: dict[str, Any], status: Optional[str] = No
     )
 
 
-def _history_params(item: dict[str, Any], keep: int = MAX_HISTORY) -> dict[str, Any]:
-    return {"entry": dumps(item), "keep": max(1, int(keep))}
-
-
-def history_append(model: type[pw.Model], item: dict[str, Any], keep: int = MAX_HISTORY) -> pw.Node:
+def history_append(model: type[pw.Model], item: dict[str, Any]) -> pw.Node:
     """The new value of ``history`` with ``item`` appended, for a peewee UPDATE."""
-    return queries.fragment(model, "history_append", _history_params(item, keep))
-
-
-# -- the parking moves: a reservation's lease is written and read by the database's clock; safety rests
-# on compare-and-sets (start_reserved), not on any clock ---------------------------------------------
-
-
-def no_flush_wait(db: Any) -> bool:
-    """Whether a parking move on ``db`` may commit without waiting for the WAL flush (the
-    ``*_no_flush_wait`` statements): safe because a later synchronous commit flushes it, and a lost
-    move leaves the row where the re-drive looks.  Never inside the caller's own transaction."""
-    return is_postgres(db) and not db.in_transaction()
+    return queries.fragment(model, "history_append", {"entry": dumps(item), "keep": MAX_HISTORY})
 
 
 def _move(db: Any, name: str) -> str:
-    return f"{name}_no_flush_wait" if no_flush_wait(db) else name
+    """Parking move ``name``, committed without waiting for the WAL flush on PostgreSQL outside the caller's
+    transaction: a later synchronous commit flushes it, and a lost move leaves the row where the re-drive looks."""
+    return f"{name}_no_flush_wait" if is_postgres(db) and not db.in_transaction() else name
 
 
 def db_now(db: Any) -> str:
     """The database's clock as an SQL expression in the job table's time format (naive UTC)."""
-    return queries.expression(db, "now")
+    return queries.text_of("now", queries.dialect_of(db))
 
 
 def _order(model: type[JobModel], order_by: str) -> str:
@@ -499,8 +443,8 @@ def claim_parked(
     start: Optional[tuple[Any, str, bool]] = None, *, app: str,
 ) -> Optional[JobModel]:
     """Claim the next due job of ``app`` parked on ``group`` (pending to queued, its message to be
-    delivered under ``broker_ref``) and return it; None if none.  One statement, so two wakers never
-    claim one row.  ``start`` (lease end, worker, release the hold): start the attempt in it too."""
+    delivered under ``broker_ref``) in one statement; None if none.  ``start`` (lease end, worker, release
+    the hold): start the attempt in it too."""
     db = model._meta.database
     fields = model._meta.fields
     when = fields["enqueued_at"].db_value(now)
@@ -546,7 +490,8 @@ def reserve(
     model: type[JobModel], group: str, order_by: str, marker: str, lease_ms: float, *, app: str,
 ) -> Optional[JobModel]:
     """Reserve the first due, unreserved row of ``app`` parked on ``group`` for the process ``marker``
-    names, for ``lease_ms`` by the database's clock; None if none.  It gets a fresh ``broker_ref``."""
+    names, for ``lease_ms`` by the database's clock (safety rests on start_reserved's compare-and-set, not
+    on any clock); None if none.  It gets a fresh ``broker_ref``."""
     values = {
         "marker": marker, "lease_ms": float(lease_ms), "broker_ref": str(uuid.uuid4()), "app": app, "group": group,
         "pending": JobStatus.PENDING.value, "due": model._meta.fields["process_after"].db_value(utcnow()),
@@ -559,8 +504,8 @@ def reserve(
 def start_reserved(
     model: type[JobModel], row: JobModel, marker: str, worker: str, lease_ms: float,
 ) -> Optional[JobModel]:
-    """Start a row this process reserved (``row`` as its reservation read it); None if it is no longer
-    ours as reserved.  A compare-and-set that reads no clock; the token is drawn in the same statement."""
+    """Start a row this process reserved (``row`` as its reservation read it), drawing its token; None if it
+    is no longer ours as reserved."""
     fields = model._meta.fields
     now = utcnow()
     lease_until = after_ms(lease_ms, now)
@@ -598,13 +543,6 @@ def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
     model.update(status=JobStatus.PENDING.value, parked_on=group).where(
         (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
     ).execute()
-
-
-# -- finding and removing rows ----------------------------------------------------------
-
-
-def delete(model: type[JobModel], job_id: int) -> None:
-    model.delete().where(model.id == job_id).execute()
 
 
 def find_job(models: list[type[JobModel]], id_or_message_id: Any, model: Optional[type[JobModel]] = None):

@@ -10,6 +10,7 @@ import peewee as pw
 from playhouse import migrate as pw_migrate
 
 from dramatiq_unique.storage import queries, schema
+from dramatiq_unique.storage.queries import Model
 from dramatiq_unique.storage.schema import COLUMNS, CURRENT_VERSION
 
 #: Indexes that a version dropped, by version: (columns, unique).  Version 1 led them with the app;
@@ -21,8 +22,8 @@ OLD_INDEXES = {
 }
 
 
-#: ms a migration step may wait for its table's lock on PostgreSQL: every statement after an ALTER TABLE
-#: waits behind it, so a bounded wait turns a stall of every worker into a failed migrate, run again later.
+#: ms a migration step may wait for its table's lock on PostgreSQL: a failed migrate, run again later,
+#: rather than every worker's statement stalled behind the ALTER TABLE.
 DEFAULT_LOCK_TIMEOUT = 5_000
 
 
@@ -32,9 +33,6 @@ class Step:
 
     text: str
     run: Callable[[], None]
-
-
-Model = type[pw.Model]
 
 
 def _dropping(model: Model, name: str) -> Callable[[], None]:
@@ -120,7 +118,8 @@ class TableStatus:
         return {**dataclasses.asdict(self), "current": self.current}
 
 
-def _plan(model: Model) -> tuple[Optional[int], list[tuple[int, Step]]]:
+def _plan(model: Model) -> tuple[Optional[int], list[Step]]:
+    """The table's version, and its steps to the current one, each described as "version N (name): step"."""
     version = schema.version_of(model)
     if version is None:
         return None, []
@@ -128,19 +127,16 @@ def _plan(model: Model) -> tuple[Optional[int], list[tuple[int, Step]]]:
     for target in range(version + 1, schema.target_version(model) + 1):
         # A later migration's look at the columns counts what the earlier ones add.
         after = names.union(*(COLUMNS.get(earlier, ()) for earlier in range(1, target)))
-        steps += [(target, step) for step in MIGRATIONS[target][1](model, after)]
+        name, make = MIGRATIONS[target]
+        steps += [Step(f"version {target} ({name}): {step.text}", step.run) for step in make(model, after)]
     return version, steps
-
-
-def _describe(model: Model, target: int, step: Step) -> str:
-    return f"version {target} ({MIGRATIONS[target][0]}): {step.text}"
 
 
 def status(model: Model, store: str = "") -> TableStatus:
     """``model``'s table in its store (read only)."""
     version, steps = _plan(model)
     pending = ["create the table at the current version (at set-up)"] if version is None else [
-        _describe(model, target, step) for target, step in steps]
+        step.text for step in steps]
     return TableStatus(schema.table_key(model), store, version, target=schema.target_version(model), pending=pending)
 
 
@@ -161,9 +157,9 @@ def migrate(model: Model, store: str = "", *, dry_run: bool = False,
             schema.create_or_migrate(model)
             result.applied.append(f"create the table at version {current}")
         else:
-            for target, step in steps:
+            for step in steps:
                 step.run()
-                result.applied.append(_describe(model, target, step))
+                result.applied.append(step.text)
             if version < current or schema.recorded(model) is None:
                 schema.record(model, max(version, current))
         result.version = max(version or 0, current)

@@ -1,8 +1,4 @@
-"""The job record: :class:`JobModel`, :class:`JobStatus`, and the suite's other tables.
-
-Times are naive UTC.  ``unique_hold`` carries the unique key while a job holds queue-level uniqueness
-(NULL otherwise); its unique index on ``(app, unique_hold)`` makes duplicates impossible within an app.
-"""
+"""The job record: :class:`JobModel`, :class:`JobStatus`, and the suite's other tables (times naive UTC)."""
 
 from __future__ import annotations
 
@@ -20,8 +16,8 @@ M = TypeVar("M", bound=pw.Model)
 #: Longest ``last_error`` text kept, in characters.
 MAX_ERROR_LENGTH = 8_000
 
-# The stock encoder, named explicitly: importing pottery patches json.dumps.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+#: JSON as the job tables store it, by the stock encoder named explicitly: importing pottery patches json.dumps.
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 class JobStatus(str, enum.Enum):
@@ -42,8 +38,8 @@ class JobStatus(str, enum.Enum):
 
 #: States in which a job still waits for an attempt.
 WAITING = (JobStatus.PENDING.value, JobStatus.QUEUED.value, JobStatus.RETRYING.value)
-#: States a job never leaves (but :func:`dramatiq_unique.retry_job` sends a failed one again).  jobs.py
-#: passes FINISHED[0] and [1] to queries.sql as %(succeeded)s and %(failed)s: keep their order.
+#: States a job never leaves (but :func:`dramatiq_unique.retry_job` sends a failed one again); keep the
+#: order: jobs.py passes FINISHED[0] and [1] to queries.sql as %(succeeded)s and %(failed)s.
 FINISHED = (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value, JobStatus.CANCELLED.value)
 
 
@@ -53,10 +49,6 @@ def utcnow() -> datetime:
 
 def after_ms(ms: Optional[float], start: Optional[datetime] = None) -> datetime:
     return (start or utcnow()) + timedelta(milliseconds=ms or 0)
-
-
-def dumps(value: Any) -> str:
-    return _ENCODER.encode(value)
 
 
 class JSONField(pw.TextField):
@@ -82,14 +74,10 @@ def _status_in(*statuses: str) -> str:
     return f"\"status\" IN ('{listed}')"
 
 
-#: The job table's partial indexes (schema version 4), by their columns: a row is in one only while the
-#: predicate holds, so that a start or an outcome writes to 4 of the 9 indexes (the primary key, the
-#: message id, the hold, and the open or the finished rows' one) instead of to all of them.  The open
-#: rows' index serves the running ones too (few: one per worker thread) and nothing indexes lease_until,
-#: so that a lease's renewal can be a HOT update.  The (app, unique_hold) index stays whole: the earlier
-#: release's inserts name it in ON CONFLICT (docs/discussions/how-it-is-built.md, "Storage").  On SQLite
-#: those whose predicate reads the status stay whole: its planner takes a partial index only for a query
-#: that repeats the predicate's terms (an IS NOT NULL is implied by a comparison, a status IN never).
+#: The job table's partial indexes (schema version 4), by their columns: a start or an outcome writes to 4
+#: of the 9 indexes, and a lease's renewal can be a HOT update (docs/discussions/how-it-is-built.md,
+#: "Storage").  On SQLite those whose predicate reads the status stay whole: its planner takes a partial
+#: index only for a query that repeats the predicate's terms (a status IN never is).
 PARTIAL_INDEXES = {
     ("unique_key",): '"unique_key" IS NOT NULL',
     ("app", "status", "process_after"): _status_in(*WAITING, JobStatus.RUNNING.value),
@@ -127,7 +115,7 @@ class JobModel(pw.Model):
     #: The message's options, so the re-drive can rebuild the message.
     options = JSONField(default=dict)
     unique_key = pw.CharField(max_length=300, null=True, index=True)
-    #: Unique per app: see Meta.indexes.
+    #: The unique key while the job holds queue-level uniqueness (NULL otherwise): unique per app.
     unique_hold = pw.CharField(max_length=300, null=True)
     status = StatusField(max_length=16, default=JobStatus.QUEUED.value)
     attempts = pw.IntegerField(default=0)
@@ -144,7 +132,6 @@ class JobModel(pw.Model):
     result = JSONField(null=True)
     idempotency_key = pw.CharField(max_length=255, null=True)
     owner = pw.CharField(max_length=255, null=True)
-    #: Unique per app: see Meta.indexes.
     idempotency_hold = pw.CharField(max_length=300, null=True)
     fencing_token = pw.BigIntegerField(default=0)
     #: Finished steps of the job, in order: {step name: stored result} (checkpoint()).
@@ -159,17 +146,16 @@ class JobModel(pw.Model):
     checked_at = pw.DateTimeField(null=True)
     #: When the re-drive first missed the job's message; a later miss confirms it lost.
     missing_since = pw.DateTimeField(null=True)
-    #: The finished attempts, oldest first, the last few kept (schema version 2; storage/jobs.py).
+    #: The finished attempts, oldest first, the last few kept (schema version 2).
     history = JSONField(null=True)
-    #: When the job was first parked in its current wait, and its ``attempts`` then (schema version 3;
-    #: ops/stats.py: ``started_at - parked_at`` of the attempt numbered ``parked_attempt + 1``).
+    #: When the job was first parked in its current wait, and its ``attempts`` then (schema version 3).
     parked_at = pw.DateTimeField(null=True)
     parked_attempt = pw.IntegerField(null=True)
 
     class Meta:
         table_name = "dramatiq_unique_jobs"
         model_metadata_class = JobMetadata
-        # Each starts with app: a pass and a waker read their own app's rows, and two apps' holds never collide.
+        # Each starts with app: a pass and a waker read their own app's rows; holds are unique per app.
         indexes = (
             (("app", "status", "process_after"), False),
             (("app", "finished_at"), False),
@@ -187,8 +173,7 @@ class JobModel(pw.Model):
 
 class LimitModel(pw.Model):
     """A concurrency limit set at run time (:func:`dramatiq_unique.set_concurrency_limit`), kept in the
-    primary store: what survives Redis losing its copy (slots/overrides.py).  One row per app and level:
-    an actor's own (``group_key`` '') or one slot group's (``<actor>:<digest>``)."""
+    primary store so that it survives Redis losing its copy: one row per app, actor and slot group."""
 
     #: This table's schema version (storage/schema.py; the job tables have their own).
     dramatiq_unique_version = 1

@@ -7,7 +7,7 @@ import hashlib
 import re
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Mapping, Optional, Sequence
 
@@ -52,13 +52,11 @@ def dialect_of(db: pw.Database) -> str:
 
 
 def quote(db: pw.Database, name: str) -> str:
-    """``name`` quoted as an identifier of ``db``: the one quoting rule of the suite's SQL."""
-    left, right = db.quote[0], db.quote[1]  # peewee keeps the pair of quote characters as one string
-    return f"{left}{name}{right}"
+    """``name`` quoted as an identifier of ``db`` (peewee keeps its pair of quote characters as one string)."""
+    return f"{db.quote[0]}{name}{db.quote[1]}"
 
 
 def table(db: pw.Database, name: str, schema: Optional[str] = None) -> str:
-    """A table's (or index's) name, in its schema if it has one, quoted for ``db``."""
     return f"{quote(db, schema)}.{quote(db, name)}" if schema else quote(db, name)
 
 
@@ -74,7 +72,7 @@ class Query:
     prepare_sql: str = ""
     execute_sql: str = ""
     #: The parameters, by name, in the order of their first mark.
-    params: tuple[str, ...] = field(default=())
+    params: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, name: str, sql: str, postgres: bool) -> "Query":
@@ -90,7 +88,6 @@ class Query:
 
 
 def text_of(name: str, dialect: str) -> str:
-    """The text of statement ``name`` in ``dialect``, as the file has it."""
     found = STATEMENTS.get((name, dialect)) or STATEMENTS.get((name, None))
     if found is None:
         raise KeyError(f"no statement {name!r} for {dialect} in {PATH}")
@@ -100,9 +97,7 @@ def text_of(name: str, dialect: str) -> str:
 _rendered: dict[tuple, Query] = {}
 
 
-def statement(
-    model: Model, name: str, *, order_by: Optional[str] = None, written: Sequence[str] = (),
-) -> Query:
+def statement(model: Model, name: str, *, order_by: Optional[str] = None, written: Sequence[str] = ()) -> Query:
     """Statement ``name`` for ``model``'s table in its database's dialect, rendered once per ``order_by``
     column and set of ``written`` columns."""
     meta = model._meta
@@ -111,7 +106,7 @@ def statement(
     key = (name, model, meta.table_name, meta.schema, type(db), order_by, tuple(written))
     found = _rendered.get(key)
     if found is None:
-        found = _rendered.setdefault(key, Query.of(name, _render(model, name, order_by, written), is_postgres(db)))
+        found = _rendered.setdefault(key, Query.of(name, render(model, name, order_by, written), is_postgres(db)))
     return found
 
 
@@ -125,9 +120,10 @@ def on(db: pw.Database, name: str) -> Query:
     return found
 
 
-def _render(model: Model, name: str, order_by: Optional[str] = None, written: Sequence[str] = (),
-            rows: int = 0) -> str:
-    """Statement ``name``'s text for ``model``, its identifiers substituted, its marks as written."""
+def render(model: Model, name: str, order_by: Optional[str] = None, written: Sequence[str] = (),
+           rows: int = 0) -> str:
+    """Statement ``name``'s text for ``model``, its identifiers substituted, its marks as written (not kept);
+    ``rows``: that many rows of the ``written`` columns in the driver's positional marks."""
     meta = model._meta
     db = meta.database
     text = text_of(name, dialect_of(db))
@@ -150,12 +146,6 @@ def _render(model: Model, name: str, order_by: Optional[str] = None, written: Se
     return _IDENTIFIER.sub(lambda m: identifiers[m.group(1)], text)
 
 
-def rows_statement(model: Model, name: str, written: Sequence[str], rows: int) -> str:
-    """Statement ``name`` with ``{rows}`` rows of the ``written`` columns, in the driver's positional marks
-    (values given as one flat list); not kept."""
-    return _render(model, name, written=written, rows=rows)
-
-
 def fragment(model: Model, name: str, params: Mapping[str, Any]) -> pw.SQL:
     """An expression of the file (``now``, ``history_append``) for a peewee query, in peewee's own marks."""
     db = model._meta.database
@@ -164,19 +154,12 @@ def fragment(model: Model, name: str, params: Mapping[str, Any]) -> pw.SQL:
     return pw.SQL(_PARAM.sub(lambda _: db.param, text), [params[p] for p in order])
 
 
-def expression(db: pw.Database, name: str) -> str:
-    """An expression of the file that takes no parameters (``now``), as written for ``db``."""
-    return text_of(name, dialect_of(db))
-
-
 def run(model: Model, name: str, params: Mapping[str, Any], **identifiers: Any) -> Any:
-    """Statement ``name`` on ``model``'s table with ``params``, prepared where it can be; returns the cursor."""
+    """Statement ``name`` on ``model``'s table with ``params``; returns the cursor."""
     return execute(model._meta.database, statement(model, name, **identifiers), params)
 
 
-# -- preparing (psycopg2) --------------------------------------------------------------
-
-#: Set on a peewee Database whose statements are prepared.
+#: Set on a peewee Database whose statements are prepared (psycopg2, and Django's cursors).
 _ON = "_dramatiq_unique_prepares"
 
 _unpreparable: set[str] = set()

@@ -217,7 +217,7 @@ SELECT "token" FROM {fences} WHERE "key" = %(key)s
 -- A group's next job (its queue head) is the first due, unreserved row of an app parked on it, in
 -- serving order ({order_by}); the same subquery in every claim and reservation.  The moves named
 -- *_no_flush_wait are the move above them, committed without waiting for the WAL flush
--- (storage/jobs.py: no_flush_wait says when that is safe): set_config(..., true) sets
+-- (storage/jobs.py: _move says when that is safe): set_config(..., true) sets
 -- synchronous_commit for that statement's own (implicit) transaction, which reads it at its commit;
 -- the session's setting is untouched.  One statement, so psycopg 3 prepares it too (a
 -- "SET LOCAL ...; UPDATE" string is two, which its server-side binding refuses).

@@ -1,7 +1,6 @@
 """What a transaction holds for its commit (the outbox's sends), kept as the database keeps the
 transaction's writes: a savepoint rolled back drops what was held in it, which peewee's ``after_commit``
-alone would not (docs/discussions/how-it-is-built.md, "Storage").
-"""
+alone would not (docs/discussions/how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 

@@ -20,9 +20,7 @@ logger = logging.getLogger(__name__)
 CURRENT_VERSION = 4
 #: The table that records each job table's version, in every store.
 VERSIONS_TABLE = "dramatiq_unique_schema"
-#: The columns each version added to the job tables: the app (queries.sql: add_app_column), the
-#: per-attempt history, when a job was first parked in its wait and at which attempt.  Version 4 made
-#: indexes partial.
+#: The columns each version added to the job tables (version 4 made indexes partial).
 COLUMNS = {1: ("app",), 2: ("history",), 3: ("parked_at", "parked_attempt")}
 #: What the refusal tells the operator to run.
 COMMAND = "python -m dramatiq_unique migrate APP (or: dramatiq-unique migrate APP)"
@@ -59,20 +57,14 @@ def tolerating_old() -> Iterator[None]:
 @contextlib.contextmanager
 def locked(db: pw.Database) -> Iterator[None]:
     """A transaction in which no other set-up or migration of ``db`` runs."""
-    if isinstance(db, pw.PostgresqlDatabase):
-        with db.atomic():
+    immediate = isinstance(db, pw.SqliteDatabase) and not db.in_transaction()  # SQLite's write lock at BEGIN
+    with db.atomic(lock_type="IMMEDIATE") if immediate else db.atomic():
+        if isinstance(db, pw.PostgresqlDatabase):
             db.execute_sql("SELECT pg_advisory_xact_lock(%s)", [LOCK_ID])
-            yield
-    elif isinstance(db, pw.SqliteDatabase) and not db.in_transaction():
-        with db.atomic(lock_type="IMMEDIATE"):  # SqliteDatabase.atomic takes the lock type
-            yield
-    else:
-        with db.atomic():
-            yield
+        yield
 
 
 def table_key(model: type[pw.Model]) -> str:
-    """A job table's name in the version table: ``schema.table``, or the table alone."""
     meta = model._meta
     return f"{meta.schema}.{meta.table_name}" if meta.schema else meta.table_name
 
@@ -92,7 +84,6 @@ def columns(model: type[pw.Model]) -> set[str]:
 
 
 def target_version(model: type[pw.Model]) -> int:
-    """The version this release gives ``model``'s table: its ``dramatiq_unique_version``, or CURRENT_VERSION."""
     return int(getattr(model, "dramatiq_unique_version", CURRENT_VERSION))
 
 
@@ -113,9 +104,14 @@ def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
 def recorded(model: type[pw.Model]) -> Optional[int]:
     """The version recorded for ``model``'s table in its store, if any."""
     db = model._meta.database
+    # On PostgreSQL, in the schema the search_path resolves (peewee's table_exists looks in 'public').
+    if isinstance(db, pw.PostgresqlDatabase):
+        exists = db.execute_sql("SELECT to_regclass(%s)", [VERSIONS_TABLE]).fetchone()[0] is not None
+    else:
+        exists = VERSIONS_TABLE in db.get_tables()
+    if not exists:
+        return None
     with db.bind_ctx([VersionModel], bind_refs=False, bind_backrefs=False):
-        if not _versions_exist(db):
-            return None
         row = VersionModel.get_or_none(VersionModel.table == table_key(model))
     return None if row is None else int(row.version)
 
@@ -140,13 +136,6 @@ def record(model: type[pw.Model], version: int) -> None:
         ).execute()
 
 
-def _versions_exist(db: pw.Database) -> bool:
-    # On PostgreSQL, in the schema the search_path resolves (peewee's table_exists looks in 'public').
-    if isinstance(db, pw.PostgresqlDatabase):
-        return db.execute_sql("SELECT to_regclass(%s)", [VERSIONS_TABLE]).fetchone()[0] is not None
-    return VERSIONS_TABLE in db.get_tables()
-
-
 def out_of_date(model: type[pw.Model], version: int) -> SchemaOutOfDate:
     kind = "job table" if is_job_table(model) else "table"
     return SchemaOutOfDate(
@@ -164,8 +153,7 @@ def create_or_migrate(model: type[pw.Model]) -> None:
     with locked(db):
         version = version_of(model)
         if version is None:
-            model._schema.create_table(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager
-            model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]
+            model._schema.create_all(safe=True)  # type: ignore[attr-defined]  # peewee's schema manager: with indexes
             record(model, target)
         elif version < target:
             if not _tolerant.get():

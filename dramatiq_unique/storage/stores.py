@@ -91,7 +91,7 @@ class Stores:
     def __init__(self, databases: Sequence[pw.Database], *, down_for: float = DEFAULT_DOWN_FOR) -> None:
         seen = [_identity(db) for db in databases]
         for i, db in enumerate(databases):
-            if seen[i] in seen[:i] or any(db is other for other in databases[:i]):
+            if seen[i] in seen[:i]:
                 raise InvalidOption(f"database lists {describe(db)} twice: each store must be another database")
         self.databases = list(databases)
         self.down_for = down_for
@@ -112,15 +112,12 @@ class Stores:
     def name(self, index: int) -> str:
         return f"store {index} ({describe(self.databases[index])})"
 
-    # -- models -------------------------------------------------------------------------
-
     def index_of(self, model: type[pw.Model]) -> int:
         """The store a model (as :meth:`model_in` made it) is bound to; 0 for one bound elsewhere."""
         database = model._meta.database
         return next((i for i, db in enumerate(self.databases) if db is database), 0)
 
     def model_in(self, model: type[M], index: int) -> type[M]:
-        """``model`` bound to store ``index``: the model itself for the primary."""
         if index == 0:
             return model
         found = self._models.get((model, index))
@@ -151,7 +148,6 @@ class Stores:
             self._ready.add((model, index))
 
     def created(self, model: type[pw.Model], index: int) -> None:
-        """``model``'s table exists in store ``index`` (set-up created it)."""
         self._ready.add((model, index))
 
     def later(self, index: int, step: Callable[[], None]) -> None:
@@ -159,8 +155,6 @@ class Stores:
         with self._lock:
             self._later.setdefault(index, []).append(step)
             self._ready = {ready for ready in self._ready if ready[1] != index}  # so that ensure() runs it
-
-    # -- down or up -----------------------------------------------------------------------
 
     def is_down(self, index: int) -> bool:
         until = self._down_until.get(index)
@@ -177,16 +171,12 @@ class Stores:
         if self._down_until.pop(index, None) is not None:
             logger.info("Job %s answers again.", self.name(index))
 
-    def order(self) -> list[int]:
-        """The stores a send that may fail over tries, in order: those not remembered down first."""
-        indexes = range(len(self.databases))
-        return [i for i in indexes if not self.is_down(i)] + [i for i in indexes if self.is_down(i)]
-
     def insert(self, model: type[M], insert: Callable[[type[M]], T], marker: dict) -> tuple[type[M], T]:
-        """Insert a row with ``insert(model)`` in the first store that answers, its index written in
-        ``marker`` (the row's options) first: ``(model in that store, what insert returned)``."""
+        """Insert a row with ``insert(model)`` in the first store that answers (those not remembered down
+        first), its index written in ``marker`` (the row's options) first: ``(model in that store, what
+        insert returned)``."""
         error: Optional[BaseException] = None
-        for index in self.order():
+        for index in sorted(range(len(self.databases)), key=self.is_down):
             target = self.model_in(model, index)
             if index:
                 marker[STORE] = index

@@ -109,7 +109,7 @@ def made_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: O
     """How to undo a row inserted with ``fields`` (and its queue lock ``lock_name``), and how to keep it instead."""
 
     def undo() -> None:
-        jobs.delete(model, row_id)
+        model.delete_by_id(row_id)
         if lock_name:
             queue.free(suite, (lock_name, fields["message_id"]), fields["message_id"], wait=True)
 

@@ -1,8 +1,6 @@
-"""The Django app: sets the suite up from Django's settings when the app registry is populated.
-
-Before any ``models.py`` is imported (as ``django_dramatiq`` sets its broker up), so that actors
-declared at import anywhere find the suite's middlewares.  Nothing connects to the database then.
-"""
+"""The Django app: sets the suite up from Django's settings when the app registry is populated, before
+any ``models.py`` is imported (as ``django_dramatiq`` sets its broker up), so that actors declared at
+import find the suite's middlewares.  Nothing connects to the database then."""
 
 from __future__ import annotations
 

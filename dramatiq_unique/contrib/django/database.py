@@ -1,9 +1,6 @@
-"""The job tables on a Django database's connection, in its transactions.
-
-A peewee Database whose connection is Django's (per thread, as Django's are), whose ``atomic()`` is
-Django's, and whose commit hooks are ``transaction.on_commit``: a send inside ``transaction.atomic()``
-writes its row in that transaction, and Django drops what a rolled-back savepoint registered.
-"""
+"""The job tables on a Django database's connection, in its transactions: a peewee Database whose
+connection, ``atomic()`` and commit hooks are Django's, so that a send inside ``transaction.atomic()``
+writes its row in that transaction, and Django drops what a rolled-back savepoint registered."""
 
 from __future__ import annotations
 
@@ -21,9 +18,9 @@ from dramatiq_unique.storage.savepoints import Flush
 class _Held:
     """One ``on_commit`` callback: the items held at one savepoint level, handed to their flush once."""
 
-    def __init__(self, flush: Flush) -> None:
+    def __init__(self, flush: Flush, item: Any) -> None:
         self.flush = flush
-        self.items: list[Any] = []
+        self.items: list[Any] = [item]
 
     def __call__(self) -> None:
         self.flush(self.items)  # publish_held never raises: the commit happened
@@ -60,10 +57,8 @@ class DjangoDatabase(pw.PostgresqlDatabase):
     def _django(self) -> Any:
         return connections[self.alias]
 
-    # -- the connection: Django's, made on first use (never at set-up) --------------------------
-
     def connect(self, reuse_if_open: bool = False) -> bool:
-        return True
+        return True  # Django connects on first use (never at set-up)
 
     def is_closed(self) -> bool:
         return self._django.connection is None
@@ -86,8 +81,6 @@ class DjangoDatabase(pw.PostgresqlDatabase):
     def cursor(self, named_cursor: Any = None) -> Any:
         return self.connection().cursor()
 
-    # -- transactions: Django's -----------------------------------------------------------------
-
     def in_transaction(self) -> bool:
         return bool(self._django.in_atomic_block)
 
@@ -104,12 +97,9 @@ class DjangoDatabase(pw.PostgresqlDatabase):
         """Keep ``item`` for ``flush`` after the commit (storage/savepoints.py's ``hold``): one callback
         per savepoint level, so a rolled-back savepoint drops its items with what Django drops."""
         django = self._django
-        hooks = django.run_on_commit
-        level = set(django.savepoint_ids)
-        if hooks and isinstance(hooks[-1][1], _Held) and hooks[-1][1].flush is flush and hooks[-1][0] == level:
-            hooks[-1][1].items.append(item)
-            return True
-        held = _Held(flush)
-        held.items.append(item)
-        django.on_commit(held, robust=True)  # an error is logged: the caller committed
+        last = django.run_on_commit[-1] if django.run_on_commit else None
+        if last and isinstance(last[1], _Held) and last[1].flush is flush and last[0] == set(django.savepoint_ids):
+            last[1].items.append(item)
+        else:
+            django.on_commit(_Held(flush, item), robust=True)  # an error is logged: the caller committed
         return True

@@ -125,7 +125,7 @@ def test_a_given_psycopg_3_database_prepares_by_itself(make_suite, broker, pg_ur
 
 
 def test_a_parking_move_is_one_prepared_statement_and_leaves_the_session_synchronous(make_suite):
-    """The parking moves commit without waiting for the WAL flush (storage/jobs.py: no_flush_wait): one
+    """The parking moves commit without waiting for the WAL flush (storage/jobs.py: _move): one
     statement each, prepared as any other; the setting lasts for that statement's transaction only."""
     from dramatiq_unique import JobModel
     from dramatiq_unique.storage import jobs

@@ -77,7 +77,7 @@ def test_every_statement_renders_in_both_dialects(model):
     dialect = queries.dialect_of(model._meta.database)
     for name in names_of(dialect):
         if name == "insert_many":
-            sql = queries.rows_statement(model, name, ("status", "app"), 3)
+            sql = queries.render(model, name, written=("status", "app"), rows=3)
             assert sql.count(f"({model._meta.database.param}, {model._meta.database.param})") == 3
             continue
         query = rendered(model, name)
