@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.redis import lua, scripts
+from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.servers import describe
 
@@ -62,9 +62,8 @@ class Master:
         #: Whether a thread is asking it again while it is skipped (one at a time).
         self.probing = False
         self._lock = threading.Lock()
-        self._scripts: dict[str, scripts.Script] = {}
-        self._scripts_lock = threading.Lock()
         self.client = bounded_client(client, timeout_ms, self)
+        self.scripts = {name: lua.register(self.client, name) for name in SCRIPTS}
 
     def skipped(self) -> bool:
         """Whether the master failed within the last :data:`PAUSE` ms.  Once the pause is over, one
@@ -95,14 +94,6 @@ class Master:
     def answered(self) -> None:
         if self.down_until:
             self.down_until = 0.0
-
-    def run(self, text: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run one of our scripts on this master (registered on first use)."""
-        script = self._scripts.get(text)
-        if script is None:
-            with self._scripts_lock:
-                script = self._scripts.setdefault(text, scripts.Script(self.client, text))
-        return script(keys=keys, args=args)
 
     def call(self, fn: Callable[["Master"], Any]) -> Any:
         """``fn(self)``; a connection error or a timeout has the master skipped for a while (even a refused
@@ -271,8 +262,8 @@ class Locks:
     def _each(self, script: str, name: str, args: list, force: bool = True) -> Replies:
         """Several masters: the script on each; ``force=False`` for a clean-up, which skips a master
         that failed a moment ago even if the others make no majority (it decides nothing)."""
-        keys, text = [f"{LOCK_PREFIX}:{name}"], lua.source(script)
-        return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum, force)
+        keys = [f"{LOCK_PREFIX}:{name}"]
+        return ask_all(self.nodes, lambda master: master.scripts[script](keys=keys, args=args), self.quorum, force)
 
     def _check(self, replies: Replies, doing: str, name: str) -> None:
         """Raise if too many masters failed for a majority to be reached (pottery's QuorumIsImpossible)."""

@@ -94,7 +94,7 @@ class JobTracking(Middleware):
             # out the lock's next holder: it gives up here instead, before the draw.
             began = asked
             leases.check_start(ctx, began)
-        job = self._start(config, message, ctx)
+        job = self._start(message, ctx)
         if job is not None and job.__data__.get("queue_name") is None:
             # A start reads back a few columns only; the attempt's metrics are labelled by its queue.
             job.__data__["queue_name"] = message.queue_name
@@ -103,46 +103,46 @@ class JobTracking(Middleware):
         if job is not None:
             leases.check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
 
-    def _start(self, config, message, ctx):
+    def _start(self, message, ctx):
         marker = message.options.get(MARKER) or {}
         config = ctx.config  # with the message's own options
         release_hold = config.released_at_start
         if "id" not in marker:
-            marker = self._adopt(config, message)
+            # A message sent without the suite (before set-up, another producer): give it a row.
+            job_id, revision, _ = jobs.adopt(config.model, row_fields(config, message, None))
+            marker = {"id": job_id, "rev": revision}
             ctx.model = config.model  # adopted rows are the primary's
         started, ctx.started = ctx.started, None
         if started is not None and started.id == marker["id"]:
             job = started  # its claim started it (parking/lot.py)
         else:
-            job = self._start_row(config, message, ctx, marker, release_hold)
+            job = jobs.start(
+                ctx.model,  # the store that holds the row (its message's marker says which)
+                marker["id"],
+                revision=marker.get("rev", 0),
+                lease_ms=config.unique_ttl,
+                worker=f"{self.suite.worker_id}:{threading.get_ident()}",
+                release_hold=release_hold,
+                fence_key=ctx.fence_key,
+                # A row started ahead by its waker's claim is this delivery's only if it is the woken
+                # message (a gate took up its reservation, or another gate's is still on it); a copy
+                # of the job's first message is a duplicate of that attempt like any other.
+                woken_by=jobs.WOKEN if ctx.woken or WAKE in marker else None,
+            )
         if job is None:
-            return self._not_started(config, message, ctx, marker)
+            return self._not_started(message, ctx, marker)
         if release_hold:  # the start cleared the row's hold: the queue lock goes too (locks/queue.py)
             queue.release(self.suite, job, marker, wait=False)
         return job
 
-    def _start_row(self, config, message, ctx, marker, release_hold):
-        return jobs.start(
-            ctx.model,  # the store that holds the row (its message's marker says which)
-            marker["id"],
-            revision=marker.get("rev", 0),
-            lease_ms=config.unique_ttl,
-            worker=f"{self.suite.worker_id}:{threading.get_ident()}",
-            release_hold=release_hold,
-            fence_key=ctx.fence_key,
-            # A row started ahead by its waker's claim is this delivery's only if it is the woken
-            # message (a gate took up its reservation, or another gate's is still on it); a copy
-            # of the job's first message is a duplicate of that attempt like any other.
-            woken_by=jobs.WOKEN if ctx.woken or WAKE in marker else None,
-        )
-
-    def _not_started(self, config, message, ctx, marker):
+    def _not_started(self, message, ctx, marker):
         """The start found the job finished, replaced, gone or running: skip it (a running
         job's copy waits for the attempt, refused.py), or record it anew."""
         existing = jobs.get(ctx.model, id=marker["id"])
         if existing is None:
             logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
-            return self._start_adopted(config, message, ctx)
+            message.options.pop(MARKER, None)
+            return self._start(message, ctx)
         if existing.status in FINISHED:  # cancelled included (cancel_job): skipped, no failure recorded
             raise SkipMessage(f"job {message.message_id} already {existing.status}")
         if existing.revision == marker.get("rev", 0) and existing.status == JobStatus.RUNNING:
@@ -153,15 +153,6 @@ class JobTracking(Middleware):
             # Left running a moment ago (a retry is due, or it was woken): its own message carries it.
             raise SkipMessage(f"job {message.message_id} is {existing.status}: a superseded copy")
         raise SkipMessage(f"job {message.message_id} was replaced by revision {existing.revision}")
-
-    def _adopt(self, config, message) -> dict:
-        """A message sent without the suite (before set-up, another producer): give it a row."""
-        job_id, revision, _ = jobs.adopt(config.model, row_fields(config, message, None))
-        return {"id": job_id, "rev": revision}
-
-    def _start_adopted(self, config, message, ctx):
-        message.options.pop(MARKER, None)
-        return self._start(config, message, ctx)
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         ctx = context.of(message)

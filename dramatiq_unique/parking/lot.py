@@ -236,14 +236,12 @@ class Parking:
                     if flags:
                         self.wakeups.flag(group, 0)
                     continue
-                if waiting is not None and flags:
-                    # Reserved by another process for its deck: it hands them a
-                    # slot; should it die, look again when their reservation has run out.
+                if waiting is not None or not flags:
                     gate.release(group, token)
-                    self.wakeups.flag(group, waiting + 50)
-                    return None
-                if not flags:
-                    gate.release(group, token)
+                    if waiting is not None and flags:
+                        # Reserved by another process for its deck: it hands them a
+                        # slot; should it die, look again when their reservation has run out.
+                        self.wakeups.flag(group, waiting + 50)
                     return None
                 outcome = gate.release_unless_flagged(group, token)
                 if outcome == KEPT:
@@ -311,10 +309,7 @@ class Parking:
     def tick(self, limit: int = DEFAULT_PAGE) -> int:
         """One watchdog pass: wake the head of every flagged group whose holder's lease ran out."""
         self.ondeck.sweep()
-        woken = 0
-        for group in self.wakeups.due(limit):
-            woken += self._wake_group(group) is not None
-        return woken
+        return sum(self._wake_group(group) is not None for group in self.wakeups.due(limit))
 
     def _wake_group(self, group: str) -> Optional[JobModel]:
         gate = self.gate_for(group)
@@ -346,12 +341,7 @@ class Parking:
     def orphans(self, limit: int = DEFAULT_PAGE) -> list[str]:
         """Groups with parked jobs whose gate has no live holder: what :meth:`wake_orphans` would wake
         (read only; for the ``check`` command).  A halted slot group is not one: its jobs wait by design."""
-        found = []
-        for group in self.parked_groups(limit):
-            gate = self.gate_for(group)
-            if gate is not None and gate.retry_in(group) <= 0:
-                found.append(group)
-        return found
+        return [group for group in self.parked_groups(limit) if self.gates[kind_of(group)].retry_in(group) <= 0]
 
 
 class OnDeck:
@@ -367,12 +357,6 @@ class OnDeck:
         #: The ``worker`` value of the rows this process reserved.
         self.marker = f"{parking.suite.worker_id}:deck"
 
-    def usable(self, gate: Gate) -> bool:
-        """Whether rows of ``gate``'s groups go on deck here (a lock has no deck; a woken job needs a
-        local worker)."""
-        delivery = self.parking.delivery
-        return self.enabled and hasattr(gate, "pass_and_deliver") and delivery.local and delivery.worker is not None
-
     def fill(
         self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None,
     ) -> None:
@@ -380,8 +364,9 @@ class OnDeck:
         job of the group here (``since``: when it began), or after a job parked on it while a holder runs
         here (``place``: its ``(created_at, process_after, id)``, which may take the last row's place).
         A row that raced a holder here letting its slot go after ``since`` is put back, the group woken."""
-        if not self.usable(gate):
-            return
+        delivery = self.parking.delivery
+        if not (self.enabled and hasattr(gate, "pass_and_deliver") and delivery.local and delivery.worker is not None):
+            return  # a lock has no deck; a woken job needs a local worker
         began = time.monotonic() if since is None else since
         info = gate.describe(group)
         if info is None or info.start is None or info.start.released_at_start:
@@ -778,7 +763,7 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
     fields = row_fields(config, message, None)
     fields["unique_key"] = unique_key
     # Revision 0 even of a row an earlier delivery made: the message is that row's first
-    # revision (JobTracking._adopt, after a job_row, finds the marker and adopts nothing).
+    # revision (JobTracking._start, after a job_row, finds the marker and adopts nothing).
     job_id, _, _ = jobs.adopt(config.model, fields)
     message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
     return int(job_id), 0
