@@ -22,7 +22,7 @@ from redis.retry import Retry
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
-from dramatiq_unique.redis.servers import describe
+from dramatiq_unique.redis.servers import address
 
 #: ms each Redlock master may take to connect or to answer (the ``lock_timeout`` setting).
 DEFAULT_LOCK_TIMEOUT = 100
@@ -54,7 +54,7 @@ class Master:
     for :data:`PAUSE` ms after it failed, by this object and by its connections alike."""
 
     def __init__(self, client: redis.Redis, timeout_ms: float) -> None:
-        self.where = _where(client)
+        self.where = address(client)
         #: time.monotonic() until which the master is skipped.
         self.down_until = 0.0
         #: Whether its last failure was a timeout (a stalled master), not a refused connection.
@@ -159,14 +159,6 @@ def bounded_client(client: redis.Redis, timeout_ms: float, master: Master) -> re
 def drift(ttl_ms: float) -> float:
     """The clock-drift allowance of a lease of ``ttl_ms``."""
     return ttl_ms * CLOCK_DRIFT_FACTOR + 2
-
-
-def _where(client: redis.Redis) -> str:
-    sentinel = describe(client)
-    if sentinel is not None:
-        return sentinel
-    kwargs = client.connection_pool.connection_kwargs
-    return kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
 class Replies:
@@ -352,9 +344,8 @@ class Locks:
         return 0.0
 
     def transfer(self, name: str, token: str, new_token: str, ttl_ms: float) -> bool:
-        """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it: a lock handed
-        to another job gets a token of its own, so a stale copy of an earlier holder's message never
-        passes for the holder."""
+        """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it: a lock handed to another job
+        gets a token of its own, so a stale copy of an earlier holder's message never passes for the holder."""
         args = [token, new_token, int(ttl_ms)]
         if self.single:
             return bool(self._one("lock_transfer", "handing over", name, args))

@@ -30,16 +30,13 @@ logger = logging.getLogger(__name__)
 class JobTracking(Middleware):
     """Keeps a job row for every message of a tracked actor.
 
-    An actor is tracked when it sets ``track=True`` or any other suite
-    option.  Untracked actors cost nothing: no database or Redis call.
-    Add it before :class:`~dramatiq.middleware.Retries` so that its
-    ``after_process_message`` sees what Retries decided.
+    An actor is tracked when it sets ``track=True`` or any other suite option.  Untracked actors cost nothing: no
+    database or Redis call. Add it before :class:`~dramatiq.middleware.Retries` so that its ``after_process_message``
+    sees what Retries decided.
 
-    Declares the row's options and the unique ones it applies as a job is sent,
-    started and finished.  An actor whose lock type holds an execution lock
-    needs :class:`ExecutionLocks` too; one with a concurrency option needs
-    :class:`ConcurrencySlots` (both before this one): the actor is refused
-    when it is declared otherwise.
+    Declares the row's options and the unique ones it applies as a job is sent, started and finished.  An actor whose
+    lock type holds an execution lock needs :class:`ExecutionLocks` too; one with a concurrency option needs
+    :class:`ConcurrencySlots` (both before this one): the actor is refused when it is declared otherwise.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
@@ -172,7 +169,6 @@ class JobTracking(Middleware):
     def _record(self, broker, ctx, message, result, exception) -> None:
         config, job = ctx.config, ctx.job
         opts = message.options
-        release = config.unique and config.unique_lock == opt.UNTIL_EXECUTED
         if job is None:
             if message.failed:  # refused before it started, and Dramatiq gave up on it
                 self._refused(message, exception)
@@ -188,11 +184,10 @@ class JobTracking(Middleware):
             retries=any(isinstance(m, Retries) for m in broker.middleware), retry_enqueued=ctx.retry_enqueued,
             min_backoff=opt.lookup(opts, config.options, "min_backoff", DEFAULT_MIN_BACKOFF),
         )
-        release = release and done
+        release = done and config.unique and config.unique_lock == opt.UNTIL_EXECUTED
         if release:
-            # Before the row says it finished: once a reader sees it finished,
-            # the key is free in Redis too.  The row's hold stays the authority
-            # meanwhile, so a send in between is still resolved correctly.
+            # Before the row says it finished: once a reader sees it finished, the key is free in Redis too.  The row's
+            # hold stays the authority meanwhile, so a send in between is still resolved correctly.
             queue.release(self.suite, job, opts.get(MARKER) or {})
         if not jobs.finish(ctx.model, job, release_hold=release, lease_until=None, **fields):
             refused.record_revoked(ctx, job, release, fields)

@@ -1,5 +1,5 @@
-"""What jobs park on: the gate protocol (an execution lock, a concurrency slot), and the words
-parking and gates share."""
+"""What jobs park on: the gate protocol (an execution lock, a concurrency slot), and the words parking and gates
+share."""
 
 from __future__ import annotations
 

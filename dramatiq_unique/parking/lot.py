@@ -1,9 +1,8 @@
 """Parking: jobs that wait for a gate (an execution lock, a slot) without holding a worker thread.
 
-A job that cannot enter its gate is parked in its row (``pending``, ``parked_on`` its group), its
-group flagged in Redis, its message acked; a holder that leaves wakes the next one, first from the
-rows this process reserved on deck.  How and why: docs/discussions/how-it-is-built.md, "Gates:
-locks, slots and parking".
+A job that cannot enter its gate is parked in its row (``pending``, ``parked_on`` its group), its group flagged in
+Redis, its message acked; a holder that leaves wakes the next one, first from the rows this process reserved on deck.
+How and why: docs/discussions/how-it-is-built.md, "Gates: locks, slots and parking".
 """
 
 from __future__ import annotations
@@ -62,8 +61,7 @@ KEEP_FOR = 60.0
 
 
 class Parking:
-    """Parking for one suite (get it with :func:`of`).  Worker threads, the watchdog and the re-drive
-    call it at once."""
+    """Parking for one suite (get it with :func:`of`): worker threads, the watchdog and the re-drive call it at once."""
 
     def __init__(self, suite: "Suite") -> None:
         self.suite = suite
@@ -357,9 +355,7 @@ class OnDeck:
         #: The ``worker`` value of the rows this process reserved.
         self.marker = f"{parking.suite.worker_id}:deck"
 
-    def fill(
-        self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None,
-    ) -> None:
+    def fill(self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None) -> None:
         """Reserve ``group``'s next parked rows, up to ``DEPTH`` on deck: after a hand-over that woke a
         job of the group here (``since``: when it began), or after a job parked on it while a holder runs
         here (``place``: its ``(created_at, process_after, id)``, which may take the last row's place).
@@ -372,9 +368,7 @@ class OnDeck:
         if info is None or info.start is None or info.start.released_at_start:
             return  # its start would take more than this module writes
         late = None if place is None else place_of(info.order_by, *place)
-        while True:
-            if not self.places.book(group, with_holder=since is None, late=late):
-                return
+        while self.places.book(group, with_holder=since is None, late=late):
             late = None
             rows: list[JobModel] = []
             try:
@@ -772,10 +766,9 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
 def parked_counts(
     models: Iterable[type[JobModel]], app: str, actors: Iterable["ActorConfig"] = ()
 ) -> dict[tuple[str, str], int]:
-    """The jobs of ``app`` parked now, by (actor, gate kind): for the parked-jobs gauge.
-    One query per table, on the (app, parked_on) index.  Every actor of ``actors`` that may
-    park reads 0 when none is: the gauge keeps each process's last count, and a group that
-    emptied must not keep the count another process saw."""
+    """The jobs of ``app`` parked now, by (actor, gate kind): for the parked-jobs gauge. One query per table, on the
+    (app, parked_on) index.  Every actor of ``actors`` that may park reads 0 when none is: the gauge keeps each
+    process's last count, and a group that emptied must not keep the count another process saw."""
     counts: dict[tuple[str, str], int] = {}
     for config in actors:
         if config.unique:

@@ -108,15 +108,6 @@ def key_words(config: "ActorConfig", key: Any) -> str:
                     for name, value in selected.items())
 
 
-def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
-    """Start parked jobs of ``group`` while it has free slots; how many were woken."""
-    gate, spot = gate_of(suite), lot.of(suite)
-    woken = 0
-    while woken < most and spot.wake(gate, group) is not None:  # None: no free slot, or nobody (due) parked
-        woken += 1
-    return woken
-
-
 def set_concurrency_limit(
     actor_name: str, limit: Optional[int], key: Any = None, *, suite: Optional["Suite"] = None,
 ) -> int:
@@ -162,15 +153,20 @@ def set_group_limit(
         groups = [slot_group(whole_actor(actor_name))]
     else:
         groups = lot.parked_on(config.model, config.app, slot_groups_of(actor_name))
-    return sum(wake_free(suite, g) for g in groups)
+    gate, spot, woken = gate_of(suite), lot.of(suite), 0
+    for each in groups:  # its parked jobs started while it has free slots
+        for _ in range(MAX_WAKE):
+            if spot.wake(gate, each) is None:  # no free slot, or nobody (due) parked
+                break
+            woken += 1
+    return woken
 
 
 def concurrency_status(actor_name: str, key: Any = None, *, suite: Optional["Suite"] = None) -> ConcurrencyStatus:
     """The limit, holders and parked jobs of a group (``key`` as for :func:`set_concurrency_limit`).
 
-    With ``key=None`` on an actor that has a ``concurrency_key``: the actor-wide limit, and holders and
-    parked jobs summed over its groups (which scans the suite's slot keys in Redis: an operator's call, not
-    one for a hot path).
+    With ``key=None`` on an actor that has a ``concurrency_key``: the actor-wide limit, and holders and parked jobs
+    summed over its groups (which scans the suite's slot keys in Redis: an operator's call, not one for a hot path).
     """
     suite = suite or _config.current()
     config = _slot_config(suite, actor_name)
@@ -203,22 +199,15 @@ def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str) -> Conc
         parked = model.select().where(waiting & (model.parked_on == group)).count()
     else:
         kept = overrides.find(suite, actor_name, "")
-        holders, override = _all_holders(suite, config), None if kept is None else kept.limit
+        holders, override = 0, None if kept is None else kept.limit
         limit = declared_limit(config) if override is None else override
+        slots = suite.keys.slots("")
+        try:  # summed over the actor's groups
+            for raw in suite.redis.scan_iter(match=suite.keys.slots(f"{glob_escape(actor_name)}:*"), count=1000):
+                name = raw.decode() if isinstance(raw, bytes) else raw
+                holders += gate.status(slot_group(name[len(slots):]), declared_limit(config)).held
+        except redis_lib.RedisError as e:
+            raise RedisUnavailable(f"reading the concurrency slots of {actor_name!r}: {e}") from e
         prefix = slot_groups_of(actor_name)
         parked = model.select().where(waiting & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)).count()
     return ConcurrencyStatus(actor_name, key, None if limit < 0 else limit, declared, override, holders, parked)
-
-
-def _all_holders(suite: "Suite", config: "ActorConfig") -> int:
-    gate = gate_of(suite)
-    pattern = suite.keys.slots(f"{glob_escape(config.actor_name)}:*")
-    slots_prefix = suite.keys.slots("")
-    total = 0
-    try:
-        for raw in suite.redis.scan_iter(match=pattern, count=1000):
-            name = raw.decode() if isinstance(raw, bytes) else raw
-            total += gate.status(slot_group(name[len(slots_prefix):]), declared_limit(config)).held
-    except redis_lib.RedisError as e:
-        raise RedisUnavailable(f"reading the concurrency slots of {config.actor_name!r}: {e}") from e
-    return total
