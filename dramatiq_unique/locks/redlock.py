@@ -22,6 +22,7 @@ from redis.retry import Retry
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
+from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
 from dramatiq_unique.redis.servers import address
 
 #: ms each Redlock master may take to connect or to answer (the ``lock_timeout`` setting).
@@ -206,10 +207,6 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int,
     return out
 
 
-#: Outcomes of :meth:`Locks.release_unless`: the replies of its script.
-NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
-
-
 #: The scripts (``redis/lua/<name>.lua``) of the lock operations.
 SCRIPTS = ("lock_acquire", "lock_release", "lock_extend", "lock_pttl", "lock_release_unless", "lock_force",
            "lock_transfer")
@@ -266,13 +263,17 @@ class Locks:
                 f"(a majority must answer): {error}"
             ) from error
 
-    def _yes(self, script: str, doing: str, name: str, args: list) -> bool:
-        """Whether the script said yes: on the one master, or on a majority."""
+    def _yes(self, script: str, doing: str, name: str, args: list, lost: tuple = ()) -> bool:
+        """Whether the script said yes: on the one master, or on a majority.  Without a majority, what is
+        left of the lock under the tokens ``lost`` is freed (a minority's hold would otherwise stand in the
+        next holder's way until it expires)."""
         if self.single:
             return bool(self._one(script, doing, name, args))
         replies = self._each(script, name, args)
         if replies.count(bool) >= self.quorum:
             return True
+        for token in lost:
+            self._each("lock_release", name, [token], force=False)
         self._check(replies, doing, name)
         return False
 
@@ -346,18 +347,7 @@ class Locks:
     def transfer(self, name: str, token: str, new_token: str, ttl_ms: float) -> bool:
         """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it: a lock handed to another job
         gets a token of its own, so a stale copy of an earlier holder's message never passes for the holder."""
-        args = [token, new_token, int(ttl_ms)]
-        if self.single:
-            return bool(self._one("lock_transfer", "handing over", name, args))
-        replies = self._each("lock_transfer", name, args)
-        if replies.count(bool) >= self.quorum:
-            return True
-        # Lost: free what is left of it under either token (a minority's hold would otherwise
-        # stand in the next holder's way until it expires).
-        self._each("lock_release", name, [new_token], force=False)
-        self._each("lock_release", name, [token], force=False)
-        self._check(replies, "handing over", name)
-        return False
+        return self._yes("lock_transfer", "handing over", name, [token, new_token, int(ttl_ms)], (new_token, token))
 
     def pttl(self, name: str) -> float:
         """Milliseconds until ``name`` frees itself, whoever holds it; 0 if it is free."""

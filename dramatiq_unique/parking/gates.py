@@ -8,7 +8,6 @@ import time
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from dramatiq_unique.observe import events
-from dramatiq_unique.redis import lua
 
 if TYPE_CHECKING:
     from dramatiq_unique.storage.models import JobModel
@@ -16,9 +15,6 @@ if TYPE_CHECKING:
 
 #: The key of a reservation in a woken message's marker (:func:`reservation`).
 WAKE = "wake"
-
-#: Outcomes of :meth:`Gate.release_unless_flagged`: the replies of the scripts behind it.
-NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
 
 
 @dataclasses.dataclass(frozen=True)

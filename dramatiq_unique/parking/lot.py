@@ -27,9 +27,10 @@ from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.observe import events
-from dramatiq_unique.parking.gates import KEPT, NOT_HELD, RELEASED, WAKE, Gate, GroupInfo, gate_ttl, reservation
+from dramatiq_unique.parking.gates import WAKE, Gate, GroupInfo, gate_ttl, reservation
 from dramatiq_unique.parking.groups import LOCK, SLOT, kind_of
 from dramatiq_unique.redis import lua
+from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus, after_ms, utcnow
 from dramatiq_unique.unique.enqueue import row_fields
