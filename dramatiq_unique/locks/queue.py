@@ -47,9 +47,8 @@ def release(suite: "Suite", job: Any, marker: dict, *, wait: bool = True) -> Non
     release_key(suite, job.unique_key, marker.get("qt"), job.message_id, wait=wait)
 
 
-def release_key(
-    suite: "Suite", unique_key: Optional[str], token: Optional[str], message_id: str, *, wait: bool = True,
-) -> None:
+def release_key(suite: "Suite", unique_key: Optional[str], token: Optional[str], message_id: str, *,
+                wait: bool = True) -> None:
     """Free the queue lock of ``unique_key`` if ``token`` still holds it."""
     if unique_key and token:
         free(suite, (suite.keys.queue_lock(unique_key), token), message_id, wait=wait)

@@ -77,11 +77,9 @@ class JobTracking(Middleware):
         if config is None:
             return
         ctx = context.attach(message, self.suite, config)
-        if message.failed:  # rejected by an earlier middleware: after_process_message records it
-            return
-        if ctx.job is not None:
-            # Started by another JobTracking of this broker (setup() called on it again): the
-            # same delivery, not a duplicate, which a second start would refuse and skip.
+        if message.failed or ctx.job is not None:
+            # Rejected by an earlier middleware (after_process_message records it), or started by another JobTracking
+            # of this broker (setup() called on it again): the same delivery, not a duplicate to refuse and skip.
             return
         began = time.monotonic()
         asked = ctx.lock_asked

@@ -82,10 +82,8 @@ class Parking:
 
     # -- the waiter's side ---------------------------------------------------
 
-    def park_message(
-        self, gate: Gate, group: str, config: "ActorConfig", message: Any, retry_in_ms: float,
-        unique_key: Optional[str] = None,
-    ) -> NoReturn:
+    def park_message(self, gate: Gate, group: str, config: "ActorConfig", message: Any, retry_in_ms: float,
+                     unique_key: Optional[str] = None) -> NoReturn:
         """Park the message's job (a message without a row gets one first): SkipMessage.  A job that is
         not waiting (a duplicate delivery, a finished or replaced job) is dropped, handing on a gate it
         was woken for rather than sit on it."""
@@ -104,10 +102,8 @@ class Parking:
             self.hand_on(str(reserved.get("g")), str(reserved.get("t")))
         raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
 
-    def park(
-        self, gate: Gate, group: str, message: Any, model: type[JobModel], job_id: int, revision: int,
-        retry_in_ms: float,
-    ) -> bool:
+    def park(self, gate: Gate, group: str, message: Any, model: type[JobModel], job_id: int, revision: int,
+             retry_in_ms: float) -> bool:
         """False if the job is not waiting (another delivery runs it, it finished or was replaced)."""
         marker = dict(message.options.get(MARKER) or {})
         reserved = marker.pop(WAKE, None)
@@ -389,9 +385,8 @@ class OnDeck:
             rows.append(row)
         return rows
 
-    def _settle(
-        self, gate: "Gate", group: str, info: "GroupInfo", rows: list[JobModel], began: float, booked: int,
-    ) -> bool:
+    def _settle(self, gate: "Gate", group: str, info: "GroupInfo", rows: list[JobModel], began: float,
+                booked: int) -> bool:
         """Put freshly reserved rows on deck (``booked`` places were counted for them), those that cannot
         stay back; True if all were kept."""
         back, raced = self.places.settle(group, info, rows, began, booked)
@@ -534,9 +529,8 @@ class Places:
             self._coming[group] = coming + 1
             return True
 
-    def settle(
-        self, group: str, info: GroupInfo, rows: list[JobModel], began: float, booked: int,
-    ) -> tuple[list[JobModel], bool]:
+    def settle(self, group: str, info: GroupInfo, rows: list[JobModel], began: float,
+               booked: int) -> tuple[list[JobModel], bool]:
         """Put freshly reserved rows on deck: the rows that cannot stay, and whether a holder here let its
         slot go after ``began`` (it may have looked at the deck before these rows were on it)."""
         back: list[JobModel] = []
@@ -764,9 +758,8 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
     return int(job_id), 0
 
 
-def parked_counts(
-    models: Iterable[type[JobModel]], app: str, actors: Iterable["ActorConfig"] = ()
-) -> dict[tuple[str, str], int]:
+def parked_counts(models: Iterable[type[JobModel]], app: str,
+                  actors: Iterable["ActorConfig"] = ()) -> dict[tuple[str, str], int]:
     """The jobs of ``app`` parked now, by (actor, gate kind): for the parked-jobs gauge. One query per table, on the
     (app, parked_on) index.  Every actor of ``actors`` that may park reads 0 when none is: the gauge keeps each
     process's last count, and a group that emptied must not keep the count another process saw."""

@@ -108,9 +108,8 @@ def key_words(config: "ActorConfig", key: Any) -> str:
                     for name, value in selected.items())
 
 
-def set_concurrency_limit(
-    actor_name: str, limit: Optional[int], key: Any = None, *, suite: Optional["Suite"] = None,
-) -> int:
+def set_concurrency_limit(actor_name: str, limit: Optional[int], key: Any = None, *,
+                          suite: Optional["Suite"] = None) -> int:
     """Change a slot limit at run time, for every worker at once; returns the jobs it started.
 
     ``key=None`` sets the limit of all the actor's groups (those without a limit of their own); a ``key``
@@ -129,9 +128,8 @@ def set_concurrency_limit(
     return set_group_limit(actor_name, key_group(config, key), limit, suite=suite, words=words, key=key)
 
 
-def set_group_limit(
-    actor_name: str, group: str, limit: Optional[int], *, suite: "Suite", words: Optional[str] = None, key: Any = None,
-) -> int:
+def set_group_limit(actor_name: str, group: str, limit: Optional[int], *, suite: "Suite", words: Optional[str] = None,
+                    key: Any = None) -> int:
     """:func:`set_concurrency_limit` for a level named by its group key, as the operator's surfaces list
     them: '' for the actor's own limit, else ``<actor>:<digest>``, whether or not a job has its key.
     ``words``/``key``: the key, kept with the override (an override's own are kept when not given)."""

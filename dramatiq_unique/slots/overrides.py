@@ -125,9 +125,8 @@ def _rows(model: type[LimitModel], app: str) -> list[LimitModel]:
     return list(query)
 
 
-def write(
-    suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None, key: Any = None,
-) -> None:
+def write(suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None,
+          key: Any = None) -> None:
     """Set (``limit`` an int) or remove (None) an override: the row, and Redis's copy in its transaction."""
     model = _model(suite)
     db = model._meta.database
@@ -147,8 +146,7 @@ def write(
                 set_at=now,
             ).on_conflict(
                 conflict_target=[model.app, model.actor_name, model.group_key],
-                update={model.concurrency_limit: int(limit), model.words: words,
-                        model.key: kept, model.set_at: now},
+                update={model.concurrency_limit: int(limit), model.words: words, model.key: kept, model.set_at: now},
             ).execute()
         try:
             if limit is None:
