@@ -1,5 +1,4 @@
-"""What jobs park on: the gate protocol (an execution lock, a concurrency slot), and the words parking and gates
-share."""
+"""The gate protocol (what jobs park on: an execution lock, a slot), and the words parking and gates share."""
 
 from __future__ import annotations
 

@@ -292,9 +292,7 @@ class Parking:
             # Delivered to this process's worker: the claim starts the attempt too.
             config = info.start
             start = (after_ms(config.unique_ttl, now), f"{self.suite.worker_id}:woken", config.released_at_start)
-        row = jobs.claim_parked(
-            info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app
-        )
+        row = jobs.claim_parked(info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app)
         if row is not None and start is not None and row.status == JobStatus.RUNNING.value:
             self.started.put(row)
         return row
