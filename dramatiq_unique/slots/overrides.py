@@ -121,8 +121,7 @@ def _of(row: LimitModel) -> Override:
 
 
 def _rows(model: type[LimitModel], app: str) -> list[LimitModel]:
-    query = model.select().where(model.app == app).order_by(model.actor_name, model.group_key).limit(MAX_OVERRIDES)
-    return list(query)
+    return list(model.select().where(model.app == app).order_by(model.actor_name, model.group_key).limit(MAX_OVERRIDES))
 
 
 def write(suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None,
