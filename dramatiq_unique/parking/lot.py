@@ -627,17 +627,15 @@ class Flags:
     def __init__(self, client: redis_lib.Redis, key: str) -> None:
         self.client = client
         self.key = key
-        self._flag = lua.register(client, "wakeup_flag")
-        self._rescore = lua.register(client, "wakeup_rescore")
-        self._due = lua.register(client, "wakeup_due")
+        self.scripts = {name: lua.register(client, f"wakeup_{name}") for name in ("flag", "rescore", "due")}
 
     def flag(self, group: str, delay_ms: float) -> None:
         """Flag ``group`` as having waiters, due for a look in ``delay_ms`` (an earlier look is kept)."""
-        self._flag(keys=[self.key], args=[group, int(max(delay_ms, 0))])
+        self.scripts["flag"](keys=[self.key], args=[group, int(max(delay_ms, 0))])
 
     def rescore(self, group: str, delay_ms: float) -> None:
         """Look at a flagged group again in ``delay_ms`` (an unflagged one stays unflagged)."""
-        self._rescore(keys=[self.key], args=[group, int(max(delay_ms, 0))])
+        self.scripts["rescore"](keys=[self.key], args=[group, int(max(delay_ms, 0))])
 
     def clear(self, group: str) -> None:
         self.client.zrem(self.key, group)
@@ -647,7 +645,7 @@ class Flags:
 
     def due(self, limit: int) -> list[str]:
         """Up to ``limit`` flagged groups whose time came."""
-        return [g.decode() if isinstance(g, bytes) else g for g in self._due(keys=[self.key], args=[limit])]
+        return [g.decode() if isinstance(g, bytes) else g for g in self.scripts["due"](keys=[self.key], args=[limit])]
 
 
 class Watchdog:

@@ -78,24 +78,21 @@ def _selected(config: "ActorConfig", key: Any) -> Any:
     if callable(spec) and not isinstance(spec, (list, tuple)):
         if not isinstance(key, str):
             raise InvalidOption(f"actor {name!r}'s concurrency_key is a callable: key must be the str it returns")
-        selected: Any = key
-    elif spec is True:
+        return key
+    if spec is True:
         if not isinstance(key, dict):
             raise InvalidOption(f"actor {name!r}'s concurrency_key is True: key must be a dict of all its arguments")
-        selected = key
-    else:
-        names = list(spec)
-        if isinstance(key, dict):
-            if set(key) != set(names):
-                raise InvalidOption(f"key for {name!r} must name exactly {names}, not {sorted(key)}")
-            selected = {n: key[n] for n in names}
-        elif len(names) == 1:
-            selected = {names[0]: key}
-        elif isinstance(key, (list, tuple)) and len(key) == len(names):
-            selected = dict(zip(names, key, strict=True))
-        else:
-            raise InvalidOption(f"key for {name!r} must be a dict of {names} (or a tuple in that order)")
-    return selected
+        return key
+    names = list(spec)
+    if isinstance(key, dict):
+        if set(key) != set(names):
+            raise InvalidOption(f"key for {name!r} must name exactly {names}, not {sorted(key)}")
+        return {n: key[n] for n in names}
+    if len(names) == 1:
+        return {names[0]: key}
+    if isinstance(key, (list, tuple)) and len(key) == len(names):
+        return dict(zip(names, key, strict=True))
+    raise InvalidOption(f"key for {name!r} must be a dict of {names} (or a tuple in that order)")
 
 
 def key_words(config: "ActorConfig", key: Any) -> str:
