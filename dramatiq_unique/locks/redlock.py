@@ -220,10 +220,10 @@ class Locks:
     """Locks over one or several Redis masters.
 
     Parameters:
-      masters: the Redis clients; with more than one, a lock needs a majority of them (Redlock),
-        each asked over a bounded client of the suite's own.
-      timeout_ms: with several masters, how long each may take to connect or answer (the
-        ``lock_timeout`` setting).  One master is asked over the client given.
+      masters: the Redis clients; with more than one, a lock needs a majority of them (Redlock), each asked
+        over a bounded client of the suite's own.
+      timeout_ms: with several masters, how long each may take to connect or answer (the ``lock_timeout``
+        setting).  One master is asked over the client given.
     """
 
     def __init__(self, masters: Sequence[redis.Redis], *, timeout_ms: float = DEFAULT_LOCK_TIMEOUT) -> None:

@@ -43,9 +43,8 @@ class ConcurrencySlots(GateMiddleware):
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
-      local_handoff: deliver a woken job to this process's own worker rather than
-        through the broker; the parking is shared with ExecutionLocks, so None
-        leaves it as that one set it (True by default).
+      local_handoff: deliver a woken job to this process's own worker rather than through the broker; the
+        parking is shared with ExecutionLocks, so None leaves it as that one set it (True by default).
     """
 
     capability: ClassVar[str] = opt.SLOTS

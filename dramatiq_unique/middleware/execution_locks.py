@@ -88,8 +88,7 @@ class ExecutionLocks(GateMiddleware):
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
-      local_handoff: deliver a woken job to this process's own worker
-        rather than through the broker.
+      local_handoff: deliver a woken job to this process's own worker rather than through the broker.
     """
 
     capability: ClassVar[str] = opt.LOCKS

@@ -53,9 +53,8 @@ RETRY_DELAY = 5_000
 #: Rows on deck per group and process: two, so that two holders of a group here that
 #: finish together both hand over in one step.
 DEPTH = 2
-#: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at
-#: most half the group's slot lease, the length of a reservation in the database: so a
-#: killed process's rows are free about when its slots are).
+#: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at most half the group's slot
+#: lease, the length of a reservation in the database: so a killed process's rows are free about when its slots are).
 MAX_WAIT_MS = 2_000
 #: Seconds a row started by its claim waits for its message's pick-up (which then writes an ordinary start).
 KEEP_FOR = 60.0
