@@ -61,8 +61,7 @@ def heartbeat() -> float:
     try:
         left = [held.renew() for held in ctx.held.values()]
     except LockLost as e:
-        give_up(ctx, e)
-        raise
+        fail(ctx, e)
     left.append(_renew_row(ctx))
     remaining = min(left) - (time.monotonic() - started)
     if remaining <= 0:
@@ -104,16 +103,12 @@ def check_start(ctx: JobContext, began: float) -> None:
         fail(ctx, f"starting job {ctx.message.message_id} took {took:.1f} s, longer than its lease")
 
 
-def fail(ctx: JobContext, detail: str) -> NoReturn:
-    error = LockLost(detail)
-    give_up(ctx, error)
-    raise error
-
-
-def give_up(ctx: JobContext, error: LockLost) -> None:
-    """Remember that the attempt lost its hold: it must not be recorded as succeeded."""
+def fail(ctx: JobContext, error: LockLost | str) -> NoReturn:
+    """Raise LockLost, remembered first: the attempt lost its hold and must not be recorded as succeeded."""
+    error = LockLost(error) if isinstance(error, str) else error
     ctx.lock_lost = error
     events.lock_lost(ctx.job, error)
+    raise error
 
 
 def carry_context(actor: "dramatiq.Actor") -> None:

@@ -61,19 +61,16 @@ class KeyLock(Redlock):
         try:
             super().release(raise_on_redis_errors=raise_on_redis_errors)
         finally:
-            self._wake()
-
-    def _wake(self) -> None:
-        parking = lot.of(self.suite)
-        gate = parking.gate_for(self.group)
-        try:
-            if gate is None:  # no ExecutionLocks in this process: a worker's watchdog wakes them now
-                parking.wakeups.rescore(self.group, 0)
-            else:  # taken here and handed to the next parked job, as a job leaving the lock would
-                parking.wake_if_flagged(gate, self.group)
-        except Exception:
-            logger.warning("Released %s but could not wake its waiting jobs: the watchdog wakes them.",
-                           self.group, exc_info=True)
+            parking = lot.of(self.suite)
+            gate = parking.gate_for(self.group)
+            try:
+                if gate is None:  # no ExecutionLocks in this process: a worker's watchdog wakes them now
+                    parking.wakeups.rescore(self.group, 0)
+                else:  # taken here and handed to the next parked job, as a job leaving the lock would
+                    parking.wake_if_flagged(gate, self.group)
+            except Exception:
+                logger.warning("Released %s but could not wake its waiting jobs: the watchdog wakes them.",
+                               self.group, exc_info=True)
 
     def held(self, *, raise_on_redis_errors: Optional[bool] = None) -> float:
         """pottery's ``locked()``: the seconds left on this object's own hold; 0 if it holds nothing."""

@@ -1,11 +1,10 @@
 """The queue lock: what a unique send takes, and how it is freed.
 
 A unique send's row holds its key in the job table (the database decides duplicates,
-:mod:`dramatiq_unique.unique.enqueue`); the send then takes the Redis lock
-``redlock:<prefix>:queue:<unique key>`` under the message id, before its publish, so that
-Redis-side readers (pottery locks of the app, operators) see the key taken.  The order in which
-it is handed over at a job's start is in docs/discussions/how-it-is-built.md ("Sending").  The
-lock has a TTL: whatever is not freed here expires by itself.
+:mod:`dramatiq_unique.unique.enqueue`); the send then takes the Redis lock ``redlock:<prefix>:queue:<unique key>``
+under the message id, before its publish, so that Redis-side readers (pottery locks of the app, operators) see the key
+taken.  The order in which it is handed over at a job's start is in docs/discussions/how-it-is-built.md ("Sending").
+The lock has a TTL: whatever is not freed here expires by itself.
 """
 
 from __future__ import annotations
@@ -48,9 +47,8 @@ def release(suite: "Suite", job: Any, marker: dict, *, wait: bool = True) -> Non
     release_key(suite, job.unique_key, marker.get("qt"), job.message_id, wait=wait)
 
 
-def release_key(
-    suite: "Suite", unique_key: Optional[str], token: Optional[str], message_id: str, *, wait: bool = True,
-) -> None:
+def release_key(suite: "Suite", unique_key: Optional[str], token: Optional[str], message_id: str, *,
+                wait: bool = True) -> None:
     """Free the queue lock of ``unique_key`` if ``token`` still holds it."""
     if unique_key and token:
         free(suite, (suite.keys.queue_lock(unique_key), token), message_id, wait=wait)

@@ -20,9 +20,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.redis import lua, scripts
+from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
-from dramatiq_unique.redis.servers import describe
+from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
+from dramatiq_unique.redis.servers import address
 
 #: ms each Redlock master may take to connect or to answer (the ``lock_timeout`` setting).
 DEFAULT_LOCK_TIMEOUT = 100
@@ -54,7 +55,7 @@ class Master:
     for :data:`PAUSE` ms after it failed, by this object and by its connections alike."""
 
     def __init__(self, client: redis.Redis, timeout_ms: float) -> None:
-        self.where = _where(client)
+        self.where = address(client)
         #: time.monotonic() until which the master is skipped.
         self.down_until = 0.0
         #: Whether its last failure was a timeout (a stalled master), not a refused connection.
@@ -62,9 +63,8 @@ class Master:
         #: Whether a thread is asking it again while it is skipped (one at a time).
         self.probing = False
         self._lock = threading.Lock()
-        self._scripts: dict[str, scripts.Script] = {}
-        self._scripts_lock = threading.Lock()
         self.client = bounded_client(client, timeout_ms, self)
+        self.scripts = {name: lua.register(self.client, name) for name in SCRIPTS}
 
     def skipped(self) -> bool:
         """Whether the master failed within the last :data:`PAUSE` ms.  Once the pause is over, one
@@ -95,14 +95,6 @@ class Master:
     def answered(self) -> None:
         if self.down_until:
             self.down_until = 0.0
-
-    def run(self, text: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run one of our scripts on this master (registered on first use)."""
-        script = self._scripts.get(text)
-        if script is None:
-            with self._scripts_lock:
-                script = self._scripts.setdefault(text, scripts.Script(self.client, text))
-        return script(keys=keys, args=args)
 
     def call(self, fn: Callable[["Master"], Any]) -> Any:
         """``fn(self)``; a connection error or a timeout has the master skipped for a while (even a refused
@@ -170,14 +162,6 @@ def drift(ttl_ms: float) -> float:
     return ttl_ms * CLOCK_DRIFT_FACTOR + 2
 
 
-def _where(client: redis.Redis) -> str:
-    sentinel = describe(client)
-    if sentinel is not None:
-        return sentinel
-    kwargs = client.connection_pool.connection_kwargs
-    return kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-
-
 class Replies:
     """What the masters answered to one operation: their replies, and the errors of those that failed."""
 
@@ -223,10 +207,6 @@ def ask_all(masters: Sequence[Master], fn: Callable[[Master], Any], quorum: int,
     return out
 
 
-#: Outcomes of :meth:`Locks.release_unless`: the replies of its script.
-NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
-
-
 #: The scripts (``redis/lua/<name>.lua``) of the lock operations.
 SCRIPTS = ("lock_acquire", "lock_release", "lock_extend", "lock_pttl", "lock_release_unless", "lock_force",
            "lock_transfer")
@@ -240,10 +220,10 @@ class Locks:
     """Locks over one or several Redis masters.
 
     Parameters:
-      masters: the Redis clients; with more than one, a lock needs a majority of them (Redlock),
-        each asked over a bounded client of the suite's own.
-      timeout_ms: with several masters, how long each may take to connect or answer (the
-        ``lock_timeout`` setting).  One master is asked over the client given.
+      masters: the Redis clients; with more than one, a lock needs a majority of them (Redlock), each asked
+        over a bounded client of the suite's own.
+      timeout_ms: with several masters, how long each may take to connect or answer (the ``lock_timeout``
+        setting).  One master is asked over the client given.
     """
 
     def __init__(self, masters: Sequence[redis.Redis], *, timeout_ms: float = DEFAULT_LOCK_TIMEOUT) -> None:
@@ -271,8 +251,8 @@ class Locks:
     def _each(self, script: str, name: str, args: list, force: bool = True) -> Replies:
         """Several masters: the script on each; ``force=False`` for a clean-up, which skips a master
         that failed a moment ago even if the others make no majority (it decides nothing)."""
-        keys, text = [f"{LOCK_PREFIX}:{name}"], lua.source(script)
-        return ask_all(self.nodes, lambda master: master.run(text, keys, args), self.quorum, force)
+        keys = [f"{LOCK_PREFIX}:{name}"]
+        return ask_all(self.nodes, lambda master: master.scripts[script](keys=keys, args=args), self.quorum, force)
 
     def _check(self, replies: Replies, doing: str, name: str) -> None:
         """Raise if too many masters failed for a majority to be reached (pottery's QuorumIsImpossible)."""
@@ -283,13 +263,17 @@ class Locks:
                 f"(a majority must answer): {error}"
             ) from error
 
-    def _yes(self, script: str, doing: str, name: str, args: list) -> bool:
-        """Whether the script said yes: on the one master, or on a majority."""
+    def _yes(self, script: str, doing: str, name: str, args: list, lost: tuple = ()) -> bool:
+        """Whether the script said yes: on the one master, or on a majority.  Without a majority, what is
+        left of the lock under the tokens ``lost`` is freed (a minority's hold would otherwise stand in the
+        next holder's way until it expires)."""
         if self.single:
             return bool(self._one(script, doing, name, args))
         replies = self._each(script, name, args)
         if replies.count(bool) >= self.quorum:
             return True
+        for token in lost:
+            self._each("lock_release", name, [token], force=False)
         self._check(replies, doing, name)
         return False
 
@@ -361,21 +345,9 @@ class Locks:
         return 0.0
 
     def transfer(self, name: str, token: str, new_token: str, ttl_ms: float) -> bool:
-        """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it: a lock handed
-        to another job gets a token of its own, so a stale copy of an earlier holder's message never
-        passes for the holder."""
-        args = [token, new_token, int(ttl_ms)]
-        if self.single:
-            return bool(self._one("lock_transfer", "handing over", name, args))
-        replies = self._each("lock_transfer", name, args)
-        if replies.count(bool) >= self.quorum:
-            return True
-        # Lost: free what is left of it under either token (a minority's hold would otherwise
-        # stand in the next holder's way until it expires).
-        self._each("lock_release", name, [new_token], force=False)
-        self._each("lock_release", name, [token], force=False)
-        self._check(replies, "handing over", name)
-        return False
+        """Re-issue ``name`` under ``new_token`` with a fresh lease if ``token`` holds it: a lock handed to another job
+        gets a token of its own, so a stale copy of an earlier holder's message never passes for the holder."""
+        return self._yes("lock_transfer", "handing over", name, [token, new_token, int(ttl_ms)], (new_token, token))
 
     def pttl(self, name: str) -> float:
         """Milliseconds until ``name`` frees itself, whoever holds it; 0 if it is free."""

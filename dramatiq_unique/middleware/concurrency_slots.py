@@ -28,26 +28,23 @@ class ConcurrencySlots(GateMiddleware):
     """Runs at most ``concurrency_limit`` jobs of an actor at once, per value of its ``concurrency_key`` (or
     per actor without one), across every worker sharing the Redis.
 
-    A job whose group is full is parked: acked without running, holding no thread and burning no retry, its
-    row ``pending``; a job that leaves its slot hands it to the group's next parked job (``unique_order_by``
-    order).  Slots are leased for ``concurrency_ttl``; ``heartbeat()`` renews the lease, and a holder that
-    died loses its slot when the lease runs out.  Limits can be changed at run time with
-    :func:`dramatiq_unique.set_concurrency_limit`. If Redis cannot be reached the message fails with
-    :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends it again later: it never runs
-    unlimited.
+    A job whose group is full is parked: acked without running, holding no thread and burning no retry, its row
+    ``pending``; a job that leaves its slot hands it to the group's next parked job (``unique_order_by`` order).  Slots
+    are leased for ``concurrency_ttl``; ``heartbeat()`` renews the lease, and a holder that died loses its slot when
+    the lease runs out.  Limits can be changed at run time with :func:`dramatiq_unique.set_concurrency_limit`. If Redis
+    cannot be reached the message fails with :class:`~dramatiq_unique.errors.RedisUnavailable` and Retries sends it
+    again later: it never runs unlimited.
 
-    Add it before :class:`ExecutionLocks` (which goes before :class:`JobTracking`): a job takes its slot,
-    then its execution lock, then its row is marked running; on the way out the slot is handed on first (a
-    slot orders nothing: the next job need not wait for the outcome's commit), then the outcome is recorded,
-    then the lock is handed on.  A job that waits for one gate hands the other on meanwhile.  It needs
-    JobTracking: an actor with a concurrency option is refused when it is declared on a broker without
-    JobTracking, or with the middlewares out of order.
+    Add it before :class:`ExecutionLocks` (which goes before :class:`JobTracking`): a job takes its slot, then its
+    execution lock, then its row is marked running; on the way out the slot is handed on first (a slot orders nothing:
+    the next job need not wait for the outcome's commit), then the outcome is recorded, then the lock is handed on.  A
+    job that waits for one gate hands the other on meanwhile.  It needs JobTracking: an actor with a concurrency option
+    is refused when it is declared on a broker without JobTracking, or with the middlewares out of order.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
-      local_handoff: deliver a woken job to this process's own worker rather than
-        through the broker; the parking is shared with ExecutionLocks, so None
-        leaves it as that one set it (True by default).
+      local_handoff: deliver a woken job to this process's own worker rather than through the broker; the
+        parking is shared with ExecutionLocks, so None leaves it as that one set it (True by default).
     """
 
     capability: ClassVar[str] = opt.SLOTS

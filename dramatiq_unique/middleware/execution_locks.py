@@ -82,15 +82,13 @@ class ExecutionLocks(GateMiddleware):
     If Redis cannot be reached the message fails with :class:`~dramatiq_unique.errors.RedisUnavailable` and
     Retries sends it again later: it never runs unlocked.
 
-    Add it before :class:`JobTracking`, which it needs: the lock is taken before the row is marked running
-    (the row gets the lock's fencing token), and handed on after the outcome is recorded.  An actor that
-    takes an execution lock is refused when it is declared on a broker without JobTracking, or with it out
-    of order.
+    Add it before :class:`JobTracking`, which it needs: the lock is taken before the row is marked running (the row
+    gets the lock's fencing token), and handed on after the outcome is recorded.  An actor that takes an execution lock
+    is refused when it is declared on a broker without JobTracking, or with it out of order.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
-      local_handoff: deliver a woken job to this process's own worker
-        rather than through the broker.
+      local_handoff: deliver a woken job to this process's own worker rather than through the broker.
     """
 
     capability: ClassVar[str] = opt.LOCKS

@@ -30,16 +30,13 @@ logger = logging.getLogger(__name__)
 class JobTracking(Middleware):
     """Keeps a job row for every message of a tracked actor.
 
-    An actor is tracked when it sets ``track=True`` or any other suite
-    option.  Untracked actors cost nothing: no database or Redis call.
-    Add it before :class:`~dramatiq.middleware.Retries` so that its
-    ``after_process_message`` sees what Retries decided.
+    An actor is tracked when it sets ``track=True`` or any other suite option.  Untracked actors cost nothing: no
+    database or Redis call. Add it before :class:`~dramatiq.middleware.Retries` so that its ``after_process_message``
+    sees what Retries decided.
 
-    Declares the row's options and the unique ones it applies as a job is sent,
-    started and finished.  An actor whose lock type holds an execution lock
-    needs :class:`ExecutionLocks` too; one with a concurrency option needs
-    :class:`ConcurrencySlots` (both before this one): the actor is refused
-    when it is declared otherwise.
+    Declares the row's options and the unique ones it applies as a job is sent, started and finished.  An actor whose
+    lock type holds an execution lock needs :class:`ExecutionLocks` too; one with a concurrency option needs
+    :class:`ConcurrencySlots` (both before this one): the actor is refused when it is declared otherwise.
 
     Parameters:
       suite: the configuration that :func:`dramatiq_unique.setup` returns.
@@ -81,11 +78,9 @@ class JobTracking(Middleware):
         if config is None:
             return
         ctx = context.attach(message, self.suite, config)
-        if message.failed:  # rejected by an earlier middleware: after_process_message records it
-            return
-        if ctx.job is not None:
-            # Started by another JobTracking of this broker (setup() called on it again): the
-            # same delivery, not a duplicate, which a second start would refuse and skip.
+        if message.failed or ctx.job is not None:
+            # Rejected by an earlier middleware (after_process_message records it), or started by another JobTracking
+            # of this broker (setup() called on it again): the same delivery, not a duplicate to refuse and skip.
             return
         began = time.monotonic()
         asked = ctx.lock_asked
@@ -95,7 +90,7 @@ class JobTracking(Middleware):
             # out the lock's next holder: it gives up here instead, before the draw.
             began = asked
             leases.check_start(ctx, began)
-        job = self._start(config, message, ctx)
+        job = self._start(message, ctx)
         if job is not None and job.__data__.get("queue_name") is None:
             # A start reads back a few columns only; the attempt's metrics are labelled by its queue.
             job.__data__["queue_name"] = message.queue_name
@@ -104,46 +99,46 @@ class JobTracking(Middleware):
         if job is not None:
             leases.check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
 
-    def _start(self, config, message, ctx):
+    def _start(self, message, ctx):
         marker = message.options.get(MARKER) or {}
         config = ctx.config  # with the message's own options
         release_hold = config.released_at_start
         if "id" not in marker:
-            marker = self._adopt(config, message)
+            # A message sent without the suite (before set-up, another producer): give it a row.
+            job_id, revision, _ = jobs.adopt(config.model, row_fields(config, message, None))
+            marker = {"id": job_id, "rev": revision}
             ctx.model = config.model  # adopted rows are the primary's
         started, ctx.started = ctx.started, None
         if started is not None and started.id == marker["id"]:
             job = started  # its claim started it (parking/lot.py)
         else:
-            job = self._start_row(config, message, ctx, marker, release_hold)
+            job = jobs.start(
+                ctx.model,  # the store that holds the row (its message's marker says which)
+                marker["id"],
+                revision=marker.get("rev", 0),
+                lease_ms=config.unique_ttl,
+                worker=f"{self.suite.worker_id}:{threading.get_ident()}",
+                release_hold=release_hold,
+                fence_key=ctx.fence_key,
+                # A row started ahead by its waker's claim is this delivery's only if it is the woken
+                # message (a gate took up its reservation, or another gate's is still on it); a copy
+                # of the job's first message is a duplicate of that attempt like any other.
+                woken_by=jobs.WOKEN if ctx.woken or WAKE in marker else None,
+            )
         if job is None:
-            return self._not_started(config, message, ctx, marker)
+            return self._not_started(message, ctx, marker)
         if release_hold:  # the start cleared the row's hold: the queue lock goes too (locks/queue.py)
             queue.release(self.suite, job, marker, wait=False)
         return job
 
-    def _start_row(self, config, message, ctx, marker, release_hold):
-        return jobs.start(
-            ctx.model,  # the store that holds the row (its message's marker says which)
-            marker["id"],
-            revision=marker.get("rev", 0),
-            lease_ms=config.unique_ttl,
-            worker=f"{self.suite.worker_id}:{threading.get_ident()}",
-            release_hold=release_hold,
-            fence_key=ctx.fence_key,
-            # A row started ahead by its waker's claim is this delivery's only if it is the woken
-            # message (a gate took up its reservation, or another gate's is still on it); a copy
-            # of the job's first message is a duplicate of that attempt like any other.
-            woken_by=jobs.WOKEN if ctx.woken or WAKE in marker else None,
-        )
-
-    def _not_started(self, config, message, ctx, marker):
+    def _not_started(self, message, ctx, marker):
         """The start found the job finished, replaced, gone or running: skip it (a running
         job's copy waits for the attempt, refused.py), or record it anew."""
         existing = jobs.get(ctx.model, id=marker["id"])
         if existing is None:
             logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
-            return self._start_adopted(config, message, ctx)
+            message.options.pop(MARKER, None)
+            return self._start(message, ctx)
         if existing.status in FINISHED:  # cancelled included (cancel_job): skipped, no failure recorded
             raise SkipMessage(f"job {message.message_id} already {existing.status}")
         if existing.revision == marker.get("rev", 0) and existing.status == JobStatus.RUNNING:
@@ -154,15 +149,6 @@ class JobTracking(Middleware):
             # Left running a moment ago (a retry is due, or it was woken): its own message carries it.
             raise SkipMessage(f"job {message.message_id} is {existing.status}: a superseded copy")
         raise SkipMessage(f"job {message.message_id} was replaced by revision {existing.revision}")
-
-    def _adopt(self, config, message) -> dict:
-        """A message sent without the suite (before set-up, another producer): give it a row."""
-        job_id, revision, _ = jobs.adopt(config.model, row_fields(config, message, None))
-        return {"id": job_id, "rev": revision}
-
-    def _start_adopted(self, config, message, ctx):
-        message.options.pop(MARKER, None)
-        return self._start(config, message, ctx)
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         ctx = context.of(message)
@@ -182,7 +168,6 @@ class JobTracking(Middleware):
     def _record(self, broker, ctx, message, result, exception) -> None:
         config, job = ctx.config, ctx.job
         opts = message.options
-        release = config.unique and config.unique_lock == opt.UNTIL_EXECUTED
         if job is None:
             if message.failed:  # refused before it started, and Dramatiq gave up on it
                 self._refused(message, exception)
@@ -198,11 +183,10 @@ class JobTracking(Middleware):
             retries=any(isinstance(m, Retries) for m in broker.middleware), retry_enqueued=ctx.retry_enqueued,
             min_backoff=opt.lookup(opts, config.options, "min_backoff", DEFAULT_MIN_BACKOFF),
         )
-        release = release and done
+        release = done and config.unique and config.unique_lock == opt.UNTIL_EXECUTED
         if release:
-            # Before the row says it finished: once a reader sees it finished,
-            # the key is free in Redis too.  The row's hold stays the authority
-            # meanwhile, so a send in between is still resolved correctly.
+            # Before the row says it finished: once a reader sees it finished, the key is free in Redis too.  The row's
+            # hold stays the authority meanwhile, so a send in between is still resolved correctly.
             queue.release(self.suite, job, opts.get(MARKER) or {})
         elif (fields.get("status") == JobStatus.SUCCEEDED.value and ctx.fence_key is None and not ctx.held
               and outcome_writer.defer(message, ctx.model, job, dict(fields, lease_until=None))):

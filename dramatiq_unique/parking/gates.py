@@ -1,5 +1,4 @@
-"""What jobs park on: the gate protocol (an execution lock, a concurrency slot), and the words
-parking and gates share."""
+"""The gate protocol (what jobs park on: an execution lock, a slot), and the words parking and gates share."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import time
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from dramatiq_unique.observe import events
-from dramatiq_unique.redis import lua
 
 if TYPE_CHECKING:
     from dramatiq_unique.storage.models import JobModel
@@ -16,9 +14,6 @@ if TYPE_CHECKING:
 
 #: The key of a reservation in a woken message's marker (:func:`reservation`).
 WAKE = "wake"
-
-#: Outcomes of :meth:`Gate.release_unless_flagged`: the replies of the scripts behind it.
-NOT_HELD, RELEASED, KEPT = lua.NOT_HELD, lua.RELEASED, lua.KEPT
 
 
 @dataclasses.dataclass(frozen=True)

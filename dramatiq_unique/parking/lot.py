@@ -1,9 +1,8 @@
 """Parking: jobs that wait for a gate (an execution lock, a slot) without holding a worker thread.
 
-A job that cannot enter its gate is parked in its row (``pending``, ``parked_on`` its group), its
-group flagged in Redis, its message acked; a holder that leaves wakes the next one, first from the
-rows this process reserved on deck.  How and why: docs/discussions/how-it-is-built.md, "Gates:
-locks, slots and parking".
+A job that cannot enter its gate is parked in its row (``pending``, ``parked_on`` its group), its group flagged in
+Redis, its message acked; a holder that leaves wakes the next one, first from the rows this process reserved on deck.
+How and why: docs/discussions/how-it-is-built.md, "Gates: locks, slots and parking".
 """
 
 from __future__ import annotations
@@ -28,9 +27,10 @@ from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.observe import events
-from dramatiq_unique.parking.gates import KEPT, NOT_HELD, RELEASED, WAKE, Gate, GroupInfo, gate_ttl, reservation
+from dramatiq_unique.parking.gates import WAKE, Gate, GroupInfo, gate_ttl, reservation
 from dramatiq_unique.parking.groups import LOCK, SLOT, kind_of
 from dramatiq_unique.redis import lua
+from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, JobStatus, after_ms, utcnow
 from dramatiq_unique.unique.enqueue import row_fields
@@ -53,17 +53,15 @@ RETRY_DELAY = 5_000
 #: Rows on deck per group and process: two, so that two holders of a group here that
 #: finish together both hand over in one step.
 DEPTH = 2
-#: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at
-#: most half the group's slot lease, the length of a reservation in the database: so a
-#: killed process's rows are free about when its slots are).
+#: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at most half the group's slot
+#: lease, the length of a reservation in the database: so a killed process's rows are free about when its slots are).
 MAX_WAIT_MS = 2_000
 #: Seconds a row started by its claim waits for its message's pick-up (which then writes an ordinary start).
 KEEP_FOR = 60.0
 
 
 class Parking:
-    """Parking for one suite (get it with :func:`of`).  Worker threads, the watchdog and the re-drive
-    call it at once."""
+    """Parking for one suite (get it with :func:`of`): worker threads, the watchdog and the re-drive call it at once."""
 
     def __init__(self, suite: "Suite") -> None:
         self.suite = suite
@@ -83,10 +81,8 @@ class Parking:
 
     # -- the waiter's side ---------------------------------------------------
 
-    def park_message(
-        self, gate: Gate, group: str, config: "ActorConfig", message: Any, retry_in_ms: float,
-        unique_key: Optional[str] = None,
-    ) -> NoReturn:
+    def park_message(self, gate: Gate, group: str, config: "ActorConfig", message: Any, retry_in_ms: float,
+                     unique_key: Optional[str] = None) -> NoReturn:
         """Park the message's job (a message without a row gets one first): SkipMessage.  A job that is
         not waiting (a duplicate delivery, a finished or replaced job) is dropped, handing on a gate it
         was woken for rather than sit on it."""
@@ -105,10 +101,8 @@ class Parking:
             self.hand_on(str(reserved.get("g")), str(reserved.get("t")))
         raise SkipMessage(f"job {message.message_id} is not waiting: a duplicate delivery")
 
-    def park(
-        self, gate: Gate, group: str, message: Any, model: type[JobModel], job_id: int, revision: int,
-        retry_in_ms: float,
-    ) -> bool:
+    def park(self, gate: Gate, group: str, message: Any, model: type[JobModel], job_id: int, revision: int,
+             retry_in_ms: float) -> bool:
         """False if the job is not waiting (another delivery runs it, it finished or was replaced)."""
         marker = dict(message.options.get(MARKER) or {})
         reserved = marker.pop(WAKE, None)
@@ -236,14 +230,12 @@ class Parking:
                     if flags:
                         self.wakeups.flag(group, 0)
                     continue
-                if waiting is not None and flags:
-                    # Reserved by another process for its deck: it hands them a
-                    # slot; should it die, look again when their reservation has run out.
+                if waiting is not None or not flags:
                     gate.release(group, token)
-                    self.wakeups.flag(group, waiting + 50)
-                    return None
-                if not flags:
-                    gate.release(group, token)
+                    if waiting is not None and flags:
+                        # Reserved by another process for its deck: it hands them a
+                        # slot; should it die, look again when their reservation has run out.
+                        self.wakeups.flag(group, waiting + 50)
                     return None
                 outcome = gate.release_unless_flagged(group, token)
                 if outcome == KEPT:
@@ -299,9 +291,7 @@ class Parking:
             # Delivered to this process's worker: the claim starts the attempt too.
             config = info.start
             start = (after_ms(config.unique_ttl, now), f"{self.suite.worker_id}:woken", config.released_at_start)
-        row = jobs.claim_parked(
-            info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app
-        )
+        row = jobs.claim_parked(info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app)
         if row is not None and start is not None and row.status == JobStatus.RUNNING.value:
             self.started.put(row)
         return row
@@ -311,10 +301,7 @@ class Parking:
     def tick(self, limit: int = DEFAULT_PAGE) -> int:
         """One watchdog pass: wake the head of every flagged group whose holder's lease ran out."""
         self.ondeck.sweep()
-        woken = 0
-        for group in self.wakeups.due(limit):
-            woken += self._wake_group(group) is not None
-        return woken
+        return sum(self._wake_group(group) is not None for group in self.wakeups.due(limit))
 
     def _wake_group(self, group: str) -> Optional[JobModel]:
         gate = self.gate_for(group)
@@ -346,12 +333,7 @@ class Parking:
     def orphans(self, limit: int = DEFAULT_PAGE) -> list[str]:
         """Groups with parked jobs whose gate has no live holder: what :meth:`wake_orphans` would wake
         (read only; for the ``check`` command).  A halted slot group is not one: its jobs wait by design."""
-        found = []
-        for group in self.parked_groups(limit):
-            gate = self.gate_for(group)
-            if gate is not None and gate.retry_in(group) <= 0:
-                found.append(group)
-        return found
+        return [group for group in self.parked_groups(limit) if self.gates[kind_of(group)].retry_in(group) <= 0]
 
 
 class OnDeck:
@@ -367,29 +349,20 @@ class OnDeck:
         #: The ``worker`` value of the rows this process reserved.
         self.marker = f"{parking.suite.worker_id}:deck"
 
-    def usable(self, gate: Gate) -> bool:
-        """Whether rows of ``gate``'s groups go on deck here (a lock has no deck; a woken job needs a
-        local worker)."""
-        delivery = self.parking.delivery
-        return self.enabled and hasattr(gate, "pass_and_deliver") and delivery.local and delivery.worker is not None
-
-    def fill(
-        self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None,
-    ) -> None:
+    def fill(self, gate: "Gate", group: str, *, since: Optional[float] = None, place: Optional[tuple] = None) -> None:
         """Reserve ``group``'s next parked rows, up to ``DEPTH`` on deck: after a hand-over that woke a
         job of the group here (``since``: when it began), or after a job parked on it while a holder runs
         here (``place``: its ``(created_at, process_after, id)``, which may take the last row's place).
         A row that raced a holder here letting its slot go after ``since`` is put back, the group woken."""
-        if not self.usable(gate):
-            return
+        delivery = self.parking.delivery
+        if not (self.enabled and hasattr(gate, "pass_and_deliver") and delivery.local and delivery.worker is not None):
+            return  # a lock has no deck; a woken job needs a local worker
         began = time.monotonic() if since is None else since
         info = gate.describe(group)
         if info is None or info.start is None or info.start.released_at_start:
             return  # its start would take more than this module writes
         late = None if place is None else place_of(info.order_by, *place)
-        while True:
-            if not self.places.book(group, with_holder=since is None, late=late):
-                return
+        while self.places.book(group, with_holder=since is None, late=late):
             late = None
             rows: list[JobModel] = []
             try:
@@ -409,9 +382,8 @@ class OnDeck:
             rows.append(row)
         return rows
 
-    def _settle(
-        self, gate: "Gate", group: str, info: "GroupInfo", rows: list[JobModel], began: float, booked: int,
-    ) -> bool:
+    def _settle(self, gate: "Gate", group: str, info: "GroupInfo", rows: list[JobModel], began: float,
+                booked: int) -> bool:
         """Put freshly reserved rows on deck (``booked`` places were counted for them), those that cannot
         stay back; True if all were kept."""
         back, raced = self.places.settle(group, info, rows, began, booked)
@@ -554,9 +526,8 @@ class Places:
             self._coming[group] = coming + 1
             return True
 
-    def settle(
-        self, group: str, info: GroupInfo, rows: list[JobModel], began: float, booked: int,
-    ) -> tuple[list[JobModel], bool]:
+    def settle(self, group: str, info: GroupInfo, rows: list[JobModel], began: float,
+               booked: int) -> tuple[list[JobModel], bool]:
         """Put freshly reserved rows on deck: the rows that cannot stay, and whether a holder here let its
         slot go after ``began`` (it may have looked at the deck before these rows were on it)."""
         back: list[JobModel] = []
@@ -655,17 +626,15 @@ class Flags:
     def __init__(self, client: redis_lib.Redis, key: str) -> None:
         self.client = client
         self.key = key
-        self._flag = lua.register(client, "wakeup_flag")
-        self._rescore = lua.register(client, "wakeup_rescore")
-        self._due = lua.register(client, "wakeup_due")
+        self.scripts = {name: lua.register(client, f"wakeup_{name}") for name in ("flag", "rescore", "due")}
 
     def flag(self, group: str, delay_ms: float) -> None:
         """Flag ``group`` as having waiters, due for a look in ``delay_ms`` (an earlier look is kept)."""
-        self._flag(keys=[self.key], args=[group, int(max(delay_ms, 0))])
+        self.scripts["flag"](keys=[self.key], args=[group, int(max(delay_ms, 0))])
 
     def rescore(self, group: str, delay_ms: float) -> None:
         """Look at a flagged group again in ``delay_ms`` (an unflagged one stays unflagged)."""
-        self._rescore(keys=[self.key], args=[group, int(max(delay_ms, 0))])
+        self.scripts["rescore"](keys=[self.key], args=[group, int(max(delay_ms, 0))])
 
     def clear(self, group: str) -> None:
         self.client.zrem(self.key, group)
@@ -675,7 +644,7 @@ class Flags:
 
     def due(self, limit: int) -> list[str]:
         """Up to ``limit`` flagged groups whose time came."""
-        return [g.decode() if isinstance(g, bytes) else g for g in self._due(keys=[self.key], args=[limit])]
+        return [g.decode() if isinstance(g, bytes) else g for g in self.scripts["due"](keys=[self.key], args=[limit])]
 
 
 class Watchdog:
@@ -778,19 +747,17 @@ def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = Non
     fields = row_fields(config, message, None)
     fields["unique_key"] = unique_key
     # Revision 0 even of a row an earlier delivery made: the message is that row's first
-    # revision (JobTracking._adopt, after a job_row, finds the marker and adopts nothing).
+    # revision (JobTracking._start, after a job_row, finds the marker and adopts nothing).
     job_id, _, _ = jobs.adopt(config.model, fields)
     message.options[MARKER] = {**marker, "id": job_id, "rev": 0}
     return int(job_id), 0
 
 
-def parked_counts(
-    models: Iterable[type[JobModel]], app: str, actors: Iterable["ActorConfig"] = ()
-) -> dict[tuple[str, str], int]:
-    """The jobs of ``app`` parked now, by (actor, gate kind): for the parked-jobs gauge.
-    One query per table, on the (app, parked_on) index.  Every actor of ``actors`` that may
-    park reads 0 when none is: the gauge keeps each process's last count, and a group that
-    emptied must not keep the count another process saw."""
+def parked_counts(models: Iterable[type[JobModel]], app: str,
+                  actors: Iterable["ActorConfig"] = ()) -> dict[tuple[str, str], int]:
+    """The jobs of ``app`` parked now, by (actor, gate kind): for the parked-jobs gauge. One query per table, on the
+    (app, parked_on) index.  Every actor of ``actors`` that may park reads 0 when none is: the gauge keeps each
+    process's last count, and a group that emptied must not keep the count another process saw."""
     counts: dict[tuple[str, str], int] = {}
     for config in actors:
         if config.unique:

@@ -12,9 +12,10 @@ import redis as redis_lib
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import KEPT, GroupInfo, gate_ttl
+from dramatiq_unique.parking.gates import GroupInfo, gate_ttl
 from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
 from dramatiq_unique.redis import lua
+from dramatiq_unique.redis.lua import KEPT
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.unique.keys import derive_key
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
 UNLIMITED = -1
 #: ms before a halted group (limit 0) is looked at again by the wake-up watchdog.
 HALTED_RETRY = lot.RETRY_DELAY
+#: The scripts (``redis/lua/slot_<name>.lua``) of the slot operations.
+SCRIPTS = ("enter", "pass", "pass_and_deliver", "leave", "renew", "status", "flag_and_take", "note")
 
 
 def group_key(config: "ActorConfig", message_options: dict, args: tuple, kwargs: dict) -> str:
@@ -70,15 +73,7 @@ class SlotGate:
     def __init__(self, suite: "Suite", flags: str) -> None:
         self.suite = suite
         self.flags = flags
-        client = suite.redis
-        self._enter = lua.register(client, "slot_enter")
-        self._pass = lua.register(client, "slot_pass")
-        self._pass_and_deliver = lua.register(client, "slot_pass_and_deliver")
-        self._leave = lua.register(client, "slot_leave")
-        self._renew = lua.register(client, "slot_renew")
-        self._status = lua.register(client, "slot_status")
-        self._flag_and_take = lua.register(client, "slot_flag_and_take")
-        self._note = lua.register(client, "slot_note")
+        self.scripts = {name: lua.register(suite.redis, f"slot_{name}") for name in SCRIPTS}
 
     def _keys(self, group: str) -> list[str]:
         key = slot_key_of(group)
@@ -93,8 +88,9 @@ class SlotGate:
         config = self._config(group)
         return UNLIMITED if config is None else declared_limit(config)
 
-    def _call(self, script: Any, group: str, args: list, extra_keys: tuple = ()) -> Any:
-        keys = [*self._keys(group), *extra_keys]
+    def _call(self, name: str, group: str, args: list, extra_keys: tuple = ()) -> Any:
+        """The script ``slot_<name>`` on ``group``'s keys (and ``extra_keys``)."""
+        keys, script = [*self._keys(group), *extra_keys], self.scripts[name]
         try:
             try:
                 return script(keys=keys, args=args)
@@ -113,19 +109,19 @@ class SlotGate:
         ``(False, ms until a holder's lease runs out, -1 if halted)``.  ``own_limit``, a message's own,
         becomes the group's default for the decisions taken without the message."""
         args = [limit, token, int(ttl_ms), reserved or "", "" if own_limit is None else int(own_limit)]
-        entered, wait = self._call(self._enter, group, args)
+        entered, wait = self._call("enter", group, args)
         return bool(entered), float(wait)
 
     def renew(self, group: str, token: str, ttl_ms: float, limit: int) -> bool:
-        return bool(self._call(self._renew, group, [limit, token, int(ttl_ms)]))
+        return bool(self._call("renew", group, [limit, token, int(ttl_ms)]))
 
     def status(self, group: str, limit: Optional[int] = None) -> GroupStatus:
         """A suite that may write puts the run-time limits back first if Redis lost them."""
         default = self._default(group) if limit is None else limit
         notes = self.suite.keys.slot_jobs(slot_key_of(group))
-        reply = self._call(self._status, group, [default], (notes,))
+        reply = self._call("status", group, [default], (notes,))
         if not int(reply[5]) and overrides.restore_if_lost(self.suite):
-            reply = self._call(self._status, group, [default], (notes,))
+            reply = self._call("status", group, [default], (notes,))
         as_int = lambda v: None if v is None else int(v)  # noqa: E731
         held, effective, own, actor, wait, loaded, message = reply[:7]
         waiting = tuple(v.decode() if isinstance(v, bytes) else str(v) for v in reply[7:])
@@ -137,7 +133,7 @@ class SlotGate:
         noted for the operator's views (the notes of tokens that left are dropped)."""
         key, keys = slot_key_of(group), self.suite.keys
         try:
-            self._note(keys=[keys.slots(key), keys.slot_jobs(key)], args=[token, message_id])
+            self.scripts["note"](keys=[keys.slots(key), keys.slot_jobs(key)], args=[token, message_id])
         except redis_lib.RedisError as e:
             raise RedisUnavailable(f"noting a holder of {group!r}: {e}") from e
 
@@ -155,28 +151,28 @@ class SlotGate:
 
     def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
         fresh = new_token()
-        return fresh if self._call(self._pass, group, [self._default(group), token, fresh, int(ttl_ms)]) else None
+        return fresh if self._call("pass", group, [self._default(group), token, fresh, int(ttl_ms)]) else None
 
     def release_unless_flagged(self, group: str, token: str) -> int:
-        return int(self._call(self._leave, group, [self._default(group), token, group, "", 0], (self.flags,)))
+        return int(self._call("leave", group, [self._default(group), token, group, "", 0], (self.flags,)))
 
     def hand_over(self, group: str, token: str) -> tuple[int, str]:
         """Leave, re-issuing the slot to a fresh token for the woken job if someone waits (one call)."""
         fresh = new_token()
         args = [self._default(group), token, group, fresh, int(gate_ttl(self, group))]
-        outcome = int(self._call(self._leave, group, args, (self.flags,)))
+        outcome = int(self._call("leave", group, args, (self.flags,)))
         return outcome, (fresh if outcome == KEPT else token)
 
     def pass_and_deliver(self, group: str, token: str, fresh: str, ttl_ms: float, keys: list, args: list) -> bool:
         """Hand the slot held by ``token`` to ``fresh`` and write a local delivery's message, in one step;
         False, with nothing written, if the slot was not held or the group is over its limit."""
         script_args = [self._default(group), token, fresh, int(ttl_ms), *args]
-        return bool(self._call(self._pass_and_deliver, group, script_args, tuple(keys)))
+        return bool(self._call("pass_and_deliver", group, script_args, tuple(keys)))
 
     def flag_and_take(self, group: str, ttl_ms: float, delay_ms: float) -> Optional[str]:
         token = new_token()
         args = [self._default(group), token, int(ttl_ms), group, int(max(delay_ms, 0))]
-        return token if self._call(self._flag_and_take, group, args, (self.flags,)) else None
+        return token if self._call("flag_and_take", group, args, (self.flags,)) else None
 
     def release(self, group: str, token: str) -> None:
         try:

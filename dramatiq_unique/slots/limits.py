@@ -78,24 +78,21 @@ def _selected(config: "ActorConfig", key: Any) -> Any:
     if callable(spec) and not isinstance(spec, (list, tuple)):
         if not isinstance(key, str):
             raise InvalidOption(f"actor {name!r}'s concurrency_key is a callable: key must be the str it returns")
-        selected: Any = key
-    elif spec is True:
+        return key
+    if spec is True:
         if not isinstance(key, dict):
             raise InvalidOption(f"actor {name!r}'s concurrency_key is True: key must be a dict of all its arguments")
-        selected = key
-    else:
-        names = list(spec)
-        if isinstance(key, dict):
-            if set(key) != set(names):
-                raise InvalidOption(f"key for {name!r} must name exactly {names}, not {sorted(key)}")
-            selected = {n: key[n] for n in names}
-        elif len(names) == 1:
-            selected = {names[0]: key}
-        elif isinstance(key, (list, tuple)) and len(key) == len(names):
-            selected = dict(zip(names, key, strict=True))
-        else:
-            raise InvalidOption(f"key for {name!r} must be a dict of {names} (or a tuple in that order)")
-    return selected
+        return key
+    names = list(spec)
+    if isinstance(key, dict):
+        if set(key) != set(names):
+            raise InvalidOption(f"key for {name!r} must name exactly {names}, not {sorted(key)}")
+        return {n: key[n] for n in names}
+    if len(names) == 1:
+        return {names[0]: key}
+    if isinstance(key, (list, tuple)) and len(key) == len(names):
+        return dict(zip(names, key, strict=True))
+    raise InvalidOption(f"key for {name!r} must be a dict of {names} (or a tuple in that order)")
 
 
 def key_words(config: "ActorConfig", key: Any) -> str:
@@ -108,18 +105,8 @@ def key_words(config: "ActorConfig", key: Any) -> str:
                     for name, value in selected.items())
 
 
-def wake_free(suite: "Suite", group: str, most: int = MAX_WAKE) -> int:
-    """Start parked jobs of ``group`` while it has free slots; how many were woken."""
-    gate, spot = gate_of(suite), lot.of(suite)
-    woken = 0
-    while woken < most and spot.wake(gate, group) is not None:  # None: no free slot, or nobody (due) parked
-        woken += 1
-    return woken
-
-
-def set_concurrency_limit(
-    actor_name: str, limit: Optional[int], key: Any = None, *, suite: Optional["Suite"] = None,
-) -> int:
+def set_concurrency_limit(actor_name: str, limit: Optional[int], key: Any = None, *,
+                          suite: Optional["Suite"] = None) -> int:
     """Change a slot limit at run time, for every worker at once; returns the jobs it started.
 
     ``key=None`` sets the limit of all the actor's groups (those without a limit of their own); a ``key``
@@ -138,9 +125,8 @@ def set_concurrency_limit(
     return set_group_limit(actor_name, key_group(config, key), limit, suite=suite, words=words, key=key)
 
 
-def set_group_limit(
-    actor_name: str, group: str, limit: Optional[int], *, suite: "Suite", words: Optional[str] = None, key: Any = None,
-) -> int:
+def set_group_limit(actor_name: str, group: str, limit: Optional[int], *, suite: "Suite", words: Optional[str] = None,
+                    key: Any = None) -> int:
     """:func:`set_concurrency_limit` for a level named by its group key, as the operator's surfaces list
     them: '' for the actor's own limit, else ``<actor>:<digest>``, whether or not a job has its key.
     ``words``/``key``: the key, kept with the override (an override's own are kept when not given)."""
@@ -162,15 +148,20 @@ def set_group_limit(
         groups = [slot_group(whole_actor(actor_name))]
     else:
         groups = lot.parked_on(config.model, config.app, slot_groups_of(actor_name))
-    return sum(wake_free(suite, g) for g in groups)
+    gate, spot, woken = gate_of(suite), lot.of(suite), 0
+    for each in groups:  # its parked jobs started while it has free slots
+        for _ in range(MAX_WAKE):
+            if spot.wake(gate, each) is None:  # no free slot, or nobody (due) parked
+                break
+            woken += 1
+    return woken
 
 
 def concurrency_status(actor_name: str, key: Any = None, *, suite: Optional["Suite"] = None) -> ConcurrencyStatus:
     """The limit, holders and parked jobs of a group (``key`` as for :func:`set_concurrency_limit`).
 
-    With ``key=None`` on an actor that has a ``concurrency_key``: the actor-wide limit, and holders and
-    parked jobs summed over its groups (which scans the suite's slot keys in Redis: an operator's call, not
-    one for a hot path).
+    With ``key=None`` on an actor that has a ``concurrency_key``: the actor-wide limit, and holders and parked jobs
+    summed over its groups (which scans the suite's slot keys in Redis: an operator's call, not one for a hot path).
     """
     suite = suite or _config.current()
     config = _slot_config(suite, actor_name)
@@ -203,22 +194,15 @@ def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str) -> Conc
         parked = model.select().where(waiting & (model.parked_on == group)).count()
     else:
         kept = overrides.find(suite, actor_name, "")
-        holders, override = _all_holders(suite, config), None if kept is None else kept.limit
+        holders, override = 0, None if kept is None else kept.limit
         limit = declared_limit(config) if override is None else override
+        slots = suite.keys.slots("")
+        try:  # summed over the actor's groups
+            for raw in suite.redis.scan_iter(match=suite.keys.slots(f"{glob_escape(actor_name)}:*"), count=1000):
+                name = raw.decode() if isinstance(raw, bytes) else raw
+                holders += gate.status(slot_group(name[len(slots):]), declared_limit(config)).held
+        except redis_lib.RedisError as e:
+            raise RedisUnavailable(f"reading the concurrency slots of {actor_name!r}: {e}") from e
         prefix = slot_groups_of(actor_name)
         parked = model.select().where(waiting & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)).count()
     return ConcurrencyStatus(actor_name, key, None if limit < 0 else limit, declared, override, holders, parked)
-
-
-def _all_holders(suite: "Suite", config: "ActorConfig") -> int:
-    gate = gate_of(suite)
-    pattern = suite.keys.slots(f"{glob_escape(config.actor_name)}:*")
-    slots_prefix = suite.keys.slots("")
-    total = 0
-    try:
-        for raw in suite.redis.scan_iter(match=pattern, count=1000):
-            name = raw.decode() if isinstance(raw, bytes) else raw
-            total += gate.status(slot_group(name[len(slots_prefix):]), declared_limit(config)).held
-    except redis_lib.RedisError as e:
-        raise RedisUnavailable(f"reading the concurrency slots of {config.actor_name!r}: {e}") from e
-    return total

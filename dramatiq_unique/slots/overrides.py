@@ -121,21 +121,11 @@ def _of(row: LimitModel) -> Override:
 
 
 def _rows(model: type[LimitModel], app: str) -> list[LimitModel]:
-    query = model.select().where(model.app == app).order_by(model.actor_name, model.group_key).limit(MAX_OVERRIDES)
-    return list(query)
+    return list(model.select().where(model.app == app).order_by(model.actor_name, model.group_key).limit(MAX_OVERRIDES))
 
 
-def _as_json(key: Any) -> Any:
-    """``key`` if JSON can keep it as it is (a tuple becomes a list: set_concurrency_limit takes both)."""
-    try:
-        return json.loads(json.dumps(key))
-    except (TypeError, ValueError):
-        return None
-
-
-def write(
-    suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None, key: Any = None,
-) -> None:
+def write(suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None,
+          key: Any = None) -> None:
     """Set (``limit`` an int) or remove (None) an override: the row, and Redis's copy in its transaction."""
     model = _model(suite)
     db = model._meta.database
@@ -145,14 +135,17 @@ def write(
         if limit is None:
             model.delete().where(level).execute()
         else:
-            now, kept = utcnow(), _as_json(key)
+            now = utcnow()
+            try:  # the key if JSON can keep it as it is (a tuple becomes a list: set_concurrency_limit takes both)
+                kept = json.loads(json.dumps(key))
+            except (TypeError, ValueError):
+                kept = None
             model.insert(
                 app=suite.app, actor_name=actor, group_key=group, concurrency_limit=int(limit), words=words, key=kept,
                 set_at=now,
             ).on_conflict(
                 conflict_target=[model.app, model.actor_name, model.group_key],
-                update={model.concurrency_limit: int(limit), model.words: words,
-                        model.key: kept, model.set_at: now},
+                update={model.concurrency_limit: int(limit), model.words: words, model.key: kept, model.set_at: now},
             ).execute()
         try:
             if limit is None:
@@ -236,8 +229,9 @@ def _adopt(suite: "Suite", model: type[LimitModel], known: list[Override]) -> li
     have = {redis_key(suite, o.actor, o.group) for o in known}
     found: list[Override] = []
     for prefix, of_group in ((suite.keys.limit(""), True), (suite.keys.actor_limit(""), False)):
-        for name in _scan(suite, prefix):
-            full = prefix + name
+        for listed in suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000):
+            full = listed.decode(errors="replace") if isinstance(listed, bytes) else str(listed)
+            name = full[len(prefix):]
             if full in have or len(found) >= MAX_OVERRIDES:
                 continue
             raw = suite.redis.get(full)
@@ -252,9 +246,3 @@ def _adopt(suite: "Suite", model: type[LimitModel], known: list[Override]) -> li
                          set_at=utcnow()).on_conflict_ignore().execute()
             found.append(Override(actor, group, limit, None, None, None))
     return found
-
-
-def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
-    for raw in suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000):
-        name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-        yield name[len(prefix):]

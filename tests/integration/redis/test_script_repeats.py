@@ -97,22 +97,22 @@ def test_slot_scripts_repeated_with_the_same_token_take_no_second_slot(sqlite_su
     assert gate.enter(group, b, 5_000, 1, None)[0] is False, "the group is still full for others"
     # A hand-over, twice: the second finds the slot already with the new token.
     pass_args = [1, a, b, 5_000]
-    assert gate._call(gate._pass, group, pass_args) == 1
-    assert gate._call(gate._pass, group, pass_args) == 1
+    assert gate._call("pass", group, pass_args) == 1
+    assert gate._call("pass", group, pass_args) == 1
     assert gate.status(group, 1)[0] == 1
     # A leave that re-issues the slot to a woken job's token, twice (someone is flagged).
     c = new_token()
     sqlite_suite.redis.zadd(gate.flags, {group: 0})
     leave_args = [1, b, group, c, 5_000]
-    assert gate._call(gate._leave, group, leave_args, (gate.flags,)) == KEPT
-    assert gate._call(gate._leave, group, leave_args, (gate.flags,)) == KEPT, "handed on: not 'not held'"
+    assert gate._call("leave", group, leave_args, (gate.flags,)) == KEPT
+    assert gate._call("leave", group, leave_args, (gate.flags,)) == KEPT, "handed on: not 'not held'"
     assert gate.status(group, 1)[0] == 1
     # Flag-and-take of a free slot, twice: one slot.
     gate.release(group, c)
     d = new_token()
     take_args = [1, d, 5_000, group, 0]
-    assert gate._call(gate._flag_and_take, group, take_args, (gate.flags,)) == 1
-    assert gate._call(gate._flag_and_take, group, take_args, (gate.flags,)) == 1
+    assert gate._call("flag_and_take", group, take_args, (gate.flags,)) == 1
+    assert gate._call("flag_and_take", group, take_args, (gate.flags,)) == 1
     assert gate.status(group, 1)[0] == 1
     # Renew twice; a plain leave twice ("not held" the second time: the caller only looks for waiters).
     assert gate.renew(group, d, 5_000, 1) and gate.renew(group, d, 5_000, 1)

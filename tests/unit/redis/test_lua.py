@@ -18,7 +18,6 @@ import redis
 
 import dramatiq_unique
 from dramatiq_unique.broker.delivery import Delivery
-from dramatiq_unique.locks import redlock as masters
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.parking.lot import Flags
 from dramatiq_unique.redis import lua, scripts
@@ -27,10 +26,9 @@ from dramatiq_unique.slots.gate import SlotGate
 PACKAGE = Path(dramatiq_unique.__file__).parent
 SCRIPTS = [name for name in lua.names() if not name.startswith("_")]
 FRAGMENTS = [name for name in lua.names() if name.startswith("_")]
-#: The modules that may make a scripts.Script: the loader, the Redlock masters, which register the
-#: texts Locks takes from the loader (checked below), and the publisher, which runs the Redis broker's
-#: own dispatch script with the queue locks in one MULTI/EXEC.
-REGISTERING = {"redis/lua.py", "locks/redlock.py", "broker/publish.py"}
+#: The modules that may make a scripts.Script: the loader, and the publisher, which runs the Redis
+#: broker's own dispatch script with the queue locks in one MULTI/EXEC.
+REGISTERING = {"redis/lua.py", "broker/publish.py"}
 
 
 def header(text: str) -> str:
@@ -97,13 +95,12 @@ def test_every_script_the_package_registers_comes_from_a_lua_file(monkeypatch):
         registered.append(text)
         init(self, client, text)
 
-    def master_run(self: masters.Master, text: str, keys: Any, args: Any) -> int:
-        run_on_masters.append(text)
+    def recording_call(self: scripts.Script, keys: Any = (), args: Any = ()) -> int:
+        run_on_masters.append(self.text)
         return 1
 
     monkeypatch.setattr(scripts.Script, "__init__", recording_init)
-    monkeypatch.setattr(scripts.Script, "__call__", lambda self, keys=(), args=(): 1)
-    monkeypatch.setattr(masters.Master, "run", master_run)
+    monkeypatch.setattr(scripts.Script, "__call__", recording_call)
     client = redis.Redis(host="127.0.0.1", port=1)  # never connected
 
     Locks([client])
@@ -115,6 +112,7 @@ def test_every_script_the_package_registers_comes_from_a_lua_file(monkeypatch):
     monkeypatch.setattr(delivery, "plan", lambda message, ref=None: plan)
     delivery.send(SimpleNamespace())  # type: ignore[arg-type]
 
+    run_on_masters.clear()  # the masters' calls only
     several = Locks([redis.Redis(host="127.0.0.1", port=port) for port in (1, 2, 3)])
     token, _ = several.acquire("n", 1000)
     assert token is not None
