@@ -308,10 +308,9 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
     broker = ctx.broker or suite.broker
     if args.once:
         counts = redrive_pass(broker, suite=suite).as_dict()
-        if not counts.pop("ran"):
-            ctx.emit({"ran": False, **counts}, lambda: "another process is running a pass: this one did nothing")
-            return 0
-        ctx.emit({"ran": True, **counts}, lambda: "one pass: " + ", ".join(f"{n} {what}" for what, n in counts.items()))
+        ran = counts.pop("ran")
+        ctx.emit({"ran": ran, **counts}, lambda: "one pass: " + ", ".join(f"{n} {what}" for what, n in counts.items())
+                 if ran else "another process is running a pass: this one did nothing")
         return 0
     log_visibly()
     stop = threading.Event()

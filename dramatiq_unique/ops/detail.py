@@ -43,7 +43,7 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
     row = find(suite, id_or_message_id)
     with guarded(f"reading why job {row.id} waits"):
         waiting, slot = waiting_of(suite, row), slot_of(suite, row)
-    if slot is not None and row.status == QUEUED and (waiting is None or waiting.reason == "queued"):
+    if slot is not None and row.status == QUEUED and waiting is not None and waiting.reason == "queued":
         waiting = Waiting(reason="woken", label=slot[1], since=row.enqueued_at or row.created_at)
     return JobView(
         **vars(job_row(suite, row, suite.stores.index_of(type(row)))), args=row.args, kwargs=row.kwargs,
@@ -55,16 +55,11 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
 
 def history(row: JobModel) -> list[Attempt]:
     """The row's attempts: its ``history`` column when the model has one, else the last attempt."""
-    kept: Any = getattr(row, "history", None) if "history" in type(row)._meta.fields else None
-    if isinstance(kept, list) and kept:
-        return [
-            Attempt(
-                attempt=int(item.get("attempt") or i + 1), started_at=moment(item.get("started_at")),
-                finished_at=moment(item.get("finished_at")), status=item.get("status"), error=item.get("error"),
-                worker=item.get("worker"),
-            )
-            for i, item in enumerate(kept) if isinstance(item, dict)
-        ]
+    if isinstance(row.history, list) and row.history:
+        return [Attempt(attempt=int(item.get("attempt") or i + 1), started_at=moment(item.get("started_at")),
+                        finished_at=moment(item.get("finished_at")), status=item.get("status"),
+                        error=item.get("error"), worker=item.get("worker"))
+                for i, item in enumerate(row.history) if isinstance(item, dict)]
     if not row.attempts and row.started_at is None:
         return []
     status = str(row.status)

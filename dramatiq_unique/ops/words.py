@@ -65,11 +65,8 @@ def short(key: Optional[str]) -> str:
 
 
 def _call(spec: Callable[..., Any], args: list, kwargs: dict) -> Optional[str]:
-    try:
-        if spec in _slow:
-            return None
-    except TypeError:  # a callable that takes no weak reference is never remembered as slow
-        pass
+    if spec in _slow:  # False for a callable that takes no weak reference: it is never remembered as slow
+        return None
     began = time.monotonic()
     try:
         result = spec(*args, **kwargs)

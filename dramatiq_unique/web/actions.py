@@ -5,7 +5,7 @@ nothing its rules refuse.  Access was checked before (``before_request``); a suc
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 from urllib.parse import unquote
 
 from flask import abort, current_app, redirect, render_template, request, url_for
@@ -178,22 +178,18 @@ def act(action: str) -> Response:
     return redirect(url_for(page, **values), code=303)
 
 
-def _named(action: str) -> Callable[[], str]:
-    return lambda: action
-
-
-#: (rule, endpoint, view, method, the action the auth hook is asked about) of every action, and of the
-#: pages that confirm a bulk one.  The action is decided by what the request does, not by its route (a
-#: limit of 0 is a halt, whichever form sends it), and asked after the CSRF check, before the view; an
-#: endpoint without one cannot be POSTed to (404).
-ROUTES: list[tuple[str, str, Any, str, Optional[Callable[[], str]]]] = [
-    ("/jobs/<ref>/retry", "retry", functools.partial(one_job, "retry"), "POST", _named("retry")),
-    ("/jobs/<ref>/cancel", "cancel", functools.partial(one_job, "cancel"), "POST", _named("cancel")),
+#: (rule, endpoint, view, method, the action the auth hook is asked about, or what tells it) of every
+#: action, and of the pages that confirm a bulk one.  The action is decided by what the request does, not
+#: by its route (a limit of 0 is a halt, whichever form sends it), and asked after the CSRF check, before
+#: the view; an endpoint without one cannot be POSTed to (404).
+ROUTES: list[tuple[str, str, Any, str, Union[str, Callable[[], str], None]]] = [
+    ("/jobs/<ref>/retry", "retry", functools.partial(one_job, "retry"), "POST", "retry"),
+    ("/jobs/<ref>/cancel", "cancel", functools.partial(one_job, "cancel"), "POST", "cancel"),
     ("/slots/limit", "limit", limit, "POST", _limit_action),
-    ("/slots/halt", "halt", functools.partial(limit, halt=True), "POST", _named("halt")),
+    ("/slots/halt", "halt", functools.partial(limit, halt=True), "POST", "halt"),
     ("/dead/retry-all", "retry_all_confirm", functools.partial(confirm, RETRY), "GET", None),
-    ("/dead/retry-all", "retry_all", functools.partial(act, RETRY), "POST", _named("retry_all")),
+    ("/dead/retry-all", "retry_all", functools.partial(act, RETRY), "POST", "retry_all"),
     ("/jobs/cancel-all", "cancel_all_confirm", functools.partial(confirm, CANCEL), "GET", None),
-    ("/jobs/cancel-all", "cancel_all", functools.partial(act, CANCEL), "POST", _named("cancel_all")),
+    ("/jobs/cancel-all", "cancel_all", functools.partial(act, CANCEL), "POST", "cancel_all"),
 ]
 ACTION_OF = {endpoint: action_of for _, endpoint, _, _, action_of in ROUTES if action_of is not None}

@@ -36,19 +36,8 @@ def make_app(
     basic_auth: Optional[BasicAuth] = None, secret_key: Union[str, bytes, None] = None,
     title: str = "dramatiq_unique", page_size: int = 50,
 ) -> Flask:
-    """The dashboard as a WSGI app (a :class:`flask.Flask`).
-
-    Args:
-        suite: the suite to show; default: the last :func:`dramatiq_unique.setup`'s, looked up at each request.
-        read_only: no actions (no buttons; every POST gets 403).
-        auth: the host's hook, ``auth(request, action) -> bool``, asked with ``action=None`` for a page and
-            with what a POST does (``"retry"``, ``"cancel"``, ``"limit"``, ``"halt"``, ``"retry_all"``,
-            ``"cancel_all"``; a limit of 0 is ``"halt"``); only ``True`` allows.
-        basic_auth: ``(user, password)``, or a callable given both that returns ``True`` to let in.
-        secret_key: signs CSRF tokens; the same for every process behind one address (default: random).
-        title: the pages' title.
-        page_size: rows a page lists, 1 to 1000.
-    """
+    """The dashboard as a WSGI app (a :class:`flask.Flask`) showing ``suite`` (default: the last
+    ``setup()``'s, looked up at each request); docs/operations/dashboard.md explains each option."""
     if auth is not None and not callable(auth):
         raise InvalidOption(f"auth must be a callable auth(request, action) -> bool, not {auth!r}")
     if basic_auth is not None and not callable(basic_auth) and not (

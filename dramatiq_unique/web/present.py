@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 MAX_CELL = 120
 #: Characters of a value (arguments, result, error) shown on a job's page.
 MAX_DETAIL = 20_000
-#: Statuses of jobs that still wait (a cancel applies to them).
-WAITING = frozenset({"pending", "queued", "retrying"})
 #: The overview's chart, px.
 WIDTH, HEIGHT, GAP = 600, 120, 2
 #: Width of the attempts timeline, px; attempts beyond the last :data:`MAX_ATTEMPTS` are not drawn.

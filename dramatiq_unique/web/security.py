@@ -94,10 +94,10 @@ def can_act(access: Access) -> bool:
     return any(can(access, action) for action in ACTIONS)
 
 
-def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Optional[Response]:
+def check_access(access: Access, action_of: Union[str, Callable[[], str], None]) -> Optional[Response]:
     """None if the request may go on; else the refusal (401, 403).  ``action_of``: for an endpoint that
-    changes state, what tells the action this request does (from its form), asked once the CSRF token
-    is checked; None for a page."""
+    changes state, the action this request does, or what tells it (from its form), asked once the CSRF
+    token is checked; None for a page."""
     if access.basic_auth is not None and not _basic_ok(access.basic_auth):
         response = Response("authentication required\n", status=401, mimetype="text/plain")
         response.headers["WWW-Authenticate"] = f'Basic realm="{access.realm}", charset="UTF-8"'
@@ -109,7 +109,7 @@ def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Opti
             abort(404)
         check_origin()
         check_csrf(access)
-        action = action_of()
+        action = action_of() if callable(action_of) else action_of
         if action not in ACTIONS:
             abort(404)
         if not may(access, action):

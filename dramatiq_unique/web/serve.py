@@ -48,15 +48,8 @@ def make_server(
     suite: "Optional[Suite]" = None, *, host: str = "127.0.0.1", port: int = 8080, read_only: bool = False,
     basic_auth: Optional[BasicAuth] = None, allow_anonymous: bool = False, threads: int = 4, **app_options: Any,
 ) -> Any:
-    """The standalone server, bound but not yet serving: ``.run()`` serves, ``.close()`` stops, ``.port``
-    is the port bound (``port=0``: a free one).
-
-    ``host`` defaults to loopback; on any other address the dashboard refuses to start with
-    actions open to anyone: give ``basic_auth`` (``(user, password)``; default: the
-    ``DRAMATIQ_UNIQUE_WEB_AUTH`` environment variable, ``user:password``), an ``auth`` hook,
-    ``read_only=True``, or say ``allow_anonymous=True``.  Other options go to
-    :func:`~dramatiq_unique.web.make_app`.
-    """
+    """The standalone server, bound but not yet serving (``.run()``, ``.close()``, ``.port``); off loopback
+    it refuses to start with actions open to anyone (:func:`exposed`).  Other options go to ``make_app``."""
     if basic_auth is None:
         basic_auth = basic_auth_from_env()
     guarded = basic_auth is not None or app_options.get("auth") is not None
