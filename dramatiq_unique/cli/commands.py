@@ -370,10 +370,6 @@ def _bulk_options(action: str) -> tuple[Option, ...]:
     return ACTOR, key, YES, SINCE, last
 
 
-def _limit_shown(g: SlotGroupView) -> Any:
-    return "?" if g.limit_from == "unknown" else ("none" if g.limit is None else g.limit)  # ?: give APP to see it
-
-
 COMMANDS: dict[str, Command] = {c.name: c for c in (
     listing("jobs", "list jobs, newest first, a page at a time", ops.jobs,
             _columns("ref status actor key attempts created=created_at finished=finished_at"), "(no jobs)", (
@@ -387,9 +383,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     listing("locks", "held locks: holder job, time left, fencing token, waiters in order", ops.locks,
             _columns("kind actor key holder token left waiting waiters", left=lambda k: ms(k.left_ms)),
             "(no lock is held)"),
-    # Every holder named (a list: a table cuts no list), a woken one still in the broker marked (queued).
+    # Every holder named (a list: a table cuts no list), a woken one still in the broker marked (queued); a
+    # limit declared by an app not imported is "?".
     listing("slots", "slot groups: limit (and where it comes from), every holder, waiters, halted", ops.slots,
-            _columns("actor key limit from=limit_from held holders waiting waiters halted", limit=_limit_shown,
+            _columns("actor key limit from=limit_from held holders waiting waiters halted",
+                     limit=lambda g: "?" if g.limit_from == "unknown" else ("none" if g.limit is None else g.limit),
                      holders=lambda g: [f"{i}(queued)" if i in g.queued_holders else str(i) for i in g.holders],
                      halted=lambda g: "HALTED" if g.halted else ""), "(no slot group)", (ACTOR,), _slot_notes),
     listing("limits", "the limits set at run time, with their keys in words (`limit ... default` removes one)",

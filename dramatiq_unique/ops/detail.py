@@ -45,12 +45,11 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
         waiting, slot = waiting_of(suite, row), slot_of(suite, row)
     if slot is not None and row.status == QUEUED and waiting is not None and waiting.reason == "queued":
         waiting = Waiting(reason="woken", label=slot[1], since=row.enqueued_at or row.created_at)
-    return JobView(
-        **vars(job_row(suite, row, suite.stores.index_of(type(row)))), args=row.args, kwargs=row.kwargs,
-        enqueued_at=row.enqueued_at, process_after=row.process_after, last_error=row.last_error, result=row.result,
-        fencing_token=row.fencing_token, checkpoints=row.checkpoints, worker=row.worker, parked_on=row.parked_on,
-        history=history(row), waiting=waiting, why=why(waiting, utcnow()), slot=slot[0] if slot is not None else "",
-    )
+    return JobView(**vars(job_row(suite, row, suite.stores.index_of(type(row)))), args=row.args, kwargs=row.kwargs,
+                   enqueued_at=row.enqueued_at, process_after=row.process_after, last_error=row.last_error,
+                   result=row.result, fencing_token=row.fencing_token, checkpoints=row.checkpoints, worker=row.worker,
+                   parked_on=row.parked_on, history=history(row), waiting=waiting, why=why(waiting, utcnow()),
+                   slot=slot[0] if slot is not None else "")
 
 
 def history(row: JobModel) -> list[Attempt]:
@@ -131,19 +130,15 @@ def _parked(suite: "Suite", row: JobModel) -> Waiting:
         unique_key = unique_key_of(group)
         holder = held.lock_holder(suite, actor, unique_key)
         left = suite.locks.pttl(suite.keys.execution_lock(unique_key))
-        return Waiting(
-            reason="lock", label=held.label(config, actor, "unique_args", row, unique_key),
-            holders=[holder.id] if holder else [], held=1 if left > 0 else 0,
-            token=holder.fencing_token if holder else None, left_ms=left, ahead=ahead, ahead_more=more,
-        )
+        return Waiting(reason="lock", label=held.label(config, actor, "unique_args", row, unique_key),
+                       holders=[holder.id] if holder else [], held=1 if left > 0 else 0,
+                       token=holder.fencing_token if holder else None, left_ms=left, ahead=ahead, ahead_more=more)
     if kind_of(group) == SLOT:
         key = slot_key_of(group)
         found = gate_of(suite).status(group)
         ids, _ = held.group_holders(suite, actor, key, found)
-        return Waiting(
-            reason="halted" if found.limit == 0 else "slot",
-            label=held.label(config, actor, "concurrency_key", row, key),
-            limit=None if found.limit < 0 else found.limit, holders=ids if found.held else [], held=found.held,
-            ahead=ahead, ahead_more=more,
-        )
+        return Waiting(reason="halted" if found.limit == 0 else "slot",
+                       label=held.label(config, actor, "concurrency_key", row, key),
+                       limit=None if found.limit < 0 else found.limit, holders=ids if found.held else [],
+                       held=found.held, ahead=ahead, ahead_more=more)
     return Waiting(reason="pending", label=group, since=row.created_at, ahead=ahead, ahead_more=more)

@@ -97,12 +97,8 @@ def slot_holders(suite: "Suite", actor: str) -> dict[str, list[int]]:
     table = config.model
     # No ORDER BY: SQLite would then walk the primary key to avoid a sort, rather than take the few
     # running rows by the (app, status, ...) index.
-    query = (
-        table.select()
-        .where((table.app == suite.app) & (table.status == RUNNING) & (table.actor_name == actor))
-        .limit(MAX_RUNNING)
-    )
-    for row in sorted(query, key=lambda r: r.id):
+    query = table.select().where((table.app == suite.app) & (table.status == RUNNING) & (table.actor_name == actor))
+    for row in sorted(query.limit(MAX_RUNNING), key=lambda r: r.id):
         key = group_of(config, row)
         if key is not None:
             holders.setdefault(key, []).append(row.id)
@@ -174,11 +170,9 @@ def _lock(suite: "Suite", kind: str, unique_key: str, left: float) -> LockView:
     ids, total = waiters(suite, actor, group) if run else ([], 0)
     sample = holder or (_first(suite, actor, lambda t: _parked(suite, t, group)) if run else None)
     key = render(suite.actor_config(actor), "unique_args", sample, unique_key) if sample else short(unique_key)
-    return LockView(
-        kind=kind, actor=actor, key=key, unique_key=unique_key, holder=holder.id if holder else None,
-        holder_message_id=holder.message_id if holder else None,
-        token=holder.fencing_token if holder and run else None, left_ms=left, waiters=ids, waiting=total,
-    )
+    return LockView(kind=kind, actor=actor, key=key, unique_key=unique_key, holder=holder.id if holder else None,
+                    holder_message_id=holder.message_id if holder else None,
+                    token=holder.fencing_token if holder and run else None, left_ms=left, waiters=ids, waiting=total)
 
 
 def known_groups(suite: "Suite", kept: Optional[list[overrides.Override]] = None, *, limits: bool = True) -> list[str]:
@@ -198,11 +192,8 @@ def known_groups(suite: "Suite", kept: Optional[list[overrides.Override]] = None
             names.add(whole_actor(config.actor_name))
     with guarded("listing the parked slot groups"):
         for table in suite.models:
-            query = (
-                table.select(table.parked_on)
-                .where((table.app == suite.app) & (table.status == PENDING) & table.parked_on.startswith(f"{SLOT}:"))
-                .distinct().limit(MAX_GROUPS)
-            )
+            parked = (table.app == suite.app) & (table.status == PENDING) & table.parked_on.startswith(f"{SLOT}:")
+            query = table.select(table.parked_on).where(parked).distinct().limit(MAX_GROUPS)
             names.update(row.parked_on[len(SLOT) + 1:] for row in query if row.parked_on)
     return sorted(names)[:MAX_GROUPS]
 
@@ -239,11 +230,9 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
                 else:
                     text = own.words if own is not None and own.words else short(key)
         limit, source = _limit(config, name, key, status, kept)
-        views.append(SlotGroupView(
-            actor=name, key=text, group=key, limit=limit, held=status.held, holders=holders,
-            waiters=ids, waiting=total, halted=limit == 0, limit_from=source, queued_holders=queued,
-            note=_note(status, limit, holders),
-        ))
+        views.append(SlotGroupView(actor=name, key=text, group=key, limit=limit, held=status.held, holders=holders,
+                                   waiters=ids, waiting=total, halted=limit == 0, limit_from=source,
+                                   queued_holders=queued, note=_note(status, limit, holders)))
     return views
 
 

@@ -94,12 +94,6 @@ def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     return cond
 
 
-def _after(table: type[JobModel], source: int, cursor: tuple[int, int]) -> Any:
-    """Rows after ``cursor`` in the order (id desc, source desc)."""
-    ident, at = cursor
-    return table.id <= ident if source < at else table.id < ident
-
-
 def jobs(
     suite: "Suite", *, status: Union[None, str, Iterable[str]] = None, actor: Optional[str] = None,
     key: Optional[str] = None, since: Optional[datetime] = None, limit: int = DEFAULT_LIMIT,
@@ -142,7 +136,8 @@ def _read(
             top = upper[0] if upper != TOP else _edge(sources, pw.fn.MAX, max) + 1
             floor = max(top - span, 0)
         for source, store, table in sources:
-            cond = _where(suite, table, f) & _after(table, source, upper)
+            # The rows after ``upper`` in the order (id desc, source desc).
+            cond = _where(suite, table, f) & (table.id <= upper[0] if source < upper[1] else table.id < upper[0])
             if floor is not None:
                 cond &= table.id >= floor
             match = (lambda row: keys.matches(suite, row, f.key or "")) if matching else None
@@ -200,10 +195,8 @@ def _older(sources: list[tuple[int, int, type[JobModel]]], floor: int, since: Op
 
 def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:
     shared = base_of(type(row)) is JobModel and store == 0
-    return JobRow(
-        id=row.id, ref=str(row.id) if shared else row.message_id, message_id=row.message_id,
-        actor=row.actor_name, queue=row.queue_name, status=str(row.status),
-        key=row_key(suite.actor_config(row.actor_name), row), attempts=row.attempts,
-        created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
-        table=type(row)._meta.table_name, store=store, error=first_line(row.last_error),
-    )
+    return JobRow(id=row.id, ref=str(row.id) if shared else row.message_id, message_id=row.message_id,
+                  actor=row.actor_name, queue=row.queue_name, status=str(row.status),
+                  key=row_key(suite.actor_config(row.actor_name), row), attempts=row.attempts,
+                  created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
+                  table=type(row)._meta.table_name, store=store, error=first_line(row.last_error))
