@@ -104,14 +104,10 @@ def jobs(
     status, key, limit or cursor."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
-    if key is not None:
-        key = key.strip()
-        if not key:
-            raise ValueError("an empty key")
-        keys.normal(key)
-    f = Filters(parse_statuses(status), actor or None, key or None, since)
-    if key:
-        f = dataclasses.replace(f, unique_keys=keys.derived(suite, actor, key))
+    key = None if key is None else key.strip()
+    if key == "":
+        raise ValueError("an empty key")
+    f = Filters(parse_statuses(status), actor or None, key, since, keys.derived(suite, actor, key) if key else None)
     position = parse_cursor(cursor)
 
     answered, down = lookup.each_store(suite, "listing jobs", lambda index, found: [(index, t) for t in found])
@@ -128,6 +124,7 @@ def _read(
     upper = position
     spans = MAX_SPANS if f.scanning else 1
     matching = bool(f.key) and f.unique_keys is None  # rows are matched in Python, after the SQL sieve
+    match = (lambda row: keys.matches(suite, row, f.key or "")) if matching else None
     span = SPAN // 5 if matching else SPAN  # every sieved row of a span may come to Python
     floor = None
     began = time.monotonic()
@@ -140,7 +137,6 @@ def _read(
             cond = _where(suite, table, f) & (table.id <= upper[0] if source < upper[1] else table.id < upper[0])
             if floor is not None:
                 cond &= table.id >= floor
-            match = (lambda row: keys.matches(suite, row, f.key or "")) if matching else None
             found += [(row.id, source, row, store) for row in _take(table, cond, limit + 1, match)]
         found.sort(key=lambda item: (item[0], item[1]), reverse=True)
         if len(found) > limit or floor is None:
@@ -153,11 +149,8 @@ def _read(
     page = found[:limit]
     rows = [job_row(suite, row, store) for _, _, row, store in page]
     if len(found) > limit:
-        last = page[-1]
-        return rows, f"{last[0]}.{last[1]}"
-    if floor is None:
-        return rows, None
-    return rows, f"{upper[0]}.{upper[1]}"
+        return rows, f"{page[-1][0]}.{page[-1][1]}"
+    return rows, None if floor is None else f"{upper[0]}.{upper[1]}"
 
 
 def _take(table: type[JobModel], cond: Any, need: int, match: Any) -> list[JobModel]:

@@ -7,7 +7,7 @@ finished ones within the window through ``(app, finished_at)``, and the timings 
 
 from __future__ import annotations
 
-import math
+import statistics
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -55,13 +55,10 @@ _MINUTE = {True: "date_trunc('minute', finished_at)", False: "strftime('%Y-%m-%d
 
 
 def percentile(values: list[float], fraction: float) -> Optional[float]:
-    """The ``fraction`` percentile of ``values``, interpolated as PostgreSQL's ``percentile_cont``."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    at = fraction * (len(ordered) - 1)
-    low, high = math.floor(at), math.ceil(at)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+    """The ``fraction`` percentile of ``values`` (a whole percent), interpolated as PostgreSQL's ``percentile_cont``."""
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[round(fraction * 100) - 1]
 
 
 def stats(suite: "Suite", *, minutes: int = 15) -> Stats:

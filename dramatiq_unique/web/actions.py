@@ -26,13 +26,6 @@ from dramatiq_unique.web.pages import current_suite, since
 MAX_LIMIT = 1_000_000
 
 
-def job_ref(ref: str) -> str:
-    """A job's id or message id from the URL; what cannot be one is no job (404, not 400)."""
-    if not ref or len(ref) > 64 or not ref.isprintable():
-        abort(404, "no such job")
-    return ref
-
-
 #: The longest ``next`` kept (a page's own path and query are far shorter).
 MAX_NEXT = 2_000
 
@@ -89,10 +82,12 @@ def _refused(call: Callable[[], Any]) -> Any:
 
 
 def one_job(action: str, ref: str) -> Response:
+    if not ref or len(ref) > 64 or not ref.isprintable():  # what cannot be a job's id is no job (404, not 400)
+        abort(404, "no such job")
     if action == "retry":
-        job = _refused(lambda: retry_job(job_ref(ref), suite=current_suite()))
+        job = _refused(lambda: retry_job(ref, suite=current_suite()))
         return _back("retried", url_for("job", ref=job.message_id))  # its number may be another store's too
-    _refused(lambda: cancel_job(job_ref(ref), suite=current_suite()))
+    _refused(lambda: cancel_job(ref, suite=current_suite()))
     return _back("cancelled", url_for("job", ref=ref))
 
 
@@ -171,11 +166,9 @@ def act(action: str) -> Response:
     filters = pages.filters(FIELDS[action], request.form)
     done = ops_actions.BULK[action](current_suite(), current_suite().broker, _selection(action, filters))
     page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
-    values: dict[str, Any] = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
-    values.update(done=word, n=done.done)
-    if done.blocked:
-        values["blocked"] = done.blocked
-    return redirect(url_for(page, **values), code=303)
+    kept = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
+    # None: no ``blocked`` in the query.
+    return redirect(url_for(page, **kept, done=word, n=done.done, blocked=done.blocked or None), code=303)
 
 
 #: (rule, endpoint, view, method, the action the auth hook is asked about, or what tells it) of every

@@ -84,10 +84,7 @@ def bars(values: Sequence[int], end: Optional[datetime] = None, width: int = WID
     laid = []
     for index, value in enumerate(values):
         high = 0.0 if value <= 0 else max(1.0, (height - 14) * value / peak)  # a non-zero minute stays visible
-        label = f"{value} jobs"
-        if end is not None:
-            minute = end - timedelta(minutes=count - index)
-            label = f"{minute:%H:%M}: {label}"
+        label = f"{value} jobs" if end is None else f"{end - timedelta(minutes=count - index):%H:%M}: {value} jobs"
         laid.append(Bar(round(index * slot + GAP / 2, 1), round(height - high, 1), round(max(slot - GAP, 1), 1),
                         round(high, 1), int(value), label))
     return Chart(laid, peak, int(sum(values)), width, height)
