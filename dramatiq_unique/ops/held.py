@@ -1,9 +1,7 @@
-"""Who holds a lock or a slot group and who waits for it: ``locks``, ``slots`` and ``limits``.
-
-Redis knows a gate's holders only by token, so a holder's job is the ``running`` row of the key
-(and, for a slot group, the ``queued`` rows the gate noted as woken with a slot); waiters are the
-rows parked on the group, in the order they start.  Groups are found by SCAN, bounded.
-"""
+"""Who holds a lock or a slot group and who waits for it: ``locks``, ``slots`` and ``limits``.  Redis
+knows a gate's holders only by token, so a holder's job is the ``running`` row of the key (and, for a
+slot group, the ``queued`` rows the gate noted as woken with a slot); waiters are the rows parked on
+the group, in the order they start.  Groups are found by SCAN, bounded."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""``stats``: counts by status and actor, throughput, and p50/p95 of waiting, parked and running times.
-
-Bounded on a table of millions: open jobs are counted through the ``(app, status, ...)`` indexes,
+"""``stats``: counts by status and actor, throughput, and p50/p95 of waiting, parked and running times,
+bounded on a table of millions: open jobs are counted through the ``(app, status, ...)`` indexes,
 finished ones within the window through ``(app, finished_at)``, and the timings come from the newest
-:data:`MAX_SAMPLE` jobs finished in it (percentiles in SQL on PostgreSQL, in Python on SQLite).
-"""
+:data:`MAX_SAMPLE` jobs finished in it (percentiles in SQL on PostgreSQL, in Python on SQLite)."""
 
 from __future__ import annotations
 

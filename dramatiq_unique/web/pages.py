@@ -89,8 +89,7 @@ def jobs() -> str:
                         since=since(query), limit=current_app.config["DU_PAGE_SIZE"], cursor=cursor)
     except ValueError as e:
         abort(400, str(e))
-    shown = {name: query.get(name, "") for name in ("status", "actor", "key", "since")}
-    return render_template("jobs.html", page=page, filters=shown, query=query, statuses=[s.value for s in JobStatus],
+    return render_template("jobs.html", page=page, filters=query, query=query, statuses=[s.value for s in JobStatus],
                            since_choices=list(SINCE), actors=sorted(current_suite().actors), cursor=cursor,
                            waiting=WAITING, down=page.down, done=_done())
 

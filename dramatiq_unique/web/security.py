@@ -1,8 +1,6 @@
 """Who may see and who may act: basic auth, the host app's hook, read-only, CSRF tokens and ``Origin``.
-
 Every request passes :func:`check_access` (a ``before_request``) before its view, so nothing is
-reachable around it.  Only ``True`` from a hook or check grants; one that raises refuses (fails closed).
-"""
+reachable around it.  Only ``True`` from a hook or check grants; one that raises refuses (fails closed)."""
 
 from __future__ import annotations
 
