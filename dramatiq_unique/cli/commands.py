@@ -152,7 +152,7 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
     view = ops.job(ctx.load(), args.words[0])
 
     def text() -> str:
-        items: list[tuple[str, Any]] = [
+        lines = [pairs([
             ("id", view.id), ("message id", view.message_id), ("actor", view.actor), ("queue", view.queue),
             ("status", view.status), *[(name, said) for name, said in (("why", view.why), ("slot", view.slot)) if said],
             ("key", view.key or "-"), ("arguments", detail(_json_text(view.args) + " " + _json_text(view.kwargs))),
@@ -162,8 +162,7 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
             ("table", view.table),
             ("checkpoints", ", ".join(view.checkpoints) if isinstance(view.checkpoints, dict) else "-"),
             ("result", detail(_json_text(view.result)) if view.result is not None else "-"),
-        ]
-        lines = [pairs(items)]
+        ])]
         if view.history:
             lines += ["", table(("attempt", "status", "started", "finished", "worker", "error"), [
                 (a.attempt, a.status, a.started_at, a.finished_at, a.worker, a.error) for a in view.history])]

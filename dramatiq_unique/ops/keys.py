@@ -192,11 +192,10 @@ def limit_target(suite: "Suite", actor: str, text: Optional[str], group: str = "
         raise InvalidOption(f"no job of {actor!r} can have the key {text!r}: {_hint_text(config)}")
     seen = seen_groups(suite, config, text)
     chosen = next((value for value in fitting if key_group(config, value) in seen), fitting[0])
-    group = key_group(config, chosen)
-    warning = "" if group in seen else (
-        f"no job of {actor} has had the key {key_words(config, chosen)} yet: the limit is kept for "
-        f"the jobs that will (remove it with: limit {actor} '{key_words(config, chosen)}' default)")
-    return Target(group, key_words(config, chosen), chosen, warning)
+    group, words = key_group(config, chosen), key_words(config, chosen)
+    warning = "" if group in seen else (f"no job of {actor} has had the key {words} yet: the limit is kept for the "
+                                        f"jobs that will (remove it with: limit {actor} '{words}' default)")
+    return Target(group, words, chosen, warning)
 
 
 def named_groups(suite: "Suite", config: "ActorConfig", text: str) -> dict[str, Target]:
