@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence
 
-from dramatiq_unique.ops.words import duration, one_line
+from dramatiq_unique.ops.words import MAX_DETAIL, duration, one_line
 
 #: Characters of a cell kept (a longer one is cut, with an ellipsis).
 MAX_CELL = 48
-#: Characters of a value shown on a view of one job (as the dashboard's job page shows).
-MAX_DETAIL = 20_000
 #: The control characters a text of several lines keeps (``visible(text, keep=LINES)``).
 LINES = "\n\t"
 

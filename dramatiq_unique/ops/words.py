@@ -22,6 +22,8 @@ SLOW_CALLABLE_MS = 20
 #: Characters of a rendered value kept, and of a hash shown when there are no words for it.
 MAX_VALUE = 60
 SHORT_HASH = 12
+#: Characters of a value (arguments, result, error) shown on a view of one job, by the dashboard and the command line.
+MAX_DETAIL = 20_000
 
 # Weakly held, so that a new callable never inherits a dead one's verdict through a reused id().
 _slow: "weakref.WeakSet[Any]" = weakref.WeakSet()

@@ -16,7 +16,7 @@ from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConf
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
 from dramatiq_unique.web import actions, pages, present, security
-from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
+from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -69,8 +69,9 @@ def make_app(
 
     @app.context_processor
     def _context() -> dict[str, Any]:
-        return {"title": title, "can_act": can_act(access), "can": lambda action: security.can(access, action),
-                "read_only": read_only, "csrf_token": lambda: csrf_token(access)}
+        return {"title": title, "can_act": any(security.can(access, action) for action in security.ACTIONS),
+                "can": lambda action: security.can(access, action), "read_only": read_only,
+                "csrf_token": lambda: csrf_token(access)}
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException) -> tuple[str, int]:

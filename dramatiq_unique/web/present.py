@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from dramatiq_unique.ops import words
 from dramatiq_unique.ops.detail import moment
+from dramatiq_unique.ops.words import MAX_DETAIL
 from dramatiq_unique.storage.models import utcnow
 
 if TYPE_CHECKING:
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
 
 #: Characters of a value shown in a table cell.
 MAX_CELL = 120
-#: Characters of a value (arguments, result, error) shown on a job's page.
-MAX_DETAIL = 20_000
 #: The overview's chart, px.
 WIDTH, HEIGHT, GAP = 600, 120, 2
 #: Width of the attempts timeline, px; attempts beyond the last :data:`MAX_ATTEMPTS` are not drawn.

@@ -80,11 +80,6 @@ def can(access: Access, action: str) -> bool:
     return not access.read_only and may(access, action)
 
 
-def can_act(access: Access) -> bool:
-    """Whether the pages should offer this request any action (the column of buttons)."""
-    return any(can(access, action) for action in ACTIONS)
-
-
 def check_access(access: Access, action_of: Union[str, Callable[[], str], None]) -> Optional[Response]:
     """None if the request may go on; else the refusal (401, 403).  ``action_of``: for an endpoint that
     changes state, the action this request does, or what tells it (from its form), asked once the CSRF
