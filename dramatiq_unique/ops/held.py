@@ -216,17 +216,13 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
                 running[name] = slot_holders(suite, name)
             holders, queued = group_holders(suite, name, key, status, running[name])
             ids, total = waiters(suite, name, group)
-            own = next((o for o in kept if o.group == key), None)
             if key.endswith(":all") and config is not None and config.options.get("concurrency_key") is None:
                 text = "(all)"
-            else:
-                first = holders[0] if holders else None
+            else:  # a job's key in words, else the words kept with the group's limit, else its hash
                 sample = _first(suite, name, lambda t, g=group: _parked(suite, t, g)) or (
-                    _first(suite, name, lambda t, i=first: t.id == i) if first is not None else None)
-                if sample is not None:
-                    text = render(config, "concurrency_key", sample, key)
-                else:
-                    text = own.words if own is not None and own.words else short(key)
+                    _first(suite, name, lambda t, i=holders[0]: t.id == i) if holders else None)
+                own = next((o.words for o in kept if o.group == key and o.words), None)
+                text = render(config, "concurrency_key", sample, key) if sample is not None else own or short(key)
         limit, source = _limit(config, name, key, status, kept)
         views.append(SlotGroupView(actor=name, key=text, group=key, limit=limit, held=status.held, holders=holders,
                                    waiters=ids, waiting=total, halted=limit == 0, limit_from=source,

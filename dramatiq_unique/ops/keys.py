@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import json
 import types
 import typing
@@ -313,7 +312,7 @@ def _fits(config: "ActorConfig", value: Any) -> bool:
         return True
     hints = _hints(config)
     for name, item in selected.items():
-        allowed = _types(hints.get(name, inspect.Parameter.empty))
+        allowed = _types(hints.get(name))  # None: no hint, any value fits
         if allowed is None:
             continue
         if isinstance(item, bool):
