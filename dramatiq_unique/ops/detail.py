@@ -53,7 +53,7 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
 
 
 def history(row: JobModel) -> list[Attempt]:
-    """The row's attempts: its ``history`` column when the model has one, else the last attempt."""
+    """The row's attempts: its ``history`` column when it holds any, else the last attempt."""
     if isinstance(row.history, list) and row.history:
         return [Attempt(attempt=int(item.get("attempt") or i + 1), started_at=moment(item.get("started_at")),
                         finished_at=moment(item.get("finished_at")), status=item.get("status"),
@@ -62,11 +62,9 @@ def history(row: JobModel) -> list[Attempt]:
     if not row.attempts and row.started_at is None:
         return []
     status = str(row.status)
-    return [Attempt(
-        attempt=row.attempts or 1, started_at=row.started_at, finished_at=row.finished_at,
-        status=status if status in FINISHED or status == RUNNING else "failed",
-        error=row.last_error, worker=row.worker,
-    )]
+    return [Attempt(attempt=row.attempts or 1, started_at=row.started_at, finished_at=row.finished_at,
+                    status=status if status in FINISHED or status == RUNNING else "failed", error=row.last_error,
+                    worker=row.worker)]
 
 
 def moment(value: Any) -> Optional[datetime]:

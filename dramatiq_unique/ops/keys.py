@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import types
 import typing
@@ -51,11 +52,8 @@ def parse(text: str) -> dict[str, Any]:
 
 def _readings(selected: dict[str, Any], text: Callable[[Any], str]) -> list[dict[str, Any]]:
     """Every way ``selected`` may have been sent: a value JSON reads as itself, or as its text."""
-    found: list[dict[str, Any]] = [{}]
-    for name, value in selected.items():
-        choices = [value] if isinstance(value, str) else [value, text(value)]
-        found = [{**f, name: c} for f in found for c in choices]
-    return found
+    choices = [[value] if isinstance(value, str) else [value, text(value)] for value in selected.values()]
+    return [dict(zip(selected, chosen, strict=True)) for chosen in itertools.product(*choices)]
 
 
 def candidate_keys(config: "ActorConfig", option: str, text: str) -> Optional[list[str]]:
