@@ -88,10 +88,7 @@ def stats(suite: "Suite", *, minutes: int = 15) -> Stats:
 
 def _counts(suite: "Suite", t: type[JobModel], cutoff: Any, by_status: dict, by_actor: dict) -> None:
     apps = t.app.in_((suite.app, NO_APP))
-    for statuses, extra in ((OPEN, None), (FINISHED, t.finished_at >= cutoff)):
-        cond = apps & t.status.in_(statuses)
-        if extra is not None:
-            cond &= extra
+    for cond in (apps & t.status.in_(OPEN), apps & t.status.in_(FINISHED) & (t.finished_at >= cutoff)):
         query: Any = t.select(t.status, t.actor_name, pw.fn.COUNT(t.id)).where(cond).group_by(t.status, t.actor_name)
         for status, actor, n in query.tuples():
             status = str(status.value if isinstance(status, JobStatus) else status)
