@@ -85,9 +85,8 @@ def check_access(access: Access, action_of: Union[str, Callable[[], str], None])
     changes state, the action this request does, or what tells it (from its form), asked once the CSRF
     token is checked; None for a page."""
     if access.basic_auth is not None and not _basic_ok(access.basic_auth):
-        response = Response("authentication required\n", status=401, mimetype="text/plain")
-        response.headers["WWW-Authenticate"] = f'Basic realm="{access.realm}", charset="UTF-8"'
-        return response
+        return Response("authentication required\n", 401, mimetype="text/plain",
+                        headers={"WWW-Authenticate": f'Basic realm="{access.realm}", charset="UTF-8"'})
     if request.method not in ("GET", "HEAD"):
         if access.read_only:
             abort(403, "the dashboard is read-only")
@@ -126,9 +125,9 @@ def _browser_id() -> str:
     return value
 
 
-def csrf_token(access: Access) -> str:
-    """The form token of this browser: HMAC of its cookie under the app's secret."""
-    return hmac.new(access.secret, _browser_id().encode(), hashlib.sha256).hexdigest()
+def csrf_token(access: Access, cookie: str = "") -> str:
+    """The form token of this browser (or of ``cookie``): HMAC of its cookie under the app's secret."""
+    return hmac.new(access.secret, (cookie or _browser_id()).encode(), hashlib.sha256).hexdigest()
 
 
 def check_csrf(access: Access) -> None:
@@ -136,8 +135,7 @@ def check_csrf(access: Access) -> None:
     sent = request.form.get(CSRF_FIELD, "")
     if not cookie or not sent:
         abort(403, "missing CSRF token: reload the page and try again")
-    want = hmac.new(access.secret, cookie.encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(want, sent):
+    if not hmac.compare_digest(csrf_token(access, cookie), sent):
         abort(403, "bad CSRF token: reload the page and try again")
 
 
