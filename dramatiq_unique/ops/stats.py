@@ -123,11 +123,10 @@ def _percentiles(pg: list, samples: list[tuple[float, float, Optional[float]]]) 
     if pg:
         w50, w95, r50, r95, p50, p95 = (None if v is None else float(v) for v in pg[0][:6])
         return {"p50": w50, "p95": w95}, {"p50": r50, "p95": r95}, {"p50": p50, "p95": p95}, pg[0][6], pg[0][7]
-    waits, runs = [max(w, 0.0) for w, _, _ in samples], [max(r, 0.0) for _, r, _ in samples]
-    parks = [max(p, 0.0) for _, _, p in samples if p is not None]
-    return ({"p50": percentile(waits, 0.5), "p95": percentile(waits, 0.95)},
-            {"p50": percentile(runs, 0.5), "p95": percentile(runs, 0.95)},
-            {"p50": percentile(parks, 0.5), "p95": percentile(parks, 0.95)}, len(samples), len(parks))
+    # Each timing's values (a negative one as 0); the parked ones of the parked jobs only.
+    columns = [[max(value, 0.0) for sample in samples if (value := sample[i]) is not None] for i in range(3)]
+    waiting, running, parked = ({"p50": percentile(c, 0.5), "p95": percentile(c, 0.95)} for c in columns)
+    return waiting, running, parked, len(samples), len(columns[2])
 
 
 def _run(suite: "Suite", t: type[JobModel], cutoff: Any, template: str) -> Any:

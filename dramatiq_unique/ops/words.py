@@ -156,9 +156,7 @@ def over_limit(held: int, limit: Optional[int]) -> str:
     limit, so the limit went down while they held theirs."""
     if limit is None or held <= limit:
         return ""
-    if limit == 0:
-        return f"{held} held, halted while they ran"
-    return f"{held} held, limit lowered to {limit} while they ran"
+    return f"{held} held, " + ("halted while they ran" if limit == 0 else f"limit lowered to {limit} while they ran")
 
 
 def holding(label: str, held: int, limit: Optional[int], holders: Sequence[int]) -> str:
