@@ -289,13 +289,8 @@ def _types(hint: Any) -> Optional[tuple[type, ...]]:
         return (hint,)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        found: list[type] = []
-        for arg in typing.get_args(hint):
-            sub = _types(arg)
-            if sub is None:
-                return None
-            found += sub
-        return tuple(found)
+        allowed = [_types(arg) for arg in typing.get_args(hint)]
+        return None if None in allowed else tuple(t for each in allowed if each is not None for t in each)
     return (origin,) if origin in (list, dict) else None
 
 
@@ -311,15 +306,9 @@ def _fits(config: "ActorConfig", value: Any) -> bool:
     hints = _hints(config)
     for name, item in selected.items():
         allowed = _types(hints.get(name))  # None: no hint, any value fits
-        if allowed is None:
-            continue
-        if isinstance(item, bool):
-            fits = bool in allowed
-        elif isinstance(item, int):
-            fits = int in allowed or float in allowed
-        else:
-            fits = isinstance(item, allowed)
-        if not fits:
+        # A bool fits a bool only (isinstance() takes it for an int), an int an int or a float.
+        exact = (bool,) if isinstance(item, bool) else (int, float) if isinstance(item, int) else None
+        if allowed is not None and not (any(t in allowed for t in exact) if exact else isinstance(item, allowed)):
             return False
     return True
 
