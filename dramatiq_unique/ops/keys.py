@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import operator
 import types
 import typing
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -130,16 +131,11 @@ def sieve(suite: "Suite", table: type["JobModel"], key: Optional[str], actor: Op
         if _defaulted(suite, actor, name):
             continue
         forms = [canonical(value)] + ([] if isinstance(value, str) else [canonical(str(value))])
-        found: Any = None
-        for form in forms:
-            text = "," + "".join("," if c in _SEPARATORS else c for c in form) + ","
-            if "%" in text or "_" in text or "\\" in text:
-                found = None  # LIKE would read them as wildcards (and SQLite has no default escape)
-                break
-            one = _like(_tokens(table.args), text) | _like(_tokens(table.kwargs), text)
-            found = one if found is None else found | one
-        if found is not None:
-            cond &= found
+        texts = ["," + "".join("," if c in _SEPARATORS else c for c in form) + "," for form in forms]
+        if any(c in text for text in texts for c in "%_\\"):
+            continue  # LIKE would read them as wildcards (and SQLite has no default escape)
+        cond &= functools.reduce(operator.or_, [_like(_tokens(column), text) for text in texts
+                                                for column in (table.args, table.kwargs)])
     return cond
 
 
