@@ -167,7 +167,7 @@ def act(action: str) -> Response:
     done = ops_actions.BULK[action](current_suite(), current_suite().broker, _selection(action, filters))
     page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
     kept = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
-    # None: no ``blocked`` in the query.
+    # url_for leaves a None out of the query: ``blocked`` is said only when some were.
     return redirect(url_for(page, **kept, done=word, n=done.done, blocked=done.blocked or None), code=303)
 
 

@@ -37,7 +37,8 @@ def make_app(
     title: str = "dramatiq_unique", page_size: int = 50,
 ) -> Flask:
     """The dashboard as a WSGI app (a :class:`flask.Flask`) showing ``suite`` (default: the last
-    ``setup()``'s, looked up at each request); docs/operations/dashboard.md explains each option."""
+    ``setup()``'s, looked up at each request), its pages headed ``title``, ``page_size`` rows a page (1 to
+    1000); docs/operations/dashboard.md explains the access options."""
     if auth is not None and not callable(auth):
         raise InvalidOption(f"auth must be a callable auth(request, action) -> bool, not {auth!r}")
     if basic_auth is not None and not callable(basic_auth) and not (
