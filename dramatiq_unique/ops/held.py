@@ -5,6 +5,7 @@ the group, in the order they start.  Groups are found by SCAN, bounded."""
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import redis as redis_lib
@@ -133,9 +134,7 @@ def group_holders(suite: "Suite", actor: str, key: str, status: GroupStatus,
 def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
     """The rest of each Redis key that starts with ``prefix`` (at most MAX_GROUPS)."""
     try:
-        for i, raw in enumerate(suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000)):
-            if i >= MAX_GROUPS:
-                return
+        for raw in itertools.islice(suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000), MAX_GROUPS):
             name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
             yield name[len(prefix):]
     except redis_lib.RedisError as e:

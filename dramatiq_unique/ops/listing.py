@@ -122,13 +122,12 @@ def _read(
 ) -> tuple[list[JobRow], Optional[str]]:
     found: list[tuple[int, int, JobModel, int]] = []  # (id, source, row, store)
     upper = position
-    spans = MAX_SPANS if f.scanning else 1
     matching = bool(f.key) and f.unique_keys is None  # rows are matched in Python, after the SQL sieve
     match = (lambda row: keys.matches(suite, row, f.key or "")) if matching else None
     span = SPAN // 5 if matching else SPAN  # every sieved row of a span may come to Python
     floor = None
     began = time.monotonic()
-    for _ in range(spans):
+    for _ in range(MAX_SPANS):  # one read without a scanning filter (floor None)
         if f.scanning:
             top = upper[0] if upper != TOP else _edge(sources, pw.fn.MAX, max) + 1
             floor = max(top - span, 0)
