@@ -11,18 +11,14 @@ from typing import Callable, Optional, Sequence
 
 from dramatiq_unique.cli.commands import COMMANDS, Command, limit_value, since
 from dramatiq_unique.cli.context import Context, Refused, Usage, looks_like_app
-from dramatiq_unique.errors import (
-    DependencyUnavailable,
-    DramatiqUniqueError,
-    InvalidOption,
-    JobNotFound,
-    JobStateError,
-)
+from dramatiq_unique.errors import DependencyUnavailable, DramatiqUniqueError, InvalidOption, JobNotFound, JobStateError
 
 __all__ = ["COMMANDS", "Command", "Context", "Refused", "Usage", "limit_value", "main", "since"]
 
-EXIT_RULE = ("Exit codes: 0 done; 1 not done: not found, refused, or a store or Redis did not answer; "
-             "2 not understood: a bad command, option, word or value (check: 0 ok, 1 warning, 2 critical).")
+EPILOG = ("Each command takes the app module first (package.module[:broker]), as dramatiq does; without it, "
+          "DRAMATIQ_UNIQUE_DATABASE_URL and DRAMATIQ_UNIQUE_REDIS_URL open the jobs read-only. Exit codes: 0 done; "
+          "1 not done: not found, refused, or a store or Redis did not answer; 2 not understood: a bad command, "
+          "option, word or value (check: 0 ok, 1 warning, 2 critical).")
 #: Errors that mean "understood, but not done": exit 1.
 REFUSED = (JobNotFound, JobStateError, Refused, DependencyUnavailable)
 
@@ -45,11 +41,8 @@ def split_words(
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
-        prog="dramatiq-unique", description="See and steer the jobs, locks and slots of a dramatiq_unique app.",
-        epilog="Each command takes the app module first (package.module[:broker]), as dramatiq does; without it, "
-               "DRAMATIQ_UNIQUE_DATABASE_URL and DRAMATIQ_UNIQUE_REDIS_URL open the jobs read-only. " + EXIT_RULE,
-    )
+    top = argparse.ArgumentParser(prog="dramatiq-unique", epilog=EPILOG,
+                                  description="See and steer the jobs, locks and slots of a dramatiq_unique app.")
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in sorted(COMMANDS.values(), key=lambda c: c.name):
         sub = commands.add_parser(cmd.name, help=cmd.help, description=cmd.help)

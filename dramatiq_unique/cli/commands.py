@@ -152,7 +152,7 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
     view = ops.job(ctx.load(), args.words[0])
 
     def text() -> str:
-        items: list[tuple[str, Any]] = [
+        lines = [pairs([
             ("id", view.id), ("message id", view.message_id), ("actor", view.actor), ("queue", view.queue),
             ("status", view.status), *[(name, said) for name, said in (("why", view.why), ("slot", view.slot)) if said],
             ("key", view.key or "-"), ("arguments", detail(_json_text(view.args) + " " + _json_text(view.kwargs))),
@@ -162,8 +162,7 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
             ("table", view.table),
             ("checkpoints", ", ".join(view.checkpoints) if isinstance(view.checkpoints, dict) else "-"),
             ("result", detail(_json_text(view.result)) if view.result is not None else "-"),
-        ]
-        lines = [pairs(items)]
+        ])]
         if view.history:
             lines += ["", table(("attempt", "status", "started", "finished", "worker", "error"), [
                 (a.attempt, a.status, a.started_at, a.finished_at, a.worker, a.error) for a in view.history])]
@@ -308,10 +307,9 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
     broker = ctx.broker or suite.broker
     if args.once:
         counts = redrive_pass(broker, suite=suite).as_dict()
-        if not counts.pop("ran"):
-            ctx.emit({"ran": False, **counts}, lambda: "another process is running a pass: this one did nothing")
-            return 0
-        ctx.emit({"ran": True, **counts}, lambda: "one pass: " + ", ".join(f"{n} {what}" for what, n in counts.items()))
+        ran = counts.pop("ran")
+        ctx.emit({"ran": ran, **counts}, lambda: "one pass: " + ", ".join(f"{n} {what}" for what, n in counts.items())
+                 if ran else "another process is running a pass: this one did nothing")
         return 0
     log_visibly()
     stop = threading.Event()
@@ -330,11 +328,7 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
 def web(ctx: Context, args: argparse.Namespace) -> int:
     try:
         from dramatiq_unique.web import serve  # type: ignore[import-not-found,unused-ignore]  # the [web] extra
-        from dramatiq_unique.web.serve import (  # type: ignore[import-not-found,unused-ignore]
-            AUTH_ENV,
-            basic_auth_from_env,
-            exposed,
-        )
+        from dramatiq_unique.web.serve import AUTH_ENV, basic_auth_from_env, exposed  # type: ignore[import-not-found,unused-ignore]
     except ImportError as e:
         raise Usage(f"the dashboard is not installed ({e}): pip install dramatiq_unique[web]") from e
     suite = ctx.load()
@@ -371,10 +365,6 @@ def _bulk_options(action: str) -> tuple[Option, ...]:
     return ACTOR, key, YES, SINCE, last
 
 
-def _limit_shown(g: SlotGroupView) -> Any:
-    return "?" if g.limit_from == "unknown" else ("none" if g.limit is None else g.limit)  # ?: give APP to see it
-
-
 COMMANDS: dict[str, Command] = {c.name: c for c in (
     listing("jobs", "list jobs, newest first, a page at a time", ops.jobs,
             _columns("ref status actor key attempts created=created_at finished=finished_at"), "(no jobs)", (
@@ -388,9 +378,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     listing("locks", "held locks: holder job, time left, fencing token, waiters in order", ops.locks,
             _columns("kind actor key holder token left waiting waiters", left=lambda k: ms(k.left_ms)),
             "(no lock is held)"),
-    # Every holder named (a list: a table cuts no list), a woken one still in the broker marked (queued).
+    # Every holder named (a list: a table cuts no list), a woken one still in the broker marked (queued); a
+    # limit declared by an app not imported is "?".
     listing("slots", "slot groups: limit (and where it comes from), every holder, waiters, halted", ops.slots,
-            _columns("actor key limit from=limit_from held holders waiting waiters halted", limit=_limit_shown,
+            _columns("actor key limit from=limit_from held holders waiting waiters halted",
+                     limit=lambda g: "?" if g.limit_from == "unknown" else ("none" if g.limit is None else g.limit),
                      holders=lambda g: [f"{i}(queued)" if i in g.queued_holders else str(i) for i in g.holders],
                      halted=lambda g: "HALTED" if g.halted else ""), "(no slot group)", (ACTOR,), _slot_notes),
     listing("limits", "the limits set at run time, with their keys in words (`limit ... default` removes one)",

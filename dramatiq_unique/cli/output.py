@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import json as jsonlib
 from typing import Any, Iterable, Optional, Sequence
 
-from dramatiq_unique.ops.words import duration, one_line
+from dramatiq_unique.ops.words import MAX_DETAIL, duration, one_line
 
 #: Characters of a cell kept (a longer one is cut, with an ellipsis).
 MAX_CELL = 48
-#: Characters of a value shown on a view of one job (as the dashboard's job page shows).
-MAX_DETAIL = 20_000
 #: The control characters a text of several lines keeps (``visible(text, keep=LINES)``).
 LINES = "\n\t"
 
@@ -24,13 +23,10 @@ def visible(text: str, *, keep: str = "", json: bool = False) -> str:
     for c in text:
         if c.isprintable() or c in keep:
             out.append(c)
-        elif not json:
-            out.append(c.encode("unicode_escape").decode("ascii"))
-        elif ord(c) > 0xFFFF:  # a JSON escape is UTF-16: a pair of surrogates
-            high, low = divmod(ord(c) - 0x10000, 0x400)
-            out.append(f"\\u{0xD800 + high:04x}\\u{0xDC00 + low:04x}")
+        elif json:  # its \u escape (a pair of surrogates past U+FFFF), as JSON writes it
+            out.append(jsonlib.dumps(c)[1:-1])
         else:
-            out.append(f"\\u{ord(c):04x}")
+            out.append(c.encode("unicode_escape").decode("ascii"))
     return "".join(out)
 
 

@@ -97,14 +97,8 @@ def described(action: str, sel: Selection, key: Optional[str] = None) -> str:
     """The selection in words, for a question or an answer: ``dead jobs of charge failed since …``."""
     what = "dead jobs" if action == RETRY else (
         "waiting jobs" if set(sel.statuses) == set(WAITING) else f"{'/'.join(sel.statuses)} jobs")
-    parts = [what]
-    if sel.actor:
-        parts.append(f"of {sel.actor}")
-    if key:
-        parts.append(f"with the key {key!r}")
-    if sel.error:
-        parts.append(f"whose error holds {sel.error!r}")
-    if sel.since is not None:
-        parts.append(f"{'failed' if action == RETRY else 'created'} since "
-                     f"{sel.since.replace(microsecond=0).isoformat(sep=' ')} UTC")
-    return " ".join(parts)
+    since = None if sel.since is None else sel.since.replace(microsecond=0).isoformat(sep=" ")
+    parts = [what, sel.actor and f"of {sel.actor}", key and f"with the key {key!r}",
+             sel.error and f"whose error holds {sel.error!r}",
+             since and f"{'failed' if action == RETRY else 'created'} since {since} UTC"]
+    return " ".join(part for part in parts if part)

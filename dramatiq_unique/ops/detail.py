@@ -43,36 +43,28 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
     row = find(suite, id_or_message_id)
     with guarded(f"reading why job {row.id} waits"):
         waiting, slot = waiting_of(suite, row), slot_of(suite, row)
-    if slot is not None and row.status == QUEUED and (waiting is None or waiting.reason == "queued"):
+    if slot is not None and row.status == QUEUED and waiting is not None and waiting.reason == "queued":
         waiting = Waiting(reason="woken", label=slot[1], since=row.enqueued_at or row.created_at)
-    return JobView(
-        **vars(job_row(suite, row, suite.stores.index_of(type(row)))), args=row.args, kwargs=row.kwargs,
-        enqueued_at=row.enqueued_at, process_after=row.process_after, last_error=row.last_error, result=row.result,
-        fencing_token=row.fencing_token, checkpoints=row.checkpoints, worker=row.worker, parked_on=row.parked_on,
-        history=history(row), waiting=waiting, why=why(waiting, utcnow()), slot=slot[0] if slot is not None else "",
-    )
+    return JobView(**vars(job_row(suite, row, suite.stores.index_of(type(row)))), args=row.args, kwargs=row.kwargs,
+                   enqueued_at=row.enqueued_at, process_after=row.process_after, last_error=row.last_error,
+                   result=row.result, fencing_token=row.fencing_token, checkpoints=row.checkpoints, worker=row.worker,
+                   parked_on=row.parked_on, history=history(row), waiting=waiting, why=why(waiting, utcnow()),
+                   slot=slot[0] if slot is not None else "")
 
 
 def history(row: JobModel) -> list[Attempt]:
-    """The row's attempts: its ``history`` column when the model has one, else the last attempt."""
-    kept: Any = getattr(row, "history", None) if "history" in type(row)._meta.fields else None
-    if isinstance(kept, list) and kept:
-        return [
-            Attempt(
-                attempt=int(item.get("attempt") or i + 1), started_at=moment(item.get("started_at")),
-                finished_at=moment(item.get("finished_at")), status=item.get("status"), error=item.get("error"),
-                worker=item.get("worker"),
-            )
-            for i, item in enumerate(kept) if isinstance(item, dict)
-        ]
+    """The row's attempts: its ``history`` column when it holds any, else the last attempt."""
+    if isinstance(row.history, list) and row.history:
+        return [Attempt(attempt=int(item.get("attempt") or i + 1), started_at=moment(item.get("started_at")),
+                        finished_at=moment(item.get("finished_at")), status=item.get("status"),
+                        error=item.get("error"), worker=item.get("worker"))
+                for i, item in enumerate(row.history) if isinstance(item, dict)]
     if not row.attempts and row.started_at is None:
         return []
     status = str(row.status)
-    return [Attempt(
-        attempt=row.attempts or 1, started_at=row.started_at, finished_at=row.finished_at,
-        status=status if status in FINISHED or status == RUNNING else "failed",
-        error=row.last_error, worker=row.worker,
-    )]
+    return [Attempt(attempt=row.attempts or 1, started_at=row.started_at, finished_at=row.finished_at,
+                    status=status if status in FINISHED or status == RUNNING else "failed", error=row.last_error,
+                    worker=row.worker)]
 
 
 def moment(value: Any) -> Optional[datetime]:
@@ -136,19 +128,15 @@ def _parked(suite: "Suite", row: JobModel) -> Waiting:
         unique_key = unique_key_of(group)
         holder = held.lock_holder(suite, actor, unique_key)
         left = suite.locks.pttl(suite.keys.execution_lock(unique_key))
-        return Waiting(
-            reason="lock", label=held.label(config, actor, "unique_args", row, unique_key),
-            holders=[holder.id] if holder else [], held=1 if left > 0 else 0,
-            token=holder.fencing_token if holder else None, left_ms=left, ahead=ahead, ahead_more=more,
-        )
+        return Waiting(reason="lock", label=held.label(config, actor, "unique_args", row, unique_key),
+                       holders=[holder.id] if holder else [], held=1 if left > 0 else 0,
+                       token=holder.fencing_token if holder else None, left_ms=left, ahead=ahead, ahead_more=more)
     if kind_of(group) == SLOT:
         key = slot_key_of(group)
         found = gate_of(suite).status(group)
         ids, _ = held.group_holders(suite, actor, key, found)
-        return Waiting(
-            reason="halted" if found.limit == 0 else "slot",
-            label=held.label(config, actor, "concurrency_key", row, key),
-            limit=None if found.limit < 0 else found.limit, holders=ids if found.held else [], held=found.held,
-            ahead=ahead, ahead_more=more,
-        )
+        return Waiting(reason="halted" if found.limit == 0 else "slot",
+                       label=held.label(config, actor, "concurrency_key", row, key),
+                       limit=None if found.limit < 0 else found.limit, holders=ids if found.held else [],
+                       held=found.held, ahead=ahead, ahead_more=more)
     return Waiting(reason="pending", label=group, since=row.created_at, ahead=ahead, ahead_more=more)

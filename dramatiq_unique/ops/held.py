@@ -1,12 +1,11 @@
-"""Who holds a lock or a slot group and who waits for it: ``locks``, ``slots`` and ``limits``.
-
-Redis knows a gate's holders only by token, so a holder's job is the ``running`` row of the key
-(and, for a slot group, the ``queued`` rows the gate noted as woken with a slot); waiters are the
-rows parked on the group, in the order they start.  Groups are found by SCAN, bounded.
-"""
+"""Who holds a lock or a slot group and who waits for it: ``locks``, ``slots`` and ``limits``.  Redis
+knows a gate's holders only by token, so a holder's job is the ``running`` row of the key (and, for a
+slot group, the ``queued`` rows the gate noted as woken with a slot); waiters are the rows parked on
+the group, in the order they start.  Groups are found by SCAN, bounded."""
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import redis as redis_lib
@@ -97,12 +96,8 @@ def slot_holders(suite: "Suite", actor: str) -> dict[str, list[int]]:
     table = config.model
     # No ORDER BY: SQLite would then walk the primary key to avoid a sort, rather than take the few
     # running rows by the (app, status, ...) index.
-    query = (
-        table.select()
-        .where((table.app == suite.app) & (table.status == RUNNING) & (table.actor_name == actor))
-        .limit(MAX_RUNNING)
-    )
-    for row in sorted(query, key=lambda r: r.id):
+    query = table.select().where((table.app == suite.app) & (table.status == RUNNING) & (table.actor_name == actor))
+    for row in sorted(query.limit(MAX_RUNNING), key=lambda r: r.id):
         key = group_of(config, row)
         if key is not None:
             holders.setdefault(key, []).append(row.id)
@@ -139,9 +134,7 @@ def group_holders(suite: "Suite", actor: str, key: str, status: GroupStatus,
 def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
     """The rest of each Redis key that starts with ``prefix`` (at most MAX_GROUPS)."""
     try:
-        for i, raw in enumerate(suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000)):
-            if i >= MAX_GROUPS:
-                return
+        for raw in itertools.islice(suite.redis.scan_iter(match=glob_escape(prefix) + "*", count=1000), MAX_GROUPS):
             name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
             yield name[len(prefix):]
     except redis_lib.RedisError as e:
@@ -174,11 +167,9 @@ def _lock(suite: "Suite", kind: str, unique_key: str, left: float) -> LockView:
     ids, total = waiters(suite, actor, group) if run else ([], 0)
     sample = holder or (_first(suite, actor, lambda t: _parked(suite, t, group)) if run else None)
     key = render(suite.actor_config(actor), "unique_args", sample, unique_key) if sample else short(unique_key)
-    return LockView(
-        kind=kind, actor=actor, key=key, unique_key=unique_key, holder=holder.id if holder else None,
-        holder_message_id=holder.message_id if holder else None,
-        token=holder.fencing_token if holder and run else None, left_ms=left, waiters=ids, waiting=total,
-    )
+    return LockView(kind=kind, actor=actor, key=key, unique_key=unique_key, holder=holder.id if holder else None,
+                    holder_message_id=holder.message_id if holder else None,
+                    token=holder.fencing_token if holder and run else None, left_ms=left, waiters=ids, waiting=total)
 
 
 def known_groups(suite: "Suite", kept: Optional[list[overrides.Override]] = None, *, limits: bool = True) -> list[str]:
@@ -198,11 +189,8 @@ def known_groups(suite: "Suite", kept: Optional[list[overrides.Override]] = None
             names.add(whole_actor(config.actor_name))
     with guarded("listing the parked slot groups"):
         for table in suite.models:
-            query = (
-                table.select(table.parked_on)
-                .where((table.app == suite.app) & (table.status == PENDING) & table.parked_on.startswith(f"{SLOT}:"))
-                .distinct().limit(MAX_GROUPS)
-            )
+            parked = (table.app == suite.app) & (table.status == PENDING) & table.parked_on.startswith(f"{SLOT}:")
+            query = table.select(table.parked_on).where(parked).distinct().limit(MAX_GROUPS)
             names.update(row.parked_on[len(SLOT) + 1:] for row in query if row.parked_on)
     return sorted(names)[:MAX_GROUPS]
 
@@ -227,23 +215,17 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
                 running[name] = slot_holders(suite, name)
             holders, queued = group_holders(suite, name, key, status, running[name])
             ids, total = waiters(suite, name, group)
-            own = next((o for o in kept if o.group == key), None)
             if key.endswith(":all") and config is not None and config.options.get("concurrency_key") is None:
                 text = "(all)"
-            else:
-                first = holders[0] if holders else None
+            else:  # a job's key in words, else the words kept with the group's limit, else its hash
                 sample = _first(suite, name, lambda t, g=group: _parked(suite, t, g)) or (
-                    _first(suite, name, lambda t, i=first: t.id == i) if first is not None else None)
-                if sample is not None:
-                    text = render(config, "concurrency_key", sample, key)
-                else:
-                    text = own.words if own is not None and own.words else short(key)
+                    _first(suite, name, lambda t, i=holders[0]: t.id == i) if holders else None)
+                own = next((o.words for o in kept if o.group == key and o.words), None)
+                text = render(config, "concurrency_key", sample, key) if sample is not None else own or short(key)
         limit, source = _limit(config, name, key, status, kept)
-        views.append(SlotGroupView(
-            actor=name, key=text, group=key, limit=limit, held=status.held, holders=holders,
-            waiters=ids, waiting=total, halted=limit == 0, limit_from=source, queued_holders=queued,
-            note=_note(status, limit, holders),
-        ))
+        views.append(SlotGroupView(actor=name, key=text, group=key, limit=limit, held=status.held, holders=holders,
+                                   waiters=ids, waiting=total, halted=limit == 0, limit_from=source,
+                                   queued_holders=queued, note=_note(status, limit, holders)))
     return views
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
+import itertools
 import json
+import operator
 import types
 import typing
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -52,11 +53,8 @@ def parse(text: str) -> dict[str, Any]:
 
 def _readings(selected: dict[str, Any], text: Callable[[Any], str]) -> list[dict[str, Any]]:
     """Every way ``selected`` may have been sent: a value JSON reads as itself, or as its text."""
-    found: list[dict[str, Any]] = [{}]
-    for name, value in selected.items():
-        choices = [value] if isinstance(value, str) else [value, text(value)]
-        found = [{**f, name: c} for f in found for c in choices]
-    return found
+    choices = [[value] if isinstance(value, str) else [value, text(value)] for value in selected.values()]
+    return [dict(zip(selected, chosen, strict=True)) for chosen in itertools.product(*choices)]
 
 
 def candidate_keys(config: "ActorConfig", option: str, text: str) -> Optional[list[str]]:
@@ -133,16 +131,11 @@ def sieve(suite: "Suite", table: type["JobModel"], key: Optional[str], actor: Op
         if _defaulted(suite, actor, name):
             continue
         forms = [canonical(value)] + ([] if isinstance(value, str) else [canonical(str(value))])
-        found: Any = None
-        for form in forms:
-            text = "," + "".join("," if c in _SEPARATORS else c for c in form) + ","
-            if "%" in text or "_" in text or "\\" in text:
-                found = None  # LIKE would read them as wildcards (and SQLite has no default escape)
-                break
-            one = _like(_tokens(table.args), text) | _like(_tokens(table.kwargs), text)
-            found = one if found is None else found | one
-        if found is not None:
-            cond &= found
+        texts = ["," + "".join("," if c in _SEPARATORS else c for c in form) + "," for form in forms]
+        if any(c in text for text in texts for c in "%_\\"):
+            continue  # LIKE would read them as wildcards (and SQLite has no default escape)
+        cond &= functools.reduce(operator.or_, [_like(_tokens(column), text) for text in texts
+                                                for column in (table.args, table.kwargs)])
     return cond
 
 
@@ -192,11 +185,10 @@ def limit_target(suite: "Suite", actor: str, text: Optional[str], group: str = "
         raise InvalidOption(f"no job of {actor!r} can have the key {text!r}: {_hint_text(config)}")
     seen = seen_groups(suite, config, text)
     chosen = next((value for value in fitting if key_group(config, value) in seen), fitting[0])
-    group = key_group(config, chosen)
-    warning = "" if group in seen else (
-        f"no job of {actor} has had the key {key_words(config, chosen)} yet: the limit is kept for "
-        f"the jobs that will (remove it with: limit {actor} '{key_words(config, chosen)}' default)")
-    return Target(group, key_words(config, chosen), chosen, warning)
+    group, words = key_group(config, chosen), key_words(config, chosen)
+    warning = "" if group in seen else (f"no job of {actor} has had the key {words} yet: the limit is kept for the "
+                                        f"jobs that will (remove it with: limit {actor} '{words}' default)")
+    return Target(group, words, chosen, warning)
 
 
 def named_groups(suite: "Suite", config: "ActorConfig", text: str) -> dict[str, Target]:
@@ -293,13 +285,8 @@ def _types(hint: Any) -> Optional[tuple[type, ...]]:
         return (hint,)
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        found: list[type] = []
-        for arg in typing.get_args(hint):
-            sub = _types(arg)
-            if sub is None:
-                return None
-            found += sub
-        return tuple(found)
+        allowed = [_types(arg) for arg in typing.get_args(hint)]
+        return None if None in allowed else tuple(t for each in allowed if each is not None for t in each)
     return (origin,) if origin in (list, dict) else None
 
 
@@ -314,16 +301,10 @@ def _fits(config: "ActorConfig", value: Any) -> bool:
         return True
     hints = _hints(config)
     for name, item in selected.items():
-        allowed = _types(hints.get(name, inspect.Parameter.empty))
-        if allowed is None:
-            continue
-        if isinstance(item, bool):
-            fits = bool in allowed
-        elif isinstance(item, int):
-            fits = int in allowed or float in allowed
-        else:
-            fits = isinstance(item, allowed)
-        if not fits:
+        allowed = _types(hints.get(name))  # None: no hint, any value fits
+        # A bool fits a bool only (isinstance() takes it for an int), an int an int or a float.
+        exact = (bool,) if isinstance(item, bool) else (int, float) if isinstance(item, int) else None
+        if allowed is not None and not (any(t in allowed for t in exact) if exact else isinstance(item, allowed)):
             return False
     return True
 

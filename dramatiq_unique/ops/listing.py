@@ -94,12 +94,6 @@ def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
     return cond
 
 
-def _after(table: type[JobModel], source: int, cursor: tuple[int, int]) -> Any:
-    """Rows after ``cursor`` in the order (id desc, source desc)."""
-    ident, at = cursor
-    return table.id <= ident if source < at else table.id < ident
-
-
 def jobs(
     suite: "Suite", *, status: Union[None, str, Iterable[str]] = None, actor: Optional[str] = None,
     key: Optional[str] = None, since: Optional[datetime] = None, limit: int = DEFAULT_LIMIT,
@@ -110,14 +104,10 @@ def jobs(
     status, key, limit or cursor."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"limit must be a whole number from 1 to {MAX_LIMIT}, not {limit!r}")
-    if key is not None:
-        key = key.strip()
-        if not key:
-            raise ValueError("an empty key")
-        keys.normal(key)
-    f = Filters(parse_statuses(status), actor or None, key or None, since)
-    if key:
-        f = dataclasses.replace(f, unique_keys=keys.derived(suite, actor, key))
+    key = None if key is None else key.strip()
+    if key == "":
+        raise ValueError("an empty key")
+    f = Filters(parse_statuses(status), actor or None, key, since, keys.derived(suite, actor, key) if key else None)
     position = parse_cursor(cursor)
 
     answered, down = lookup.each_store(suite, "listing jobs", lambda index, found: [(index, t) for t in found])
@@ -132,20 +122,20 @@ def _read(
 ) -> tuple[list[JobRow], Optional[str]]:
     found: list[tuple[int, int, JobModel, int]] = []  # (id, source, row, store)
     upper = position
-    spans = MAX_SPANS if f.scanning else 1
     matching = bool(f.key) and f.unique_keys is None  # rows are matched in Python, after the SQL sieve
+    match = (lambda row: keys.matches(suite, row, f.key or "")) if matching else None
     span = SPAN // 5 if matching else SPAN  # every sieved row of a span may come to Python
     floor = None
     began = time.monotonic()
-    for _ in range(spans):
+    for _ in range(MAX_SPANS):  # one read without a scanning filter (floor None)
         if f.scanning:
             top = upper[0] if upper != TOP else _edge(sources, pw.fn.MAX, max) + 1
             floor = max(top - span, 0)
         for source, store, table in sources:
-            cond = _where(suite, table, f) & _after(table, source, upper)
+            # The rows after ``upper`` in the order (id desc, source desc).
+            cond = _where(suite, table, f) & (table.id <= upper[0] if source < upper[1] else table.id < upper[0])
             if floor is not None:
                 cond &= table.id >= floor
-            match = (lambda row: keys.matches(suite, row, f.key or "")) if matching else None
             found += [(row.id, source, row, store) for row in _take(table, cond, limit + 1, match)]
         found.sort(key=lambda item: (item[0], item[1]), reverse=True)
         if len(found) > limit or floor is None:
@@ -158,11 +148,8 @@ def _read(
     page = found[:limit]
     rows = [job_row(suite, row, store) for _, _, row, store in page]
     if len(found) > limit:
-        last = page[-1]
-        return rows, f"{last[0]}.{last[1]}"
-    if floor is None:
-        return rows, None
-    return rows, f"{upper[0]}.{upper[1]}"
+        return rows, f"{page[-1][0]}.{page[-1][1]}"
+    return rows, None if floor is None else f"{upper[0]}.{upper[1]}"
 
 
 def _take(table: type[JobModel], cond: Any, need: int, match: Any) -> list[JobModel]:
@@ -200,10 +187,8 @@ def _older(sources: list[tuple[int, int, type[JobModel]]], floor: int, since: Op
 
 def job_row(suite: "Suite", row: JobModel, store: int) -> JobRow:
     shared = base_of(type(row)) is JobModel and store == 0
-    return JobRow(
-        id=row.id, ref=str(row.id) if shared else row.message_id, message_id=row.message_id,
-        actor=row.actor_name, queue=row.queue_name, status=str(row.status),
-        key=row_key(suite.actor_config(row.actor_name), row), attempts=row.attempts,
-        created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
-        table=type(row)._meta.table_name, store=store, error=first_line(row.last_error),
-    )
+    return JobRow(id=row.id, ref=str(row.id) if shared else row.message_id, message_id=row.message_id,
+                  actor=row.actor_name, queue=row.queue_name, status=str(row.status),
+                  key=row_key(suite.actor_config(row.actor_name), row), attempts=row.attempts,
+                  created_at=row.created_at, started_at=row.started_at, finished_at=row.finished_at,
+                  table=type(row)._meta.table_name, store=store, error=first_line(row.last_error))

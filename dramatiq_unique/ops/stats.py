@@ -1,13 +1,11 @@
-"""``stats``: counts by status and actor, throughput, and p50/p95 of waiting, parked and running times.
-
-Bounded on a table of millions: open jobs are counted through the ``(app, status, ...)`` indexes,
+"""``stats``: counts by status and actor, throughput, and p50/p95 of waiting, parked and running times,
+bounded on a table of millions: open jobs are counted through the ``(app, status, ...)`` indexes,
 finished ones within the window through ``(app, finished_at)``, and the timings come from the newest
-:data:`MAX_SAMPLE` jobs finished in it (percentiles in SQL on PostgreSQL, in Python on SQLite).
-"""
+:data:`MAX_SAMPLE` jobs finished in it (percentiles in SQL on PostgreSQL, in Python on SQLite)."""
 
 from __future__ import annotations
 
-import math
+import statistics
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -29,15 +27,19 @@ MAX_SAMPLE = 10_000
 MAX_MINUTES = 1_440
 OPEN = (*WAITING, JobStatus.RUNNING.value)
 
-# The three timings of one row, ms: waiting, running, parked (NULL: the last attempt was not parked).
-_PG_COLUMNS = """
+# Per dialect (is_postgres), the three timings of one row, ms: waiting, running, parked (NULL: not parked).
+_COLUMNS = {True: """
 EXTRACT(EPOCH FROM started_at - GREATEST(created_at, process_after)) * 1000 AS w,
 EXTRACT(EPOCH FROM finished_at - started_at) * 1000 AS r,
 CASE WHEN parked_attempt = attempts - 1 THEN EXTRACT(EPOCH FROM started_at - parked_at) * 1000 END AS p
-"""
-_PG_SAMPLE = """
+""", False: """
+(julianday(started_at) - julianday(MAX(created_at, COALESCE(process_after, created_at)))) * 86400000,
+(julianday(finished_at) - julianday(started_at)) * 86400000,
+CASE WHEN parked_attempt = attempts - 1 THEN (julianday(started_at) - julianday(parked_at)) * 86400000 END
+"""}
+_SAMPLE = """
 SELECT {columns}
-FROM {table} WHERE app IN (%s, %s) AND finished_at >= %s AND started_at IS NOT NULL
+FROM {table} WHERE app IN ({p}, {p}) AND finished_at >= {p} AND started_at IS NOT NULL
 ORDER BY finished_at DESC LIMIT {limit}
 """
 _PG_TIMES = """
@@ -45,25 +47,16 @@ SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY w), percentile_cont(0.95) WIT
        percentile_cont(0.5) WITHIN GROUP (ORDER BY r), percentile_cont(0.95) WITHIN GROUP (ORDER BY r),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY p), percentile_cont(0.95) WITHIN GROUP (ORDER BY p),
        count(*), count(p)
-FROM (""" + _PG_SAMPLE + ") AS sample"
-_SQLITE_TIMES = """
-SELECT (julianday(started_at) - julianday(MAX(created_at, COALESCE(process_after, created_at)))) * 86400000,
-       (julianday(finished_at) - julianday(started_at)) * 86400000,
-       CASE WHEN parked_attempt = attempts - 1 THEN (julianday(started_at) - julianday(parked_at)) * 86400000 END
-FROM {table} WHERE app IN (?, ?) AND finished_at >= ? AND started_at IS NOT NULL
-ORDER BY finished_at DESC LIMIT {limit}
-"""
+FROM (""" + _SAMPLE + ") AS sample"
+_THROUGHPUT = "SELECT {minute}, COUNT(*) FROM {table} WHERE app IN ({p}, {p}) AND finished_at >= {p} GROUP BY 1"
 _MINUTE = {True: "date_trunc('minute', finished_at)", False: "strftime('%Y-%m-%d %H:%M', finished_at)"}
 
 
 def percentile(values: list[float], fraction: float) -> Optional[float]:
-    """The ``fraction`` percentile of ``values``, interpolated as PostgreSQL's ``percentile_cont``."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    at = fraction * (len(ordered) - 1)
-    low, high = math.floor(at), math.ceil(at)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+    """The ``fraction`` percentile of ``values`` (a whole percent), interpolated as PostgreSQL's ``percentile_cont``."""
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[round(fraction * 100) - 1]
 
 
 def stats(suite: "Suite", *, minutes: int = 15) -> Stats:
@@ -95,10 +88,7 @@ def stats(suite: "Suite", *, minutes: int = 15) -> Stats:
 
 def _counts(suite: "Suite", t: type[JobModel], cutoff: Any, by_status: dict, by_actor: dict) -> None:
     apps = t.app.in_((suite.app, NO_APP))
-    for statuses, extra in ((OPEN, None), (FINISHED, t.finished_at >= cutoff)):
-        cond = apps & t.status.in_(statuses)
-        if extra is not None:
-            cond &= extra
+    for cond in (apps & t.status.in_(OPEN), apps & t.status.in_(FINISHED) & (t.finished_at >= cutoff)):
         query: Any = t.select(t.status, t.actor_name, pw.fn.COUNT(t.id)).where(cond).group_by(t.status, t.actor_name)
         for status, actor, n in query.tuples():
             status = str(status.value if isinstance(status, JobStatus) else status)
@@ -108,12 +98,7 @@ def _counts(suite: "Suite", t: type[JobModel], cutoff: Any, by_status: dict, by_
 
 
 def _throughput(suite: "Suite", t: type[JobModel], cutoff: Any, now: Any, per_minute: list[int]) -> None:
-    db = t._meta.database
-    minute = _MINUTE[is_postgres(db)]
-    param = "%s" if is_postgres(db) else "?"
-    sql = (f"SELECT {minute}, COUNT(*) FROM {_name(t)} WHERE app IN ({param}, {param}) "
-           f"AND finished_at >= {param} GROUP BY 1")
-    for bucket, n in db.execute_sql(sql, (suite.app, NO_APP, cutoff)).fetchall():
+    for bucket, n in _run(suite, t, cutoff, _THROUGHPUT).fetchall():
         if isinstance(bucket, str):
             bucket = type(now).fromisoformat(bucket)
         index = len(per_minute) - 1 - int((now - bucket).total_seconds() // 60 - 1)
@@ -124,20 +109,13 @@ def _throughput(suite: "Suite", t: type[JobModel], cutoff: Any, now: Any, per_mi
 def _times(suite: "Suite", t: type[JobModel], cutoff: Any, pg: list, samples: list, *, in_sql: bool) -> None:
     """The timings of ``t``: PostgreSQL's percentiles when it is the only table (``in_sql``), else
     its sample (percentiles of two tables do not combine)."""
-    db = t._meta.database
-    params = (suite.app, NO_APP, cutoff)
-    if is_postgres(db) and in_sql:
-        sql = _PG_TIMES.format(columns=_PG_COLUMNS, table=_name(t), limit=MAX_SAMPLE)
-        row = db.execute_sql(sql, params).fetchone()
+    if is_postgres(t._meta.database) and in_sql:
+        row = _run(suite, t, cutoff, _PG_TIMES).fetchone()
         if row and row[6]:
             pg.append(row)
         return
-    if is_postgres(db):
-        sql = _PG_SAMPLE.format(columns=_PG_COLUMNS, table=_name(t), limit=MAX_SAMPLE)
-    else:
-        sql = _SQLITE_TIMES.format(table=_name(t), limit=MAX_SAMPLE)
     samples.extend((float(w), float(r), None if p is None else float(p))
-                   for w, r, p in db.execute_sql(sql, params).fetchall() if w is not None and r is not None)
+                   for w, r, p in _run(suite, t, cutoff, _SAMPLE).fetchall() if w is not None and r is not None)
 
 
 def _percentiles(pg: list, samples: list[tuple[float, float, Optional[float]]]) -> tuple[dict, dict, dict, int, int]:
@@ -145,12 +123,17 @@ def _percentiles(pg: list, samples: list[tuple[float, float, Optional[float]]]) 
     if pg:
         w50, w95, r50, r95, p50, p95 = (None if v is None else float(v) for v in pg[0][:6])
         return {"p50": w50, "p95": w95}, {"p50": r50, "p95": r95}, {"p50": p50, "p95": p95}, pg[0][6], pg[0][7]
-    waits, runs = [max(w, 0.0) for w, _, _ in samples], [max(r, 0.0) for _, r, _ in samples]
-    parks = [max(p, 0.0) for _, _, p in samples if p is not None]
-    return ({"p50": percentile(waits, 0.5), "p95": percentile(waits, 0.95)},
-            {"p50": percentile(runs, 0.5), "p95": percentile(runs, 0.95)},
-            {"p50": percentile(parks, 0.5), "p95": percentile(parks, 0.95)}, len(samples), len(parks))
+    # Each timing's values (a negative one as 0); the parked ones of the parked jobs only.
+    columns = [[max(value, 0.0) for sample in samples if (value := sample[i]) is not None] for i in range(3)]
+    waiting, running, parked = ({"p50": percentile(c, 0.5), "p95": percentile(c, 0.95)} for c in columns)
+    return waiting, running, parked, len(samples), len(columns[2])
 
 
-def _name(t: type[JobModel]) -> str:
-    return queries.table(t._meta.database, t._meta.table_name, t._meta.schema)
+def _run(suite: "Suite", t: type[JobModel], cutoff: Any, template: str) -> Any:
+    """``template`` run on ``t``'s database, in its dialect (parameter marks, columns, minutes), for this
+    app's rows finished since ``cutoff``."""
+    db = t._meta.database
+    pg = is_postgres(db)
+    sql = template.format(p="%s" if pg else "?", columns=_COLUMNS[pg], minute=_MINUTE[pg], limit=MAX_SAMPLE,
+                          table=queries.table(db, t._meta.table_name, t._meta.schema))
+    return db.execute_sql(sql, (suite.app, NO_APP, cutoff))

@@ -16,8 +16,7 @@ def _json(value: Any) -> Any:
 class View:
     def as_dict(self) -> dict[str, Any]:
         """The view as JSON reads it: times as ISO text, enums as their value."""
-        found: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(self), default=_json))  # type: ignore[call-overload]
-        return found
+        return json.loads(json.dumps(dataclasses.asdict(self), default=_json))  # type: ignore[call-overload]
 
 
 @dataclasses.dataclass

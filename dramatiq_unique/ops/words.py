@@ -22,6 +22,8 @@ SLOW_CALLABLE_MS = 20
 #: Characters of a rendered value kept, and of a hash shown when there are no words for it.
 MAX_VALUE = 60
 SHORT_HASH = 12
+#: Characters of a value (arguments, result, error) shown on a view of one job, by the dashboard and the command line.
+MAX_DETAIL = 20_000
 
 # Weakly held, so that a new callable never inherits a dead one's verdict through a reused id().
 _slow: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -65,11 +67,8 @@ def short(key: Optional[str]) -> str:
 
 
 def _call(spec: Callable[..., Any], args: list, kwargs: dict) -> Optional[str]:
-    try:
-        if spec in _slow:
-            return None
-    except TypeError:  # a callable that takes no weak reference is never remembered as slow
-        pass
+    if spec in _slow:  # False for a callable that takes no weak reference: it is never remembered as slow
+        return None
     began = time.monotonic()
     try:
         result = spec(*args, **kwargs)
@@ -157,9 +156,7 @@ def over_limit(held: int, limit: Optional[int]) -> str:
     limit, so the limit went down while they held theirs."""
     if limit is None or held <= limit:
         return ""
-    if limit == 0:
-        return f"{held} held, halted while they ran"
-    return f"{held} held, limit lowered to {limit} while they ran"
+    return f"{held} held, " + ("halted while they ran" if limit == 0 else f"limit lowered to {limit} while they ran")
 
 
 def holding(label: str, held: int, limit: Optional[int], holders: Sequence[int]) -> str:

@@ -5,7 +5,7 @@ nothing its rules refuse.  Access was checked before (``before_request``); a suc
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 from urllib.parse import unquote
 
 from flask import abort, current_app, redirect, render_template, request, url_for
@@ -24,13 +24,6 @@ from dramatiq_unique.web.pages import current_suite, since
 
 #: The largest limit a form may set (a typo of many digits is refused, not stored).
 MAX_LIMIT = 1_000_000
-
-
-def job_ref(ref: str) -> str:
-    """A job's id or message id from the URL; what cannot be one is no job (404, not 400)."""
-    if not ref or len(ref) > 64 or not ref.isprintable():
-        abort(404, "no such job")
-    return ref
 
 
 #: The longest ``next`` kept (a page's own path and query are far shorter).
@@ -89,10 +82,12 @@ def _refused(call: Callable[[], Any]) -> Any:
 
 
 def one_job(action: str, ref: str) -> Response:
+    if not ref or len(ref) > 64 or not ref.isprintable():  # what cannot be a job's id is no job (404, not 400)
+        abort(404, "no such job")
     if action == "retry":
-        job = _refused(lambda: retry_job(job_ref(ref), suite=current_suite()))
+        job = _refused(lambda: retry_job(ref, suite=current_suite()))
         return _back("retried", url_for("job", ref=job.message_id))  # its number may be another store's too
-    _refused(lambda: cancel_job(job_ref(ref), suite=current_suite()))
+    _refused(lambda: cancel_job(ref, suite=current_suite()))
     return _back("cancelled", url_for("job", ref=ref))
 
 
@@ -171,29 +166,23 @@ def act(action: str) -> Response:
     filters = pages.filters(FIELDS[action], request.form)
     done = ops_actions.BULK[action](current_suite(), current_suite().broker, _selection(action, filters))
     page, word = ("dead", "retried_all") if action == RETRY else ("jobs", "cancelled_all")
-    values: dict[str, Any] = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
-    values.update(done=word, n=done.done)
-    if done.blocked:
-        values["blocked"] = done.blocked
-    return redirect(url_for(page, **values), code=303)
+    kept = {name: value for name, value in filters.items() if name != "error"}  # no such filter there
+    # url_for leaves a None out of the query: ``blocked`` is said only when some were.
+    return redirect(url_for(page, **kept, done=word, n=done.done, blocked=done.blocked or None), code=303)
 
 
-def _named(action: str) -> Callable[[], str]:
-    return lambda: action
-
-
-#: (rule, endpoint, view, method, the action the auth hook is asked about) of every action, and of the
-#: pages that confirm a bulk one.  The action is decided by what the request does, not by its route (a
-#: limit of 0 is a halt, whichever form sends it), and asked after the CSRF check, before the view; an
-#: endpoint without one cannot be POSTed to (404).
-ROUTES: list[tuple[str, str, Any, str, Optional[Callable[[], str]]]] = [
-    ("/jobs/<ref>/retry", "retry", functools.partial(one_job, "retry"), "POST", _named("retry")),
-    ("/jobs/<ref>/cancel", "cancel", functools.partial(one_job, "cancel"), "POST", _named("cancel")),
+#: (rule, endpoint, view, method, the action the auth hook is asked about, or what tells it) of every
+#: action, and of the pages that confirm a bulk one.  The action is decided by what the request does, not
+#: by its route (a limit of 0 is a halt, whichever form sends it), and asked after the CSRF check, before
+#: the view; an endpoint without one cannot be POSTed to (404).
+ROUTES: list[tuple[str, str, Any, str, Union[str, Callable[[], str], None]]] = [
+    ("/jobs/<ref>/retry", "retry", functools.partial(one_job, "retry"), "POST", "retry"),
+    ("/jobs/<ref>/cancel", "cancel", functools.partial(one_job, "cancel"), "POST", "cancel"),
     ("/slots/limit", "limit", limit, "POST", _limit_action),
-    ("/slots/halt", "halt", functools.partial(limit, halt=True), "POST", _named("halt")),
+    ("/slots/halt", "halt", functools.partial(limit, halt=True), "POST", "halt"),
     ("/dead/retry-all", "retry_all_confirm", functools.partial(confirm, RETRY), "GET", None),
-    ("/dead/retry-all", "retry_all", functools.partial(act, RETRY), "POST", _named("retry_all")),
+    ("/dead/retry-all", "retry_all", functools.partial(act, RETRY), "POST", "retry_all"),
     ("/jobs/cancel-all", "cancel_all_confirm", functools.partial(confirm, CANCEL), "GET", None),
-    ("/jobs/cancel-all", "cancel_all", functools.partial(act, CANCEL), "POST", _named("cancel_all")),
+    ("/jobs/cancel-all", "cancel_all", functools.partial(act, CANCEL), "POST", "cancel_all"),
 ]
 ACTION_OF = {endpoint: action_of for _, endpoint, _, _, action_of in ROUTES if action_of is not None}

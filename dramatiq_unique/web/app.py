@@ -16,7 +16,7 @@ from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConf
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
 from dramatiq_unique.web import actions, pages, present, security
-from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, can_act, check_access, csrf_token, set_cookie
+from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -36,19 +36,9 @@ def make_app(
     basic_auth: Optional[BasicAuth] = None, secret_key: Union[str, bytes, None] = None,
     title: str = "dramatiq_unique", page_size: int = 50,
 ) -> Flask:
-    """The dashboard as a WSGI app (a :class:`flask.Flask`).
-
-    Args:
-        suite: the suite to show; default: the last :func:`dramatiq_unique.setup`'s, looked up at each request.
-        read_only: no actions (no buttons; every POST gets 403).
-        auth: the host's hook, ``auth(request, action) -> bool``, asked with ``action=None`` for a page and
-            with what a POST does (``"retry"``, ``"cancel"``, ``"limit"``, ``"halt"``, ``"retry_all"``,
-            ``"cancel_all"``; a limit of 0 is ``"halt"``); only ``True`` allows.
-        basic_auth: ``(user, password)``, or a callable given both that returns ``True`` to let in.
-        secret_key: signs CSRF tokens; the same for every process behind one address (default: random).
-        title: the pages' title.
-        page_size: rows a page lists, 1 to 1000.
-    """
+    """The dashboard as a WSGI app (a :class:`flask.Flask`) showing ``suite`` (default: the last
+    ``setup()``'s, looked up at each request), its pages headed ``title``, ``page_size`` rows a page (1 to
+    1000); docs/operations/dashboard.md explains the access options."""
     if auth is not None and not callable(auth):
         raise InvalidOption(f"auth must be a callable auth(request, action) -> bool, not {auth!r}")
     if basic_auth is not None and not callable(basic_auth) and not (
@@ -80,8 +70,9 @@ def make_app(
 
     @app.context_processor
     def _context() -> dict[str, Any]:
-        return {"title": title, "can_act": can_act(access), "can": lambda action: security.can(access, action),
-                "read_only": read_only, "csrf_token": lambda: csrf_token(access)}
+        return {"title": title, "can_act": any(security.can(access, action) for action in security.ACTIONS),
+                "can": lambda action: security.can(access, action), "read_only": read_only,
+                "csrf_token": lambda: csrf_token(access)}
 
     @app.errorhandler(HTTPException)
     def _http_error(error: HTTPException) -> tuple[str, int]:

@@ -11,7 +11,7 @@ from flask import abort, current_app, g, render_template, request
 from dramatiq_unique import ops
 from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import JobNotFound
-from dramatiq_unique.storage.models import JobStatus, utcnow
+from dramatiq_unique.storage.models import WAITING, JobStatus, utcnow
 from dramatiq_unique.web import present
 
 if TYPE_CHECKING:
@@ -41,10 +41,6 @@ def current_suite() -> "Suite":
     if suite is None and "du_suite" not in g:
         g.du_suite = _config.current()
     return suite if suite is not None else g.du_suite
-
-
-def page_size() -> int:
-    return int(current_app.config["DU_PAGE_SIZE"])
 
 
 def filters(names: tuple[str, ...], source: Any) -> dict[str, Any]:
@@ -90,13 +86,12 @@ def jobs() -> str:
     cursor = filters(("cursor",), request.args).get("cursor")
     try:
         page = ops.jobs(current_suite(), status=query.get("status"), actor=query.get("actor"), key=query.get("key"),
-                        since=since(query), limit=page_size(), cursor=cursor)
+                        since=since(query), limit=current_app.config["DU_PAGE_SIZE"], cursor=cursor)
     except ValueError as e:
         abort(400, str(e))
-    shown = {name: query.get(name, "") for name in ("status", "actor", "key", "since")}
-    return render_template("jobs.html", page=page, filters=shown, query=query, statuses=[s.value for s in JobStatus],
+    return render_template("jobs.html", page=page, filters=query, query=query, statuses=[s.value for s in JobStatus],
                            since_choices=list(SINCE), actors=sorted(current_suite().actors), cursor=cursor,
-                           waiting=present.WAITING, down=page.down, done=_done())
+                           waiting=WAITING, down=page.down, done=_done())
 
 
 def job(ref: str) -> str:
@@ -104,7 +99,7 @@ def job(ref: str) -> str:
         view = ops.job(current_suite(), ref)
     except (JobNotFound, ValueError):  # ValueError: ``ref`` cannot be an id
         abort(404, f"no job {ref}")
-    return render_template("job.html", job=view, timeline=present.timeline(view), waiting=present.WAITING,
+    return render_template("job.html", job=view, timeline=present.timeline(view), waiting=WAITING,
                            done=_done())
 
 
@@ -119,9 +114,9 @@ def slots() -> str:
 
 def dead() -> str:
     actor = filters(("actor",), request.args).get("actor")
-    suite = current_suite()
-    rows = ops.dead(suite, actor=actor, limit=page_size())
-    retrying = ops.jobs(suite, status="retrying", actor=actor, limit=page_size())
+    suite, size = current_suite(), current_app.config["DU_PAGE_SIZE"]
+    rows = ops.dead(suite, actor=actor, limit=size)
+    retrying = ops.jobs(suite, status="retrying", actor=actor, limit=size)
     return render_template("dead.html", rows=rows, retrying=retrying, actor=actor or "",
                            actors=sorted(suite.actors), down=retrying.down, done=_done())
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from dramatiq_unique.ops import words
 from dramatiq_unique.ops.detail import moment
+from dramatiq_unique.ops.words import MAX_DETAIL
 from dramatiq_unique.storage.models import utcnow
 
 if TYPE_CHECKING:
@@ -16,10 +17,6 @@ if TYPE_CHECKING:
 
 #: Characters of a value shown in a table cell.
 MAX_CELL = 120
-#: Characters of a value (arguments, result, error) shown on a job's page.
-MAX_DETAIL = 20_000
-#: Statuses of jobs that still wait (a cancel applies to them).
-WAITING = frozenset({"pending", "queued", "retrying"})
 #: The overview's chart, px.
 WIDTH, HEIGHT, GAP = 600, 120, 2
 #: Width of the attempts timeline, px; attempts beyond the last :data:`MAX_ATTEMPTS` are not drawn.
@@ -86,10 +83,7 @@ def bars(values: Sequence[int], end: Optional[datetime] = None, width: int = WID
     laid = []
     for index, value in enumerate(values):
         high = 0.0 if value <= 0 else max(1.0, (height - 14) * value / peak)  # a non-zero minute stays visible
-        label = f"{value} jobs"
-        if end is not None:
-            minute = end - timedelta(minutes=count - index)
-            label = f"{minute:%H:%M}: {label}"
+        label = f"{value} jobs" if end is None else f"{end - timedelta(minutes=count - index):%H:%M}: {value} jobs"
         laid.append(Bar(round(index * slot + GAP / 2, 1), round(height - high, 1), round(max(slot - GAP, 1), 1),
                         round(high, 1), int(value), label))
     return Chart(laid, peak, int(sum(values)), width, height)

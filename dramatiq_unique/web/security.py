@@ -1,12 +1,9 @@
 """Who may see and who may act: basic auth, the host app's hook, read-only, CSRF tokens and ``Origin``.
-
 Every request passes :func:`check_access` (a ``before_request``) before its view, so nothing is
-reachable around it.  Only ``True`` from a hook or check grants; one that raises refuses (fails closed).
-"""
+reachable around it.  Only ``True`` from a hook or check grants; one that raises refuses (fails closed)."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import logging
@@ -43,16 +40,10 @@ class Access:
 
 
 def _basic_ok(setting: BasicAuth) -> bool:
-    header = request.headers.get("Authorization", "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() != "basic" or not value:
+    sent = request.authorization  # None for a header Werkzeug cannot read
+    if sent is None or sent.type != "basic":
         return False
-    try:
-        user, sep, password = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")
-    except (ValueError, UnicodeDecodeError):
-        return False
-    if not sep:
-        return False
+    user, password = sent.username or "", sent.password or ""
     if callable(setting):
         return _granted("basic_auth check", setting, user, password)
     want_user, want_password = setting
@@ -89,19 +80,13 @@ def can(access: Access, action: str) -> bool:
     return not access.read_only and may(access, action)
 
 
-def can_act(access: Access) -> bool:
-    """Whether the pages should offer this request any action (the column of buttons)."""
-    return any(can(access, action) for action in ACTIONS)
-
-
-def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Optional[Response]:
+def check_access(access: Access, action_of: Union[str, Callable[[], str], None]) -> Optional[Response]:
     """None if the request may go on; else the refusal (401, 403).  ``action_of``: for an endpoint that
-    changes state, what tells the action this request does (from its form), asked once the CSRF token
-    is checked; None for a page."""
+    changes state, the action this request does, or what tells it (from its form), asked once the CSRF
+    token is checked; None for a page."""
     if access.basic_auth is not None and not _basic_ok(access.basic_auth):
-        response = Response("authentication required\n", status=401, mimetype="text/plain")
-        response.headers["WWW-Authenticate"] = f'Basic realm="{access.realm}", charset="UTF-8"'
-        return response
+        return Response("authentication required\n", 401, mimetype="text/plain",
+                        headers={"WWW-Authenticate": f'Basic realm="{access.realm}", charset="UTF-8"'})
     if request.method not in ("GET", "HEAD"):
         if access.read_only:
             abort(403, "the dashboard is read-only")
@@ -109,7 +94,7 @@ def check_access(access: Access, action_of: Optional[Callable[[], str]]) -> Opti
             abort(404)
         check_origin()
         check_csrf(access)
-        action = action_of()
+        action = action_of() if callable(action_of) else action_of
         if action not in ACTIONS:
             abort(404)
         if not may(access, action):
@@ -140,9 +125,9 @@ def _browser_id() -> str:
     return value
 
 
-def csrf_token(access: Access) -> str:
-    """The form token of this browser: HMAC of its cookie under the app's secret."""
-    return hmac.new(access.secret, _browser_id().encode(), hashlib.sha256).hexdigest()
+def csrf_token(access: Access, cookie: str = "") -> str:
+    """The form token of this browser (or of ``cookie``): HMAC of its cookie under the app's secret."""
+    return hmac.new(access.secret, (cookie or _browser_id()).encode(), hashlib.sha256).hexdigest()
 
 
 def check_csrf(access: Access) -> None:
@@ -150,8 +135,7 @@ def check_csrf(access: Access) -> None:
     sent = request.form.get(CSRF_FIELD, "")
     if not cookie or not sent:
         abort(403, "missing CSRF token: reload the page and try again")
-    want = hmac.new(access.secret, cookie.encode(), hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(want, sent):
+    if not hmac.compare_digest(csrf_token(access, cookie), sent):
         abort(403, "bad CSRF token: reload the page and try again")
 
 

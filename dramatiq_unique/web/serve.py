@@ -48,23 +48,13 @@ def make_server(
     suite: "Optional[Suite]" = None, *, host: str = "127.0.0.1", port: int = 8080, read_only: bool = False,
     basic_auth: Optional[BasicAuth] = None, allow_anonymous: bool = False, threads: int = 4, **app_options: Any,
 ) -> Any:
-    """The standalone server, bound but not yet serving: ``.run()`` serves, ``.close()`` stops, ``.port``
-    is the port bound (``port=0``: a free one).
-
-    ``host`` defaults to loopback; on any other address the dashboard refuses to start with
-    actions open to anyone: give ``basic_auth`` (``(user, password)``; default: the
-    ``DRAMATIQ_UNIQUE_WEB_AUTH`` environment variable, ``user:password``), an ``auth`` hook,
-    ``read_only=True``, or say ``allow_anonymous=True``.  Other options go to
-    :func:`~dramatiq_unique.web.make_app`.
-    """
-    if basic_auth is None:
-        basic_auth = basic_auth_from_env()
+    """The standalone server, bound but not yet serving (``.run()``, ``.close()``, ``.port``); off loopback
+    it refuses to start with actions open to anyone (:func:`exposed`).  Other options go to ``make_app``."""
+    basic_auth = basic_auth_from_env() if basic_auth is None else basic_auth
     guarded = basic_auth is not None or app_options.get("auth") is not None
     if exposed(host, guarded=guarded, read_only=read_only, allow_anonymous=allow_anonymous):
-        raise InvalidOption(
-            f"serving the dashboard on {host} lets anyone who reaches it retry, cancel and halt jobs: set "
-            f"basic_auth (or {AUTH_ENV}=user:password), read_only=True, or allow_anonymous=True"
-        )
+        raise InvalidOption(f"serving the dashboard on {host} lets anyone who reaches it retry, cancel and halt jobs: "
+                            f"set basic_auth (or {AUTH_ENV}=user:password), read_only=True, or allow_anonymous=True")
     app = make_app(suite, read_only=read_only, basic_auth=basic_auth, **app_options)
     # poll(), not select(): select() fails on a descriptor above 1023, which a host process may hold.
     server: Any = waitress.server.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique",
