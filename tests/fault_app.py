@@ -23,8 +23,7 @@ the event under it, so no clock is compared across processes):
   done (all inside the actor, so while its lock or slot is held); ``fail``
   when a tracked run asked to fail (``fail_first``) raises, to be retried;
 - ``done`` from a middleware whose ``after_process_message`` runs after every
-  suite middleware's: the outcome of the run has been recorded (or tried); for a
-  success the outcome writer writes later, once it has been written and acked.
+  suite middleware's: the outcome of the run has been recorded (or tried).
 
 The test adds its own events (``kill``, ``stop``, ``cont``, ``fault``,
 ``back``) to the same list; :mod:`tests.faults.events` judges the log.
@@ -32,7 +31,6 @@ The test adds its own events (``kill``, ``stop``, ``cont``, ``fault``,
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
@@ -48,7 +46,6 @@ from dramatiq.middleware import Middleware
 import dramatiq_unique
 from dramatiq_unique import LockLost, current_job, heartbeat
 from dramatiq_unique.redis.servers import is_sentinel_url
-from tests.helpers import when_recorded
 
 #: KEYS[1] the sequence, KEYS[2] the list; ARGV[1] the event as a JSON array.  The list's order
 #: is the order of the sequence numbers: one script, run atomically by the server.
@@ -94,9 +91,8 @@ class Recorder(Middleware):
         self.log = log
 
     def after_process_message(self, broker, message, *, result=None, exception=None):
-        when_recorded(message, functools.partial(
-            self.log.record, "done", job=message.message_id, actor=message.actor_name, tid=threading.get_ident(),
-            error=type(exception).__name__ if exception is not None else None))
+        self.log.record("done", job=message.message_id, actor=message.actor_name,
+                        error=type(exception).__name__ if exception is not None else None)
 
 
 @dataclass

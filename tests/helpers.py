@@ -42,30 +42,3 @@ def queue_lock_of(suite: Any, redis_client: Any, message_id: str) -> Any:
 
     job = dramatiq_unique.get_job(message_id)
     return redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}")
-
-
-def when_recorded(message: Any, record: Callable[[], Any]) -> None:
-    """Call ``record`` once ``message``'s outcome is recorded: at once, from an ``after_process_message``
-    hook that runs after the suite's, or, for a success the worker process's outcome writer writes
-    later, once its batch is written (or given up on) and its message acked."""
-    from dramatiq_unique.durable import outcome_writer
-
-    if getattr(message, outcome_writer._OUTCOME, None) is None:
-        record()
-        return
-    setattr(message, _WHEN_RECORDED, record)
-    writer = outcome_writer.OutcomeWriter
-    if getattr(writer._ack, "_when_recorded", False):
-        return
-    ack = writer._ack
-
-    def acked(self: Any, batch: list) -> None:
-        ack(self, batch)
-        for _, written in batch:
-            getattr(written, _WHEN_RECORDED, lambda: None)()
-
-    acked._when_recorded = True  # type: ignore[attr-defined]
-    writer._ack = acked  # type: ignore[method-assign]
-
-
-_WHEN_RECORDED = "_test_when_recorded"

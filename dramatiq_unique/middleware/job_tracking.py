@@ -14,7 +14,7 @@ from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
 from dramatiq_unique import context, leases
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable import outbox, outcome_writer, refused
+from dramatiq_unique.durable import outbox, refused
 from dramatiq_unique.durable.outcome import format_error, outcome
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
@@ -58,7 +58,6 @@ class JobTracking(Middleware):
         opt.check_actor(broker, actor)
         if self.suite.configure_actor(actor) is not None:
             install_enqueue(broker, self.suite)
-            outcome_writer.install(broker)
 
     @hook
     def before_enqueue(self, broker, message, delay) -> None:
@@ -188,9 +187,6 @@ class JobTracking(Middleware):
             # Before the row says it finished: once a reader sees it finished, the key is free in Redis too.  The row's
             # hold stays the authority meanwhile, so a send in between is still resolved correctly.
             queue.release(self.suite, job, opts.get(MARKER) or {})
-        elif (fields.get("status") == JobStatus.SUCCEEDED.value and ctx.fence_key is None and not ctx.held
-              and outcome_writer.defer(message, ctx.model, job, dict(fields, lease_until=None))):
-            return  # written with the process's other successes, the message acked after (outcome_writer.py)
         if not jobs.finish(ctx.model, job, release_hold=release, lease_until=None, **fields):
             refused.record_revoked(ctx, job, release, fields)
 
@@ -232,5 +228,4 @@ class JobTracking(Middleware):
         self.suite.close()
 
     def after_worker_shutdown(self, broker, worker) -> None:
-        outcome_writer.stop(broker)
         self.suite.close()

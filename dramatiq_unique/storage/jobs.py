@@ -348,26 +348,6 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
     return bool(count)
 
 
-def finish_succeeded(model: type[JobModel], done: Sequence[tuple[JobModel, dict[str, Any]]], *,
-                     again: bool = False) -> set[int]:
-    """Record a batch of attempts that succeeded in one statement: ``(job, fields)`` pairs as :func:`finish`
-    takes them.  Returns the ids written; the others' rows are a newer attempt's, each reported as
-    :func:`finish` reports it, unless the batch is sent ``again`` (its first reply was lost: its rows may
-    read succeeded already).  PostgreSQL only."""
-    result = model._meta.fields["result"]
-    params = {
-        "ids": [job.id for job, _ in done], "tokens": [job.fencing_token for job, _ in done],
-        "ends": [fields["finished_at"] for _, fields in done],
-        "results": [result.db_value(fields.get("result")) for _, fields in done],
-        "entries": [dumps(attempt_of(job, fields)) for job, fields in done], "keep": MAX_HISTORY,
-    }
-    written = {row[0] for row in queries.run(model, "finish_succeeded", params).fetchall()}
-    for job, _ in done:
-        if job.id not in written and not again:
-            events.fenced_out(job, "outcome")
-    return written
-
-
 def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
     """Record the outcome of an attempt whose token another job of its key took (else the row would stay
     ``running`` until the re-drive reported it lost), if no newer attempt of this job started since: the

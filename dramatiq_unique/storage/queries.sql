@@ -119,26 +119,6 @@ WHEN json_array_length("history") >= %(keep)s
 THEN json_insert(json_remove("history", '$[0]'), '$[#]', json(%(entry)s))
 ELSE json_insert("history", '$[#]', json(%(entry)s)) END
 
--- name: finish_succeeded (postgresql) --
--- The outcomes of a batch of attempts that succeeded, in one statement and one commit
--- (durable/outcome_writer.py): each row whose fencing token is still its attempt's, as update_fenced has
--- it, and that does not read succeeded already (so that the batch sent again after a lost reply writes
--- nothing twice), reads succeeded, with its end, its result, and its attempt's entry appended to its
--- history as update_fenced_with_history appends it; returns the ids written.  %(ids)s, %(tokens)s,
--- %(ends)s, %(results)s and %(entries)s are arrays of one length.  The rows are found through the id
--- array, by the primary key, whatever row count the planner guesses for the unnest.  PostgreSQL plans it
--- for each batch (custom plans: a tenth of a millisecond), which the batch's rows share.
-UPDATE {jobs} SET "status" = 'succeeded', "finished_at" = done.finished_at, "result" = done.result,
-"last_error" = NULL, "lease_until" = NULL,
-"history" = CASE WHEN {jobs}."history" IS NULL THEN '[' || done.entry || ']'
-ELSE CAST(jsonb_path_query_array(CAST({jobs}."history" AS jsonb) || jsonb_build_array(CAST(done.entry AS jsonb)),
-'$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
-FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(tokens)s AS bigint[]), CAST(%(ends)s AS timestamp[]),
-CAST(%(results)s AS text[]), CAST(%(entries)s AS text[])) AS done (id, token, finished_at, result, entry)
-WHERE {jobs}."id" = ANY(CAST(%(ids)s AS bigint[])) AND {jobs}."id" = done.id
-AND {jobs}."fencing_token" = done.token AND {jobs}."status" <> 'succeeded'
-RETURNING {jobs}."id"
-
 -- name: record_refs (postgresql) --
 -- Record the broker's ids of sent rows (%(ids)s and %(refs)s, arrays of one length); a ref set meanwhile is kept.
 UPDATE {jobs} SET "broker_ref" = sent.ref FROM unnest(%(ids)s::bigint[], %(refs)s::text[]) AS sent (id, ref)

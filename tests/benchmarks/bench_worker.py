@@ -1,6 +1,7 @@
 """Processing by a real ``dramatiq`` worker (the CLI), as ratios to plain Dramatiq, and PostgreSQL's cost per job.
 
     python tests/benchmarks/bench_worker.py [--jobs 3000] [--runs 5] [--processes 2] [--threads 8] [--shared-pg]
+                                            [--ceiling]
 
 Targets: with ``python -m dramatiq worker_app --processes 2 --threads 8``, tracked jobs
 at least 0.75 and unique jobs at least 0.65 of plain Dramatiq's processing rate, in every run, on
@@ -8,7 +9,9 @@ PostgreSQL.  Each run has a fresh PostgreSQL schema, Redis namespace and worker;
 job (``worker_app.py``) take turns, in an order that rotates from run to run.  Besides ``plain``,
 ``tracked`` and ``unique``, ``floor`` is plain Dramatiq whose actor makes the two statements a tracked
 job costs the database (start, outcome) by hand: what ``tracked`` could reach on this machine if
-nothing of ours but those statements cost anything.
+nothing of ours but those statements cost anything.  With ``--ceiling``, ``floor8`` too: the same two
+statements, each written for 8 jobs at once by every 8th job of a thread, with no wait for company and
+no per-row values: what sharing statements between jobs could reach at best, not a design.
 
 How a kind is timed (fair to both sides, and the worker's start-up left out):
 
@@ -26,10 +29,11 @@ How a kind is timed (fair to both sides, and the worker's start-up left out):
 * Not timed: every tracked, unique or floor job's row must then read ``succeeded`` with its start and
   end recorded, and no queue lock of the run may be left in Redis.
 
-The database's cost per job of each kind, over the same timed part (the ``pg µs/job`` and ``WAL B/job``
-rows): the CPU time (user + system) of all of PostgreSQL's processes, from ``/proc`` (the postmaster's
-own and its waited-for children's, plus each live child's: a backend that exits meanwhile is still
-counted), and the WAL written (``pg_wal_lsn_diff`` of ``pg_current_wal_lsn()``).  ``plain`` makes no
+The database's cost per job of each kind, over the same timed part (the ``pg µs/job``, ``WAL B/job`` and
+``commits/job`` rows): the CPU time (user + system) of all of PostgreSQL's processes, from ``/proc`` (the
+postmaster's own and its waited-for children's, plus each live child's: a backend that exits meanwhile is
+still counted), the WAL written (``pg_wal_lsn_diff`` of ``pg_current_wal_lsn()``), and the writing
+transactions (each draws a transaction id: the next one's advance, ``pg_snapshot_xmax``).  ``plain`` makes no
 statement: its figures are what the server spends idle (checkpointer, WAL writer, autovacuum).  So that
 the CPU is the benchmark's alone, it runs by default on a throwaway cluster of its own
 (``tests.servers.PostgresCluster``: ``initdb`` and ``pg_ctl`` from ``pg_config --bindir``, as the

@@ -32,9 +32,7 @@ error's type) or ``skip`` after every suite hook, so after the outcome was recor
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-import threading
 import time
 from typing import Any, Mapping, Optional
 
@@ -45,7 +43,6 @@ from dramatiq.middleware import Middleware
 import dramatiq_unique
 from dramatiq_unique import LockLost, checkpoint, current_job, heartbeat
 from tests.faults.history import History
-from tests.helpers import when_recorded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,9 +93,8 @@ class Recorder(Middleware):
         self.history.record("deliver", job=message.message_id, actor=message.actor_name)
 
     def after_process_message(self, broker: Any, message: Any, *, result: Any = None, exception: Any = None) -> None:
-        when_recorded(message, functools.partial(
-            self.history.record, "done", job=message.message_id, tid=threading.get_ident(),
-            error=type(exception).__name__ if exception is not None else None))
+        self.history.record("done", job=message.message_id,
+                            error=type(exception).__name__ if exception is not None else None)
 
     def after_skip_message(self, broker: Any, message: Any) -> None:
         self.history.record("skip", job=message.message_id)

@@ -4,7 +4,7 @@ A throwaway PostgreSQL cluster behind a PgBouncer of the test's own, configured 
 it: no ``ignore_startup_parameters`` (so the ``options`` start-up parameter is refused), the default
 ``server_reset_query``; in transaction mode a pool of 4 server connections for 2 worker processes of 3
 threads, 2 producer threads and the re-drive (transaction pooling shares them), in session mode one
-server connection per client connection (``threads + 4`` per worker process, see docs/operations/deploying.md).
+server connection per client connection (``threads + 3`` per worker process, see docs/operations/deploying.md).
 The suite is set up with its defaults (``prepared_statements`` left alone).  A few hundred mixed
 sends while two `dramatiq` workers run them; one worker process is SIGKILLed mid-run.
 
@@ -61,9 +61,8 @@ def database(cluster: PostgresCluster) -> str:
 @pytest.mark.parametrize("mode", ["transaction", "session"])
 def test_pgbouncer_with_its_defaults(mode, cluster, tmp_path):
     # Session mode holds a server connection per client connection: per worker process its threads, its
-    # two consumers (default and delay queue), its outcome writer and its main thread; here too the
-    # producers and the re-drive.
-    pool = 4 if mode == "transaction" else 2 * (THREADS + 4) + 8
+    # two consumers (default and delay queue) and its main thread; here too the producers and the re-drive.
+    pool = 4 if mode == "transaction" else 2 * (THREADS + 3) + 8
     bouncer = PgBouncer("127.0.0.1", cluster.port, mode=mode, pool_size=pool)
     with contextlib.ExitStack() as cleanup:
         bouncer.start()
