@@ -120,7 +120,7 @@ class Run:
     def __init__(self, database: str, args: argparse.Namespace, cost: PgCost, kinds: tuple[str, ...]) -> None:
         self.database = database
         self.kinds = kinds
-        self.stray = BATCH * args.processes * args.threads  # floor8 rows a thread may hold unwritten
+        self.stray = BATCH * args.processes * args.threads  # floor8 rows all threads may hold unwritten (< BATCH each)
         self.cost = cost
         #: (µs of server CPU, bytes of WAL, writing transactions) per job of each kind, over its timed part.
         self.per_job: dict[str, tuple[float, float, float]] = {}

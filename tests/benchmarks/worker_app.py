@@ -7,7 +7,8 @@ prefix) and ``BW_DATABASE_URL``.  Three no-op actors, one queue each, as in ``be
 an untracked actor that makes, with psycopg2 on a connection of its thread's own, the two statements
 a tracked job's promise costs the database (its start's UPDATE, prepared, then its outcome's) on a
 row the benchmark inserted: plain Dramatiq plus the database's share and nothing else of ours, the
-ceiling of what ``tracked`` could reach on the same machine.  Imported
+ceiling of what ``tracked`` could reach on the same machine; and ``floor8``, the same two statements
+each written for :data:`BATCH` rows at once by every BATCH-th job of a thread (``--ceiling``).  Imported
 without ``BW_DATABASE_URL`` (by the benchmark itself, after its own ``setup()``), it only declares
 the actors on the current broker.
 """
@@ -74,6 +75,10 @@ def _params(first: int) -> str:
     return ", ".join(f"${i}" for i in range(first, first + BATCH))
 
 
+#: The ``EXECUTE`` marks of a batch's BATCH ids.
+_IDS = ", ".join(["%s"] * BATCH)
+
+
 def setup_from_env() -> None:
     from dramatiq.brokers.redis import RedisBroker
 
@@ -121,14 +126,14 @@ def declare() -> dict[str, dramatiq.Actor]:
             return
         ids, _floor.batch = _floor.batch, []
         now, worker = datetime.datetime.utcnow(), f"floor8:{threading.get_ident()}"
-        cursor.execute(f"EXECUTE batch_start(%s, %s, %s, {', '.join(['%s'] * BATCH)})",
+        cursor.execute(f"EXECUTE batch_start(%s, %s, %s, {_IDS})",
                        (now, now + datetime.timedelta(seconds=60), worker, *ids))
         cursor.fetchall()
         end = datetime.datetime.utcnow()
         entry = json.dumps({"attempt": 1, "started_at": now.isoformat(timespec="milliseconds"),
                             "finished_at": end.isoformat(timespec="milliseconds"), "status": "succeeded",
                             "error": None, "worker": worker})
-        cursor.execute(f"EXECUTE batch_finish(%s, %s, {', '.join(['%s'] * BATCH)})", (end, entry, *ids))
+        cursor.execute(f"EXECUTE batch_finish(%s, %s, {_IDS})", (end, entry, *ids))
 
     return {"plain": plain, "tracked": tracked, "unique": unique, "floor": floor, "floor8": floor8}
 
