@@ -82,10 +82,30 @@ def running_worker(broker: Any, threads: int = 2) -> Iterator[dramatiq.Worker]:
         worker.stop(timeout=10_000)
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, never handed out twice in one run.
+
+    A port from the ephemeral range (``bind(0)``) can be taken as the source port of any
+    outgoing connection while a test's server is down, and the server then cannot come back
+    on it. Each pytest-xdist worker draws from its own band, so two workers never race.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    band = int(worker[2:]) % 8 if worker[2:].isdigit() else 0
+    first = 16_000 + band * 2_000
+    for port in range(first, first + 2_000):
+        if port in _handed_out:
+            continue
+        _handed_out.add(port)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port left in {first}..{first + 1_999}")
 
 
 class RedisServer:

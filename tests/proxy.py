@@ -9,6 +9,8 @@ from __future__ import annotations
 import socket
 import threading
 
+from tests.durable import free_port
+
 
 class Proxy:
     """Forwards connections on ``port`` to ``127.0.0.1:target_port``.
@@ -20,8 +22,8 @@ class Proxy:
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
+        self.port = free_port()
+        self.listener = socket.create_server(("127.0.0.1", self.port))
         self.armed = False
         self.lost = 0
         self._open: set[socket.socket] = set()

@@ -29,9 +29,9 @@ class SilentServer:
 
     def __init__(self) -> None:
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.port = free_port()
+        self.sock.bind(("127.0.0.1", self.port))
         self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
         self.accepted: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()

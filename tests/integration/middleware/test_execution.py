@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import threading
 import time
@@ -17,6 +16,7 @@ from dramatiq_unique import JobModel, current_job
 from dramatiq_unique.parking import lot
 from dramatiq_unique.storage.jobs import current_token
 from tests.conftest import REDIS_URL
+from tests.durable import free_port
 from tests.exec_app import WorkerProcess, declare, read_log
 from tests.helpers import wait_until
 
@@ -357,9 +357,7 @@ def test_redis_unreachable_means_no_unlocked_run(broker, database_url, key_prefi
     """Given a suite whose Redis does not answer, then a while_executing job
     does not run: its message fails with RedisUnavailable and Retries sends
     it again later."""
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = free_port()  # a port nobody listens on
     suite = dramatiq_unique.setup(broker, database=database_url, redis=f"redis://127.0.0.1:{dead}/0",
                                   key_prefix=key_prefix, redriver=False, check_redis=False)
     ran = []

@@ -4,7 +4,6 @@ dramatiq_unique.slots.limits), on real Redis with the job table on SQLite and Po
 from __future__ import annotations
 
 import logging
-import socket
 import statistics
 import threading
 import time
@@ -17,6 +16,7 @@ import dramatiq_unique
 from dramatiq_unique import InvalidOption, JobModel, concurrency_status, set_concurrency_limit
 from dramatiq_unique.slots.gate import gate_of
 from tests.conftest import REDIS_URL
+from tests.durable import free_port
 from tests.helpers import wait_until
 from tests.integration.slots.helpers import Recorder, assert_all_succeeded_once, queue_behind_a_holder, rows
 from tests.slots_app import Tally, WorkerProcess, declare
@@ -512,9 +512,7 @@ def test_parking_list_loss_is_recovered_by_the_redrive(suite, broker, make_worke
 def test_redis_unreachable_means_no_unlimited_run(broker, sqlite_url, key_prefix):
     """Given the suite's Redis down, When a slot-limited job is processed, Then it does not run: its message
     fails with RedisUnavailable and Retries sends it again later; no attempt is recorded."""
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = free_port()  # a port nobody listens on
     suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=f"redis://127.0.0.1:{dead}/0",
                                   key_prefix=key_prefix, redriver=False, check_redis=False)
     ran = []
