@@ -56,6 +56,9 @@ DEPTH = 2
 #: ms a reserved row may wait on deck before the watchdog puts it back in the queue (at most half the group's slot
 #: lease, the length of a reservation in the database: so a killed process's rows are free about when its slots are).
 MAX_WAIT_MS = 2_000
+#: ms a leaving holder waits for this process's reservations of its group under way (one statement
+#: each): its claim would skip the rows they lock and take a later job first.
+SETTLE_WAIT_MS = 200
 #: Seconds a row started by its claim waits for its message's pick-up (which then writes an ordinary start).
 KEEP_FOR = 60.0
 
@@ -398,7 +401,9 @@ class OnDeck:
         deliver it in one Redis call, then reserve the next rows; the started row.  None (the caller goes
         on the usual way) if none is on deck, it is no longer ours as reserved, or the pass failed."""
         began = time.monotonic() if since is None else since
-        first = self.places.take_first(group)  # with the places left on deck, booked now (see fill())
+        # With the places left on deck, booked now (see fill()).  A reservation under way locks the row it
+        # takes, which a claim would skip: it is waited for, so the queue's order holds.
+        first = self.places.take_first(group, SETTLE_WAIT_MS)
         if first is None:
             return None
         deck, booked = first
@@ -510,6 +515,7 @@ class Places:
         self._missed: dict[str, float] = {}  # group: when a holder here last let its slot go
         self._missed_cap = 1000
         self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)
 
     def book(self, group: str, *, with_holder: bool, late: Optional[tuple] = None) -> bool:
         """Count a place on deck for one reservation before it is made; False if none is left
@@ -548,12 +554,20 @@ class Places:
                 decks.sort(key=lambda d: d.key)
                 if len(decks) > DEPTH:
                     back.append(decks.pop().row)
+            self._settled.notify_all()
         return back, raced
 
-    def take_first(self, group: str) -> Optional[tuple[Deck, int]]:
+    def take_first(self, group: str, wait_ms: float = 0) -> Optional[tuple[Deck, int]]:
         """Take the first row on deck off it, and book the places then free for its refill:
-        ``(deck, booked)``; None if there is none."""
+        ``(deck, booked)``; None if there is none.  With the deck empty and reservations under way,
+        wait up to ``wait_ms`` for them to settle first."""
         with self._lock:
+            deadline = time.monotonic() + wait_ms / 1000
+            while not self._decks.get(group) and self._coming.get(group, 0):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._settled.wait(remaining)
             decks = self._decks.get(group)
             deck = decks.pop(0) if decks else None
             if decks == []:

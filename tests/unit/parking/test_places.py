@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import datetime, timedelta
 
@@ -84,3 +85,23 @@ def test_rows_kept_too_long_are_taken_off(monkeypatch):
 def test_a_place_follows_the_group_order(order_by, expected):
     assert place_of(order_by, T0, T0 + timedelta(hours=1), 7) == (expected, 7)
     assert place_of(order_by, T0, None, 7) == (T0, 7)
+
+
+def test_a_holder_waits_for_a_reservation_under_way_before_it_looks_at_the_deck():
+    """A claim beside a reservation under way would skip the row it locks: the holder waits for it."""
+    places = Places()
+    assert places.book("g", with_holder=False)
+    settle = threading.Timer(0.05, lambda: places.settle("g", INFO, [row(2)], time.monotonic(), booked=1))
+    settle.start()
+    first = places.take_first("g", wait_ms=5_000)
+    settle.join()
+    assert first is not None and first[0].row.id == 2
+
+
+def test_a_holder_waits_for_a_reservation_under_way_no_longer_than_its_bound():
+    places = Places()
+    assert places.book("g", with_holder=False)
+    began = time.monotonic()
+    assert places.take_first("g", wait_ms=30) is None
+    assert time.monotonic() - began < 1
+    assert places.take_first("g") is None, "no wait by default"
