@@ -89,8 +89,9 @@ def test_all_slots_are_used_while_work_waits(suite, broker, make_worker):
     spans = rec.intervals("export")
     assert rec.peak["export"] == 3
     # Until the last job started, work was waiting: a freed slot went to the next job at once
-    # (a few ms: no polling), and the slots were busy nearly all the time.
-    assert statistics.median(handover_gaps(spans)) < 0.025
+    # (a few ms: no polling, whose first look comes after the watchdog's 500 ms), and the slots were
+    # busy nearly all the time.  The bound leaves room for a loaded machine.
+    assert statistics.median(handover_gaps(spans)) < 0.05
     assert busy_fraction(spans, 3, until=spans[-1][0]) > 0.7
     assert_all_succeeded_once("export", 24)
 
@@ -124,7 +125,7 @@ def test_a_slot_is_handed_on_before_the_outcome_is_written(suite, broker, make_w
     finish = job_tracking.jobs.finish
 
     def slow_finish(*args, **kwargs):
-        time.sleep(0.5)
+        time.sleep(2.0)
         return finish(*args, **kwargs)
 
     monkeypatch.setattr(job_tracking.jobs, "finish", slow_finish)
@@ -140,7 +141,7 @@ def test_a_slot_is_handed_on_before_the_outcome_is_written(suite, broker, make_w
     wait_until(lambda: rec.ended() == 3, timeout=10, what="3 jobs to end")
     spans = rec.intervals("g")
     assert rec.peak["g"] == 1
-    assert max(handover_gaps(spans)) < 0.4  # not the 0.5 s outcome write
+    assert max(handover_gaps(spans)) < 1.5  # not the 2 s outcome write
     assert_all_succeeded_once("step", 3)
 
 
@@ -319,7 +320,7 @@ def test_raising_a_limit_starts_parked_jobs_at_once(suite, broker, make_worker):
 
     @dramatiq.actor(concurrency_limit=1)
     def sync(i: int) -> None:
-        rec.run("g", i, 600)
+        rec.run("g", i, 1_500)
 
     for i in range(5):
         sync.send(i)
@@ -328,7 +329,7 @@ def test_raising_a_limit_starts_parked_jobs_at_once(suite, broker, make_worker):
     raised = time.perf_counter()
     assert set_concurrency_limit("sync", 4) == 3
     wait_until(lambda: rec.started() == 4, timeout=2, interval=0.005, what="3 more jobs to start")
-    assert time.perf_counter() - raised < 0.3, "the parked jobs started at once, not at the next job's end"
+    assert time.perf_counter() - raised < 0.75, "the parked jobs started at once, not at the next job's end"
     assert rec.running["g"] == 4
 
 
