@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import re
 import signal
@@ -29,6 +28,7 @@ from dramatiq_unique.health.target import Target, from_environment, of_suite
 from dramatiq_unique.ops import actions
 from dramatiq_unique.ops.listing import DEFAULT_LIMIT
 from dramatiq_unique.ops.views import Page, SlotGroupView
+from dramatiq_unique.ops.words import as_json
 from dramatiq_unique.storage import migrations, schema
 
 logger = logging.getLogger(__name__)
@@ -144,10 +144,6 @@ def _slot_notes(groups: list[SlotGroupView]) -> list[str]:
     return notes
 
 
-def _json_text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
 def job(ctx: Context, args: argparse.Namespace) -> int:
     view = ops.job(ctx.load(), args.words[0])
 
@@ -155,13 +151,13 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
         lines = [pairs([
             ("id", view.id), ("message id", view.message_id), ("actor", view.actor), ("queue", view.queue),
             ("status", view.status), *[(name, said) for name, said in (("why", view.why), ("slot", view.slot)) if said],
-            ("key", view.key or "-"), ("arguments", detail(_json_text(view.args) + " " + _json_text(view.kwargs))),
+            ("key", view.key or "-"), ("arguments", detail(as_json(view.args) + " " + as_json(view.kwargs))),
             ("attempts", view.attempts), ("fencing token", view.fencing_token), ("created", view.created_at),
             ("enqueued", view.enqueued_at), ("due", view.process_after), ("started", view.started_at),
             ("finished", view.finished_at), ("worker", view.worker), ("parked on", view.parked_on),
             ("table", view.table),
             ("checkpoints", ", ".join(view.checkpoints) if isinstance(view.checkpoints, dict) else "-"),
-            ("result", detail(_json_text(view.result)) if view.result is not None else "-"),
+            ("result", detail(as_json(view.result)) if view.result is not None else "-"),
         ])]
         if view.history:
             lines += ["", table(("attempt", "status", "started", "finished", "worker", "error"), [
