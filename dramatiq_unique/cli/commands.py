@@ -324,7 +324,7 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
 def web(ctx: Context, args: argparse.Namespace) -> int:
     try:
         from dramatiq_unique.web import serve  # type: ignore[import-not-found,unused-ignore]  # the [web] extra
-        from dramatiq_unique.web.serve import AUTH_ENV, basic_auth_from_env, exposed  # type: ignore[import-not-found,unused-ignore]
+        from dramatiq_unique.web.app import AUTH_ENV, basic_auth_from_env, exposed  # type: ignore[import-not-found,unused-ignore]
     except ImportError as e:
         raise Usage(f"the dashboard is not installed ({e}): pip install dramatiq_unique[web]") from e
     suite = ctx.load()
