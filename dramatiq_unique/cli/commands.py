@@ -1,6 +1,6 @@
 """Every command, as data: its name, its words and options, and the ops function it runs.  A listing
 command is its ops function (given the command's options by name) and the columns of its table; the
-rest say in a function how they print."""
+rest say in a function how they print, in aligned columns of cut cells, times to the second."""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ import signal
 import threading
 from datetime import datetime, timedelta
 from operator import attrgetter
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from dramatiq_unique import ops
-from dramatiq_unique.cli.context import DATABASE_ENV, PREFIX_ENV, Context, Refused, Usage, load_app
-from dramatiq_unique.cli.output import LINES, detail, ms, pairs, table, visible
+from dramatiq_unique.cli.context import DATABASE_ENV, LINES, PREFIX_ENV, Context, Refused, Usage, load_app, visible
 from dramatiq_unique.durable import bulk_actions
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Outcome
 from dramatiq_unique.durable.dead import cancel_job, retry_job, since_of
@@ -28,7 +27,7 @@ from dramatiq_unique.health.target import Target, from_environment, of_suite
 from dramatiq_unique.ops import actions
 from dramatiq_unique.ops.listing import DEFAULT_LIMIT
 from dramatiq_unique.ops.views import Page, SlotGroupView
-from dramatiq_unique.ops.words import as_json
+from dramatiq_unique.ops.words import MAX_DETAIL, as_json, duration, one_line
 from dramatiq_unique.storage import migrations, schema
 
 logger = logging.getLogger(__name__)
@@ -38,6 +37,8 @@ Run = Callable[[Context, argparse.Namespace], int]
 Option = tuple[str, dict[str, Any]]
 _AGO = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Characters of a cell kept (a longer one is cut, with an ellipsis).
+MAX_CELL = 48
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +99,40 @@ def _given(args: argparse.Namespace, options: Sequence[Option]) -> dict[str, Any
     if "since" in given:
         given["since"] = since(given["since"])
     return given
+
+
+def cell(value: Any) -> str:
+    return visible(one_line(value, MAX_CELL, none="-"))
+
+
+def detail(text: str) -> str:
+    """A value shown whole on a view of one job, cut only past :data:`MAX_DETAIL` characters."""
+    if len(text) <= MAX_DETAIL:
+        return text
+    return f"{text[:MAX_DETAIL]}… ({len(text) - MAX_DETAIL} characters more: --json prints them all)"
+
+
+def ms(value: Optional[float]) -> str:
+    return "-" if value is None else duration(value)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, empty: str = "(none)") -> str:
+    """``rows`` under ``headers``, in columns two spaces apart; ``empty`` if there are no rows."""
+    body = [[cell(v) for v in row] for row in rows]
+    if not body:
+        return empty
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
+    return "\n".join(lines)
+
+
+def pairs(items: Iterable[tuple[str, Any]]) -> str:
+    """``name: value`` lines, the names aligned (a value of several lines keeps its own)."""
+    items = list(items)
+    width = max((len(name) for name, _ in items), default=0)
+    shown = [(name, visible(v, keep=LINES) if isinstance(v, str) else cell(v)) for name, v in items]
+    return "\n".join(f"{name.ljust(width)}  {v}" for name, v in shown)
 
 
 #: A column: its header and what it shows of a row.

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from dramatiq_unique.cli import COMMANDS, Command, limit_value, main, parser, since, split_words
+from dramatiq_unique.cli.commands import cell, pairs, table
 from dramatiq_unique.cli.context import Context
-from dramatiq_unique.cli.output import cell, pairs, table
 from dramatiq_unique.ops.views import JobRow, Page
 
 
@@ -98,7 +98,7 @@ def test_a_database_url_the_suite_does_not_run_on_is_a_usage_error_not_a_traceba
 
 
 def test_a_value_of_one_job_is_shown_whole_up_to_a_bound():
-    from dramatiq_unique.cli.output import MAX_DETAIL, detail
+    from dramatiq_unique.cli.commands import MAX_DETAIL, detail
 
     long = "x" * 500
     assert detail(long) == long
