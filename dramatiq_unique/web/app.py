@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
-from dramatiq_unique.web import actions, pages, present, security
+from dramatiq_unique.web import actions, pages, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def make_app(
     app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_TITLE=title, DU_PAGE_SIZE=page_size,
                       MAX_CONTENT_LENGTH=64 * 1024)  # our forms are tiny: a huge POST is refused early
     app.jinja_env.autoescape = True  # every template, whatever its name: job arguments are user data
-    app.jinja_env.filters.update(present.FILTERS)
+    app.jinja_env.filters.update(pages.FILTERS)
 
     @app.before_request
     def _guard() -> Optional[Response]:
