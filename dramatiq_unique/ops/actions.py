@@ -17,6 +17,7 @@ from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops import keys
 from dramatiq_unique.ops.listing import job_row, parse_statuses
 from dramatiq_unique.ops.views import JobRow
+from dramatiq_unique.ops.words import when
 from dramatiq_unique.slots import limits
 from dramatiq_unique.slots.limits import ConcurrencyStatus
 from dramatiq_unique.storage.models import WAITING
@@ -97,8 +98,7 @@ def described(action: str, sel: Selection, key: Optional[str] = None) -> str:
     """The selection in words, for a question or an answer: ``dead jobs of charge failed since …``."""
     what = "dead jobs" if action == RETRY else (
         "waiting jobs" if set(sel.statuses) == set(WAITING) else f"{'/'.join(sel.statuses)} jobs")
-    since = None if sel.since is None else sel.since.replace(microsecond=0).isoformat(sep=" ")
     parts = [what, sel.actor and f"of {sel.actor}", key and f"with the key {key!r}",
              sel.error and f"whose error holds {sel.error!r}",
-             since and f"{'failed' if action == RETRY else 'created'} since {since} UTC"]
+             sel.since and f"{'failed' if action == RETRY else 'created'} since {when(sel.since)} UTC"]
     return " ".join(part for part in parts if part)

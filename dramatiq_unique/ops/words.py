@@ -132,7 +132,7 @@ def first_line(text: Optional[str]) -> str:
 def _since(moment: Optional[datetime], now: Optional[datetime]) -> str:
     if moment is None:
         return "?"
-    text = moment.replace(microsecond=0).isoformat(sep=" ") + " UTC"
+    text = when(moment) + " UTC"
     return text if now is None else f"{text} ({duration((now - moment).total_seconds() * 1000)})"
 
 
