@@ -9,9 +9,10 @@ import os
 import sys
 from typing import Callable, Optional, Sequence
 
-from dramatiq_unique.cli.commands import COMMANDS, Command, limit_value, since
+from dramatiq_unique.cli.commands import COMMANDS, Command, since
 from dramatiq_unique.cli.context import Context, Refused, Usage, looks_like_app
 from dramatiq_unique.errors import DependencyUnavailable, DramatiqUniqueError, InvalidOption, JobNotFound, JobStateError
+from dramatiq_unique.ops.actions import limit_value
 
 __all__ = ["COMMANDS", "Command", "Context", "Refused", "Usage", "limit_value", "main", "since"]
 

@@ -13,7 +13,7 @@ import signal
 import threading
 from datetime import datetime, timedelta
 from operator import attrgetter
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from dramatiq_unique import ops
 from dramatiq_unique.cli.context import DATABASE_ENV, LINES, PREFIX_ENV, Context, Refused, Usage, load_app, visible
@@ -71,16 +71,6 @@ def since(text: Optional[str]) -> Optional[datetime]:
         return since_of(datetime.fromisoformat(text))
     except ValueError:
         raise ValueError(f"--since takes 15m, 2h, 1d or an ISO time, not {text!r}") from None
-
-
-def limit_value(text: str) -> Union[int, None]:
-    """``N`` (a whole number, 0 or more), ``halt`` (0) or ``default`` (None: the declared limit)."""
-    word = text.strip().lower()
-    if word in ("halt", "default"):
-        return 0 if word == "halt" else None
-    if not word.isdigit():
-        raise ValueError(f"a limit is a whole number, 'halt' or 'default', not {text!r}")
-    return int(word)
 
 
 def _option(flag: str, help: str, **more: Any) -> Option:
@@ -242,7 +232,7 @@ def one_job(done: str, action: Callable[..., Any]) -> Run:
 
 def limit(ctx: Context, args: argparse.Namespace) -> int:
     words = args.words
-    actor, key_text, value = words[0], (words[1] if len(words) == 3 else None), limit_value(words[-1])
+    actor, key_text, value = words[0], (words[1] if len(words) == 3 else None), actions.limit_value(words[-1])
     suite = ctx.load()
     target = ops.limit_target(suite, actor, key_text)
     status = ops.set_group_limit(suite, actor, target.group, value, words=target.words, key=target.key)

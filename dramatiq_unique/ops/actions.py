@@ -50,6 +50,17 @@ def set_group_limit(
     return limits.group_status(actor, group, suite=suite)
 
 
+def limit_value(text: str, most: int = limits.MAX_LIMIT) -> Optional[int]:
+    """An operator's limit: ``N`` (a whole number from 0 to ``most``), ``halt`` (0) or ``default`` (None: the
+    declared limit); ValueError for anything else.  ASCII digits only: ``"\\u0660"`` is a digit to ``int()``."""
+    word = text.strip().lower()
+    if word in ("halt", "default"):
+        return 0 if word == "halt" else None
+    if word.isascii() and word.isdigit() and len(word) <= len(str(most)) and int(word) <= most:
+        return int(word)
+    raise ValueError(f"a limit is a whole number from 0 to {most}, 'halt' or 'default', not {text[:40]!r}")
+
+
 def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
     """Delete the finished rows past ``retention`` now, as a re-drive pass does (this app's rows of the
     actors ``broker``'s process declares); returns how many."""

@@ -102,13 +102,8 @@ def _group_key() -> tuple[str, Any]:
 def requested_limit() -> Optional[int]:
     """The limit the form asks for (None: ``default``); ValueError for anything else.  The view and
     the action's name (:func:`_limit_action`) read it through this one function, so what the hook is
-    asked about is what is done.  ASCII digits only: ``"\\u0660"`` is a digit to ``int()`` (a zero)."""
-    raw = request.form.get("limit", "").strip()
-    if raw == "default":
-        return None
-    if raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_LIMIT)) and int(raw) <= MAX_LIMIT:
-        return int(raw)
-    raise ValueError(f"a limit is a whole number from 0 to {MAX_LIMIT}, or default")
+    asked about is what is done."""
+    return ops_actions.limit_value(request.form.get("limit", ""), MAX_LIMIT)
 
 
 def _default_halts() -> bool:
