@@ -100,11 +100,6 @@ class Context:
             self.read_only = True
         return self.suite
 
-    def refuse_read_only(self, what: str) -> None:
-        if self.read_only:
-            raise Refused(f"{what} changes state, and this suite comes from {DATABASE_ENV}/{REDIS_ENV} (read-only): "
-                          "give the app module (APP or --app), which declares the actors")
-
     def emit(self, data: Any, text: Callable[[], str]) -> None:
         """``data`` as JSON with ``--json``, else ``text()``; no control character reaches the terminal raw."""
         if self.json:
