@@ -91,7 +91,7 @@ def render(config: Optional["ActorConfig"], option: str, row: "JobModel", hashed
     if spec is None or spec is False:
         return ""
     args, kwargs = list(row.args or []), dict(row.kwargs or {})
-    if callable(spec) and not isinstance(spec, (list, tuple)):
+    if callable(spec):
         text = _call(spec, args, kwargs)
         return short(hashed) if text is None else value_text(text)
     try:
