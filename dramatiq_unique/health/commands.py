@@ -26,6 +26,10 @@ from dramatiq_unique.storage import migrations, schema
 logger = logging.getLogger(__name__)
 
 Emit = Callable[[Any, Callable[[], str]], None]
+#: s a client may take to send its request.
+CLIENT_TIMEOUT = 5
+#: ms a report is served again before the checks run anew.
+DEFAULT_CACHE = 1_000
 
 
 def check(
@@ -90,11 +94,6 @@ def migrate(target: Target, emit: Emit, *, dry_run: bool = False,
         results = _each_table(target, emit, lambda model, store: migrations.migrate(
             model, store, lock_timeout=lock_timeout), "applied")
     return 0 if all(r.error is None for r in results) else 1
-
-#: s a client may take to send its request.
-CLIENT_TIMEOUT = 5
-#: ms a report is served again before the checks run anew.
-DEFAULT_CACHE = 1_000
 
 
 class ProbeServer(http.server.ThreadingHTTPServer):

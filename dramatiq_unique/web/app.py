@@ -99,6 +99,7 @@ def make_app(
         app.add_url_rule(rule, endpoint, view, methods=[method])
     return app
 
+
 #: ``user:password`` for basic auth, read when ``serve()`` is given none: a password on the
 #: command line would show in ``ps``.
 AUTH_ENV = "DRAMATIQ_UNIQUE_WEB_AUTH"
