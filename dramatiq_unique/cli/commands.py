@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import signal
@@ -39,6 +40,7 @@ _AGO = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 #: Characters of a cell kept (a longer one is cut, with an ellipsis).
 MAX_CELL = 48
+ms = functools.partial(duration, none="-")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +102,6 @@ def detail(text: str) -> str:
     if len(text) <= MAX_DETAIL:
         return text
     return f"{text[:MAX_DETAIL]}… ({len(text) - MAX_DETAIL} characters more: --json prints them all)"
-
-
-def ms(value: Optional[float]) -> str:
-    return "-" if value is None else duration(value)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, empty: str = "(none)") -> str:

@@ -111,10 +111,10 @@ def row_key(config: Optional["ActorConfig"], row: "JobModel") -> str:
     return render(config, "concurrency_key", row) if config is not None else ""
 
 
-def duration(ms: Optional[float]) -> str:
-    """ms in one rounded unit: ``850 ms``, ``41 s``, ``3 m``, ``2 h``, ``4 d``."""
+def duration(ms: Optional[float], none: str = "?") -> str:
+    """ms in one rounded unit: ``850 ms``, ``41 s``, ``3 m``, ``2 h``, ``4 d``; ``none`` for None."""
     if ms is None:
-        return "?"
+        return none
     ms = max(float(ms), 0.0)
     # Each unit from twice its size down (90 s for minutes), so "41 s" and "75 s" stay exact enough.
     for unit, size, start in (("d", 86_400_000, 2), ("h", 3_600_000, 2), ("m", 60_000, 1.5), ("s", 1_000, 1)):

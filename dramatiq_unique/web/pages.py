@@ -5,6 +5,7 @@ text), and the layouts of the inline SVG charts (no script: a strict CSP holds).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -171,7 +172,7 @@ def status_class(status: Any) -> str:
 
 FILTERS: dict[str, Callable[..., Any]] = {
     "cell": cell, "first_line": words.first_line, "detail": detail, "when": words.when, "ago": ago,
-    "duration": lambda ms: "" if ms is None else words.duration(ms), "status_class": status_class,
+    "duration": functools.partial(words.duration, none=""), "status_class": status_class,
 }
 
 
