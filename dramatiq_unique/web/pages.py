@@ -138,14 +138,11 @@ ROUTES: list[tuple[str, str, Any, str, None]] = [
 
 #: Characters of a value shown in a table cell.
 MAX_CELL = 120
+cell = functools.partial(words.one_line, most=MAX_CELL)
 #: The overview's chart, px.
 WIDTH, HEIGHT, GAP = 600, 120, 2
 #: Width of the attempts timeline, px; attempts beyond the last :data:`MAX_ATTEMPTS` are not drawn.
 TIMELINE_WIDTH, MAX_ATTEMPTS = 600, 50
-
-
-def cell(value: Any) -> str:
-    return words.one_line(value, MAX_CELL)
 
 
 def detail(value: Any) -> str:
