@@ -29,6 +29,7 @@ from dramatiq_unique.ops import actions
 from dramatiq_unique.ops.listing import DEFAULT_LIMIT
 from dramatiq_unique.ops.views import Page, SlotGroupView
 from dramatiq_unique.ops.words import MAX_DETAIL, as_json, duration, one_line
+from dramatiq_unique.slots import limits
 from dramatiq_unique.storage import migrations, schema
 
 logger = logging.getLogger(__name__)
@@ -233,7 +234,8 @@ def limit(ctx: Context, args: argparse.Namespace) -> int:
     actor, key_text, value = words[0], (words[1] if len(words) == 3 else None), actions.limit_value(words[-1])
     suite = ctx.load()
     target = ops.limit_target(suite, actor, key_text)
-    status = ops.set_group_limit(suite, actor, target.group, value, words=target.words, key=target.key)
+    limits.set_group_limit(actor, target.group, value, suite=suite, words=target.words, key=target.key)
+    status = limits.group_status(actor, target.group, suite=suite)
     if target.warning and value is not None:
         ctx.say(f"limit: warning: {target.warning}")
     shown = target.words or (key_text if target.group else None)

@@ -1,11 +1,11 @@
 """What an operator does, on the suite named (not the process's current one): the dead set, a limit
-set at run time, pruning, and the bulk actions on a selection made from words (``retry`` takes the
+in words, pruning, and the bulk actions on a selection made from words (``retry`` takes the
 dead set, ``cancel`` waiting jobs; one UPDATE per job table and store)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from dramatiq_unique.durable import bulk_actions
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
@@ -19,7 +19,6 @@ from dramatiq_unique.ops.listing import job_row, parse_statuses
 from dramatiq_unique.ops.views import JobRow
 from dramatiq_unique.ops.words import when
 from dramatiq_unique.slots import limits
-from dramatiq_unique.slots.limits import ConcurrencyStatus
 from dramatiq_unique.storage.models import WAITING
 
 if TYPE_CHECKING:
@@ -39,15 +38,6 @@ def dead(
     """The dead set (:func:`dramatiq_unique.dead_jobs`), the last to fail first, as list rows."""
     rows = dead_jobs(actor, since, limit, suite=suite)
     return [job_row(suite, job, suite.stores.index_of(type(job))) for job in rows]
-
-
-def set_group_limit(
-    suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None, key: Any = None,
-) -> ConcurrencyStatus:
-    """Set the limit of a group named by its key ('' for the actor's own; see
-    :func:`~dramatiq_unique.ops.keys.limit_target`), then return its status."""
-    limits.set_group_limit(actor, group, limit, suite=suite, words=words, key=key)
-    return limits.group_status(actor, group, suite=suite)
 
 
 def limit_value(text: str, most: int = limits.MAX_LIMIT) -> Optional[int]:

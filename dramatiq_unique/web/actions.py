@@ -18,7 +18,7 @@ from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
 from dramatiq_unique.durable.dead import cancel_job, retry_job
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
 from dramatiq_unique.ops import actions as ops_actions
-from dramatiq_unique.slots.limits import concurrency_status
+from dramatiq_unique.slots.limits import concurrency_status, set_group_limit
 from dramatiq_unique.web import pages, security
 from dramatiq_unique.web.pages import current_suite, since
 
@@ -131,7 +131,7 @@ def limit(halt: bool = False) -> Response:
         value = 0 if halt else requested_limit()
     except ValueError as e:
         abort(400, str(e))
-    _refused(lambda: ops.set_group_limit(current_suite(), actor, key.group, value, words=key.words, key=key.key))
+    _refused(lambda: set_group_limit(actor, key.group, value, suite=current_suite(), words=key.words, key=key.key))
     return _back("default" if value is None else ("halted" if value == 0 else "limit"), url_for("slots"))
 
 
