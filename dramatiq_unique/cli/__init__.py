@@ -9,9 +9,10 @@ import os
 import sys
 from typing import Callable, Optional, Sequence
 
-from dramatiq_unique.cli.commands import COMMANDS, Command, limit_value, since
-from dramatiq_unique.cli.context import Context, Refused, Usage, looks_like_app
+from dramatiq_unique.cli.commands import COMMANDS, Command, since
+from dramatiq_unique.cli.context import DATABASE_ENV, REDIS_ENV, Context, Refused, Usage, looks_like_app
 from dramatiq_unique.errors import DependencyUnavailable, DramatiqUniqueError, InvalidOption, JobNotFound, JobStateError
+from dramatiq_unique.ops.actions import limit_value
 
 __all__ = ["COMMANDS", "Command", "Context", "Refused", "Usage", "limit_value", "main", "since"]
 
@@ -70,8 +71,9 @@ def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = N
         ctx.app, ctx.path, ctx.json = args.app or app, args.path, args.json
         if cmd.load:
             ctx.load()
-        if cmd.writes:
-            ctx.refuse_read_only(cmd.name)
+        if cmd.writes and ctx.read_only:
+            raise Refused(f"{cmd.name} changes state, and this suite comes from {DATABASE_ENV}/{REDIS_ENV} "
+                          "(read-only): give the app module (APP or --app), which declares the actors")
         return cmd.run(ctx, args)
     except (*REFUSED, Usage, ValueError, DramatiqUniqueError) as e:
         ctx.say(f"{cmd.name}: {_what(e)}")

@@ -1,24 +1,23 @@
 """Every command, as data: its name, its words and options, and the ops function it runs.  A listing
 command is its ops function (given the command's options by name) and the columns of its table; the
-rest say in a function how they print."""
+rest say in a function how they print, in aligned columns of cut cells, times to the second."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
-import json
+import functools
 import logging
 import re
 import signal
 import threading
 from datetime import datetime, timedelta
 from operator import attrgetter
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from dramatiq_unique import ops
-from dramatiq_unique.cli.context import DATABASE_ENV, PREFIX_ENV, Context, Refused, Usage, load_app
-from dramatiq_unique.cli.output import LINES, detail, ms, pairs, table, visible
+from dramatiq_unique.cli.context import DATABASE_ENV, LINES, PREFIX_ENV, Context, Refused, Usage, load_app, visible
 from dramatiq_unique.durable import bulk_actions
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Outcome
 from dramatiq_unique.durable.dead import cancel_job, retry_job, since_of
@@ -29,6 +28,8 @@ from dramatiq_unique.health.target import Target, from_environment, of_suite
 from dramatiq_unique.ops import actions
 from dramatiq_unique.ops.listing import DEFAULT_LIMIT
 from dramatiq_unique.ops.views import Page, SlotGroupView
+from dramatiq_unique.ops.words import MAX_DETAIL, as_json, duration, one_line
+from dramatiq_unique.slots import limits
 from dramatiq_unique.storage import migrations, schema
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,9 @@ Run = Callable[[Context, argparse.Namespace], int]
 Option = tuple[str, dict[str, Any]]
 _AGO = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: Characters of a cell kept (a longer one is cut, with an ellipsis).
+MAX_CELL = 48
+ms = functools.partial(duration, none="-")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,16 +76,6 @@ def since(text: Optional[str]) -> Optional[datetime]:
         raise ValueError(f"--since takes 15m, 2h, 1d or an ISO time, not {text!r}") from None
 
 
-def limit_value(text: str) -> Union[int, None]:
-    """``N`` (a whole number, 0 or more), ``halt`` (0) or ``default`` (None: the declared limit)."""
-    word = text.strip().lower()
-    if word in ("halt", "default"):
-        return 0 if word == "halt" else None
-    if not word.isdigit():
-        raise ValueError(f"a limit is a whole number, 'halt' or 'default', not {text!r}")
-    return int(word)
-
-
 def _option(flag: str, help: str, **more: Any) -> Option:
     return flag, {"help": help, **more}
 
@@ -98,6 +92,36 @@ def _given(args: argparse.Namespace, options: Sequence[Option]) -> dict[str, Any
     if "since" in given:
         given["since"] = since(given["since"])
     return given
+
+
+def cell(value: Any) -> str:
+    return visible(one_line(value, MAX_CELL, none="-"))
+
+
+def detail(text: str) -> str:
+    """A value shown whole on a view of one job, cut only past :data:`MAX_DETAIL` characters."""
+    if len(text) <= MAX_DETAIL:
+        return text
+    return f"{text[:MAX_DETAIL]}… ({len(text) - MAX_DETAIL} characters more: --json prints them all)"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, empty: str = "(none)") -> str:
+    """``rows`` under ``headers``, in columns two spaces apart; ``empty`` if there are no rows."""
+    body = [[cell(v) for v in row] for row in rows]
+    if not body:
+        return empty
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
+    return "\n".join(lines)
+
+
+def pairs(items: Iterable[tuple[str, Any]]) -> str:
+    """``name: value`` lines, the names aligned (a value of several lines keeps its own)."""
+    items = list(items)
+    width = max((len(name) for name, _ in items), default=0)
+    shown = [(name, visible(v, keep=LINES) if isinstance(v, str) else cell(v)) for name, v in items]
+    return "\n".join(f"{name.ljust(width)}  {v}" for name, v in shown)
 
 
 #: A column: its header and what it shows of a row.
@@ -144,10 +168,6 @@ def _slot_notes(groups: list[SlotGroupView]) -> list[str]:
     return notes
 
 
-def _json_text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)
-
-
 def job(ctx: Context, args: argparse.Namespace) -> int:
     view = ops.job(ctx.load(), args.words[0])
 
@@ -155,13 +175,13 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
         lines = [pairs([
             ("id", view.id), ("message id", view.message_id), ("actor", view.actor), ("queue", view.queue),
             ("status", view.status), *[(name, said) for name, said in (("why", view.why), ("slot", view.slot)) if said],
-            ("key", view.key or "-"), ("arguments", detail(_json_text(view.args) + " " + _json_text(view.kwargs))),
+            ("key", view.key or "-"), ("arguments", detail(as_json(view.args) + " " + as_json(view.kwargs))),
             ("attempts", view.attempts), ("fencing token", view.fencing_token), ("created", view.created_at),
             ("enqueued", view.enqueued_at), ("due", view.process_after), ("started", view.started_at),
             ("finished", view.finished_at), ("worker", view.worker), ("parked on", view.parked_on),
             ("table", view.table),
             ("checkpoints", ", ".join(view.checkpoints) if isinstance(view.checkpoints, dict) else "-"),
-            ("result", detail(_json_text(view.result)) if view.result is not None else "-"),
+            ("result", detail(as_json(view.result)) if view.result is not None else "-"),
         ])]
         if view.history:
             lines += ["", table(("attempt", "status", "started", "finished", "worker", "error"), [
@@ -211,10 +231,11 @@ def one_job(done: str, action: Callable[..., Any]) -> Run:
 
 def limit(ctx: Context, args: argparse.Namespace) -> int:
     words = args.words
-    actor, key_text, value = words[0], (words[1] if len(words) == 3 else None), limit_value(words[-1])
+    actor, key_text, value = words[0], (words[1] if len(words) == 3 else None), actions.limit_value(words[-1])
     suite = ctx.load()
     target = ops.limit_target(suite, actor, key_text)
-    status = ops.set_group_limit(suite, actor, target.group, value, words=target.words, key=target.key)
+    limits.set_group_limit(actor, target.group, value, suite=suite, words=target.words, key=target.key)
+    status = limits.group_status(actor, target.group, suite=suite)
     if target.warning and value is not None:
         ctx.say(f"limit: warning: {target.warning}")
     shown = target.words or (key_text if target.group else None)
@@ -328,7 +349,7 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
 def web(ctx: Context, args: argparse.Namespace) -> int:
     try:
         from dramatiq_unique.web import serve  # type: ignore[import-not-found,unused-ignore]  # the [web] extra
-        from dramatiq_unique.web.serve import AUTH_ENV, basic_auth_from_env, exposed  # type: ignore[import-not-found,unused-ignore]
+        from dramatiq_unique.web.app import AUTH_ENV, basic_auth_from_env, exposed  # type: ignore[import-not-found,unused-ignore]
     except ImportError as e:
         raise Usage(f"the dashboard is not installed ({e}): pip install dramatiq_unique[web]") from e
     suite = ctx.load()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
+import json as jsonlib
 import os
 import sys
 from typing import Any, Callable, Optional, TextIO
@@ -14,7 +14,6 @@ import peewee as pw
 from dramatiq.cli import import_broker
 
 from dramatiq_unique import suite as _config
-from dramatiq_unique.cli.output import LINES, visible
 from dramatiq_unique.errors import DatabaseUnavailable, DramatiqUniqueError
 from dramatiq_unique.health.target import DATABASE_ENV, REDIS_ENV
 from dramatiq_unique.redaction import redact
@@ -28,6 +27,25 @@ from dramatiq_unique.suite import Suite
 PREFIX_ENV = "DRAMATIQ_UNIQUE_KEY_PREFIX"
 #: ms the first look at a database named in the environment may take.
 CONNECT_TIMEOUT = 5_000
+#: The control characters a text of several lines keeps (``visible(text, keep=LINES)``).
+LINES = "\n\t"
+
+
+def visible(text: str, *, keep: str = "", json: bool = False) -> str:
+    """``text`` with every character a terminal would act on rather than show (``str.isprintable``:
+    ESC, C1, CR, backspace, bidi overrides) written out as an escape, but those in ``keep``;
+    ``json=True``: as JSON escapes (``json.dumps`` leaves DEL, C1 and bidi characters raw)."""
+    if text.isprintable() or all(c.isprintable() or c in keep for c in text):
+        return text
+    out = []
+    for c in text:
+        if c.isprintable() or c in keep:
+            out.append(c)
+        elif json:  # its \u escape (a pair of surrogates past U+FFFF), as JSON writes it
+            out.append(jsonlib.dumps(c)[1:-1])
+        else:
+            out.append(c.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
 
 
 class Refused(DramatiqUniqueError):
@@ -82,15 +100,10 @@ class Context:
             self.read_only = True
         return self.suite
 
-    def refuse_read_only(self, what: str) -> None:
-        if self.read_only:
-            raise Refused(f"{what} changes state, and this suite comes from {DATABASE_ENV}/{REDIS_ENV} (read-only): "
-                          "give the app module (APP or --app), which declares the actors")
-
     def emit(self, data: Any, text: Callable[[], str]) -> None:
         """``data`` as JSON with ``--json``, else ``text()``; no control character reaches the terminal raw."""
         if self.json:
-            self.out.write(visible(json.dumps(data, indent=2, ensure_ascii=False, default=str), keep="\n",
+            self.out.write(visible(jsonlib.dumps(data, indent=2, ensure_ascii=False, default=str), keep="\n",
                                    json=True) + "\n")
         else:
             self.out.write(visible(text().rstrip("\n"), keep=LINES) + "\n")

@@ -187,16 +187,14 @@ class SuiteMetrics:
     def taken_up(self, queue: Any, actor: Any, gate: str, parked_at: Any, handed_at: Any) -> None:
         now = time.time() * 1000
         labels = (_label(queue), _label(actor), gate)
-        if isinstance(parked_at, (int, float)):
-            self.metrics["wait_seconds"].labels(*labels).observe(max(0.0, now - parked_at) / 1000)
-        if isinstance(handed_at, (int, float)):
-            self.metrics["handover_seconds"].labels(*labels).observe(max(0.0, now - handed_at) / 1000)
+        for metric, since in (("wait_seconds", parked_at), ("handover_seconds", handed_at)):
+            if isinstance(since, (int, float)):
+                self.metrics[metric].labels(*labels).observe(max(0.0, now - since) / 1000)
 
     @guarded
     def parked_counts(self, counts: Mapping[tuple[str, str], int]) -> None:
-        for actor, gate in self._parked_seen - set(counts):  # emptied groups read 0, not their last count
-            self.metrics["parked_jobs"].labels(actor, gate).set(0)
-        for (actor, gate), count in counts.items():
+        # Every group seen before is set too: an emptied one reads 0, not its last count.
+        for (actor, gate), count in {**dict.fromkeys(self._parked_seen, 0), **counts}.items():
             self.metrics["parked_jobs"].labels(_label(actor), gate).set(count)
         self._parked_seen |= set(counts)
 

@@ -1,11 +1,11 @@
 """What an operator does, on the suite named (not the process's current one): the dead set, a limit
-set at run time, pruning, and the bulk actions on a selection made from words (``retry`` takes the
+in words, pruning, and the bulk actions on a selection made from words (``retry`` takes the
 dead set, ``cancel`` waiting jobs; one UPDATE per job table and store)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from dramatiq_unique.durable import bulk_actions
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
@@ -17,8 +17,8 @@ from dramatiq_unique.guard import guarded
 from dramatiq_unique.ops import keys
 from dramatiq_unique.ops.listing import job_row, parse_statuses
 from dramatiq_unique.ops.views import JobRow
+from dramatiq_unique.ops.words import when
 from dramatiq_unique.slots import limits
-from dramatiq_unique.slots.limits import ConcurrencyStatus
 from dramatiq_unique.storage.models import WAITING
 
 if TYPE_CHECKING:
@@ -40,13 +40,15 @@ def dead(
     return [job_row(suite, job, suite.stores.index_of(type(job))) for job in rows]
 
 
-def set_group_limit(
-    suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None, key: Any = None,
-) -> ConcurrencyStatus:
-    """Set the limit of a group named by its key ('' for the actor's own; see
-    :func:`~dramatiq_unique.ops.keys.limit_target`), then return its status."""
-    limits.set_group_limit(actor, group, limit, suite=suite, words=words, key=key)
-    return limits.group_status(actor, group, suite=suite)
+def limit_value(text: str, most: int = limits.MAX_LIMIT) -> Optional[int]:
+    """An operator's limit: ``N`` (a whole number from 0 to ``most``), ``halt`` (0) or ``default`` (None: the
+    declared limit); ValueError for anything else.  ASCII digits only: ``"\\u0660"`` is a digit to ``int()``."""
+    word = text.strip().lower()
+    if word in ("halt", "default"):
+        return 0 if word == "halt" else None
+    if word.isascii() and word.isdigit() and len(word) <= len(str(most)) and int(word) <= most:
+        return int(word)
+    raise ValueError(f"a limit is a whole number from 0 to {most}, 'halt' or 'default', not {text[:40]!r}")
 
 
 def prune(suite: "Suite", broker: "dramatiq.Broker") -> int:
@@ -97,8 +99,7 @@ def described(action: str, sel: Selection, key: Optional[str] = None) -> str:
     """The selection in words, for a question or an answer: ``dead jobs of charge failed since …``."""
     what = "dead jobs" if action == RETRY else (
         "waiting jobs" if set(sel.statuses) == set(WAITING) else f"{'/'.join(sel.statuses)} jobs")
-    since = None if sel.since is None else sel.since.replace(microsecond=0).isoformat(sep=" ")
     parts = [what, sel.actor and f"of {sel.actor}", key and f"with the key {key!r}",
              sel.error and f"whose error holds {sel.error!r}",
-             since and f"{'failed' if action == RETRY else 'created'} since {since} UTC"]
+             sel.since and f"{'failed' if action == RETRY else 'created'} since {when(sel.since)} UTC"]
     return " ".join(part for part in parts if part)

@@ -5,6 +5,7 @@ the group, in the order they start.  Groups are found by SCAN, bounded."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
@@ -199,7 +200,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
     """Each slot group (of ``actor``, or all): its limit and where it comes from, every holder the
     job tables name, waiters, halted state, and what the numbers need said."""
     gate = gate_of(suite)
-    running: dict[str, dict[str, list[int]]] = {}
+    running = functools.cache(lambda name: slot_holders(suite, name))  # an actor's running rows, read once
     views: list[SlotGroupView] = []
     with guarded("reading the run-time limits"):
         kept = overrides.listing(suite)
@@ -211,9 +212,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
         group = slot_group(key)
         status = gate.status(group)
         with guarded("reading a slot group's jobs"):
-            if name not in running:
-                running[name] = slot_holders(suite, name)
-            holders, queued = group_holders(suite, name, key, status, running[name])
+            holders, queued = group_holders(suite, name, key, status, running(name))
             ids, total = waiters(suite, name, group)
             if key.endswith(":all") and config is not None and config.options.get("concurrency_key") is None:
                 text = "(all)"

@@ -94,7 +94,7 @@ def derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[st
             continue
         for option in ("unique_args", "concurrency_key"):
             spec = config.options.get(option)
-            if spec is True or (callable(spec) and not isinstance(spec, (list, tuple))):
+            if spec is True or callable(spec):
                 return None
             if isinstance(spec, (list, tuple)) and set(spec) == names:
                 return None  # its rows may match by their slot group's key
@@ -215,7 +215,7 @@ def candidates(config: "ActorConfig", text: str) -> list[Any]:
     """The key values ``text`` may mean, the JSON reading first (InvalidOption for words that name
     other parameters than the key's)."""
     spec = config.options.get("concurrency_key")
-    if callable(spec) and not isinstance(spec, (list, tuple)):
+    if callable(spec):
         return [text]
     if "=" not in text:
         if not isinstance(spec, (list, tuple)) or len(spec) != 1:
@@ -227,7 +227,7 @@ def candidates(config: "ActorConfig", text: str) -> list[Any]:
         raise InvalidOption(str(e)) from None
     if isinstance(spec, (list, tuple)) and set(parsed) != set(spec):
         raise InvalidOption(f"the key of {config.actor_name!r} names {_names(spec)}, not {' '.join(sorted(parsed))}")
-    options = _readings(parsed, _text)
+    options = _readings(parsed, functools.partial(json.dumps, separators=(",", ":"), ensure_ascii=False))
     if isinstance(spec, (list, tuple)) and len(spec) == 1:
         return [o[spec[0]] for o in options]  # set_concurrency_limit's key=42 for a key of one parameter
     return options
@@ -261,10 +261,6 @@ def seen_groups(suite: "Suite", config: "ActorConfig", text: str) -> set[str]:
     seen = set(_of_actor(held.known_groups(suite, limits=False), config))
     groups = (held.group_of(config, row) for row in query.order_by(table.id.desc()).limit(SEEN_ROWS))
     return seen | {group for group in groups if group is not None}  # None: a row of an older signature
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _names(spec: Any) -> str:

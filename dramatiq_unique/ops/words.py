@@ -91,7 +91,7 @@ def render(config: Optional["ActorConfig"], option: str, row: "JobModel", hashed
     if spec is None or spec is False:
         return ""
     args, kwargs = list(row.args or []), dict(row.kwargs or {})
-    if callable(spec) and not isinstance(spec, (list, tuple)):
+    if callable(spec):
         text = _call(spec, args, kwargs)
         return short(hashed) if text is None else value_text(text)
     try:
@@ -111,10 +111,10 @@ def row_key(config: Optional["ActorConfig"], row: "JobModel") -> str:
     return render(config, "concurrency_key", row) if config is not None else ""
 
 
-def duration(ms: Optional[float]) -> str:
-    """ms in one rounded unit: ``850 ms``, ``41 s``, ``3 m``, ``2 h``, ``4 d``."""
+def duration(ms: Optional[float], none: str = "?") -> str:
+    """ms in one rounded unit: ``850 ms``, ``41 s``, ``3 m``, ``2 h``, ``4 d``; ``none`` for None."""
     if ms is None:
-        return "?"
+        return none
     ms = max(float(ms), 0.0)
     # Each unit from twice its size down (90 s for minutes), so "41 s" and "75 s" stay exact enough.
     for unit, size, start in (("d", 86_400_000, 2), ("h", 3_600_000, 2), ("m", 60_000, 1.5), ("s", 1_000, 1)):
@@ -132,7 +132,7 @@ def first_line(text: Optional[str]) -> str:
 def _since(moment: Optional[datetime], now: Optional[datetime]) -> str:
     if moment is None:
         return "?"
-    text = moment.replace(microsecond=0).isoformat(sep=" ") + " UTC"
+    text = when(moment) + " UTC"
     return text if now is None else f"{text} ({duration((now - moment).total_seconds() * 1000)})"
 
 

@@ -9,7 +9,6 @@ try:
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("the dashboard needs the web extra: pip install 'dramatiq_unique[web]'") from e
 
-from dramatiq_unique.web.app import make_app
-from dramatiq_unique.web.serve import make_server, serve
+from dramatiq_unique.web.app import make_app, make_server, serve
 
 __all__ = ["make_app", "make_server", "serve"]

@@ -18,7 +18,7 @@ from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
 from dramatiq_unique.durable.dead import cancel_job, retry_job
 from dramatiq_unique.errors import AmbiguousJobId, DuplicateJob, InvalidOption, JobNotFound, JobStateError
 from dramatiq_unique.ops import actions as ops_actions
-from dramatiq_unique.slots.limits import concurrency_status
+from dramatiq_unique.slots.limits import concurrency_status, set_group_limit
 from dramatiq_unique.web import pages, security
 from dramatiq_unique.web.pages import current_suite, since
 
@@ -102,13 +102,8 @@ def _group_key() -> tuple[str, Any]:
 def requested_limit() -> Optional[int]:
     """The limit the form asks for (None: ``default``); ValueError for anything else.  The view and
     the action's name (:func:`_limit_action`) read it through this one function, so what the hook is
-    asked about is what is done.  ASCII digits only: ``"\\u0660"`` is a digit to ``int()`` (a zero)."""
-    raw = request.form.get("limit", "").strip()
-    if raw == "default":
-        return None
-    if raw.isascii() and raw.isdigit() and len(raw) <= len(str(MAX_LIMIT)) and int(raw) <= MAX_LIMIT:
-        return int(raw)
-    raise ValueError(f"a limit is a whole number from 0 to {MAX_LIMIT}, or default")
+    asked about is what is done."""
+    return ops_actions.limit_value(request.form.get("limit", ""), MAX_LIMIT)
 
 
 def _default_halts() -> bool:
@@ -136,7 +131,7 @@ def limit(halt: bool = False) -> Response:
         value = 0 if halt else requested_limit()
     except ValueError as e:
         abort(400, str(e))
-    _refused(lambda: ops.set_group_limit(current_suite(), actor, key.group, value, words=key.words, key=key.key))
+    _refused(lambda: set_group_limit(actor, key.group, value, suite=current_suite(), words=key.words, key=key.key))
     return _back("default" if value is None else ("halted" if value == 0 else "limit"), url_for("slots"))
 
 

@@ -1,21 +1,25 @@
 """The dashboard's Flask app (:func:`make_app`): a WSGI callable that mounts under any path of a WSGI
 host, or of an ASGI one through an adapter (links are built with ``url_for``, which honours
-``SCRIPT_NAME``)."""
+``SCRIPT_NAME``); and :func:`serve`, which runs it on its own (``python -m dramatiq_unique web APP``)
+on waitress (the ``web`` extra), a production server, as Flask's documentation recommends."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
 import secrets
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import redis as redis_lib
+import waitress.server  # type: ignore[import-untyped]
 from flask import Flask, Response, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
-from dramatiq_unique.web import actions, pages, present, security
+from dramatiq_unique.web import actions, pages, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, check_access, csrf_token, set_cookie
 
 if TYPE_CHECKING:
@@ -56,7 +60,7 @@ def make_app(
     app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_TITLE=title, DU_PAGE_SIZE=page_size,
                       MAX_CONTENT_LENGTH=64 * 1024)  # our forms are tiny: a huge POST is refused early
     app.jinja_env.autoescape = True  # every template, whatever its name: job arguments are user data
-    app.jinja_env.filters.update(present.FILTERS)
+    app.jinja_env.filters.update(pages.FILTERS)
 
     @app.before_request
     def _guard() -> Optional[Response]:
@@ -95,3 +99,59 @@ def make_app(
         app.add_url_rule(rule, endpoint, view, methods=[method])
     return app
 
+
+#: ``user:password`` for basic auth, read when ``serve()`` is given none: a password on the
+#: command line would show in ``ps``.
+AUTH_ENV = "DRAMATIQ_UNIQUE_WEB_AUTH"
+
+
+def exposed(host: str, *, guarded: bool, read_only: bool, allow_anonymous: bool) -> bool:
+    """Whether serving on ``host`` would let anyone who reaches it act: not loopback, no basic auth
+    or hook (``guarded``), not read-only, and anonymous access not asked for."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    return not loopback and not guarded and not read_only and not allow_anonymous
+
+
+def basic_auth_from_env() -> Optional[tuple[str, str]]:
+    value = os.environ.get(AUTH_ENV)
+    if not value:
+        return None
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise InvalidOption(f"{AUTH_ENV} must read user:password")
+    return user, password
+
+
+def make_server(
+    suite: "Optional[Suite]" = None, *, host: str = "127.0.0.1", port: int = 8080, read_only: bool = False,
+    basic_auth: Optional[BasicAuth] = None, allow_anonymous: bool = False, threads: int = 4, **app_options: Any,
+) -> Any:
+    """The standalone server, bound but not yet serving (``.run()``, ``.close()``, ``.port``); off loopback
+    it refuses to start with actions open to anyone (:func:`exposed`).  Other options go to ``make_app``."""
+    basic_auth = basic_auth_from_env() if basic_auth is None else basic_auth
+    guarded = basic_auth is not None or app_options.get("auth") is not None
+    if exposed(host, guarded=guarded, read_only=read_only, allow_anonymous=allow_anonymous):
+        raise InvalidOption(f"serving the dashboard on {host} lets anyone who reaches it retry, cancel and halt jobs: "
+                            f"set basic_auth (or {AUTH_ENV}=user:password), read_only=True, or allow_anonymous=True")
+    app = make_app(suite, read_only=read_only, basic_auth=basic_auth, **app_options)
+    # poll(), not select(): select() fails on a descriptor above 1023, which a host process may hold.
+    server: Any = waitress.server.create_server(app, host=host, port=port, threads=threads, ident="dramatiq_unique",
+                                                asyncore_use_poll=True)
+    server.port = server.effective_port
+    logger.info("Dashboard on http://%s:%s/%s", host, server.port, " (read-only)" if read_only else "")
+    return server
+
+
+def serve(suite: "Optional[Suite]" = None, **options: Any) -> None:
+    """Serve the dashboard until interrupted (Ctrl-C; SIGTERM ends the process); ``options`` are
+    :func:`make_server`'s."""
+    server = make_server(suite, **options)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()

@@ -145,7 +145,7 @@ def test_a_refusal_names_the_job_by_the_id_typed(run, app, scene):
 
 
 def test_prune_redrive_and_web(run, app, scene, monkeypatch):
-    import dramatiq_unique.web.serve  # noqa: F401  (the command imports it too; the fake below replaces the package)
+    import dramatiq_unique.web.app  # noqa: F401  (the command imports it too; the fake below replaces the package)
 
     code, out, _ = run(["prune", app, "--json"])
     assert code == 0 and json.loads(out) == {"pruned": 0}

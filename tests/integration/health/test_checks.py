@@ -16,7 +16,7 @@ import redis
 
 from dramatiq_unique import JobModel, redrive
 from dramatiq_unique.cli import main
-from dramatiq_unique.health import checks, commands, probe
+from dramatiq_unique.health import checks, commands
 from dramatiq_unique.health.target import of_suite
 from dramatiq_unique.parking.groups import lock_group
 from dramatiq_unique.storage.database import open_database
@@ -98,13 +98,13 @@ def test_probe_over_http(suite, broker, monkeypatch):
     """`check --probe-port` answers 200 with the report while nothing is critical, 503 when something is,
     until interrupted."""
     target = of_suite(suite)
-    servers, said, serve = [], [], probe.serve
+    servers, said, serve = [], [], commands.serve
 
     def uncached(*args, **options):
         servers.append(serve(*args, **options, cache_ms=0))
         return servers[0]
 
-    monkeypatch.setattr(probe, "serve", uncached)
+    monkeypatch.setattr(commands, "serve", uncached)
     done = []
     thread = threading.Thread(target=lambda: done.append(commands.check(
         target, lambda data, text: None, probe_port=0, probe_host="127.0.0.1", say=said.append)), daemon=True)
@@ -146,7 +146,8 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
                str(suite.db.database), f"[{job.id}", "Python")
     bodies = {}
     for details in (False, True):
-        server = probe.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0, details=details)
+        server = commands.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0,
+                                details=details)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
             code, headers, body = _get(f"http://127.0.0.1:{server.server_address[1]}/")
@@ -164,7 +165,7 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
 
     # The command line: --probe-details reaches the probe (the server is the real one, stopped after a GET).
     answers = []
-    real_serve = probe.serve
+    real_serve = commands.serve
 
     def serve_once(*args, **kwargs):
         server = real_serve(*args, **kwargs)
@@ -176,7 +177,7 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
         threading.Thread(target=ask, daemon=True).start()
         return server
 
-    monkeypatch.setattr(probe, "serve", serve_once)
+    monkeypatch.setattr(commands, "serve", serve_once)
     monkeypatch.setenv("DRAMATIQ_UNIQUE_REDIS_URL", REDIS_URL)
     monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", f"postgresql://app:pw@127.0.0.1:{free_port()}/secretdb")
     for words, shows in ((["check", "--probe-port", "0", "--probe-host", "127.0.0.1"], False),

@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from dramatiq_unique.cli import COMMANDS, Command, limit_value, main, parser, since, split_words
+from dramatiq_unique.cli.commands import cell, pairs, table
 from dramatiq_unique.cli.context import Context
-from dramatiq_unique.cli.output import cell, pairs, table
 from dramatiq_unique.ops.views import JobRow, Page
 
 
@@ -77,7 +77,7 @@ def test_page_json():
 
 def test_values():
     assert limit_value("3") == 3 and limit_value("halt") == 0 and limit_value("DEFAULT") is None
-    for bad in ("-1", "three", "1.5", ""):
+    for bad in ("-1", "three", "1.5", "", "\u0660", str(2**31)):  # the dashboard's form reads limits the same way
         with pytest.raises(ValueError):
             limit_value(bad)
     assert since(None) is None
@@ -98,7 +98,7 @@ def test_a_database_url_the_suite_does_not_run_on_is_a_usage_error_not_a_traceba
 
 
 def test_a_value_of_one_job_is_shown_whole_up_to_a_bound():
-    from dramatiq_unique.cli.output import MAX_DETAIL, detail
+    from dramatiq_unique.cli.commands import MAX_DETAIL, detail
 
     long = "x" * 500
     assert detail(long) == long

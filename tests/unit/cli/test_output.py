@@ -6,9 +6,8 @@ import io
 import json
 import unicodedata
 
-from dramatiq_unique.cli import output
-from dramatiq_unique.cli.context import Context
-from dramatiq_unique.cli.output import cell, pairs, table
+from dramatiq_unique.cli.commands import cell, pairs, table
+from dramatiq_unique.cli.context import Context, visible
 
 #: Sequences an attacker puts in a job's arguments or error: clear the screen, set the window title,
 #: write the clipboard (OSC 52), a hyperlink (OSC 8), an 8-bit CSI, overwrite the line, ring the bell,
@@ -24,7 +23,6 @@ def _raw(text: str) -> list[str]:
 
 
 def test_visible_writes_out_every_control_character():
-    visible = output.visible
     assert visible("plain text, ünïcode, 日本") == "plain text, ünïcode, 日本"
     assert visible("\x1b[2J") == "\\x1b[2J" and visible("\x9b") == "\\x9b" and visible("\u202e") == "\\u202e"
     assert visible("a\nb\tc") == "a\\nb\\tc" and visible("a\nb\tc", keep="\n") == "a\nb\\tc"

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 import redis
 
-from dramatiq_unique.health import checks, probe
+from dramatiq_unique.health import checks, commands
 from dramatiq_unique.health.target import Target, from_environment
 from dramatiq_unique.redis.keys import RedisKeys
 
@@ -50,7 +50,7 @@ def test_no_environment_no_target():
 
 @pytest.mark.parametrize("severity, code", [(checks.OK, 200), (checks.WARNING, 200), (checks.CRITICAL, 503)])
 def test_the_probe_answers(severity, code):
-    server = probe.serve(lambda: checks.Report([checks.Finding("x", severity, "d")]), 0, host="127.0.0.1")
+    server = commands.serve(lambda: checks.Report([checks.Finding("x", severity, "d")]), 0, host="127.0.0.1")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/"
@@ -69,7 +69,7 @@ def test_a_failing_check_answers_503():
     def broken() -> checks.Report:
         raise RuntimeError("boom")
 
-    server = probe.serve(broken, 0, host="127.0.0.1")
+    server = commands.serve(broken, 0, host="127.0.0.1")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with pytest.raises(urllib.error.HTTPError) as failed:
