@@ -16,7 +16,7 @@ from dramatiq_unique.storage.stores import STORE
 if TYPE_CHECKING:
     from dramatiq.broker import MessageProxy
 
-    from dramatiq_unique.parking.gates import Gate
+    from dramatiq_unique.parking.groups import Gate
     from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import ActorConfig, Suite
 
@@ -61,7 +61,7 @@ class JobContext:
     retry_enqueued: bool = False
     #: The job's model in the store that holds its row (:func:`job_model`); set by :func:`attach`.
     model: "Any" = None
-    #: The gates the attempt holds, by kind ("lock", "slot"): parking/gates.py.
+    #: The gates the attempt holds, by kind ("lock", "slot"): parking/groups.py.
     held: dict[str, Held] = dataclasses.field(default_factory=dict)
     #: Run when the actor is done, before the outcome is recorded (a slot is handed on first).
     before_record: list[Callable[[], None]] = dataclasses.field(default_factory=list)

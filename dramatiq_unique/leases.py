@@ -1,5 +1,5 @@
 """An attempt's leases: the gates it holds while it runs (an execution lock, a concurrency slot), taken
-by the two gate middlewares, and its row's; ``heartbeat()`` renews them all.
+by the gate middlewares (:mod:`dramatiq_unique.middleware.gates`), and its row's; ``heartbeat()`` renews them all.
 
 A job that cannot enter a gate parks (:mod:`dramatiq_unique.parking.lot`) and is woken by the holder
 that leaves.  A lost lease is remembered in the attempt's context: later heartbeats raise at once,
@@ -10,38 +10,26 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from dramatiq import Middleware
 from dramatiq.asyncio import async_to_sync
 
 from dramatiq_unique import context
-from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER, Held, JobContext
+from dramatiq_unique.context import JobContext
 from dramatiq_unique.errors import DatabaseUnavailable, LockLost
-from dramatiq_unique.guard import hook
 from dramatiq_unique.observe import events
-from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import WAKE, Gate
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import DB_ERRORS
 from dramatiq_unique.storage.models import after_ms
-from dramatiq_unique.suite import Suite
 
 if TYPE_CHECKING:
     import dramatiq
-
-logger = logging.getLogger(__name__)
 
 #: The row's lease is rewritten when a tenth of it has passed (Redis leases every call).
 LEASE_REWRITE_FRACTION = 0.1
 
 _CARRIES = "_dramatiq_unique_carries_context"
-
-
-# -- heartbeat() and the checks on a start -------------------------------------------------
 
 
 def heartbeat() -> float:
@@ -132,84 +120,3 @@ def carry_context(actor: "dramatiq.Actor") -> None:
 
     setattr(call, _CARRIES, True)
     actor.fn = call
-
-
-# -- the base of the gate middlewares ------------------------------------------------------
-
-
-class GateMiddleware(Middleware):
-    """Takes a gate in ``before_process_message`` (:meth:`enter`), hands it on when the job is done.
-    Both gate middlewares share the suite's parking and its watchdog."""
-
-    #: Names the middleware where the suite checks which of its middlewares a broker has.
-    capability: ClassVar[str]
-    #: The options the middleware reads (Dramatiq refuses an option no middleware declares).
-    options: ClassVar[frozenset]
-    #: The ActorConfig property that says whether a job (with its message's own options) takes the gate.
-    takes: ClassVar[str]
-    gate: Gate
-
-    def __init__(self, *, suite: Suite, local_handoff: Optional[bool] = None) -> None:
-        self.suite = suite
-        self.parking = lot.of(suite)
-        if local_handoff is not None:  # None leaves it as the other gate middleware set it
-            self.parking.delivery.local = local_handoff
-
-    @property
-    def actor_options(self) -> set[str]:
-        return set(self.options)
-
-    @hook
-    def before_declare_actor(self, broker, actor) -> None:
-        opt.check_actor(broker, actor)
-        if opt.is_tracked(actor.options):
-            carry_context(actor)
-
-    def after_worker_boot(self, broker, worker) -> None:
-        self.parking.attach(worker)  # idempotent: both gate middlewares share the parking
-
-    def before_worker_shutdown(self, broker, worker) -> None:
-        self.parking.detach(worker)
-
-    @hook
-    def before_process_message(self, broker, message) -> None:
-        config = self.suite.actor_config(message.actor_name)
-        if config is None or message.failed:
-            return
-        ctx = context.attach(message, self.suite, config)  # JobTracking's too
-        if getattr(ctx.config, self.takes):
-            ctx.held[self.gate.kind] = self.enter(ctx, message)
-
-    def enter(self, ctx: JobContext, message: Any) -> Held:
-        """Take the gate for the attempt, or park the job (``parking.park_message`` raises SkipMessage)."""
-        raise NotImplementedError
-
-    def take_up(self, ctx: JobContext, message: Any, group: str) -> Optional[dict]:
-        """The reservation of ``group``'s gate that woke this message, taken off its marker (another
-        gate's stays for that gate); None if it was not woken for this gate."""
-        marker = message.options.get(MARKER)
-        wake = marker.get(WAKE) if isinstance(marker, dict) else None
-        if not isinstance(wake, dict) or wake.get("g") != group:
-            return None
-        del marker[WAKE]
-        events.taken_up(self.gate.kind, message, marker, wake)
-        ctx.woken = True
-        return wake
-
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
-        self.leave(message)
-
-    def after_skip_message(self, broker, message) -> None:
-        self.leave(message)  # a later middleware parked or skipped the job after it took the gate
-
-    def leave(self, message: Any) -> None:
-        """Hand the attempt's gate to the next waiter, or release it."""
-        ctx = context.of(message)
-        held = ctx.held.pop(self.gate.kind, None) if ctx is not None else None
-        if held is None:
-            return
-        self.leaving(held)
-        self.parking.hand_on(held.group, held.token)
-
-    def leaving(self, held: Held) -> None:
-        """Called as the attempt lets go of ``held``, before it is handed on."""

@@ -18,7 +18,7 @@ from dramatiq_unique.durable import outbox, refused
 from dramatiq_unique.durable.outcome import format_error, outcome
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
-from dramatiq_unique.parking.gates import WAKE
+from dramatiq_unique.parking.groups import WAKE
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import FINISHED, JobStatus
 from dramatiq_unique.suite import Suite

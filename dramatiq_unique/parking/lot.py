@@ -27,8 +27,7 @@ from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.observe import events
-from dramatiq_unique.parking.gates import WAKE, Gate, GroupInfo, gate_ttl, reservation
-from dramatiq_unique.parking.groups import LOCK, SLOT, kind_of
+from dramatiq_unique.parking.groups import LOCK, SLOT, WAKE, Gate, GroupInfo, gate_ttl, kind_of, reservation
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
 from dramatiq_unique.storage import jobs

@@ -12,8 +12,7 @@ import redis as redis_lib
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import GroupInfo, gate_ttl
-from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
+from dramatiq_unique.parking.groups import SLOT, GroupInfo, actor_of, gate_ttl, slot_key_of, whole_actor
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.lua import KEPT
 from dramatiq_unique.slots import overrides
