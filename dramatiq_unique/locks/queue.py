@@ -12,9 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-import redis
-
-from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.errors import RedisUnavailable, redis_errors
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 if TYPE_CHECKING:
@@ -32,13 +30,10 @@ def take_many(suite: "Suite", locks: list[tuple]) -> None:
         for name, token, ttl in locks:
             suite.locks.acquire(name, ttl, token=token)
         return
-    try:
-        with suite.locks.masters[0].pipeline(transaction=False) as pipe:
-            for name, token, ttl in locks:
-                pipe.set(f"{LOCK_PREFIX}:{name}", token, px=int(ttl))
-            pipe.execute()
-    except redis.RedisError as error:
-        raise RedisUnavailable(f"taking {len(locks)} queue locks: {error}") from error
+    with redis_errors(f"taking {len(locks)} queue locks"), suite.locks.masters[0].pipeline(transaction=False) as pipe:
+        for name, token, ttl in locks:
+            pipe.set(f"{LOCK_PREFIX}:{name}", token, px=int(ttl))
+        pipe.execute()
 
 
 def release(suite: "Suite", job: Any, marker: dict, *, wait: bool = True) -> None:

@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.errors import RedisUnavailable, redis_errors
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
@@ -353,10 +353,8 @@ class Locks:
         """Milliseconds until ``name`` frees itself, whoever holds it; 0 if it is free."""
         key = f"{LOCK_PREFIX}:{name}"
         if self.single:
-            try:
+            with redis_errors(f"reading lock {name!r}"):
                 return float(max(int(self.masters[0].pttl(key)), 0))
-            except redis.RedisError as e:
-                raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
         replies = ask_all(self.nodes, lambda master: master.client.pttl(key), self.quorum)
         self._check(replies, "reading", name)
         # Held while a majority still has it: the quorum-th longest lease.

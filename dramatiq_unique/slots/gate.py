@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import redis as redis_lib
 
-from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.errors import RedisUnavailable, redis_errors
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.groups import SLOT, GroupInfo, actor_of, gate_ttl, slot_key_of, whole_actor
@@ -131,10 +131,8 @@ class SlotGate:
         """``token``'s slot went to the job of ``message_id``, which waits in the broker for a worker thread:
         noted for the operator's views (the notes of tokens that left are dropped)."""
         key, keys = slot_key_of(group), self.suite.keys
-        try:
+        with redis_errors(f"noting a holder of {group!r}"):
             self.scripts["note"](keys=[keys.slots(key), keys.slot_jobs(key)], args=[token, message_id])
-        except redis_lib.RedisError as e:
-            raise RedisUnavailable(f"noting a holder of {group!r}: {e}") from e
 
     def describe(self, group: str) -> Optional[GroupInfo]:
         config = self._config(group)
@@ -174,10 +172,8 @@ class SlotGate:
         return token if self._call("flag_and_take", group, args, (self.flags,)) else None
 
     def release(self, group: str, token: str) -> None:
-        try:
+        with redis_errors(f"releasing a slot of {group!r}"):
             self.suite.redis.zrem(self._keys(group)[0], token)
-        except redis_lib.RedisError as e:
-            raise RedisUnavailable(f"releasing a slot of {group!r}: {e}") from e
 
     def retry_in(self, group: str) -> float:
         wait = self.status(group).wait
