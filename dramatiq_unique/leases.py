@@ -3,28 +3,33 @@ by the gate middlewares (:mod:`dramatiq_unique.middleware.gates`), and its row's
 
 A job that cannot enter a gate parks (:mod:`dramatiq_unique.parking.lot`) and is woken by the holder
 that leaves.  A lost lease is remembered in the attempt's context: later heartbeats raise at once,
-and the attempt is not recorded as succeeded.
+and the attempt is not recorded as succeeded.  ``checkpoint()`` stores a finished step's result on the row, in
+one write fenced by the attempt's token, so that a retry does not redo it (docs/howto/checkpoints.md).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
 
 from dramatiq.asyncio import async_to_sync
 
 from dramatiq_unique import context
 from dramatiq_unique.context import JobContext
-from dramatiq_unique.errors import DatabaseUnavailable, LockLost
+from dramatiq_unique.errors import DatabaseUnavailable, LockLost, NotSerializable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import DB_ERRORS
-from dramatiq_unique.storage.models import after_ms
+from dramatiq_unique.storage.models import after_ms, dumps
 
 if TYPE_CHECKING:
     import dramatiq
+
+T = TypeVar("T")
 
 #: The row's lease is rewritten when a tenth of it has passed (Redis leases every call).
 LEASE_REWRITE_FRACTION = 0.1
@@ -120,3 +125,43 @@ def carry_context(actor: "dramatiq.Actor") -> None:
 
     setattr(call, _CARRIES, True)
     actor.fn = call
+
+
+def step_key(name: str) -> str:
+    """A key for step ``name`` of the current job, the same on every attempt."""
+    job = context.require().job
+    return f"{job.message_id}:{name}"  # type: ignore[union-attr]
+
+
+def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` once per job; on a retry return its stored result.
+
+    The result must be JSON-serialisable; what is returned is its JSON
+    form, the same on the first attempt and on retries (a tuple comes back
+    as a list).  Raises :class:`NotSerializable` before the step is
+    recorded as done, :class:`LockLost` if a newer attempt owns the job, and
+    :class:`DatabaseUnavailable` if the step cannot be checked or recorded.
+    """
+    job = context.require().job
+    assert job is not None
+    done = dict(job.checkpoints or {})
+    if name in done:
+        return done[name]
+    model = type(job)
+    with guarded(f"checking the fence of job {job.message_id}"):  # a zombie should not even start the step
+        token = model.select(model.fencing_token).where(model.id == job.id).scalar()
+    if token != job.fencing_token:
+        raise events.lock_lost(job, LockLost(f"job {job.message_id} was started again by a newer attempt"))
+    result = fn(*args, **kwargs)
+    try:
+        stored = json.loads(dumps(result))
+    except (TypeError, ValueError) as e:
+        raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
+    done[name] = stored
+    with guarded(f"recording step {name!r} of job {job.message_id}"):
+        recorded = jobs.update_fenced(model, job.id, job.fencing_token, {"checkpoints": done})
+    if not recorded:
+        events.fenced_out(job, "checkpoint")
+        raise LockLost(f"job {job.message_id} was started again by a newer attempt; step {name!r} not recorded")
+    job.checkpoints = done
+    return stored

@@ -95,8 +95,8 @@ class GateMiddleware(Middleware):
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         self.leave(message)
 
-    def after_skip_message(self, broker, message) -> None:
-        self.leave(message)  # a later middleware parked or skipped the job after it took the gate
+    # A later middleware may park or skip the job after it took the gate.
+    after_skip_message = after_process_message
 
     def leave(self, message: Any) -> None:
         """Hand the attempt's gate to the next waiter, or release it."""

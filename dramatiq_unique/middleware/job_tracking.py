@@ -224,8 +224,7 @@ class JobTracking(Middleware):
     def before_worker_thread_shutdown(self, broker, thread) -> None:
         self.suite.close()
 
-    def before_consumer_thread_shutdown(self, broker, thread) -> None:
-        self.suite.close()
+    before_consumer_thread_shutdown = before_worker_thread_shutdown
 
     def after_worker_shutdown(self, broker, worker) -> None:
         self.suite.close()
