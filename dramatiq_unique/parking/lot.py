@@ -211,8 +211,13 @@ class Parking:
                         jobs.unclaim(info.model, row, group)
                         return None
                     token = grant
-                    if row.status == JobStatus.QUEUED.value:  # it waits in the broker, holding the gate
-                        self._note(gate, group, grant, row)
+                    # It waits in the broker, holding the gate: noted where the gate keeps notes (SlotGate).
+                    if row.status == JobStatus.QUEUED.value and hasattr(gate, "note"):
+                        try:  # only the operator's views read it
+                            gate.note(group, grant, row.message_id)
+                        except DependencyUnavailable:
+                            logger.debug("Could not note job %s as the holder of %s.", row.message_id, group,
+                                         exc_info=True)
                     try:
                         self.delivery.send(rebuild(row, {WAKE: reservation(group, grant, self.suite.worker_id)}),
                                            row.broker_ref)
@@ -257,15 +262,6 @@ class Parking:
             except Exception:  # Redis is down too: the lock expires and the re-drive wakes
                 pass
             return None
-
-    def _note(self, gate: Gate, group: str, token: str, row: JobModel) -> None:
-        note = getattr(gate, "note", None)  # see Gate: only the operator's views read it
-        if note is None:
-            return
-        try:
-            note(group, token, row.message_id)
-        except DependencyUnavailable:
-            logger.debug("Could not note job %s as the holder of %s.", row.message_id, group, exc_info=True)
 
     def wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
         try:
