@@ -136,11 +136,8 @@ class LockGate:
         fresh = new_token()
         return fresh if self.suite.locks.transfer(self.name(group), token, fresh, ttl_ms) else None
 
-    def release_unless_flagged(self, group: str, token: str) -> int:
-        return self.suite.locks.release_unless(self.name(group), token, self.wakeups.key, group)
-
     def hand_over(self, group: str, token: str) -> tuple[int, str]:
-        return self.release_unless_flagged(group, token), token
+        return self.suite.locks.release_unless(self.name(group), token, self.wakeups.key, group), token
 
     def flag_and_take(self, group: str, ttl_ms: float, delay_ms: float) -> Optional[str]:
         try:

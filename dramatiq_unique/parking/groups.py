@@ -89,7 +89,7 @@ class Gate(Protocol):
 
     #: The prefix of its groups' names (``"lock"`` for ``"lock:<key>"``).
     kind: str
-    #: Whether :meth:`release_unless_flagged` reads the flag and releases in one step.
+    #: Whether :meth:`hand_over` reads the flag and releases in one step.
     atomic_release: bool
     #: What LockLost says when a holder's lease of a group (``{}``) is gone.
     lost: str
@@ -106,12 +106,9 @@ class Gate(Protocol):
     def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
         """Re-issue a held gate under a new token; None if ``token`` no longer holds it."""
 
-    def release_unless_flagged(self, group: str, token: str) -> int:
-        """RELEASED, KEPT (the group is flagged) or NOT_HELD."""
-
     def hand_over(self, group: str, token: str) -> tuple[int, str]:
-        """:meth:`release_unless_flagged`, and the token the woken job gets if KEPT: a fresh one where
-        the gate re-issues it in the same call, else ``token`` (:meth:`pass_to` follows)."""
+        """Release unless the group is flagged: RELEASED, KEPT or NOT_HELD, and the token the woken job gets
+        if KEPT: a fresh one where the gate re-issues it in the same call, else ``token`` (:meth:`pass_to` follows)."""
 
     def release(self, group: str, token: str) -> None:
         """Release if ``token`` holds it."""

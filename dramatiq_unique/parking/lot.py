@@ -244,8 +244,9 @@ class Parking:
                         # slot; should it die, look again when their reservation has run out.
                         self.wakeups.flag(group, waiting + 50)
                     return None
-                outcome = gate.release_unless_flagged(group, token)
-                if outcome == KEPT:
+                outcome, handed = gate.hand_over(group, token)
+                if outcome == KEPT:  # held for the next waiter, maybe re-issued: then no pass_to
+                    fresh, token = fresh or handed != token, handed
                     continue
                 if outcome == RELEASED and not gate.atomic_release and self.wakeups.is_flagged(group):
                     again = gate.take(group, info.ttl_ms)

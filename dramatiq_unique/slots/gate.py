@@ -150,9 +150,6 @@ class SlotGate:
         fresh = new_token()
         return fresh if self._call("pass", group, [self._default(group), token, fresh, int(ttl_ms)]) else None
 
-    def release_unless_flagged(self, group: str, token: str) -> int:
-        return int(self._call("leave", group, [self._default(group), token, group, "", 0], (self.flags,)))
-
     def hand_over(self, group: str, token: str) -> tuple[int, str]:
         """Leave, re-issuing the slot to a fresh token for the woken job if someone waits (one call)."""
         fresh = new_token()
