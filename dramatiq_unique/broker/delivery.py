@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from dramatiq import Message
 from dramatiq.broker import MessageProxy
 
-from dramatiq_unique.broker.keys import BrokerKeys
-from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, resending
+from dramatiq_unique.broker.refs import REDIS_MESSAGE_ID, BrokerKeys, resending
 from dramatiq_unique.redis import lua
 
 try:  # Dramatiq 2.x; without them every delivery goes through the broker.

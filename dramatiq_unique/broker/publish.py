@@ -11,7 +11,7 @@ import redis
 from dramatiq import Middleware
 from dramatiq.brokers.redis import RedisBroker
 
-from dramatiq_unique.broker.keys import dispatch_args
+from dramatiq_unique.broker.refs import dispatch_args
 from dramatiq_unique.errors import RedisPermissionDenied, permission_refused
 from dramatiq_unique.locks import queue
 from dramatiq_unique.redis import scripts

@@ -17,9 +17,8 @@ import redis
 
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
-from dramatiq_unique.broker import keys
+from dramatiq_unique.broker import refs
 from dramatiq_unique.broker.publish import Publisher
-from dramatiq_unique.broker.refs import is_resending
 from dramatiq_unique.context import MARKER, job_model
 from dramatiq_unique.durable import deferral, outbox
 from dramatiq_unique.durable.messages import args_from_row
@@ -44,7 +43,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     """Wrap ``broker.enqueue`` (once) so redirects return and failed publishes leave no row."""
     if getattr(broker.enqueue, "_dramatiq_unique", False):
         return
-    keys.check(broker)
+    refs.check(broker)
     original = broker.enqueue
     suite.publisher = Publisher.install(broker, suite)
 
@@ -97,7 +96,7 @@ def _record_pending(
 ) -> Optional["Message"]:
     """A tracked send the broker failed before it was recorded (RabbitMQ declaring a new queue): recorded pending
     if the broker is down (on_broker_down="defer"); returns the message, or None to raise."""
-    if not deferral.defers(suite, error) or MARKER in message.options or is_resending() \
+    if not deferral.defers(suite, error) or MARKER in message.options or refs.is_resending() \
             or suite.actor_config(message.actor_name) is None:
         return None
     try:
