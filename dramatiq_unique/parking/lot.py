@@ -19,7 +19,7 @@ import peewee as pw
 import redis as redis_lib
 from dramatiq.middleware import SkipMessage
 
-from dramatiq_unique.broker.delivery import Delivery
+from dramatiq_unique.broker.publish import Delivery
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options, rebuild
 from dramatiq_unique.errors import DependencyUnavailable
