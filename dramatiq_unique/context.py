@@ -7,9 +7,10 @@ import contextvars
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 from dramatiq_unique.errors import LockLost, NotInJob
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage.jobs import PARTIAL
 from dramatiq_unique.storage.stores import STORE
 
@@ -79,6 +80,13 @@ class JobContext:
     woken: bool = False
     #: The fields a retry's send wrote (or meant to write) on the row.
     retry_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def fail(self, error: LockLost | str) -> NoReturn:
+        """Raise LockLost, remembered first: the attempt lost its hold and must not be recorded as succeeded."""
+        error = LockLost(error) if isinstance(error, str) else error
+        self.lock_lost = error
+        events.lock_lost(self.job, error)
+        raise error
 
 
 _current: contextvars.ContextVar[Optional[JobContext]] = contextvars.ContextVar("dramatiq_unique_job", default=None)

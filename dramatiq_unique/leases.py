@@ -13,7 +13,7 @@ import functools
 import inspect
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from dramatiq.asyncio import async_to_sync
 
@@ -54,14 +54,14 @@ def heartbeat() -> float:
     try:
         left = [held.renew() for held in ctx.held.values()]
     except LockLost as e:
-        fail(ctx, e)
+        ctx.fail(e)
     left.append(_renew_row(ctx))
     remaining = min(left) - (time.monotonic() - started)
     if remaining <= 0:
         # The renewal took longer than the lease (a network cut, a stalled server, a frozen process):
         # counted from when it was sent, the lease may have run out before it landed, and a newer
         # attempt may hold the job by now.  A late "yes" is not a hold.
-        fail(ctx, f"renewing the leases of job {ctx.message.message_id} took "
+        ctx.fail(f"renewing the leases of job {ctx.message.message_id} took "
                   f"{time.monotonic() - started:.1f} s, longer than the lease")
     events.heartbeat(ctx.job)
     return remaining
@@ -81,27 +81,9 @@ def _renew_row(ctx: JobContext) -> float:
         raise DatabaseUnavailable(f"renewing the lease of job {job.message_id}: {e}") from e
     if not renewed:
         events.fenced_out(job, "lease")
-        fail(ctx, f"job {job.message_id} was taken over by a newer attempt")
+        ctx.fail(f"job {job.message_id} was taken over by a newer attempt")
     ctx.lease_written = now
     return ttl / 1000
-
-
-def check_start(ctx: JobContext, began: float) -> None:
-    """Raise LockLost before the actor runs if more than the row's lease has passed since ``began``
-    (monotonic: when the start, or the execution lock before it, was asked for).  A late reply may report
-    a start whose lease ran out, the job since sent again, even run; with an execution lock it is also
-    checked before the start draws the key's fencing token."""
-    took = time.monotonic() - began
-    if took * 1000 >= ctx.config.unique_ttl:
-        fail(ctx, f"starting job {ctx.message.message_id} took {took:.1f} s, longer than its lease")
-
-
-def fail(ctx: JobContext, error: LockLost | str) -> NoReturn:
-    """Raise LockLost, remembered first: the attempt lost its hold and must not be recorded as succeeded."""
-    error = LockLost(error) if isinstance(error, str) else error
-    ctx.lock_lost = error
-    events.lock_lost(ctx.job, error)
-    raise error
 
 
 def carry_context(actor: "dramatiq.Actor") -> None:
