@@ -8,7 +8,6 @@ from dramatiq import Broker
 from dramatiq.middleware import Retries
 
 from dramatiq_unique import suite as _suite
-from dramatiq_unique.checkpoints import checkpoint, step_key
 from dramatiq_unique.context import current_job
 from dramatiq_unique.durable.dead import cancel_job, dead_jobs, retry_job
 from dramatiq_unique.durable.lookup import find_job
@@ -34,8 +33,7 @@ from dramatiq_unique.errors import (
     SchemaOutOfDate,
     UnsupportedVersion,
 )
-from dramatiq_unique.idempotency import submit
-from dramatiq_unique.leases import heartbeat
+from dramatiq_unique.leases import checkpoint, heartbeat, step_key
 from dramatiq_unique.logs import RedactPasswords, ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
 from dramatiq_unique.observe import enable_metrics
@@ -45,7 +43,7 @@ from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, 
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.suite import RedisSpec, Suite
 from dramatiq_unique.unique.bulk import send_many
-from dramatiq_unique.unique.send import transaction
+from dramatiq_unique.unique.send import submit, transaction
 
 if TYPE_CHECKING:
     from dramatiq_unique.locks.external import lock

@@ -7,16 +7,17 @@ import contextvars
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional
 
 from dramatiq_unique.errors import LockLost, NotInJob
+from dramatiq_unique.observe import events
 from dramatiq_unique.storage.jobs import PARTIAL
 from dramatiq_unique.storage.stores import STORE
 
 if TYPE_CHECKING:
     from dramatiq.broker import MessageProxy
 
-    from dramatiq_unique.parking.gates import Gate
+    from dramatiq_unique.parking.groups import Gate
     from dramatiq_unique.storage.models import JobModel
     from dramatiq_unique.suite import ActorConfig, Suite
 
@@ -61,7 +62,7 @@ class JobContext:
     retry_enqueued: bool = False
     #: The job's model in the store that holds its row (:func:`job_model`); set by :func:`attach`.
     model: "Any" = None
-    #: The gates the attempt holds, by kind ("lock", "slot"): parking/gates.py.
+    #: The gates the attempt holds, by kind ("lock", "slot"): parking/groups.py.
     held: dict[str, Held] = dataclasses.field(default_factory=dict)
     #: Run when the actor is done, before the outcome is recorded (a slot is handed on first).
     before_record: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -79,6 +80,13 @@ class JobContext:
     woken: bool = False
     #: The fields a retry's send wrote (or meant to write) on the row.
     retry_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def fail(self, error: LockLost | str) -> NoReturn:
+        """Raise LockLost, remembered first: the attempt lost its hold and must not be recorded as succeeded."""
+        error = LockLost(error) if isinstance(error, str) else error
+        self.lock_lost = error
+        events.lock_lost(self.job, error)
+        raise error
 
 
 _current: contextvars.ContextVar[Optional[JobContext]] = contextvars.ContextVar("dramatiq_unique_job", default=None)

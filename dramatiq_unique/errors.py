@@ -3,8 +3,10 @@ hooks), whose docstring is its message."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+import contextlib
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+import redis
 from dramatiq.middleware import MiddlewareError
 
 from dramatiq_unique.redaction import redact
@@ -79,6 +81,15 @@ class RedisUnavailable(DependencyUnavailable):
         if cls is RedisUnavailable and permission_refused(detail):
             cls = RedisPermissionDenied
         return super().__new__(cls, detail)
+
+
+@contextlib.contextmanager
+def redis_errors(doing: str) -> Iterator[None]:
+    """A Redis error inside raises :class:`RedisUnavailable`: ``<doing>: <error>``."""
+    try:
+        yield
+    except redis.RedisError as e:
+        raise RedisUnavailable(f"{doing}: {e}") from e
 
 
 class RedisPermissionDenied(RedisUnavailable):

@@ -1,47 +1,40 @@
 """An attempt's leases: the gates it holds while it runs (an execution lock, a concurrency slot), taken
-by the two gate middlewares, and its row's; ``heartbeat()`` renews them all.
+by the gate middlewares (:mod:`dramatiq_unique.middleware.gates`), and its row's; ``heartbeat()`` renews them all.
 
 A job that cannot enter a gate parks (:mod:`dramatiq_unique.parking.lot`) and is woken by the holder
 that leaves.  A lost lease is remembered in the attempt's context: later heartbeats raise at once,
-and the attempt is not recorded as succeeded.
+and the attempt is not recorded as succeeded.  ``checkpoint()`` stores a finished step's result on the row, in
+one write fenced by the attempt's token, so that a retry does not redo it (docs/howto/checkpoints.md).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import logging
+import json
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from dramatiq import Middleware
 from dramatiq.asyncio import async_to_sync
 
 from dramatiq_unique import context
-from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER, Held, JobContext
-from dramatiq_unique.errors import DatabaseUnavailable, LockLost
-from dramatiq_unique.guard import hook
+from dramatiq_unique.context import JobContext
+from dramatiq_unique.errors import DatabaseUnavailable, LockLost, NotSerializable
+from dramatiq_unique.guard import guarded
 from dramatiq_unique.observe import events
-from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import WAKE, Gate
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import DB_ERRORS
-from dramatiq_unique.storage.models import after_ms
-from dramatiq_unique.suite import Suite
+from dramatiq_unique.storage.models import after_ms, dumps
 
 if TYPE_CHECKING:
     import dramatiq
 
-logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The row's lease is rewritten when a tenth of it has passed (Redis leases every call).
 LEASE_REWRITE_FRACTION = 0.1
 
 _CARRIES = "_dramatiq_unique_carries_context"
-
-
-# -- heartbeat() and the checks on a start -------------------------------------------------
 
 
 def heartbeat() -> float:
@@ -61,14 +54,14 @@ def heartbeat() -> float:
     try:
         left = [held.renew() for held in ctx.held.values()]
     except LockLost as e:
-        fail(ctx, e)
+        ctx.fail(e)
     left.append(_renew_row(ctx))
     remaining = min(left) - (time.monotonic() - started)
     if remaining <= 0:
         # The renewal took longer than the lease (a network cut, a stalled server, a frozen process):
         # counted from when it was sent, the lease may have run out before it landed, and a newer
         # attempt may hold the job by now.  A late "yes" is not a hold.
-        fail(ctx, f"renewing the leases of job {ctx.message.message_id} took "
+        ctx.fail(f"renewing the leases of job {ctx.message.message_id} took "
                   f"{time.monotonic() - started:.1f} s, longer than the lease")
     events.heartbeat(ctx.job)
     return remaining
@@ -88,27 +81,9 @@ def _renew_row(ctx: JobContext) -> float:
         raise DatabaseUnavailable(f"renewing the lease of job {job.message_id}: {e}") from e
     if not renewed:
         events.fenced_out(job, "lease")
-        fail(ctx, f"job {job.message_id} was taken over by a newer attempt")
+        ctx.fail(f"job {job.message_id} was taken over by a newer attempt")
     ctx.lease_written = now
     return ttl / 1000
-
-
-def check_start(ctx: JobContext, began: float) -> None:
-    """Raise LockLost before the actor runs if more than the row's lease has passed since ``began``
-    (monotonic: when the start, or the execution lock before it, was asked for).  A late reply may report
-    a start whose lease ran out, the job since sent again, even run; with an execution lock it is also
-    checked before the start draws the key's fencing token."""
-    took = time.monotonic() - began
-    if took * 1000 >= ctx.config.unique_ttl:
-        fail(ctx, f"starting job {ctx.message.message_id} took {took:.1f} s, longer than its lease")
-
-
-def fail(ctx: JobContext, error: LockLost | str) -> NoReturn:
-    """Raise LockLost, remembered first: the attempt lost its hold and must not be recorded as succeeded."""
-    error = LockLost(error) if isinstance(error, str) else error
-    ctx.lock_lost = error
-    events.lock_lost(ctx.job, error)
-    raise error
 
 
 def carry_context(actor: "dramatiq.Actor") -> None:
@@ -134,82 +109,41 @@ def carry_context(actor: "dramatiq.Actor") -> None:
     actor.fn = call
 
 
-# -- the base of the gate middlewares ------------------------------------------------------
+def step_key(name: str) -> str:
+    """A key for step ``name`` of the current job, the same on every attempt."""
+    job = context.require().job
+    return f"{job.message_id}:{name}"  # type: ignore[union-attr]
 
 
-class GateMiddleware(Middleware):
-    """Takes a gate in ``before_process_message`` (:meth:`enter`), hands it on when the job is done.
-    Both gate middlewares share the suite's parking and its watchdog."""
+def checkpoint(name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` once per job; on a retry return its stored result.
 
-    #: Names the middleware where the suite checks which of its middlewares a broker has.
-    capability: ClassVar[str]
-    #: The options the middleware reads (Dramatiq refuses an option no middleware declares).
-    options: ClassVar[frozenset]
-    #: The ActorConfig property that says whether a job (with its message's own options) takes the gate.
-    takes: ClassVar[str]
-    gate: Gate
-
-    def __init__(self, *, suite: Suite, local_handoff: Optional[bool] = None) -> None:
-        self.suite = suite
-        self.parking = lot.of(suite)
-        if local_handoff is not None:  # None leaves it as the other gate middleware set it
-            self.parking.delivery.local = local_handoff
-
-    @property
-    def actor_options(self) -> set[str]:
-        return set(self.options)
-
-    @hook
-    def before_declare_actor(self, broker, actor) -> None:
-        opt.check_actor(broker, actor)
-        if opt.is_tracked(actor.options):
-            carry_context(actor)
-
-    def after_worker_boot(self, broker, worker) -> None:
-        self.parking.attach(worker)  # idempotent: both gate middlewares share the parking
-
-    def before_worker_shutdown(self, broker, worker) -> None:
-        self.parking.detach(worker)
-
-    @hook
-    def before_process_message(self, broker, message) -> None:
-        config = self.suite.actor_config(message.actor_name)
-        if config is None or message.failed:
-            return
-        ctx = context.attach(message, self.suite, config)  # JobTracking's too
-        if getattr(ctx.config, self.takes):
-            ctx.held[self.gate.kind] = self.enter(ctx, message)
-
-    def enter(self, ctx: JobContext, message: Any) -> Held:
-        """Take the gate for the attempt, or park the job (``parking.park_message`` raises SkipMessage)."""
-        raise NotImplementedError
-
-    def take_up(self, ctx: JobContext, message: Any, group: str) -> Optional[dict]:
-        """The reservation of ``group``'s gate that woke this message, taken off its marker (another
-        gate's stays for that gate); None if it was not woken for this gate."""
-        marker = message.options.get(MARKER)
-        wake = marker.get(WAKE) if isinstance(marker, dict) else None
-        if not isinstance(wake, dict) or wake.get("g") != group:
-            return None
-        del marker[WAKE]
-        events.taken_up(self.gate.kind, message, marker, wake)
-        ctx.woken = True
-        return wake
-
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
-        self.leave(message)
-
-    def after_skip_message(self, broker, message) -> None:
-        self.leave(message)  # a later middleware parked or skipped the job after it took the gate
-
-    def leave(self, message: Any) -> None:
-        """Hand the attempt's gate to the next waiter, or release it."""
-        ctx = context.of(message)
-        held = ctx.held.pop(self.gate.kind, None) if ctx is not None else None
-        if held is None:
-            return
-        self.leaving(held)
-        self.parking.hand_on(held.group, held.token)
-
-    def leaving(self, held: Held) -> None:
-        """Called as the attempt lets go of ``held``, before it is handed on."""
+    The result must be JSON-serialisable; what is returned is its JSON
+    form, the same on the first attempt and on retries (a tuple comes back
+    as a list).  Raises :class:`NotSerializable` before the step is
+    recorded as done, :class:`LockLost` if a newer attempt owns the job, and
+    :class:`DatabaseUnavailable` if the step cannot be checked or recorded.
+    """
+    job = context.require().job
+    assert job is not None
+    done = dict(job.checkpoints or {})
+    if name in done:
+        return done[name]
+    model = type(job)
+    with guarded(f"checking the fence of job {job.message_id}"):  # a zombie should not even start the step
+        token = model.select(model.fencing_token).where(model.id == job.id).scalar()
+    if token != job.fencing_token:
+        raise events.lock_lost(job, LockLost(f"job {job.message_id} was started again by a newer attempt"))
+    result = fn(*args, **kwargs)
+    try:
+        stored = json.loads(dumps(result))
+    except (TypeError, ValueError) as e:
+        raise NotSerializable(f"step {name!r} of {job.actor_name} returned a {type(result).__name__}") from e
+    done[name] = stored
+    with guarded(f"recording step {name!r} of job {job.message_id}"):
+        recorded = jobs.update_fenced(model, job.id, job.fencing_token, {"checkpoints": done})
+    if not recorded:
+        events.fenced_out(job, "checkpoint")
+        raise LockLost(f"job {job.message_id} was started again by a newer attempt; step {name!r} not recorded")
+    job.checkpoints = done
+    return stored

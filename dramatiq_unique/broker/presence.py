@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name, xq_name
 
-from dramatiq_unique.broker.keys import BrokerKeys, dispatch
+from dramatiq_unique.broker.refs import BrokerKeys, dispatch
 
 if TYPE_CHECKING:
     from dramatiq import Broker

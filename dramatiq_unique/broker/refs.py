@@ -1,11 +1,20 @@
-"""The broker's own id for a message (a job row's ``broker_ref``: the Redis broker's
-``redis_message_id``, else the message id), and who records it."""
+"""The Redis broker's own names, as Dramatiq 2.x lays them out: its id for a message (a job row's ``broker_ref``:
+``redis_message_id``, else the message id) and who records it, and its keys as its ``dispatch.lua`` writes them (read
+by the lost-message check, written by a local delivery).  A Redis broker under an untested Dramatiq is refused
+(:func:`check`), as a message written where no consumer reads it would be lost without a word."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import TYPE_CHECKING, Iterator
+import re
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import current_millis
+
+from dramatiq_unique.errors import UnsupportedVersion
 
 if TYPE_CHECKING:
     from dramatiq import Message
@@ -34,3 +43,56 @@ def resending() -> Iterator[None]:
 def is_resending() -> bool:
     """Whether the send under way is a re-send by the suite (see the module's docstring)."""
     return _resending.get()
+
+
+#: The Dramatiq versions the suite's use of the Redis broker's internals was written against.
+SUPPORTED = "dramatiq>=2,<3"
+
+
+def supported(version: str) -> bool:
+    match = re.match(r"\s*(\d+)", version)
+    return match is not None and int(match.group(1)) == 2
+
+
+def check(broker: Any, version: Optional[str] = None) -> None:
+    """Refuse a Redis broker under a Dramatiq these keys were not checked against (``version``: the installed)."""
+    version = dramatiq.__version__ if version is None else version
+    if isinstance(broker, RedisBroker) and not supported(version):
+        raise UnsupportedVersion(
+            f"dramatiq {version}: the suite reads and writes the Redis broker's keys as {SUPPORTED} lays "
+            f"them out, and has not been checked against this version; use {SUPPORTED} "
+            f"(or RabbitmqBroker, which needs none of this)"
+        )
+
+
+def dispatch_args(broker: Any, command: str, queue_name: str, *args: Any, worker: Optional[str] = None,
+                  maintenance: int = 0) -> list:
+    """The arguments of the Redis broker's ``dispatch.lua`` as its ``do_<command>`` passes them."""
+    return [command, current_millis(), queue_name, worker or broker.broker_id, broker.heartbeat_timeout,
+            broker.dead_message_ttl, maintenance, broker._max_unpack_size(), *args]
+
+
+def dispatch(broker: Any, command: str, queue_name: str, *args: Any, worker: Optional[str] = None,
+             maintenance: int = 0) -> Any:
+    """Run the Redis broker's own ``dispatch.lua`` as its ``do_<command>`` does."""
+    return broker.scripts["dispatch"](keys=[broker.namespace], args=dispatch_args(
+        broker, command, queue_name, *args, worker=worker, maintenance=maintenance))
+
+
+class BrokerKeys:
+    """Dramatiq's Redis broker keys under its namespace."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    def messages(self, queue_name: str) -> str:
+        """A queue's hash of message id to message body."""
+        return f"{self.namespace}:{queue_name}.msgs"
+
+    def acks(self, worker_id: str, queue_name: str) -> str:
+        """The ids a worker fetched from a queue and has not acked yet."""
+        return f"{self.namespace}:__acks__.{worker_id}.{queue_name}"
+
+    def heartbeats(self) -> str:
+        """The broker processes, scored by their last call's time."""
+        return f"{self.namespace}:__heartbeats__"

@@ -12,10 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-import redis
-
 from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.redis.keys import LOCK_PREFIX
 
 if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
@@ -24,21 +21,13 @@ logger = logging.getLogger(__name__)
 
 
 def take_many(suite: "Suite", locks: list[tuple]) -> None:
-    """Take the queue locks ``(name, token, ttl ms)`` of a batch's sends, each holding its key: on
-    one master overwritten in one round trip, with several taken one by one where free."""
-    if not locks:
-        return
+    """Take the queue locks ``(name, token, ttl ms)`` of sends that hold their keys: on one master
+    overwritten in one round trip (their holders no longer wait), with several taken one by one where free."""
     if not suite.locks.single:
         for name, token, ttl in locks:
             suite.locks.acquire(name, ttl, token=token)
-        return
-    try:
-        with suite.locks.masters[0].pipeline(transaction=False) as pipe:
-            for name, token, ttl in locks:
-                pipe.set(f"{LOCK_PREFIX}:{name}", token, px=int(ttl))
-            pipe.execute()
-    except redis.RedisError as error:
-        raise RedisUnavailable(f"taking {len(locks)} queue locks: {error}") from error
+    elif locks:
+        suite.locks.force(locks)
 
 
 def release(suite: "Suite", job: Any, marker: dict, *, wait: bool = True) -> None:

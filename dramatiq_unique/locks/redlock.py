@@ -19,8 +19,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from dramatiq_unique.errors import RedisUnavailable
-from dramatiq_unique.redis import lua
+from dramatiq_unique.errors import RedisUnavailable, redis_errors
+from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
 from dramatiq_unique.redis.servers import address
@@ -303,13 +303,12 @@ class Locks:
         holder = max(set(holders), key=holders.count) if holders else None
         return None, (holder.decode() if holder is not None and holders.count(holder) >= self.quorum else None)
 
-    def force(self, name: str, token: str, ttl_ms: float) -> Optional[str]:
-        """Take ``name`` for ``token`` whoever holds it (the caller knows the holder is stale); with several
-        masters a stale lock cannot be overwritten safely: it is left to expire, and None returned."""
-        if not self.single:
-            return None
-        self._one("lock_force", "taking", name, [token, int(ttl_ms)])
-        return token
+    def force(self, locks: Sequence[tuple[str, str, float]]) -> None:
+        """Take each lock ``(name, token, ttl ms)`` whoever holds it (the caller knows the holder is stale), in
+        one round trip; on one master only: of several, a stale lock cannot be overwritten safely."""
+        calls = [([f"{LOCK_PREFIX}:{name}"], [token, int(ttl_ms)]) for name, token, ttl_ms in locks]
+        with redis_errors(f"taking lock {locks[0][0]!r}" if len(locks) == 1 else f"taking {len(locks)} locks"):
+            scripts.run_all(self._scripts["lock_force"], calls, multi=False)
 
     def release(self, name: str, token: str) -> bool:
         """Release ``name`` if ``token`` holds it; False if it did not."""
@@ -353,10 +352,8 @@ class Locks:
         """Milliseconds until ``name`` frees itself, whoever holds it; 0 if it is free."""
         key = f"{LOCK_PREFIX}:{name}"
         if self.single:
-            try:
+            with redis_errors(f"reading lock {name!r}"):
                 return float(max(int(self.masters[0].pttl(key)), 0))
-            except redis.RedisError as e:
-                raise RedisUnavailable(f"reading lock {name!r}: {e}") from e
         replies = ask_all(self.nodes, lambda master: master.client.pttl(key), self.quorum)
         self._check(replies, "reading", name)
         # Held while a majority still has it: the quorum-th longest lease.

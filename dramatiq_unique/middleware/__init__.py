@@ -1,7 +1,6 @@
-"""The suite's Dramatiq middlewares, one class a module (the gate middlewares' base is in ``leases``)."""
+"""The suite's Dramatiq middlewares, one module a concern (the two gate middlewares and their base share ``gates``)."""
 
-from dramatiq_unique.middleware.concurrency_slots import ConcurrencySlots
-from dramatiq_unique.middleware.execution_locks import ExecutionLocks
+from dramatiq_unique.middleware.gates import ConcurrencySlots, ExecutionLocks
 from dramatiq_unique.middleware.job_tracking import JobTracking
 from dramatiq_unique.middleware.metrics import Metrics
 from dramatiq_unique.middleware.redriver import Redriver

@@ -11,14 +11,14 @@ from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
 from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
 
-from dramatiq_unique import context, leases
+from dramatiq_unique import context
 from dramatiq_unique import options as opt
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox, refused
 from dramatiq_unique.durable.outcome import format_error, outcome
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
-from dramatiq_unique.parking.gates import WAKE
+from dramatiq_unique.parking.groups import WAKE
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import FINISHED, JobStatus
 from dramatiq_unique.suite import Suite
@@ -26,6 +26,17 @@ from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
 from dramatiq_unique.unique.send import install_enqueue
 
 logger = logging.getLogger(__name__)
+
+
+def check_start(ctx: context.JobContext, began: float) -> None:
+    """Raise LockLost before the actor runs if more than the row's lease has passed since ``began``
+    (monotonic: when the start, or the execution lock before it, was asked for).  A late reply may report
+    a start whose lease ran out, the job since sent again, even run; with an execution lock it is also
+    checked before the start draws the key's fencing token."""
+    took = time.monotonic() - began
+    if took * 1000 >= ctx.config.unique_ttl:
+        ctx.fail(f"starting job {ctx.message.message_id} took {took:.1f} s, longer than its lease")
+
 
 class JobTracking(Middleware):
     """Keeps a job row for every message of a tracked actor.
@@ -88,7 +99,7 @@ class JobTracking(Middleware):
             # A process frozen after it took the lock, for longer than the lock's lease, would fence
             # out the lock's next holder: it gives up here instead, before the draw.
             began = asked
-            leases.check_start(ctx, began)
+            check_start(ctx, began)
         job = self._start(message, ctx)
         if job is not None and job.__data__.get("queue_name") is None:
             # A start reads back a few columns only; the attempt's metrics are labelled by its queue.
@@ -96,7 +107,7 @@ class JobTracking(Middleware):
         ctx.job = job
         context.activate(ctx)
         if job is not None:
-            leases.check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
+            check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
 
     def _start(self, message, ctx):
         marker = message.options.get(MARKER) or {}
@@ -224,8 +235,7 @@ class JobTracking(Middleware):
     def before_worker_thread_shutdown(self, broker, thread) -> None:
         self.suite.close()
 
-    def before_consumer_thread_shutdown(self, broker, thread) -> None:
-        self.suite.close()
+    before_consumer_thread_shutdown = before_worker_thread_shutdown
 
     def after_worker_shutdown(self, broker, worker) -> None:
         self.suite.close()

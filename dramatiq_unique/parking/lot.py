@@ -19,7 +19,7 @@ import peewee as pw
 import redis as redis_lib
 from dramatiq.middleware import SkipMessage
 
-from dramatiq_unique.broker.delivery import Delivery
+from dramatiq_unique.broker.publish import Delivery
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable.messages import job_options, rebuild
 from dramatiq_unique.errors import DependencyUnavailable
@@ -27,8 +27,7 @@ from dramatiq_unique.guard import guarded
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.logs import PARKED, ParkedSkipFilter
 from dramatiq_unique.observe import events
-from dramatiq_unique.parking.gates import WAKE, Gate, GroupInfo, gate_ttl, reservation
-from dramatiq_unique.parking.groups import LOCK, SLOT, kind_of
+from dramatiq_unique.parking.groups import LOCK, SLOT, WAKE, Gate, GroupInfo, gate_ttl, kind_of, reservation
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
 from dramatiq_unique.storage import jobs
@@ -212,8 +211,13 @@ class Parking:
                         jobs.unclaim(info.model, row, group)
                         return None
                     token = grant
-                    if row.status == JobStatus.QUEUED.value:  # it waits in the broker, holding the gate
-                        self._note(gate, group, grant, row)
+                    # It waits in the broker, holding the gate: noted where the gate keeps notes (SlotGate).
+                    if row.status == JobStatus.QUEUED.value and hasattr(gate, "note"):
+                        try:  # only the operator's views read it
+                            gate.note(group, grant, row.message_id)
+                        except DependencyUnavailable:
+                            logger.debug("Could not note job %s as the holder of %s.", row.message_id, group,
+                                         exc_info=True)
                     try:
                         self.delivery.send(rebuild(row, {WAKE: reservation(group, grant, self.suite.worker_id)}),
                                            row.broker_ref)
@@ -240,8 +244,9 @@ class Parking:
                         # slot; should it die, look again when their reservation has run out.
                         self.wakeups.flag(group, waiting + 50)
                     return None
-                outcome = gate.release_unless_flagged(group, token)
-                if outcome == KEPT:
+                outcome, handed = gate.hand_over(group, token)
+                if outcome == KEPT:  # held for the next waiter, maybe re-issued: then no pass_to
+                    fresh, token = fresh or handed != token, handed
                     continue
                 if outcome == RELEASED and not gate.atomic_release and self.wakeups.is_flagged(group):
                     again = gate.take(group, info.ttl_ms)
@@ -258,15 +263,6 @@ class Parking:
             except Exception:  # Redis is down too: the lock expires and the re-drive wakes
                 pass
             return None
-
-    def _note(self, gate: Gate, group: str, token: str, row: JobModel) -> None:
-        note = getattr(gate, "note", None)  # see Gate: only the operator's views read it
-        if note is None:
-            return
-        try:
-            note(group, token, row.message_id)
-        except DependencyUnavailable:
-            logger.debug("Could not note job %s as the holder of %s.", row.message_id, group, exc_info=True)
 
     def wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
         try:

@@ -1,4 +1,4 @@
-"""Every Redis key format the suite writes, under one prefix (the broker's own: broker/keys.py)."""
+"""Every Redis key format the suite writes, under one prefix (the broker's own: broker/refs.py)."""
 
 from __future__ import annotations
 

@@ -9,11 +9,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import redis as redis_lib
 
-from dramatiq_unique.errors import RedisUnavailable
+from dramatiq_unique.errors import RedisUnavailable, redis_errors
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import GroupInfo, gate_ttl
-from dramatiq_unique.parking.groups import SLOT, actor_of, slot_key_of, whole_actor
+from dramatiq_unique.parking.groups import SLOT, GroupInfo, actor_of, gate_ttl, slot_key_of, whole_actor
 from dramatiq_unique.redis import lua
 from dramatiq_unique.redis.lua import KEPT
 from dramatiq_unique.slots import overrides
@@ -132,10 +131,8 @@ class SlotGate:
         """``token``'s slot went to the job of ``message_id``, which waits in the broker for a worker thread:
         noted for the operator's views (the notes of tokens that left are dropped)."""
         key, keys = slot_key_of(group), self.suite.keys
-        try:
+        with redis_errors(f"noting a holder of {group!r}"):
             self.scripts["note"](keys=[keys.slots(key), keys.slot_jobs(key)], args=[token, message_id])
-        except redis_lib.RedisError as e:
-            raise RedisUnavailable(f"noting a holder of {group!r}: {e}") from e
 
     def describe(self, group: str) -> Optional[GroupInfo]:
         config = self._config(group)
@@ -152,9 +149,6 @@ class SlotGate:
     def pass_to(self, group: str, token: str, ttl_ms: float) -> Optional[str]:
         fresh = new_token()
         return fresh if self._call("pass", group, [self._default(group), token, fresh, int(ttl_ms)]) else None
-
-    def release_unless_flagged(self, group: str, token: str) -> int:
-        return int(self._call("leave", group, [self._default(group), token, group, "", 0], (self.flags,)))
 
     def hand_over(self, group: str, token: str) -> tuple[int, str]:
         """Leave, re-issuing the slot to a fresh token for the woken job if someone waits (one call)."""
@@ -175,10 +169,8 @@ class SlotGate:
         return token if self._call("flag_and_take", group, args, (self.flags,)) else None
 
     def release(self, group: str, token: str) -> None:
-        try:
+        with redis_errors(f"releasing a slot of {group!r}"):
             self.suite.redis.zrem(self._keys(group)[0], token)
-        except redis_lib.RedisError as e:
-            raise RedisUnavailable(f"releasing a slot of {group!r}: {e}") from e
 
     def retry_in(self, group: str) -> float:
         wait = self.status(group).wait

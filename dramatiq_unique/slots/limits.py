@@ -8,10 +8,9 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
 import peewee as pw
-import redis as redis_lib
 
 from dramatiq_unique import suite as _config
-from dramatiq_unique.errors import InvalidOption, RedisUnavailable
+from dramatiq_unique.errors import InvalidOption, redis_errors
 from dramatiq_unique.parking import lot
 from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_actor
 from dramatiq_unique.redis.keys import glob_escape
@@ -197,12 +196,10 @@ def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str) -> Conc
         holders, override = 0, None if kept is None else kept.limit
         limit = declared_limit(config) if override is None else override
         slots = suite.keys.slots("")
-        try:  # summed over the actor's groups
+        with redis_errors(f"reading the concurrency slots of {actor_name!r}"):  # summed over the actor's groups
             for raw in suite.redis.scan_iter(match=suite.keys.slots(f"{glob_escape(actor_name)}:*"), count=1000):
                 name = raw.decode() if isinstance(raw, bytes) else raw
                 holders += gate.status(slot_group(name[len(slots):]), declared_limit(config)).held
-        except redis_lib.RedisError as e:
-            raise RedisUnavailable(f"reading the concurrency slots of {actor_name!r}: {e}") from e
         prefix = slot_groups_of(actor_name)
         parked = model.select().where(waiting & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)).count()
     return ConcurrencyStatus(actor_name, key, None if limit < 0 else limit, declared, override, holders, parked)

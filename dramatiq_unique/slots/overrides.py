@@ -17,9 +17,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import peewee as pw
-import redis as redis_lib
 
-from dramatiq_unique.errors import DatabaseUnavailable, RedisUnavailable
+from dramatiq_unique.errors import DatabaseUnavailable, redis_errors
 from dramatiq_unique.guard import guarded
 from dramatiq_unique.redis.keys import glob_escape
 from dramatiq_unique.storage import schema
@@ -147,13 +146,12 @@ def write(suite: "Suite", actor: str, group: str, limit: Optional[int], *, words
                 conflict_target=[model.app, model.actor_name, model.group_key],
                 update={model.concurrency_limit: int(limit), model.words: words, model.key: kept, model.set_at: now},
             ).execute()
-        try:
+        # Raised inside the transaction: the row is as it was.
+        with redis_errors(f"setting the concurrency limit of {actor!r}"):
             if limit is None:
                 suite.redis.delete(target)
             else:
                 suite.redis.set(target, int(limit))
-        except redis_lib.RedisError as e:  # raised inside the transaction: the row is as it was
-            raise RedisUnavailable(f"setting the concurrency limit of {actor!r}: {e}") from e
 
 
 def listing(suite: "Suite", actor: Optional[str] = None) -> list[Override]:
@@ -177,7 +175,7 @@ def restore(suite: "Suite") -> int:
     client, marker = suite.redis, suite.keys.limits_loaded()
     with guarded("restoring the run-time limits"), _turns(model._meta.database, suite.app):
         rows = [_of(row) for row in _rows(model, suite.app)]
-        try:
+        with redis_errors("restoring the run-time limits"):
             if not client.exists(marker):
                 rows += _adopt(suite, model, rows)
             with client.pipeline(transaction=True) as pipe:
@@ -185,8 +183,6 @@ def restore(suite: "Suite") -> int:
                     pipe.set(redis_key(suite, o.actor, o.group), o.limit)
                 pipe.set(marker, 1)
                 pipe.execute()
-        except redis_lib.RedisError as e:
-            raise RedisUnavailable(f"restoring the run-time limits: {e}") from e
     return len(rows)
 
 
@@ -196,11 +192,9 @@ def restore_if_lost(suite: "Suite") -> int:
     if not writes(suite):
         return 0
     with _restoring:
-        try:
+        with redis_errors("reading the run-time limits' marker"):
             if suite.redis.exists(suite.keys.limits_loaded()):
                 return 0
-        except redis_lib.RedisError as e:
-            raise RedisUnavailable(f"reading the run-time limits' marker: {e}") from e
         return restore(suite)
 
 
@@ -213,10 +207,8 @@ def check(suite: "Suite") -> int:
     with guarded("reading the run-time limits"):
         rows = _rows(model, suite.app)
     names = [redis_key(suite, row.actor_name, row.group_key or "") for row in rows]
-    try:
+    with redis_errors("reading the run-time limits"):
         values = suite.redis.mget([*names, suite.keys.limits_loaded()])
-    except redis_lib.RedisError as e:
-        raise RedisUnavailable(f"reading the run-time limits: {e}") from e
     if values[-1] is not None and all(
         value is not None and int(value) == row.concurrency_limit for value, row in zip(values, rows, strict=False)
     ):

@@ -282,15 +282,11 @@ def _insert_unique(
 
 
 def take_queue_lock(suite: "Suite", message: "Message", lock_name: str, ttl: float) -> None:
-    """The queue lock of a send that holds its key, overwritten on one master (its holder no longer waits),
-    taken if free on several; on the broker's own server it goes with the publish (broker/publish.py)."""
-    token = message.message_id
-    if suite.publisher is not None and suite.publisher.later((lock_name, token, ttl)):
-        return
-    if suite.locks.single:
-        suite.locks.force(lock_name, token, ttl)
-    else:
-        suite.locks.acquire(lock_name, ttl, token=token)
+    """The queue lock of a send that holds its key (:func:`~dramatiq_unique.locks.queue.take_many`); on the
+    broker's own server it goes with the publish (broker/publish.py)."""
+    lock = (lock_name, message.message_id, ttl)
+    if suite.publisher is None or not suite.publisher.later(lock):
+        queue.take_many(suite, [lock])
 
 
 def _conflict(

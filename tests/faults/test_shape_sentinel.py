@@ -93,7 +93,7 @@ def _synced(group: SentinelGroup) -> bool:
 def where_stuck(app, group: SentinelGroup) -> str:
     """For a post-mortem: where each unfinished row's message is in the broker."""
     from dramatiq_unique import JobModel
-    from dramatiq_unique.broker.keys import BrokerKeys
+    from dramatiq_unique.broker.refs import BrokerKeys
 
     keys = BrokerKeys(app.broker.namespace)
     client = group.client(socket_timeout=2)

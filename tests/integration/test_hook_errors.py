@@ -24,7 +24,7 @@ from dramatiq_unique import (
     JobRejected,
     submit,
 )
-from dramatiq_unique.middleware import concurrency_slots, execution_locks, job_tracking
+from dramatiq_unique.middleware import gates, job_tracking
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.unique import recent
 from tests.helpers import queue_size, wait_until
@@ -89,8 +89,8 @@ def test_an_error_in_the_early_duplicate_check_fails_the_send(suite, broker, mon
     "module, name, options",
     [
         (job_tracking, "store", {"track": True}),
-        (execution_locks, "derive_key", {"unique_args": True, "unique_lock": "while_executing"}),
-        (concurrency_slots, "group_key", {"concurrency_limit": 2}),
+        (gates, "derive_key", {"unique_args": True, "unique_lock": "while_executing"}),
+        (gates, "group_key", {"concurrency_limit": 2}),
     ],
     ids=["JobTracking", "ExecutionLocks", "ConcurrencySlots"],
 )

@@ -1,4 +1,4 @@
-"""Idempotency keys and submit() (dramatiq_unique.idempotency), on SQLite and PostgreSQL."""
+"""Idempotency keys and submit() (dramatiq_unique.unique.send), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from typing import Iterator
 import pytest
 from dramatiq.brokers.stub import StubBroker
 
-from dramatiq_unique.broker.prometheus import quiet_parks
 from dramatiq_unique.logs import PARKED
+from dramatiq_unique.middleware.metrics import quiet_parks
 from dramatiq_unique.observe import enable_metrics, events, metrics_on
 from tests import prom
 

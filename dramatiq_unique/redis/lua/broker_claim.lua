@@ -1,6 +1,6 @@
 -- broker_claim: write a woken job's message as the broker's fetch would have left it for
 -- this worker (body in the queue's message hash, id in this worker's ack set), so it is
--- acked, requeued and recovered as any fetched message (broker/delivery.py).
+-- acked, requeued and recovered as any fetched message (broker/publish.py).
 --
 -- KEYS[1]  the queue's message hash: message id -> body (<namespace>:<queue>.msgs)
 -- KEYS[2]  this worker's ack set for the queue: a set of message ids

@@ -18,7 +18,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
-from dramatiq_unique.broker.keys import BrokerKeys
+from dramatiq_unique.broker.refs import BrokerKeys
 from tests.helpers import wait_until
 from tests.servers import PrivateRedis
 

@@ -8,8 +8,8 @@ import dramatiq
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.middleware.execution_locks import LockGate
-from dramatiq_unique.parking.gates import GroupInfo
+from dramatiq_unique.middleware.gates import LockGate
+from dramatiq_unique.parking.groups import GroupInfo
 from tests.integration.slots.helpers import rows
 
 ORDER = {"value": "created_at"}

@@ -15,7 +15,7 @@ from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot
-from dramatiq_unique.parking.gates import GroupInfo
+from dramatiq_unique.parking.groups import GroupInfo
 from dramatiq_unique.storage.models import utcnow
 from dramatiq_unique.suite import current
 from tests.integration.parking.helpers import ORDER, Delivery, TestGate, sent

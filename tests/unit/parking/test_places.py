@@ -10,7 +10,7 @@ import pytest
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.parking import lot as places_module
-from dramatiq_unique.parking.gates import GroupInfo
+from dramatiq_unique.parking.groups import GroupInfo
 from dramatiq_unique.parking.lot import DEPTH, Places, place_of
 
 T0 = datetime(2026, 1, 1)

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 import dramatiq_unique
-from dramatiq_unique.broker.delivery import Delivery
+from dramatiq_unique.broker.publish import Delivery
 from dramatiq_unique.locks.redlock import Locks
 from dramatiq_unique.parking.lot import Flags
 from dramatiq_unique.redis import lua, scripts

@@ -1,4 +1,4 @@
-"""The Dramatiq versions whose Redis broker keys dramatiq_unique.broker was checked against (no services)."""
+"""The Dramatiq versions whose Redis broker keys dramatiq_unique.broker.refs was checked against (no services)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
 
 from dramatiq_unique import DependencyUnavailable
-from dramatiq_unique.broker import keys
+from dramatiq_unique.broker import refs
 
 
 def redis_broker() -> RedisBroker:
@@ -17,24 +17,24 @@ def redis_broker() -> RedisBroker:
 
 
 def test_the_installed_dramatiq_is_one_the_internals_were_written_for():
-    assert keys.supported(dramatiq.__version__)
-    keys.check(redis_broker())
+    assert refs.supported(dramatiq.__version__)
+    refs.check(redis_broker())
 
 
 @pytest.mark.parametrize("version", ["2.0.0", "2.2.1", "2.10.0rc1"])
 def test_every_2x_version_is_accepted(version):
-    keys.check(redis_broker(), version)
+    refs.check(redis_broker(), version)
 
 
 @pytest.mark.parametrize("version", ["1.17.1", "3.0.0", "3.0.0b1", "10.1", "dev"])
 def test_a_redis_broker_under_an_untested_major_version_is_refused_naming_the_versions(version):
     with pytest.raises(DependencyUnavailable) as error:
-        keys.check(redis_broker(), version)
+        refs.check(redis_broker(), version)
     assert f"dramatiq {version}" in str(error.value) and "dramatiq>=2,<3" in str(error.value)
 
 
 def test_a_broker_whose_internals_the_suite_does_not_touch_is_never_refused():
-    keys.check(StubBroker(), "3.0.0")
+    refs.check(StubBroker(), "3.0.0")
 
 
 def test_a_tracked_actor_on_a_redis_broker_under_dramatiq_3_is_refused_at_declaration(monkeypatch):
