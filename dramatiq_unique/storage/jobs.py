@@ -524,13 +524,3 @@ def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
         (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
     ).execute()
 
-
-def find_job(models: list[type[JobModel]], id_or_message_id: Any, model: Optional[type[JobModel]] = None):
-    """A row by numeric id (in ``model``) or by message id (in any table)."""
-    if isinstance(id_or_message_id, int) or (isinstance(id_or_message_id, str) and id_or_message_id.isdigit()):
-        return get(model or models[0], id=int(id_or_message_id))
-    for candidate in [model] if model is not None else models:
-        row = get(candidate, message_id=str(id_or_message_id))
-        if row is not None:
-            return row
-    return None

@@ -12,7 +12,8 @@
 --                 "column" = %(column)s for each
 --     {rows}      (insert_many) one ({values}) per row of a batch
 --
--- Two entries are expressions, not statements, for peewee queries to embed: now, history_append.
+-- Some entries are expressions, not statements, for peewee queries to embed: now, history_append and
+-- those of the bulk actions.
 -- A statement that repeats another's text (a start's SET list, a group's queue head, a move
 -- committed without the WAL flush wait) repeats it exactly: tests/unit/storage/test_queries.py
 -- checks.  Column and table names are those of deployed databases: change none.
@@ -372,6 +373,36 @@ RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "opt
 "revision", "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at",
 "process_after"
 
+
+-- == bulk actions (durable/bulk_actions.py): expressions of a row's options ============
+
+-- name: unique_lock_option (postgresql) --
+-- An expression: the lock type the row's message names itself (its unique_lock option), if any.
+CAST("options" AS jsonb) ->> 'unique_lock'
+
+-- name: unique_lock_option (sqlite) --
+-- An expression: the lock type the row's message names itself (its unique_lock option), if any.
+json_extract("options", '$.unique_lock')
+
+-- name: restarted_count (postgresql) --
+-- An expression: the row's options with Retries' count restarted at its attempts (the marker's "rb", as
+-- retry_job writes it) and the message's own count dropped (build_message gives it one).
+CAST(jsonb_set(CAST("options" AS jsonb) - 'retries', ARRAY['dramatiq_unique'],
+COALESCE(CAST("options" AS jsonb) -> 'dramatiq_unique', jsonb_build_object())
+|| jsonb_build_object('rb', "attempts")) AS text)
+
+-- name: restarted_count (sqlite) --
+-- An expression: restarted_count as on PostgreSQL.  json_patch merges objects (RFC 7396): the marker's
+-- other entries stay, a missing marker is made.
+json_patch(json_remove("options", '$.retries'), json_object('dramatiq_unique', json_object('rb', "attempts")))
+
+-- name: queue_lock_token (postgresql) --
+-- An expression: the token of the row's Redis queue lock, as its send wrote it in the marker ("qt").
+CAST("options" AS jsonb) -> 'dramatiq_unique' ->> 'qt'
+
+-- name: queue_lock_token (sqlite) --
+-- An expression: the token of the row's Redis queue lock, as its send wrote it in the marker ("qt").
+json_extract("options", '$.dramatiq_unique.qt')
 
 -- == the job table's schema (storage/schema.py, storage/migrations.py) =====================
 

@@ -10,11 +10,13 @@ import peewee as pw
 import pytest
 
 from dramatiq_unique import JobModel
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.durable.messages import RETRY_BASE
 from dramatiq_unique.storage import jobs, queries
 
 DIALECTS = ("postgresql", "sqlite")
 #: Expressions for peewee queries to embed, not statements.
-EXPRESSIONS = {"now", "history_append"}
+EXPRESSIONS = {"now", "history_append", "unique_lock_option", "restarted_count", "queue_lock_token"}
 
 
 class Jobs(JobModel):
@@ -224,3 +226,10 @@ def test_draw_and_revoke_is_draw_token_then_revoke_older():
     assert drawn.startswith(f"WITH drawn AS ({text('draw_token', 'postgresql')}), revoked AS (UPDATE ")
     revoke = text("revoke_older", "sqlite").replace("%(token)s", '(SELECT "token" FROM drawn)')
     assert f"revoked AS ({revoke}) SELECT" in drawn
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_bulk_actions_expressions_read_the_suites_marker(dialect):
+    assert set(EXPRESSIONS) <= set(names_of(dialect))
+    assert f"'{MARKER}'" in text("restarted_count", dialect) and f"'{RETRY_BASE}'" in text("restarted_count", dialect)
+    assert MARKER in text("queue_lock_token", dialect)
