@@ -251,13 +251,8 @@ def unclaim_sends(
 
 def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
     """Record the broker's ids of sent rows in one statement; a ref set meanwhile is newer: kept."""
-    if not refs:
-        return
-    if is_postgres(model._meta.database):
-        params: dict[str, Any] = {"ids": list(refs), "refs": list(refs.values())}
-    else:
-        params = {"refs": dumps([[row_id, ref] for row_id, ref in refs.items()])}
-    queries.run(model, "record_refs", params)
+    if refs:
+        queries.run(model, "record_refs", {"refs": dumps(list(refs.items()))})
 
 
 #: ms a running row's lease is still honoured after it ran out by this process's clock, before a new

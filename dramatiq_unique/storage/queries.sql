@@ -121,8 +121,9 @@ THEN json_insert(json_remove("history", '$[0]'), '$[#]', json(%(entry)s))
 ELSE json_insert("history", '$[#]', json(%(entry)s)) END
 
 -- name: record_refs (postgresql) --
--- Record the broker's ids of sent rows (%(ids)s and %(refs)s, arrays of one length); a ref set meanwhile is kept.
-UPDATE {jobs} SET "broker_ref" = sent.ref FROM unnest(%(ids)s::bigint[], %(refs)s::text[]) AS sent (id, ref)
+-- Record the broker's ids of sent rows (%(refs)s: a JSON list of [id, ref] pairs); a ref set meanwhile is kept.
+UPDATE {jobs} SET "broker_ref" = sent.ref
+FROM (SELECT CAST(value ->> 0 AS bigint) AS id, value ->> 1 AS ref FROM json_array_elements(CAST(%(refs)s AS json))) AS sent
 WHERE {jobs}."id" = sent.id AND {jobs}."broker_ref" IS NULL
 
 -- name: record_refs (sqlite) --
