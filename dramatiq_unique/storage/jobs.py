@@ -268,10 +268,8 @@ PARTIAL = "_dramatiq_unique_partial"
 
 def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) -> int:
     """The fencing key's next token, for job ``job_id`` about to run; rows of the key still running
-    under an older token are fenced out (in the same statement on PostgreSQL)."""
+    under an older token are fenced out (a start on PostgreSQL draws in its own statement instead)."""
     values = {"key": key, "own": -1 if job_id is None else int(job_id), "running": JobStatus.RUNNING.value}
-    if is_postgres(model._meta.database):
-        return int(queries.run(model, "draw_and_revoke", values).fetchone()[0])
     values["token"] = token = int(queries.run(model, "draw_token", values).fetchone()[0])
     queries.run(model, "revoke_older", values)
     return token

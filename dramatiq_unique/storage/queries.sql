@@ -59,7 +59,7 @@ OR "worker" LIKE %(woken_by)s)
 RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
 
 -- name: start_attempt_fenced (postgresql) --
--- start_attempt after the key's next fencing token is drawn (draw_and_revoke's "drawn"), and the key's
+-- start_attempt after the key's next fencing token is drawn (draw_token, as "drawn"), and the key's
 -- older running attempts fenced out, in one statement.  The starting row itself is left to the main UPDATE
 -- (PostgreSQL does not update a row twice in a statement); the revocation is joined to it ("me") to keep
 -- to its app's rows.
@@ -160,11 +160,12 @@ AND "status" = %(pending)s AND "parked_on" IS NULL
 -- == fencing tokens (storage/jobs.py) ================================================
 
 -- name: draw_token --
--- The key's next token: one statement on SQLite (3.35 and later) and PostgreSQL.
+-- The key's next token: one statement on SQLite (3.35 and later) and PostgreSQL (whose fenced start
+-- draws it in its own, start_attempt_fenced).
 INSERT INTO {fences} ("key", "token") VALUES (%(key)s, 1)
 ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING "token"
 
--- name: revoke_older (sqlite) --
+-- name: revoke_older --
 -- After draw_token: rows of the key still running under an older token lose their attempt (their token
 -- moves on to %(token)s); the drawing job's own row stops being parked (it runs now).  Only rows of the
 -- drawing job's app: another app's job of the same key is not ours to fence.
@@ -175,19 +176,6 @@ WHERE "unique_key" = %(key)s
 AND (("status" = %(running)s AND "fencing_token" < %(token)s AND "id" <> %(own)s)
 OR ("id" = %(own)s AND "parked_on" IS NOT NULL))
 AND "app" = COALESCE((SELECT me."app" FROM {jobs} AS me WHERE me."id" = %(own)s), "app")
-
--- name: draw_and_revoke (postgresql) --
--- draw_token, then revoke_older, as one statement (the revocation in a data-modifying CTE).
-WITH drawn AS (INSERT INTO {fences} ("key", "token") VALUES (%(key)s, 1)
-ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING "token"),
-revoked AS (UPDATE {jobs} SET
-"fencing_token" = CASE WHEN "id" = %(own)s THEN "fencing_token" ELSE (SELECT "token" FROM drawn) END,
-"parked_on" = CASE WHEN "id" = %(own)s THEN NULL ELSE "parked_on" END
-WHERE "unique_key" = %(key)s
-AND (("status" = %(running)s AND "fencing_token" < (SELECT "token" FROM drawn) AND "id" <> %(own)s)
-OR ("id" = %(own)s AND "parked_on" IS NOT NULL))
-AND "app" = COALESCE((SELECT me."app" FROM {jobs} AS me WHERE me."id" = %(own)s), "app"))
-SELECT "token" FROM drawn
 
 -- name: current_token --
 -- The newest token handed out for a key.

@@ -221,11 +221,9 @@ def test_the_outcome_appends_to_the_history_as_peewee_writes_do(dialect):
     assert appended.replace(f', "history" = {text("history_append", dialect)}', "") == text("update_fenced", dialect)
 
 
-def test_draw_and_revoke_is_draw_token_then_revoke_older():
-    drawn = text("draw_and_revoke", "postgresql")
+def test_a_fenced_start_draws_as_draw_token_draws():
+    drawn = text("start_attempt_fenced", "postgresql")
     assert drawn.startswith(f"WITH drawn AS ({text('draw_token', 'postgresql')}), revoked AS (UPDATE ")
-    revoke = text("revoke_older", "sqlite").replace("%(token)s", '(SELECT "token" FROM drawn)')
-    assert f"revoked AS ({revoke}) SELECT" in drawn
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
