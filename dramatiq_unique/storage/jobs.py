@@ -14,7 +14,7 @@ import peewee as pw
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.database import is_postgres
-from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, dumps, utcnow
+from dramatiq_unique.storage.models import FINISHED, WAITING, FenceModel, JobModel, JobStatus, after_ms, dumps, utcnow
 
 QUEUED = JobStatus.QUEUED.value
 #: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
@@ -277,8 +277,7 @@ def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) ->
 
 def current_token(db: pw.Database, key: str) -> int:
     """The newest fencing token handed out for ``key`` (0 if none)."""
-    row = queries.execute(db, queries.on(db, "current_token"), {"key": key}).fetchone()
-    return 0 if row is None else int(row[0])
+    return int(FenceModel.select(FenceModel.token).where(FenceModel.key == key).scalar(db) or 0)
 
 
 def start(

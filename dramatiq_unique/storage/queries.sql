@@ -177,10 +177,6 @@ AND (("status" = %(running)s AND "fencing_token" < %(token)s AND "id" <> %(own)s
 OR ("id" = %(own)s AND "parked_on" IS NOT NULL))
 AND "app" = COALESCE((SELECT me."app" FROM {jobs} AS me WHERE me."id" = %(own)s), "app")
 
--- name: current_token --
--- The newest token handed out for a key.
-SELECT "token" FROM {fences} WHERE "key" = %(key)s
-
 
 -- == parking ===========================================================================
 --

@@ -137,11 +137,10 @@ def test_quoting_follows_the_database():
     assert queries.table(db, "t") == '"t"' and queries.table(db, "t", "s") == '"s"."t"'
 
 
-def test_a_statement_of_the_fence_table_alone_renders_for_a_database():
-    for db in databases():
-        query = queries.on(db, "current_token")
-        mark = "%(key)s" if isinstance(db, pw.PostgresqlDatabase) else ":key"
-        assert query.sql == f'SELECT "token" FROM "dramatiq_unique_fences" WHERE "key" = {mark}'
+def test_the_fence_table_is_named_alone_whatever_the_job_tables_schema(model):
+    query = queries.statement(model, "draw_token")
+    mark = "%(key)s" if isinstance(model._meta.database, pw.PostgresqlDatabase) else ":key"
+    assert query.sql.startswith(f'INSERT INTO "dramatiq_unique_fences" ("key", "token") VALUES ({mark}, 1)')
 
 
 # -- statements that repeat another's text ------------------------------------------------
