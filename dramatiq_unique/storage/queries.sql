@@ -149,12 +149,17 @@ AND (held.stamp IS NULL OR {jobs}."broker_ref" = held.stamp)
 AND {jobs}."status" = %(pending)s AND {jobs}."parked_on" IS NULL
 RETURNING {jobs}."id", held.ref
 
--- name: claim_one_held (sqlite) --
--- claim_held a row at a time: SQLite has no round trip to save, and no arrays.
-UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = %(ref)s
-WHERE "id" = %(id)s AND "message_id" = %(message_id)s AND "revision" = %(revision)s
-AND (%(stamp)s IS NULL OR "broker_ref" = %(stamp)s)
-AND "status" = %(pending)s AND "parked_on" IS NULL
+-- name: claim_held (sqlite) --
+-- claim_held with the batch as one JSON list (%(held)s: [id, message id, revision, stamp, ref] each).
+-- RETURNING names the updated table's columns alone: the ref written, which is the claiming send's.
+UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = held.ref
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS message_id,
+json_extract(value, '$[2]') AS revision, json_extract(value, '$[3]') AS stamp,
+json_extract(value, '$[4]') AS ref FROM json_each(%(held)s)) AS held
+WHERE {jobs}."id" = held.id AND {jobs}."message_id" = held.message_id AND {jobs}."revision" = held.revision
+AND (held.stamp IS NULL OR {jobs}."broker_ref" = held.stamp)
+AND {jobs}."status" = %(pending)s AND {jobs}."parked_on" IS NULL
+RETURNING "id", "broker_ref"
 
 
 -- == fencing tokens (storage/jobs.py) ================================================
