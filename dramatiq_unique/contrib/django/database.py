@@ -10,6 +10,7 @@ import peewee as pw
 from django.db import connections
 from django.db import transaction as django_transaction
 
+from dramatiq_unique.contrib import FrameworkDatabase
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.savepoints import Flush
@@ -26,7 +27,7 @@ class _Held:
         self.flush(self.items)  # publish_held never raises: the commit happened
 
 
-class DjangoDatabase(pw.PostgresqlDatabase):
+class DjangoDatabase(FrameworkDatabase, pw.PostgresqlDatabase):
     """The job tables in Django database ``alias`` (PostgreSQL), over Django's own connection."""
 
     #: ``manage.py migrate`` creates and upgrades the tables (this app's migrations), not ``setup()``.
@@ -46,9 +47,7 @@ class DjangoDatabase(pw.PostgresqlDatabase):
         super().__init__(settings["NAME"], prefer_psycopg3=is_psycopg3, **where)
 
     def attach_suite(self, suite: Any) -> None:
-        from dramatiq_unique.contrib import hold_sends
-
-        hold_sends(suite)
+        super().attach_suite(suite)
         # The hot statements prepared by name (storage/queries.py), on either driver: Django's psycopg 3
         # cursors bind on the client, as psycopg2 does, and prepare nothing by themselves.
         setattr(self, queries._ON, suite.settings.prepared_statements is not False)
