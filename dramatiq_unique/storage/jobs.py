@@ -45,19 +45,11 @@ def _written(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, 
     return tuple(params), params
 
 
-def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
-    # peewee fills field defaults in Python, not in the schema: so must we (unlike get_default_dict, only
-    # the missing ones: a send calls no default it does not use).
-    out = dict(values)
-    for field, default in model._meta.defaults.items():
-        if field.name not in out:
-            out[field.name] = default() if callable(default) else default
-    return out
-
-
 def _present(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
-    # NULLs are left to the columns (all nullable ones default to NULL): fewer parameters to send.
-    return _written(model, {name: v for name, v in _with_defaults(model, values).items() if v is not None})
+    # peewee fills field defaults in Python, not in the schema: so must we.  NULLs are left to the columns
+    # (all nullable ones default to NULL): fewer parameters to send.
+    filled = {**model._meta.get_default_dict(), **values}
+    return _written(model, {name: v for name, v in filled.items() if v is not None})
 
 
 class IdempotencyHeld(Exception):
@@ -109,7 +101,7 @@ def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, 
     ``{message id: row id}`` of the rows inserted (one whose hold another job holds is left out)."""
     if not rows:
         return {}
-    filled = [_with_defaults(model, row) for row in rows]
+    filled = [{**model._meta.get_default_dict(), **row} for row in rows]  # peewee's defaults, filled in Python
     names = sorted({name for row in filled for name, value in row.items() if value is not None})
     fields = [model._meta.fields[n] for n in names]
     written = tuple(f.column_name for f in fields)
