@@ -158,8 +158,7 @@ class Outbox:
             else:
                 rest.append(item)
         for model, items in groups.items():
-            for start in range(0, len(items), size):
-                chunk = items[start:start + size]
+            for chunk in pw.chunked(items, size):
                 try:
                     held = [(item.row[1], item.row[2], item.stamp, item.message) for item in chunk]  # type: ignore[index]
                     sent = claim_and_publish(self.suite, model, held)

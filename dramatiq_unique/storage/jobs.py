@@ -108,8 +108,7 @@ def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, 
     per = max(1, MAX_PARAMS // len(names))
     db = model._meta.database
     out: dict[str, int] = {}
-    for start in range(0, len(filled), per):
-        chunk = filled[start:start + per]
+    for chunk in pw.chunked(filled, per):
         sql = queries.render(model, "insert_many", written=written, rows=len(chunk))
         params = [f.db_value(row.get(f.name)) for row in chunk for f in fields]
         out.update((message_id, row_id) for row_id, message_id in db.execute_sql(sql, params).fetchall())
