@@ -95,12 +95,10 @@ def resolve(
         if not ref or not ref.isprintable():
             raise ValueError(f"not a job id or message id: {job[:64]!r}")
         job = int(ref) if ref.isascii() and ref.isdigit() else ref
-    if not isinstance(job, str) and not 0 <= job <= MAX_JOB_ID:
-        found = None
-    elif isinstance(job, str) or not suite.stores.several:
+    if isinstance(job, str):
         found = find_job(suite, job, model=model)
     else:
-        found = _numbered(suite, job, model or suite.models[0])
+        found = _numbered(suite, job, model or suite.models[0]) if 0 <= job <= MAX_JOB_ID else None
     if found is None:
         raise JobNotFound(repr(job))
     return found
