@@ -14,7 +14,7 @@ import peewee as pw
 from dramatiq_unique.observe import events
 from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.database import is_postgres
-from dramatiq_unique.storage.models import FINISHED, WAITING, FenceModel, JobModel, JobStatus, after_ms, dumps, utcnow
+from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, dumps, utcnow
 
 QUEUED = JobStatus.QUEUED.value
 #: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
@@ -264,11 +264,6 @@ def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) ->
     values["token"] = token = int(queries.run(model, "draw_token", values).fetchone()[0])
     queries.run(model, "revoke_older", values)
     return token
-
-
-def current_token(db: pw.Database, key: str) -> int:
-    """The newest fencing token handed out for ``key`` (0 if none)."""
-    return int(FenceModel.select(FenceModel.token).where(FenceModel.key == key).scalar(db) or 0)
 
 
 def start(
