@@ -27,14 +27,20 @@ def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
     return model.get_or_none(**where)
 
 
-def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None) -> JobModel:
-    """A model instance from a row of ``names`` (all columns, in ``sorted_fields`` order, by default)."""
+def to_model(
+    model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None, **started: Any,
+) -> JobModel:
+    """A model instance from a row of ``names`` (all columns, in ``sorted_fields`` order, by default); with
+    ``started``, what an attempt's start wrote besides, the instance marked :data:`PARTIAL`."""
     fields = model._meta.sorted_fields if names is None else [model._meta.fields[n] for n in names]
     # Filled as peewee fills a row it selected, without Model.__init__'s setattr per field.
     job = model.__new__(model)
     job.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row, strict=False)}
     job._dirty = set()  # type: ignore[attr-defined]
     job.__rel__ = {}
+    if started:
+        job.__data__.update(started)
+        setattr(job, PARTIAL, True)
     return job
 
 
@@ -294,11 +300,8 @@ def start(
     row = queries.run(model, "start_attempt_fenced" if merged else "start_attempt", values).fetchone()
     if row is None:
         return None
-    job = to_model(model, row, START_COLUMNS)
-    job.__data__.update(id=job_id, revision=revision, status=JobStatus.RUNNING.value, started_at=now,
-                        lease_until=lease_until, worker=worker)
-    setattr(job, PARTIAL, True)
-    return job
+    return to_model(model, row, START_COLUMNS, id=job_id, revision=revision, status=JobStatus.RUNNING.value,
+                    started_at=now, lease_until=lease_until, worker=worker)
 
 
 def update_fenced(
@@ -474,12 +477,8 @@ def start_reserved(
         "reserved_token": row.fencing_token, "broker_ref": row.broker_ref,
     }
     found = queries.run(model, "start_reserved", values).fetchone()
-    if found is None:
-        return None
-    started = to_model(model, found, DECK_COLUMNS)
-    started.__data__.update(started_at=now, lease_until=lease_until, worker=worker, parked_on=None)
-    setattr(started, PARTIAL, True)
-    return started
+    return None if found is None else to_model(model, found, DECK_COLUMNS, started_at=now, lease_until=lease_until,
+                                                 worker=worker, parked_on=None)
 
 
 def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
