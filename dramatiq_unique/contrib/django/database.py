@@ -4,6 +4,7 @@ writes its row in that transaction, and Django drops what a rolled-back savepoin
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import peewee as pw
@@ -14,17 +15,6 @@ from dramatiq_unique.contrib import FrameworkDatabase
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.savepoints import Flush
-
-
-class _Held:
-    """One ``on_commit`` callback: the items held at one savepoint level, handed to their flush once."""
-
-    def __init__(self, flush: Flush, item: Any) -> None:
-        self.flush = flush
-        self.items: list[Any] = [item]
-
-    def __call__(self) -> None:
-        self.flush(self.items)  # publish_held never raises: the commit happened
 
 
 class DjangoDatabase(FrameworkDatabase, pw.PostgresqlDatabase):
@@ -97,8 +87,8 @@ class DjangoDatabase(FrameworkDatabase, pw.PostgresqlDatabase):
         per savepoint level, so a rolled-back savepoint drops its items with what Django drops."""
         django = self._django
         last = django.run_on_commit[-1] if django.run_on_commit else None
-        if last and isinstance(last[1], _Held) and last[1].flush is flush and last[0] == set(django.savepoint_ids):
-            last[1].items.append(item)
+        if last and isinstance(last[1], partial) and last[1].func is flush and last[0] == set(django.savepoint_ids):
+            last[1].args[0].append(item)  # the items held at this savepoint level, handed to flush once
         else:
-            django.on_commit(_Held(flush, item), robust=True)  # an error is logged: the caller committed
+            django.on_commit(partial(flush, [item]), robust=True)  # an error is logged: the caller committed
         return True
