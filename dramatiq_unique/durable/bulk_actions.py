@@ -22,7 +22,7 @@ from dramatiq_unique.durable.redrive import claim_fields
 from dramatiq_unique.durable.scope import NO_APP, Scope
 from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
-from dramatiq_unique.storage import queries
+from dramatiq_unique.storage import jobs, queries
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -178,13 +178,8 @@ def _blockers(suite: "Suite", model: type[JobModel], blocked: Any, most: int) ->
     """The first ``most`` rows left failed, each with the job holding its key (None: another dead job of
     the key was retried, or the holder failed meanwhile)."""
     left = list(model.select(model.id, model.unique_key).where(blocked).order_by(model.id.desc()).limit(most))
-    keys = {row.unique_key for row in left if row.unique_key is not None}
-    holders: dict[Any, int] = {}
-    if keys:
-        query = model.select(model.id, model.unique_hold).where(
-            (model.app == suite.app) & model.unique_hold.in_(sorted(keys)))
-        holders = {row.unique_hold: row.id for row in query}
-    return [(row.id, holders.get(row.unique_key)) for row in left]
+    found = jobs.holders(model, sorted({row.unique_key for row in left if row.unique_key is not None}), suite.app)
+    return [(row.id, found[row.unique_key].id if row.unique_key in found else None) for row in left]
 
 
 def cancel_fields(model: Any) -> dict:
