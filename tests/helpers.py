@@ -42,3 +42,10 @@ def queue_lock_of(suite: Any, redis_client: Any, message_id: str) -> Any:
 
     job = dramatiq_unique.get_job(message_id)
     return redis_client.get(f"redlock:{suite.keys.queue_lock(job.unique_key)}")
+
+
+def current_token(db: Any, key: str) -> int:
+    """The newest fencing token handed out for ``key`` (0 if none)."""
+    from dramatiq_unique.storage.models import FenceModel
+
+    return int(FenceModel.select(FenceModel.token).where(FenceModel.key == key).scalar(db) or 0)

@@ -9,11 +9,14 @@ if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
 
 
-def hold_sends(suite: "Suite") -> None:
-    """Every transaction of ``suite.db`` holds its sends until it commits, as ``transaction()`` does."""
-    from dramatiq_unique.durable import outbox
-    from dramatiq_unique.unique.send import install_enqueue
+class FrameworkDatabase:
+    """A framework's database: every transaction of it holds the suite's sends until it commits, as
+    ``transaction()`` does."""
 
-    suite.framework_block = outbox.Block(suite)
-    if suite.broker is not None:  # untracked sends reach the outbox through the suite's enqueue
-        install_enqueue(suite.broker, suite)
+    def attach_suite(self, suite: "Suite") -> None:
+        from dramatiq_unique.durable import outbox
+        from dramatiq_unique.unique.send import install_enqueue
+
+        suite.framework_block = outbox.Block(suite)
+        if suite.broker is not None:  # untracked sends reach the outbox through the suite's enqueue
+            install_enqueue(suite.broker, suite)

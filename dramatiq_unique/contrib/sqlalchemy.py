@@ -13,6 +13,7 @@ from typing import Any, Optional
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction, SessionTransactionOrigin
 
+from dramatiq_unique.contrib import FrameworkDatabase
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.storage.database import ReconnectingPostgresqlDatabase, postgres
 from dramatiq_unique.storage.savepoints import Flush, _Journal
@@ -27,7 +28,7 @@ _engines: "weakref.WeakKeyDictionary[Any, EngineDatabase]" = weakref.WeakKeyDict
 _KEY = "dramatiq_unique_journal"
 
 
-class EngineDatabase(ReconnectingPostgresqlDatabase):
+class EngineDatabase(FrameworkDatabase, ReconnectingPostgresqlDatabase):
     """The job tables in an SQLAlchemy engine's PostgreSQL database, in its sessions' transactions."""
 
     engine: Any = None
@@ -45,11 +46,6 @@ class EngineDatabase(ReconnectingPostgresqlDatabase):
                 event.listen(engine, name, listener)
         _engines[engine] = db
         return db
-
-    def attach_suite(self, suite: Any) -> None:
-        from dramatiq_unique.contrib import hold_sends
-
-        hold_sends(suite)
 
     def _session(self) -> Optional[Session]:
         for engine, session in reversed(_sessions.get()):

@@ -17,14 +17,12 @@ import peewee as pw
 import redis
 
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import lookup
-from dramatiq_unique.durable.messages import RETRY_BASE
 from dramatiq_unique.durable.redrive import claim_fields
 from dramatiq_unique.durable.scope import NO_APP, Scope
 from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
-from dramatiq_unique.storage.database import is_postgres
+from dramatiq_unique.storage import jobs, queries
 from dramatiq_unique.storage.models import WAITING, JobModel, JobStatus, utcnow
 
 if TYPE_CHECKING:
@@ -96,35 +94,11 @@ def holds(suite: "Suite", model: type[JobModel], table: Any, names: tuple[str, .
     """Whether the row of ``table`` (``model`` or an alias) holds its key while it waits, in SQL: its lock
     type (its message's option, else its actor's, else the default) is not ``while_executing``.  Its options
     are named unqualified: the innermost query's row, which ``table`` must be."""
-    if is_postgres(model._meta.database):
-        own = pw.SQL("CAST(\"options\" AS jsonb) ->> 'unique_lock'")
-    else:
-        own = pw.SQL("json_extract(\"options\", '$.unique_lock')")
     configs = [(name, suite.actor_config(name)) for name in names]
     locks = [(name, config.unique_lock) for name, config in configs if config is not None]
     actors = pw.Case(table.actor_name, locks, opt.DEFAULT_UNIQUE_LOCK) if locks else opt.DEFAULT_UNIQUE_LOCK
+    own = queries.fragment(model, "unique_lock_option", {})
     return table.unique_key.is_null(False) & (pw.fn.COALESCE(own, actors) != opt.WHILE_EXECUTING)
-
-
-def restarted_count(model: type[JobModel]) -> Any:
-    """The row's options with Retries' count restarted at its attempts (``rb``, as retry_job writes it)
-    and the message's own count dropped (build_message gives it one)."""
-    if is_postgres(model._meta.database):
-        return pw.SQL(
-            f"CAST(jsonb_set(CAST(\"options\" AS jsonb) - 'retries', '{{{MARKER}}}', "
-            f"COALESCE(CAST(\"options\" AS jsonb) -> '{MARKER}', '{{}}'::jsonb) "
-            f"|| jsonb_build_object('{RETRY_BASE}', \"attempts\")) AS text)"
-        )
-    # json_patch merges objects (RFC 7396): the marker's other entries stay, a missing marker is made.
-    return pw.SQL(f"json_patch(json_remove(\"options\", '$.retries'), "
-                  f"json_object('{MARKER}', json_object('{RETRY_BASE}', \"attempts\")))")
-
-
-def queue_lock_token(model: type[JobModel]) -> Any:
-    """The token of the row's Redis queue lock, as its send wrote it in the marker (``qt``), in SQL."""
-    if is_postgres(model._meta.database):
-        return pw.SQL(f"CAST(\"options\" AS jsonb) -> '{MARKER}' ->> 'qt'")
-    return pw.SQL(f"json_extract(\"options\", '$.{MARKER}.qt')")
 
 
 def preview(suite: "Suite", broker: Optional[dramatiq.Broker], action: str, sel: Selection) -> Outcome:
@@ -188,7 +162,7 @@ def _retry(suite: "Suite", model: type[JobModel], names: tuple[str, ...], sel: S
     # As retry_job's claim, but pending; a row written before rows had an app is adopted, as a pass adopts it.
     fields = {**claim_fields(model), model.status: PENDING, model.enqueued_at: None, model.app: suite.app,
               model.fencing_token: model.fencing_token + 1, model.process_after: utcnow(), model.finished_at: None,
-              model.parked_on: None, model.options: restarted_count(model),
+              model.parked_on: None, model.options: queries.fragment(model, "restarted_count", {}),
               model.unique_hold: pw.Case(None, [(holding, model.unique_key)], model.unique_hold)}
     db = model._meta.database
     for _ in range(MAX_ROUNDS):
@@ -204,13 +178,8 @@ def _blockers(suite: "Suite", model: type[JobModel], blocked: Any, most: int) ->
     """The first ``most`` rows left failed, each with the job holding its key (None: another dead job of
     the key was retried, or the holder failed meanwhile)."""
     left = list(model.select(model.id, model.unique_key).where(blocked).order_by(model.id.desc()).limit(most))
-    keys = {row.unique_key for row in left if row.unique_key is not None}
-    holders: dict[Any, int] = {}
-    if keys:
-        query = model.select(model.id, model.unique_hold).where(
-            (model.app == suite.app) & model.unique_hold.in_(sorted(keys)))
-        holders = {row.unique_hold: row.id for row in query}
-    return [(row.id, holders.get(row.unique_key)) for row in left]
+    found = jobs.holders(model, sorted({row.unique_key for row in left if row.unique_key is not None}), suite.app)
+    return [(row.id, found[row.unique_key].id if row.unique_key in found else None) for row in left]
 
 
 def cancel_fields(model: Any) -> dict:
@@ -230,7 +199,8 @@ def cancel_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection
 
     def take(outcome: Outcome, model: type[JobModel], names: tuple[str, ...], matched: Any) -> None:
         update = model.update(cancel_fields(model)).where(matched & of(model, names))
-        freed = list(update.returning(model.unique_key, queue_lock_token(model)).tuples().execute())
+        lock_token = queries.fragment(model, "queue_lock_token", {})
+        freed = list(update.returning(model.unique_key, lock_token).tuples().execute())
         outcome.done += len(freed)
         locks.extend((suite.keys.queue_lock(key), token) for key, token in freed if key and token)
 

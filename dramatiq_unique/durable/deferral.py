@@ -103,14 +103,6 @@ _outages: "weakref.WeakKeyDictionary[Any, Outage]" = weakref.WeakKeyDictionary()
 _outages_lock = threading.Lock()
 
 
-def outage(broker: Any) -> Outage:
-    found = _outages.get(broker)
-    if found is None:
-        with _outages_lock:
-            found = _outages.setdefault(broker, Outage(broker))
-    return found
-
-
 def published(broker: Any) -> None:
     found = _outages.get(broker)
     if found is not None:
@@ -118,7 +110,11 @@ def published(broker: Any) -> None:
 
 
 def failed(suite: "Suite", broker: Any, error: BaseException) -> None:
-    outage(broker).failed(error, suite.settings.broker_down_backoff)
+    found = _outages.get(broker)
+    if found is None:
+        with _outages_lock:
+            found = _outages.setdefault(broker, Outage(broker))
+    found.failed(error, suite.settings.broker_down_backoff)
 
 
 def send_failed(suite: "Suite", broker: Any, message_id: str, error: BaseException) -> None:

@@ -60,8 +60,10 @@ def find_job(
     indexes = [store or 0] if numeric or store is not None else None
 
     def read(index: int, tables: list[type[JobModel]]) -> Optional[JobModel]:
-        table = None if model is None else suite.stores.model_in(model, index)
-        return ours(suite, jobs.find_job(tables, id_or_message_id, table))
+        tables = tables if model is None else [suite.stores.model_in(model, index)]
+        if numeric:
+            return ours(suite, jobs.get(tables[0], id=int(id_or_message_id)))
+        return ours(suite, next(filter(None, (jobs.get(t, message_id=str(id_or_message_id)) for t in tables)), None))
 
     down: list[DatabaseUnavailable] = []
     for index in range(len(suite.stores)) if indexes is None else indexes:
@@ -93,12 +95,10 @@ def resolve(
         if not ref or not ref.isprintable():
             raise ValueError(f"not a job id or message id: {job[:64]!r}")
         job = int(ref) if ref.isascii() and ref.isdigit() else ref
-    if not isinstance(job, str) and not 0 <= job <= MAX_JOB_ID:
-        found = None
-    elif isinstance(job, str) or not suite.stores.several:
+    if isinstance(job, str):
         found = find_job(suite, job, model=model)
     else:
-        found = _numbered(suite, job, model or suite.models[0])
+        found = _numbered(suite, job, model or suite.models[0]) if 0 <= job <= MAX_JOB_ID else None
     if found is None:
         raise JobNotFound(repr(job))
     return found

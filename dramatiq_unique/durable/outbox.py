@@ -25,7 +25,7 @@ from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
 from dramatiq_unique.storage import jobs, queries, savepoints
 from dramatiq_unique.storage.database import is_postgres, is_psycopg3
-from dramatiq_unique.storage.models import JobStatus, utcnow
+from dramatiq_unique.storage.models import JobStatus, dumps, utcnow
 
 if TYPE_CHECKING:
     from dramatiq import Broker, Message
@@ -158,8 +158,7 @@ class Outbox:
             else:
                 rest.append(item)
         for model, items in groups.items():
-            for start in range(0, len(items), size):
-                chunk = items[start:start + size]
+            for chunk in pw.chunked(items, size):
                 try:
                     held = [(item.row[1], item.row[2], item.stamp, item.message) for item in chunk]  # type: ignore[index]
                     sent = claim_and_publish(self.suite, model, held)
@@ -211,24 +210,19 @@ def _claim_held(model: type["JobModel"], held: list[Held], refs: list[Optional[s
     values: dict[str, Any] = {"queued": JobStatus.QUEUED.value, "pending": JobStatus.PENDING.value,
                               "now": model.enqueued_at.db_value(utcnow())}
     if is_postgres(db):
-        query = queries.statement(model, "claim_held")
         values.update(ids=[row_id for row_id, _, _, _ in held], message_ids=[m.message_id for _, _, _, m in held],
                       revisions=[revision for _, revision, _, _ in held], stamps=[stamp for _, _, stamp, _ in held],
                       refs=refs)
-        if is_psycopg3(db):  # once per batch: a plan kept for it only costs (see the query's comment)
-            cursor = db.cursor()
-            cursor.execute(query.sql, values, prepare=False)
-        else:
-            cursor = db.execute_sql(query.sql, values)
-        return {ref: row_id for (row_id, ref) in cursor.fetchall()}
-    query = queries.statement(model, "claim_one_held")
-    claimed: dict[Optional[str], int] = {}
-    with db.atomic():
-        for (row_id, revision, stamp, message), ref in zip(held, refs, strict=True):
-            values.update(id=row_id, message_id=message.message_id, revision=revision, stamp=stamp, ref=ref)
-            if db.execute_sql(query.sql, values).rowcount:
-                claimed[ref] = row_id
-    return claimed
+    else:
+        values["held"] = dumps([[row_id, message.message_id, revision, stamp, ref]
+                                for (row_id, revision, stamp, message), ref in zip(held, refs, strict=True)])
+    sql = queries.statement(model, "claim_held").sql
+    if is_psycopg3(db):  # once per batch: a plan kept for it only costs (see the query's comment)
+        cursor = db.cursor()
+        cursor.execute(sql, values, prepare=False)
+    else:
+        cursor = db.execute_sql(sql, values)
+    return {ref: row_id for (row_id, ref) in cursor.fetchall()}
 
 
 _active: contextvars.ContextVar[Optional[Block]] = contextvars.ContextVar("dramatiq_unique_outbox", default=None)

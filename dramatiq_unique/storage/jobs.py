@@ -27,14 +27,20 @@ def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
     return model.get_or_none(**where)
 
 
-def to_model(model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None) -> JobModel:
-    """A model instance from a row of ``names`` (all columns, in ``sorted_fields`` order, by default)."""
+def to_model(
+    model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None, **started: Any,
+) -> JobModel:
+    """A model instance from a row of ``names`` (all columns, in ``sorted_fields`` order, by default); with
+    ``started``, what an attempt's start wrote besides, the instance marked :data:`PARTIAL`."""
     fields = model._meta.sorted_fields if names is None else [model._meta.fields[n] for n in names]
     # Filled as peewee fills a row it selected, without Model.__init__'s setattr per field.
     job = model.__new__(model)
     job.__data__ = {f.name: f.python_value(v) for f, v in zip(fields, row, strict=False)}
     job._dirty = set()  # type: ignore[attr-defined]
     job.__rel__ = {}
+    if started:
+        job.__data__.update(started)
+        setattr(job, PARTIAL, True)
     return job
 
 
@@ -45,19 +51,11 @@ def _written(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, 
     return tuple(params), params
 
 
-def _with_defaults(model: type[JobModel], values: dict[str, Any]) -> dict[str, Any]:
-    # peewee fills field defaults in Python, not in the schema: so must we (unlike get_default_dict, only
-    # the missing ones: a send calls no default it does not use).
-    out = dict(values)
-    for field, default in model._meta.defaults.items():
-        if field.name not in out:
-            out[field.name] = default() if callable(default) else default
-    return out
-
-
 def _present(model: type[JobModel], values: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
-    # NULLs are left to the columns (all nullable ones default to NULL): fewer parameters to send.
-    return _written(model, {name: v for name, v in _with_defaults(model, values).items() if v is not None})
+    # peewee fills field defaults in Python, not in the schema: so must we.  NULLs are left to the columns
+    # (all nullable ones default to NULL): fewer parameters to send.
+    filled = {**model._meta.get_default_dict(), **values}
+    return _written(model, {name: v for name, v in filled.items() if v is not None})
 
 
 class IdempotencyHeld(Exception):
@@ -109,15 +107,14 @@ def insert_many(model: type[JobModel], rows: list[dict[str, Any]]) -> dict[str, 
     ``{message id: row id}`` of the rows inserted (one whose hold another job holds is left out)."""
     if not rows:
         return {}
-    filled = [_with_defaults(model, row) for row in rows]
+    filled = [{**model._meta.get_default_dict(), **row} for row in rows]  # peewee's defaults, filled in Python
     names = sorted({name for row in filled for name, value in row.items() if value is not None})
     fields = [model._meta.fields[n] for n in names]
     written = tuple(f.column_name for f in fields)
     per = max(1, MAX_PARAMS // len(names))
     db = model._meta.database
     out: dict[str, int] = {}
-    for start in range(0, len(filled), per):
-        chunk = filled[start:start + per]
+    for chunk in pw.chunked(filled, per):
         sql = queries.render(model, "insert_many", written=written, rows=len(chunk))
         params = [f.db_value(row.get(f.name)) for row in chunk for f in fields]
         out.update((message_id, row_id) for row_id, message_id in db.execute_sql(sql, params).fetchall())
@@ -251,13 +248,8 @@ def unclaim_sends(
 
 def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
     """Record the broker's ids of sent rows in one statement; a ref set meanwhile is newer: kept."""
-    if not refs:
-        return
-    if is_postgres(model._meta.database):
-        params: dict[str, Any] = {"ids": list(refs), "refs": list(refs.values())}
-    else:
-        params = {"refs": dumps([[row_id, ref] for row_id, ref in refs.items()])}
-    queries.run(model, "record_refs", params)
+    if refs:
+        queries.run(model, "record_refs", {"refs": dumps(list(refs.items()))})
 
 
 #: ms a running row's lease is still honoured after it ran out by this process's clock, before a new
@@ -273,19 +265,11 @@ PARTIAL = "_dramatiq_unique_partial"
 
 def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) -> int:
     """The fencing key's next token, for job ``job_id`` about to run; rows of the key still running
-    under an older token are fenced out (in the same statement on PostgreSQL)."""
+    under an older token are fenced out (a start on PostgreSQL draws in its own statement instead)."""
     values = {"key": key, "own": -1 if job_id is None else int(job_id), "running": JobStatus.RUNNING.value}
-    if is_postgres(model._meta.database):
-        return int(queries.run(model, "draw_and_revoke", values).fetchone()[0])
     values["token"] = token = int(queries.run(model, "draw_token", values).fetchone()[0])
     queries.run(model, "revoke_older", values)
     return token
-
-
-def current_token(db: pw.Database, key: str) -> int:
-    """The newest fencing token handed out for ``key`` (0 if none)."""
-    row = queries.execute(db, queries.on(db, "current_token"), {"key": key}).fetchone()
-    return 0 if row is None else int(row[0])
 
 
 def start(
@@ -316,11 +300,8 @@ def start(
     row = queries.run(model, "start_attempt_fenced" if merged else "start_attempt", values).fetchone()
     if row is None:
         return None
-    job = to_model(model, row, START_COLUMNS)
-    job.__data__.update(id=job_id, revision=revision, status=JobStatus.RUNNING.value, started_at=now,
-                        lease_until=lease_until, worker=worker)
-    setattr(job, PARTIAL, True)
-    return job
+    return to_model(model, row, START_COLUMNS, id=job_id, revision=revision, status=JobStatus.RUNNING.value,
+                    started_at=now, lease_until=lease_until, worker=worker)
 
 
 def update_fenced(
@@ -496,12 +477,8 @@ def start_reserved(
         "reserved_token": row.fencing_token, "broker_ref": row.broker_ref,
     }
     found = queries.run(model, "start_reserved", values).fetchone()
-    if found is None:
-        return None
-    started = to_model(model, found, DECK_COLUMNS)
-    started.__data__.update(started_at=now, lease_until=lease_until, worker=worker, parked_on=None)
-    setattr(started, PARTIAL, True)
-    return started
+    return None if found is None else to_model(model, found, DECK_COLUMNS, started_at=now, lease_until=lease_until,
+                                                 worker=worker, parked_on=None)
 
 
 def unstart(model: type[JobModel], started: JobModel, group: str) -> bool:
@@ -524,13 +501,3 @@ def unclaim(model: type[JobModel], row: JobModel, group: str) -> None:
         (model.id == row.id) & (model.status == JobStatus.QUEUED.value) & model.parked_on.is_null()
     ).execute()
 
-
-def find_job(models: list[type[JobModel]], id_or_message_id: Any, model: Optional[type[JobModel]] = None):
-    """A row by numeric id (in ``model``) or by message id (in any table)."""
-    if isinstance(id_or_message_id, int) or (isinstance(id_or_message_id, str) and id_or_message_id.isdigit()):
-        return get(model or models[0], id=int(id_or_message_id))
-    for candidate in [model] if model is not None else models:
-        row = get(candidate, message_id=str(id_or_message_id))
-        if row is not None:
-            return row
-    return None

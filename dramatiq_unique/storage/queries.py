@@ -110,16 +110,6 @@ def statement(model: Model, name: str, *, order_by: Optional[str] = None, writte
     return found
 
 
-def on(db: pw.Database, name: str) -> Query:
-    """Statement ``name`` that names no job table (the fencing-token table's own), for ``db``."""
-    key = (name, None, None, None, type(db), None, ())
-    found = _rendered.get(key)
-    if found is None:
-        sql = text_of(name, dialect_of(db)).replace("{fences}", quote(db, FENCES))
-        found = _rendered.setdefault(key, Query.of(name, sql, is_postgres(db)))
-    return found
-
-
 def render(model: Model, name: str, order_by: Optional[str] = None, written: Sequence[str] = (),
            rows: int = 0) -> str:
     """Statement ``name``'s text for ``model``, its identifiers substituted, its marks as written (not kept);

@@ -12,7 +12,8 @@
 --                 "column" = %(column)s for each
 --     {rows}      (insert_many) one ({values}) per row of a batch
 --
--- Two entries are expressions, not statements, for peewee queries to embed: now, history_append.
+-- Some entries are expressions, not statements, for peewee queries to embed: now, history_append and
+-- those of the bulk actions.
 -- A statement that repeats another's text (a start's SET list, a group's queue head, a move
 -- committed without the WAL flush wait) repeats it exactly: tests/unit/storage/test_queries.py
 -- checks.  Column and table names are those of deployed databases: change none.
@@ -58,7 +59,7 @@ OR "worker" LIKE %(woken_by)s)
 RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
 
 -- name: start_attempt_fenced (postgresql) --
--- start_attempt after the key's next fencing token is drawn (draw_and_revoke's "drawn"), and the key's
+-- start_attempt after the key's next fencing token is drawn (draw_token, as "drawn"), and the key's
 -- older running attempts fenced out, in one statement.  The starting row itself is left to the main UPDATE
 -- (PostgreSQL does not update a row twice in a statement); the revocation is joined to it ("me") to keep
 -- to its app's rows.
@@ -120,8 +121,9 @@ THEN json_insert(json_remove("history", '$[0]'), '$[#]', json(%(entry)s))
 ELSE json_insert("history", '$[#]', json(%(entry)s)) END
 
 -- name: record_refs (postgresql) --
--- Record the broker's ids of sent rows (%(ids)s and %(refs)s, arrays of one length); a ref set meanwhile is kept.
-UPDATE {jobs} SET "broker_ref" = sent.ref FROM unnest(%(ids)s::bigint[], %(refs)s::text[]) AS sent (id, ref)
+-- Record the broker's ids of sent rows (%(refs)s: a JSON list of [id, ref] pairs); a ref set meanwhile is kept.
+UPDATE {jobs} SET "broker_ref" = sent.ref
+FROM (SELECT CAST(value ->> 0 AS bigint) AS id, value ->> 1 AS ref FROM json_array_elements(CAST(%(refs)s AS json))) AS sent
 WHERE {jobs}."id" = sent.id AND {jobs}."broker_ref" IS NULL
 
 -- name: record_refs (sqlite) --
@@ -147,22 +149,28 @@ AND (held.stamp IS NULL OR {jobs}."broker_ref" = held.stamp)
 AND {jobs}."status" = %(pending)s AND {jobs}."parked_on" IS NULL
 RETURNING {jobs}."id", held.ref
 
--- name: claim_one_held (sqlite) --
--- claim_held a row at a time: SQLite has no round trip to save, and no arrays.
-UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = %(ref)s
-WHERE "id" = %(id)s AND "message_id" = %(message_id)s AND "revision" = %(revision)s
-AND (%(stamp)s IS NULL OR "broker_ref" = %(stamp)s)
-AND "status" = %(pending)s AND "parked_on" IS NULL
+-- name: claim_held (sqlite) --
+-- claim_held with the batch as one JSON list (%(held)s: [id, message id, revision, stamp, ref] each).
+-- RETURNING names the updated table's columns alone: the ref written, which is the claiming send's.
+UPDATE {jobs} SET "status" = %(queued)s, "enqueued_at" = %(now)s, "broker_ref" = held.ref
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS message_id,
+json_extract(value, '$[2]') AS revision, json_extract(value, '$[3]') AS stamp,
+json_extract(value, '$[4]') AS ref FROM json_each(%(held)s)) AS held
+WHERE {jobs}."id" = held.id AND {jobs}."message_id" = held.message_id AND {jobs}."revision" = held.revision
+AND (held.stamp IS NULL OR {jobs}."broker_ref" = held.stamp)
+AND {jobs}."status" = %(pending)s AND {jobs}."parked_on" IS NULL
+RETURNING "id", "broker_ref"
 
 
 -- == fencing tokens (storage/jobs.py) ================================================
 
 -- name: draw_token --
--- The key's next token: one statement on SQLite (3.35 and later) and PostgreSQL.
+-- The key's next token: one statement on SQLite (3.35 and later) and PostgreSQL (whose fenced start
+-- draws it in its own, start_attempt_fenced).
 INSERT INTO {fences} ("key", "token") VALUES (%(key)s, 1)
 ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING "token"
 
--- name: revoke_older (sqlite) --
+-- name: revoke_older --
 -- After draw_token: rows of the key still running under an older token lose their attempt (their token
 -- moves on to %(token)s); the drawing job's own row stops being parked (it runs now).  Only rows of the
 -- drawing job's app: another app's job of the same key is not ours to fence.
@@ -173,23 +181,6 @@ WHERE "unique_key" = %(key)s
 AND (("status" = %(running)s AND "fencing_token" < %(token)s AND "id" <> %(own)s)
 OR ("id" = %(own)s AND "parked_on" IS NOT NULL))
 AND "app" = COALESCE((SELECT me."app" FROM {jobs} AS me WHERE me."id" = %(own)s), "app")
-
--- name: draw_and_revoke (postgresql) --
--- draw_token, then revoke_older, as one statement (the revocation in a data-modifying CTE).
-WITH drawn AS (INSERT INTO {fences} ("key", "token") VALUES (%(key)s, 1)
-ON CONFLICT ("key") DO UPDATE SET "token" = {fences}."token" + 1 RETURNING "token"),
-revoked AS (UPDATE {jobs} SET
-"fencing_token" = CASE WHEN "id" = %(own)s THEN "fencing_token" ELSE (SELECT "token" FROM drawn) END,
-"parked_on" = CASE WHEN "id" = %(own)s THEN NULL ELSE "parked_on" END
-WHERE "unique_key" = %(key)s
-AND (("status" = %(running)s AND "fencing_token" < (SELECT "token" FROM drawn) AND "id" <> %(own)s)
-OR ("id" = %(own)s AND "parked_on" IS NOT NULL))
-AND "app" = COALESCE((SELECT me."app" FROM {jobs} AS me WHERE me."id" = %(own)s), "app"))
-SELECT "token" FROM drawn
-
--- name: current_token --
--- The newest token handed out for a key.
-SELECT "token" FROM {fences} WHERE "key" = %(key)s
 
 
 -- == parking ===========================================================================
@@ -372,6 +363,36 @@ RETURNING "id", "message_id", "actor_name", "queue_name", "args", "kwargs", "opt
 "revision", "attempts", "unique_key", "fencing_token", "checkpoints", "broker_ref", "created_at",
 "process_after"
 
+
+-- == bulk actions (durable/bulk_actions.py): expressions of a row's options ============
+
+-- name: unique_lock_option (postgresql) --
+-- An expression: the lock type the row's message names itself (its unique_lock option), if any.
+CAST("options" AS jsonb) ->> 'unique_lock'
+
+-- name: unique_lock_option (sqlite) --
+-- An expression: the lock type the row's message names itself (its unique_lock option), if any.
+json_extract("options", '$.unique_lock')
+
+-- name: restarted_count (postgresql) --
+-- An expression: the row's options with Retries' count restarted at its attempts (the marker's "rb", as
+-- retry_job writes it) and the message's own count dropped (build_message gives it one).
+CAST(jsonb_set(CAST("options" AS jsonb) - 'retries', ARRAY['dramatiq_unique'],
+COALESCE(CAST("options" AS jsonb) -> 'dramatiq_unique', jsonb_build_object())
+|| jsonb_build_object('rb', "attempts")) AS text)
+
+-- name: restarted_count (sqlite) --
+-- An expression: restarted_count as on PostgreSQL.  json_patch merges objects (RFC 7396): the marker's
+-- other entries stay, a missing marker is made.
+json_patch(json_remove("options", '$.retries'), json_object('dramatiq_unique', json_object('rb', "attempts")))
+
+-- name: queue_lock_token (postgresql) --
+-- An expression: the token of the row's Redis queue lock, as its send wrote it in the marker ("qt").
+CAST("options" AS jsonb) -> 'dramatiq_unique' ->> 'qt'
+
+-- name: queue_lock_token (sqlite) --
+-- An expression: the token of the row's Redis queue lock, as its send wrote it in the marker ("qt").
+json_extract("options", '$.dramatiq_unique.qt')
 
 -- == the job table's schema (storage/schema.py, storage/migrations.py) =====================
 

@@ -84,10 +84,7 @@ class _Journal:
 
     def _find(self, name: str) -> Optional[int]:
         # The newest savepoint of that name, as the database picks it.
-        for at in range(len(self.marks) - 1, -1, -1):
-            if self.marks[at][0] == name:
-                return at
-        return None
+        return next((at for at in reversed(range(len(self.marks))) if self.marks[at][0] == name), None)
 
 
 def _journal(db: pw.Database, *, create: bool) -> Optional[_Journal]:

@@ -4,29 +4,20 @@ writes its row in that transaction, and Django drops what a rolled-back savepoin
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 import peewee as pw
 from django.db import connections
 from django.db import transaction as django_transaction
 
+from dramatiq_unique.contrib import FrameworkDatabase
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.savepoints import Flush
 
 
-class _Held:
-    """One ``on_commit`` callback: the items held at one savepoint level, handed to their flush once."""
-
-    def __init__(self, flush: Flush, item: Any) -> None:
-        self.flush = flush
-        self.items: list[Any] = [item]
-
-    def __call__(self) -> None:
-        self.flush(self.items)  # publish_held never raises: the commit happened
-
-
-class DjangoDatabase(pw.PostgresqlDatabase):
+class DjangoDatabase(FrameworkDatabase, pw.PostgresqlDatabase):
     """The job tables in Django database ``alias`` (PostgreSQL), over Django's own connection."""
 
     #: ``manage.py migrate`` creates and upgrades the tables (this app's migrations), not ``setup()``.
@@ -46,9 +37,7 @@ class DjangoDatabase(pw.PostgresqlDatabase):
         super().__init__(settings["NAME"], prefer_psycopg3=is_psycopg3, **where)
 
     def attach_suite(self, suite: Any) -> None:
-        from dramatiq_unique.contrib import hold_sends
-
-        hold_sends(suite)
+        super().attach_suite(suite)
         # The hot statements prepared by name (storage/queries.py), on either driver: Django's psycopg 3
         # cursors bind on the client, as psycopg2 does, and prepare nothing by themselves.
         setattr(self, queries._ON, suite.settings.prepared_statements is not False)
@@ -98,8 +87,8 @@ class DjangoDatabase(pw.PostgresqlDatabase):
         per savepoint level, so a rolled-back savepoint drops its items with what Django drops."""
         django = self._django
         last = django.run_on_commit[-1] if django.run_on_commit else None
-        if last and isinstance(last[1], _Held) and last[1].flush is flush and last[0] == set(django.savepoint_ids):
-            last[1].items.append(item)
+        if last and isinstance(last[1], partial) and last[1].func is flush and last[0] == set(django.savepoint_ids):
+            last[1].args[0].append(item)  # the items held at this savepoint level, handed to flush once
         else:
-            django.on_commit(_Held(flush, item), robust=True)  # an error is logged: the caller committed
+            django.on_commit(partial(flush, [item]), robust=True)  # an error is logged: the caller committed
         return True

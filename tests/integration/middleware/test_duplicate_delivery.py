@@ -20,9 +20,8 @@ from dramatiq.common import dq_name
 
 import dramatiq_unique
 from dramatiq_unique import heartbeat
-from dramatiq_unique.storage.jobs import current_token
 from dramatiq_unique.storage.models import after_ms, utcnow
-from tests.helpers import wait_until
+from tests.helpers import current_token, wait_until
 
 CASES = {
     "until_executed": dict(unique_args=["key"], unique_lock="until_executed"),

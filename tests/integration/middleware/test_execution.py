@@ -14,11 +14,10 @@ import pytest
 import dramatiq_unique
 from dramatiq_unique import JobModel, current_job
 from dramatiq_unique.parking import lot
-from dramatiq_unique.storage.jobs import current_token
 from tests.conftest import REDIS_URL
 from tests.durable import free_port
 from tests.exec_app import WorkerProcess, declare, read_log
-from tests.helpers import wait_until
+from tests.helpers import current_token, wait_until
 
 
 class Recorder:

@@ -15,7 +15,7 @@ import pytest
 from dramatiq_unique import JobModel
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobStatus, utcnow
-from tests.helpers import wait_until
+from tests.helpers import current_token, wait_until
 
 
 @pytest.fixture(params=["postgres"])
@@ -91,7 +91,7 @@ def test_attempts_of_two_keys_at_once_are_each_fenced(suite):
         outcomes = {job.fencing_token: jobs.finish(JobModel, job, release_hold=False, status="succeeded")
                     for job in mine}
         assert outcomes == {1: False, 2: False, 3: True}
-        assert jobs.current_token(JobModel._meta.database, f"k{k}") == 3
+        assert current_token(JobModel._meta.database, f"k{k}") == 3
 
 
 def test_outcomes_of_many_threads_at_once_keep_their_history(suite):

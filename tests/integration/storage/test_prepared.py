@@ -154,14 +154,13 @@ from dramatiq_unique.storage import models, queries, schema
 params = parse(sys.argv[1])
 db = pw.PostgresqlDatabase(params.pop("database"), **params)
 queries.enable(db, True)
-values = {"app": "", "hold": "h", "key": "k", "id": 0, "revision": 0, "succeeded": "succeeded",
+values = {"app": "", "hold": "h", "key": "tests.prepared:k", "id": 0, "revision": 0, "succeeded": "succeeded",
           "failed": "failed", "running": "running", "live_after": None, "woken_by": ""}
 with db.bind_ctx([JobModel], bind_refs=False, bind_backrefs=False):
     schema.create_or_migrate(JobModel)
     models.create_fence_table(db)
     for name in sys.argv[2:]:
-        query = queries.on(db, name) if name == "current_token" else queries.statement(JobModel, name)
-        queries.execute(db, query, values).fetchall()
+        queries.execute(db, queries.statement(JobModel, name), values).fetchall()
 rows = db.execute_sql("SELECT name, statement FROM pg_prepared_statements").fetchall()
 print(json.dumps(dict(rows)))
 """
@@ -184,7 +183,7 @@ def test_a_statement_has_the_same_prepared_name_in_every_process_whatever_their_
     """Given two processes (two sessions) that prepare the same statements in opposite orders, Then each
     statement has one name in both, and different statements have different names: through a pooler that
     hands one server session to both, a name never runs another statement's text."""
-    order = ["holder", "startable", "current_token"]
+    order = ["holder", "startable", "draw_token"]
     first = prepared_by_a_process(pg_url, order)
     second = prepared_by_a_process(pg_url, order[::-1])
     assert len(first) == len(second) == 3

@@ -9,6 +9,7 @@ from dramatiq_unique import JobModel
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import open_database
 from dramatiq_unique.storage.models import create_fence_table
+from tests.helpers import current_token
 
 
 class Jobs(JobModel):
@@ -35,7 +36,7 @@ def test_tokens_grow_per_key_and_keys_are_independent(db):
     assert [jobs.draw_token(Jobs, "a:k") for _ in range(3)] == [1, 2, 3]
     assert jobs.draw_token(Jobs, "a:other") == 1
     assert jobs.draw_token(Jobs, "a:k") == 4
-    assert jobs.current_token(db, "a:k") == 4 and jobs.current_token(db, "a:none") == 0
+    assert current_token(db, "a:k") == 4 and current_token(db, "a:none") == 0
 
 
 def test_drawing_fences_out_older_running_attempts_of_the_key(db):
@@ -58,4 +59,4 @@ def test_a_draw_inside_a_rolled_back_transaction_leaves_nothing(db):
         with db.atomic():
             jobs.draw_token(Jobs, "a:k")
             raise pw.IntegrityError("roll it back")
-    assert jobs.current_token(db, "a:k") == 0
+    assert current_token(db, "a:k") == 0

@@ -10,11 +10,13 @@ import peewee as pw
 import pytest
 
 from dramatiq_unique import JobModel
+from dramatiq_unique.context import MARKER
+from dramatiq_unique.durable.messages import RETRY_BASE
 from dramatiq_unique.storage import jobs, queries
 
 DIALECTS = ("postgresql", "sqlite")
 #: Expressions for peewee queries to embed, not statements.
-EXPRESSIONS = {"now", "history_append"}
+EXPRESSIONS = {"now", "history_append", "unique_lock_option", "restarted_count", "queue_lock_token"}
 
 
 class Jobs(JobModel):
@@ -135,11 +137,10 @@ def test_quoting_follows_the_database():
     assert queries.table(db, "t") == '"t"' and queries.table(db, "t", "s") == '"s"."t"'
 
 
-def test_a_statement_of_the_fence_table_alone_renders_for_a_database():
-    for db in databases():
-        query = queries.on(db, "current_token")
-        mark = "%(key)s" if isinstance(db, pw.PostgresqlDatabase) else ":key"
-        assert query.sql == f'SELECT "token" FROM "dramatiq_unique_fences" WHERE "key" = {mark}'
+def test_the_fence_table_is_named_alone_whatever_the_job_tables_schema(model):
+    query = queries.statement(model, "draw_token")
+    mark = "%(key)s" if isinstance(model._meta.database, pw.PostgresqlDatabase) else ":key"
+    assert query.sql.startswith(f'INSERT INTO "dramatiq_unique_fences" ("key", "token") VALUES ({mark}, 1)')
 
 
 # -- statements that repeat another's text ------------------------------------------------
@@ -219,8 +220,13 @@ def test_the_outcome_appends_to_the_history_as_peewee_writes_do(dialect):
     assert appended.replace(f', "history" = {text("history_append", dialect)}', "") == text("update_fenced", dialect)
 
 
-def test_draw_and_revoke_is_draw_token_then_revoke_older():
-    drawn = text("draw_and_revoke", "postgresql")
+def test_a_fenced_start_draws_as_draw_token_draws():
+    drawn = text("start_attempt_fenced", "postgresql")
     assert drawn.startswith(f"WITH drawn AS ({text('draw_token', 'postgresql')}), revoked AS (UPDATE ")
-    revoke = text("revoke_older", "sqlite").replace("%(token)s", '(SELECT "token" FROM drawn)')
-    assert f"revoked AS ({revoke}) SELECT" in drawn
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_the_bulk_actions_expressions_read_the_suites_marker(dialect):
+    assert set(EXPRESSIONS) <= set(names_of(dialect))
+    assert f"'{MARKER}'" in text("restarted_count", dialect) and f"'{RETRY_BASE}'" in text("restarted_count", dialect)
+    assert MARKER in text("queue_lock_token", dialect)
