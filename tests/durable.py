@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -90,12 +91,13 @@ def free_port() -> int:
 
     A port from the ephemeral range (``bind(0)``) can be taken as the source port of any
     outgoing connection while a test's server is down, and the server then cannot come back
-    on it. Each pytest-xdist worker draws from its own band, so two workers never race.
+    on it. Each pytest-xdist worker draws from its own band, so two workers never race; the
+    search starts at a random place in it, so that a child process rarely meets its parent.
     """
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
     band = int(worker[2:]) % 8 if worker[2:].isdigit() else 0
-    first = 16_000 + band * 2_000
-    for port in range(first, first + 2_000):
+    first, start = 16_000 + band * 2_000, random.randrange(2_000)
+    for port in (first + (start + i) % 2_000 for i in range(2_000)):
         if port in _handed_out:
             continue
         _handed_out.add(port)
