@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
 import weakref
 from dataclasses import dataclass
 from importlib import resources
@@ -153,15 +152,8 @@ def run(model: Model, name: str, params: Mapping[str, Any], **identifiers: Any) 
 _ON = "_dramatiq_unique_prepares"
 
 _unpreparable: set[str] = set()
-
-
-class _Local(threading.local):
-    def __init__(self) -> None:
-        # Per connection: the names prepared on it (a new connection starts empty).
-        self.done: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-
-
-_local = _Local()
+#: Per connection (each thread has its own): the names prepared on it (a new connection starts empty).
+_prepared: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 
 
 def enable(db: pw.Database, on: bool) -> None:
@@ -192,12 +184,7 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
 
 
 def _done(db: pw.Database) -> "set[str]":
-    """The names prepared on this thread's current connection of ``db`` (a new connection has none)."""
-    conn = db.connection()
-    done = _local.done.get(conn)
-    if done is None:
-        done = _local.done[conn] = set()
-    return done
+    return _prepared.setdefault(db.connection(), set())
 
 
 def _prepare(db: pw.Database, query: Query) -> bool:
