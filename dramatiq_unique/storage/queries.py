@@ -166,10 +166,8 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
     name = query.prepared_name
     if not getattr(db, _ON, False) or name in _unpreparable:
         return db.execute_sql(query.sql, params)
-    if name not in _done(db):
-        if db.in_transaction() or not _prepare(db, query):
-            return db.execute_sql(query.sql, params)  # a failed PREPARE would abort the caller's transaction
-        _done(db).add(name)  # on the connection it ran on: a reconnect may have replaced the one above
+    if name not in _done(db) and (db.in_transaction() or not _prepare(db, query)):
+        return db.execute_sql(query.sql, params)  # a failed PREPARE would abort the caller's transaction
     try:
         return db.execute_sql(query.execute_sql, params)
     except pw.DatabaseError as e:
@@ -177,10 +175,7 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
             raise
         # A pooler dropped it, or the database reconnected: prepare it again, once.
         _done(db).discard(name)
-        if not _prepare(db, query):
-            return db.execute_sql(query.sql, params)
-        _done(db).add(name)
-        return db.execute_sql(query.execute_sql, params)
+        return db.execute_sql(query.execute_sql if _prepare(db, query) else query.sql, params)
 
 
 def _done(db: pw.Database) -> "set[str]":
@@ -190,10 +185,10 @@ def _done(db: pw.Database) -> "set[str]":
 def _prepare(db: pw.Database, query: Query) -> bool:
     try:
         db.execute_sql(f"PREPARE {query.prepared_name} AS {query.prepare_sql}")
-        return True
     except pw.DatabaseError as e:
-        if "already exists" in str(e):  # the same text, by its name
-            return True
-        if isinstance(e, pw.ProgrammingError):  # the statement itself (not the connection): for good
-            _unpreparable.add(query.prepared_name)
-        return False
+        if "already exists" not in str(e):  # else the same text, by its name
+            if isinstance(e, pw.ProgrammingError):  # the statement itself (not the connection): for good
+                _unpreparable.add(query.prepared_name)
+            return False
+    _done(db).add(query.prepared_name)  # on the connection it ran on: a reconnect may have replaced the last
+    return True
