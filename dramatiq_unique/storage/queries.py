@@ -63,7 +63,6 @@ def table(db: pw.Database, name: str, schema: Optional[str] = None) -> str:
 class Query:
     """A statement rendered for one job table and dialect: its text, and how it runs prepared."""
 
-    name: str
     sql: str
     #: PostgreSQL: the prepared statement's name (a hash of its text), its text with ``$n`` marks, and
     #: the ``EXECUTE`` that runs it with the same parameters as :attr:`sql`.
@@ -74,16 +73,16 @@ class Query:
     params: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, name: str, sql: str, postgres: bool) -> "Query":
+    def of(cls, sql: str, postgres: bool) -> "Query":
         """``sql`` (``%(name)s`` marks, identifiers substituted) made ready for its dialect."""
         params = tuple(dict.fromkeys(_PARAM.findall(sql)))
         if not postgres:
-            return cls(name, _PARAM.sub(r":\1", sql), params=params)
+            return cls(_PARAM.sub(r":\1", sql), params=params)
         number = {param: n for n, param in enumerate(params, 1)}
         prepare = _PARAM.sub(lambda m: f"${number[m.group(1)]}", sql)
         prepared_name = PREFIX + hashlib.blake2b(prepare.encode(), digest_size=16).hexdigest()
         marks = f"({', '.join(f'%({p})s' for p in params)})" if params else ""
-        return cls(name, sql, prepared_name, prepare, f"EXECUTE {prepared_name}{marks}", params)
+        return cls(sql, prepared_name, prepare, f"EXECUTE {prepared_name}{marks}", params)
 
 
 def text_of(name: str, dialect: str) -> str:
@@ -105,7 +104,7 @@ def statement(model: Model, name: str, *, order_by: Optional[str] = None, writte
     key = (name, model, meta.table_name, meta.schema, type(db), order_by, tuple(written))
     found = _rendered.get(key)
     if found is None:
-        found = _rendered.setdefault(key, Query.of(name, render(model, name, order_by, written), is_postgres(db)))
+        found = _rendered.setdefault(key, Query.of(render(model, name, order_by, written), is_postgres(db)))
     return found
 
 
