@@ -86,91 +86,83 @@ class Block:
 
 
 def publish_held(items: list[_Item]) -> None:
-    """After commit: the held sends that the commit kept, claimed and published, each suite's by its
-    :class:`Outbox`.  Not inside a block: a ``txn.commit()`` within one publishes from inside it."""
+    """After commit: the held sends that the commit kept, claimed and published, each suite's by
+    :func:`publish`.  Not inside a block: a ``txn.commit()`` within one publishes from inside it."""
     token = _active.set(_PUBLISHING)
     try:
-        suites: dict[int, Outbox] = {}
+        suites: dict[int, list[_Item]] = {}
         for item in items:
-            suites.setdefault(id(item.suite), Outbox(item.suite)).items.append(item)
-        for outbox in suites.values():
-            outbox.publish()
+            suites.setdefault(id(item.suite), []).append(item)
+        for held in suites.values():
+            publish(held[0].suite, held)
     finally:
         _active.reset(token)
 
 
-class Outbox:
-    """The sends of one suite that one commit kept."""
-
-    def __init__(self, suite: "Suite") -> None:
-        self.suite = suite
-        self.items: list[_Item] = []
-
-    def publish(self) -> None:
-        """After commit: claim and publish every held send.  Never raises (the commit happened)."""
-        down = False
-        rest = self.items
-        if self.suite.publisher is not None and self.suite.publisher.batches():
-            rest, down = self._publish_batches()
-        for item in rest:
-            if down:
-                if item.row is None:
-                    logger.error("Could not publish untracked message %s after commit: the broker failed; it is "
-                                 "lost (track=True would keep it for the re-drive).", item.message.message_id)
-                continue  # its row stays pending for the re-drive
-            try:
-                # pending -> queued while the row is as this send left it; its broker id is written after the
-                # publish.  Not claimed: a re-drive pass sent it already, or a later send wrote the row.
-                if item.row is not None and not _claim_held(item.row[0], [(*item.row[1:], item.stamp, item.message)],
-                                                            [None]):
-                    continue
-                # What is left of the delay; none once due (straight to the queue).
-                left = int((item.due - time.monotonic()) * 1000) if item.delay is not None else 0
-                with resending():
-                    sent = item.broker.enqueue(item.message, delay=left if left > 0 else None)
-                if item.row is not None:
-                    jobs.record_refs(item.row[0], {item.row[1]: broker_ref(sent)})  # a ref set meanwhile is kept
-            except Exception as error:
-                down = True
-                if item.row is not None:
-                    # Pending for the re-drive, logged as the suite logs a broker outage.
-                    deferral.send_failed(self.suite, item.broker, item.message.message_id, error)
-                    try:
-                        jobs.unclaim_sends(item.row[0], [item.row[1]], JobStatus.PENDING.value)
-                    except Exception:  # left queued without a broker_ref: the lost-message check recovers it
-                        logger.exception("Could not put job %s back to pending.", item.message.message_id)
-                else:
-                    logger.error("Could not publish untracked message %s after commit; it is lost (track=True "
-                                 "would keep it for the re-drive).", item.message.message_id, exc_info=True)
-        self.items = []
-
-    def _publish_batches(self) -> tuple[list[_Item], bool]:
-        """The due tracked sends on the suite's broker, in batches; returns the sends left to publish one
-        by one, and whether the broker failed (the rest then waits too)."""
-        broker = self.suite.broker
-        assert broker is not None  # it has a publisher
-        rest: list[_Item] = []
-        groups: dict[Any, list[_Item]] = {}
-        now, size = time.monotonic(), self.suite.settings.send_many_batch
-        for item in self.items:
-            if item.row is not None and item.broker is broker and (item.delay is None or item.due <= now):
-                groups.setdefault(item.row[0], []).append(item)  # by store
-            else:
-                rest.append(item)
-        for model, items in groups.items():
-            for chunk in pw.chunked(items, size):
+def publish(suite: "Suite", items: list[_Item]) -> None:
+    """After commit: claim and publish every held send of ``suite``.  Never raises (the commit happened)."""
+    down, rest = False, items
+    if suite.publisher is not None and suite.publisher.batches():
+        rest, down = _publish_batches(suite, items)
+    for item in rest:
+        if down:
+            if item.row is None:
+                logger.error("Could not publish untracked message %s after commit: the broker failed; it is "
+                             "lost (track=True would keep it for the re-drive).", item.message.message_id)
+            continue  # its row stays pending for the re-drive
+        try:
+            # pending -> queued while the row is as this send left it; its broker id is written after the
+            # publish.  Not claimed: a re-drive pass sent it already, or a later send wrote the row.
+            if item.row is not None and not _claim_held(item.row[0], [(*item.row[1:], item.stamp, item.message)],
+                                                        [None]):
+                continue
+            # What is left of the delay; none once due (straight to the queue).
+            left = int((item.due - time.monotonic()) * 1000) if item.delay is not None else 0
+            with resending():
+                sent = item.broker.enqueue(item.message, delay=left if left > 0 else None)
+            if item.row is not None:
+                jobs.record_refs(item.row[0], {item.row[1]: broker_ref(sent)})  # a ref set meanwhile is kept
+        except Exception as error:
+            down = True
+            if item.row is not None:
+                # Pending for the re-drive, logged as the suite logs a broker outage.
+                deferral.send_failed(suite, item.broker, item.message.message_id, error)
                 try:
-                    held = [(item.row[1], item.row[2], item.stamp, item.message) for item in chunk]  # type: ignore[index]
-                    sent = claim_and_publish(self.suite, model, held)
-                except Exception as error:
-                    # Pending for the re-drive (the claims were undone), logged once for the batch.
-                    first = chunk[0].message.message_id
-                    deferral.send_failed(self.suite, broker, f"{first} (and {len(chunk) - 1} more)", error)
-                    return rest, True
-                deferral.published(broker)
-                for message in sent:
-                    broker.emit_after("enqueue", message, None)
-        return rest, False
+                    jobs.unclaim_sends(item.row[0], [item.row[1]], JobStatus.PENDING.value)
+                except Exception:  # left queued without a broker_ref: the lost-message check recovers it
+                    logger.exception("Could not put job %s back to pending.", item.message.message_id)
+            else:
+                logger.error("Could not publish untracked message %s after commit; it is lost (track=True "
+                             "would keep it for the re-drive).", item.message.message_id, exc_info=True)
+
+
+def _publish_batches(suite: "Suite", items: list[_Item]) -> tuple[list[_Item], bool]:
+    """The due tracked sends on the suite's broker, in batches; returns the sends left to publish one
+    by one, and whether the broker failed (the rest then waits too)."""
+    broker = suite.broker
+    assert broker is not None  # it has a publisher
+    rest: list[_Item] = []
+    groups: dict[Any, list[_Item]] = {}
+    now = time.monotonic()
+    for item in items:
+        if item.row is not None and item.broker is broker and (item.delay is None or item.due <= now):
+            groups.setdefault(item.row[0], []).append(item)  # by store
+        else:
+            rest.append(item)
+    for model, held in groups.items():
+        for chunk in pw.chunked(held, suite.settings.send_many_batch):
+            try:
+                rows = [(item.row[1], item.row[2], item.stamp, item.message) for item in chunk]  # type: ignore[index]
+                sent = claim_and_publish(suite, model, rows)
+            except Exception as error:
+                # Pending for the re-drive (the claims were undone), logged once for the batch.
+                first = chunk[0].message.message_id
+                deferral.send_failed(suite, broker, f"{first} (and {len(chunk) - 1} more)", error)
+                return rest, True
+            deferral.published(broker)
+            for message in sent:
+                broker.emit_after("enqueue", message, None)
+    return rest, False
 
 
 #: A held send: (its row's id, the row's revision at the send, the stamp a replace wrote into the row's
@@ -182,7 +174,7 @@ def claim_and_publish(suite: "Suite", model: type["JobModel"], held: list[Held])
     """Claim ``held``'s rows, each with its broker id, and publish the ones claimed in one MULTI/EXEC;
     returns them.  If the publish fails, the claimed rows go back to ``pending`` and the error is raised."""
     publisher = suite.publisher
-    assert publisher is not None  # Outbox batches only where there is one
+    assert publisher is not None  # batches only where there is one
     # Each held send its own broker id, which the claim returns: a row is claimed by at most one of
     # them (the one it is still as that send left it), not always the last one held for it.
     sent = [message.copy(options={REDIS_MESSAGE_ID: str(uuid.uuid4())}) for _, _, _, message in held]

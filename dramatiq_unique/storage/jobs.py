@@ -359,23 +359,14 @@ def _iso(value: Any) -> Optional[str]:
     return value.isoformat(timespec="milliseconds") if isinstance(value, datetime) else value
 
 
-def history_entry(*, attempt: int, started_at: Any, finished_at: Any, status: str, error: Optional[str],
-                  worker: Optional[str]) -> dict[str, Any]:
-    """One attempt, as the history keeps it: ``error`` cut to its first line."""
-    first = error.split("\n", 1)[0][:MAX_HISTORY_ERROR] if error else None
-    return {"attempt": attempt, "started_at": _iso(started_at), "finished_at": _iso(finished_at),
-            "status": status, "error": first, "worker": worker}
-
-
 def attempt_of(job: JobModel, fields: dict[str, Any], status: Optional[str] = None) -> dict[str, Any]:
-    """The history entry of ``job``'s attempt, whose outcome ``fields`` record: ``retrying`` when they
-    leave the status as it was."""
-    data = job.__data__
-    return history_entry(
-        attempt=data.get("attempts") or 0, started_at=data.get("started_at"),
-        finished_at=fields.get("finished_at") or utcnow(), status=status or str(fields.get("status") or "retrying"),
-        error=fields.get("last_error"), worker=data.get("worker"),
-    )
+    """The history entry of ``job``'s attempt, whose outcome ``fields`` record (``retrying`` when they
+    leave the status as it was), its error cut to its first line."""
+    data, error = job.__data__, fields.get("last_error")
+    return {"attempt": data.get("attempts") or 0, "started_at": _iso(data.get("started_at")),
+            "finished_at": _iso(fields.get("finished_at") or utcnow()),
+            "status": status or str(fields.get("status") or "retrying"),
+            "error": error.split("\n", 1)[0][:MAX_HISTORY_ERROR] if error else None, "worker": data.get("worker")}
 
 
 def history_append(model: type[pw.Model], item: dict[str, Any]) -> pw.Node:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import threading
 import weakref
 from dataclasses import dataclass
 from importlib import resources
@@ -64,7 +63,6 @@ def table(db: pw.Database, name: str, schema: Optional[str] = None) -> str:
 class Query:
     """A statement rendered for one job table and dialect: its text, and how it runs prepared."""
 
-    name: str
     sql: str
     #: PostgreSQL: the prepared statement's name (a hash of its text), its text with ``$n`` marks, and
     #: the ``EXECUTE`` that runs it with the same parameters as :attr:`sql`.
@@ -75,16 +73,16 @@ class Query:
     params: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, name: str, sql: str, postgres: bool) -> "Query":
+    def of(cls, sql: str, postgres: bool) -> "Query":
         """``sql`` (``%(name)s`` marks, identifiers substituted) made ready for its dialect."""
         params = tuple(dict.fromkeys(_PARAM.findall(sql)))
         if not postgres:
-            return cls(name, _PARAM.sub(r":\1", sql), params=params)
+            return cls(_PARAM.sub(r":\1", sql), params=params)
         number = {param: n for n, param in enumerate(params, 1)}
         prepare = _PARAM.sub(lambda m: f"${number[m.group(1)]}", sql)
         prepared_name = PREFIX + hashlib.blake2b(prepare.encode(), digest_size=16).hexdigest()
         marks = f"({', '.join(f'%({p})s' for p in params)})" if params else ""
-        return cls(name, sql, prepared_name, prepare, f"EXECUTE {prepared_name}{marks}", params)
+        return cls(sql, prepared_name, prepare, f"EXECUTE {prepared_name}{marks}", params)
 
 
 def text_of(name: str, dialect: str) -> str:
@@ -106,7 +104,7 @@ def statement(model: Model, name: str, *, order_by: Optional[str] = None, writte
     key = (name, model, meta.table_name, meta.schema, type(db), order_by, tuple(written))
     found = _rendered.get(key)
     if found is None:
-        found = _rendered.setdefault(key, Query.of(name, render(model, name, order_by, written), is_postgres(db)))
+        found = _rendered.setdefault(key, Query.of(render(model, name, order_by, written), is_postgres(db)))
     return found
 
 
@@ -153,15 +151,8 @@ def run(model: Model, name: str, params: Mapping[str, Any], **identifiers: Any) 
 _ON = "_dramatiq_unique_prepares"
 
 _unpreparable: set[str] = set()
-
-
-class _Local(threading.local):
-    def __init__(self) -> None:
-        # Per connection: the names prepared on it (a new connection starts empty).
-        self.done: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
-
-
-_local = _Local()
+#: Per connection (each thread has its own): the names prepared on it (a new connection starts empty).
+_prepared: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 
 
 def enable(db: pw.Database, on: bool) -> None:
@@ -174,10 +165,8 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
     name = query.prepared_name
     if not getattr(db, _ON, False) or name in _unpreparable:
         return db.execute_sql(query.sql, params)
-    if name not in _done(db):
-        if db.in_transaction() or not _prepare(db, query):
-            return db.execute_sql(query.sql, params)  # a failed PREPARE would abort the caller's transaction
-        _done(db).add(name)  # on the connection it ran on: a reconnect may have replaced the one above
+    if name not in _done(db) and (db.in_transaction() or not _prepare(db, query)):
+        return db.execute_sql(query.sql, params)  # a failed PREPARE would abort the caller's transaction
     try:
         return db.execute_sql(query.execute_sql, params)
     except pw.DatabaseError as e:
@@ -185,28 +174,20 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
             raise
         # A pooler dropped it, or the database reconnected: prepare it again, once.
         _done(db).discard(name)
-        if not _prepare(db, query):
-            return db.execute_sql(query.sql, params)
-        _done(db).add(name)
-        return db.execute_sql(query.execute_sql, params)
+        return db.execute_sql(query.execute_sql if _prepare(db, query) else query.sql, params)
 
 
 def _done(db: pw.Database) -> "set[str]":
-    """The names prepared on this thread's current connection of ``db`` (a new connection has none)."""
-    conn = db.connection()
-    done = _local.done.get(conn)
-    if done is None:
-        done = _local.done[conn] = set()
-    return done
+    return _prepared.setdefault(db.connection(), set())
 
 
 def _prepare(db: pw.Database, query: Query) -> bool:
     try:
         db.execute_sql(f"PREPARE {query.prepared_name} AS {query.prepare_sql}")
-        return True
     except pw.DatabaseError as e:
-        if "already exists" in str(e):  # the same text, by its name
-            return True
-        if isinstance(e, pw.ProgrammingError):  # the statement itself (not the connection): for good
-            _unpreparable.add(query.prepared_name)
-        return False
+        if "already exists" not in str(e):  # else the same text, by its name
+            if isinstance(e, pw.ProgrammingError):  # the statement itself (not the connection): for good
+                _unpreparable.add(query.prepared_name)
+            return False
+    _done(db).add(query.prepared_name)  # on the connection it ran on: a reconnect may have replaced the last
+    return True

@@ -403,3 +403,21 @@ ALTER TABLE {jobs} ADD COLUMN IF NOT EXISTS "app" VARCHAR(255) NOT NULL DEFAULT 
 -- name: add_app_column (sqlite) --
 -- Add the app column to a job table of an earlier version: a constant default, so no rewrite of the table.
 ALTER TABLE {jobs} ADD COLUMN "app" VARCHAR(255) NOT NULL DEFAULT ''
+
+-- name: current_schema (postgresql) --
+-- The schema the job table is in: its own, or the first of the search_path, which peewee's reads of the
+-- catalog (get_columns, get_indexes) do not default to.
+SELECT COALESCE(%(schema)s, current_schema())
+
+-- name: current_schema (sqlite) --
+-- The schema the job table is in: its own, if it names one.
+SELECT %(schema)s
+
+-- name: versions_table (postgresql) --
+-- Whether the table of schema versions exists, in the schema the search_path resolves (peewee's
+-- table_exists looks in 'public').
+SELECT 1 WHERE to_regclass('dramatiq_unique_schema') IS NOT NULL
+
+-- name: versions_table (sqlite) --
+-- Whether the table of schema versions exists.
+SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'dramatiq_unique_schema'

@@ -4,6 +4,7 @@ alone would not (docs/discussions/how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from typing import Any, Callable, Optional
@@ -29,18 +30,16 @@ _ROLLBACK = re.compile(r"\s*(?:ROLLBACK|ABORT)(?:\s+(?:TRANSACTION|WORK))?\s*;?\
 _HEADS = frozenset(("SA", "RE", "RO", "AB"))
 
 
+@dataclasses.dataclass(eq=False)
 class _Journal:
     """What one thread's transaction on one Database holds for its commit, and its savepoints' marks."""
 
-    __slots__ = ("entries", "marks", "registered", "closed")
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[Flush, Any]] = []
-        #: (savepoint name, the journal's length when it began), oldest first.
-        self.marks: list[tuple[str, int]] = []
-        #: Its commit() waits among peewee's commit callbacks.
-        self.registered = False
-        self.closed = False
+    entries: list[tuple[Flush, Any]] = dataclasses.field(default_factory=list)
+    #: (savepoint name, the journal's length when it began), oldest first.
+    marks: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    #: Its commit() waits among peewee's commit callbacks.
+    registered: bool = False
+    closed: bool = False
 
     def commit(self) -> None:
         """After the transaction committed: each flush gets its items, in order.  Never raises: peewee
@@ -88,7 +87,6 @@ class _Journal:
 
 
 def _journal(db: pw.Database, *, create: bool) -> Optional[_Journal]:
-    """The journal of this thread's transaction on ``db`` (a new one if ``create``)."""
     state = db._state  # type: ignore[attr-defined]  # peewee's per-thread state: its commit callbacks
     journal: Optional[_Journal] = getattr(state, _JOURNAL, None)
     if journal is not None and (

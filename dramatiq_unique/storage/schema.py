@@ -12,6 +12,7 @@ from typing import Iterator, Optional
 import peewee as pw
 
 from dramatiq_unique.errors import SchemaOutOfDate
+from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.models import utcnow
 
 logger = logging.getLogger(__name__)
@@ -70,12 +71,8 @@ def table_key(model: type[pw.Model]) -> str:
 
 
 def where(model: type[pw.Model]) -> Optional[str]:
-    """The schema ``model``'s table is in: its own, or on PostgreSQL the first of the search_path, which
-    peewee's reads of the catalog (``get_columns``, ``get_indexes``) do not default to."""
-    db = model._meta.database
-    if isinstance(db, pw.PostgresqlDatabase):
-        return db.execute_sql("SELECT COALESCE(%s, current_schema())", [model._meta.schema]).fetchone()[0]
-    return model._meta.schema
+    """The schema ``model``'s table is in (queries.sql's ``current_schema``)."""
+    return queries.run(model, "current_schema", {"schema": model._meta.schema}).fetchone()[0]
 
 
 def columns(model: type[pw.Model]) -> set[str]:
@@ -103,15 +100,9 @@ def inferred(names: set[str], model: Optional[type[pw.Model]] = None) -> int:
 
 def recorded(model: type[pw.Model]) -> Optional[int]:
     """The version recorded for ``model``'s table in its store, if any."""
-    db = model._meta.database
-    # On PostgreSQL, in the schema the search_path resolves (peewee's table_exists looks in 'public').
-    if isinstance(db, pw.PostgresqlDatabase):
-        exists = db.execute_sql("SELECT to_regclass(%s)", [VERSIONS_TABLE]).fetchone()[0] is not None
-    else:
-        exists = VERSIONS_TABLE in db.get_tables()
-    if not exists:
+    if queries.run(model, "versions_table", {}).fetchone() is None:
         return None
-    with db.bind_ctx([VersionModel], bind_refs=False, bind_backrefs=False):
+    with model._meta.database.bind_ctx([VersionModel], bind_refs=False, bind_backrefs=False):
         row = VersionModel.get_or_none(VersionModel.table == table_key(model))
     return None if row is None else int(row.version)
 

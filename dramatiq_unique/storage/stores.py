@@ -120,9 +120,6 @@ class Stores:
     def model_in(self, model: type[M], index: int) -> type[M]:
         if index == 0:
             return model
-        found = self._models.get((model, index))
-        if found is not None:
-            return found
         if not 0 < index < len(self.databases):
             raise InvalidOption(f"a job names store {index}, but this process lists {len(self.databases)} "
                                 f"store(s): every process must list the same stores in the same order")

@@ -23,22 +23,15 @@ def _dashboard() -> Callable[..., Any]:
 
 def call_wsgi(app: Callable[..., Any], request: HttpRequest, path: str) -> HttpResponse:
     """``app``'s answer to ``request``, mounted where the URL's ``path`` begins."""
+    from werkzeug.test import run_wsgi_app  # Flask's, which the dashboard needs
+
     environ = dict(request.META)  # Django's WSGI environ (its test client makes one too)
     body = request.body
     environ.update({"SCRIPT_NAME": request.path[:len(request.path) - len(path)].rstrip("/"),
                     "PATH_INFO": "/" + path, "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body))})
-    started: dict[str, Any] = {}
-
-    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
-        started.update(status=int(status.split()[0]), headers=headers)
-
-    chunks = app(environ, start_response)
-    try:
-        content = b"".join(chunks)
-    finally:
-        getattr(chunks, "close", lambda: None)()
-    response = HttpResponse(content, status=started["status"])
-    for name, value in started["headers"]:
+    chunks, status, headers = run_wsgi_app(app, environ, buffered=True)
+    response = HttpResponse(b"".join(chunks), status=int(status.split()[0]))
+    for name, value in headers:
         if name.lower() == "set-cookie":
             response.cookies.load(value)
         else:

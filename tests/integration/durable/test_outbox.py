@@ -225,16 +225,16 @@ def test_a_send_from_another_thread_is_not_part_of_the_transaction(suite, broker
 def test_a_redrive_during_the_commit_window_does_not_send_twice(suite, broker, charge, monkeypatch):
     """Given rows committed but not yet published (as between the commit and the
     publish), a re-drive pass and the after-commit publish both try: one sends."""
-    from dramatiq_unique.durable.outbox import Outbox
+    from dramatiq_unique.durable import outbox
 
     calls = []
-    original = Outbox.publish
+    original = outbox.publish
 
-    def publish_after_a_redrive(self):
+    def publish_after_a_redrive(suite, items):
         calls.append(dramatiq_unique.redrive().sent)  # a pass gets there first
-        original(self)
+        original(suite, items)
 
-    monkeypatch.setattr(Outbox, "publish", publish_after_a_redrive)
+    monkeypatch.setattr(outbox, "publish", publish_after_a_redrive)
     with transaction():
         message = charge.send(1)
     assert calls == [1]

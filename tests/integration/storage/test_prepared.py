@@ -83,7 +83,7 @@ def test_jobs_run_and_record_with_prepared_statements_and_without(make_suite, br
 def test_a_statement_the_server_cannot_prepare_is_sent_as_text(make_suite):
     """Given a statement whose parameter type the server cannot infer, Then it is sent as text."""
     suite = make_suite()
-    query = queries.Query.of("untyped", "SELECT %(value)s IS NULL", postgres=True)
+    query = queries.Query.of("SELECT %(value)s IS NULL", postgres=True)
     assert queries.execute(suite.db, query, {"value": None}).fetchone() == (True,)
     assert queries.execute(suite.db, query, {"value": 1}).fetchone() == (False,)
     assert not prepared_here(suite)
@@ -193,9 +193,9 @@ def test_a_statement_has_the_same_prepared_name_in_every_process_whatever_their_
 
 def test_a_prepared_name_is_a_hash_of_the_exact_text():
     """Same text, same name, from any two renderings; a text differing by one character, another name."""
-    a = queries.Query.of("a", 'SELECT 1 FROM "t" WHERE "id" = %(id)s', postgres=True)
-    b = queries.Query.of("b", 'SELECT 1 FROM "t" WHERE "id" = %(id)s', postgres=True)
-    c = queries.Query.of("a", 'SELECT 1 FROM "u" WHERE "id" = %(id)s', postgres=True)
+    a = queries.Query.of('SELECT 1 FROM "t" WHERE "id" = %(id)s', postgres=True)
+    b = queries.Query.of('SELECT 1 FROM "t" WHERE "id" = %(id)s', postgres=True)
+    c = queries.Query.of('SELECT 1 FROM "u" WHERE "id" = %(id)s', postgres=True)
     assert a.prepared_name == b.prepared_name != c.prepared_name
     assert a.prepare_sql == 'SELECT 1 FROM "t" WHERE "id" = $1'
     assert a.execute_sql == f"EXECUTE {a.prepared_name}(%(id)s)"
