@@ -142,10 +142,6 @@ def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
         raise RedisUnavailable(f"listing {prefix}*: {e}") from e
 
 
-def _actor(unique_key: str) -> str:
-    return unique_key.rsplit(":", 1)[0]
-
-
 def locks(suite: "Suite") -> list[LockView]:
     """Held execution locks (``run``), then queue locks (``queue``): holder, time left, fencing
     token, waiters in order."""
@@ -160,7 +156,7 @@ def locks(suite: "Suite") -> list[LockView]:
 
 
 def _lock(suite: "Suite", kind: str, unique_key: str, left: float) -> LockView:
-    actor, group, run = _actor(unique_key), lock_group(unique_key), kind == "run"
+    actor, group, run = unique_key.rsplit(":", 1)[0], lock_group(unique_key), kind == "run"
     if run:
         holder = lock_holder(suite, actor, unique_key)
     else:  # the row holding the key while it waits
@@ -205,7 +201,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
     with guarded("reading the run-time limits"):
         kept = overrides.listing(suite)
     for key in known_groups(suite, kept):
-        name = _actor(key)
+        name = key.rsplit(":", 1)[0]
         config = suite.actor_config(name)
         if (actor is not None and name != actor) or (config is not None and not config.has_slots):
             continue

@@ -101,11 +101,6 @@ def derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[st
     return tuple(found)
 
 
-def _tokens(column: Any) -> Any:
-    """``column`` with every JSON separator made a comma: each value then sits between commas."""
-    return functools.reduce(lambda expr, sep: pw.fn.REPLACE(expr, sep, ","), _SEPARATORS, column)
-
-
 def _defaulted(suite: "Suite", actor: Optional[str], name: str) -> bool:
     """Whether an actor the key may be of gives parameter ``name`` a default (a row sent without it
     holds no value to find)."""
@@ -134,15 +129,16 @@ def sieve(suite: "Suite", table: type["JobModel"], key: Optional[str], actor: Op
         texts = ["," + "".join("," if c in _SEPARATORS else c for c in form) + "," for form in forms]
         if any(c in text for text in texts for c in "%_\\"):
             continue  # LIKE would read them as wildcards (and SQLite has no default escape)
-        cond &= functools.reduce(operator.or_, [_like(_tokens(column), text) for text in texts
+        cond &= functools.reduce(operator.or_, [_like(column, text) for text in texts
                                                 for column in (table.args, table.kwargs)])
     return cond
 
 
 def _like(column: Any, text: str) -> Any:
-    """``column LIKE '%text%'``, the text as it is (peewee would JSON-encode it for a JSON column,
-    and make SQLite's LIKE a GLOB)."""
-    return pw.NodeList((column, pw.SQL("LIKE"), pw.Value(f"%{text}%", converter=False)))
+    """``column`` with every JSON separator made a comma (each value then sits between commas) ``LIKE
+    '%text%'``, the text as it is (peewee would JSON-encode it for a JSON column, and make SQLite's LIKE a GLOB)."""
+    tokens = functools.reduce(lambda expr, sep: pw.fn.REPLACE(expr, sep, ","), _SEPARATORS, column)
+    return pw.NodeList((tokens, pw.SQL("LIKE"), pw.Value(f"%{text}%", converter=False)))
 
 
 def matches(suite: "Suite", row: "JobModel", key: str) -> bool:

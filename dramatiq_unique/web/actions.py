@@ -24,8 +24,6 @@ from dramatiq_unique.web.pages import current_suite, since
 
 #: The largest limit a form may set (a typo of many digits is refused, not stored).
 MAX_LIMIT = 1_000_000
-
-
 #: The longest ``next`` kept (a page's own path and query are far shorter).
 MAX_NEXT = 2_000
 
@@ -100,9 +98,7 @@ def _group_key() -> tuple[str, Any]:
 
 
 def requested_limit() -> Optional[int]:
-    """The limit the form asks for (None: ``default``); ValueError for anything else.  The view and
-    the action's name (:func:`_limit_action`) read it through this one function, so what the hook is
-    asked about is what is done."""
+    """The form's limit (None: ``default``), read alike by the view and :func:`_limit_action`."""
     return ops_actions.limit_value(request.form.get("limit", ""), MAX_LIMIT)
 
 

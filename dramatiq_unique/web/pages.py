@@ -179,7 +179,6 @@ class Bar:
     y: float
     width: float
     height: float
-    value: int
     label: str
 
 
@@ -203,7 +202,7 @@ def bars(values: Sequence[int], end: Optional[datetime] = None, width: int = WID
         high = 0.0 if value <= 0 else max(1.0, (height - 14) * value / peak)  # a non-zero minute stays visible
         label = f"{value} jobs" if end is None else f"{end - timedelta(minutes=count - index):%H:%M}: {value} jobs"
         laid.append(Bar(round(index * slot + GAP / 2, 1), round(height - high, 1), round(max(slot - GAP, 1), 1),
-                        round(high, 1), int(value), label))
+                        round(high, 1), label))
     return Chart(laid, peak, int(sum(values)), width, height)
 
 
@@ -211,7 +210,6 @@ def bars(values: Sequence[int], end: Optional[datetime] = None, width: int = WID
 class Span:
     """One attempt drawn on the timeline."""
 
-    attempt: int
     x: float
     width: float
     y: int
@@ -228,8 +226,7 @@ def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
         return []
     start = min(job.created_at or attempts[0][1], attempts[0][1])
     ends = [ended for _, _, ended in attempts if ended is not None]
-    open_end = now or utcnow()
-    end = max([*ends, job.finished_at or start, *([open_end] if len(ends) < len(attempts) else [])])
+    end = max([*ends, job.finished_at or start, *([now or utcnow()] if len(ends) < len(attempts) else [])])
     total = max((end - start).total_seconds(), 0.001)
     spans = []
     waited_from = start
@@ -237,7 +234,7 @@ def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
         # What the attempt waited for (since the job was created, or since the attempt before ended).
         waited = max((began - waited_from).total_seconds(), 0.0)
         if waited > 0:
-            spans.append(Span(attempt.attempt, round(TIMELINE_WIDTH * (waited_from - start).total_seconds() / total, 1),
+            spans.append(Span(round(TIMELINE_WIDTH * (waited_from - start).total_seconds() / total, 1),
                               round(max(TIMELINE_WIDTH * waited / total, 1.0), 1), row * 18, "a-wait",
                               f"attempt {attempt.attempt}: waited {waited * 1000:.0f} ms"))
         waited_from = ended or end
@@ -245,6 +242,6 @@ def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
         status = attempt.status or "other"
         css = "a-" + (status if status in ("succeeded", "failed", "retrying", "running") else "other")
         label = f"attempt {attempt.attempt}: {status}, {length * 1000:.0f} ms"
-        spans.append(Span(attempt.attempt, round(TIMELINE_WIDTH * (began - start).total_seconds() / total, 1),
+        spans.append(Span(round(TIMELINE_WIDTH * (began - start).total_seconds() / total, 1),
                           round(max(TIMELINE_WIDTH * length / total, 2.0), 1), row * 18, css, label))
     return spans
