@@ -5,7 +5,6 @@ rest say in a function how they print, in aligned columns of cut cells, times to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -14,7 +13,7 @@ import signal
 import threading
 from datetime import datetime, timedelta
 from operator import attrgetter
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from dramatiq_unique import ops
 from dramatiq_unique.cli.context import DATABASE_ENV, LINES, PREFIX_ENV, Context, Refused, Usage, load_app, visible
@@ -84,6 +83,9 @@ ACTOR = _option("--actor", "only this actor's jobs, groups or limits")
 SINCE = _option("--since", "created (the dead set: failed) since: 15m, 2h, 1d, or an ISO time (UTC)")
 KEY = _option("--key", "the key in words: customer=42 (quote a value to make it a string)")
 YES = _option("--yes", "do it without asking", action="store_true")
+#: The options of a bulk action but its last (the retry's --error, the cancel's --status).
+BULK_OPTIONS = (ACTOR, _option("--key", "the unique key in words: user=7 (the parameters unique_args names)"),
+                YES, SINCE)
 
 
 def _given(args: argparse.Namespace, options: Sequence[Option]) -> dict[str, Any]:
@@ -296,29 +298,22 @@ def _said(done: Outcome, what: str) -> str:
     return "\n".join(lines + [f"not done in {down}" for down in done.down])
 
 
-@contextlib.contextmanager
-def target_of(ctx: Context) -> Iterator[Target]:
-    """What the health commands look at, closed after them: the app with the schema check off (its tables
-    may be out of date: checked and migrated), else the environment's services as they are."""
-    if ctx.app:
-        with schema.tolerating_old():
-            ctx.suite, ctx.broker = load_app(ctx.app, ctx.path)
-        target: Optional[Target] = of_suite(ctx.suite)
-    else:
-        target = from_environment(key_prefix=ctx.env.get(PREFIX_ENV), environ=ctx.env)
-    if target is None:
-        raise Usage(f"give the app module (APP or --app), or set {DATABASE_ENV}")
-    try:
-        yield target
-    finally:
-        target.close()
-
-
 def health(report: Callable[..., int], help: str, options: tuple[Option, ...] = (), say: bool = False) -> Command:
-    """A health command: ``report(target, emit, **options)`` on what :func:`target_of` opens."""
+    """A health command: ``report(target, emit, **options)`` on the app with the schema check off (its tables
+    may be out of date: checked and migrated), else the environment's services as they are; closed after."""
     def run(ctx: Context, args: argparse.Namespace) -> int:
-        with target_of(ctx) as target:
+        if ctx.app:
+            with schema.tolerating_old():
+                ctx.suite, ctx.broker = load_app(ctx.app, ctx.path)
+            target: Optional[Target] = of_suite(ctx.suite)
+        else:
+            target = from_environment(key_prefix=ctx.env.get(PREFIX_ENV), environ=ctx.env)
+        if target is None:
+            raise Usage(f"give the app module (APP or --app), or set {DATABASE_ENV}")
+        try:
             return report(target, ctx.emit, **_given(args, options), **({"say": ctx.say} if say else {}))
+        finally:
+            target.close()
 
     return Command(report.__name__, help, run, options, load=False)
 
@@ -379,13 +374,6 @@ class _VisibleFormatter(logging.Formatter):
         return visible(super().format(record), keep=LINES)
 
 
-def _bulk_options(action: str) -> tuple[Option, ...]:
-    last = (_option("--error", "those whose error holds this text (any case): ConnectionError") if action == RETRY
-            else _option("--status", "pending, queued or retrying, or several comma-separated (default: all three)"))
-    key = _option("--key", "the unique key in words: user=7 (the parameters unique_args names)")
-    return ACTOR, key, YES, SINCE, last
-
-
 COMMANDS: dict[str, Command] = {c.name: c for c in (
     listing("jobs", "list jobs, newest first, a page at a time", ops.jobs,
             _columns("ref status actor key attempts created=created_at finished=finished_at"), "(no jobs)", (
@@ -419,9 +407,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             positionals=("ACTOR", "[KEY]", "N|halt|default"), writes=True),
     Command("prune", "delete the finished rows older than the retention now", prune, writes=True),
     Command("retry-all", "retry the dead set, or the dead jobs of an actor, key, error or time (asks first)",
-            bulk(RETRY), _bulk_options(RETRY), writes=True),
+            bulk(RETRY), (*BULK_OPTIONS, _option("--error", "those whose error holds this text (any case): "
+                                                 "ConnectionError")), writes=True),
     Command("cancel-all", "cancel every waiting job of an actor, key, status or time, or all of them (asks first)",
-            bulk(CANCEL), _bulk_options(CANCEL), writes=True),
+            bulk(CANCEL), (*BULK_OPTIONS, _option("--status", "pending, queued or retrying, or several "
+                                                  "comma-separated (default: all three)")), writes=True),
     health(commands.check, "health: databases and schema, Redis quorum, the last re-drive pass, stuck jobs (exit 0 "
            "ok, 1 warning, 2 critical)", (
                 _option("--probe-port", "serve the check as an HTTP probe on PORT", type=int, metavar="PORT"),
