@@ -64,14 +64,13 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
             db.connect(reuse_if_open=True)
             db.execute_sql("SELECT 1").fetchone()
         except pw.DatabaseError as e:
-            severity = CRITICAL if index == 0 else WARNING
-            detail = f"{name} does not answer: {_first_line(e)}"
-            findings.append(Finding("database", severity, detail, {"store": index}))
+            findings.append(Finding("database", CRITICAL if index == 0 else WARNING,
+                                    f"{name} does not answer: {_first_line(e)}", {"store": index}))
             if not db.in_transaction():
                 db.close()
-            continue
-        up.add(index)
-        findings.append(Finding("database", OK, f"{name} answers", {"store": index}))
+        else:
+            up.add(index)
+            findings.append(Finding("database", OK, f"{name} answers", {"store": index}))
     for index, model in schema_tables(target):
         if index not in up:
             continue
@@ -185,7 +184,6 @@ def run(
     target: Target, *, overdue_after: float = DEFAULT_OVERDUE_AFTER, max_pass_age: Optional[float] = None,
     recheck: float = DEFAULT_RECHECK,
 ) -> Report:
-    """Every finding (see the module docstring)."""
     findings, up = databases(target)
     redis_finding = redis_masters(target)
     findings.append(redis_finding)
