@@ -57,18 +57,6 @@ def _readings(selected: dict[str, Any], text: Callable[[Any], str]) -> list[dict
     return [dict(zip(selected, chosen, strict=True)) for chosen in itertools.product(*choices)]
 
 
-def candidate_keys(config: "ActorConfig", option: str, text: str) -> Optional[list[str]]:
-    """The hashed keys (``<actor>:<digest>``) whose words are ``text``, when ``option`` names
-    exactly those parameters; None when they cannot be derived (a callable, True, other names)."""
-    spec = config.options.get(option)
-    if not isinstance(spec, (list, tuple)):
-        return None
-    selected = parse(text)
-    if set(selected) != set(spec):
-        return None
-    return sorted({f"{config.actor_name}:{digest(canonical(v))}" for v in _readings(selected, value_text)})
-
-
 def normal(text: str) -> Any:
     try:
         return parse(text)
@@ -81,16 +69,16 @@ def derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[st
     None when some must be matched row by row (:func:`sieve`, :func:`matches`).  Without ``actor``,
     only the actors declared here can match: the rows of others show their hash."""
     try:
-        names = set(parse(key))
+        selected = parse(key)
     except ValueError:
         return None  # a callable's text or a hash: matched row by row
-    found: list[str] = []
+    names, found = set(selected), set()
     for config in [suite.actor_config(actor)] if actor else list(suite.actors.values()):
         if config is None:
             return None
-        keys = candidate_keys(config, "unique_args", key)
-        if keys is not None:
-            found += keys
+        spec = config.options.get("unique_args")
+        if isinstance(spec, (list, tuple)) and set(spec) == names:  # the hashed keys whose words these are
+            found |= {f"{config.actor_name}:{digest(canonical(v))}" for v in _readings(selected, value_text)}
             continue
         for option in ("unique_args", "concurrency_key"):
             spec = config.options.get(option)
@@ -98,7 +86,7 @@ def derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[st
                 return None
             if isinstance(spec, (list, tuple)) and set(spec) == names:
                 return None  # its rows may match by their slot group's key
-    return tuple(found)
+    return tuple(sorted(found))
 
 
 def _defaulted(suite: "Suite", actor: Optional[str], name: str) -> bool:
