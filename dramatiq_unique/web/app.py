@@ -58,7 +58,7 @@ def make_app(
     RedactPasswords.install()  # the dashboard may run in a process that has not called setup()
 
     app = Flask(__name__)  # its templates/ and static/ (at /static), by default
-    app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_TITLE=title, DU_PAGE_SIZE=page_size,
+    app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_PAGE_SIZE=page_size,
                       MAX_CONTENT_LENGTH=64 * 1024)  # our forms are tiny: a huge POST is refused early
     app.jinja_env.autoescape = True  # every template, whatever its name: job arguments are user data
     app.jinja_env.filters.update(pages.FILTERS)

@@ -45,11 +45,9 @@ def _basic_ok(setting: BasicAuth) -> bool:
     user, password = sent.username or "", sent.password or ""
     if callable(setting):
         return _granted("basic_auth check", setting, user, password)
-    want_user, want_password = setting
-    # Both compared, whatever the first gives, so the time does not tell which one was wrong.
-    user_ok = hmac.compare_digest(user.encode(), want_user.encode())
-    password_ok = hmac.compare_digest(password.encode(), want_password.encode())
-    return user_ok and password_ok
+    # Both compared (a list, not a short-circuit), so the time does not tell which one was wrong.
+    return all([hmac.compare_digest(user.encode(), setting[0].encode()),
+                hmac.compare_digest(password.encode(), setting[1].encode())])
 
 
 def _granted(what: str, check: Callable[..., object], *args: object) -> bool:
