@@ -263,9 +263,7 @@ def limits(suite: "Suite", *, actor: Optional[str] = None) -> list[OverrideView]
 
 
 def _words(suite: "Suite", kept: overrides.Override) -> str:
-    if kept.words:
-        return kept.words if kept.group else "(all)"
     config = suite.actor_config(kept.actor)
-    if not kept.group or (config is not None and config.options.get("concurrency_key") is None):
+    if not kept.group or (not kept.words and config is not None and config.options.get("concurrency_key") is None):
         return "(all)"
-    return short(kept.group)
+    return kept.words or short(kept.group)
