@@ -12,9 +12,8 @@ from typing import Callable, Optional, Sequence
 from dramatiq_unique.cli.commands import COMMANDS, Command, since
 from dramatiq_unique.cli.context import DATABASE_ENV, REDIS_ENV, Context, Refused, Usage, looks_like_app
 from dramatiq_unique.errors import DependencyUnavailable, DramatiqUniqueError, InvalidOption, JobNotFound, JobStateError
-from dramatiq_unique.ops.actions import limit_value
 
-__all__ = ["COMMANDS", "Command", "Context", "Refused", "Usage", "limit_value", "main", "since"]
+__all__ = ["COMMANDS", "Command", "Context", "Refused", "Usage", "main", "since"]
 
 EPILOG = ("Each command takes the app module first (package.module[:broker]), as dramatiq does; without it, "
           "DRAMATIQ_UNIQUE_DATABASE_URL and DRAMATIQ_UNIQUE_REDIS_URL open the jobs read-only. Exit codes: 0 done; "
