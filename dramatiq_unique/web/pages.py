@@ -191,19 +191,19 @@ class Chart:
     height: int = HEIGHT
 
 
-def bars(values: Sequence[int], end: Optional[datetime] = None, width: int = WIDTH, height: int = HEIGHT) -> Chart:
+def bars(values: Sequence[int], end: Optional[datetime] = None) -> Chart:
     """One bar per minute, the oldest first; ``end`` (naive UTC) is the end of the last minute,
     for the labels (``22:07: 41 jobs``)."""
     count = len(values)
     peak = max(values, default=0)
-    slot = width / count if count else width
+    slot = WIDTH / count if count else WIDTH
     laid = []
     for index, value in enumerate(values):
-        high = 0.0 if value <= 0 else max(1.0, (height - 14) * value / peak)  # a non-zero minute stays visible
+        high = 0.0 if value <= 0 else max(1.0, (HEIGHT - 14) * value / peak)  # a non-zero minute stays visible
         label = f"{value} jobs" if end is None else f"{end - timedelta(minutes=count - index):%H:%M}: {value} jobs"
-        laid.append(Bar(round(index * slot + GAP / 2, 1), round(height - high, 1), round(max(slot - GAP, 1), 1),
+        laid.append(Bar(round(index * slot + GAP / 2, 1), round(HEIGHT - high, 1), round(max(slot - GAP, 1), 1),
                         round(high, 1), label))
-    return Chart(laid, peak, int(sum(values)), width, height)
+    return Chart(laid, peak, int(sum(values)))
 
 
 @dataclass(frozen=True)
