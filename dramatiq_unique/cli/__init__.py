@@ -73,7 +73,7 @@ def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = N
         if cmd.writes and ctx.read_only:
             raise Refused(f"{cmd.name} changes state, and this suite comes from {DATABASE_ENV}/{REDIS_ENV} "
                           "(read-only): give the app module (APP or --app), which declares the actors")
-        return cmd.run(ctx, args)
+        return cmd.run(ctx, args) or 0
     except (*REFUSED, Usage, ValueError, DramatiqUniqueError) as e:
         ctx.say(f"{cmd.name}: {_what(e)}")
         # 2 for Usage and ValueError (InvalidOption is one: a bad limit or key for the actor); 1 for the

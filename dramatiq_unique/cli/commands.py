@@ -33,7 +33,8 @@ from dramatiq_unique.storage import migrations, schema
 
 logger = logging.getLogger(__name__)
 
-Run = Callable[[Context, argparse.Namespace], int]
+#: A command's work; it returns its exit code (None: 0).
+Run = Callable[[Context, argparse.Namespace], Optional[int]]
 #: An option: its flag and :meth:`argparse.ArgumentParser.add_argument`'s keywords.
 Option = tuple[str, dict[str, Any]]
 _AGO = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
@@ -144,7 +145,7 @@ def listing(
     options: tuple[Option, ...] = (), notes: Callable[[Any], list[str]] = lambda found: [],
 ) -> Command:
     """A command that prints what ``read(suite, **options)`` finds as a table (``--json``: as it is)."""
-    def run(ctx: Context, args: argparse.Namespace) -> int:
+    def run(ctx: Context, args: argparse.Namespace) -> None:
         found = read(ctx.load(), **_given(args, options))
         rows = found.rows if isinstance(found, Page) else found
 
@@ -153,7 +154,6 @@ def listing(
             return "\n".join([table([header for header, _ in columns], cells, empty=empty), *notes(found)])
 
         ctx.emit(found.as_dict() if isinstance(found, Page) else [row.as_dict() for row in rows], text)
-        return 0
 
     return Command(name, help, run, options)
 
@@ -170,7 +170,7 @@ def _slot_notes(groups: list[SlotGroupView]) -> list[str]:
     return notes
 
 
-def job(ctx: Context, args: argparse.Namespace) -> int:
+def job(ctx: Context, args: argparse.Namespace) -> None:
     view = ops.job(ctx.load(), args.words[0])
 
     def text() -> str:
@@ -193,10 +193,9 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
         return "\n".join(lines)
 
     ctx.emit(view.as_dict(), text)
-    return 0
 
 
-def stats(ctx: Context, args: argparse.Namespace) -> int:
+def stats(ctx: Context, args: argparse.Namespace) -> None:
     s = ops.stats(ctx.load(), minutes=args.minutes)
 
     def text() -> str:
@@ -216,22 +215,20 @@ def stats(ctx: Context, args: argparse.Namespace) -> int:
         return "\n".join(lines + [f"not read: {down}" for down in s.down])
 
     ctx.emit(s.as_dict(), text)
-    return 0
 
 
 def one_job(done: str, action: Callable[..., Any]) -> Run:
     """Retry or cancel one job, then show it as ``job`` does, in a line."""
-    def run(ctx: Context, args: argparse.Namespace) -> int:
+    def run(ctx: Context, args: argparse.Namespace) -> None:
         suite = ctx.load()
         view = ops.job(suite, action(args.words[0], suite=suite).message_id)
         ctx.emit(view.as_dict(), lambda: f"{done}: job {view.id} ({view.actor}) is {view.status}"
                  + (f"; {view.why}" if view.why else ""))
-        return 0
 
     return run
 
 
-def limit(ctx: Context, args: argparse.Namespace) -> int:
+def limit(ctx: Context, args: argparse.Namespace) -> None:
     words = args.words
     actor, key_text, value = words[0], (words[1] if len(words) == 3 else None), actions.limit_value(words[-1])
     suite = ctx.load()
@@ -250,19 +247,17 @@ def limit(ctx: Context, args: argparse.Namespace) -> int:
         ("declared", "none" if status.default is None else status.default),
         ("holders", status.holders), ("parked", status.parked),
     ]))
-    return 0
 
 
-def prune(ctx: Context, args: argparse.Namespace) -> int:
+def prune(ctx: Context, args: argparse.Namespace) -> None:
     suite = ctx.load()
     pruned = ops.prune(suite, ctx.broker or suite.broker)  # type: ignore[arg-type]
     ctx.emit({"pruned": pruned}, lambda: f"pruned {pruned} finished rows")
-    return 0
 
 
 def bulk(action: str) -> Run:
     """Count what ``action`` takes, ask, then do it."""
-    def run(ctx: Context, args: argparse.Namespace) -> int:
+    def run(ctx: Context, args: argparse.Namespace) -> None:
         suite = ctx.load()
         sel = actions.selection(suite, action, actor=args.actor, key=args.key, since=since(args.since),
                                 error=getattr(args, "error", None), status=getattr(args, "status", None))
@@ -274,12 +269,11 @@ def bulk(action: str) -> Run:
             ctx.say(f"{found.undeclared} {what} are of actors this app does not declare: left as they are")
         if not found.done:
             ctx.emit(found.as_dict(), lambda: f"no {what} to {action}")
-            return 0
+            return
         if not args.yes and not ctx.confirm(f"{action.capitalize()} {found.done:,} {what}?"):
             raise Refused("not confirmed: nothing was done (--yes does it without asking)")
         done = actions.BULK[action](suite, ctx.broker or suite.broker, sel)
         ctx.emit(done.as_dict(), lambda: _said(done, what))
-        return 0
 
     return run
 
@@ -318,7 +312,7 @@ def health(report: Callable[..., int], help: str, options: tuple[Option, ...] = 
     return Command(report.__name__, help, run, options, load=False)
 
 
-def redrive(ctx: Context, args: argparse.Namespace) -> int:
+def redrive(ctx: Context, args: argparse.Namespace) -> None:
     suite = ctx.load()
     broker = ctx.broker or suite.broker
     if args.once:
@@ -326,7 +320,7 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
         ran = counts.pop("ran")
         ctx.emit({"ran": ran, **counts}, lambda: "one pass: " + ", ".join(f"{n} {what}" for what, n in counts.items())
                  if ran else "another process is running a pass: this one did nothing")
-        return 0
+        return
     log_visibly()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -338,10 +332,9 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
             pass
     finally:
         scheduler.shutdown(wait=True)
-    return 0
 
 
-def web(ctx: Context, args: argparse.Namespace) -> int:
+def web(ctx: Context, args: argparse.Namespace) -> None:
     try:
         from dramatiq_unique.web import serve  # type: ignore[import-not-found,unused-ignore]  # the [web] extra
         from dramatiq_unique.web.app import AUTH_ENV, basic_auth_from_env, exposed  # type: ignore[import-not-found,unused-ignore]
@@ -356,7 +349,6 @@ def web(ctx: Context, args: argparse.Namespace) -> int:
                     f"set {AUTH_ENV}=user:password (basic auth), or give --read-only, or --allow-anonymous")
     log_visibly()
     serve(suite, host=args.host, port=args.port, read_only=read_only, allow_anonymous=args.allow_anonymous)
-    return 0
 
 
 def log_visibly() -> None:
