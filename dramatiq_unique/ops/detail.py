@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
@@ -15,9 +15,7 @@ from dramatiq_unique.ops.words import holding, why
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
 from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.suite import Suite
 
 #: Characters of a message id or id accepted (a longer "id" is garbage, not a lookup).
 MAX_ID = 64

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import redis as redis_lib
 
@@ -21,9 +21,7 @@ from dramatiq_unique.redis.keys import LOCK_PREFIX, glob_escape
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import GroupStatus, gate_of, group_key
 from dramatiq_unique.storage.models import JobModel, JobStatus
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import ActorConfig, Suite
+from dramatiq_unique.suite import ActorConfig, Suite
 
 #: Locks or slot groups one call lists at most.
 MAX_GROUPS = 500

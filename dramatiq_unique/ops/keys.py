@@ -11,7 +11,7 @@ import json
 import operator
 import types
 import typing
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import peewee as pw
 
@@ -20,11 +20,9 @@ from dramatiq_unique.ops import held
 from dramatiq_unique.ops.words import row_key, value_text
 from dramatiq_unique.parking.groups import whole_actor
 from dramatiq_unique.slots.limits import key_group, key_words
+from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.suite import ActorConfig, Suite
 from dramatiq_unique.unique.keys import _signature, canonical, digest
-
-if TYPE_CHECKING:
-    from dramatiq_unique.storage.models import JobModel
-    from dramatiq_unique.suite import ActorConfig, Suite
 
 #: What names the actor's own limit.
 ALL = "(all)"

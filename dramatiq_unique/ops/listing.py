@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import peewee as pw
 
@@ -19,9 +19,7 @@ from dramatiq_unique.ops.views import JobRow, Page
 from dramatiq_unique.ops.words import first_line, row_key
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.storage.stores import base_of
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.suite import Suite
 
 #: Rows a page holds unless told otherwise, and at most.
 DEFAULT_LIMIT = 50

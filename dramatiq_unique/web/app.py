@@ -10,7 +10,7 @@ import ipaddress
 import logging
 import os
 import secrets
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import redis as redis_lib
 import waitress.server  # type: ignore[import-untyped]
@@ -20,11 +20,9 @@ from werkzeug.exceptions import HTTPException
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
+from dramatiq_unique.suite import Suite
 from dramatiq_unique.web import actions, pages, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, check_access, csrf_token, set_cookie
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
 

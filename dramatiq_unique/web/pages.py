@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from flask import abort, current_app, g, render_template, request
 
@@ -17,12 +17,10 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import JobNotFound
 from dramatiq_unique.ops import words
 from dramatiq_unique.ops.detail import moment
+from dramatiq_unique.ops.views import JobView
 from dramatiq_unique.ops.words import MAX_DETAIL
 from dramatiq_unique.storage.models import WAITING, JobStatus, utcnow
-
-if TYPE_CHECKING:
-    from dramatiq_unique.ops.views import JobView
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.suite import Suite
 
 #: ``?since=`` choices of the jobs page.
 SINCE = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -106,8 +104,7 @@ def job(ref: str) -> str:
         view = ops.job(current_suite(), ref)
     except (JobNotFound, ValueError):  # ValueError: ``ref`` cannot be an id
         abort(404, f"no job {ref}")
-    return render_template("job.html", job=view, timeline=timeline(view), waiting=WAITING,
-                           done=_done())
+    return render_template("job.html", job=view, timeline=timeline(view), waiting=WAITING, done=_done())
 
 
 def locks() -> str:
