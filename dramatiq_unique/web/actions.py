@@ -123,10 +123,7 @@ def _limit_action() -> str:
 
 def limit(halt: bool = False) -> Response:
     actor, key = _group_key()
-    try:
-        value = 0 if halt else requested_limit()
-    except ValueError as e:
-        abort(400, str(e))
+    value = 0 if halt else _refused(requested_limit)
     _refused(lambda: set_group_limit(actor, key.group, value, suite=current_suite(), words=key.words, key=key.key))
     return _back("default" if value is None else ("halted" if value == 0 else "limit"), url_for("slots"))
 
@@ -136,9 +133,7 @@ FIELDS = {RETRY: ("actor", "error"), CANCEL: ("actor", "key", "status", "since")
 
 
 def _selection(action: str, found: dict[str, Any]) -> Selection:
-    return _refused(lambda: ops_actions.selection(
-        current_suite(), action, actor=found.get("actor"), key=found.get("key"), since=since(found),
-        error=found.get("error"), status=found.get("status")))
+    return _refused(lambda: ops_actions.selection(current_suite(), action, **{**found, "since": since(found)}))
 
 
 def confirm(action: str) -> str:
