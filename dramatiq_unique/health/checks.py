@@ -126,16 +126,11 @@ def last_pass(target: Target, max_age: Optional[float] = None) -> Optional[Findi
     return None
 
 
-def retry_overdue_after(target: Target) -> float:
-    """ms after it was due that a retrying row is reported: a lost retry is sent ``lost_after`` after it was
-    due, at the re-drive's next pass or the one after."""
-    return target.lost_after + 2 * target.redrive_interval
-
-
 def overdue(target: Target, up: set[int], overdue_after: float = DEFAULT_OVERDUE_AFTER) -> list[Finding]:
     findings = []
     cutoff = after_ms(-overdue_after)
-    retry_after = min(overdue_after, retry_overdue_after(target))
+    # A lost retry is sent lost_after after it was due, at the re-drive's next pass or the one after.
+    retry_after = min(overdue_after, target.lost_after + 2 * target.redrive_interval)
     retry_cutoff = after_ms(-retry_after)
     for index, model in tables(target):
         if index not in up:

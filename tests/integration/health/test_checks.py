@@ -193,10 +193,10 @@ def test_a_retry_overdue_by_lost_after_and_two_passes_is_reported(suite, broker)
     dramatiq.actor(lambda n: n, broker=broker, actor_name="job", track=True)
     redrive(broker, suite=suite)
     target = of_suite(suite)
-    assert checks.retry_overdue_after(target) == suite.settings.lost_after + 2 * suite.settings.redrive_interval
     late = _row(suite, status="retrying", process_after=utcnow() - timedelta(seconds=100))
     _row(suite, status="retrying", process_after=utcnow() - timedelta(seconds=30))
     _row(suite, status="queued", process_after=utcnow() - timedelta(seconds=100))  # a backlog: not yet
     (finding,) = _by(checks.run(target, recheck=10), "overdue")
     assert finding.severity == checks.WARNING and finding.data["kind"] == "retrying"
     assert finding.data["ids"] == [late.id] and "more than 70 s ago" in finding.detail
+    assert finding.data["overdue_after_ms"] == suite.settings.lost_after + 2 * suite.settings.redrive_interval
