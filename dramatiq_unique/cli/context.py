@@ -41,7 +41,9 @@ def visible(text: str, *, keep: str = "", json: bool = False) -> str:
         # With json: the \u escape JSON writes (a pair of surrogates past U+FFFF).
         return jsonlib.dumps(c)[1:-1] if json else c.encode("unicode_escape").decode("ascii")
 
-    return text if text.isprintable() else "".join(map(shown, text))
+    if text.isprintable() or all(c.isprintable() or c in keep for c in text):
+        return text
+    return "".join(map(shown, text))
 
 
 class Refused(DramatiqUniqueError):
