@@ -353,9 +353,7 @@ def web(ctx: Context, args: argparse.Namespace) -> None:
 
 def log_visibly() -> None:
     """Log lines to the terminal, any control character of a job's data written out; unless the app
-    configured logging itself (its handlers are left as they are)."""
-    if logging.getLogger().handlers:
-        return
+    configured logging itself (basicConfig leaves a root logger with handlers as it is)."""
     handler = logging.StreamHandler()
     handler.setFormatter(_VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
