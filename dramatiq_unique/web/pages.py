@@ -140,6 +140,8 @@ cell = functools.partial(words.one_line, most=MAX_CELL)
 WIDTH, HEIGHT, GAP = 600, 120, 2
 #: Width of the attempts timeline, px; attempts beyond the last :data:`MAX_ATTEMPTS` are not drawn.
 TIMELINE_WIDTH, MAX_ATTEMPTS = 600, 50
+#: Height of an attempt's span, px (a row is 18).
+SPAN_HEIGHT = 14
 
 
 def detail(value: Any) -> str:
@@ -171,17 +173,20 @@ FILTERS: dict[str, Callable[..., Any]] = {
 
 
 @dataclass(frozen=True)
-class Bar:
+class Rect:
+    """A bar of the overview's chart, or an attempt's wait or run on a job's timeline (``css`` its class)."""
+
     x: float
     y: float
     width: float
     height: float
     label: str
+    css: str = "bar"
 
 
 @dataclass(frozen=True)
 class Chart:
-    bars: list[Bar]
+    bars: list[Rect]
     peak: int
     total: int
     width: int = WIDTH
@@ -198,23 +203,12 @@ def bars(values: Sequence[int], end: Optional[datetime] = None) -> Chart:
     for index, value in enumerate(values):
         high = 0.0 if value <= 0 else max(1.0, (HEIGHT - 14) * value / peak)  # a non-zero minute stays visible
         label = f"{value} jobs" if end is None else f"{end - timedelta(minutes=count - index):%H:%M}: {value} jobs"
-        laid.append(Bar(round(index * slot + GAP / 2, 1), round(HEIGHT - high, 1), round(max(slot - GAP, 1), 1),
+        laid.append(Rect(round(index * slot + GAP / 2, 1), round(HEIGHT - high, 1), round(max(slot - GAP, 1), 1),
                         round(high, 1), label))
     return Chart(laid, peak, int(sum(values)))
 
 
-@dataclass(frozen=True)
-class Span:
-    """One attempt drawn on the timeline."""
-
-    x: float
-    width: float
-    y: int
-    css: str
-    label: str
-
-
-def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
+def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Rect]:
     """The job's attempts laid out on one time axis, from its creation to its end (or now): for
     each, the time it waited (``a-wait``) and the time it ran (coloured by its outcome)."""
     timed = [(a, moment(a.started_at), moment(a.finished_at)) for a in job.history]
@@ -231,14 +225,14 @@ def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
         # What the attempt waited for (since the job was created, or since the attempt before ended).
         waited = max((began - waited_from).total_seconds(), 0.0)
         if waited > 0:
-            spans.append(Span(round(TIMELINE_WIDTH * (waited_from - start).total_seconds() / total, 1),
-                              round(max(TIMELINE_WIDTH * waited / total, 1.0), 1), row * 18, "a-wait",
-                              f"attempt {attempt.attempt}: waited {waited * 1000:.0f} ms"))
+            spans.append(Rect(round(TIMELINE_WIDTH * (waited_from - start).total_seconds() / total, 1), row * 18,
+                              round(max(TIMELINE_WIDTH * waited / total, 1.0), 1), SPAN_HEIGHT,
+                              f"attempt {attempt.attempt}: waited {waited * 1000:.0f} ms", "a-wait"))
         waited_from = ended or end
         length = max(((ended or end) - began).total_seconds(), 0.0)
         status = attempt.status or "other"
         css = "a-" + (status if status in ("succeeded", "failed", "retrying", "running") else "other")
         label = f"attempt {attempt.attempt}: {status}, {length * 1000:.0f} ms"
-        spans.append(Span(round(TIMELINE_WIDTH * (began - start).total_seconds() / total, 1),
-                          round(max(TIMELINE_WIDTH * length / total, 2.0), 1), row * 18, css, label))
+        spans.append(Rect(round(TIMELINE_WIDTH * (began - start).total_seconds() / total, 1), row * 18,
+                          round(max(TIMELINE_WIDTH * length / total, 2.0), 1), SPAN_HEIGHT, label, css))
     return spans
