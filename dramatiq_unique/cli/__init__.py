@@ -68,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = N
         app, args.words = (None, args.words) if args.app else split_words(
             cmd, args.words, lambda word: looks_like_app(word, args.path))
         ctx.app, ctx.path, ctx.json = args.app or app, args.path, args.json
-        if cmd.load:
+        if cmd.writes:  # loaded first: whether the suite is read-only is known once it is
             ctx.load()
         if cmd.writes and ctx.read_only:
             raise Refused(f"{cmd.name} changes state, and this suite comes from {DATABASE_ENV}/{REDIS_ENV} "

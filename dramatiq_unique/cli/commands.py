@@ -54,8 +54,6 @@ class Command:
     positionals: tuple[str, ...] = ()
     #: Changes state: refused without the app (a suite from the environment is read-only).
     writes: bool = False
-    #: Load the suite before ``run`` (False: the command loads what it looks at itself).
-    load: bool = True
 
 
 def since(text: Optional[str]) -> Optional[datetime]:
@@ -309,7 +307,7 @@ def health(report: Callable[..., int], help: str, options: tuple[Option, ...] = 
         finally:
             target.close()
 
-    return Command(report.__name__, help, run, options, load=False)
+    return Command(report.__name__, help, run, options)
 
 
 def redrive(ctx: Context, args: argparse.Namespace) -> None:
@@ -428,5 +426,5 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
                 _option("--port", "port (default 8080)", type=int, default=8080),
                 _option("--read-only", "no actions (always so without the app)", action="store_true"),
                 _option("--allow-anonymous", "on an address other than loopback, serve the actions without basic "
-                        "auth", action="store_true")), load=False),
+                        "auth", action="store_true"))),
 )}
