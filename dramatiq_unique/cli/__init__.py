@@ -12,9 +12,8 @@ from typing import Callable, Optional, Sequence
 from dramatiq_unique.cli.commands import COMMANDS, Command, since
 from dramatiq_unique.cli.context import DATABASE_ENV, REDIS_ENV, Context, Refused, Usage, looks_like_app
 from dramatiq_unique.errors import DependencyUnavailable, DramatiqUniqueError, InvalidOption, JobNotFound, JobStateError
-from dramatiq_unique.ops.actions import limit_value
 
-__all__ = ["COMMANDS", "Command", "Context", "Refused", "Usage", "limit_value", "main", "since"]
+__all__ = ["COMMANDS", "Command", "Context", "Refused", "Usage", "main", "since"]
 
 EPILOG = ("Each command takes the app module first (package.module[:broker]), as dramatiq does; without it, "
           "DRAMATIQ_UNIQUE_DATABASE_URL and DRAMATIQ_UNIQUE_REDIS_URL open the jobs read-only. Exit codes: 0 done; "
@@ -69,12 +68,12 @@ def main(argv: Optional[Sequence[str]] = None, *, context: Optional[Context] = N
         app, args.words = (None, args.words) if args.app else split_words(
             cmd, args.words, lambda word: looks_like_app(word, args.path))
         ctx.app, ctx.path, ctx.json = args.app or app, args.path, args.json
-        if cmd.load:
+        if cmd.writes:  # loaded first: whether the suite is read-only is known once it is
             ctx.load()
         if cmd.writes and ctx.read_only:
             raise Refused(f"{cmd.name} changes state, and this suite comes from {DATABASE_ENV}/{REDIS_ENV} "
                           "(read-only): give the app module (APP or --app), which declares the actors")
-        return cmd.run(ctx, args)
+        return cmd.run(ctx, args) or 0
     except (*REFUSED, Usage, ValueError, DramatiqUniqueError) as e:
         ctx.say(f"{cmd.name}: {_what(e)}")
         # 2 for Usage and ValueError (InvalidOption is one: a bad limit or key for the actor); 1 for the

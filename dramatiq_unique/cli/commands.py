@@ -5,7 +5,6 @@ rest say in a function how they print, in aligned columns of cut cells, times to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -14,7 +13,7 @@ import signal
 import threading
 from datetime import datetime, timedelta
 from operator import attrgetter
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from dramatiq_unique import ops
 from dramatiq_unique.cli.context import DATABASE_ENV, LINES, PREFIX_ENV, Context, Refused, Usage, load_app, visible
@@ -34,7 +33,8 @@ from dramatiq_unique.storage import migrations, schema
 
 logger = logging.getLogger(__name__)
 
-Run = Callable[[Context, argparse.Namespace], int]
+#: A command's work; it returns its exit code (None: 0).
+Run = Callable[[Context, argparse.Namespace], Optional[int]]
 #: An option: its flag and :meth:`argparse.ArgumentParser.add_argument`'s keywords.
 Option = tuple[str, dict[str, Any]]
 _AGO = re.compile(r"^(\d+)\s*(ms|s|m|h|d)$")
@@ -54,8 +54,6 @@ class Command:
     positionals: tuple[str, ...] = ()
     #: Changes state: refused without the app (a suite from the environment is read-only).
     writes: bool = False
-    #: Load the suite before ``run`` (False: the command loads what it looks at itself).
-    load: bool = True
 
 
 def since(text: Optional[str]) -> Optional[datetime]:
@@ -84,6 +82,9 @@ ACTOR = _option("--actor", "only this actor's jobs, groups or limits")
 SINCE = _option("--since", "created (the dead set: failed) since: 15m, 2h, 1d, or an ISO time (UTC)")
 KEY = _option("--key", "the key in words: customer=42 (quote a value to make it a string)")
 YES = _option("--yes", "do it without asking", action="store_true")
+#: The options of a bulk action but its last (the retry's --error, the cancel's --status).
+BULK_OPTIONS = (ACTOR, _option("--key", "the unique key in words: user=7 (the parameters unique_args names)"),
+                YES, SINCE)
 
 
 def _given(args: argparse.Namespace, options: Sequence[Option]) -> dict[str, Any]:
@@ -142,7 +143,7 @@ def listing(
     options: tuple[Option, ...] = (), notes: Callable[[Any], list[str]] = lambda found: [],
 ) -> Command:
     """A command that prints what ``read(suite, **options)`` finds as a table (``--json``: as it is)."""
-    def run(ctx: Context, args: argparse.Namespace) -> int:
+    def run(ctx: Context, args: argparse.Namespace) -> None:
         found = read(ctx.load(), **_given(args, options))
         rows = found.rows if isinstance(found, Page) else found
 
@@ -151,7 +152,6 @@ def listing(
             return "\n".join([table([header for header, _ in columns], cells, empty=empty), *notes(found)])
 
         ctx.emit(found.as_dict() if isinstance(found, Page) else [row.as_dict() for row in rows], text)
-        return 0
 
     return Command(name, help, run, options)
 
@@ -168,7 +168,7 @@ def _slot_notes(groups: list[SlotGroupView]) -> list[str]:
     return notes
 
 
-def job(ctx: Context, args: argparse.Namespace) -> int:
+def job(ctx: Context, args: argparse.Namespace) -> None:
     view = ops.job(ctx.load(), args.words[0])
 
     def text() -> str:
@@ -191,10 +191,9 @@ def job(ctx: Context, args: argparse.Namespace) -> int:
         return "\n".join(lines)
 
     ctx.emit(view.as_dict(), text)
-    return 0
 
 
-def stats(ctx: Context, args: argparse.Namespace) -> int:
+def stats(ctx: Context, args: argparse.Namespace) -> None:
     s = ops.stats(ctx.load(), minutes=args.minutes)
 
     def text() -> str:
@@ -214,22 +213,20 @@ def stats(ctx: Context, args: argparse.Namespace) -> int:
         return "\n".join(lines + [f"not read: {down}" for down in s.down])
 
     ctx.emit(s.as_dict(), text)
-    return 0
 
 
 def one_job(done: str, action: Callable[..., Any]) -> Run:
     """Retry or cancel one job, then show it as ``job`` does, in a line."""
-    def run(ctx: Context, args: argparse.Namespace) -> int:
+    def run(ctx: Context, args: argparse.Namespace) -> None:
         suite = ctx.load()
         view = ops.job(suite, action(args.words[0], suite=suite).message_id)
         ctx.emit(view.as_dict(), lambda: f"{done}: job {view.id} ({view.actor}) is {view.status}"
                  + (f"; {view.why}" if view.why else ""))
-        return 0
 
     return run
 
 
-def limit(ctx: Context, args: argparse.Namespace) -> int:
+def limit(ctx: Context, args: argparse.Namespace) -> None:
     words = args.words
     actor, key_text, value = words[0], (words[1] if len(words) == 3 else None), actions.limit_value(words[-1])
     suite = ctx.load()
@@ -248,19 +245,17 @@ def limit(ctx: Context, args: argparse.Namespace) -> int:
         ("declared", "none" if status.default is None else status.default),
         ("holders", status.holders), ("parked", status.parked),
     ]))
-    return 0
 
 
-def prune(ctx: Context, args: argparse.Namespace) -> int:
+def prune(ctx: Context, args: argparse.Namespace) -> None:
     suite = ctx.load()
     pruned = ops.prune(suite, ctx.broker or suite.broker)  # type: ignore[arg-type]
     ctx.emit({"pruned": pruned}, lambda: f"pruned {pruned} finished rows")
-    return 0
 
 
 def bulk(action: str) -> Run:
     """Count what ``action`` takes, ask, then do it."""
-    def run(ctx: Context, args: argparse.Namespace) -> int:
+    def run(ctx: Context, args: argparse.Namespace) -> None:
         suite = ctx.load()
         sel = actions.selection(suite, action, actor=args.actor, key=args.key, since=since(args.since),
                                 error=getattr(args, "error", None), status=getattr(args, "status", None))
@@ -272,12 +267,11 @@ def bulk(action: str) -> Run:
             ctx.say(f"{found.undeclared} {what} are of actors this app does not declare: left as they are")
         if not found.done:
             ctx.emit(found.as_dict(), lambda: f"no {what} to {action}")
-            return 0
+            return
         if not args.yes and not ctx.confirm(f"{action.capitalize()} {found.done:,} {what}?"):
             raise Refused("not confirmed: nothing was done (--yes does it without asking)")
         done = actions.BULK[action](suite, ctx.broker or suite.broker, sel)
         ctx.emit(done.as_dict(), lambda: _said(done, what))
-        return 0
 
     return run
 
@@ -296,34 +290,27 @@ def _said(done: Outcome, what: str) -> str:
     return "\n".join(lines + [f"not done in {down}" for down in done.down])
 
 
-@contextlib.contextmanager
-def target_of(ctx: Context) -> Iterator[Target]:
-    """What the health commands look at, closed after them: the app with the schema check off (its tables
-    may be out of date: checked and migrated), else the environment's services as they are."""
-    if ctx.app:
-        with schema.tolerating_old():
-            ctx.suite, ctx.broker = load_app(ctx.app, ctx.path)
-        target: Optional[Target] = of_suite(ctx.suite)
-    else:
-        target = from_environment(key_prefix=ctx.env.get(PREFIX_ENV), environ=ctx.env)
-    if target is None:
-        raise Usage(f"give the app module (APP or --app), or set {DATABASE_ENV}")
-    try:
-        yield target
-    finally:
-        target.close()
-
-
 def health(report: Callable[..., int], help: str, options: tuple[Option, ...] = (), say: bool = False) -> Command:
-    """A health command: ``report(target, emit, **options)`` on what :func:`target_of` opens."""
+    """A health command: ``report(target, emit, **options)`` on the app with the schema check off (its tables
+    may be out of date: checked and migrated), else the environment's services as they are; closed after."""
     def run(ctx: Context, args: argparse.Namespace) -> int:
-        with target_of(ctx) as target:
+        if ctx.app:
+            with schema.tolerating_old():
+                ctx.suite, ctx.broker = load_app(ctx.app, ctx.path)
+            target: Optional[Target] = of_suite(ctx.suite)
+        else:
+            target = from_environment(key_prefix=ctx.env.get(PREFIX_ENV), environ=ctx.env)
+        if target is None:
+            raise Usage(f"give the app module (APP or --app), or set {DATABASE_ENV}")
+        try:
             return report(target, ctx.emit, **_given(args, options), **({"say": ctx.say} if say else {}))
+        finally:
+            target.close()
 
-    return Command(report.__name__, help, run, options, load=False)
+    return Command(report.__name__, help, run, options)
 
 
-def redrive(ctx: Context, args: argparse.Namespace) -> int:
+def redrive(ctx: Context, args: argparse.Namespace) -> None:
     suite = ctx.load()
     broker = ctx.broker or suite.broker
     if args.once:
@@ -331,7 +318,7 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
         ran = counts.pop("ran")
         ctx.emit({"ran": ran, **counts}, lambda: "one pass: " + ", ".join(f"{n} {what}" for what, n in counts.items())
                  if ran else "another process is running a pass: this one did nothing")
-        return 0
+        return
     log_visibly()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -343,10 +330,9 @@ def redrive(ctx: Context, args: argparse.Namespace) -> int:
             pass
     finally:
         scheduler.shutdown(wait=True)
-    return 0
 
 
-def web(ctx: Context, args: argparse.Namespace) -> int:
+def web(ctx: Context, args: argparse.Namespace) -> None:
     try:
         from dramatiq_unique.web import serve  # type: ignore[import-not-found,unused-ignore]  # the [web] extra
         from dramatiq_unique.web.app import AUTH_ENV, basic_auth_from_env, exposed  # type: ignore[import-not-found,unused-ignore]
@@ -361,14 +347,11 @@ def web(ctx: Context, args: argparse.Namespace) -> int:
                     f"set {AUTH_ENV}=user:password (basic auth), or give --read-only, or --allow-anonymous")
     log_visibly()
     serve(suite, host=args.host, port=args.port, read_only=read_only, allow_anonymous=args.allow_anonymous)
-    return 0
 
 
 def log_visibly() -> None:
     """Log lines to the terminal, any control character of a job's data written out; unless the app
-    configured logging itself (its handlers are left as they are)."""
-    if logging.getLogger().handlers:
-        return
+    configured logging itself (basicConfig leaves a root logger with handlers as it is)."""
     handler = logging.StreamHandler()
     handler.setFormatter(_VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
@@ -377,13 +360,6 @@ def log_visibly() -> None:
 class _VisibleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return visible(super().format(record), keep=LINES)
-
-
-def _bulk_options(action: str) -> tuple[Option, ...]:
-    last = (_option("--error", "those whose error holds this text (any case): ConnectionError") if action == RETRY
-            else _option("--status", "pending, queued or retrying, or several comma-separated (default: all three)"))
-    key = _option("--key", "the unique key in words: user=7 (the parameters unique_args names)")
-    return ACTOR, key, YES, SINCE, last
 
 
 COMMANDS: dict[str, Command] = {c.name: c for c in (
@@ -419,9 +395,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             positionals=("ACTOR", "[KEY]", "N|halt|default"), writes=True),
     Command("prune", "delete the finished rows older than the retention now", prune, writes=True),
     Command("retry-all", "retry the dead set, or the dead jobs of an actor, key, error or time (asks first)",
-            bulk(RETRY), _bulk_options(RETRY), writes=True),
+            bulk(RETRY), (*BULK_OPTIONS, _option("--error", "those whose error holds this text (any case): "
+                                                 "ConnectionError")), writes=True),
     Command("cancel-all", "cancel every waiting job of an actor, key, status or time, or all of them (asks first)",
-            bulk(CANCEL), _bulk_options(CANCEL), writes=True),
+            bulk(CANCEL), (*BULK_OPTIONS, _option("--status", "pending, queued or retrying, or several "
+                                                  "comma-separated (default: all three)")), writes=True),
     health(commands.check, "health: databases and schema, Redis quorum, the last re-drive pass, stuck jobs (exit 0 "
            "ok, 1 warning, 2 critical)", (
                 _option("--probe-port", "serve the check as an HTTP probe on PORT", type=int, metavar="PORT"),
@@ -448,5 +426,5 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
                 _option("--port", "port (default 8080)", type=int, default=8080),
                 _option("--read-only", "no actions (always so without the app)", action="store_true"),
                 _option("--allow-anonymous", "on an address other than loopback, serve the actions without basic "
-                        "auth", action="store_true")), load=False),
+                        "auth", action="store_true"))),
 )}

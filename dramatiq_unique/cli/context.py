@@ -35,17 +35,15 @@ def visible(text: str, *, keep: str = "", json: bool = False) -> str:
     """``text`` with every character a terminal would act on rather than show (``str.isprintable``:
     ESC, C1, CR, backspace, bidi overrides) written out as an escape, but those in ``keep``;
     ``json=True``: as JSON escapes (``json.dumps`` leaves DEL, C1 and bidi characters raw)."""
+    def shown(c: str) -> str:
+        if c.isprintable() or c in keep:
+            return c
+        # With json: the \u escape JSON writes (a pair of surrogates past U+FFFF).
+        return jsonlib.dumps(c)[1:-1] if json else c.encode("unicode_escape").decode("ascii")
+
     if text.isprintable() or all(c.isprintable() or c in keep for c in text):
         return text
-    out = []
-    for c in text:
-        if c.isprintable() or c in keep:
-            out.append(c)
-        elif json:  # its \u escape (a pair of surrogates past U+FFFF), as JSON writes it
-            out.append(jsonlib.dumps(c)[1:-1])
-        else:
-            out.append(c.encode("unicode_escape").decode("ascii"))
-    return "".join(out)
+    return "".join(map(shown, text))
 
 
 class Refused(DramatiqUniqueError):

@@ -64,14 +64,13 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
             db.connect(reuse_if_open=True)
             db.execute_sql("SELECT 1").fetchone()
         except pw.DatabaseError as e:
-            severity = CRITICAL if index == 0 else WARNING
-            detail = f"{name} does not answer: {_first_line(e)}"
-            findings.append(Finding("database", severity, detail, {"store": index}))
+            findings.append(Finding("database", CRITICAL if index == 0 else WARNING,
+                                    f"{name} does not answer: {_first_line(e)}", {"store": index}))
             if not db.in_transaction():
                 db.close()
-            continue
-        up.add(index)
-        findings.append(Finding("database", OK, f"{name} answers", {"store": index}))
+        else:
+            up.add(index)
+            findings.append(Finding("database", OK, f"{name} answers", {"store": index}))
     for index, model in schema_tables(target):
         if index not in up:
             continue
@@ -127,16 +126,11 @@ def last_pass(target: Target, max_age: Optional[float] = None) -> Optional[Findi
     return None
 
 
-def retry_overdue_after(target: Target) -> float:
-    """ms after it was due that a retrying row is reported: a lost retry is sent ``lost_after`` after it was
-    due, at the re-drive's next pass or the one after."""
-    return target.lost_after + 2 * target.redrive_interval
-
-
 def overdue(target: Target, up: set[int], overdue_after: float = DEFAULT_OVERDUE_AFTER) -> list[Finding]:
     findings = []
     cutoff = after_ms(-overdue_after)
-    retry_after = min(overdue_after, retry_overdue_after(target))
+    # A lost retry is sent lost_after after it was due, at the re-drive's next pass or the one after.
+    retry_after = min(overdue_after, target.lost_after + 2 * target.redrive_interval)
     retry_cutoff = after_ms(-retry_after)
     for index, model in tables(target):
         if index not in up:
@@ -185,7 +179,6 @@ def run(
     target: Target, *, overdue_after: float = DEFAULT_OVERDUE_AFTER, max_pass_age: Optional[float] = None,
     recheck: float = DEFAULT_RECHECK,
 ) -> Report:
-    """Every finding (see the module docstring)."""
     findings, up = databases(target)
     redis_finding = redis_masters(target)
     findings.append(redis_finding)

@@ -37,10 +37,10 @@ def check(
     max_pass_age: Optional[float] = None, probe_port: Optional[int] = None, probe_host: str = "0.0.0.0",
     say: Callable[[str], None] = print, probe_details: bool = False,
 ) -> int:
-    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (:func:`serve`)."""
+    """Print the findings, or with ``probe_port`` serve them over HTTP until interrupted (:class:`ProbeServer`)."""
     report = functools.partial(checks.run, target, overdue_after=overdue_after, max_pass_age=max_pass_age)
     if probe_port is not None:
-        server = serve(report, probe_port, host=probe_host, details=probe_details)
+        server = ProbeServer(report, probe_port, host=probe_host, details=probe_details)
         say(f"health probe on http://{probe_host}:{server.server_address[1]}/"
             + (" (with details: store addresses, job ids)" if probe_details else ""))
         with server, contextlib.suppress(KeyboardInterrupt):
@@ -97,11 +97,14 @@ def migrate(target: Target, emit: Emit, *, dry_run: bool = False,
 
 
 class ProbeServer(http.server.ThreadingHTTPServer):
+    """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving."""
+
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], run_checks: Callable[[], Report], *, cache_ms: float = DEFAULT_CACHE,
-                 details: bool = False):
-        super().__init__(address, _Handler)
+    def __init__(self, run_checks: Callable[[], Report], port: int, *, host: str = "0.0.0.0",
+                 cache_ms: float = DEFAULT_CACHE, details: bool = False):
+        RedactPasswords.install()  # the check may run without an app, so without setup()
+        super().__init__((host, port), _Handler)
         self.run_checks, self.cache_ms, self.details = run_checks, cache_ms, details
         self._lock = threading.Lock()
         self._last: Optional[tuple[float, Report]] = None
@@ -149,10 +152,3 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("probe: " + format, *args)
-
-
-def serve(run_checks: Callable[[], Report], port: int, *, host: str = "0.0.0.0",
-          cache_ms: float = DEFAULT_CACHE, details: bool = False) -> ProbeServer:
-    """A probe server bound to ``host:port`` (0: any free port, see ``server_address``), not yet serving."""
-    RedactPasswords.install()  # the check may run without an app, so without setup()
-    return ProbeServer((host, port), run_checks, cache_ms=cache_ms, details=details)

@@ -78,11 +78,7 @@ def from_environment(
     if not urls:
         return None
     databases = [open_database(url, connect_timeout=timeout, timeout=max(timeout, 10_000)) for url in urls]
-
-    @functools.cache
-    def model_in(model: type[JobModel], index: int) -> type[JobModel]:
-        return bound(model, databases[index], index)
-
+    model_in = functools.cache(lambda model, index: bound(model, databases[index], index))  # a copy per store, kept
     masters = [client_from_url(url, socket_timeout=timeout / 1000, socket_connect_timeout=timeout / 1000)
                for url in env.get(REDIS_ENV, "").split()]
     prefix = key_prefix or DEFAULT_KEY_PREFIX

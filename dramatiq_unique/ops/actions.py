@@ -5,7 +5,9 @@ dead set, ``cancel`` waiting jobs; one UPDATE per job table and store)."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Union
+
+import dramatiq
 
 from dramatiq_unique.durable import bulk_actions
 from dramatiq_unique.durable.bulk_actions import CANCEL, RETRY, Selection
@@ -20,11 +22,7 @@ from dramatiq_unique.ops.views import JobRow
 from dramatiq_unique.ops.words import when
 from dramatiq_unique.slots import limits
 from dramatiq_unique.storage.models import WAITING
-
-if TYPE_CHECKING:
-    import dramatiq
-
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.suite import Suite
 
 #: What each bulk action runs, given the suite, the broker whose actors it may touch, and the selection.
 BULK = {RETRY: bulk_actions.retry_all, CANCEL: bulk_actions.cancel_all}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 from dramatiq_unique.durable import lookup
 from dramatiq_unique.errors import DependencyUnavailable, JobNotFound
@@ -15,9 +15,7 @@ from dramatiq_unique.ops.words import holding, why
 from dramatiq_unique.parking.groups import LOCK, SLOT, actor_of, kind_of, slot_group, slot_key_of, unique_key_of
 from dramatiq_unique.slots.gate import gate_of
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus, utcnow
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.suite import Suite
 
 #: Characters of a message id or id accepted (a longer "id" is garbage, not a lookup).
 MAX_ID = 64
@@ -25,9 +23,9 @@ PENDING, QUEUED, RUNNING, RETRYING = (s.value for s in (JobStatus.PENDING, JobSt
                                                         JobStatus.RETRYING))
 
 
-def find(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
-    """The job by id (the primary's shared table) or message id (any table, any store); JobNotFound
-    if this app has none, ValueError for what cannot be an id."""
+def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
+    """The view of the job by id (the primary's shared table) or message id (any table, any store);
+    JobNotFound if this app has none, ValueError for what cannot be an id."""
     ref = str(id_or_message_id).strip()
     if not ref or len(ref) > MAX_ID or not ref.isprintable():
         raise ValueError(f"not a job id or message id: {str(id_or_message_id)[:MAX_ID]!r}")
@@ -35,12 +33,6 @@ def find(suite: "Suite", id_or_message_id: Union[int, str]) -> JobModel:
     row = None if isinstance(key, int) and key >= 2**63 else lookup.find_job(suite, key)
     if row is None:
         raise JobNotFound(repr(ref))
-    return row
-
-
-def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
-    """The job's view; JobNotFound if there is none."""
-    row = find(suite, id_or_message_id)
     with guarded(f"reading why job {row.id} waits"):
         waiting, slot = waiting_of(suite, row), slot_of(suite, row)
     if slot is not None and row.status == QUEUED and waiting is not None and waiting.reason == "queued":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import redis as redis_lib
 
@@ -21,9 +21,7 @@ from dramatiq_unique.redis.keys import LOCK_PREFIX, glob_escape
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import GroupStatus, gate_of, group_key
 from dramatiq_unique.storage.models import JobModel, JobStatus
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import ActorConfig, Suite
+from dramatiq_unique.suite import ActorConfig, Suite
 
 #: Locks or slot groups one call lists at most.
 MAX_GROUPS = 500
@@ -142,10 +140,6 @@ def _scan(suite: "Suite", prefix: str) -> Iterator[str]:
         raise RedisUnavailable(f"listing {prefix}*: {e}") from e
 
 
-def _actor(unique_key: str) -> str:
-    return unique_key.rsplit(":", 1)[0]
-
-
 def locks(suite: "Suite") -> list[LockView]:
     """Held execution locks (``run``), then queue locks (``queue``): holder, time left, fencing
     token, waiters in order."""
@@ -160,7 +154,7 @@ def locks(suite: "Suite") -> list[LockView]:
 
 
 def _lock(suite: "Suite", kind: str, unique_key: str, left: float) -> LockView:
-    actor, group, run = _actor(unique_key), lock_group(unique_key), kind == "run"
+    actor, group, run = unique_key.rsplit(":", 1)[0], lock_group(unique_key), kind == "run"
     if run:
         holder = lock_holder(suite, actor, unique_key)
     else:  # the row holding the key while it waits
@@ -205,7 +199,7 @@ def slots(suite: "Suite", *, actor: Optional[str] = None) -> list[SlotGroupView]
     with guarded("reading the run-time limits"):
         kept = overrides.listing(suite)
     for key in known_groups(suite, kept):
-        name = _actor(key)
+        name = key.rsplit(":", 1)[0]
         config = suite.actor_config(name)
         if (actor is not None and name != actor) or (config is not None and not config.has_slots):
             continue
@@ -267,9 +261,7 @@ def limits(suite: "Suite", *, actor: Optional[str] = None) -> list[OverrideView]
 
 
 def _words(suite: "Suite", kept: overrides.Override) -> str:
-    if kept.words:
-        return kept.words if kept.group else "(all)"
     config = suite.actor_config(kept.actor)
-    if not kept.group or (config is not None and config.options.get("concurrency_key") is None):
+    if not kept.group or (not kept.words and config is not None and config.options.get("concurrency_key") is None):
         return "(all)"
-    return short(kept.group)
+    return kept.words or short(kept.group)

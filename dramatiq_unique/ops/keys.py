@@ -11,7 +11,7 @@ import json
 import operator
 import types
 import typing
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import peewee as pw
 
@@ -20,11 +20,9 @@ from dramatiq_unique.ops import held
 from dramatiq_unique.ops.words import row_key, value_text
 from dramatiq_unique.parking.groups import whole_actor
 from dramatiq_unique.slots.limits import key_group, key_words
+from dramatiq_unique.storage.models import JobModel
+from dramatiq_unique.suite import ActorConfig, Suite
 from dramatiq_unique.unique.keys import _signature, canonical, digest
-
-if TYPE_CHECKING:
-    from dramatiq_unique.storage.models import JobModel
-    from dramatiq_unique.suite import ActorConfig, Suite
 
 #: What names the actor's own limit.
 ALL = "(all)"
@@ -57,18 +55,6 @@ def _readings(selected: dict[str, Any], text: Callable[[Any], str]) -> list[dict
     return [dict(zip(selected, chosen, strict=True)) for chosen in itertools.product(*choices)]
 
 
-def candidate_keys(config: "ActorConfig", option: str, text: str) -> Optional[list[str]]:
-    """The hashed keys (``<actor>:<digest>``) whose words are ``text``, when ``option`` names
-    exactly those parameters; None when they cannot be derived (a callable, True, other names)."""
-    spec = config.options.get(option)
-    if not isinstance(spec, (list, tuple)):
-        return None
-    selected = parse(text)
-    if set(selected) != set(spec):
-        return None
-    return sorted({f"{config.actor_name}:{digest(canonical(v))}" for v in _readings(selected, value_text)})
-
-
 def normal(text: str) -> Any:
     try:
         return parse(text)
@@ -81,16 +67,16 @@ def derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[st
     None when some must be matched row by row (:func:`sieve`, :func:`matches`).  Without ``actor``,
     only the actors declared here can match: the rows of others show their hash."""
     try:
-        names = set(parse(key))
+        selected = parse(key)
     except ValueError:
         return None  # a callable's text or a hash: matched row by row
-    found: list[str] = []
+    names, found = set(selected), set()
     for config in [suite.actor_config(actor)] if actor else list(suite.actors.values()):
         if config is None:
             return None
-        keys = candidate_keys(config, "unique_args", key)
-        if keys is not None:
-            found += keys
+        spec = config.options.get("unique_args")
+        if isinstance(spec, (list, tuple)) and set(spec) == names:  # the hashed keys whose words these are
+            found |= {f"{config.actor_name}:{digest(canonical(v))}" for v in _readings(selected, value_text)}
             continue
         for option in ("unique_args", "concurrency_key"):
             spec = config.options.get(option)
@@ -98,12 +84,7 @@ def derived(suite: "Suite", actor: Optional[str], key: str) -> Optional[tuple[st
                 return None
             if isinstance(spec, (list, tuple)) and set(spec) == names:
                 return None  # its rows may match by their slot group's key
-    return tuple(found)
-
-
-def _tokens(column: Any) -> Any:
-    """``column`` with every JSON separator made a comma: each value then sits between commas."""
-    return functools.reduce(lambda expr, sep: pw.fn.REPLACE(expr, sep, ","), _SEPARATORS, column)
+    return tuple(sorted(found))
 
 
 def _defaulted(suite: "Suite", actor: Optional[str], name: str) -> bool:
@@ -134,15 +115,16 @@ def sieve(suite: "Suite", table: type["JobModel"], key: Optional[str], actor: Op
         texts = ["," + "".join("," if c in _SEPARATORS else c for c in form) + "," for form in forms]
         if any(c in text for text in texts for c in "%_\\"):
             continue  # LIKE would read them as wildcards (and SQLite has no default escape)
-        cond &= functools.reduce(operator.or_, [_like(_tokens(column), text) for text in texts
+        cond &= functools.reduce(operator.or_, [_like(column, text) for text in texts
                                                 for column in (table.args, table.kwargs)])
     return cond
 
 
 def _like(column: Any, text: str) -> Any:
-    """``column LIKE '%text%'``, the text as it is (peewee would JSON-encode it for a JSON column,
-    and make SQLite's LIKE a GLOB)."""
-    return pw.NodeList((column, pw.SQL("LIKE"), pw.Value(f"%{text}%", converter=False)))
+    """``column`` with every JSON separator made a comma (each value then sits between commas) ``LIKE
+    '%text%'``, the text as it is (peewee would JSON-encode it for a JSON column, and make SQLite's LIKE a GLOB)."""
+    tokens = functools.reduce(lambda expr, sep: pw.fn.REPLACE(expr, sep, ","), _SEPARATORS, column)
+    return pw.NodeList((tokens, pw.SQL("LIKE"), pw.Value(f"%{text}%", converter=False)))
 
 
 def matches(suite: "Suite", row: "JobModel", key: str) -> bool:

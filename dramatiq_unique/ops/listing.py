@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
+from typing import Any, Optional
 
 import peewee as pw
 
@@ -19,9 +19,7 @@ from dramatiq_unique.ops.views import JobRow, Page
 from dramatiq_unique.ops.words import first_line, row_key
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.storage.stores import base_of
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.suite import Suite
 
 #: Rows a page holds unless told otherwise, and at most.
 DEFAULT_LIMIT = 50
@@ -66,12 +64,9 @@ def parse_cursor(cursor: Optional[str]) -> tuple[int, int]:
     return ident, source
 
 
-def parse_statuses(status: Union[None, str, Iterable[str]]) -> tuple[str, ...]:
-    if status is None:
-        return ()
-    items = status.split(",") if isinstance(status, str) else list(status)
+def parse_statuses(status: Optional[str]) -> tuple[str, ...]:
     known = {s.value for s in JobStatus}
-    statuses = tuple(str(s).strip() for s in items if str(s).strip())
+    statuses = tuple(s.strip() for s in (status or "").split(",") if s.strip())
     for s in statuses:
         if s not in known:
             raise ValueError(f"no status {s!r}: one of {', '.join(sorted(known))}")
@@ -95,7 +90,7 @@ def _where(suite: "Suite", table: type[JobModel], f: Filters) -> Any:
 
 
 def jobs(
-    suite: "Suite", *, status: Union[None, str, Iterable[str]] = None, actor: Optional[str] = None,
+    suite: "Suite", *, status: Optional[str] = None, actor: Optional[str] = None,
     key: Optional[str] = None, since: Optional[datetime] = None, limit: int = DEFAULT_LIMIT,
     cursor: Optional[str] = None,
 ) -> Page:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import peewee as pw
 
@@ -17,9 +17,7 @@ from dramatiq_unique.ops.views import Stats
 from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.database import is_postgres
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, utcnow
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.suite import Suite
 
 #: Finished jobs the timings are taken from, at most (the newest of the window).
 MAX_SAMPLE = 10_000

@@ -9,14 +9,11 @@ from datetime import datetime
 from typing import Any, Optional
 
 
-def _json(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else getattr(value, "value", str(value))
-
-
 class View:
     def as_dict(self) -> dict[str, Any]:
         """The view as JSON reads it: times as ISO text, enums as their value."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=_json))  # type: ignore[call-overload]
+        return json.loads(json.dumps(dataclasses.asdict(self), default=lambda value: (  # type: ignore[call-overload]
+            value.isoformat() if isinstance(value, datetime) else getattr(value, "value", str(value)))))
 
 
 @dataclasses.dataclass

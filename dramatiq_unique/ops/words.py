@@ -4,6 +4,7 @@ actor's options (Redis holds only hashes), and why a job waits, from the facts o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import weakref
@@ -75,10 +76,8 @@ def _call(spec: Callable[..., Any], args: list, kwargs: dict) -> Optional[str]:
     except Exception:  # the operator's view must not fail on a user's callable: the hash is shown
         return None
     if (time.monotonic() - began) * 1000 > SLOW_CALLABLE_MS:
-        try:
+        with contextlib.suppress(TypeError):  # a callable that takes no weak reference
             _slow.add(spec)
-        except TypeError:
-            pass
     return result if isinstance(result, str) else None
 
 

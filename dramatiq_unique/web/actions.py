@@ -24,8 +24,6 @@ from dramatiq_unique.web.pages import current_suite, since
 
 #: The largest limit a form may set (a typo of many digits is refused, not stored).
 MAX_LIMIT = 1_000_000
-
-
 #: The longest ``next`` kept (a page's own path and query are far shorter).
 MAX_NEXT = 2_000
 
@@ -100,9 +98,7 @@ def _group_key() -> tuple[str, Any]:
 
 
 def requested_limit() -> Optional[int]:
-    """The limit the form asks for (None: ``default``); ValueError for anything else.  The view and
-    the action's name (:func:`_limit_action`) read it through this one function, so what the hook is
-    asked about is what is done."""
+    """The form's limit (None: ``default``), read alike by the view and :func:`_limit_action`."""
     return ops_actions.limit_value(request.form.get("limit", ""), MAX_LIMIT)
 
 
@@ -127,10 +123,7 @@ def _limit_action() -> str:
 
 def limit(halt: bool = False) -> Response:
     actor, key = _group_key()
-    try:
-        value = 0 if halt else requested_limit()
-    except ValueError as e:
-        abort(400, str(e))
+    value = 0 if halt else _refused(requested_limit)
     _refused(lambda: set_group_limit(actor, key.group, value, suite=current_suite(), words=key.words, key=key.key))
     return _back("default" if value is None else ("halted" if value == 0 else "limit"), url_for("slots"))
 
@@ -140,9 +133,7 @@ FIELDS = {RETRY: ("actor", "error"), CANCEL: ("actor", "key", "status", "since")
 
 
 def _selection(action: str, found: dict[str, Any]) -> Selection:
-    return _refused(lambda: ops_actions.selection(
-        current_suite(), action, actor=found.get("actor"), key=found.get("key"), since=since(found),
-        error=found.get("error"), status=found.get("status")))
+    return _refused(lambda: ops_actions.selection(current_suite(), action, **{**found, "since": since(found)}))
 
 
 def confirm(action: str) -> str:

@@ -5,11 +5,12 @@ on waitress (the ``web`` extra), a production server, as Flask's documentation r
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
 import secrets
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import redis as redis_lib
 import waitress.server  # type: ignore[import-untyped]
@@ -19,11 +20,9 @@ from werkzeug.exceptions import HTTPException
 from dramatiq_unique.errors import DependencyUnavailable, InvalidOption, NotConfigured
 from dramatiq_unique.logs import RedactPasswords
 from dramatiq_unique.redaction import redact
+from dramatiq_unique.suite import Suite
 from dramatiq_unique.web import actions, pages, security
 from dramatiq_unique.web.security import Access, AuthHook, BasicAuth, check_access, csrf_token, set_cookie
-
-if TYPE_CHECKING:
-    from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +55,8 @@ def make_app(
     access = Access(read_only=read_only, auth=auth, basic_auth=basic_auth, secret=secret)
     RedactPasswords.install()  # the dashboard may run in a process that has not called setup()
 
-    app = Flask(__name__, template_folder="templates", static_folder="static", static_url_path="/static")
-    app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_TITLE=title, DU_PAGE_SIZE=page_size,
+    app = Flask(__name__)  # its templates/ and static/ (at /static), by default
+    app.config.update(DU_ACCESS=access, DU_SUITE=suite, DU_PAGE_SIZE=page_size,
                       MAX_CONTENT_LENGTH=64 * 1024)  # our forms are tiny: a huge POST is refused early
     app.jinja_env.autoescape = True  # every template, whatever its name: job arguments are user data
     app.jinja_env.filters.update(pages.FILTERS)
@@ -149,9 +148,5 @@ def serve(suite: "Optional[Suite]" = None, **options: Any) -> None:
     """Serve the dashboard until interrupted (Ctrl-C; SIGTERM ends the process); ``options`` are
     :func:`make_server`'s."""
     server = make_server(suite, **options)
-    try:
+    with contextlib.closing(server), contextlib.suppress(KeyboardInterrupt):
         server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from flask import abort, current_app, g, render_template, request
 
@@ -17,12 +17,10 @@ from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import JobNotFound
 from dramatiq_unique.ops import words
 from dramatiq_unique.ops.detail import moment
+from dramatiq_unique.ops.views import JobView
 from dramatiq_unique.ops.words import MAX_DETAIL
 from dramatiq_unique.storage.models import WAITING, JobStatus, utcnow
-
-if TYPE_CHECKING:
-    from dramatiq_unique.ops.views import JobView
-    from dramatiq_unique.suite import Suite
+from dramatiq_unique.suite import Suite
 
 #: ``?since=`` choices of the jobs page.
 SINCE = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -106,8 +104,7 @@ def job(ref: str) -> str:
         view = ops.job(current_suite(), ref)
     except (JobNotFound, ValueError):  # ValueError: ``ref`` cannot be an id
         abort(404, f"no job {ref}")
-    return render_template("job.html", job=view, timeline=timeline(view), waiting=WAITING,
-                           done=_done())
+    return render_template("job.html", job=view, timeline=timeline(view), waiting=WAITING, done=_done())
 
 
 def locks() -> str:
@@ -143,6 +140,8 @@ cell = functools.partial(words.one_line, most=MAX_CELL)
 WIDTH, HEIGHT, GAP = 600, 120, 2
 #: Width of the attempts timeline, px; attempts beyond the last :data:`MAX_ATTEMPTS` are not drawn.
 TIMELINE_WIDTH, MAX_ATTEMPTS = 600, 50
+#: Height of an attempt's span, px (a row is 18).
+SPAN_HEIGHT = 14
 
 
 def detail(value: Any) -> str:
@@ -174,52 +173,42 @@ FILTERS: dict[str, Callable[..., Any]] = {
 
 
 @dataclass(frozen=True)
-class Bar:
+class Rect:
+    """A bar of the overview's chart, or an attempt's wait or run on a job's timeline (``css`` its class)."""
+
     x: float
     y: float
     width: float
     height: float
-    value: int
     label: str
+    css: str = "bar"
 
 
 @dataclass(frozen=True)
 class Chart:
-    bars: list[Bar]
+    bars: list[Rect]
     peak: int
     total: int
     width: int = WIDTH
     height: int = HEIGHT
 
 
-def bars(values: Sequence[int], end: Optional[datetime] = None, width: int = WIDTH, height: int = HEIGHT) -> Chart:
+def bars(values: Sequence[int], end: Optional[datetime] = None) -> Chart:
     """One bar per minute, the oldest first; ``end`` (naive UTC) is the end of the last minute,
     for the labels (``22:07: 41 jobs``)."""
     count = len(values)
     peak = max(values, default=0)
-    slot = width / count if count else width
+    slot = WIDTH / count if count else WIDTH
     laid = []
     for index, value in enumerate(values):
-        high = 0.0 if value <= 0 else max(1.0, (height - 14) * value / peak)  # a non-zero minute stays visible
+        high = 0.0 if value <= 0 else max(1.0, (HEIGHT - 14) * value / peak)  # a non-zero minute stays visible
         label = f"{value} jobs" if end is None else f"{end - timedelta(minutes=count - index):%H:%M}: {value} jobs"
-        laid.append(Bar(round(index * slot + GAP / 2, 1), round(height - high, 1), round(max(slot - GAP, 1), 1),
-                        round(high, 1), int(value), label))
-    return Chart(laid, peak, int(sum(values)), width, height)
+        laid.append(Rect(round(index * slot + GAP / 2, 1), round(HEIGHT - high, 1), round(max(slot - GAP, 1), 1),
+                        round(high, 1), label))
+    return Chart(laid, peak, int(sum(values)))
 
 
-@dataclass(frozen=True)
-class Span:
-    """One attempt drawn on the timeline."""
-
-    attempt: int
-    x: float
-    width: float
-    y: int
-    css: str
-    label: str
-
-
-def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
+def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Rect]:
     """The job's attempts laid out on one time axis, from its creation to its end (or now): for
     each, the time it waited (``a-wait``) and the time it ran (coloured by its outcome)."""
     timed = [(a, moment(a.started_at), moment(a.finished_at)) for a in job.history]
@@ -228,8 +217,7 @@ def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
         return []
     start = min(job.created_at or attempts[0][1], attempts[0][1])
     ends = [ended for _, _, ended in attempts if ended is not None]
-    open_end = now or utcnow()
-    end = max([*ends, job.finished_at or start, *([open_end] if len(ends) < len(attempts) else [])])
+    end = max([*ends, job.finished_at or start, *([now or utcnow()] if len(ends) < len(attempts) else [])])
     total = max((end - start).total_seconds(), 0.001)
     spans = []
     waited_from = start
@@ -237,14 +225,14 @@ def timeline(job: "JobView", now: Optional[datetime] = None) -> list[Span]:
         # What the attempt waited for (since the job was created, or since the attempt before ended).
         waited = max((began - waited_from).total_seconds(), 0.0)
         if waited > 0:
-            spans.append(Span(attempt.attempt, round(TIMELINE_WIDTH * (waited_from - start).total_seconds() / total, 1),
-                              round(max(TIMELINE_WIDTH * waited / total, 1.0), 1), row * 18, "a-wait",
-                              f"attempt {attempt.attempt}: waited {waited * 1000:.0f} ms"))
+            spans.append(Rect(round(TIMELINE_WIDTH * (waited_from - start).total_seconds() / total, 1), row * 18,
+                              round(max(TIMELINE_WIDTH * waited / total, 1.0), 1), SPAN_HEIGHT,
+                              f"attempt {attempt.attempt}: waited {waited * 1000:.0f} ms", "a-wait"))
         waited_from = ended or end
         length = max(((ended or end) - began).total_seconds(), 0.0)
         status = attempt.status or "other"
         css = "a-" + (status if status in ("succeeded", "failed", "retrying", "running") else "other")
         label = f"attempt {attempt.attempt}: {status}, {length * 1000:.0f} ms"
-        spans.append(Span(attempt.attempt, round(TIMELINE_WIDTH * (began - start).total_seconds() / total, 1),
-                          round(max(TIMELINE_WIDTH * length / total, 2.0), 1), row * 18, css, label))
+        spans.append(Rect(round(TIMELINE_WIDTH * (began - start).total_seconds() / total, 1), row * 18,
+                          round(max(TIMELINE_WIDTH * length / total, 2.0), 1), SPAN_HEIGHT, label, css))
     return spans

@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import logging
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Union
 from urllib.parse import urlsplit
 
@@ -31,12 +31,11 @@ ACTIONS = ("retry", "cancel", "limit", "halt", "retry_all", "cancel_all")
 class Access:
     """The access settings of one dashboard app."""
 
-    read_only: bool = False
-    auth: Optional[AuthHook] = None
-    basic_auth: Optional[BasicAuth] = None
+    read_only: bool
+    auth: Optional[AuthHook]
+    basic_auth: Optional[BasicAuth]
     #: Signs CSRF tokens; random per app unless given (give one when several processes serve the dashboard).
-    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
-    realm: str = "dramatiq_unique"
+    secret: bytes
 
 
 def _basic_ok(setting: BasicAuth) -> bool:
@@ -46,11 +45,9 @@ def _basic_ok(setting: BasicAuth) -> bool:
     user, password = sent.username or "", sent.password or ""
     if callable(setting):
         return _granted("basic_auth check", setting, user, password)
-    want_user, want_password = setting
-    # Both compared, whatever the first gives, so the time does not tell which one was wrong.
-    user_ok = hmac.compare_digest(user.encode(), want_user.encode())
-    password_ok = hmac.compare_digest(password.encode(), want_password.encode())
-    return user_ok and password_ok
+    # Both compared (a list, not a short-circuit), so the time does not tell which one was wrong.
+    return all([hmac.compare_digest(user.encode(), setting[0].encode()),
+                hmac.compare_digest(password.encode(), setting[1].encode())])
 
 
 def _granted(what: str, check: Callable[..., object], *args: object) -> bool:
@@ -86,7 +83,7 @@ def check_access(access: Access, action_of: Union[str, Callable[[], str], None])
     token is checked; None for a page."""
     if access.basic_auth is not None and not _basic_ok(access.basic_auth):
         return Response("authentication required\n", 401, mimetype="text/plain",
-                        headers={"WWW-Authenticate": f'Basic realm="{access.realm}", charset="UTF-8"'})
+                        headers={"WWW-Authenticate": 'Basic realm="dramatiq_unique", charset="UTF-8"'})
     if request.method not in ("GET", "HEAD"):
         if access.read_only:
             abort(403, "the dashboard is read-only")

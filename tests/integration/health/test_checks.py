@@ -98,13 +98,13 @@ def test_probe_over_http(suite, broker, monkeypatch):
     """`check --probe-port` answers 200 with the report while nothing is critical, 503 when something is,
     until interrupted."""
     target = of_suite(suite)
-    servers, said, serve = [], [], commands.serve
+    servers, said, serve = [], [], commands.ProbeServer
 
     def uncached(*args, **options):
         servers.append(serve(*args, **options, cache_ms=0))
         return servers[0]
 
-    monkeypatch.setattr(commands, "serve", uncached)
+    monkeypatch.setattr(commands, "ProbeServer", uncached)
     done = []
     thread = threading.Thread(target=lambda: done.append(commands.check(
         target, lambda data, text: None, probe_port=0, probe_host="127.0.0.1", say=said.append)), daemon=True)
@@ -146,7 +146,7 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
                str(suite.db.database), f"[{job.id}", "Python")
     bodies = {}
     for details in (False, True):
-        server = commands.serve(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0,
+        server = commands.ProbeServer(lambda: checks.run(target, recheck=10), 0, host="127.0.0.1", cache_ms=0,
                                 details=details)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         try:
@@ -165,7 +165,7 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
 
     # The command line: --probe-details reaches the probe (the server is the real one, stopped after a GET).
     answers = []
-    real_serve = commands.serve
+    real_serve = commands.ProbeServer
 
     def serve_once(*args, **kwargs):
         server = real_serve(*args, **kwargs)
@@ -177,7 +177,7 @@ def test_the_probe_tells_a_status_and_a_short_reason_and_details_only_when_asked
         threading.Thread(target=ask, daemon=True).start()
         return server
 
-    monkeypatch.setattr(commands, "serve", serve_once)
+    monkeypatch.setattr(commands, "ProbeServer", serve_once)
     monkeypatch.setenv("DRAMATIQ_UNIQUE_REDIS_URL", REDIS_URL)
     monkeypatch.setenv("DRAMATIQ_UNIQUE_DATABASE_URL", f"postgresql://app:pw@127.0.0.1:{free_port()}/secretdb")
     for words, shows in ((["check", "--probe-port", "0", "--probe-host", "127.0.0.1"], False),
@@ -193,10 +193,10 @@ def test_a_retry_overdue_by_lost_after_and_two_passes_is_reported(suite, broker)
     dramatiq.actor(lambda n: n, broker=broker, actor_name="job", track=True)
     redrive(broker, suite=suite)
     target = of_suite(suite)
-    assert checks.retry_overdue_after(target) == suite.settings.lost_after + 2 * suite.settings.redrive_interval
     late = _row(suite, status="retrying", process_after=utcnow() - timedelta(seconds=100))
     _row(suite, status="retrying", process_after=utcnow() - timedelta(seconds=30))
     _row(suite, status="queued", process_after=utcnow() - timedelta(seconds=100))  # a backlog: not yet
     (finding,) = _by(checks.run(target, recheck=10), "overdue")
     assert finding.severity == checks.WARNING and finding.data["kind"] == "retrying"
     assert finding.data["ids"] == [late.id] and "more than 70 s ago" in finding.detail
+    assert finding.data["overdue_after_ms"] == suite.settings.lost_after + 2 * suite.settings.redrive_interval

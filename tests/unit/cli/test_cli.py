@@ -7,9 +7,10 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from dramatiq_unique.cli import COMMANDS, Command, limit_value, main, parser, since, split_words
+from dramatiq_unique.cli import COMMANDS, Command, main, parser, since, split_words
 from dramatiq_unique.cli.commands import cell, pairs, table
 from dramatiq_unique.cli.context import Context
+from dramatiq_unique.ops.actions import limit_value
 from dramatiq_unique.ops.views import JobRow, Page
 
 

@@ -50,7 +50,7 @@ def test_no_environment_no_target():
 
 @pytest.mark.parametrize("severity, code", [(checks.OK, 200), (checks.WARNING, 200), (checks.CRITICAL, 503)])
 def test_the_probe_answers(severity, code):
-    server = commands.serve(lambda: checks.Report([checks.Finding("x", severity, "d")]), 0, host="127.0.0.1")
+    server = commands.ProbeServer(lambda: checks.Report([checks.Finding("x", severity, "d")]), 0, host="127.0.0.1")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/"
@@ -69,7 +69,7 @@ def test_a_failing_check_answers_503():
     def broken() -> checks.Report:
         raise RuntimeError("boom")
 
-    server = commands.serve(broken, 0, host="127.0.0.1")
+    server = commands.ProbeServer(broken, 0, host="127.0.0.1")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         with pytest.raises(urllib.error.HTTPError) as failed:

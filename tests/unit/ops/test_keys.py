@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from dramatiq_unique.ops import keys
@@ -19,12 +21,14 @@ def config(**options) -> ActorConfig:
 
 
 def test_words_hash_back_to_the_unique_keys_the_send_made():
-    c = config(unique_args=["customer"])
-    found = keys.candidate_keys(c, "unique_args", "customer=42")
+    def derived(c: ActorConfig, text: str):
+        return keys.derived(SimpleNamespace(actor_config=lambda name: c), "deliver", text)
+
+    found = derived(config(unique_args=["customer"]), "customer=42")
     assert derive_key("deliver", deliver, ["customer"], (42,), {}) in found
     assert derive_key("deliver", deliver, ["customer"], ("42",), {}) in found
-    assert keys.candidate_keys(c, "unique_args", "region=eu") is None
-    assert keys.candidate_keys(config(unique_args=lambda *a: "x"), "unique_args", "x=1") is None
+    assert derived(config(unique_args=["customer"]), "region=eu") == ()  # no job of it has such a key
+    assert derived(config(unique_args=lambda *a: "x"), "x=1") is None  # matched row by row
 
 
 def test_parse_and_limit_keys():
