@@ -9,7 +9,7 @@ import math
 import os
 import selectors
 import time
-from typing import Any, Optional, Union
+from typing import Any, Generator, Optional, Union
 from urllib.parse import urlparse
 
 import peewee as pw
@@ -119,48 +119,97 @@ def _server_pid(conn: Any) -> int:
 
 
 def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
-    """Whether ``db`` reaches PostgreSQL, over psycopg2, through a pooler that lends a server connection
-    per transaction: a second client connection's statement runs on the server process the first's just
-    ran on (``tries`` turns, waiting ``wait_ms`` at most: a full pool in session mode keeps it waiting)."""
-    if not isinstance(db, pw.PostgresqlDatabase) or is_psycopg3(db):
+    """Whether ``db`` reaches PostgreSQL through a pooler that lends a server connection per transaction:
+    its statements run on several server processes in turn (``server_round_robin``), or a second client
+    connection's statement runs on the server process the first's just ran on (``tries`` turns, waiting
+    ``wait_ms`` at most: a full pool in session mode keeps the second waiting)."""
+    if not isinstance(db, pw.PostgresqlDatabase):
         return False
     conn = db.connection()
-    if conn.info.backend_pid == _server_pid(conn):  # the id the server (or a pooler) gave it at start-up
+    pids = {_server_pid(conn) for _ in range(tries)}
+    if conn.info.backend_pid in pids:  # the id the server (or a pooler) gave it at start-up
         return False
-    import psycopg2
-
-    deadline = time.monotonic() + wait_ms / 1000
-    other = psycopg2.connect(dbname=db.database, **db.connect_params, async_=True)
+    if len(pids) > 1:
+        return True
+    elsewhere = (_pids_psycopg3 if is_psycopg3(db) else _pids_psycopg2)(db, time.monotonic() + wait_ms / 1000)
     try:
-        if not _answered(other, deadline):
-            return False
         for _ in range(tries):
             first = _server_pid(conn)
-            cur = other.cursor()
-            cur.execute("SELECT pg_backend_pid()")
-            if not _answered(other, deadline):
+            pid = next(elsewhere)
+            if pid is None:
                 return False
-            if int(cur.fetchone()[0]) == first:
+            if pid == first:
                 return True
     finally:
-        other.close()
+        elsewhere.close()
     return False
 
 
-def _answered(conn: Any, deadline: float) -> bool:
-    """Drive an asynchronous psycopg2 connection until its work is done; False at ``deadline``."""
+#: What ``_pids_*`` yield: a second client connection's server process id per statement (None: too late).
+Pids = Generator[Optional[int], None, None]
+
+
+def _pids_psycopg2(db: pw.PostgresqlDatabase, deadline: float) -> Pids:
+    import psycopg2
     from psycopg2 import extensions as ext
 
-    while True:
-        state = conn.poll()
-        if state == ext.POLL_OK:
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        with selectors.DefaultSelector() as selector:
-            selector.register(conn.fileno(), selectors.EVENT_WRITE if state == ext.POLL_WRITE else selectors.EVENT_READ)
-            selector.select(left)
+    other = psycopg2.connect(dbname=db.database, **db.connect_params, async_=True)
+
+    def answered() -> bool:
+        while (state := other.poll()) != ext.POLL_OK:
+            if not _ready(other.fileno(), state == ext.POLL_WRITE, deadline):
+                return False
+        return True
+
+    try:
+        if not answered():
+            yield None
+            return
+        while True:
+            cur = other.cursor()
+            cur.execute("SELECT pg_backend_pid()")
+            yield int(cur.fetchone()[0]) if answered() else None
+    finally:
+        other.close()
+
+
+def _pids_psycopg3(db: pw.PostgresqlDatabase, deadline: float) -> Pids:
+    from psycopg import conninfo, pq  # libpq's own non-blocking calls: a wait is bounded by deadline
+
+    keywords = {d.keyword.decode() for d in pq.Conninfo.get_defaults()}
+    params = {k: v for k, v in db.connect_params.items() if k in keywords}  # not prepare_threshold...
+    other = pq.PGconn.connect_start(conninfo.make_conninfo(dbname=db.database, **params).encode())
+    try:
+        while (state := other.connect_poll()) != pq.PollingStatus.OK:
+            if state == pq.PollingStatus.FAILED or not _ready(other.socket, state == pq.PollingStatus.WRITING,
+                                                              deadline):
+                yield None
+                return
+        other.nonblocking = 1
+        while True:
+            other.send_query(b"SELECT pg_backend_pid()")
+            while other.flush() or other.is_busy():
+                if not _ready(other.socket, False, deadline):
+                    yield None
+                    return
+                other.consume_input()
+            result = other.get_result()
+            while other.get_result() is not None:
+                pass
+            value = result.get_value(0, 0) if result is not None else None
+            yield int(value) if value is not None else None
+    finally:
+        other.finish()
+
+
+def _ready(fd: int, write: bool, deadline: float) -> bool:
+    """Whether ``fd`` is ready to write (``write``) or read before ``deadline``."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_WRITE if write else selectors.EVENT_READ)
+        return bool(selector.select(left))
 
 
 def configure_pooler(db: pw.Database, setting: Optional[bool]) -> bool:

@@ -4,6 +4,7 @@ it can be (docs/discussions/how-it-is-built.md, "Storage", says how and why)."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import weakref
 from dataclasses import dataclass
@@ -12,7 +13,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import peewee as pw
 
-from dramatiq_unique.storage.database import is_postgres, is_psycopg3
+from dramatiq_unique.storage.database import describe, is_postgres, is_psycopg3
+
+logger = logging.getLogger(__name__)
 
 #: A peewee model class with a job table (this module imports no model: the schema uses it too).
 Model = type[pw.Model]
@@ -165,20 +168,28 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
     name = query.prepared_name
     if not getattr(db, _ON, False) or name in _unpreparable:
         return db.execute_sql(query.sql, params)
-    if name not in _done(db) and (db.in_transaction() or not _prepare(db, query)):
+    conn = db.connection()
+    if name not in _prepared.get(conn, ()) and (db.in_transaction() or not _prepare(db, query)):
         return db.execute_sql(query.sql, params)  # a failed PREPARE would abort the caller's transaction
     try:
         return db.execute_sql(query.execute_sql, params)
     except pw.DatabaseError as e:
-        if "prepared statement" not in str(e) or db.in_transaction():
+        if "prepared statement" not in str(e):
             raise
-        # A pooler dropped it, or the database reconnected: prepare it again, once.
-        _done(db).discard(name)
+        if db.connection() is conn:
+            # Gone from the client connection it was prepared on: its statements meet other server
+            # connections, as only a pooler in transaction mode lends them (one that setup() could not
+            # probe: a framework's connection, another pooler). Prepare nothing more on this database.
+            setattr(db, _ON, False)
+            logger.warning("%s: a statement prepared on this connection was missing: a pooler in transaction "
+                           "mode? The suite prepares nothing more there (prepared_statements=False says so "
+                           "at set-up).", describe(db))
+            if not db.in_transaction():
+                return db.execute_sql(query.sql, params)
+        if db.in_transaction():
+            raise  # the error aborted the caller's transaction
+        # The database reconnected (a new connection, without it): prepare it there.
         return db.execute_sql(query.execute_sql if _prepare(db, query) else query.sql, params)
-
-
-def _done(db: pw.Database) -> "set[str]":
-    return _prepared.setdefault(db.connection(), set())
 
 
 def _prepare(db: pw.Database, query: Query) -> bool:
@@ -189,5 +200,6 @@ def _prepare(db: pw.Database, query: Query) -> bool:
             if isinstance(e, pw.ProgrammingError):  # the statement itself (not the connection): for good
                 _unpreparable.add(query.prepared_name)
             return False
-    _done(db).add(query.prepared_name)  # on the connection it ran on: a reconnect may have replaced the last
+    # On the connection it ran on: a reconnect may have replaced the last.
+    _prepared.setdefault(db.connection(), set()).add(query.prepared_name)
     return True

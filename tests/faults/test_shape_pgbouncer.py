@@ -17,13 +17,21 @@ than allowed, no job ran beside itself, the reruns are no more than the kill cut
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
+import time
+from typing import Callable
 
+import dramatiq
 import peewee as pw
+import psycopg2
 import pytest
+from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
 from dramatiq_unique.storage import queries
+from dramatiq_unique.storage.database import is_psycopg3, transaction_pooled
+from tests.conftest import REDIS_URL
 from tests.durable import RedisServer
 from tests.faults.harness import fault_env, open_runs_by_pid, prefix, report, start_rig, wait_for
 from tests.faults.shape_load import LIMIT, Load, judge
@@ -47,8 +55,6 @@ def cluster():
 
 def database(cluster: PostgresCluster) -> str:
     """A database of the test's own on the cluster (a pooler passes no search_path: no schema URL)."""
-    import psycopg2
-
     name = prefix()
     conn = psycopg2.connect(host="127.0.0.1", port=cluster.port, user="postgres", dbname="postgres")
     conn.autocommit = True
@@ -108,6 +114,90 @@ def test_a_statement_prepared_under_a_transaction_pooler_is_refused_when_asked_f
         suite.close()
     finally:
         bouncer.remove()
+
+
+def test_a_pooler_lending_its_server_connections_in_turn_is_found_and_survived(cluster, caplog):
+    """Transaction mode with ``server_round_robin = 1``: each statement of a client connection runs on the
+    next server connection, so a second client never meets the first's. setup() finds the pooler all
+    the same. Forced to prepare there (as on a pooler or a framework's connection that set-up cannot
+    probe), the first statement missing on the connection it was prepared on turns preparing off for
+    that database, with a warning, and every send is recorded."""
+    bouncer = PgBouncer("127.0.0.1", cluster.port, mode="transaction", pool_size=2,
+                        settings={"server_round_robin": "1"}).start()
+    broker = RedisBroker(url=REDIS_URL, namespace=prefix())
+    suite = None
+    try:
+        url = bouncer.url(database(cluster))
+        both = [psycopg2.connect(url) for _ in range(2)]  # two transactions at once: two server connections
+        for conn in both:
+            conn.cursor().execute("SELECT 1")
+        for conn in both:
+            conn.commit()  # a client leaving inside a transaction would take its server connection along
+            conn.close()
+        suite = dramatiq_unique.setup(broker, database=url, redis=REDIS_URL, key_prefix=prefix(), redriver=False)
+        assert getattr(suite.db, queries._ON) is False, "setup() found the pooler"
+
+        @dramatiq.actor(track=True, broker=broker)
+        def turn(n: int) -> None:
+            pass
+
+        queries.enable(suite.db, True)
+        with caplog.at_level(logging.WARNING, logger="dramatiq_unique.storage.queries"):
+            sent = [turn.send(n) for n in range(20)]
+        assert all(dramatiq_unique.get_job(m.message_id).status == "queued" for m in sent)
+        assert getattr(suite.db, queries._ON) is False
+        assert "pooler in transaction mode" in caplog.text
+    finally:
+        if suite is not None:
+            suite.close()
+        broker.flush_all()
+        broker.close()
+        bouncer.remove()
+
+
+@pytest.mark.parametrize("psycopg3", [False, True], ids=["psycopg2", "psycopg3"])
+def test_the_pooler_probe_tells_transaction_mode_on_either_driver(cluster, psycopg3):
+    """setup()'s probe (storage/database.py, transaction_pooled) on either driver: PostgreSQL itself and
+    PgBouncer in session mode are not transaction pooling, even with the one server connection held by
+    another client (the probe's wait is bounded); transaction mode is, whichever server connection it
+    lends next."""
+    name = database(cluster)
+
+    def pooled(port: int, meanwhile: Callable[[], None] = lambda: None) -> bool:
+        db = pw.PostgresqlDatabase(name, host="127.0.0.1", port=port, user="postgres", prefer_psycopg3=psycopg3)
+        assert is_psycopg3(db) is psycopg3
+        try:
+            db.execute_sql("SELECT 1")
+            meanwhile()
+            return transaction_pooled(db)
+        finally:
+            db.close()
+
+    assert pooled(cluster.port) is False
+    with contextlib.ExitStack() as cleanup:
+        bouncers = {}
+        for key, mode, settings in [("lifo", "transaction", {}), ("turns", "transaction", {"server_round_robin": "1"}),
+                                    ("session", "session", {})]:
+            bouncers[key] = PgBouncer("127.0.0.1", cluster.port, mode=mode, pool_size=2, settings=settings).start()
+            cleanup.callback(bouncers[key].remove)
+        both = [psycopg2.connect(bouncers["turns"].url(name)) for _ in range(2)]
+        for conn in both:  # two server connections, lent in turn from now on
+            conn.cursor().execute("SELECT 1")
+        for conn in both:
+            conn.commit()
+            conn.close()
+        assert pooled(bouncers["lifo"].port) is True
+        assert pooled(bouncers["turns"].port) is True
+        assert pooled(bouncers["session"].port) is False
+
+        def hold_the_other_server_connection() -> None:
+            holder = psycopg2.connect(bouncers["session"].url(name))
+            cleanup.callback(holder.close)
+            holder.cursor().execute("SELECT 1")
+
+        started = time.monotonic()
+        assert pooled(bouncers["session"].port, hold_the_other_server_connection) is False
+        assert time.monotonic() - started < 10, "the probe waited for a server connection without bound"
 
 
 def test_a_wait_for_a_server_connection_ends_at_the_poolers_query_wait_timeout(cluster):

@@ -39,8 +39,12 @@ class DjangoDatabase(FrameworkDatabase, pw.PostgresqlDatabase):
     def attach_suite(self, suite: Any) -> None:
         super().attach_suite(suite)
         # The hot statements prepared by name (storage/queries.py), on either driver: Django's psycopg 3
-        # cursors bind on the client, as psycopg2 does, and prepare nothing by themselves.
-        setattr(self, queries._ON, suite.settings.prepared_statements is not False)
+        # cursors bind on the client, as psycopg2 does, and prepare nothing by themselves. Not by default
+        # where Django's own setting for a pooler in transaction mode says one is there (the suite cannot
+        # probe it: Django connects later), nor once a statement goes missing (queries.execute).
+        setting = suite.settings.prepared_statements
+        pooled = bool(connections.settings[self.alias].get("DISABLE_SERVER_SIDE_CURSORS"))
+        setattr(self, queries._ON, setting or (setting is None and not pooled))
 
     @property
     def _django(self) -> Any:

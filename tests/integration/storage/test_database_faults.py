@@ -310,4 +310,5 @@ def test_prepared_statements_are_prepared_again_on_the_new_connection(private_su
     cluster.terminate_backends()
     assert status(prepared_send.send(2).message_id) == "queued"
     assert names_here() == names, "prepared again on the new session"
-    assert queries._done(private_suite.db) == names, "and known there, so it is not prepared a third time"
+    known = queries._prepared[private_suite.db.connection()]
+    assert known == names, "and known there, so it is not prepared a third time"

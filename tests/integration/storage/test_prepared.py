@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import dramatiq
@@ -36,10 +37,12 @@ def make_suite(broker, pg_url, key_prefix) -> Iterator:
         suite.db.close()
 
 
-def test_a_send_is_prepared_once_and_survives_a_pooler_dropping_it(make_suite, broker):
+def test_a_send_is_prepared_once_and_a_statement_gone_from_its_connection_turns_preparing_off(
+        make_suite, broker, caplog):
     """Given tracked sends on one connection, Then the insert is prepared there once; When the
-    connection's prepared statements are dropped (a pooler's DISCARD ALL), Then the next
-    send prepares it again and is recorded."""
+    connection's prepared statements are gone under it (as where a pooler in transaction mode lends
+    another server connection), Then the next send is recorded all the same, unprepared, and the suite
+    prepares nothing more on that database, with a warning."""
     suite = make_suite()
 
     @dramatiq.actor(track=True)
@@ -52,9 +55,13 @@ def test_a_send_is_prepared_once_and_survives_a_pooler_dropping_it(make_suite, b
     job.send(2)
     assert prepared_here(suite) == names, "prepared once, not per send"
     suite.db.execute_sql("DEALLOCATE ALL")
-    third = job.send(3)
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique.storage.queries"):
+        third = job.send(3)
     assert dramatiq_unique.get_job(third.message_id).status == "queued"
-    assert prepared_here(suite) == names
+    assert "pooler in transaction mode" in caplog.text
+    assert not getattr(suite.db, queries._ON)
+    assert dramatiq_unique.get_job(job.send(4).message_id).status == "queued"
+    assert prepared_here(suite) == set(), "nothing prepared again"
 
 
 def test_jobs_run_and_record_with_prepared_statements_and_without(make_suite, broker):

@@ -280,3 +280,32 @@ def test_send_many_in_atomic_is_held_with_the_transaction(dj_suite, dj_broker, c
         messages = dramatiq_unique.send_many(charge, [((f"c{n}",), {}) for n in range(20)])
         assert published(dj_broker) == set()
     assert published(dj_broker) == {m.message_id for m in messages}
+
+
+@pytest.mark.parametrize(("disabled_cursors", "setting", "prepared"),
+                         [(False, None, True), (True, None, False), (True, True, True), (False, False, False)])
+def test_djangos_setting_for_a_transaction_pooler_turns_prepared_statements_off(
+        migrated, dj_broker, key_prefix, monkeypatch, disabled_cursors, setting, prepared):
+    """Given DISABLE_SERVER_SIDE_CURSORS (Django's setting behind a pooler in transaction mode), Then the
+    suite prepares nothing on Django's connection unless ``prepared_statements=True`` says so."""
+    from django.db import connections
+
+    from dramatiq_unique.storage import queries
+
+    monkeypatch.setitem(connections.settings["default"], "DISABLE_SERVER_SIDE_CURSORS", disabled_cursors)
+    suite = setup(dj_broker, key_prefix=key_prefix, prepared_statements=setting)
+    try:
+        assert getattr(suite.db, queries._ON) is prepared
+
+        @dramatiq.actor(track=True)
+        def pooled(n: int) -> None:
+            pass
+
+        first = pooled.send(1)
+        with transaction.atomic():
+            second = pooled.send(2)
+        assert job_of(first).status == job_of(second).status == "queued"
+        names = {n for (n,) in suite.db.execute_sql("SELECT name FROM pg_prepared_statements").fetchall()}
+        assert bool(names) is prepared
+    finally:
+        connections.close_all()
