@@ -107,7 +107,6 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     attach = getattr(suite.db, "attach_suite", None)
     if attach is not None:  # a framework's database (dramatiq_unique.contrib): its transactions hold sends
         attach(suite)
-    _suite.set_current(suite)
     return suite
 
 

@@ -89,15 +89,16 @@ def is_tracked(actor_options: dict) -> bool:
         actor_options.get(name) is not None for name in SUITE_OPTIONS - {"track"})
 
 
-def _check_ms(name: str, value: Any, fn: Any) -> None:
+def _check_ms(name: str, value: Any, fn: Any, *, delay: bool = False) -> None:
     """Times are whole milliseconds (``1500.0`` too), at least 1: ``1.5`` is refused, not rounded, as Redis and
-    the row's lease count whole milliseconds and a rounding would hide a unit mistake (seconds for ms)."""
+    the row's lease count whole milliseconds and a rounding would hide a unit mistake (seconds for ms).  A
+    ``delay`` is any finite number: negative means "now", as Dramatiq takes it."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
-        raise InvalidOption(f"{name} must be a whole number of milliseconds, not {show(value)}")
-    if value < 1:
+            or (isinstance(value, float) and not (math.isfinite(value) and (delay or value.is_integer()))):
+        raise InvalidOption(f"{name} must be a {'' if delay else 'whole '}number of milliseconds, not {show(value)}")
+    if value < 1 and not delay:
         raise InvalidOption(f"{name} must be positive, not {show(value)}")
     if value > MAX_MS:
         raise InvalidOption(f"{name} must be at most {MAX_MS} ms (ten years), not {show(value)}")
@@ -105,12 +106,7 @@ def _check_ms(name: str, value: Any, fn: Any) -> None:
 
 def check_delay(delay: Any) -> None:
     """A send's ``delay`` (ms): a finite number; negative means "now", as Dramatiq takes it."""
-    if delay is None:
-        return
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
-        raise InvalidOption(f"delay must be a number of milliseconds, not {show(delay)}")
-    if delay > MAX_MS:
-        raise InvalidOption(f"delay must be at most {MAX_MS} ms (ten years), not {show(delay)}")
+    _check_ms("delay", delay, None, delay=True)
 
 
 def _choice(allowed: frozenset) -> Callable[[str, Any, Any], None]:

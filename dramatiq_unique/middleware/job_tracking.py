@@ -55,13 +55,10 @@ class JobTracking(Middleware):
 
     #: Names this middleware where the suite checks which of its middlewares a broker has.
     capability: ClassVar[str] = opt.TRACKING
+    actor_options = set(opt.TRACKING_OPTIONS | opt.UNIQUE_OPTIONS)
 
     def __init__(self, *, suite: Suite) -> None:
         self.suite = suite
-
-    @property
-    def actor_options(self) -> set[str]:
-        return set(opt.TRACKING_OPTIONS | opt.UNIQUE_OPTIONS)
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
