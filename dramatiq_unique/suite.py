@@ -202,7 +202,7 @@ class Suite:
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of several,
         #: its bounded client (locks/redlock.py): that master down costs ``lock_timeout`` at most.
-        self.redis = self.masters[0] if self.locks.single else self.locks.nodes[0].client
+        self.redis = self.locks.clients[0]
         self.keys = RedisKeys(self.settings.key_prefix)
         #: The app this suite's job rows belong to, in a database several apps share (durable/scope.py).
         self.app = app_name(self.settings.key_prefix)

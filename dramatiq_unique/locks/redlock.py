@@ -8,6 +8,7 @@ Whoever knows a token may release or extend its lock (a queue lock's token trave
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -162,12 +163,12 @@ def drift(ttl_ms: float) -> float:
     return ttl_ms * CLOCK_DRIFT_FACTOR + 2
 
 
+@dataclasses.dataclass
 class Replies:
     """What the masters answered to one operation: their replies, and the errors of those that failed."""
 
-    def __init__(self) -> None:
-        self.replies: list[Any] = []
-        self.errors: list[Exception] = []
+    replies: list[Any] = dataclasses.field(default_factory=list)
+    errors: list[Exception] = dataclasses.field(default_factory=list)
 
     def count(self, predicate: Callable[[Any], bool]) -> int:
         return sum(1 for reply in self.replies if predicate(reply))
@@ -227,19 +228,14 @@ class Locks:
     """
 
     def __init__(self, masters: Sequence[redis.Redis], *, timeout_ms: float = DEFAULT_LOCK_TIMEOUT) -> None:
-        if not masters:
-            raise ValueError("at least one Redis master is needed")
         self.masters = list(masters)
         self.single = len(self.masters) == 1
         self.quorum = len(self.masters) // 2 + 1
-        self.timeout_ms = timeout_ms
+        self._scripts = {name: lua.register(self.masters[0], name) for name in SCRIPTS} if self.single else {}
         #: With several masters, each master's bounded client and state.
-        self.nodes: list[Master] = []
-        self._scripts: dict[str, Any] = {}
-        if self.single:
-            self._scripts = {name: lua.register(self.masters[0], name) for name in SCRIPTS}
-        else:
-            self.nodes = [Master(client, timeout_ms) for client in self.masters]
+        self.nodes = [] if self.single else [Master(client, timeout_ms) for client in self.masters]
+        #: The clients the locks are asked over: the one master's as given; of several, each one's bounded client.
+        self.clients = self.masters if self.single else [node.client for node in self.nodes]
 
     def _one(self, script: str, doing: str, name: str, args: list, *keys: str) -> Any:
         """One master: ``redis/lua/<script>.lua`` on it."""
