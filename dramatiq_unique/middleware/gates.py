@@ -14,10 +14,9 @@ from dramatiq.middleware import SkipMessage
 
 from dramatiq_unique import context
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER, Held, JobContext
+from dramatiq_unique.context import MARKER, Held, JobContext, carry_context
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.guard import guarded, hook
-from dramatiq_unique.leases import carry_context
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot

@@ -1,4 +1,4 @@
-"""Unit tests of dramatiq_unique.leases (heartbeat()): context hand-over to async actors, no services."""
+"""Unit tests of dramatiq_unique.context (heartbeat()): context hand-over to async actors, no services."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from dramatiq.asyncio import EventLoopThread, async_to_sync, get_event_loop_thread, set_event_loop_thread
 
 from dramatiq_unique import NotInJob, context, current_job, heartbeat
-from dramatiq_unique.leases import carry_context
+from dramatiq_unique.context import carry_context
 
 
 class AmnesicLoop(EventLoopThread):
