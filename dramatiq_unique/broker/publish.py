@@ -44,7 +44,7 @@ _pending: contextvars.ContextVar[Optional[list[Lock]]] = contextvars.ContextVar(
 
 
 class Publisher:
-    """Publishes tracked messages, with their queue locks, on one Redis broker."""
+    """Publishes tracked messages, with their queue locks, on one Redis broker (whose ``do_enqueue`` it wraps)."""
 
     def __init__(self, broker: Any, suite: "Suite") -> None:
         self.broker, self.suite = broker, suite
@@ -54,17 +54,8 @@ class Publisher:
         #: The broker's own script, over this thread's connection (redis/scripts.py).
         text = broker.scripts["dispatch"].script
         self.dispatch = scripts.Script(broker.client, text.decode() if isinstance(text, bytes) else text)
-        #: The broker's own ``do_enqueue``, which :meth:`install` wraps.
-        self._enqueue = broker.do_enqueue
-
-    @classmethod
-    def install(cls, broker: Any, suite: "Suite") -> Optional["Publisher"]:
-        """A Publisher for ``broker`` if it is a Redis broker, its ``do_enqueue`` wrapped; None if not."""
-        if not isinstance(broker, RedisBroker):
-            return None
-        publisher = cls(broker, suite)
-        broker.do_enqueue = publisher.do_enqueue  # type: ignore[attr-defined]
-        return publisher
+        #: The broker's own ``do_enqueue``, wrapped from now on.
+        self._enqueue, broker.do_enqueue = broker.do_enqueue, self.do_enqueue
 
     def arm(self) -> contextvars.Token:
         """Let the send under way leave its queue lock to its publish (:meth:`later`); the caller resets it."""
