@@ -262,9 +262,8 @@ class Suite:
                 self.models.append(model)
 
     def configure_actor(self, actor: "dramatiq.Actor") -> Optional[ActorConfig]:
-        """Validate and resolve an actor's suite options; None if it is not tracked."""
+        """Resolve an actor's suite options, which ``options.check_actor`` validated; None if it is not tracked."""
         options = actor.options
-        opt.validate(options, actor.fn)
         if not opt.is_tracked(options):
             self.actors.pop(actor.actor_name, None)
             return None
