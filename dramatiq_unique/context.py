@@ -107,7 +107,8 @@ class JobContext:
         raise error
 
 
-_current: contextvars.ContextVar[Optional[JobContext]] = contextvars.ContextVar("dramatiq_unique_job", default=None)
+#: The attempt whose actor runs in this context (set while it runs): :func:`require` and :func:`current_job` read it.
+active: contextvars.ContextVar[Optional[JobContext]] = contextvars.ContextVar("dramatiq_unique_job", default=None)
 
 
 def attach(message: "MessageProxy", suite: "Suite", config: "ActorConfig") -> JobContext:
@@ -136,16 +137,8 @@ def of(message: Any) -> Optional[JobContext]:
     return getattr(message, _ATTRIBUTE, None)
 
 
-def activate(ctx: Optional[JobContext]) -> None:
-    _current.set(ctx)
-
-
-def active() -> Optional[JobContext]:
-    return _current.get()
-
-
 def require() -> JobContext:
-    ctx = _current.get()
+    ctx = active.get()
     if ctx is None or ctx.job is None:
         raise NotInJob()
     return ctx
@@ -241,7 +234,7 @@ def carry_context(actor: "dramatiq.Actor") -> None:
 
     @functools.wraps(original)
     async def run(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        activate(ctx)
+        active.set(ctx)
         return await original(*args, **kwargs)
 
     runner = async_to_sync(run)
@@ -249,7 +242,7 @@ def carry_context(actor: "dramatiq.Actor") -> None:
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         # Runs on the worker thread, where the middlewares set the context.
-        return runner(active(), *args, **kwargs)
+        return runner(active.get(), *args, **kwargs)
 
     setattr(call, _CARRIES, True)
     actor.fn = call

@@ -211,7 +211,7 @@ def _needs(config: "ActorConfig", opts: dict, held: Any) -> str:
 
 def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
-    ctx = active()
+    ctx = active.get()
     model = job_model(suite, config.model, message.options)  # the store that holds its row
     ref = message.options.get(REDIS_MESSAGE_ID)  # the Redis broker's id for this delivery
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:

@@ -45,13 +45,13 @@ def test_an_async_actor_sees_the_attempts_context_whatever_the_loop_does(amnesic
     carry_context(carried)  # idempotent
     assert carried.fn is fn
 
-    context.activate(context.JobContext(suite=None, config=None, message=None, job=job))  # type: ignore[arg-type]
+    context.active.set(context.JobContext(suite=None, config=None, message=None, job=job))  # type: ignore[arg-type]
     try:
         with pytest.raises(NotInJob):
             plain.fn()  # the loop dropped the context
         assert carried.fn() is job
     finally:
-        context.activate(None)
+        context.active.set(None)
 
 
 def test_sync_functions_are_left_alone():
