@@ -24,7 +24,7 @@ from dramatiq_unique.errors import RedisUnavailable, redis_errors
 from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
-from dramatiq_unique.redis.servers import address
+from dramatiq_unique.redis.servers import address, connection_settings
 
 #: ms each Redlock master may take to connect or to answer (the ``lock_timeout`` setting).
 DEFAULT_LOCK_TIMEOUT = 100
@@ -32,11 +32,6 @@ DEFAULT_LOCK_TIMEOUT = 100
 PAUSE = 1_000
 #: pottery's (and the Redlock paper's) allowance for clock drift: 1% of the TTL, plus 2 ms.
 CLOCK_DRIFT_FACTOR = 0.01
-
-# Connection settings that belong to the user's pool itself (redis-py 7+'s maintenance
-# notifications) or that redis-py derives again: not copied to the derived pool.
-_POOL_OWN = ("maint_notifications_pool_handler", "maint_notifications_config", "himport_registry",
-             "orig_host_address", "orig_socket_timeout", "orig_socket_connect_timeout")
 
 
 class MasterSkipped(RedisConnectionError):
@@ -145,7 +140,7 @@ def bounded_client(client: redis.Redis, timeout_ms: float, master: Master) -> re
     copied (Sentinel...) is used as it is."""
     pool = client.connection_pool
     seconds = timeout_ms / 1000
-    kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
+    kwargs = connection_settings(pool)
     # Sent again once after a connection error (a connection the server closed when it restarted:
     # our plain commands are safe to repeat), never after a timeout (a stalled server).
     kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_error=[], retry_on_timeout=False,
