@@ -23,7 +23,7 @@ from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.servers import identity
 
-try:  # Dramatiq 2.x; without it every woken job goes through the broker.
+try:  # Dramatiq 2.2.0 on; before, every woken job goes through the broker.
     from dramatiq.worker import _WorkQueueItem
 except ImportError:  # pragma: no cover
     _WorkQueueItem = None  # type: ignore[assignment,misc]
@@ -169,9 +169,6 @@ class LocalDelivery:
         self.broker.emit_after("enqueue", self.message, None)
         # The message as written (its body was encoded from it): no need to decode it again.
         proxy = MessageProxy(self.message)
-        try:
-            # Ahead of the prefetched messages of its priority: it was sent before them, and has waited.
-            item = _WorkQueueItem(self.priority, proxy, _queued_time=0)
-        except TypeError:  # pragma: no cover  (a Dramatiq without the FIFO tie-break)
-            item = _WorkQueueItem(self.priority, proxy)
-        self.worker.work_queue.put(item)
+        # Ahead of the prefetched messages of its priority: it was sent before them, and has waited.
+        # (Every Dramatiq with _WorkQueueItem, 2.2.0 on, has its FIFO tie-break.)
+        self.worker.work_queue.put(_WorkQueueItem(self.priority, proxy, _queued_time=0))
