@@ -109,13 +109,19 @@ def check_delay(delay: Any) -> None:
     _check_ms("delay", delay, None, delay=True)
 
 
-def _choice(allowed: frozenset) -> Callable[[str, Any, Any], None]:
+def _check(fits: Callable[[Any], bool], what: str) -> Callable[[str, Any, Any], None]:
+    """A check that refuses a value (other than None) that does not ``fit``: ``<name> must be <what>``."""
+
     def check(name: str, value: Any, fn: Any) -> None:
-        # isinstance first: an unhashable value (a list) must not raise TypeError in the look-up.
-        if value is not None and (not isinstance(value, str) or value not in allowed):
-            raise InvalidOption(f"{name} must be one of {sorted(allowed)}, not {show(value)}")
+        if value is not None and not fits(value):
+            raise InvalidOption(f"{name} must be {what}, not {show(value)}")
 
     return check
+
+
+def _choice(allowed: frozenset) -> Callable[[str, Any, Any], None]:
+    # isinstance first: an unhashable value (a list) must not raise TypeError in the look-up.
+    return _check(lambda value: isinstance(value, str) and value in allowed, f"one of {sorted(allowed)}")
 
 
 def _parameters(fn: Callable[..., Any]) -> Optional[dict[str, inspect.Parameter]]:
@@ -154,16 +160,6 @@ def _check_defaults(name: str, fn: Callable[..., Any], selected: Optional[Any]) 
             )
 
 
-def _whole(name: str, value: Any, fn: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise InvalidOption(f"{name} must be a whole number, 0 or more, not {show(value)}")
-
-
-def _flag(name: str, value: Any, fn: Any) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise InvalidOption(f"{name} must be True or False, not {show(value)}")
-
-
 #: Each option's check, in the order validate() runs them (the first bad value is the one
 #: reported).  ``job_model`` is checked where its table is made (Suite.configure_actor).
 _CHECKS: dict[str, Callable[[str, Any, Callable[..., Any]], None]] = {
@@ -176,8 +172,9 @@ _CHECKS: dict[str, Callable[[str, Any, Callable[..., Any]], None]] = {
     "unique_window": _check_ms,
     "concurrency_ttl": _check_ms,
     "idempotency_window": _check_ms,
-    "concurrency_limit": _whole,
-    "track": _flag,
+    "concurrency_limit": _check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                                "a whole number, 0 or more"),
+    "track": _check(lambda value: isinstance(value, bool), "True or False"),
 }
 
 
