@@ -8,7 +8,7 @@ from dramatiq import Broker
 from dramatiq.middleware import Retries
 
 from dramatiq_unique import suite as _suite
-from dramatiq_unique.context import current_job
+from dramatiq_unique.context import checkpoint, current_job, heartbeat, step_key
 from dramatiq_unique.durable.dead import cancel_job, dead_jobs, retry_job
 from dramatiq_unique.durable.lookup import find_job
 from dramatiq_unique.durable.redrive import RedriveCounts, redrive, start_redriver
@@ -33,7 +33,6 @@ from dramatiq_unique.errors import (
     SchemaOutOfDate,
     UnsupportedVersion,
 )
-from dramatiq_unique.leases import checkpoint, heartbeat, step_key
 from dramatiq_unique.logs import RedactPasswords, ResultWarningFilter
 from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
 from dramatiq_unique.observe import enable_metrics
@@ -107,7 +106,6 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     attach = getattr(suite.db, "attach_suite", None)
     if attach is not None:  # a framework's database (dramatiq_unique.contrib): its transactions hold sends
         attach(suite)
-    _suite.set_current(suite)
     return suite
 
 

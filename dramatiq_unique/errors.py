@@ -69,10 +69,6 @@ class DatabaseUnavailable(DependencyUnavailable):
     """The job table could not be reached"""
 
 
-#: How Redis begins the reply to a command that the user's ACL does not allow.
-NOPERM = "NOPERM"
-
-
 class RedisUnavailable(DependencyUnavailable):
     """Redis could not be reached for a lock"""
 
@@ -102,7 +98,7 @@ def permission_refused(error: Any) -> bool:
     """Whether ``error`` (a Redis error, or its text) is a refusal by the user's ACL (``NoPermissionError``
     drops the ``NOPERM`` code from its text, a script's reply keeps it)."""
     text = str(error)
-    return NOPERM in text or type(error).__name__ == "NoPermissionError" or "user has no permissions" in text
+    return "NOPERM" in text or type(error).__name__ == "NoPermissionError" or "user has no permissions" in text
 
 
 class UnsupportedVersion(DependencyUnavailable):

@@ -89,15 +89,16 @@ def is_tracked(actor_options: dict) -> bool:
         actor_options.get(name) is not None for name in SUITE_OPTIONS - {"track"})
 
 
-def _check_ms(name: str, value: Any, fn: Any) -> None:
+def _check_ms(name: str, value: Any, fn: Any, *, delay: bool = False) -> None:
     """Times are whole milliseconds (``1500.0`` too), at least 1: ``1.5`` is refused, not rounded, as Redis and
-    the row's lease count whole milliseconds and a rounding would hide a unit mistake (seconds for ms)."""
+    the row's lease count whole milliseconds and a rounding would hide a unit mistake (seconds for ms).  A
+    ``delay`` is any finite number: negative means "now", as Dramatiq takes it."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
-        raise InvalidOption(f"{name} must be a whole number of milliseconds, not {show(value)}")
-    if value < 1:
+            or (isinstance(value, float) and not (math.isfinite(value) and (delay or value.is_integer()))):
+        raise InvalidOption(f"{name} must be a {'' if delay else 'whole '}number of milliseconds, not {show(value)}")
+    if value < 1 and not delay:
         raise InvalidOption(f"{name} must be positive, not {show(value)}")
     if value > MAX_MS:
         raise InvalidOption(f"{name} must be at most {MAX_MS} ms (ten years), not {show(value)}")
@@ -105,21 +106,22 @@ def _check_ms(name: str, value: Any, fn: Any) -> None:
 
 def check_delay(delay: Any) -> None:
     """A send's ``delay`` (ms): a finite number; negative means "now", as Dramatiq takes it."""
-    if delay is None:
-        return
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
-        raise InvalidOption(f"delay must be a number of milliseconds, not {show(delay)}")
-    if delay > MAX_MS:
-        raise InvalidOption(f"delay must be at most {MAX_MS} ms (ten years), not {show(delay)}")
+    _check_ms("delay", delay, None, delay=True)
+
+
+def _check(fits: Callable[[Any], bool], what: str) -> Callable[[str, Any, Any], None]:
+    """A check that refuses a value (other than None) that does not ``fit``: ``<name> must be <what>``."""
+
+    def check(name: str, value: Any, fn: Any) -> None:
+        if value is not None and not fits(value):
+            raise InvalidOption(f"{name} must be {what}, not {show(value)}")
+
+    return check
 
 
 def _choice(allowed: frozenset) -> Callable[[str, Any, Any], None]:
-    def check(name: str, value: Any, fn: Any) -> None:
-        # isinstance first: an unhashable value (a list) must not raise TypeError in the look-up.
-        if value is not None and (not isinstance(value, str) or value not in allowed):
-            raise InvalidOption(f"{name} must be one of {sorted(allowed)}, not {show(value)}")
-
-    return check
+    # isinstance first: an unhashable value (a list) must not raise TypeError in the look-up.
+    return _check(lambda value: isinstance(value, str) and value in allowed, f"one of {sorted(allowed)}")
 
 
 def _parameters(fn: Callable[..., Any]) -> Optional[dict[str, inspect.Parameter]]:
@@ -158,16 +160,6 @@ def _check_defaults(name: str, fn: Callable[..., Any], selected: Optional[Any]) 
             )
 
 
-def _whole(name: str, value: Any, fn: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise InvalidOption(f"{name} must be a whole number, 0 or more, not {show(value)}")
-
-
-def _flag(name: str, value: Any, fn: Any) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise InvalidOption(f"{name} must be True or False, not {show(value)}")
-
-
 #: Each option's check, in the order validate() runs them (the first bad value is the one
 #: reported).  ``job_model`` is checked where its table is made (Suite.configure_actor).
 _CHECKS: dict[str, Callable[[str, Any, Callable[..., Any]], None]] = {
@@ -180,8 +172,9 @@ _CHECKS: dict[str, Callable[[str, Any, Callable[..., Any]], None]] = {
     "unique_window": _check_ms,
     "concurrency_ttl": _check_ms,
     "idempotency_window": _check_ms,
-    "concurrency_limit": _whole,
-    "track": _flag,
+    "concurrency_limit": _check(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+                                "a whole number, 0 or more"),
+    "track": _check(lambda value: isinstance(value, bool), "True or False"),
 }
 
 

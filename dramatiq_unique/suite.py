@@ -79,16 +79,13 @@ class Settings:
         if not isinstance(self.key_prefix, str) or not self.key_prefix:  # "": rows any app adopts (scope.py)
             raise InvalidOption(f"setting key_prefix must be a non-empty str, not {self.key_prefix!r}: it names this "
                                 "app's job rows, and '' names rows written before rows had an app, which apps adopt")
-        if self.on_lost not in ("redrive", "fail"):
-            raise InvalidOption(f"setting on_lost must be 'redrive' or 'fail', not {self.on_lost!r}")
-        if self.on_broker_down not in ("defer", "raise"):
-            raise InvalidOption(f"setting on_broker_down must be 'defer' or 'raise', not {self.on_broker_down!r}")
+        for name, allowed in (("on_lost", ("redrive", "fail")), ("on_broker_down", ("defer", "raise"))):
+            if (value := getattr(self, name)) not in allowed:
+                raise InvalidOption(f"setting {name} must be {' or '.join(map(repr, allowed))}, not {value!r}")
 
 
 #: The options an :class:`ActorConfig` resolves, a message's own over the actor's.
-RESOLVED = ("unique_args", "unique_lock", "unique_on_conflict", "unique_ttl", "unique_window", "unique_order_by",
-            "concurrency_limit", "concurrency_key", "concurrency_ttl", "idempotency_window")
-_RESOLVED = frozenset(RESOLVED)
+RESOLVED = opt.UNIQUE_OPTIONS | opt.CONCURRENCY_OPTIONS | {"idempotency_window"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +126,7 @@ class ActorConfig:
 
     def for_message(self, message_options: dict) -> "ActorConfig":
         """The options one message runs with: its own (``is None``: the actor's) over the actor's."""
-        if message_options.keys().isdisjoint(_RESOLVED) or all(message_options.get(n) is None for n in RESOLVED):
+        if message_options.keys().isdisjoint(RESOLVED) or all(message_options.get(n) is None for n in RESOLVED):
             return self
         resolved = copy.copy(self)
         resolved._put(message_options)
@@ -205,7 +202,7 @@ class Suite:
         self.locks = Locks(self.masters, timeout_ms=self.settings.lock_timeout)
         #: The client for plain Redis state (slots, wake-up flags, limits): the first master; of several,
         #: its bounded client (locks/redlock.py): that master down costs ``lock_timeout`` at most.
-        self.redis = self.masters[0] if self.locks.single else self.locks.nodes[0].client
+        self.redis = self.locks.clients[0]
         self.keys = RedisKeys(self.settings.key_prefix)
         #: The app this suite's job rows belong to, in a database several apps share (durable/scope.py).
         self.app = app_name(self.settings.key_prefix)
@@ -265,9 +262,8 @@ class Suite:
                 self.models.append(model)
 
     def configure_actor(self, actor: "dramatiq.Actor") -> Optional[ActorConfig]:
-        """Validate and resolve an actor's suite options; None if it is not tracked."""
+        """Resolve an actor's suite options, which ``options.check_actor`` validated; None if it is not tracked."""
         options = actor.options
-        opt.validate(options, actor.fn)
         if not opt.is_tracked(options):
             self.actors.pop(actor.actor_name, None)
             return None

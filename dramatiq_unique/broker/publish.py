@@ -23,7 +23,7 @@ from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.servers import identity
 
-try:  # Dramatiq 2.x; without it every woken job goes through the broker.
+try:  # Dramatiq 2.2.0 on; before, every woken job goes through the broker.
     from dramatiq.worker import _WorkQueueItem
 except ImportError:  # pragma: no cover
     _WorkQueueItem = None  # type: ignore[assignment,misc]
@@ -44,7 +44,7 @@ _pending: contextvars.ContextVar[Optional[list[Lock]]] = contextvars.ContextVar(
 
 
 class Publisher:
-    """Publishes tracked messages, with their queue locks, on one Redis broker."""
+    """Publishes tracked messages, with their queue locks, on one Redis broker (whose ``do_enqueue`` it wraps)."""
 
     def __init__(self, broker: Any, suite: "Suite") -> None:
         self.broker, self.suite = broker, suite
@@ -54,17 +54,8 @@ class Publisher:
         #: The broker's own script, over this thread's connection (redis/scripts.py).
         text = broker.scripts["dispatch"].script
         self.dispatch = scripts.Script(broker.client, text.decode() if isinstance(text, bytes) else text)
-        #: The broker's own ``do_enqueue``, which :meth:`install` wraps.
-        self._enqueue = broker.do_enqueue
-
-    @classmethod
-    def install(cls, broker: Any, suite: "Suite") -> Optional["Publisher"]:
-        """A Publisher for ``broker`` if it is a Redis broker, its ``do_enqueue`` wrapped; None if not."""
-        if not isinstance(broker, RedisBroker):
-            return None
-        publisher = cls(broker, suite)
-        broker.do_enqueue = publisher.do_enqueue  # type: ignore[attr-defined]
-        return publisher
+        #: The broker's own ``do_enqueue``, wrapped from now on.
+        self._enqueue, broker.do_enqueue = broker.do_enqueue, self.do_enqueue
 
     def arm(self) -> contextvars.Token:
         """Let the send under way leave its queue lock to its publish (:meth:`later`); the caller resets it."""
@@ -178,9 +169,6 @@ class LocalDelivery:
         self.broker.emit_after("enqueue", self.message, None)
         # The message as written (its body was encoded from it): no need to decode it again.
         proxy = MessageProxy(self.message)
-        try:
-            # Ahead of the prefetched messages of its priority: it was sent before them, and has waited.
-            item = _WorkQueueItem(self.priority, proxy, _queued_time=0)
-        except TypeError:  # pragma: no cover  (a Dramatiq without the FIFO tie-break)
-            item = _WorkQueueItem(self.priority, proxy)
-        self.worker.work_queue.put(item)
+        # Ahead of the prefetched messages of its priority: it was sent before them, and has waited.
+        # (Every Dramatiq with _WorkQueueItem, 2.2.0 on, has its FIFO tie-break.)
+        self.worker.work_queue.put(_WorkQueueItem(self.priority, proxy, _queued_time=0))

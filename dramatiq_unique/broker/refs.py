@@ -49,15 +49,10 @@ def is_resending() -> bool:
 SUPPORTED = "dramatiq>=2,<3"
 
 
-def supported(version: str) -> bool:
-    match = re.match(r"\s*(\d+)", version)
-    return match is not None and int(match.group(1)) == 2
-
-
 def check(broker: Any, version: Optional[str] = None) -> None:
     """Refuse a Redis broker under a Dramatiq these keys were not checked against (``version``: the installed)."""
     version = dramatiq.__version__ if version is None else version
-    if isinstance(broker, RedisBroker) and not supported(version):
+    if isinstance(broker, RedisBroker) and not re.match(r"\s*2(?!\d)", version):  # SUPPORTED
         raise UnsupportedVersion(
             f"dramatiq {version}: the suite reads and writes the Redis broker's keys as {SUPPORTED} lays "
             f"them out, and has not been checked against this version; use {SUPPORTED} "

@@ -13,7 +13,6 @@ from types import TracebackType
 from typing import Any, Literal, Optional
 
 import dramatiq
-import redis
 from pottery import QuorumIsImpossible, Redlock
 
 from dramatiq_unique import options as opt
@@ -24,12 +23,6 @@ from dramatiq_unique.suite import ActorConfig, Suite, current
 from dramatiq_unique.unique.keys import canonical, derive_key, digest
 
 logger = logging.getLogger(__name__)
-
-
-def masters_of(suite: Suite) -> list[redis.Redis]:
-    """The clients a :class:`KeyLock` asks, as the jobs' locks do: one server's client as given; of
-    several masters, each over the suite's bounded client (:mod:`dramatiq_unique.locks.redlock`)."""
-    return list(suite.masters) if suite.locks.single else [node.client for node in suite.locks.nodes]
 
 
 class KeyLock(Redlock):
@@ -48,7 +41,7 @@ class KeyLock(Redlock):
 
     def __init__(self, *, suite: Suite, unique_key: str, ttl_ms: float) -> None:
         name = suite.keys.execution_lock(unique_key)
-        super().__init__(key=name, masters=masters_of(suite), raise_on_redis_errors=True,
+        super().__init__(key=name, masters=list(suite.locks.clients), raise_on_redis_errors=True,
                          auto_release_time=ttl_ms / 1000)
         self.suite = suite
         self.unique_key = unique_key

@@ -38,17 +38,14 @@ def release(suite: "Suite", job: Any, marker: dict, *, wait: bool = True) -> Non
 
 def release_key(suite: "Suite", unique_key: Optional[str], token: Optional[str], message_id: str, *,
                 wait: bool = True) -> None:
-    """Free the queue lock of ``unique_key`` if ``token`` still holds it."""
-    if unique_key and token:
-        free(suite, (suite.keys.queue_lock(unique_key), token), message_id, wait=wait)
-
-
-def free(suite: "Suite", lock: tuple[str, str], message_id: str, *, wait: bool) -> None:
-    """Release ``(lock name, token)``; a Redis outage only costs the lock its TTL."""
+    """Free the queue lock of ``unique_key`` if ``token`` still holds it; a Redis outage only costs the lock its TTL."""
+    if not (unique_key and token):
+        return
+    name = suite.keys.queue_lock(unique_key)
     try:
         if wait:
-            suite.locks.release(*lock)
+            suite.locks.release(name, token)
         else:
-            suite.locks.release_later(*lock)
+            suite.locks.release_later(name, token)
     except RedisUnavailable:
         logger.warning("Could not release the queue lock of job %s; it expires by itself.", message_id)

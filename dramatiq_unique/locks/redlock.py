@@ -8,6 +8,7 @@ Whoever knows a token may release or extend its lock (a queue lock's token trave
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -23,7 +24,7 @@ from dramatiq_unique.errors import RedisUnavailable, redis_errors
 from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.redis.keys import LOCK_PREFIX
 from dramatiq_unique.redis.lua import KEPT, NOT_HELD, RELEASED
-from dramatiq_unique.redis.servers import address
+from dramatiq_unique.redis.servers import address, connection_settings
 
 #: ms each Redlock master may take to connect or to answer (the ``lock_timeout`` setting).
 DEFAULT_LOCK_TIMEOUT = 100
@@ -31,11 +32,6 @@ DEFAULT_LOCK_TIMEOUT = 100
 PAUSE = 1_000
 #: pottery's (and the Redlock paper's) allowance for clock drift: 1% of the TTL, plus 2 ms.
 CLOCK_DRIFT_FACTOR = 0.01
-
-# Connection settings that belong to the user's pool itself (redis-py 7+'s maintenance
-# notifications) or that redis-py derives again: not copied to the derived pool.
-_POOL_OWN = ("maint_notifications_pool_handler", "maint_notifications_config", "himport_registry",
-             "orig_host_address", "orig_socket_timeout", "orig_socket_connect_timeout")
 
 
 class MasterSkipped(RedisConnectionError):
@@ -144,7 +140,7 @@ def bounded_client(client: redis.Redis, timeout_ms: float, master: Master) -> re
     copied (Sentinel...) is used as it is."""
     pool = client.connection_pool
     seconds = timeout_ms / 1000
-    kwargs = {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
+    kwargs = connection_settings(pool)
     # Sent again once after a connection error (a connection the server closed when it restarted:
     # our plain commands are safe to repeat), never after a timeout (a stalled server).
     kwargs.update(socket_timeout=seconds, socket_connect_timeout=seconds, retry_on_error=[], retry_on_timeout=False,
@@ -162,12 +158,12 @@ def drift(ttl_ms: float) -> float:
     return ttl_ms * CLOCK_DRIFT_FACTOR + 2
 
 
+@dataclasses.dataclass
 class Replies:
     """What the masters answered to one operation: their replies, and the errors of those that failed."""
 
-    def __init__(self) -> None:
-        self.replies: list[Any] = []
-        self.errors: list[Exception] = []
+    replies: list[Any] = dataclasses.field(default_factory=list)
+    errors: list[Exception] = dataclasses.field(default_factory=list)
 
     def count(self, predicate: Callable[[Any], bool]) -> int:
         return sum(1 for reply in self.replies if predicate(reply))
@@ -227,19 +223,14 @@ class Locks:
     """
 
     def __init__(self, masters: Sequence[redis.Redis], *, timeout_ms: float = DEFAULT_LOCK_TIMEOUT) -> None:
-        if not masters:
-            raise ValueError("at least one Redis master is needed")
         self.masters = list(masters)
         self.single = len(self.masters) == 1
         self.quorum = len(self.masters) // 2 + 1
-        self.timeout_ms = timeout_ms
+        self._scripts = {name: lua.register(self.masters[0], name) for name in SCRIPTS} if self.single else {}
         #: With several masters, each master's bounded client and state.
-        self.nodes: list[Master] = []
-        self._scripts: dict[str, Any] = {}
-        if self.single:
-            self._scripts = {name: lua.register(self.masters[0], name) for name in SCRIPTS}
-        else:
-            self.nodes = [Master(client, timeout_ms) for client in self.masters]
+        self.nodes = [] if self.single else [Master(client, timeout_ms) for client in self.masters]
+        #: The clients the locks are asked over: the one master's as given; of several, each one's bounded client.
+        self.clients = self.masters if self.single else [node.client for node in self.nodes]
 
     def _one(self, script: str, doing: str, name: str, args: list, *keys: str) -> Any:
         """One master: ``redis/lua/<script>.lua`` on it."""

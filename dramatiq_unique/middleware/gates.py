@@ -14,10 +14,9 @@ from dramatiq.middleware import SkipMessage
 
 from dramatiq_unique import context
 from dramatiq_unique import options as opt
-from dramatiq_unique.context import MARKER, Held, JobContext
+from dramatiq_unique.context import MARKER, Held, JobContext, carry_context
 from dramatiq_unique.errors import RedisUnavailable
 from dramatiq_unique.guard import guarded, hook
-from dramatiq_unique.leases import carry_context
 from dramatiq_unique.locks.redlock import new_token
 from dramatiq_unique.observe import events
 from dramatiq_unique.parking import lot
@@ -39,8 +38,6 @@ class GateMiddleware(Middleware):
 
     #: Names the middleware where the suite checks which of its middlewares a broker has.
     capability: ClassVar[str]
-    #: The options the middleware reads (Dramatiq refuses an option no middleware declares).
-    options: ClassVar[frozenset]
     #: The ActorConfig property that says whether a job (with its message's own options) takes the gate.
     takes: ClassVar[str]
     gate: Gate
@@ -50,10 +47,6 @@ class GateMiddleware(Middleware):
         self.parking = lot.of(suite)
         if local_handoff is not None:  # None leaves it as the other gate middleware set it
             self.parking.delivery.local = local_handoff
-
-    @property
-    def actor_options(self) -> set[str]:
-        return set(self.options)
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
@@ -176,7 +169,8 @@ class ExecutionLocks(GateMiddleware):
     """
 
     capability: ClassVar[str] = opt.LOCKS
-    options: ClassVar[frozenset] = opt.LOCK_OPTIONS
+    #: The options it reads (Dramatiq refuses an option no middleware declares).
+    actor_options = set(opt.LOCK_OPTIONS)
     takes: ClassVar[str] = "execution_lock"
     gate: LockGate
 
@@ -238,7 +232,7 @@ class ConcurrencySlots(GateMiddleware):
     """
 
     capability: ClassVar[str] = opt.SLOTS
-    options: ClassVar[frozenset] = opt.SLOT_OPTIONS
+    actor_options = set(opt.SLOT_OPTIONS)
     takes: ClassVar[str] = "has_slots"
     gate: SlotGate
 

@@ -55,13 +55,10 @@ class JobTracking(Middleware):
 
     #: Names this middleware where the suite checks which of its middlewares a broker has.
     capability: ClassVar[str] = opt.TRACKING
+    actor_options = set(opt.TRACKING_OPTIONS | opt.UNIQUE_OPTIONS)
 
     def __init__(self, *, suite: Suite) -> None:
         self.suite = suite
-
-    @property
-    def actor_options(self) -> set[str]:
-        return set(opt.TRACKING_OPTIONS | opt.UNIQUE_OPTIONS)
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
@@ -105,7 +102,7 @@ class JobTracking(Middleware):
             # A start reads back a few columns only; the attempt's metrics are labelled by its queue.
             job.__data__["queue_name"] = message.queue_name
         ctx.job = job
-        context.activate(ctx)
+        context.active.set(ctx)
         if job is not None:
             check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
 
@@ -166,7 +163,7 @@ class JobTracking(Middleware):
             if message.failed:  # refused by a middleware before ours could look at it
                 self._refused(message, exception)
             return
-        context.activate(None)
+        context.active.set(None)
         context.run_before_record(ctx)
         try:
             self._record(broker, ctx, message, result, exception)
@@ -213,7 +210,7 @@ class JobTracking(Middleware):
             logger.exception("Could not record job %s as failed; the re-drive settles it.", message.message_id)
 
     def after_skip_message(self, broker, message) -> None:
-        context.activate(None)
+        context.active.set(None)
         if own_skip(message):
             return  # parked, or a finished, replaced or running job's copy dropped: not a failure
         config = self.suite.actor_config(message.actor_name)

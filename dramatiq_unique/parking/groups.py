@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 LOCK = "lock"
 #: The kind of the groups of jobs waiting for a concurrency slot.
 SLOT = "slot"
-#: The group-key suffix of an actor without ``concurrency_key``: one group per actor.
-WHOLE_ACTOR = "all"
 
 
 def kind_of(group: str) -> str:
@@ -34,23 +32,21 @@ def lock_group(unique_key: str) -> str:
     return f"{LOCK}:{unique_key}"
 
 
-def unique_key_of(group: str) -> str:
-    """The unique key of a group ``lock:<unique key>``."""
+def key_of(group: str) -> str:
+    """The key of a group: a lock group's unique key, a slot group's group key."""
     return group.split(":", 1)[1]
+
+
+unique_key_of = slot_key_of = key_of
 
 
 def slot_group(key: str) -> str:
     return f"{SLOT}:{key}"
 
 
-def slot_key_of(group: str) -> str:
-    """The group key of a slot group ``slot:<group key>``."""
-    return group.split(":", 1)[1]
-
-
 def whole_actor(actor_name: str) -> str:
-    """The group key of an actor without ``concurrency_key``."""
-    return f"{actor_name}:{WHOLE_ACTOR}"
+    """The group key of an actor without ``concurrency_key``: one group per actor."""
+    return f"{actor_name}:all"
 
 
 def slot_groups_of(actor_name: str) -> str:

@@ -3,6 +3,7 @@ one-time check of the suite's servers at set-up: one ``PING`` each over a fresh,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any, Optional, Sequence
 from urllib.parse import parse_qs, unquote, urlparse
@@ -10,7 +11,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import redis as redis_lib
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from dramatiq_unique.errors import InvalidOption, RedisUnavailable
 
@@ -20,6 +21,10 @@ logger = logging.getLogger(__name__)
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 #: Query parameters read as seconds.
 _FLOATS = ("socket_timeout", "socket_connect_timeout")
+#: Connection settings that belong to a pool itself (redis-py 7+'s maintenance notifications) or that
+#: redis-py derives again: not copied to a pool derived from it (a Sentinel pool sets its own link back).
+_POOL_OWN = ("maint_notifications_pool_handler", "maint_notifications_config", "himport_registry",
+             "orig_host_address", "orig_socket_timeout", "orig_socket_connect_timeout")
 #: Query parameters given to the master's connections as they are.
 _SSL = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_ca_path", "ssl_check_hostname")
 
@@ -111,57 +116,43 @@ def address(client: redis_lib.Redis) -> str:
     return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
 
 
+def connection_settings(pool: Any) -> dict[str, Any]:
+    """The settings of ``pool``'s connections, for a pool derived from it."""
+    return {key: value for key, value in pool.connection_kwargs.items() if key not in _POOL_OWN}
+
+
 def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
-    """One PING over a new connection bounded by ``timeout_ms``; RedisUnavailable if it fails."""
-    pool = client.connection_pool
+    """One PING over a new connection bounded by ``timeout_ms`` (behind Sentinel: to the master the sentinels
+    name now, each asked once within it); RedisUnavailable if it fails."""
+    pool: Any = client.connection_pool
     seconds = timeout_ms / 1000
-    bounded = {"socket_timeout": seconds, "socket_connect_timeout": seconds,
-               "retry": Retry(NoBackoff(), 0), "retry_on_error": [], "retry_on_timeout": False}
+    bounded = {"socket_timeout": seconds, "socket_connect_timeout": seconds, "retry": Retry(NoBackoff(), 0)}
+    kwargs: dict[str, Any] = {**connection_settings(pool), **bounded, "retry_on_error": [], "retry_on_timeout": False}
+    cls, sentinels, checked = pool.connection_class, [], client
+    if isinstance(pool, SentinelConnectionPool):
+        asked = {**pool.sentinel_manager.sentinel_kwargs, **bounded}
+        probe = Sentinel([_address(s) for s in pool.sentinel_manager.sentinels], sentinel_kwargs=asked)
+        sentinels, checked = probe.sentinels, probe.master_for(pool.service_name, connection_class=cls, **kwargs)
+    else:
+        with contextlib.suppress(Exception):  # a pool of an unusual kind (its class takes other settings): as it is
+            cls(**kwargs)  # nothing connects yet
+            checked = redis_lib.Redis(connection_pool=redis_lib.ConnectionPool(connection_class=cls, **kwargs))
     try:
-        if isinstance(pool, SentinelConnectionPool):
-            conn = _sentinel_master(client, timeout_ms, role, bounded)
-        else:
-            conn = pool.connection_class(**{**pool.connection_kwargs, **bounded})
-    except RedisUnavailable:
-        raise
-    except Exception:  # a pool of an unusual kind: ask the client itself
-        conn = None
-    try:
-        if conn is None:
-            client.ping()
-            return
-        conn.connect()
-        conn.send_command("PING")
-        conn.read_response()
+        checked.ping()
+    except MasterNotFoundError as e:
+        raise RedisUnavailable(
+            f"{role} at {address(client)}: no sentinel named a master of service {pool.service_name!r} within "
+            f"{timeout_ms:g} ms ({type(e).__name__}); are the sentinels running, and is the URL right?"
+        ) from e
     except (redis_lib.RedisError, OSError) as e:
         raise RedisUnavailable(
             f"{role} at {address(client)} did not answer a PING within {timeout_ms:g} ms ({e}); "
             "is the server running, and is the URL right?"
         ) from e
     finally:
-        if conn is not None:
-            conn.disconnect()
-
-
-def _sentinel_master(client: redis_lib.Redis, timeout_ms: float, role: str, bounded: dict[str, Any]) -> Any:
-    """A connection to the master the sentinels name now, each asked once within ``timeout_ms``."""
-    pool: Any = client.connection_pool
-    manager = pool.sentinel_manager
-    asked = {name: bounded[name] for name in ("socket_timeout", "socket_connect_timeout", "retry")}
-    probe = Sentinel([_address(s) for s in manager.sentinels], sentinel_kwargs={**manager.sentinel_kwargs, **asked})
-    try:
-        host, port = probe.discover_master(pool.service_name)
-    except (redis_lib.RedisError, OSError) as e:
-        raise RedisUnavailable(
-            f"{role} at {address(client)}: no sentinel named a master of service {pool.service_name!r} within "
-            f"{timeout_ms:g} ms ({type(e).__name__}); are the sentinels running, and is the URL right?"
-        ) from e
-    finally:
-        for sentinel in probe.sentinels:
-            sentinel.close()
-    kwargs = {key: value for key, value in pool.connection_kwargs.items() if key != "connection_pool"}
-    connection_class = redis_lib.SSLConnection if "SSL" in pool.connection_class.__name__ else redis_lib.Connection
-    return connection_class(**{**kwargs, **bounded, "host": host, "port": port})
+        for opened in (checked, *sentinels):
+            if opened is not client:
+                opened.close()
 
 
 def check_redis(masters: Sequence[redis_lib.Redis], broker_client: Optional[Any], timeout_ms: float) -> None:

@@ -23,8 +23,6 @@ if TYPE_CHECKING:
 
 #: The limit passed to the scripts for "no declared limit" (overrides still apply).
 UNLIMITED = -1
-#: ms before a halted group (limit 0) is looked at again by the wake-up watchdog.
-HALTED_RETRY = lot.RETRY_DELAY
 #: The scripts (``redis/lua/slot_<name>.lua``) of the slot operations.
 SCRIPTS = ("enter", "pass", "pass_and_deliver", "leave", "renew", "status", "flag_and_take", "note")
 
@@ -174,7 +172,7 @@ class SlotGate:
 
     def retry_in(self, group: str) -> float:
         wait = self.status(group).wait
-        return HALTED_RETRY if wait < 0 else wait
+        return lot.RETRY_DELAY if wait < 0 else wait  # halted (limit 0): looked at again as a failed wake-up
 
 
 def gate_of(suite: "Suite") -> SlotGate:

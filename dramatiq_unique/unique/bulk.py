@@ -191,8 +191,7 @@ class Batch:
                 row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
         if self.held is not None or self.deferred:
             self.inserted = []  # nothing to publish now
-        self.created = [made_row(self.suite, self.model, _id(row), row.fields,
-                                 self.suite.keys.queue_lock(str(row.key)) if row.holds else None)
+        self.created = [made_row(self.suite, self.model, _id(row), row.fields, row.key if row.holds else None)
                         for row in self.inserted]
 
     def settle(self) -> list["Message"]:

@@ -105,23 +105,22 @@ def new_row(config: "ActorConfig", message: "Message", delay: Optional[int], *, 
     return fields, key, holds
 
 
-def made_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: Optional[str]) -> Created:
-    """How to undo a row inserted with ``fields`` (and its queue lock ``lock_name``), and how to keep it instead."""
+def made_row(suite: "Suite", model: Any, row_id: int, fields: dict, key: Optional[str]) -> Created:
+    """How to undo a row inserted with ``fields`` (and the queue lock it took of ``key``), and how to keep it."""
 
     def undo() -> None:
         model.delete_by_id(row_id)
-        if lock_name:
-            queue.free(suite, (lock_name, fields["message_id"]), fields["message_id"], wait=True)
+        queue.release_key(suite, key, fields["message_id"], fields["message_id"])
 
     # Kept, the lock, if it was written, names the waiting job: it stays (the database decides anyway).
     return undo, lambda: deferral.keep(model, row_id, fields["broker_ref"], fields["options"])
 
 
-def created_row(suite: "Suite", model: Any, row_id: int, fields: dict, lock_name: Optional[str]) -> None:
+def created_row(suite: "Suite", model: Any, row_id: int, fields: dict, key: Optional[str]) -> None:
     """A row this send inserted, for its wrapper; a pending row (outbox, deferred) is not this send's to publish."""
     created = created_rows.get()
     if created is not None and fields["status"] == JobStatus.QUEUED.value:
-        created.append(made_row(suite, model, row_id, fields, lock_name))
+        created.append(made_row(suite, model, row_id, fields, key))
 
 
 def publish_failed(suite: "Suite", broker: Any, created: list[Created], error: BaseException) -> bool:
@@ -212,7 +211,7 @@ def _needs(config: "ActorConfig", opts: dict, held: Any) -> str:
 
 def _known(suite: "Suite", config: "ActorConfig", message: "Message", delay: Optional[int]) -> None:
     """A message that already has a row: a retry, a delayed message coming due, a re-drive."""
-    ctx = active()
+    ctx = active.get()
     model = job_model(suite, config.model, message.options)  # the store that holds its row
     ref = message.options.get(REDIS_MESSAGE_ID)  # the Redis broker's id for this delivery
     if ctx is None or ctx.job is None or ctx.message.message_id != message.message_id:
@@ -267,10 +266,10 @@ def _insert_unique(
         if row_id is not None:
             # Inside transaction() the send is published at the caller's commit, or rolled back: the
             # lock is left out (the index decides either way); so for a send kept pending.
-            lock_name = suite.keys.queue_lock(key) if fields["status"] == JobStatus.QUEUED.value else None
-            created_row(suite, config.model, row_id, fields, lock_name)
-            if lock_name:
-                take_queue_lock(suite, message, lock_name, queue_lock_ttl(config, opts, lock, delay))
+            queued = fields["status"] == JobStatus.QUEUED.value
+            created_row(suite, config.model, row_id, fields, key if queued else None)
+            if queued:
+                take_queue_lock(suite, message, suite.keys.queue_lock(key), queue_lock_ttl(config, opts, lock, delay))
             return row_id, 0
         if holder is None:
             continue  # the key came free meanwhile

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 import dramatiq
 import redis
+from dramatiq.brokers.redis import RedisBroker
 
 from dramatiq_unique import options as opt
 from dramatiq_unique import suite as _config
@@ -45,7 +46,7 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
         return
     refs.check(broker)
     original = broker.enqueue
-    suite.publisher = Publisher.install(broker, suite)
+    suite.publisher = Publisher(broker, suite) if isinstance(broker, RedisBroker) else None
 
     @functools.wraps(original)
     def enqueue(message: "Message", *, delay: Optional[int] = None) -> "Message":

@@ -1,4 +1,4 @@
-"""Checkpoints (dramatiq_unique.leases): steps a retry does not redo."""
+"""Checkpoints (dramatiq_unique.context): steps a retry does not redo."""
 
 from __future__ import annotations
 

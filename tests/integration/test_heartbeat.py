@@ -1,4 +1,4 @@
-"""heartbeat() and current_job() (dramatiq_unique.leases), on real Redis with SQLite and PostgreSQL."""
+"""heartbeat() and current_job() (dramatiq_unique.context), on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

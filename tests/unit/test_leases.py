@@ -1,4 +1,4 @@
-"""Unit tests of dramatiq_unique.leases (heartbeat()): context hand-over to async actors, no services."""
+"""Unit tests of dramatiq_unique.context (heartbeat()): context hand-over to async actors, no services."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from dramatiq.asyncio import EventLoopThread, async_to_sync, get_event_loop_thread, set_event_loop_thread
 
 from dramatiq_unique import NotInJob, context, current_job, heartbeat
-from dramatiq_unique.leases import carry_context
+from dramatiq_unique.context import carry_context
 
 
 class AmnesicLoop(EventLoopThread):
@@ -45,13 +45,13 @@ def test_an_async_actor_sees_the_attempts_context_whatever_the_loop_does(amnesic
     carry_context(carried)  # idempotent
     assert carried.fn is fn
 
-    context.activate(context.JobContext(suite=None, config=None, message=None, job=job))  # type: ignore[arg-type]
+    context.active.set(context.JobContext(suite=None, config=None, message=None, job=job))  # type: ignore[arg-type]
     try:
         with pytest.raises(NotInJob):
             plain.fn()  # the loop dropped the context
         assert carried.fn() is job
     finally:
-        context.activate(None)
+        context.active.set(None)
 
 
 def test_sync_functions_are_left_alone():

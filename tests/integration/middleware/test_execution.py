@@ -1,4 +1,4 @@
-"""Execution locks (dramatiq_unique.leases), on real Redis with SQLite and PostgreSQL."""
+"""Execution locks (dramatiq_unique.context), on real Redis with SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Concurrency slots (dramatiq_unique.leases, dramatiq_unique.slots.gate,
+"""Concurrency slots (dramatiq_unique.context, dramatiq_unique.slots.gate,
 dramatiq_unique.slots.limits), on real Redis with the job table on SQLite and PostgreSQL."""
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ from dramatiq_unique.redis import lua, scripts
 from dramatiq_unique.slots.gate import SlotGate
 
 PACKAGE = Path(dramatiq_unique.__file__).parent
-SCRIPTS = [name for name in lua.names() if not name.startswith("_")]
-FRAGMENTS = [name for name in lua.names() if name.startswith("_")]
+NAMES = sorted(path.stem for path in (PACKAGE / "redis" / "lua").glob("*.lua"))
+SCRIPTS = [name for name in NAMES if not name.startswith("_")]
+FRAGMENTS = [name for name in NAMES if name.startswith("_")]
 #: The modules that may make a scripts.Script: the loader, and the publisher, which runs the Redis
 #: broker's own dispatch script with the queue locks in one MULTI/EXEC.
 REGISTERING = {"redis/lua.py", "broker/publish.py"}
