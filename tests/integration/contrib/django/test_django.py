@@ -309,3 +309,25 @@ def test_djangos_setting_for_a_transaction_pooler_turns_prepared_statements_off(
         assert bool(names) is prepared
     finally:
         connections.close_all()
+
+
+def test_a_statement_gone_from_djangos_connection_turns_preparing_off(dj_suite, dj_broker, charge, caplog):
+    """Given a send prepared on Django's connection, When its prepared statements are gone under it (as
+    behind a pooler in transaction mode that nothing told the suite of), Then the next sends are recorded
+    unprepared, with a warning, in and out of ``atomic()``."""
+    import logging
+
+    from dramatiq_unique.storage import queries
+
+    charge.send("prepared")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone()[0] > 0
+        cursor.execute("DEALLOCATE ALL")
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique.storage.queries"):
+        after = charge.send("after")
+    assert "pooler in transaction mode" in caplog.text
+    assert getattr(dj_suite.db, queries._ON) is False
+    with transaction.atomic():
+        inside = charge.send("inside")
+    assert job_of(after).status == job_of(inside).status == "queued"
