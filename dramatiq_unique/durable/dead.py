@@ -45,7 +45,7 @@ def named(job: JobModel) -> str:
 
 
 def _changed(job: JobModel, what: str) -> JobStateError:
-    now = jobs.get(type(job), id=job.id)
+    now = type(job).get_or_none(id=job.id)
     return JobStateError(f"{named(job)} changed {what}: {'gone' if now is None else f'now {now.status}'}", job=now)
 
 
@@ -135,7 +135,7 @@ def retry_job(
             except RedisUnavailable:  # the row's hold decides; the lock only names the waiting job
                 logger.warning("Retrying job %s without its Redis queue lock: Redis is down.", job.message_id)
         send_claimed(suite, broker, table, [row], PENDING)  # a publish refused leaves it pending for the re-drive
-        return jobs.get(table, id=row.id) or row
+        return table.get_or_none(id=row.id) or row
 
 
 def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str], window: Optional[float]) -> JobModel:
@@ -158,7 +158,7 @@ def _claim(table: type[JobModel], job: JobModel, extra: dict, key: Optional[str]
             if jobs.holder(table, key, window, job.app) is None:  # sent longer than unique_window ago
                 table.update(unique_hold=None).where((table.id == found.id) & (table.unique_hold == key)).execute()
                 continue
-            holder = jobs.get(table, id=found.id) or found
+            holder = table.get_or_none(id=found.id) or found
             raise DuplicateJob(f"{named(holder)}, {holder.status}, holds the key of {named(job)}",
                                job=holder) from None
         if claimed:
@@ -190,4 +190,4 @@ def cancel_job(
         # After the row: the hold decided who may send the key; the lock only names the waiting job.
         token = ((job.options or {}).get(MARKER) or {}).get("qt")
         queue.release_key(suite, job.unique_key, token, job.message_id)
-        return jobs.get(table, id=job.id) or job
+        return table.get_or_none(id=job.id) or job

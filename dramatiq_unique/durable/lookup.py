@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar, Union
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import AmbiguousJobId, DatabaseUnavailable, JobNotFound
 from dramatiq_unique.guard import guarded
-from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel
 from dramatiq_unique.storage.stores import base_of, unreachable
 
@@ -62,8 +61,8 @@ def find_job(
     def read(index: int, tables: list[type[JobModel]]) -> Optional[JobModel]:
         tables = tables if model is None else [suite.stores.model_in(model, index)]
         if numeric:
-            return ours(suite, jobs.get(tables[0], id=int(id_or_message_id)))
-        return ours(suite, next(filter(None, (jobs.get(t, message_id=str(id_or_message_id)) for t in tables)), None))
+            return ours(suite, tables[0].get_or_none(id=int(id_or_message_id)))
+        return ours(suite, next(filter(None, (t.get_or_none(message_id=str(id_or_message_id)) for t in tables)), None))
 
     down: list[DatabaseUnavailable] = []
     for index in range(len(suite.stores)) if indexes is None else indexes:
@@ -120,7 +119,7 @@ def _numbered(suite: "Suite", number: int, model: type[JobModel]) -> Optional[Jo
     stores = suite.stores
 
     def read(index: int, _: list[type[JobModel]]) -> Optional[JobModel]:
-        return ours(suite, jobs.get(stores.model_in(model, index), id=number))
+        return ours(suite, stores.model_in(model, index).get_or_none(id=number))
 
     answers, down = each_store(suite, f"reading job {number}", read)
     found = [row for row in answers if row is not None]

@@ -52,7 +52,7 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     if "id" in marker:
         job_id, revision = int(marker["id"]), int(marker.get("rev", 0))
     else:  # sent without the suite and never adopted: its row, if it has one
-        row = jobs.get(model, message_id=message.message_id)
+        row = model.get_or_none(message_id=message.message_id)
         if row is None:
             return False
         job_id, revision = row.id, row.revision

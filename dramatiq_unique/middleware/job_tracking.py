@@ -141,7 +141,7 @@ class JobTracking(Middleware):
     def _not_started(self, message, ctx, marker):
         """The start found the job finished, replaced, gone or running: skip it (a running
         job's copy waits for the attempt, refused.py), or record it anew."""
-        existing = jobs.get(ctx.model, id=marker["id"])
+        existing = ctx.model.get_or_none(id=marker["id"])
         if existing is None:
             logger.warning("Job row of message %s is gone; recording it anew.", message.message_id)
             message.options.pop(MARKER, None)

@@ -91,7 +91,7 @@ class Parking:
         with guarded(f"parking job {message.message_id}"):
             job_id, revision = job_row(config, message, unique_key)
             waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)
-            if not waiting and jobs.get(config.model, id=job_id) is None:
+            if not waiting and config.model.get_or_none(id=job_id) is None:
                 message.options.pop(MARKER, None)
                 job_id, revision = job_row(config, message, unique_key)
                 waiting = self.park(gate, group, message, config.model, job_id, revision, retry_in_ms)

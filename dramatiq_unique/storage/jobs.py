@@ -23,10 +23,6 @@ MAX_PARAMS = 32_000
 HOLDER_COLUMNS = ("id", "message_id", "revision", "status", "created_at")
 
 
-def get(model: type[JobModel], **where: Any) -> Optional[JobModel]:
-    return model.get_or_none(**where)
-
-
 def to_model(
     model: type[JobModel], row: Sequence[Any], names: Optional[Sequence[str]] = None, **started: Any,
 ) -> JobModel:
@@ -73,7 +69,7 @@ def adopt(model: type[JobModel], fields: dict[str, Any]) -> tuple[int, int, bool
         return _insert(model, fields), 0, True
     except pw.IntegrityError:
         check_idempotency(model, fields)
-        row = get(model, message_id=fields["message_id"])
+        row = model.get_or_none(message_id=fields["message_id"])
         if row is None:
             raise
         return row.id, row.revision, False
@@ -140,7 +136,7 @@ def check_idempotency(model: type[JobModel], fields: dict[str, Any]) -> None:
     """After an insert clashed: raise IdempotencyHeld if the idempotency key was the cause."""
     hold = fields.get("idempotency_hold")
     if hold:
-        holder = get(model, app=fields.get("app", ""), idempotency_hold=hold)  # keys are per app
+        holder = model.get_or_none(app=fields.get("app", ""), idempotency_hold=hold)  # keys are per app
         if holder is not None and holder.message_id != fields["message_id"]:
             raise IdempotencyHeld(holder)
 
@@ -191,7 +187,7 @@ def insert_holding(
     check_idempotency(model, fields)  # an idempotency key's clash wins
     if found is None:  # the clash, or the holder committed after the statement began
         found = read_holder(model, hold, app)
-    if found is None and clash is not None and get(model, message_id=fields["message_id"]) is not None:
+    if found is None and clash is not None and model.get_or_none(message_id=fields["message_id"]) is not None:
         raise clash  # not the hold: this message already has a row
     if found is None:
         return None, None  # it released its hold meanwhile
@@ -200,7 +196,7 @@ def insert_holding(
     if _outlived(found, window_ms):
         model.update(unique_hold=None).where((model.id == found.id) & (model.unique_hold == hold)).execute()
         return None, None
-    return None, (get(model, id=found.id) or found) if full else found
+    return None, (model.get_or_none(id=found.id) or found) if full else found
 
 
 def holder(model: type[JobModel], hold: str, window_ms: Optional[float], app: str = "") -> Optional[JobModel]:

@@ -308,7 +308,7 @@ def _conflict(
             marker.update(id=replaced.id, rev=replaced.revision)
             events.duplicate("replace", message, replaced.message_id, key)
             raise Redirect(replaced.message_id, resend={"marker": marker, "model": config.model, "stamp": stamp})
-        refreshed = jobs.get(config.model, id=holder.id)
+        refreshed = config.model.get_or_none(id=holder.id)
         if refreshed is None or refreshed.unique_hold != key:
             return False
         why = f"it is {refreshed.status}: nothing to replace"

@@ -26,7 +26,6 @@ from dramatiq_unique.durable.messages import args_from_row
 from dramatiq_unique.durable.scope import NO_APP
 from dramatiq_unique.errors import IdempotencyKeyReused, InvalidOption, RedisPermissionDenied, permission_refused
 from dramatiq_unique.guard import describe, guarded
-from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.models import JobModel, after_ms
 from dramatiq_unique.unique import recent
 from dramatiq_unique.unique.enqueue import Created, Redirect, created_rows, publish_failed
@@ -208,7 +207,7 @@ def submit(
             model.update(idempotency_hold=None).where(unheld).execute()
     message = actor.message_with_options(args=args, kwargs=kwargs, **options)
     sent = actor.broker.enqueue(message, delay=delay)
-    job = jobs.get(job_model(suite, model, sent.options), message_id=sent.message_id)  # its row's store
+    job = job_model(suite, model, sent.options).get_or_none(message_id=sent.message_id)  # its row's store
     if job is None:  # pragma: no cover - the row is written before the message is published
         raise LookupError(f"no job row for message {sent.message_id}")
     created = sent.message_id == message.message_id

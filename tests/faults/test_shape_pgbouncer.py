@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import dramatiq
 import peewee as pw
@@ -198,6 +198,50 @@ def test_the_pooler_probe_tells_transaction_mode_on_either_driver(cluster, psyco
         started = time.monotonic()
         assert pooled(bouncers["session"].port, hold_the_other_server_connection) is False
         assert time.monotonic() - started < 10, "the probe waited for a server connection without bound"
+
+
+def test_a_psycopg_3_database_behind_a_transaction_pooler_prepares_nothing(cluster):
+    """A psycopg 3 database of the app's own through PgBouncer in transaction mode: setup() finds the
+    pooler, so psycopg 3 prepares nothing by itself (``prepare_threshold=None``), and sends from three
+    threads at once are all recorded (before, about a third raised: ``prepared statement "_pg3_0" does
+    not exist`` or ``already exists``)."""
+    bouncer = PgBouncer("127.0.0.1", cluster.port, mode="transaction", pool_size=2).start()
+    broker = RedisBroker(url=REDIS_URL, namespace=prefix())
+    suite = None
+    try:
+        db = pw.PostgresqlDatabase(database(cluster), host="127.0.0.1", port=bouncer.port, user="postgres",
+                                   prefer_psycopg3=True)
+        suite = dramatiq_unique.setup(broker, database=db, redis=REDIS_URL, key_prefix=prefix(), redriver=False)
+        assert is_psycopg3(suite.db) and suite.db.connect_params.get("prepare_threshold", 5) is None
+
+        @dramatiq.actor(track=True, broker=broker)
+        def pooled(n: int) -> None:
+            pass
+
+        sent: list[Any] = []
+        errors: list[BaseException] = []
+
+        def send(first: int) -> None:
+            for n in range(first, first + 50):
+                try:
+                    sent.append(pooled.send(n))
+                except Exception as e:  # noqa: BLE001 - judged below
+                    errors.append(e)
+
+        threads = [threading.Thread(target=send, args=(first,)) for first in (0, 50, 100)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert not errors, errors[:3]
+        assert len(sent) == 150
+        assert all(dramatiq_unique.get_job(m.message_id).status == "queued" for m in sent)
+    finally:
+        if suite is not None:
+            suite.close()
+        broker.flush_all()
+        broker.close()
+        bouncer.remove()
 
 
 def test_a_wait_for_a_server_connection_ends_at_the_poolers_query_wait_timeout(cluster):
