@@ -122,11 +122,10 @@ def test_a_pooler_lending_its_server_connections_in_turn_is_found_and_survived(c
     the same. Forced to prepare there (as on a pooler or a framework's connection that set-up cannot
     probe), the first statement missing on the connection it was prepared on turns preparing off for
     that database, with a warning, and every send is recorded."""
-    bouncer = PgBouncer("127.0.0.1", cluster.port, mode="transaction", pool_size=2,
-                        settings={"server_round_robin": "1"}).start()
-    broker = RedisBroker(url=REDIS_URL, namespace=prefix())
-    suite = None
-    try:
+    with contextlib.ExitStack() as cleanup:
+        bouncer = PgBouncer("127.0.0.1", cluster.port, mode="transaction", pool_size=2,
+                            settings={"server_round_robin": "1"}).start()
+        cleanup.callback(bouncer.remove)
         url = bouncer.url(database(cluster))
         both = [psycopg2.connect(url) for _ in range(2)]  # two transactions at once: two server connections
         for conn in both:
@@ -134,7 +133,7 @@ def test_a_pooler_lending_its_server_connections_in_turn_is_found_and_survived(c
         for conn in both:
             conn.commit()  # a client leaving inside a transaction would take its server connection along
             conn.close()
-        suite = dramatiq_unique.setup(broker, database=url, redis=REDIS_URL, key_prefix=prefix(), redriver=False)
+        broker, suite = suite_on(cleanup, url)
         assert getattr(suite.db, queries._ON) is False, "setup() found the pooler"
 
         @dramatiq.actor(track=True, broker=broker)
@@ -147,12 +146,17 @@ def test_a_pooler_lending_its_server_connections_in_turn_is_found_and_survived(c
         assert all(dramatiq_unique.get_job(m.message_id).status == "queued" for m in sent)
         assert getattr(suite.db, queries._ON) is False
         assert "pooler in transaction mode" in caplog.text
-    finally:
-        if suite is not None:
-            suite.close()
-        broker.flush_all()
-        broker.close()
-        bouncer.remove()
+
+
+def suite_on(cleanup: contextlib.ExitStack, database: Any) -> tuple[RedisBroker, Any]:
+    """A broker of its own on the shared Redis, and the suite set up on it and ``database``; both closed
+    with ``cleanup``."""
+    broker = RedisBroker(url=REDIS_URL, namespace=prefix())
+    cleanup.callback(broker.close)
+    cleanup.callback(broker.flush_all)
+    suite = dramatiq_unique.setup(broker, database=database, redis=REDIS_URL, key_prefix=prefix(), redriver=False)
+    cleanup.callback(suite.close)
+    return broker, suite
 
 
 @pytest.mark.parametrize("psycopg3", [False, True], ids=["psycopg2", "psycopg3"])
@@ -205,13 +209,12 @@ def test_a_psycopg_3_database_behind_a_transaction_pooler_prepares_nothing(clust
     pooler, so psycopg 3 prepares nothing by itself (``prepare_threshold=None``), and sends from three
     threads at once are all recorded (before, about a third raised: ``prepared statement "_pg3_0" does
     not exist`` or ``already exists``)."""
-    bouncer = PgBouncer("127.0.0.1", cluster.port, mode="transaction", pool_size=2).start()
-    broker = RedisBroker(url=REDIS_URL, namespace=prefix())
-    suite = None
-    try:
+    with contextlib.ExitStack() as cleanup:
+        bouncer = PgBouncer("127.0.0.1", cluster.port, mode="transaction", pool_size=2).start()
+        cleanup.callback(bouncer.remove)
         db = pw.PostgresqlDatabase(database(cluster), host="127.0.0.1", port=bouncer.port, user="postgres",
                                    prefer_psycopg3=True)
-        suite = dramatiq_unique.setup(broker, database=db, redis=REDIS_URL, key_prefix=prefix(), redriver=False)
+        broker, suite = suite_on(cleanup, db)
         assert is_psycopg3(suite.db) and suite.db.connect_params.get("prepare_threshold", 5) is None
 
         @dramatiq.actor(track=True, broker=broker)
@@ -236,12 +239,6 @@ def test_a_psycopg_3_database_behind_a_transaction_pooler_prepares_nothing(clust
         assert not errors, errors[:3]
         assert len(sent) == 150
         assert all(dramatiq_unique.get_job(m.message_id).status == "queued" for m in sent)
-    finally:
-        if suite is not None:
-            suite.close()
-        broker.flush_all()
-        broker.close()
-        bouncer.remove()
 
 
 def test_a_wait_for_a_server_connection_ends_at_the_poolers_query_wait_timeout(cluster):
