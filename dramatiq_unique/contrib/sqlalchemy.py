@@ -6,9 +6,10 @@ what the outbox holds follows the session's savepoints and is published after it
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import weakref
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction, SessionTransactionOrigin
@@ -22,6 +23,9 @@ from dramatiq_unique.suite import Settings
 #: The sessions of this thread or task in a ``session.begin()`` transaction, with their engines.
 _sessions: contextvars.ContextVar[tuple[tuple[Any, Session], ...]] = contextvars.ContextVar(
     "dramatiq_unique_sessions", default=())
+#: The sessions this thread or task follows in ``dramatiq_unique.transaction(session=...)``, with their engines.
+_followed: contextvars.ContextVar[tuple[tuple[Any, Session], ...]] = contextvars.ContextVar(
+    "dramatiq_unique_followed", default=())
 #: The engines set up, with their databases.
 _engines: "weakref.WeakKeyDictionary[Any, EngineDatabase]" = weakref.WeakKeyDictionary()
 #: Where a session's journal is kept (``session.info``, and its connection's ``info`` for the savepoint events).
@@ -48,7 +52,7 @@ class EngineDatabase(FrameworkDatabase, ReconnectingPostgresqlDatabase):
         return db
 
     def _session(self) -> Optional[Session]:
-        for engine, session in reversed(_sessions.get()):
+        for engine, session in reversed((*_followed.get(), *_sessions.get())):
             if engine is self.engine:
                 return session
         return None
@@ -80,6 +84,21 @@ class EngineDatabase(FrameworkDatabase, ReconnectingPostgresqlDatabase):
         return True
 
 
+@contextlib.contextmanager
+def following(session: Session) -> Iterator[Session]:
+    """While the block runs, the suite's statements run in ``session``'s transaction, begun (autobegin) if it
+    has none, and the sends are published after that transaction's commit, dropped at its rollback."""
+    bind = session.get_bind()
+    engine = getattr(bind, "engine", bind)
+    if engine not in _engines:
+        raise InvalidOption("transaction(session=...) needs a session bound to the engine given to setup()")
+    token = _followed.set((*_followed.get(), (engine, session)))
+    try:
+        yield session
+    finally:
+        _followed.reset(token)
+
+
 @event.listens_for(Session, "after_transaction_create")
 def _began(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None and transaction.origin is SessionTransactionOrigin.BEGIN:
@@ -106,11 +125,13 @@ def _committed(session: Session) -> None:
         return  # a savepoint's release (SQLAlchemy calls it a commit too): the transaction goes on
     journal = session.info.pop(_KEY, None)
     if journal is not None:
-        token = _sessions.set(())  # the claims run on the suite's own connection: the session's is done
+        # The claims run on the suite's own connection: the session's transaction is done.
+        tokens = _sessions.set(()), _followed.set(())
         try:
             journal.commit()
         finally:
-            _sessions.reset(token)
+            _sessions.reset(tokens[0])
+            _followed.reset(tokens[1])
 
 
 def _on_after_cursor_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:

@@ -145,7 +145,7 @@ def check_options(suite: "Suite", message: "Message", delay: Optional[int] = Non
 
 
 @contextlib.contextmanager
-def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
+def transaction(*, suite: Optional["Suite"] = None, session: Any = None) -> Iterator[Any]:
     """A database transaction whose sends are published only after it commits.
 
     Yields peewee's transaction object.  Nested blocks are savepoints.
@@ -155,10 +155,22 @@ def transaction(*, suite: Optional["Suite"] = None) -> Iterator[Any]:
     published when the outermost transaction commits (the caller's
     own, if it holds one on the same database).  See
     :mod:`dramatiq_unique.durable.outbox`.
+
+    ``session``: an SQLAlchemy ``Session`` on the engine given to
+    :func:`setup`.  The block's sends then join the session's transaction
+    (begun if it has none, as the session's own autobegin does), follow its
+    savepoints, and are published after its commit, whenever that comes,
+    in the block or after it; yields the session.
     """
     suite = suite or _config.current()
     if suite.broker is not None:
         install_enqueue(suite.broker, suite)
+    if session is not None:
+        from dramatiq_unique.contrib.sqlalchemy import following  # SQLAlchemy only where it is asked for
+
+        with following(session):
+            yield session
+        return
     with outbox.opened(suite) as txn:
         yield txn
 

@@ -114,6 +114,69 @@ def test_outside_a_session_transaction_a_send_is_published_at_once(sa_suite, eng
     assert job_of(message).status == "queued"
 
 
+def test_transaction_with_a_session_joins_its_autobegun_transaction_until_its_commit(sa_suite, engine, broker, charge):
+    """The common 2.0 shape, ``with Session(engine) as session: ...; session.commit()``: inside
+    ``transaction(session=session)`` the sends are written in the session's transaction and published
+    after its commit, which may come after the block."""
+    with Session(engine) as session:
+        session.add(Order(name="auto"))
+        with dramatiq_unique.transaction(session=session) as joined:
+            assert joined is session
+            message = charge.send("auto")
+        assert message.message_id not in published(broker)
+        seen = session.connection().exec_driver_sql(
+            "SELECT status FROM dramatiq_unique_jobs WHERE message_id = %(id)s", {"id": message.message_id}).scalar()
+        assert seen == "pending"  # in the session's transaction
+        outside = charge.send("outside")  # after the block: published at once, as without it
+        assert published(broker) == {outside.message_id}
+        session.commit()
+    assert published(broker) == {message.message_id, outside.message_id}
+    assert job_of(message).status == "queued"
+    with Session(engine) as session:
+        assert session.scalar(select(Order.name).where(Order.name == "auto")) == "auto"
+
+
+def test_transaction_with_a_session_drops_the_sends_of_a_rollback_or_a_close_without_commit(
+        sa_suite, engine, broker, charge):
+    with Session(engine) as session:
+        with dramatiq_unique.transaction(session=session):
+            rolled = charge.send("rolled")
+        session.rollback()
+    with Session(engine) as session:
+        with dramatiq_unique.transaction(session=session):
+            closed = charge.send("closed")
+            with pytest.raises(RuntimeError), session.begin_nested():
+                charge.send("savepoint")
+                raise RuntimeError
+    assert published(broker) == set()
+    for message in (rolled, closed):
+        assert dramatiq_unique.get_job(message.message_id) is None
+
+
+def test_transaction_with_a_session_follows_each_transaction_the_block_sees(sa_suite, engine, broker, charge):
+    """A commit inside the block publishes what was held; the next send joins the session's next
+    (autobegun) transaction and goes out with its commit."""
+    with Session(engine) as session, dramatiq_unique.transaction(session=session):
+        first = charge.send("first")
+        session.commit()
+        assert published(broker) == {first.message_id}
+        second = charge.send("second")
+        assert published(broker) == {first.message_id}
+        session.commit()
+    assert published(broker) == {first.message_id, second.message_id}
+
+
+def test_transaction_with_a_session_of_another_engine_is_refused(sa_suite, pg_url):
+    other = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg2://"))
+    try:
+        with pytest.raises(dramatiq_unique.InvalidOption, match="session=") as refused, Session(other) as session:
+            with dramatiq_unique.transaction(session=session):
+                pass
+        assert "engine given to setup()" in str(refused.value)
+    finally:
+        other.dispose()
+
+
 def test_dramatiq_uniques_transaction_block_inside_a_session_is_a_savepoint(sa_suite, engine, broker, charge):
     with Session(engine) as session, session.begin():
         with dramatiq_unique.transaction():
@@ -147,16 +210,25 @@ def test_a_broker_down_at_commit_leaves_the_job_pending_for_the_redrive(engine, 
         suite.db.close()
 
 
-def test_two_racing_requests_make_one_job(sa_suite, engine, broker):
+@pytest.mark.parametrize("joined", ["begin", "transaction(session=...)"])
+def test_two_racing_requests_make_one_job(sa_suite, engine, broker, joined):
     @dramatiq.actor(unique_args=["order"], unique_lock="until_executed")
     def invoice(order: str) -> str:
         return order
 
     def request(name: str, sent) -> str:
-        with Session(engine) as session, session.begin():
-            session.add(Order(name=name))
-            message = invoice.send("order-7")
-            sent()
+        with Session(engine) as session:
+            if joined == "begin":
+                with session.begin():
+                    session.add(Order(name=name))
+                    message = invoice.send("order-7")
+                    sent()
+            else:
+                session.add(Order(name=name))
+                with dramatiq_unique.transaction(session=session):
+                    message = invoice.send("order-7")
+                sent()
+                session.commit()
         return message.message_id
 
     results = race(request)
