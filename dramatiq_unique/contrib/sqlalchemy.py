@@ -88,9 +88,8 @@ class EngineDatabase(FrameworkDatabase, ReconnectingPostgresqlDatabase):
 def following(session: Session) -> Iterator[Session]:
     """While the block runs, the suite's statements run in ``session``'s transaction, begun (autobegin) if it
     has none, and the sends are published after that transaction's commit, dropped at its rollback."""
-    bind = session.get_bind()
-    engine = getattr(bind, "engine", bind)
-    if engine not in _engines:
+    engine = _engine_of(session)
+    if engine is None:
         raise InvalidOption("transaction(session=...) needs a session bound to the engine given to setup()")
     token = _followed.set((*_followed.get(), (engine, session)))
     try:
@@ -102,13 +101,19 @@ def following(session: Session) -> Iterator[Session]:
 @event.listens_for(Session, "after_transaction_create")
 def _began(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None and transaction.origin is SessionTransactionOrigin.BEGIN:
-        try:
-            bind = session.get_bind()
-        except Exception:  # noqa: BLE001 - several binds and no mapper to choose: not one of ours
-            return
-        engine = getattr(bind, "engine", bind)
-        if engine in _engines:
+        engine = _engine_of(session)
+        if engine is not None:
             _sessions.set((*_sessions.get(), (engine, session)))
+
+
+def _engine_of(session: Session) -> Any:
+    """The engine given to ``setup()`` that ``session`` is bound to, or None."""
+    try:
+        bind = session.get_bind()
+    except Exception:  # noqa: BLE001 - several binds and no mapper to choose: not one of ours
+        return None
+    engine = getattr(bind, "engine", bind)
+    return engine if engine in _engines else None
 
 
 @event.listens_for(Session, "after_transaction_end")

@@ -1,4 +1,5 @@
-"""A FastAPI shop on SQLAlchemy: the suite takes the engine, and a send inside ``session.begin()`` is
+"""A FastAPI shop on SQLAlchemy: the suite takes the engine, and a send inside ``session.begin()``, or
+inside ``dramatiq_unique.transaction(session=...)`` where the code commits with ``session.commit()``, is
 written in the session's transaction and published after its commit."""
 
 import os
@@ -60,3 +61,18 @@ def create_order(customer: str, total: float, fail: bool = False, session: Sessi
     except ValueError as e:
         raise HTTPException(402, str(e)) from None
     return {"order": order.id, "job": message.message_id}  # published once committed
+
+
+@app.post("/orders/{order_id}/repeat")
+def repeat_order(order_id: int, session: Session = Depends(get_session)) -> dict:
+    """The same in the ``session.commit()`` style: the block says which sends belong to the transaction."""
+    first = session.get(Order, order_id)  # the session's own transaction begins here (autobegin)
+    if first is None:
+        raise HTTPException(404, "no such order")
+    order = Order(customer=first.customer, total=first.total)
+    session.add(order)
+    session.flush()
+    with dramatiq_unique.transaction(session=session):
+        message = send_invoice.send(order.id)  # its job row: in the session's transaction
+    session.commit()  # published now
+    return {"order": order.id, "job": message.message_id}
