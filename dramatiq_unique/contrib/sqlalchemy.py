@@ -71,6 +71,19 @@ class EngineDatabase(FrameworkDatabase, ReconnectingPostgresqlDatabase):
         session = self._session()
         return super().atomic(*args, **kwargs) if session is None else session.begin_nested()
 
+    @contextlib.contextmanager
+    def following(self, session: Session) -> Iterator[Session]:
+        """While the block runs, the suite's statements run in ``session``'s transaction, begun (autobegin)
+        if it has none, and the sends are published after that transaction's commit, dropped at its
+        rollback (``dramatiq_unique.transaction(session=...)``)."""
+        if _engine_of(session) is not self.engine:
+            raise InvalidOption("transaction(session=...) needs a session bound to the engine given to setup()")
+        token = _followed.set((*_followed.get(), (self.engine, session)))
+        try:
+            yield session
+        finally:
+            _followed.reset(token)
+
     def hold(self, flush: Flush, item: Any) -> bool:
         """Keep ``item`` for ``flush`` after the session's commit (storage/savepoints.py's ``hold``);
         False outside a session's transaction (peewee's own journal keeps it)."""
@@ -82,20 +95,6 @@ class EngineDatabase(FrameworkDatabase, ReconnectingPostgresqlDatabase):
             journal = session.info[_KEY] = session.connection().info[_KEY] = _Journal()
         journal.entries.append((flush, item))
         return True
-
-
-@contextlib.contextmanager
-def following(session: Session) -> Iterator[Session]:
-    """While the block runs, the suite's statements run in ``session``'s transaction, begun (autobegin) if it
-    has none, and the sends are published after that transaction's commit, dropped at its rollback."""
-    engine = _engine_of(session)
-    if engine is None:
-        raise InvalidOption("transaction(session=...) needs a session bound to the engine given to setup()")
-    token = _followed.set((*_followed.get(), (engine, session)))
-    try:
-        yield session
-    finally:
-        _followed.reset(token)
 
 
 @event.listens_for(Session, "after_transaction_create")

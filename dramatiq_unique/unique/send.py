@@ -166,8 +166,9 @@ def transaction(*, suite: Optional["Suite"] = None, session: Any = None) -> Iter
     if suite.broker is not None:
         install_enqueue(suite.broker, suite)
     if session is not None:
-        from dramatiq_unique.contrib.sqlalchemy import following  # SQLAlchemy only where it is asked for
-
+        following = getattr(suite.db, "following", None)  # contrib/sqlalchemy.py's EngineDatabase
+        if following is None:
+            raise InvalidOption("transaction(session=...) needs setup(database=engine), an SQLAlchemy engine")
         with following(session):
             yield session
         return

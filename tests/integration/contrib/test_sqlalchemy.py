@@ -166,6 +166,16 @@ def test_transaction_with_a_session_follows_each_transaction_the_block_sees(sa_s
     assert published(broker) == {first.message_id, second.message_id}
 
 
+def test_transaction_with_a_session_needs_the_suite_set_up_on_an_engine(engine, broker, pg_url, key_prefix):
+    suite = dramatiq_unique.setup(broker, database=pg_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False)
+    try:
+        with pytest.raises(dramatiq_unique.InvalidOption, match="database=engine"), Session(engine) as session:
+            with dramatiq_unique.transaction(session=session):
+                pass
+    finally:
+        suite.db.close()
+
+
 def test_transaction_with_a_session_of_another_engine_is_refused(sa_suite, pg_url):
     other = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg2://"))
     try:
