@@ -1,8 +1,9 @@
 """The job tables beside an SQLAlchemy engine (``setup(broker, database=engine)``, a sync PostgreSQL one).
 
 The suite opens its own connections from the engine's URL; while a Session bound to it is in a transaction
-begun with ``session.begin()`` in this thread or task, the suite's statements run in that transaction, and
-what the outbox holds follows the session's savepoints and is published after its commit."""
+begun with ``session.begin()`` in this thread or task, or inside ``transaction(session=...)`` whatever began
+its transaction, the suite's statements run in that transaction, and what the outbox holds follows the
+session's savepoints and is published after its commit."""
 
 from __future__ import annotations
 

@@ -188,8 +188,8 @@ def _pids_psycopg3(db: pw.PostgresqlDatabase, deadline: float) -> Pids:
         other.nonblocking = 1
         while True:
             other.send_query(b"SELECT pg_backend_pid()")
-            while other.flush() or other.is_busy():
-                if not _ready(other.socket, False, deadline):
+            while (unsent := other.flush()) or other.is_busy():
+                if not _ready(other.socket, bool(unsent), deadline):
                     yield None
                     return
                 other.consume_input()
