@@ -243,6 +243,13 @@ class Parking:
                         # Reserved by another process for its deck: it hands them a
                         # slot; should it die, look again when their reservation has run out.
                         self.wakeups.flag(group, waiting + 50)
+                    elif waiting is None and waiting_in(info, group, app=self.suite.app) == 0:
+                        # No flag to go by: a job that parked while this one looked tried the gate
+                        # before the release and found it held. Look again now it is free.
+                        again = gate.take(group, info.ttl_ms)
+                        if again is not None:
+                            token = again
+                            continue
                     return None
                 outcome, handed = gate.hand_over(group, token)
                 if outcome == KEPT:  # held for the next waiter, maybe re-issued: then no pass_to

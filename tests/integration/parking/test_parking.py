@@ -10,6 +10,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+import redis
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.context import MARKER
@@ -90,6 +91,35 @@ def test_a_waiter_that_parks_as_the_holder_leaves_wakes_itself(park, broker):
     spot, gate = park
     job = new_row(0)
     assert park_row(spot, gate, "t:g", job)
+    assert [m.message_id for m in sent(broker)] == ["job-0"]
+    assert JobModel.get_by_id(job.id).status == "queued"
+
+
+def test_with_the_flags_unreachable_a_job_parking_as_the_holder_leaves_is_not_stranded(park, broker, monkeypatch):
+    """Given the first master down (the wake-up flags unreachable: the holder goes by the database alone),
+    When a job parks after the leaving holder found nobody waiting and before it released the gate (its
+    own try of the gate fails: still held), Then the holder looks again after the release and wakes it."""
+    spot, gate = park
+
+    def unreachable(*args, **kwargs):
+        raise redis.ConnectionError("the first master is down")
+
+    for name in ("flag", "clear", "is_flagged"):
+        monkeypatch.setattr(spot.wakeups, name, unreachable)
+    holder = gate.take("t:g", 5_000)
+    job = new_row(0)
+    looked = lot.waiting_in
+    parked = []
+
+    def waiting_in(info, group, *, app):
+        found = looked(info, group, app=app)
+        if not parked:  # the waiter parks right after the holder's look
+            parked.append(park_row(spot, gate, "t:g", job))
+        return found
+
+    monkeypatch.setattr(lot, "waiting_in", waiting_in)
+    assert spot.pass_on(gate, "t:g", holder) is not None, "woken"
+    assert parked == [True]
     assert [m.message_id for m in sent(broker)] == ["job-0"]
     assert JobModel.get_by_id(job.id).status == "queued"
 
