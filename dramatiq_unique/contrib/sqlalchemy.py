@@ -131,12 +131,12 @@ def _committed(session: Session) -> None:
     journal = session.info.pop(_KEY, None)
     if journal is not None:
         # The claims run on the suite's own connection: the session's transaction is done.
-        tokens = _sessions.set(()), _followed.set(())
+        sessions, followed = _sessions.set(()), _followed.set(())
         try:
             journal.commit()
         finally:
-            _sessions.reset(tokens[0])
-            _followed.reset(tokens[1])
+            _sessions.reset(sessions)
+            _followed.reset(followed)
 
 
 def _on_after_cursor_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:

@@ -176,7 +176,8 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
     except pw.DatabaseError as e:
         if "prepared statement" not in str(e):
             raise
-        if db.connection() is conn:
+        same = db.connection() is conn  # else the database reconnected: a new connection, without it
+        if same:
             # Gone from the client connection it was prepared on: its statements meet other server
             # connections, as only a pooler in transaction mode lends them (one that setup() could not
             # probe: a framework's connection, another pooler). Prepare nothing more on this database.
@@ -184,12 +185,9 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
             logger.warning("%s: a statement prepared on this connection was missing: a pooler in transaction "
                            "mode? The suite prepares nothing more there (prepared_statements=False says so "
                            "at set-up).", describe(db))
-            if not db.in_transaction():
-                return db.execute_sql(query.sql, params)
         if db.in_transaction():
             raise  # the error aborted the caller's transaction
-        # The database reconnected (a new connection, without it): prepare it there.
-        return db.execute_sql(query.execute_sql if _prepare(db, query) else query.sql, params)
+        return db.execute_sql(query.sql if same or not _prepare(db, query) else query.execute_sql, params)
 
 
 def _prepare(db: pw.Database, query: Query) -> bool:
