@@ -70,61 +70,47 @@ def stats(suite: "Suite", *, minutes: int = 15) -> Stats:
     pg_times: list[tuple[Any, ...]] = []
     samples: list[tuple[float, float, Optional[float]]] = []
 
+    # PostgreSQL's percentiles only when its table is the only one: percentiles of two tables do not combine.
     single = len(suite.models) * len(suite.stores) == 1
 
     def read(index: int, tables: list[type[JobModel]]) -> None:
-        for table in tables:
-            _counts(suite, table, cutoff, by_status, by_actor)
-            _throughput(suite, table, cutoff, now, per_minute)
-            _times(suite, table, cutoff, pg_times, samples, in_sql=single)
+        for t in tables:
+            apps = t.app.in_((suite.app, NO_APP))
+            for cond in (apps & t.status.in_(OPEN), apps & t.status.in_(FINISHED) & (t.finished_at >= cutoff)):
+                query: Any = t.select(t.status, t.actor_name, pw.fn.COUNT(t.id)).where(cond).group_by(
+                    t.status, t.actor_name)
+                for status, actor, n in query.tuples():
+                    status = str(status.value if isinstance(status, JobStatus) else status)
+                    by_status[status] = by_status.get(status, 0) + n
+                    counts = by_actor.setdefault(actor, {})
+                    counts[status] = counts.get(status, 0) + n
+            for bucket, n in _run(suite, t, cutoff, _THROUGHPUT).fetchall():
+                if isinstance(bucket, str):
+                    bucket = type(now).fromisoformat(bucket)
+                at = minutes - 1 - int((now - bucket).total_seconds() // 60 - 1)
+                if 0 <= at < minutes:
+                    per_minute[at] += n
+            if is_postgres(t._meta.database) and single:
+                row = _run(suite, t, cutoff, _PG_TIMES).fetchone()
+                if row and row[6]:
+                    pg_times.append(row)
+            else:
+                samples.extend((float(w), float(r), None if p is None else float(p))
+                               for w, r, p in _run(suite, t, cutoff, _SAMPLE).fetchall()
+                               if w is not None and r is not None)
 
     _, down = lookup.each_store(suite, "reading the stats", read)
-    waiting, running, parked, timed, parked_jobs = _percentiles(pg_times, samples)
+    if pg_times:
+        values = [None if v is None else float(v) for v in pg_times[0][:6]]
+        timed, parked_jobs = pg_times[0][6:8]
+    else:
+        # Each timing's values (a negative one as 0); the parked ones of the parked jobs only.
+        columns = [[max(value, 0.0) for sample in samples if (value := sample[i]) is not None] for i in range(3)]
+        values = [percentile(c, fraction) for c in columns for fraction in (0.5, 0.95)]
+        timed, parked_jobs = len(samples), len(columns[2])
+    waiting, running, parked = ({"p50": values[i], "p95": values[i + 1]} for i in (0, 2, 4))
     return Stats(minutes, by_status, by_actor, per_minute, waiting, running, [str(e) for e in down],
                  parked_ms=parked, timed=timed, parked=parked_jobs)
-
-
-def _counts(suite: "Suite", t: type[JobModel], cutoff: Any, by_status: dict, by_actor: dict) -> None:
-    apps = t.app.in_((suite.app, NO_APP))
-    for cond in (apps & t.status.in_(OPEN), apps & t.status.in_(FINISHED) & (t.finished_at >= cutoff)):
-        query: Any = t.select(t.status, t.actor_name, pw.fn.COUNT(t.id)).where(cond).group_by(t.status, t.actor_name)
-        for status, actor, n in query.tuples():
-            status = str(status.value if isinstance(status, JobStatus) else status)
-            by_status[status] = by_status.get(status, 0) + n
-            counts = by_actor.setdefault(actor, {})
-            counts[status] = counts.get(status, 0) + n
-
-
-def _throughput(suite: "Suite", t: type[JobModel], cutoff: Any, now: Any, per_minute: list[int]) -> None:
-    for bucket, n in _run(suite, t, cutoff, _THROUGHPUT).fetchall():
-        if isinstance(bucket, str):
-            bucket = type(now).fromisoformat(bucket)
-        index = len(per_minute) - 1 - int((now - bucket).total_seconds() // 60 - 1)
-        if 0 <= index < len(per_minute):
-            per_minute[index] += n
-
-
-def _times(suite: "Suite", t: type[JobModel], cutoff: Any, pg: list, samples: list, *, in_sql: bool) -> None:
-    """The timings of ``t``: PostgreSQL's percentiles when it is the only table (``in_sql``), else
-    its sample (percentiles of two tables do not combine)."""
-    if is_postgres(t._meta.database) and in_sql:
-        row = _run(suite, t, cutoff, _PG_TIMES).fetchone()
-        if row and row[6]:
-            pg.append(row)
-        return
-    samples.extend((float(w), float(r), None if p is None else float(p))
-                   for w, r, p in _run(suite, t, cutoff, _SAMPLE).fetchall() if w is not None and r is not None)
-
-
-def _percentiles(pg: list, samples: list[tuple[float, float, Optional[float]]]) -> tuple[dict, dict, dict, int, int]:
-    """(waiting, running, parked) percentiles, the jobs they are of, and how many of those were parked."""
-    if pg:
-        w50, w95, r50, r95, p50, p95 = (None if v is None else float(v) for v in pg[0][:6])
-        return {"p50": w50, "p95": w95}, {"p50": r50, "p95": r95}, {"p50": p50, "p95": p95}, pg[0][6], pg[0][7]
-    # Each timing's values (a negative one as 0); the parked ones of the parked jobs only.
-    columns = [[max(value, 0.0) for sample in samples if (value := sample[i]) is not None] for i in range(3)]
-    waiting, running, parked = ({"p50": percentile(c, 0.5), "p95": percentile(c, 0.95)} for c in columns)
-    return waiting, running, parked, len(samples), len(columns[2])
 
 
 def _run(suite: "Suite", t: type[JobModel], cutoff: Any, template: str) -> Any:
