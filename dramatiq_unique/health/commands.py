@@ -67,18 +67,18 @@ def _each_table(target: Target, emit: Emit, work: Any, field: str, head: str = "
         except pw.DatabaseError as e:  # a store down: the others go on, and the command exits 1
             model._meta.database.close()
             results.append(migrations.TableStatus(schema.table_key(model), store, None, error=redact(str(e).strip())))
-    emit([r.as_dict() for r in results], lambda: _rows(results, field, head))
+
+    def text() -> str:
+        lines = [head] if head else []
+        for r in results:
+            version = "-" if r.version is None else r.version
+            state = f"ERROR {r.error}" if r.error else ("current" if r.current else "OUT OF DATE")
+            lines.append(f"{r.table}  {r.store}  version {version} of {r.target}  {state}")
+            lines += [f"    {item}" for item in getattr(r, field)]
+        return "\n".join(lines)
+
+    emit([r.as_dict() for r in results], text)
     return results
-
-
-def _rows(results: list[migrations.TableStatus], field: str, head: str) -> str:
-    lines = [head] if head else []
-    for r in results:
-        version = "-" if r.version is None else r.version
-        state = f"ERROR {r.error}" if r.error else ("current" if r.current else "OUT OF DATE")
-        lines.append(f"{r.table}  {r.store}  version {version} of {r.target}  {state}")
-        lines += [f"    {item}" for item in getattr(r, field)]
-    return "\n".join(lines)
 
 
 def status(target: Target, emit: Emit) -> int:
