@@ -44,11 +44,6 @@ class Filters:
     #: The unique keys ``key`` hashes back to, when it does (the index is used).
     unique_keys: Optional[tuple[str, ...]] = None
 
-    @property
-    def scanning(self) -> bool:
-        """Whether a page reads id spans (a filter without an index behind it)."""
-        return self.unique_keys is None and bool(self.statuses or self.actor or self.key or self.since)
-
 
 def parse_cursor(cursor: Optional[str]) -> tuple[int, int]:
     """``"<id>.<source>"`` as ``(id, source)``; ValueError for anything else."""
@@ -120,10 +115,12 @@ def _read(
     matching = bool(f.key) and f.unique_keys is None  # rows are matched in Python, after the SQL sieve
     match = (lambda row: keys.matches(suite, row, f.key or "")) if matching else None
     span = SPAN // 5 if matching else SPAN  # every sieved row of a span may come to Python
+    # A filter without an index behind it reads id spans; without one, a page is one read (floor None).
+    scanning = f.unique_keys is None and bool(f.statuses or f.actor or f.key or f.since)
     floor = None
     began = time.monotonic()
-    for _ in range(MAX_SPANS):  # one read without a scanning filter (floor None)
-        if f.scanning:
+    for _ in range(MAX_SPANS):
+        if scanning:
             top = upper[0] if upper != TOP else _edge(sources, pw.fn.MAX, max) + 1
             floor = max(top - span, 0)
         for source, store, table in sources:

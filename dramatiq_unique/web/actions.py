@@ -102,23 +102,18 @@ def requested_limit() -> Optional[int]:
     return ops_actions.limit_value(request.form.get("limit", ""), MAX_LIMIT)
 
 
-def _default_halts() -> bool:
-    """Whether removing the form's override leaves its group halted: what it falls back to (the actor's
-    override or declared limit, for a group; the declared limit, for the actor) is 0."""
-    try:
-        actor, key = _group_key()
-        whole = concurrency_status(actor, None, suite=current_suite())
-    except (HTTPException, InvalidOption):  # a form the view refuses (400): nothing is done
-        return False
-    return (whole.limit if key.group else whole.default) == 0
-
-
 def _limit_action() -> str:
+    """"halt" for a limit of 0, or for removing an override when what the group falls back to is 0 (the
+    actor's override or declared limit, for a group; the declared limit, for the actor); else "limit"."""
     try:
         value = requested_limit()
-    except ValueError:  # refused by the view (400): nothing is done
+        if value is None:
+            actor, key = _group_key()
+            whole = concurrency_status(actor, None, suite=current_suite())
+            value = whole.limit if key.group else whole.default
+    except (HTTPException, ValueError):  # a form the view refuses (400): nothing is done
         return "limit"
-    return "halt" if value == 0 or (value is None and _default_halts()) else "limit"
+    return "halt" if value == 0 else "limit"
 
 
 def limit(halt: bool = False) -> Response:
