@@ -103,16 +103,19 @@ def requested_limit() -> Optional[int]:
 
 
 def _limit_action() -> str:
-    """"halt" for a limit of 0, or for removing an override when what the group falls back to is 0 (the
-    actor's override or declared limit, for a group; the declared limit, for the actor); else "limit"."""
+    """What a limit form does: "halt" for a limit of 0, or for removing an override when what the group falls
+    back to is 0 (the actor's override or declared limit, for a group; the declared limit, for the actor)."""
     try:
         value = requested_limit()
-        if value is None:
+    except ValueError:  # refused by the view (400): nothing is done
+        return "limit"
+    if value is None:
+        try:
             actor, key = _group_key()
             whole = concurrency_status(actor, None, suite=current_suite())
-            value = whole.limit if key.group else whole.default
-    except (HTTPException, ValueError):  # a form the view refuses (400): nothing is done
-        return "limit"
+        except (HTTPException, InvalidOption):  # a form the view refuses (400): nothing is done
+            return "limit"
+        value = whole.limit if key.group else whole.default
     return "halt" if value == 0 else "limit"
 
 
