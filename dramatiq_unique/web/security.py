@@ -113,18 +113,15 @@ def check_origin() -> None:
         abort(403, "cross-site request refused")
 
 
-def _browser_id() -> str:
-    """This browser's CSRF cookie, made (and set on the response, see :func:`set_cookie`) if missing."""
-    value = request.cookies.get(CSRF_COOKIE, "")
-    if len(value) != 43:  # token_urlsafe(32)
-        value = g.get("new_csrf_cookie") or secrets.token_urlsafe(32)
-        g.new_csrf_cookie = value
-    return value
-
-
 def csrf_token(access: Access, cookie: str = "") -> str:
-    """The form token of this browser (or of ``cookie``): HMAC of its cookie under the app's secret."""
-    return hmac.new(access.secret, (cookie or _browser_id()).encode(), hashlib.sha256).hexdigest()
+    """The form token of this browser (or of ``cookie``): HMAC of its CSRF cookie under the app's secret;
+    the cookie is made (and set on the response, see :func:`set_cookie`) if missing."""
+    if not cookie:
+        cookie = request.cookies.get(CSRF_COOKIE, "")
+        if len(cookie) != 43:  # token_urlsafe(32)
+            cookie = g.get("new_csrf_cookie") or secrets.token_urlsafe(32)
+            g.new_csrf_cookie = cookie
+    return hmac.new(access.secret, cookie.encode(), hashlib.sha256).hexdigest()
 
 
 def check_csrf(access: Access) -> None:
