@@ -3,6 +3,7 @@ and clear set-up errors (docs/discussions/how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -343,17 +344,15 @@ def postgres(
 
 
 def _libpq_version() -> int:
-    try:
+    with contextlib.suppress(Exception):  # psycopg 3, or no driver (reported by _check_driver)
         import psycopg2
 
         return int(psycopg2.__libpq_version__)
-    except Exception:  # psycopg 3, or no driver (reported by _check_driver)
-        try:
-            import psycopg
+    with contextlib.suppress(Exception):
+        import psycopg
 
-            return int(psycopg.pq.version())
-        except Exception:
-            return 0
+        return int(psycopg.pq.version())
+    return 0
 
 
 def _check_driver(db: pw.PostgresqlDatabase, where: str) -> None:
