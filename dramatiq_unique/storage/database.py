@@ -119,13 +119,11 @@ def _server_pid(conn: Any) -> int:
         return int(cur.fetchone()[0])
 
 
-def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
+def transaction_pooled(db: pw.PostgresqlDatabase, tries: int = 3, wait_ms: float = 1_000) -> bool:
     """Whether ``db`` reaches PostgreSQL through a pooler that lends a server connection per transaction:
     its statements run on several server processes in turn (``server_round_robin``), or a second client
     connection's statement runs on the server process the first's just ran on (``tries`` turns, waiting
     ``wait_ms`` at most: a full pool in session mode keeps the second waiting)."""
-    if not isinstance(db, pw.PostgresqlDatabase):
-        return False
     conn = db.connection()
     pids = {_server_pid(conn) for _ in range(tries)}
     if conn.info.backend_pid in pids:  # the id the server (or a pooler) gave it at start-up
