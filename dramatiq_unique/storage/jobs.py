@@ -16,7 +16,6 @@ from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.database import is_postgres
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, dumps, utcnow
 
-QUEUED = JobStatus.QUEUED.value
 #: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
 MAX_PARAMS = 32_000
 #: What :func:`read_holder` reads of the job that holds a key.
@@ -239,7 +238,7 @@ def unclaim_sends(
     else:
         fields["broker_ref"] = None
         published = model.broker_ref.in_(ref) if isinstance(ref, list) else model.broker_ref == ref
-    model.update(**fields).where(model.id.in_(ids) & (model.status == QUEUED) & published).execute()
+    model.update(**fields).where(model.id.in_(ids) & (model.status == JobStatus.QUEUED.value) & published).execute()
 
 
 def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
