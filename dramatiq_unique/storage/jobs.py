@@ -269,7 +269,7 @@ def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) ->
 
 def start(
     model: type[JobModel], job_id: int, *, revision: int, lease_ms: float, worker: str, release_hold: bool,
-    fencing_token: Optional[int] = None, fence_key: Optional[str] = None, woken_by: Optional[str] = None,
+    fence_key: Optional[str] = None, woken_by: Optional[str] = None,
 ) -> Optional[JobModel]:
     """Mark an attempt running and return the row; None if the job finished or was replaced meanwhile,
     or another attempt of it runs under a live lease (less :data:`LEASE_SKEW_MS`).  ``woken_by``: a LIKE
@@ -279,7 +279,7 @@ def start(
     lease_until = after_ms(lease_ms, now)
     fields = model._meta.fields
     values = {
-        "key": fence_key, "token": fencing_token, "running": JobStatus.RUNNING.value,
+        "key": fence_key, "token": None, "running": JobStatus.RUNNING.value,
         "started_at": fields["started_at"].db_value(now), "lease_until": fields["lease_until"].db_value(lease_until),
         "worker": worker, "release_hold": 1 if release_hold else 0, "id": job_id, "revision": revision,
         "succeeded": FINISHED[0], "failed": FINISHED[1],
