@@ -3,6 +3,7 @@ and clear set-up errors (docs/discussions/how-it-is-built.md, "Storage")."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -118,13 +119,11 @@ def _server_pid(conn: Any) -> int:
         return int(cur.fetchone()[0])
 
 
-def transaction_pooled(db: pw.Database, tries: int = 3, wait_ms: float = 1_000) -> bool:
+def transaction_pooled(db: pw.PostgresqlDatabase, tries: int = 3, wait_ms: float = 1_000) -> bool:
     """Whether ``db`` reaches PostgreSQL through a pooler that lends a server connection per transaction:
     its statements run on several server processes in turn (``server_round_robin``), or a second client
     connection's statement runs on the server process the first's just ran on (``tries`` turns, waiting
     ``wait_ms`` at most: a full pool in session mode keeps the second waiting)."""
-    if not isinstance(db, pw.PostgresqlDatabase):
-        return False
     conn = db.connection()
     pids = {_server_pid(conn) for _ in range(tries)}
     if conn.info.backend_pid in pids:  # the id the server (or a pooler) gave it at start-up
@@ -343,17 +342,15 @@ def postgres(
 
 
 def _libpq_version() -> int:
-    try:
+    with contextlib.suppress(Exception):  # psycopg 3, or no driver (reported by _check_driver)
         import psycopg2
 
         return int(psycopg2.__libpq_version__)
-    except Exception:  # psycopg 3, or no driver (reported by _check_driver)
-        try:
-            import psycopg
+    with contextlib.suppress(Exception):
+        import psycopg
 
-            return int(psycopg.pq.version())
-        except Exception:
-            return 0
+        return int(psycopg.pq.version())
+    return 0
 
 
 def _check_driver(db: pw.PostgresqlDatabase, where: str) -> None:

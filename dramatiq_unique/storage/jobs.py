@@ -16,7 +16,6 @@ from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.database import is_postgres
 from dramatiq_unique.storage.models import FINISHED, WAITING, JobModel, JobStatus, after_ms, dumps, utcnow
 
-QUEUED = JobStatus.QUEUED.value
 #: Parameters one multi-row INSERT may carry (SQLite allows 32766 since 3.32; PostgreSQL 65535).
 MAX_PARAMS = 32_000
 #: What :func:`read_holder` reads of the job that holds a key.
@@ -239,7 +238,7 @@ def unclaim_sends(
     else:
         fields["broker_ref"] = None
         published = model.broker_ref.in_(ref) if isinstance(ref, list) else model.broker_ref == ref
-    model.update(**fields).where(model.id.in_(ids) & (model.status == QUEUED) & published).execute()
+    model.update(**fields).where(model.id.in_(ids) & (model.status == JobStatus.QUEUED.value) & published).execute()
 
 
 def record_refs(model: type[JobModel], refs: dict[int, str]) -> None:
@@ -270,7 +269,7 @@ def draw_token(model: type[JobModel], key: str, job_id: Optional[int] = None) ->
 
 def start(
     model: type[JobModel], job_id: int, *, revision: int, lease_ms: float, worker: str, release_hold: bool,
-    fencing_token: Optional[int] = None, fence_key: Optional[str] = None, woken_by: Optional[str] = None,
+    fence_key: Optional[str] = None, woken_by: Optional[str] = None,
 ) -> Optional[JobModel]:
     """Mark an attempt running and return the row; None if the job finished or was replaced meanwhile,
     or another attempt of it runs under a live lease (less :data:`LEASE_SKEW_MS`).  ``woken_by``: a LIKE
@@ -280,7 +279,7 @@ def start(
     lease_until = after_ms(lease_ms, now)
     fields = model._meta.fields
     values = {
-        "key": fence_key, "token": fencing_token, "running": JobStatus.RUNNING.value,
+        "key": fence_key, "token": None, "running": JobStatus.RUNNING.value,
         "started_at": fields["started_at"].db_value(now), "lease_until": fields["lease_until"].db_value(lease_until),
         "worker": worker, "release_hold": 1 if release_hold else 0, "id": job_id, "revision": revision,
         "succeeded": FINISHED[0], "failed": FINISHED[1],

@@ -66,7 +66,7 @@ class StatusField(pw.CharField):
         return None if value is None else JobStatus(value)
 
     def db_value(self, value: Any) -> Any:
-        return None if value is None else str(value.value if isinstance(value, JobStatus) else value)
+        return None if value is None else str(value)  # a JobStatus's str() is its value
 
 
 def _status_in(*statuses: str) -> str:

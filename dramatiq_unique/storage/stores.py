@@ -42,29 +42,18 @@ def base_of(model: type[M]) -> type[M]:
     return getattr(model, BASE, model)
 
 
-def driver_error(error: BaseException) -> Optional[BaseException]:
-    """The driver's exception under peewee's wrapper (``orig``; the one it was raised from otherwise)."""
-    return getattr(error, "orig", None) or error.__cause__ or error.__context__
-
-
-def sqlstate(error: BaseException) -> Optional[str]:
-    """The SQLSTATE the server gave ``error``, under peewee's wrapper; None if no server answered."""
-    for candidate in (error, driver_error(error)):
-        code = getattr(candidate, "pgcode", None) or getattr(candidate, "sqlstate", None)
-        if isinstance(code, str) and code:
-            return code
-    return None
-
-
 def unreachable(error: BaseException) -> bool:
     """Whether a database ``error`` says its store cannot be reached, as opposed to one statement failing
     on a store that answers (a deadlock, a timeout: by SQLSTATE; a busy SQLite file: by result code)."""
     if not isinstance(error, DB_ERRORS):
         return False
-    code = sqlstate(error)
-    if code is not None:
-        return not (code.startswith(STATEMENT_ERROR_CLASSES) or code in STATEMENT_ERROR_STATES)
-    sqlite_code = getattr(driver_error(error), "sqlite_errorcode", None)
+    # The driver's exception under peewee's wrapper (``orig``; the one it was raised from otherwise).
+    driver = getattr(error, "orig", None) or error.__cause__ or error.__context__
+    for candidate in (error, driver):
+        code = getattr(candidate, "pgcode", None) or getattr(candidate, "sqlstate", None)
+        if isinstance(code, str) and code:  # a server answered
+            return not (code.startswith(STATEMENT_ERROR_CLASSES) or code in STATEMENT_ERROR_STATES)
+    sqlite_code = getattr(driver, "sqlite_errorcode", None)
     if isinstance(sqlite_code, int):
         return sqlite_code & 0xFF not in SQLITE_CONTENDED  # the primary code under an extended one
     return True
@@ -79,17 +68,13 @@ def specs(database: Union[Spec, Sequence[Spec]]) -> list[Spec]:
     return list(database)
 
 
-def _identity(db: pw.Database) -> tuple:
-    """What tells two stores apart: the database and its connection parameters (``search_path`` too)."""
-    params = getattr(db, "connect_params", {}) or {}
-    return (type(db).__name__, str(db.database), tuple(sorted((k, str(v)) for k, v in params.items())))
-
-
 class Stores:
     """The job databases, primary first (see the module docstring)."""
 
     def __init__(self, databases: Sequence[pw.Database], *, down_for: float = DEFAULT_DOWN_FOR) -> None:
-        seen = [_identity(db) for db in databases]
+        # What tells two stores apart: the database and its connection parameters (``search_path`` too).
+        seen = [(type(db).__name__, str(db.database), sorted((k, str(v)) for k, v in db.connect_params.items()))
+                for db in databases]
         for i, db in enumerate(databases):
             if seen[i] in seen[:i]:
                 raise InvalidOption(f"database lists {describe(db)} twice: each store must be another database")
