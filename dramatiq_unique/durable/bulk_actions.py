@@ -78,16 +78,12 @@ def matching(suite: "Suite", action: str, table: Any, sel: Selection) -> Any:
     if sel.actor is not None:
         cond &= table.actor_name == sel.actor
     if sel.unique_keys is not None:
-        cond &= table.unique_key.in_(sel.unique_keys) if sel.unique_keys else pw.SQL("1 = 0")
+        cond &= table.unique_key.in_(sel.unique_keys)  # none: peewee writes "0 = 1"
     if sel.since is not None:
         cond &= (table.finished_at if action == RETRY else table.created_at) >= sel.since
     if sel.error:
         cond &= table.last_error.contains(sel.error)  # ILIKE on PostgreSQL, LIKE on SQLite; wildcards escaped
     return cond
-
-
-def of(table: Any, names: tuple[str, ...]) -> Any:
-    return table.actor_name.in_(names) if names else pw.SQL("1 = 0")
 
 
 def holds(suite: "Suite", model: type[JobModel], table: Any, names: tuple[str, ...]) -> Any:
@@ -117,7 +113,7 @@ def _act(
     def act(index: int, tables: list[type[JobModel]]) -> None:
         for model in tables:
             names, matched = scope.names(model), matching(suite, action, model, sel)
-            mine = pw.Case(None, [(of(model, names), 1)], 0)
+            mine = pw.Case(None, [(model.actor_name.in_(names), 1)], 0)
             query = model.select(pw.fn.COUNT(model.id), pw.fn.SUM(mine)).where(matched)
             total, ours = cast(tuple, query.tuples().get())
             outcome.undeclared += int(total or 0) - int(ours or 0)
@@ -135,7 +131,7 @@ def retry_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection)
 
     def take(outcome: Outcome, model: type[JobModel], names: tuple[str, ...], matched: Any) -> None:
         outcome.done += _retry(suite, model, names, sel)
-        blocked = matched & of(model, names)
+        blocked = matched & model.actor_name.in_(names)
         outcome.blocked += model.select().where(blocked).count()
         if len(outcome.blocked_by) < MAX_NAMED:
             outcome.blocked_by += _blockers(suite, model, blocked, MAX_NAMED - len(outcome.blocked_by))
@@ -148,7 +144,7 @@ def retry_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection)
 
 def _retry(suite: "Suite", model: type[JobModel], names: tuple[str, ...], sel: Selection) -> int:
     def selected(table: Any) -> Any:
-        return matching(suite, RETRY, table, sel) & of(table, names)
+        return matching(suite, RETRY, table, sel) & table.actor_name.in_(names)
 
     holding = holds(suite, model, model, names)
     holder, newer = model.alias("holder"), model.alias("newer")
@@ -198,7 +194,7 @@ def cancel_all(suite: "Suite", broker: Optional[dramatiq.Broker], sel: Selection
     locks: list[tuple[str, str]] = []
 
     def take(outcome: Outcome, model: type[JobModel], names: tuple[str, ...], matched: Any) -> None:
-        update = model.update(cancel_fields(model)).where(matched & of(model, names))
+        update = model.update(cancel_fields(model)).where(matched & model.actor_name.in_(names))
         lock_token = queries.fragment(model, "queue_lock_token", {})
         freed = list(update.returning(model.unique_key, lock_token).tuples().execute())
         outcome.done += len(freed)

@@ -60,14 +60,6 @@ def since_of(since: Union[datetime, timedelta, None], now: Optional[datetime] = 
     raise TypeError(f"since must be a datetime or a timedelta, not {type(since).__name__}")
 
 
-def check_limit(limit: Any) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, not {limit}")
-    return limit
-
-
 def dead_jobs(
     actor_name: Optional[str] = None, since: Union[datetime, timedelta, None] = None, limit: int = DEFAULT_LIMIT,
     *, suite: Optional["Suite"] = None,
@@ -76,7 +68,11 @@ def dead_jobs(
     only, failed at or after ``since`` (a datetime, naive in UTC, or a timedelta: that long ago)."""
     if actor_name is not None and not isinstance(actor_name, str):
         raise TypeError(f"actor_name must be a str, not {type(actor_name).__name__}")
-    limit, sel = check_limit(limit), Selection(actor=actor_name, since=since_of(since))
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, not {limit}")
+    sel = Selection(actor=actor_name, since=since_of(since))
     suite = suite or _config.current()
 
     def read(index: int, tables: list[type[JobModel]]) -> list[JobModel]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import threading
 import time
@@ -69,52 +70,41 @@ def describe(broker: Any) -> str:
     return name
 
 
+@dataclasses.dataclass
 class Outage:
     """What this process knows of a broker being down."""
 
-    def __init__(self, broker: Any) -> None:
-        self.name = describe(broker)
-        self.down = False
-        self.until = 0.0  # time.monotonic() until which tracked sends do not try the broker
-        self._lock = threading.Lock()
-
-    def failed(self, error: BaseException, backoff_ms: float) -> None:
-        with self._lock:
-            first, self.down = not self.down, True
-            self.until = time.monotonic() + backoff_ms / 1000
-        if first:
-            logger.warning(
-                "The broker (%s) is down (%s: %s); tracked sends are kept pending and the re-drive publishes "
-                "them when it answers; untracked sends raise. Not logged again until a publish succeeds.",
-                self.name, type(error).__name__, error,
-            )
-
-    def answered(self) -> None:
-        if self.down:
-            with self._lock:
-                self.down, self.until = False, 0.0
-            logger.debug("The broker (%s) answers again.", self.name)
-
-    def resting(self) -> bool:  # a publish failed less than broker_down_backoff ago
-        return self.until > 0.0 and time.monotonic() < self.until
+    name: str  # the broker, as describe() names it
+    down: bool = False
+    until: float = 0.0  # time.monotonic() until which tracked sends do not try the broker
 
 
 _outages: "weakref.WeakKeyDictionary[Any, Outage]" = weakref.WeakKeyDictionary()
-_outages_lock = threading.Lock()
+#: Taken only when a publish fails, or first succeeds after a failure: one for every broker's outage.
+_lock = threading.Lock()
 
 
 def published(broker: Any) -> None:
     found = _outages.get(broker)
-    if found is not None:
-        found.answered()
+    if found is not None and found.down:
+        with _lock:
+            found.down, found.until = False, 0.0
+        logger.debug("The broker (%s) answers again.", found.name)
 
 
 def failed(suite: "Suite", broker: Any, error: BaseException) -> None:
-    found = _outages.get(broker)
-    if found is None:
-        with _outages_lock:
-            found = _outages.setdefault(broker, Outage(broker))
-    found.failed(error, suite.settings.broker_down_backoff)
+    with _lock:
+        found = _outages.get(broker)
+        if found is None:
+            found = _outages[broker] = Outage(describe(broker))
+        first, found.down = not found.down, True
+        found.until = time.monotonic() + suite.settings.broker_down_backoff / 1000
+    if first:
+        logger.warning(
+            "The broker (%s) is down (%s: %s); tracked sends are kept pending and the re-drive publishes "
+            "them when it answers; untracked sends raise. Not logged again until a publish succeeds.",
+            found.name, type(error).__name__, error,
+        )
 
 
 def send_failed(suite: "Suite", broker: Any, message_id: str, error: BaseException) -> None:
@@ -148,8 +138,8 @@ def skip_publish(suite: "Suite") -> bool:
     broker = suite.broker
     if broker is None or suite.settings.on_broker_down != "defer":
         return False
-    found = _outages.get(broker)
-    return found is not None and found.resting()
+    found = _outages.get(broker)  # resting: a publish failed less than broker_down_backoff ago
+    return found is not None and found.until > 0.0 and time.monotonic() < found.until
 
 
 def flagged(options: dict) -> dict:

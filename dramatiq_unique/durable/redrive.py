@@ -126,31 +126,6 @@ def run_pass(
 # -- the queries and claims of a pass -------------------------------------------------------------
 
 
-def due(model: type[JobModel], status: str, now: datetime) -> Any:
-    """Jobs to send: due ``pending`` ones not parked, ``retrying`` ones whose retry never reached the broker."""
-    cond = (model.status == status) & (model.process_after <= now) & model.parked_on.is_null()
-    if status == RETRYING:
-        cond &= model.enqueued_at.is_null()
-    return cond
-
-
-def suspects(
-    model: type[JobModel], cutoff: datetime, marked_before: datetime, *, can_probe: bool
-) -> list[tuple[str, Any, Any]]:
-    """(status, condition, order) of jobs overdue by ``lost_after`` whose message the pass looks for: each
-    at most once per ``lost_after``; one marked missing after ``marked_before`` waits for a later pass."""
-    fresh = model.checked_at.is_null() | (model.checked_at <= cutoff)
-    unmarked = model.missing_since.is_null() | (model.missing_since <= marked_before)
-    groups = [(RUNNING, (model.status == RUNNING) & (model.lease_until <= cutoff), model.lease_until)]
-    for status in (QUEUED, RETRYING):
-        cond = (model.status == status) & (model.process_after <= cutoff) & (model.enqueued_at <= cutoff)
-        if not can_probe:
-            # The broker cannot be asked: trust it with what it took (broker_ref is set after the publish).
-            cond &= model.broker_ref.is_null()
-        groups.append((status, cond, model.process_after))
-    return [(status, cond & fresh & unmarked, order) for status, cond, order in groups]
-
-
 def prune(
     model: type[JobModel], scope: Any, settings: Any, *, page: int, max_pages: int,
     after_page: Callable[[], None] = lambda: None,
@@ -357,7 +332,10 @@ class _Pass:
             for _ in range(MAX_PAGES):
                 if self.broker_down:
                     return
-                claimed = claim_page(model, due(model, status, utcnow()) & self.scope.where(model), self.page)
+                due = (model.status == status) & (model.process_after <= utcnow()) & model.parked_on.is_null()
+                if status == RETRYING:  # only a retry that never reached the broker
+                    due &= model.enqueued_at.is_null()
+                claimed = claim_page(model, due & self.scope.where(model), self.page)
                 if claimed:
                     self.counts.sent += self._publish(model, claimed, revert_to=status)
                     self._keep_lock()
@@ -380,13 +358,24 @@ class _Pass:
         return len(sent)
 
     def _check_lost(self, model: type[JobModel]) -> None:
+        # Jobs overdue by lost_after, each looked for at most once per lost_after; one marked missing less
+        # than CONFIRM_AFTER before this pass started waits for a later pass.
         cutoff = after_ms(-self.suite.settings.lost_after)
-        marked_before = after_ms(-CONFIRM_AFTER, self.started)
-        for status, cond, order in suspects(model, cutoff, marked_before, can_probe=self.probe is not None):
+        fresh = model.checked_at.is_null() | (model.checked_at <= cutoff)
+        unmarked = model.missing_since.is_null() | (model.missing_since <= after_ms(-CONFIRM_AFTER, self.started))
+        groups = [(RUNNING, (model.status == RUNNING) & (model.lease_until <= cutoff), model.lease_until)]
+        for status in (QUEUED, RETRYING):
+            cond = (model.status == status) & (model.process_after <= cutoff) & (model.enqueued_at <= cutoff)
+            if self.probe is None:
+                # The broker cannot be asked: trust it with what it took (broker_ref is set after the publish).
+                cond &= model.broker_ref.is_null()
+            groups.append((status, cond, model.process_after))
+        for status, cond, order in groups:
+            cond = cond & fresh & unmarked & self.scope.where(model)
             for _ in range(MAX_PAGES):
                 if self.broker_down:
                     return
-                found = list(model.select().where(cond & self.scope.where(model)).order_by(order).limit(self.page))
+                found = list(model.select().where(cond).order_by(order).limit(self.page))
                 if found:
                     self._judge(model, status, found)
                     self._keep_lock()

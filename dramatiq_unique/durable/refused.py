@@ -44,9 +44,9 @@ def skip_reason(message: Any, started: bool = False) -> str:
     return f"{head} ({'skipped after its attempt started' if started else 'skipped before it ran'})"
 
 
-def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> bool:
+def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> None:
     """Mark failed, its key freed, the job of a delivery that ended before it started, while its row still
-    waits for this very delivery; returns whether it did."""
+    waits for this very delivery."""
     model = job_model(suite, config.model, message.options)  # the store that holds the row
     marker = message.options.get(MARKER) or {}
     if "id" in marker:
@@ -54,7 +54,7 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
     else:  # sent without the suite and never adopted: its row, if it has one
         row = model.get_or_none(message_id=message.message_id)
         if row is None:
-            return False
+            return
         job_id, revision = row.id, row.revision
     fields: dict[str, Any] = dict(
         status=JobStatus.FAILED.value, finished_at=utcnow(), last_error=reason[:MAX_ERROR_LENGTH], lease_until=None,
@@ -66,15 +66,13 @@ def fail_unstarted(suite: "Suite", config: "ActorConfig", message: Any, reason: 
         # Redis too.  Only while the row still waits for this delivery (else the row's hold decides).
         row = model.select(model.unique_key).where(waiting).first()
         if row is None:
-            return False
+            return
         queue.release_key(suite, row.unique_key, marker.get("qt"), message.message_id)
     rows = list(model.update(**fields).where(waiting).returning(model.unique_key).execute())
-    if not rows:
-        return False
-    logger.warning("Job %s (%s) marked failed before it ran: %s", message.message_id, message.actor_name,
-                   reason.splitlines()[0], extra=events.fields(message.message_id, message.actor_name,
-                                                               rows[0].unique_key))
-    return True
+    if rows:
+        logger.warning("Job %s (%s) marked failed before it ran: %s", message.message_id, message.actor_name,
+                       reason.splitlines()[0], extra=events.fields(message.message_id, message.actor_name,
+                                                                   rows[0].unique_key))
 
 
 def note_refusal(suite: "Suite", config: "ActorConfig", message: Any, reason: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 import dramatiq_unique
 from dramatiq_unique.context import MARKER
-from dramatiq_unique.durable.dead import check_limit, since_of
+from dramatiq_unique.durable.dead import since_of
 from dramatiq_unique.durable.messages import RETRY_BASE, retries_so_far
 from dramatiq_unique.storage.models import FINISHED, JobModel, JobStatus
 
@@ -22,7 +22,7 @@ def test_a_limit_below_one_is_refused(limit):
 @pytest.mark.parametrize("limit", [1.5, "10", True, None])
 def test_a_limit_must_be_an_int(limit):
     with pytest.raises(TypeError, match="limit"):
-        check_limit(limit)
+        dramatiq_unique.dead_jobs(limit=limit)
 
 
 def test_since_is_a_datetime_in_utc_or_a_timedelta_ago():
