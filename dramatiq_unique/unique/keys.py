@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any, Callable, Optional
 
 from dramatiq_unique.errors import InvalidOption
-from dramatiq_unique.options import ADDRESS, ArgsSpec, show
+from dramatiq_unique.options import ADDRESS, ArgsSpec, _signature, show
 
 
 def _default(value: Any) -> Any:
@@ -30,14 +30,6 @@ def _default(value: Any) -> Any:
 # pottery patches json.dumps to use its own encoder; naming the stock
 # encoder keeps our keys independent of whether pottery was imported.
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False)
-
-
-@lru_cache(maxsize=1024)
-def _signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
 
 
 @lru_cache(maxsize=1024)
