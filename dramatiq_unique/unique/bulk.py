@@ -156,7 +156,6 @@ class Batch:
                  items: list[Item]) -> None:
         self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
         self.broker = actor.broker
-        self.lock = config.unique_lock
         self.conflict = config.unique_on_conflict
         self.held = outbox.active()
         # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
@@ -174,11 +173,9 @@ class Batch:
         first: dict[str, _Row] = {}
         writes: list[_Row] = []
         for row in self.rows:
-            if row.holds and row.key in first:  # a duplicate inside the batch: its first item holds the key
-                continue
-            if row.holds:
-                first[row.key] = row  # type: ignore[index]
-            writes.append(row)
+            # A duplicate inside the batch is left out: its first item holds the key.
+            if not row.holds or first.setdefault(row.key, row) is row:  # type: ignore[arg-type]
+                writes.append(row)
         ids = self._insert(writes)
         self._resolve(self.rows, ids, first)
         self.inserted = [row for row in writes if row.message.message_id in ids]
@@ -252,7 +249,7 @@ class Batch:
         if lost:
             with guarded(f"looking up the holders of {len(lost)} {self.config.actor_name} keys"):
                 found = jobs.holders(self.model, [row.key for row in lost], self.config.app)  # type: ignore[misc]
-        window = recent.window(self.config, {}, self.lock)
+        window = recent.window(self.config, {}, self.config.unique_lock)
         for row in rows:
             if row.message.message_id in ids:
                 continue
@@ -276,7 +273,7 @@ class Batch:
             for row in self.inserted:
                 lock = None
                 if row.holds:
-                    ttl = queue_lock_ttl(self.config, {}, self.lock, self.delay)
+                    ttl = queue_lock_ttl(self.config, {}, self.config.unique_lock, self.delay)
                     lock = (self.suite.keys.queue_lock(str(row.key)), row.message.message_id, ttl)
                 ref = row.message.options[REDIS_MESSAGE_ID]
                 entries.append((row.message.queue_name, ref, row.message.encode(), lock))
