@@ -51,18 +51,13 @@ def bind_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[st
     plain = _plain_parameters(fn)
     if plain is not None:
         names, defaults = plain
-        if len(args) <= len(names):
-            bound = dict(zip(names, args, strict=False))  # fewer arguments than names: the rest below
-            if not kwargs or (kwargs.keys() <= set(names[len(args) :])):
-                bound.update(kwargs)
-                if len(bound) < len(names):
-                    for name in names:
-                        if name not in bound:
-                            if name not in defaults:
-                                break  # a missing argument: let inspect say which
-                            bound[name] = defaults[name]
-                if len(bound) == len(names):
-                    return {name: bound[name] for name in names}  # in declaration order, as inspect does
+        # A missing, repeated or unknown argument goes on to inspect, which says which.
+        if len(args) <= len(names) and (not kwargs or kwargs.keys() <= set(names[len(args) :])):
+            bound = dict(zip(names, args, strict=False), **kwargs)
+            if len(bound) < len(names):
+                bound = {**defaults, **bound}
+            if len(bound) == len(names):
+                return {name: bound[name] for name in names}  # in declaration order, as inspect does
     signature = _signature(fn)
     if signature is None:
         return {**{str(i): a for i, a in enumerate(args)}, **kwargs}
