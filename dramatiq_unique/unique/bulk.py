@@ -68,7 +68,9 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     opt.check_delay(delay)
     suite = _config._current
     config = suite.actor_config(actor.actor_name) if suite is not None else None
-    if suite is None or config is None or not _bulk(suite, config, actor):
+    # The bulk path: batches published around the suite's own broker's enqueue; "raise" on a duplicate: one by one.
+    if suite is None or config is None or actor.broker is not suite.broker or suite.publisher is None \
+            or not suite.publisher.batches() or (config.unique and config.unique_on_conflict == "raise"):
         return [_single(actor, item, delay) for item in parsed]
     work = batches(parsed, suite.settings.send_many_batch)
     # In transaction(), or in a transaction of the caller's own: the INSERT goes through the caller's
@@ -125,12 +127,6 @@ def _settle(batch: Batch, stored: "Future", published: "Future") -> list["Messag
     published.result()
     stored.result()  # its error, if the write failed
     return batch.settle()
-
-
-def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
-    """Whether a batch of ``actor`` takes the bulk path (see the module's docs)."""
-    return (actor.broker is suite.broker and suite.publisher is not None and suite.publisher.batches()
-            and (not config.unique or config.unique_on_conflict != "raise"))
 
 
 def _single(actor: "Actor", item: Item, delay: Optional[int]) -> "Message":
