@@ -178,8 +178,7 @@ class Batch:
         for row in self.inserted:  # marked; those held for the outbox or kept pending are settled now
             row.message.options[MARKER] = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
             if self.held is not None:
-                row_ref = (self.model, _id(row), 0)
-                row.resolved = self.held.defer(self.broker, row.message, self.delay, row_ref).message
+                row.resolved = self.held.defer(self.broker, row.message, self.delay, (self.model, _id(row), 0)).message
             elif self.deferred:
                 row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
         if self.held is not None or self.deferred:
