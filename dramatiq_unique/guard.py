@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import peewee as pw
 import redis
@@ -26,10 +26,8 @@ def own_skip(message: Any) -> bool:
     return bool(getattr(message, _OWN_SKIP, False))
 
 
-def translate(error: Exception, where: str) -> Optional[MiddlewareError]:
-    """The error to raise instead of ``error`` (None: raise ``error`` itself)."""
-    if isinstance(error, MiddlewareError):
-        return None
+def translate(error: Exception, where: str) -> MiddlewareError:
+    """The suite's error to raise instead of ``error`` (not a ``MiddlewareError``: that one is raised as it is)."""
     detail = f"{where}: {type(error).__name__}: {error}"
     for kinds, replacement in ((DB_ERRORS, DatabaseUnavailable), (pw.DataError, JobRejected),
                                (_REDIS_ERRORS, RedisUnavailable)):
@@ -43,11 +41,10 @@ def guarded(where: str) -> Iterator[None]:
     """Errors inside become the suite's errors (see :func:`translate`); KeyboardInterrupt and friends pass."""
     try:
         yield
+    except MiddlewareError:
+        raise
     except Exception as error:
-        replacement = translate(error, where)
-        if replacement is None:
-            raise
-        raise replacement from error
+        raise translate(error, where) from error
 
 
 def describe(message: Any) -> str:
@@ -74,6 +71,6 @@ def hook(fn: F) -> F:
             raise
         except Exception as error:
             where = f"{type(self).__name__}.{fn.__name__} of {describe(message)}"
-            raise translate(error, where) from error  # type: ignore[misc]
+            raise translate(error, where) from error
 
     return wrapper  # type: ignore[return-value]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -124,9 +125,10 @@ def _choice(allowed: frozenset) -> Callable[[str, Any, Any], None]:
     return _check(lambda value: isinstance(value, str) and value in allowed, f"one of {sorted(allowed)}")
 
 
-def _parameters(fn: Callable[..., Any]) -> Optional[dict[str, inspect.Parameter]]:
+@functools.lru_cache(maxsize=1024)
+def _signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
     try:
-        return dict(inspect.signature(fn).parameters)
+        return inspect.signature(fn)
     except (TypeError, ValueError):  # builtins and some C callables have no signature
         return None
 
@@ -135,22 +137,18 @@ def check_args_spec(name: str, spec: ArgsSpec, fn: Callable[..., Any]) -> None:
     """Validate a ``unique_args``/``concurrency_key`` value against the actor's function."""
     if spec is None or callable(spec):
         return
+    params = getattr(_signature(fn), "parameters", None)  # None: no signature to check against
     if spec is not True:
         if not isinstance(spec, (list, tuple)):
             raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not {show(spec)}")
-        params = _parameters(fn)  # None: no signature to check against
         for arg in spec:
             if not isinstance(arg, str):
                 raise InvalidOption(f"{name} entries must be parameter names, not {show(arg)}")
             if params is not None and arg not in params:
                 raise InvalidOption(f"{name} names {show(arg)}, which {fn.__qualname__}() has no parameter for")
-    _check_defaults(name, fn, None if spec is True else spec)
-
-
-def _check_defaults(name: str, fn: Callable[..., Any], selected: Optional[Any]) -> None:
-    """A default that makes the key must have the same form in every process (no memory address in its repr)."""
-    for param in (_parameters(fn) or {}).values():
-        if param.default is inspect.Parameter.empty or (selected is not None and param.name not in selected):
+    # A default that makes the key must have the same form in every process (no memory address in its repr).
+    for param in (params or {}).values():
+        if param.default is inspect.Parameter.empty or (spec is not True and param.name not in spec):
             continue
         if ADDRESS.search(repr(param.default)):
             raise InvalidOption(

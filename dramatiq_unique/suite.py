@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import logging
 import os
 import socket
@@ -24,6 +23,7 @@ from dramatiq_unique.storage import stores as _stores
 from dramatiq_unique.storage.database import DB_ERRORS, configure_pooler, describe, open_database
 from dramatiq_unique.storage.database import check as check_database
 from dramatiq_unique.storage.models import JobModel, base_field_names
+from dramatiq_unique.unique.keys import digest
 
 if TYPE_CHECKING:
     import dramatiq
@@ -38,8 +38,7 @@ def app_name(key_prefix: str) -> str:
     """The app a suite with ``key_prefix`` writes into its rows (a too-long prefix is shortened, stably)."""
     if len(key_prefix) <= MAX_APP_LENGTH:
         return key_prefix
-    digest = hashlib.sha256(key_prefix.encode("utf-8")).hexdigest()[:40]
-    return f"{key_prefix[:MAX_APP_LENGTH - 41]}~{digest}"
+    return f"{key_prefix[:MAX_APP_LENGTH - 41]}~{digest(key_prefix)}"
 
 
 RedisSpec = Union[str, redis_lib.Redis, Sequence[Union[str, redis_lib.Redis]]]
@@ -271,7 +270,7 @@ class Suite:
         if not (isinstance(model, type) and issubclass(model, JobModel)):
             raise InvalidOption(f"job_model must be a subclass of dramatiq_unique.JobModel, not {model!r}")
         self.register_model(model)
-        params = opt._parameters(actor.fn) or {}
+        params = getattr(opt._signature(actor.fn), "parameters", {})
         extra = tuple(name for name in model._meta.fields if name not in base_field_names() and name in params)
         config = ActorConfig(actor.actor_name, actor.fn, options, model, extra, self.app,
                              idempotency_window=self.settings.idempotency_window)

@@ -49,9 +49,9 @@ def is_resending() -> bool:
 SUPPORTED = "dramatiq>=2,<3"
 
 
-def check(broker: Any, version: Optional[str] = None) -> None:
-    """Refuse a Redis broker under a Dramatiq these keys were not checked against (``version``: the installed)."""
-    version = dramatiq.__version__ if version is None else version
+def check(broker: Any) -> None:
+    """Refuse a Redis broker under a Dramatiq these keys were not checked against."""
+    version = dramatiq.__version__
     if isinstance(broker, RedisBroker) and not re.match(r"\s*2(?!\d)", version):  # SUPPORTED
         raise UnsupportedVersion(
             f"dramatiq {version}: the suite reads and writes the Redis broker's keys as {SUPPORTED} lays "

@@ -50,10 +50,6 @@ class _Link:
         if self.conn._sock is None:
             self.conn.connect()
 
-    def call(self, command: Command) -> Any:
-        """Send ``command`` and return its reply, an error reply as its exception."""
-        return self.call_all([command])[0]
-
     def call_all(self, commands: Sequence[Command]) -> list:
         """Send ``commands`` in one write; their replies, each error reply as its exception."""
         redo = None
@@ -108,8 +104,7 @@ class _Link:
 
     def _redo(self, redo: list[tuple[Command, str]]) -> None:
         for command, text in redo:  # Redis restarted or flushed its scripts: load, run now
-            self.call(("SCRIPT", "LOAD", text))
-            self.call(command)
+            self.call_all([("SCRIPT", "LOAD", text), command])
 
     def close(self) -> None:
         self.unread.clear()

@@ -68,7 +68,9 @@ def send_many(actor: "Actor", items: Iterable[Any], *, delay: Optional[int] = No
     opt.check_delay(delay)
     suite = _config._current
     config = suite.actor_config(actor.actor_name) if suite is not None else None
-    if suite is None or config is None or not _bulk(suite, config, actor):
+    # The bulk path: batches published around the suite's own broker's enqueue; "raise" on a duplicate: one by one.
+    if suite is None or config is None or actor.broker is not suite.broker or suite.publisher is None \
+            or not suite.publisher.batches() or (config.unique and config.unique_on_conflict == "raise"):
         return [_single(actor, item, delay) for item in parsed]
     work = batches(parsed, suite.settings.send_many_batch)
     # In transaction(), or in a transaction of the caller's own: the INSERT goes through the caller's
@@ -127,12 +129,6 @@ def _settle(batch: Batch, stored: "Future", published: "Future") -> list["Messag
     return batch.settle()
 
 
-def _bulk(suite: "Suite", config: "ActorConfig", actor: "Actor") -> bool:
-    """Whether a batch of ``actor`` takes the bulk path (see the module's docs)."""
-    return (actor.broker is suite.broker and suite.publisher is not None and suite.publisher.batches()
-            and (not config.unique or config.unique_on_conflict != "raise"))
-
-
 def _single(actor: "Actor", item: Item, delay: Optional[int]) -> "Message":
     return actor.send_with_options(args=item[0], kwargs=item[1], delay=delay)
 
@@ -156,7 +152,6 @@ class Batch:
                  items: list[Item]) -> None:
         self.suite, self.config, self.actor, self.delay = suite, config, actor, delay
         self.broker = actor.broker
-        self.lock = config.unique_lock
         self.conflict = config.unique_on_conflict
         self.held = outbox.active()
         # The broker failed a moment ago: kept pending without trying it (durable/deferral.py).
@@ -174,19 +169,16 @@ class Batch:
         first: dict[str, _Row] = {}
         writes: list[_Row] = []
         for row in self.rows:
-            if row.holds and row.key in first:  # a duplicate inside the batch: its first item holds the key
-                continue
-            if row.holds:
-                first[row.key] = row  # type: ignore[index]
-            writes.append(row)
+            # A duplicate inside the batch is left out: its first item holds the key.
+            if not row.holds or first.setdefault(row.key, row) is row:  # type: ignore[arg-type]
+                writes.append(row)
         ids = self._insert(writes)
         self._resolve(self.rows, ids, first)
         self.inserted = [row for row in writes if row.message.message_id in ids]
         for row in self.inserted:  # marked; those held for the outbox or kept pending are settled now
             row.message.options[MARKER] = {**row.fields["options"][MARKER], "id": ids[row.message.message_id], "rev": 0}
             if self.held is not None:
-                row_ref = (self.model, _id(row), 0)
-                row.resolved = self.held.defer(self.broker, row.message, self.delay, row_ref).message
+                row.resolved = self.held.defer(self.broker, row.message, self.delay, (self.model, _id(row), 0)).message
             elif self.deferred:
                 row.resolved = dataclasses.replace(row.message, options=job_options(row.message.options))
         if self.held is not None or self.deferred:
@@ -252,7 +244,7 @@ class Batch:
         if lost:
             with guarded(f"looking up the holders of {len(lost)} {self.config.actor_name} keys"):
                 found = jobs.holders(self.model, [row.key for row in lost], self.config.app)  # type: ignore[misc]
-        window = recent.window(self.config, {}, self.lock)
+        window = recent.window(self.config, {}, self.config.unique_lock)
         for row in rows:
             if row.message.message_id in ids:
                 continue
@@ -276,7 +268,7 @@ class Batch:
             for row in self.inserted:
                 lock = None
                 if row.holds:
-                    ttl = queue_lock_ttl(self.config, {}, self.lock, self.delay)
+                    ttl = queue_lock_ttl(self.config, {}, self.config.unique_lock, self.delay)
                     lock = (self.suite.keys.queue_lock(str(row.key)), row.message.message_id, ttl)
                 ref = row.message.options[REDIS_MESSAGE_ID]
                 entries.append((row.message.queue_name, ref, row.message.encode(), lock))

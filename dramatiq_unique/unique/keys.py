@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any, Callable, Optional
 
 from dramatiq_unique.errors import InvalidOption
-from dramatiq_unique.options import ADDRESS, ArgsSpec, show
+from dramatiq_unique.options import ADDRESS, ArgsSpec, _signature, show
 
 
 def _default(value: Any) -> Any:
@@ -33,14 +33,6 @@ _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_defa
 
 
 @lru_cache(maxsize=1024)
-def _signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-
-
-@lru_cache(maxsize=1024)
 def _plain_parameters(fn: Callable[..., Any]) -> Optional[tuple[tuple[str, ...], dict[str, Any]]]:
     """(names, defaults) when every parameter is plain positional-or-keyword (the common case, bound as a zip
     of names and arguments, much cheaper than ``Signature.bind``), else None."""
@@ -59,18 +51,13 @@ def bind_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[st
     plain = _plain_parameters(fn)
     if plain is not None:
         names, defaults = plain
-        if len(args) <= len(names):
-            bound = dict(zip(names, args, strict=False))  # fewer arguments than names: the rest below
-            if not kwargs or (kwargs.keys() <= set(names[len(args) :])):
-                bound.update(kwargs)
-                if len(bound) < len(names):
-                    for name in names:
-                        if name not in bound:
-                            if name not in defaults:
-                                break  # a missing argument: let inspect say which
-                            bound[name] = defaults[name]
-                if len(bound) == len(names):
-                    return {name: bound[name] for name in names}  # in declaration order, as inspect does
+        # A missing, repeated or unknown argument goes on to inspect, which says which.
+        if len(args) <= len(names) and (not kwargs or kwargs.keys() <= set(names[len(args) :])):
+            bound = dict(zip(names, args, strict=False), **kwargs)
+            if len(bound) < len(names):
+                bound = {**defaults, **bound}
+            if len(bound) == len(names):
+                return {name: bound[name] for name in names}  # in declaration order, as inspect does
     signature = _signature(fn)
     if signature is None:
         return {**{str(i): a for i, a in enumerate(args)}, **kwargs}

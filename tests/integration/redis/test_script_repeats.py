@@ -43,7 +43,7 @@ class LoseNextReply:
 
     def __init__(self, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
         self.link = scripts.link_of(client)
-        self.link.call(("PING",))  # an open connection that answered: a break on it is what a resend is for
+        self.link.call_all([("PING",)])  # an open connection that answered: a break on it is what a resend is for
         self.lost = 0
         conn = self.link.conn
         read = conn.read_response
