@@ -407,7 +407,7 @@ class OnDeck:
         parking, row, info = self.parking, deck.row, deck.info
         assert info.start is not None
         started = None
-        if (time.monotonic() - deck.since) * 1000 < max_wait(info):  # else its reservation may be running out
+        if not deck.stale(time.monotonic()):  # else its reservation may be running out
             try:  # verified and started before anything is delivered: a stale reservation starts nothing
                 started = jobs.start_reserved(
                     info.model, row, self.marker, f"{parking.suite.worker_id}:woken", info.start.unique_ttl
@@ -488,16 +488,16 @@ class Deck:
     def key(self) -> tuple:
         return place_of(self.info.order_by, self.row.created_at, self.row.process_after, self.row.id)
 
+    def stale(self, now: float, max_wait_ms: Optional[float] = None) -> bool:
+        """Whether it waited ``max_wait_ms`` by ``now``: by default, at most half the group's slot lease."""
+        limit = min(MAX_WAIT_MS, self.info.ttl_ms / 2) if max_wait_ms is None else max_wait_ms
+        return (now - self.since) * 1000 >= limit
+
 
 def place_of(order_by: str, created_at: Any, process_after: Any, job_id: int) -> tuple:
     """A row's place in its group's queue (as the claim orders them)."""
     first = process_after if order_by == "process_after" and process_after is not None else created_at
     return (first, job_id)
-
-
-def max_wait(info: GroupInfo) -> float:
-    """ms a row of a group with ``info`` may wait on deck."""
-    return min(MAX_WAIT_MS, info.ttl_ms / 2)
 
 
 class Places:
@@ -588,14 +588,10 @@ class Places:
         """Take off the deck the rows that waited too long (all with ``max_wait_ms=0``)."""
         now = time.monotonic()
         stale: list[tuple[str, Deck]] = []
-
-        def old(deck: Deck) -> bool:
-            return (now - deck.since) * 1000 >= (max_wait(deck.info) if max_wait_ms is None else max_wait_ms)
-
         with self._lock:
             for group, decks in list(self._decks.items()):
-                stale += [(group, d) for d in decks if old(d)]
-                keep = [d for d in decks if not old(d)]
+                stale += [(group, d) for d in decks if d.stale(now, max_wait_ms)]
+                keep = [d for d in decks if not d.stale(now, max_wait_ms)]
                 if keep:
                     self._decks[group] = keep
                 else:
