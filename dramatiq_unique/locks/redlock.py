@@ -154,7 +154,6 @@ def bounded_client(client: redis.Redis, timeout_ms: float, master: Master) -> re
 
 
 def drift(ttl_ms: float) -> float:
-    """The clock-drift allowance of a lease of ``ttl_ms``."""
     return ttl_ms * CLOCK_DRIFT_FACTOR + 2
 
 
@@ -233,7 +232,6 @@ class Locks:
         self.clients = self.masters if self.single else [node.client for node in self.nodes]
 
     def _one(self, script: str, doing: str, name: str, args: list, *keys: str) -> Any:
-        """One master: ``redis/lua/<script>.lua`` on it."""
         try:
             return self._scripts[script](keys=[f"{LOCK_PREFIX}:{name}", *keys], args=args)
         except redis.RedisError as e:

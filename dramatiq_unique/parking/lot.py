@@ -243,24 +243,19 @@ class Parking:
                         # Reserved by another process for its deck: it hands them a
                         # slot; should it die, look again when their reservation has run out.
                         self.wakeups.flag(group, waiting + 50)
-                    elif waiting is None and waiting_in(info, group, app=self.suite.app) == 0:
-                        # No flag to go by: a job that parked while this one looked tried the gate
-                        # before the release and found it held. Look again now it is free.
-                        again = gate.take(group, info.ttl_ms)
-                        if again is not None:
-                            token = again
-                            continue
-                    return None
-                outcome, handed = gate.hand_over(group, token)
-                if outcome == KEPT:  # held for the next waiter, maybe re-issued: then no pass_to
-                    fresh, token = fresh or handed != token, handed
-                    continue
-                if outcome == RELEASED and not gate.atomic_release and self.wakeups.is_flagged(group):
-                    again = gate.take(group, info.ttl_ms)
-                    if again is not None:
-                        token = again
+                    # No flag to go by: a job that parked while this one looked tried the gate
+                    # before the release and found it held. Look again now it is free.
+                    again = waiting is None and waiting_in(info, group, app=self.suite.app) == 0
+                else:
+                    outcome, handed = gate.hand_over(group, token)
+                    if outcome == KEPT:  # held for the next waiter, maybe re-issued: then no pass_to
+                        fresh, token = fresh or handed != token, handed
                         continue
-                return None
+                    again = outcome == RELEASED and not gate.atomic_release and self.wakeups.is_flagged(group)
+                retaken = gate.take(group, info.ttl_ms) if again else None
+                if retaken is None:
+                    return None
+                token = retaken
             raise RuntimeError(f"no settled wake-up after {MAX_ROUNDS} rounds")
         except Exception:
             logger.exception("Could not wake the next job waiting on %s; the watchdog tries again.", group)
@@ -273,11 +268,10 @@ class Parking:
 
     def wake_if_flagged(self, gate: Gate, group: str) -> Optional[JobModel]:
         try:
-            if not self.wakeups.is_flagged(group):
-                return None
+            flagged = self.wakeups.is_flagged(group)
         except redis_lib.RedisError:
             return None
-        return self.wake(gate, group)
+        return self.wake(gate, group) if flagged else None
 
     def wake(self, gate: Gate, group: str) -> Optional[JobModel]:
         """Take a free place in ``group``'s gate, if there is one, for its next waiter."""
@@ -413,7 +407,7 @@ class OnDeck:
         parking, row, info = self.parking, deck.row, deck.info
         assert info.start is not None
         started = None
-        if (time.monotonic() - deck.since) * 1000 < max_wait(info):  # else its reservation may be running out
+        if not deck.stale(time.monotonic()):  # else its reservation may be running out
             try:  # verified and started before anything is delivered: a stale reservation starts nothing
                 started = jobs.start_reserved(
                     info.model, row, self.marker, f"{parking.suite.worker_id}:woken", info.start.unique_ttl
@@ -476,12 +470,10 @@ class OnDeck:
         except Exception:
             logger.exception("Could not clear the reservation of job %s; it ends by itself.", row.message_id)
 
-    def sweep(self, max_wait_ms: Optional[float] = None) -> int:
+    def sweep(self, max_wait_ms: Optional[float] = None) -> None:
         """Put back the rows that waited on deck too long (all of them with ``max_wait_ms=0``)."""
-        stale = self.places.stale(max_wait_ms)
-        for group, deck in stale:
+        for group, deck in self.places.stale(max_wait_ms):
             self.put_back(deck.info, deck.row, group)
-        return len(stale)
 
 
 @dataclasses.dataclass
@@ -496,16 +488,16 @@ class Deck:
     def key(self) -> tuple:
         return place_of(self.info.order_by, self.row.created_at, self.row.process_after, self.row.id)
 
+    def stale(self, now: float, max_wait_ms: Optional[float] = None) -> bool:
+        """Whether it waited ``max_wait_ms`` by ``now``: by default, at most half the group's slot lease."""
+        limit = min(MAX_WAIT_MS, self.info.ttl_ms / 2) if max_wait_ms is None else max_wait_ms
+        return (now - self.since) * 1000 >= limit
+
 
 def place_of(order_by: str, created_at: Any, process_after: Any, job_id: int) -> tuple:
     """A row's place in its group's queue (as the claim orders them)."""
     first = process_after if order_by == "process_after" and process_after is not None else created_at
     return (first, job_id)
-
-
-def max_wait(info: GroupInfo) -> float:
-    """ms a row of a group with ``info`` may wait on deck."""
-    return min(MAX_WAIT_MS, info.ttl_ms / 2)
 
 
 class Places:
@@ -596,14 +588,10 @@ class Places:
         """Take off the deck the rows that waited too long (all with ``max_wait_ms=0``)."""
         now = time.monotonic()
         stale: list[tuple[str, Deck]] = []
-
-        def old(deck: Deck) -> bool:
-            return (now - deck.since) * 1000 >= (max_wait(deck.info) if max_wait_ms is None else max_wait_ms)
-
         with self._lock:
             for group, decks in list(self._decks.items()):
-                stale += [(group, d) for d in decks if old(d)]
-                keep = [d for d in decks if not old(d)]
+                stale += [(group, d) for d in decks if d.stale(now, max_wait_ms)]
+                keep = [d for d in decks if not d.stale(now, max_wait_ms)]
                 if keep:
                     self._decks[group] = keep
                 else:
@@ -748,12 +736,18 @@ def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:
     return max((until - db_time).total_seconds() * 1000, 0)
 
 
-def parked_on(model: type[JobModel], app: str, prefix: str = "", limit: Optional[int] = None) -> list[str]:
-    """The groups (starting with ``prefix``) that jobs of ``app`` are parked on in ``model``'s table."""
+def parked(model: type[JobModel], app: str, prefix: str = "") -> Any:
+    """Where a row is a job of ``app`` parked (on a group starting with ``prefix``)."""
     where = (model.app == app) & model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value)
     if prefix:
         where &= pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix
-    return [str(job.parked_on) for job in model.select(model.parked_on).where(where).distinct().limit(limit)]
+    return where
+
+
+def parked_on(model: type[JobModel], app: str, prefix: str = "", limit: Optional[int] = None) -> list[str]:
+    """The groups (starting with ``prefix``) that jobs of ``app`` are parked on in ``model``'s table."""
+    query = model.select(model.parked_on).where(parked(model, app, prefix)).distinct().limit(limit)
+    return [str(job.parked_on) for job in query]
 
 
 def job_row(config: "ActorConfig", message: Any, unique_key: Optional[str] = None) -> tuple[int, int]:
@@ -783,9 +777,9 @@ def parked_counts(models: Iterable[type[JobModel]], app: str,
             counts[(config.actor_name, SLOT)] = 0
     for model in models:
         kind = pw.Case(None, [(model.parked_on.startswith(f"{SLOT}:"), SLOT)], LOCK)
-        query = model.select(model.actor_name, kind, pw.fn.COUNT(model.id)).where(
-            (model.app == app) & model.parked_on.is_null(False) & (model.status == JobStatus.PENDING.value)
-        ).group_by(model.actor_name, pw.SQL("2"))  # by position: psycopg 3 binds the CASE's values anew there
+        query = model.select(model.actor_name, kind, pw.fn.COUNT(model.id)).where(parked(model, app)).group_by(
+            model.actor_name, pw.SQL("2")  # by position: psycopg 3 binds the CASE's values anew there
+        )
         row: Any
         for row in query.tuples():  # tuples, which peewee's hints call models
             actor, gate, count = row

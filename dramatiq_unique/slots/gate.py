@@ -78,11 +78,8 @@ class SlotGate:
         return [keys.slots(key), keys.limit(key), keys.actor_limit(actor_of(group)), keys.message_limit(key),
                 keys.limits_loaded()]
 
-    def _config(self, group: str) -> "Optional[ActorConfig]":
-        return self.suite.actor_config(actor_of(group))
-
     def _default(self, group: str) -> int:
-        config = self._config(group)
+        config = self.suite.actor_config(actor_of(group))
         return UNLIMITED if config is None else declared_limit(config)
 
     def _call(self, name: str, group: str, args: list, extra_keys: tuple = ()) -> Any:
@@ -133,7 +130,7 @@ class SlotGate:
             self.scripts["note"](keys=[keys.slots(key), keys.slot_jobs(key)], args=[token, message_id])
 
     def describe(self, group: str) -> Optional[GroupInfo]:
-        config = self._config(group)
+        config = self.suite.actor_config(actor_of(group))
         if config is None:  # a per-message concurrency_limit alone still makes groups: no has_slots() here
             return None
         start = None if config.execution_lock else config

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Optional
 
-import peewee as pw
-
 from dramatiq_unique import suite as _config
 from dramatiq_unique.errors import InvalidOption, redis_errors
 from dramatiq_unique.parking import lot
@@ -16,7 +14,6 @@ from dramatiq_unique.parking.groups import slot_group, slot_groups_of, whole_act
 from dramatiq_unique.redis.keys import glob_escape
 from dramatiq_unique.slots import overrides
 from dramatiq_unique.slots.gate import declared_limit, gate_of
-from dramatiq_unique.storage.models import JobStatus
 from dramatiq_unique.unique.keys import canonical, digest
 
 if TYPE_CHECKING:
@@ -185,12 +182,11 @@ def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str) -> Conc
         group = None if config.options.get("concurrency_key") is not None else slot_group(whole_actor(actor_name))
     declared = config.options.get("concurrency_limit")
     model = config.model
-    waiting = (model.app == suite.app) & (model.status == JobStatus.PENDING.value)  # another app's are not ours
     if group is not None:
         status = gate.status(group, declared_limit(config))
         holders, limit = status.held, status.limit
         override = status.own if level else status.actor
-        parked = model.select().where(waiting & (model.parked_on == group)).count()
+        parked = model.select().where(lot.parked(model, suite.app) & (model.parked_on == group)).count()
     else:
         kept = overrides.find(suite, actor_name, "")
         holders, override = 0, None if kept is None else kept.limit
@@ -200,6 +196,5 @@ def _status(suite: "Suite", config: "ActorConfig", key: Any, level: str) -> Conc
             for raw in suite.redis.scan_iter(match=suite.keys.slots(f"{glob_escape(actor_name)}:*"), count=1000):
                 name = raw.decode() if isinstance(raw, bytes) else raw
                 holders += gate.status(slot_group(name[len(slots):]), declared_limit(config)).held
-        prefix = slot_groups_of(actor_name)
-        parked = model.select().where(waiting & (pw.fn.SUBSTR(model.parked_on, 1, len(prefix)) == prefix)).count()
+        parked = model.select().where(lot.parked(model, suite.app, slot_groups_of(actor_name))).count()
     return ConcurrencyStatus(actor_name, key, None if limit < 0 else limit, declared, override, holders, parked)

@@ -115,12 +115,10 @@ def _turns(db: pw.Database, app: str) -> Iterator[None]:
             yield
 
 
-def _of(row: LimitModel) -> Override:
-    return Override(row.actor_name, row.group_key or "", int(row.concurrency_limit), row.words, row.key, row.set_at)
-
-
-def _rows(model: type[LimitModel], app: str) -> list[LimitModel]:
-    return list(model.select().where(model.app == app).order_by(model.actor_name, model.group_key).limit(MAX_OVERRIDES))
+def _rows(model: type[LimitModel], app: str) -> list[Override]:
+    query = model.select().where(model.app == app).order_by(model.actor_name, model.group_key).limit(MAX_OVERRIDES)
+    return [Override(row.actor_name, row.group_key or "", int(row.concurrency_limit), row.words, row.key, row.set_at)
+            for row in query]
 
 
 def write(suite: "Suite", actor: str, group: str, limit: Optional[int], *, words: Optional[str] = None,
@@ -161,7 +159,7 @@ def listing(suite: "Suite", actor: Optional[str] = None) -> list[Override]:
         if not writes(suite) and not schema.columns(model):
             return []  # a database the app has not yet set up with this release: none kept
         rows = _rows(model, suite.app)
-    return [_of(row) for row in rows if actor is None or row.actor_name == actor]
+    return [override for override in rows if actor is None or override.actor == actor]
 
 
 def find(suite: "Suite", actor: str, group: str) -> Optional[Override]:
@@ -174,7 +172,7 @@ def restore(suite: "Suite") -> int:
     model = _model(suite)
     client, marker = suite.redis, suite.keys.limits_loaded()
     with guarded("restoring the run-time limits"), _turns(model._meta.database, suite.app):
-        rows = [_of(row) for row in _rows(model, suite.app)]
+        rows = _rows(model, suite.app)
         with redis_errors("restoring the run-time limits"):
             if not client.exists(marker):
                 rows += _adopt(suite, model, rows)
@@ -206,11 +204,11 @@ def check(suite: "Suite") -> int:
     model = _model(suite)
     with guarded("reading the run-time limits"):
         rows = _rows(model, suite.app)
-    names = [redis_key(suite, row.actor_name, row.group_key or "") for row in rows]
+    names = [redis_key(suite, override.actor, override.group) for override in rows]
     with redis_errors("reading the run-time limits"):
         values = suite.redis.mget([*names, suite.keys.limits_loaded()])
     if values[-1] is not None and all(
-        value is not None and int(value) == row.concurrency_limit for value, row in zip(values, rows, strict=False)
+        value is not None and int(value) == override.limit for value, override in zip(values, rows, strict=False)
     ):
         return 0
     return restore(suite)
