@@ -126,7 +126,7 @@ def _choice(allowed: frozenset) -> Callable[[str, Any, Any], None]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _signature(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
+def signature_of(fn: Callable[..., Any]) -> Optional[inspect.Signature]:
     try:
         return inspect.signature(fn)
     except (TypeError, ValueError):  # builtins and some C callables have no signature
@@ -137,7 +137,7 @@ def check_args_spec(name: str, spec: ArgsSpec, fn: Callable[..., Any]) -> None:
     """Validate a ``unique_args``/``concurrency_key`` value against the actor's function."""
     if spec is None or callable(spec):
         return
-    params = getattr(_signature(fn), "parameters", None)  # None: no signature to check against
+    params = getattr(signature_of(fn), "parameters", None)  # None: no signature to check against
     if spec is not True:
         if not isinstance(spec, (list, tuple)):
             raise InvalidOption(f"{name} must be a list of parameter names, True or a callable, not {show(spec)}")

@@ -270,7 +270,7 @@ class Suite:
         if not (isinstance(model, type) and issubclass(model, JobModel)):
             raise InvalidOption(f"job_model must be a subclass of dramatiq_unique.JobModel, not {model!r}")
         self.register_model(model)
-        params = getattr(opt._signature(actor.fn), "parameters", {})
+        params = getattr(opt.signature_of(actor.fn), "parameters", {})
         extra = tuple(name for name in model._meta.fields if name not in base_field_names() and name in params)
         config = ActorConfig(actor.actor_name, actor.fn, options, model, extra, self.app,
                              idempotency_window=self.settings.idempotency_window)

@@ -18,11 +18,12 @@ import peewee as pw
 from dramatiq_unique.errors import InvalidOption
 from dramatiq_unique.ops import held
 from dramatiq_unique.ops.words import row_key, value_text
+from dramatiq_unique.options import signature_of
 from dramatiq_unique.parking.groups import whole_actor
 from dramatiq_unique.slots.limits import key_group, key_words
 from dramatiq_unique.storage.models import JobModel
 from dramatiq_unique.suite import ActorConfig, Suite
-from dramatiq_unique.unique.keys import _signature, canonical, digest
+from dramatiq_unique.unique.keys import canonical, digest
 
 #: What names the actor's own limit.
 ALL = "(all)"
@@ -93,7 +94,7 @@ def _defaulted(suite: "Suite", actor: Optional[str], name: str) -> bool:
     for config in [suite.actor_config(actor)] if actor else list(suite.actors.values()):
         if config is None:
             return True
-        signature = _signature(config.fn)
+        signature = signature_of(config.fn)
         param = signature.parameters.get(name) if signature is not None else None
         if param is not None and param.default is not param.empty:
             return True

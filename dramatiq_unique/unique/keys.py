@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any, Callable, Optional
 
 from dramatiq_unique.errors import InvalidOption
-from dramatiq_unique.options import ADDRESS, ArgsSpec, _signature, show
+from dramatiq_unique.options import ADDRESS, ArgsSpec, show, signature_of
 
 
 def _default(value: Any) -> Any:
@@ -36,7 +36,7 @@ _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_defa
 def _plain_parameters(fn: Callable[..., Any]) -> Optional[tuple[tuple[str, ...], dict[str, Any]]]:
     """(names, defaults) when every parameter is plain positional-or-keyword (the common case, bound as a zip
     of names and arguments, much cheaper than ``Signature.bind``), else None."""
-    signature = _signature(fn)
+    signature = signature_of(fn)
     if signature is None:
         return None
     params = list(signature.parameters.values())
@@ -58,7 +58,7 @@ def bind_arguments(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[st
                 bound = {**defaults, **bound}
             if len(bound) == len(names):
                 return {name: bound[name] for name in names}  # in declaration order, as inspect does
-    signature = _signature(fn)
+    signature = signature_of(fn)
     if signature is None:
         return {**{str(i): a for i, a in enumerate(args)}, **kwargs}
     try:
