@@ -22,7 +22,7 @@ from dramatiq_unique.storage import queries
 from dramatiq_unique.storage import stores as _stores
 from dramatiq_unique.storage.database import DB_ERRORS, configure_pooler, describe, open_database
 from dramatiq_unique.storage.database import check as check_database
-from dramatiq_unique.storage.models import JobModel, base_field_names
+from dramatiq_unique.storage.models import JobModel
 from dramatiq_unique.unique.keys import digest
 
 if TYPE_CHECKING:
@@ -271,7 +271,7 @@ class Suite:
             raise InvalidOption(f"job_model must be a subclass of dramatiq_unique.JobModel, not {model!r}")
         self.register_model(model)
         params = getattr(opt.signature_of(actor.fn), "parameters", {})
-        extra = tuple(name for name in model._meta.fields if name not in base_field_names() and name in params)
+        extra = tuple(name for name in model._meta.fields if name not in JobModel._meta.fields and name in params)
         config = ActorConfig(actor.actor_name, actor.fn, options, model, extra, self.app,
                              idempotency_window=self.settings.idempotency_window)
         self.actors[actor.actor_name] = config

@@ -79,7 +79,10 @@ class Metrics(Middleware):
         if self.enabled is False or (self.enabled is None and not beside):
             return
         try:
-            # Dramatiq's directory, whichever middleware boots first: both import prometheus_client after it is set.
-            observe.enable_metrics(multiprocess_dir=observe.dramatiq_directory() if beside else None)
+            # Dramatiq's directory (importing its module creates it, and imports no prometheus_client),
+            # whichever middleware boots first: both import prometheus_client after it is set.
+            from dramatiq.middleware import prometheus
+
+            observe.enable_metrics(multiprocess_dir=prometheus.DB_PATH if beside else None)
         except NotConfigured as e:
             logger.error("dramatiq_unique metrics are off: %s", e)

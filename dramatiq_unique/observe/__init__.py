@@ -20,13 +20,6 @@ ENV = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 _lock = threading.Lock()
 
 
-def dramatiq_directory() -> str:
-    """The multiprocess directory of Dramatiq's ``Prometheus`` middleware (its ``DB_PATH``)."""
-    from dramatiq.middleware import prometheus  # creates the directory; imports no prometheus_client
-
-    return prometheus.DB_PATH
-
-
 def metrics_on() -> bool:
     """Whether this process's suite events move metrics."""
     return events.sink is not None

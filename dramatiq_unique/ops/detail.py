@@ -30,7 +30,7 @@ def job(suite: "Suite", id_or_message_id: Union[int, str]) -> JobView:
     if not ref or len(ref) > MAX_ID or not ref.isprintable():
         raise ValueError(f"not a job id or message id: {str(id_or_message_id)[:MAX_ID]!r}")
     key: Union[int, str] = int(ref) if ref.isdigit() else ref
-    row = None if isinstance(key, int) and key >= 2**63 else lookup.find_job(suite, key)
+    row = None if isinstance(key, int) and key > lookup.MAX_JOB_ID else lookup.find_job(suite, key)
     if row is None:
         raise JobNotFound(repr(ref))
     with guarded(f"reading why job {row.id} waits"):

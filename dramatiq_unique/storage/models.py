@@ -226,7 +226,3 @@ class FenceModel(pw.Model):
 def create_fence_table(db: pw.Database) -> None:
     with db.bind_ctx([FenceModel], bind_refs=False, bind_backrefs=False):
         db.create_tables([FenceModel], safe=True)
-
-
-def base_field_names() -> frozenset[str]:
-    return frozenset(JobModel._meta.fields)
