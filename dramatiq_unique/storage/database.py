@@ -398,11 +398,24 @@ def describe(db: pw.Database) -> str:
 
 
 def check(db: pw.Database) -> None:
-    """Connect once (the caller then creates the tables): DatabaseUnavailable, naming the server, if that fails."""
+    """Connect once and, on PostgreSQL, run a transaction (the caller then creates the tables):
+    DatabaseUnavailable, naming the server, if that fails."""
+    hint = ""
     try:
         db.connect(reuse_if_open=True)
+        if is_postgres(db):
+            db.execute_sql("SELECT 1")
+            # That ran outside a transaction: a connection that closes now, at BEGIN, is a pooler's refusal.
+            hint = (" (at BEGIN: a pooler in statement mode, such as PgBouncer's pool_mode = statement, closes "
+                    "the connection there; the suite's writes need transactions: use transaction or session mode)")
+            with db.atomic():
+                db.execute_sql("SELECT 1")
     except DB_ERRORS as e:
-        raise DatabaseUnavailable(f"{describe(db)}: {_scrub(str(e).strip(), db)}") from e
+        text = _scrub(str(e).strip(), db)
+        # psycopg2 reports the closed connection; psycopg 3 reports PgBouncer's own words.
+        refused = "statement pooling" in text or any(
+            isinstance(e, cls) and fragment in text.lower() for cls, fragment in RECONNECT_ERRORS)
+        raise DatabaseUnavailable(f"{describe(db)}: {text}{hint if refused else ''}") from e
 
 
 def _scrub(text: str, db: pw.Database) -> str:

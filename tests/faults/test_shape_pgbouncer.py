@@ -11,7 +11,8 @@ sends while two `dramatiq` workers run them; one worker process is SIGKILLed mid
 Asserted: setup() works through the pooler; in transaction mode it found the pooler and prepares
 nothing, in session mode it prepares as usual; statements are bounded by ``database_timeout`` all the
 same (a ``pg_sleep`` through the pooler is cancelled); every job succeeded, no key had more holders
-than allowed, no job ran beside itself, the reruns are no more than the kill cut.
+than allowed, no job ran beside itself, the reruns are no more than the kill cut.  Statement mode,
+which refuses the suite's transactions, is named in setup()'s error.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import dramatiq_unique
 from dramatiq_unique.storage import queries
 from dramatiq_unique.storage.database import is_psycopg3, transaction_pooled
 from tests.conftest import REDIS_URL
-from tests.durable import RedisServer
+from tests.durable import RedisServer, free_port
 from tests.faults.harness import fault_env, open_runs_by_pid, prefix, report, start_rig, wait_for
 from tests.faults.shape_load import LIMIT, Load, judge
 from tests.servers import PostgresCluster
@@ -202,6 +203,31 @@ def test_the_pooler_probe_tells_transaction_mode_on_either_driver(cluster, psyco
         started = time.monotonic()
         assert pooled(bouncers["session"].port, hold_the_other_server_connection) is False
         assert time.monotonic() - started < 10, "the probe waited for a server connection without bound"
+
+
+@pytest.mark.parametrize("psycopg3", [False, True], ids=["psycopg2", "psycopg3"])
+def test_statement_mode_is_named_at_setup(cluster, psycopg3):
+    """PgBouncer in statement mode runs a statement outside a transaction and closes the connection at
+    BEGIN (psycopg 3 shows its words, psycopg2 only the closed connection): setup() fails, naming the
+    pooler's mode and the modes that work, not only a lost server."""
+    with contextlib.ExitStack() as cleanup:
+        bouncer = PgBouncer("127.0.0.1", cluster.port, mode="statement", pool_size=2).start()
+        cleanup.callback(bouncer.remove)
+        name = database(cluster)
+        db = pw.PostgresqlDatabase(name, host="127.0.0.1", port=bouncer.port, user="postgres", prefer_psycopg3=True) \
+            if psycopg3 else bouncer.url(name)
+        with pytest.raises(dramatiq_unique.DatabaseUnavailable) as raised:
+            suite_on(cleanup, db)
+        assert "pool_mode = statement" in str(raised.value)
+        assert "use transaction or session mode" in str(raised.value)
+    # The same transaction straight to PostgreSQL, and a lost server, say nothing of a pooler.
+    with contextlib.ExitStack() as cleanup:
+        broker, suite = suite_on(cleanup, f"postgresql://postgres@127.0.0.1:{cluster.port}/{name}")
+        assert suite.db.execute_sql("SELECT 1").fetchone() == (1,)
+    with pytest.raises(dramatiq_unique.DatabaseUnavailable) as raised:
+        with contextlib.ExitStack() as cleanup:
+            suite_on(cleanup, f"postgresql://postgres@127.0.0.1:{free_port()}/{name}")
+    assert "statement" not in str(raised.value)
 
 
 def test_a_psycopg_3_database_behind_a_transaction_pooler_prepares_nothing(cluster):
