@@ -12,6 +12,7 @@ import redis as redis_lib
 
 from dramatiq_unique.health.target import Target, schema_tables, tables
 from dramatiq_unique.redaction import redact
+from dramatiq_unique.redis.servers import eviction
 from dramatiq_unique.storage import migrations, schema
 from dramatiq_unique.storage.models import WAITING, JobStatus, after_ms
 
@@ -87,10 +88,12 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
 
 
 def redis_masters(target: Target) -> Finding:
-    errors = []
+    errors, risks = [], []
     for i, client in enumerate(target.masters):
         try:
             client.ping()
+            if (risk := eviction(client)) is not None:
+                risks.append(f"master {i}: {risk}")
         except redis_lib.RedisError as e:
             errors.append(f"master {i}: {_first_line(e)}")
     total = len(target.masters)
@@ -101,8 +104,8 @@ def redis_masters(target: Target) -> Finding:
     if answered < quorum:
         severity, detail = CRITICAL, f"{detail}, {quorum} needed: " + "; ".join(errors)
     else:
-        severity = WARNING if errors else OK
-        detail += f" (quorum {quorum}): " + "; ".join(errors) if errors else ""
+        severity = WARNING if errors or risks else OK
+        detail += f" (quorum {quorum}): " + "; ".join(errors + risks) if errors or risks else ""
     return Finding("redis", severity, detail, {"answered": answered, "masters": total, "quorum": quorum})
 
 

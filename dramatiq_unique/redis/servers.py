@@ -139,6 +139,8 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
             checked = redis_lib.Redis(connection_pool=redis_lib.ConnectionPool(connection_class=cls, **kwargs))
     try:
         checked.ping()
+        if (risk := eviction(checked)) is not None:
+            logger.warning("%s at %s: %s", role, address(client), risk)
     except MasterNotFoundError as e:
         raise RedisUnavailable(
             f"{role} at {address(client)}: no sentinel named a master of service {pool.service_name!r} within "
@@ -153,6 +155,21 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
         for opened in (checked, *sentinels):
             if opened is not client:
                 opened.close()
+
+
+def eviction(client: redis_lib.Redis) -> Optional[str]:
+    """What a server that may evict keys risks (a memory limit with a policy other than ``noeviction``);
+    None if it evicts nothing, or does not say (``INFO`` refused)."""
+    try:
+        memory = client.info("memory")
+    except redis_lib.ResponseError:  # an ACL without INFO, a managed server's renamed command
+        return None
+    policy, limit = memory.get("maxmemory_policy", "noeviction"), int(memory.get("maxmemory") or 0)
+    if not limit or policy == "noeviction":
+        return None
+    return (f"maxmemory {limit} B with maxmemory-policy {policy}: when it is full, Redis drops keys, locks and "
+            "queued messages among them (a job may then run beside itself, or a message be lost); "
+            "set maxmemory-policy noeviction")
 
 
 def check_redis(masters: Sequence[redis_lib.Redis], broker_client: Optional[Any], timeout_ms: float) -> None:

@@ -22,6 +22,7 @@ import dramatiq_unique
 from dramatiq_unique import DatabaseUnavailable, DependencyUnavailable, InvalidOption, RedisUnavailable
 from tests.conftest import REDIS_URL
 from tests.durable import free_port
+from tests.servers import PrivateRedis
 
 
 class SilentServer:
@@ -162,3 +163,21 @@ def test_the_redis_check_can_be_turned_off(broker, sqlite_url, key_prefix):
     suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=f"redis://127.0.0.1:{free_port()}/0",
                                   key_prefix=key_prefix, redriver=False, check_redis=False)
     suite.close()
+
+
+def test_a_redis_that_may_evict_keys_is_warned_of(broker, sqlite_url, key_prefix, caplog):
+    """A memory limit with a policy other than noeviction lets Redis drop locks and queued messages when full:
+    setup() warns, naming the policy and the fix; with noeviction, or no limit, it says nothing."""
+    server = PrivateRedis(args=["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"]).start()
+    try:
+        suite = dramatiq_unique.setup(broker, database=sqlite_url, redis=server.url, key_prefix=key_prefix,
+                                      redriver=False)
+        suite.close()
+        assert "maxmemory-policy volatile-lru" in caplog.text and "set maxmemory-policy noeviction" in caplog.text
+        caplog.clear()
+        server.client().config_set("maxmemory-policy", "noeviction")
+        dramatiq_unique.setup(broker, database=sqlite_url, redis=server.url, key_prefix=key_prefix,
+                              redriver=False).close()
+        assert "maxmemory" not in caplog.text
+    finally:
+        server.stop()

@@ -24,6 +24,7 @@ from dramatiq_unique.storage.models import utcnow
 from tests.conftest import REDIS_URL
 from tests.durable import free_port
 from tests.integration.storage.v1_schema import create_v1_table
+from tests.servers import PrivateRedis
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"
 
@@ -74,6 +75,19 @@ def test_redis_quorum(suite):
     target.masters = [live, dead, dead]
     assert checks.redis_masters(target).severity == checks.CRITICAL
     assert checks.run(target, recheck=10).code == checks.CRITICAL
+
+
+def test_a_redis_that_may_evict_keys_is_a_warning(suite):
+    target = of_suite(suite)
+    server = PrivateRedis(args=["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]).start()
+    try:
+        target.masters = [server.client(socket_timeout=1)]
+        finding = checks.redis_masters(target)
+        assert finding.severity == checks.WARNING and "maxmemory-policy allkeys-lru" in finding.detail
+        server.client().config_set("maxmemory", "0")
+        assert checks.redis_masters(target).severity == checks.OK
+    finally:
+        server.stop()
 
 
 def test_database_down_and_schema_out_of_date(database_url, monkeypatch, capsys):
