@@ -16,13 +16,18 @@ from dramatiq_unique.redis.keys import RedisKeys
 
 
 class _Client:
-    def __init__(self, up: bool) -> None:
-        self.up = up
+    def __init__(self, up: bool, memory: "dict | None" = None) -> None:
+        self.up, self.memory = up, memory or {"maxmemory": 0, "maxmemory_policy": "noeviction"}
 
     def ping(self) -> bool:
         if not self.up:
             raise redis.ConnectionError("refused")
         return True
+
+    def info(self, section: str) -> dict:
+        if self.memory == "refused":
+            raise redis.ResponseError("NOPERM this user has no permissions to run the 'info' command")
+        return self.memory
 
 
 def _target(*ups: bool) -> Target:
@@ -36,6 +41,20 @@ def _target(*ups: bool) -> Target:
 ])
 def test_redis_quorum(ups, severity):
     assert checks.redis_masters(_target(*ups)).severity == severity
+
+
+@pytest.mark.parametrize("memory, severity", [
+    ({"maxmemory": 67108864, "maxmemory_policy": "volatile-lru"}, checks.WARNING),
+    ({"maxmemory": 67108864, "maxmemory_policy": "noeviction"}, checks.OK),
+    ({"maxmemory": 0, "maxmemory_policy": "allkeys-lru"}, checks.OK),  # no limit: nothing is evicted
+    ("refused", checks.OK),  # an ACL without INFO: not looked at
+])
+def test_a_redis_that_may_evict_keys(memory, severity):
+    target = _target()
+    target.masters = [_Client(True, memory)]
+    finding = checks.redis_masters(target)
+    assert finding.severity == severity
+    assert ("noeviction" in finding.detail) is (severity == checks.WARNING)
 
 
 def test_the_report_is_the_worst_finding():
