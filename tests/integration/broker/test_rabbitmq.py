@@ -19,16 +19,21 @@ from __future__ import annotations
 
 import threading
 import time
+from urllib.parse import urlparse
 
 import dramatiq
 import pytest
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.common import dq_name, xq_name
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, current_job, transaction
 from dramatiq_unique.storage.models import utcnow
+from tests.conftest import RABBITMQ_URL, REDIS_URL
 from tests.durable import passes, total
 from tests.helpers import LOST_AFTER, job_of, wait_until
 from tests.integration.broker.helpers import start_worker
+from tests.proxy import Proxy
 
 
 @pytest.fixture
@@ -180,3 +185,70 @@ def test_due_pending_jobs_are_sent_to_rabbitmq(suite, rabbit, queue):
     JobModel.update(status="pending", enqueued_at=None, broker_ref=None).execute()  # as after an outage at commit
     assert dramatiq_unique.redrive().sent == 1
     assert ready(rabbit, queue, 1) and job_of(message).status == "queued"
+
+
+class _Skips(dramatiq.Middleware):
+    """Counts the messages a worker skipped (the suite's refused copies among them)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def after_skip_message(self, broker, message):
+        self.count += 1
+
+
+def test_a_connection_cut_while_jobs_run_gives_their_copies_back_and_each_job_runs_once(database_url, key_prefix,
+                                                                                         queue):
+    """Given a unique, a tracked and a slot-limited job running, When the worker's connection to RabbitMQ is cut
+    (a proxy drops it; the shared server stays up), Then RabbitMQ gives their unacked messages back, Dramatiq's
+    consumer reconnects and receives the copies while the first attempts still run, the suite drops each copy,
+    and each job runs once and succeeds."""
+    proxy = Proxy(urlparse(RABBITMQ_URL).port or 5672)
+    url = urlparse(RABBITMQ_URL)
+    broker = RabbitmqBroker(url=url._replace(netloc=f"{url.username}:{url.password}@127.0.0.1:{proxy.port}").geturl())
+    skips = _Skips()
+    broker.add_middleware(skips)
+    dramatiq.set_broker(broker)
+    suite = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix,
+                                  redriver=False, lost_after=LOST_AFTER)
+    release, lock, runs = threading.Event(), threading.Lock(), []
+
+    def run(label: str) -> None:
+        with lock:
+            runs.append(label)
+        release.wait(20)
+
+    @dramatiq.actor(queue_name=queue, unique_args=["key"], unique_lock="until_and_while_executing", max_retries=0)
+    def unique(key):
+        run("unique")
+
+    @dramatiq.actor(queue_name=queue, track=True, max_retries=0)
+    def tracked():
+        run("tracked")
+
+    @dramatiq.actor(queue_name=queue, concurrency_limit=1, max_retries=0)
+    def limited():
+        run("limited")
+
+    messages = [unique.send("k"), tracked.send(), limited.send()]
+    worker = start_worker(broker, threads=4)
+    try:
+        wait_until(lambda: len(runs) == 3, timeout=10, what="the three jobs to start")
+        proxy.down()
+        proxy.up()
+        wait_until(lambda: skips.count == 3, timeout=20, what="the three copies to come back and be dropped")
+        assert sorted(runs) == ["limited", "tracked", "unique"]
+        release.set()
+        wait_until(lambda: all(job_of(m).status == "succeeded" for m in messages), timeout=10, what="the outcomes")
+    finally:
+        release.set()
+        worker.stop()
+        suite.db.close()
+        admin = RabbitmqBroker(url=RABBITMQ_URL)
+        for name in (queue, dq_name(queue), xq_name(queue)):
+            admin.channel.queue_delete(queue=name)
+        admin.close()
+        broker.close()
+        proxy.close()
+    assert sorted(runs) == ["limited", "tracked", "unique"]
+    assert [job_of(m).attempts for m in messages] == [1, 1, 1]
