@@ -20,14 +20,17 @@ class CliWorker:
     """
 
     def __init__(self, module: str, env: dict[str, str], *, processes: int = 1, threads: int = 4,
-                 stderr_path: "str | os.PathLike[str] | None" = None, prefix: "list[str] | None" = None) -> None:
+                 stderr_path: "str | os.PathLike[str] | None" = None, prefix: "list[str] | None" = None,
+                 gevent: bool = False) -> None:
         # A pipe nobody reads until stop() fills up and blocks a worker that logs much (a fault
         # test's workers do): with ``stderr_path`` the log goes to that file instead.
         self.stderr_path = stderr_path
         self._stderr_file = open(stderr_path, "a") if stderr_path is not None else None
         # ``prefix``: a command that execs the worker, e.g. ``ip netns exec <name>`` (the pid stays the worker's).
         self.process = subprocess.Popen(
-            [*(prefix or []), sys.executable, "-m", "dramatiq", module, "--processes", str(processes),
+            # ``gevent``: Dramatiq's own dramatiq-gevent script (installed beside this Python), greenlets for threads.
+            [*(prefix or []), *([str(Path(sys.executable).with_name("dramatiq-gevent"))] if gevent
+                                else [sys.executable, "-m", "dramatiq"]), module, "--processes", str(processes),
              "--threads", str(threads), "--path", str(ROOT), "--worker-shutdown-timeout", "5000"],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
             stdout=subprocess.DEVNULL,

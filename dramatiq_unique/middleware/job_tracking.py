@@ -20,6 +20,7 @@ from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
 from dramatiq_unique.parking.groups import WAKE
 from dramatiq_unique.storage import jobs
+from dramatiq_unique.storage.database import greenlet_connections
 from dramatiq_unique.storage.models import FINISHED, JobStatus
 from dramatiq_unique.suite import Suite
 from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
@@ -228,6 +229,11 @@ class JobTracking(Middleware):
             logger.exception("Could not record skipped job %s; the re-drive settles it.", message.message_id)
 
     # -- thread hygiene: peewee connections are per thread --------------------
+
+    def after_worker_boot(self, broker, worker) -> None:
+        for db in self.suite.stores.databases:
+            if (warning := greenlet_connections(db, worker.worker_threads)) is not None:
+                logger.warning(warning)
 
     def before_worker_thread_shutdown(self, broker, thread) -> None:
         self.suite.close()

@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import selectors
+import sys
 import time
 from typing import Any, Generator, Optional, Union
 from urllib.parse import urlparse
@@ -230,7 +231,28 @@ def configure_pooler(db: pw.Database, setting: Optional[bool]) -> bool:
             "there; set prepared_statements=False (or None, the default), or use session mode")
     logger.info("%s is behind a pooler in transaction mode: the suite's statements are not prepared.", describe(db))
     set_prepare_threshold(db)
+    setattr(db, _POOLED, True)
     return True
+
+
+#: Set on a database that set-up found behind a pooler in transaction mode.
+_POOLED = "_dramatiq_unique_transaction_pooled"
+#: Dramatiq's default worker threads: a gevent worker with no more greenlets holds no more connections.
+_DEFAULT_THREADS = 8
+
+
+def greenlet_connections(db: pw.Database, greenlets: int) -> Optional[str]:
+    """Why a gevent worker of ``greenlets`` greenlets may run out of ``db``'s connections (peewee keeps a
+    connection per thread, which gevent makes one per greenlet); None where it cannot: threads, not PostgreSQL,
+    a pooler in transaction mode found at set-up, or no more greenlets than Dramatiq's default threads."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading") or not is_postgres(db) \
+            or getattr(db, _POOLED, False) or greenlets <= _DEFAULT_THREADS:
+        return None
+    return (f"This worker's {greenlets} gevent greenlets each open a connection of their own to {describe(db)} "
+            "(peewee keeps one per thread, and gevent makes that one per greenlet): each worker process needs its "
+            "greenlets + 3 within PostgreSQL's max_connections. Put PgBouncer in transaction mode in front (the "
+            "docs' Deploying, \"Workers on gevent\"); set-up found none.")
 
 
 class ReconnectingPostgresqlDatabase(ReconnectMixin, BoundedPostgresqlDatabase):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import peewee as pw
 import pytest
 from playhouse.shortcuts import ReconnectMixin
 
 from dramatiq_unique import InvalidOption
+from dramatiq_unique.storage import database
 from dramatiq_unique.storage.database import address, describe, open_database, reconnecting
 from dramatiq_unique.suite import Settings
 
@@ -62,3 +65,23 @@ def test_addresses_never_show_a_password():
 def test_timeouts_must_be_positive(name):
     with pytest.raises(InvalidOption, match=name):
         Settings(**{name: 0})
+
+
+class _Monkey:
+    """gevent.monkey as a gevent worker has it: threading patched."""
+
+    @staticmethod
+    def is_module_patched(name: str) -> bool:
+        return name == "threading"
+
+
+def test_a_gevent_worker_with_more_greenlets_than_default_threads_is_warned_of(monkeypatch):
+    postgres = pw.PostgresqlDatabase("jobs", host="db.internal")
+    assert database.greenlet_connections(postgres, 100) is None  # threads: nothing to say
+    monkeypatch.setitem(sys.modules, "gevent.monkey", _Monkey)
+    warning = database.greenlet_connections(postgres, 100)
+    assert warning is not None and "100 gevent greenlets" in warning and "PgBouncer in transaction mode" in warning
+    assert database.greenlet_connections(postgres, 8) is None  # no more than Dramatiq's default threads
+    assert database.greenlet_connections(pw.SqliteDatabase(":memory:"), 100) is None
+    setattr(postgres, database._POOLED, True)  # set-up found a pooler in transaction mode
+    assert database.greenlet_connections(postgres, 100) is None
