@@ -18,6 +18,7 @@ class Proxy:
     ``armed``: the next reply is dropped and the client's connection closed (the server ran
     the call, the reply never arrived).  :meth:`down` refuses new connections and drops the
     open ones, as a server that died would; :meth:`up` listens again on the same port.
+    ``target_port`` may change: new connections go there (a fail-over's moved address).
     """
 
     def __init__(self, target_port: int) -> None:

@@ -25,7 +25,7 @@ import psycopg2
 import redis
 
 from tests.durable import free_port
-from tests.servers import START_TIMEOUT
+from tests.servers import START_TIMEOUT, PostgresCluster
 
 
 def _as_postgres(argv: list[str]) -> list[str]:
@@ -129,6 +129,43 @@ class PgBouncer:
 
 
 # -- Redis ----------------------------------------------------------------------------------------
+
+
+class Standby(PostgresCluster):
+    """A streaming standby of ``primary`` (``pg_basebackup -R``), on a port of its own: ``start()``, ``promote()``,
+    ``remove()``.  The primary waits for it at every commit once :meth:`make_synchronous` ran."""
+
+    def __init__(self, primary: PostgresCluster) -> None:  # no initdb: the data directory is the primary's copy
+        self.port, self.fsync, self.bindir, self.primary = free_port(), primary.fsync, primary.bindir, primary
+        self.dir = tempfile.mkdtemp(prefix="du-pg-standby-")
+        self.data = os.path.join(self.dir, "data")
+        self.log = os.path.join(self.dir, "server.log")
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        self._run([f"{self.bindir}/pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                   "-D", self.data, "-R", "-X", "stream", "--no-sync", "--checkpoint=fast"], "pg_basebackup")
+
+    def make_synchronous(self) -> None:
+        """Every commit on the primary waits for this standby's flush (``synchronous_standby_names``)."""
+        conn = psycopg2.connect(host="127.0.0.1", port=self.primary.port, user="postgres", dbname="postgres")
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+                cur.execute("SELECT pg_reload_conf()")
+
+            def synchronous() -> bool:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")
+                    return cur.fetchone()[0] == 1
+
+            _wait(synchronous, f"the standby on {self.port} to be synchronous")
+        finally:
+            conn.close()
+
+    def promote(self) -> None:
+        self._run([f"{self.bindir}/pg_ctl", "-D", self.data, "-w", "-t", str(START_TIMEOUT), "promote"],
+                  "pg_ctl promote")
 
 
 class SentinelGroup:

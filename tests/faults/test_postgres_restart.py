@@ -7,6 +7,9 @@ while two `dramatiq` worker groups run them.  Re-drive passes run in the test pr
 * ``restart``: two producers, three threads a worker, jobs of 100 ms; when ten ran, the cluster
   restarts (``pg_ctl restart -m fast``: every session is ended, as in a restart or a fail-over) and the
   producers go on sending.
+* ``fail-over``: as ``restart``, with the job table reached through a proxy (the address a fail-over
+  moves) on a primary that a synchronous standby follows; when ten ran, the primary is stopped at once
+  (``-m immediate``), the standby promoted, and the proxy sends new connections there.
 * ``burst-stop`` and ``burst-sigkill``: four producers sending as fast as they can, eight threads a
   worker, jobs of 20 ms, so that many of the workers' starts and outcomes, and the producers' sends, are
   in flight at any moment; while they run, the cluster is stopped at once (``-m immediate``) and
@@ -30,8 +33,13 @@ from typing import Callable
 import pytest
 
 from dramatiq_unique import DatabaseUnavailable
+from tests.durable import RedisServer
 from tests.faults import events as ev
-from tests.faults.harness import finish, open_runs_by_pid, postgres_rig, report, wait_for
+from tests.faults.harness import fault_env, finish, open_runs_by_pid, postgres_rig, prefix, report, start_rig, wait_for
+from tests.faults.test_shape_pgbouncer import database
+from tests.proxy import Proxy
+from tests.servers import PostgresCluster
+from tests.shape_servers import Standby
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +52,45 @@ def restart(app, fleet, cluster) -> list[int]:
     fault = app.log.record("fault", what="pg_ctl restart -m fast")
     cluster.restart()
     app.log.record("back", what="PostgreSQL answers again")
+    return [fault]
+
+
+@dataclass(frozen=True)
+class FailOverRig:
+    primary: PostgresCluster
+    standby: Standby
+    proxy: Proxy
+
+
+def failover_rig(cleanup: contextlib.ExitStack, directory, *, threads: int):
+    """postgres_rig's shape, the job table on a primary with a synchronous standby, reached through a proxy."""
+    primary = PostgresCluster()
+    cleanup.callback(primary.remove)
+    primary.start()
+    name = database(primary)  # before the base backup: the standby has it too
+    standby = Standby(primary)
+    cleanup.callback(standby.remove)
+    standby.start()
+    standby.make_synchronous()
+    proxy = Proxy(primary.port)
+    cleanup.callback(proxy.close)
+    server = RedisServer().start()
+    cleanup.callback(server.stop)
+    env = fault_env(broker_url=server.url, database_url=f"postgresql://postgres@127.0.0.1:{proxy.port}/{name}",
+                    key_prefix=prefix())
+    app, fleet, _ = start_rig(cleanup, env, directory, threads=threads)
+    return FailOverRig(primary, standby, proxy), app, fleet
+
+
+def fail_over(app, fleet, rig: FailOverRig) -> list[int]:
+    wait_for(lambda: sum(1 for e in app.log.read() if e["event"] == "done") >= 10, timeout=30, what="ten jobs to run")
+    fault = app.log.record("fault", what="fail-over: the primary stopped at once, its synchronous standby promoted")
+    rig.proxy.down()
+    rig.primary.stop(mode="immediate")
+    rig.standby.promote()
+    rig.proxy.target_port = rig.standby.port
+    rig.proxy.up()
+    app.log.record("back", what="the promoted standby answers at the same address")
     return [fault]
 
 
@@ -76,10 +123,12 @@ class Scenario:
     run_ms: int
     pause_s: float
     keys: int
+    rig: Callable[..., tuple] = postgres_rig
 
 
 SCENARIOS = {
     "restart": Scenario(restart, producers=2, threads=3, run_ms=100, pause_s=0.08, keys=6),
+    "fail-over": Scenario(fail_over, producers=2, threads=3, run_ms=100, pause_s=0.08, keys=6, rig=failover_rig),
     "burst-stop": Scenario(stop_at_once, producers=4, threads=8, run_ms=20, pause_s=0.005, keys=12),
     "burst-sigkill": Scenario(sigkill, producers=4, threads=8, run_ms=20, pause_s=0.005, keys=12),
 }
@@ -93,7 +142,7 @@ def test_postgresql_restarts_under_load(name, tmp_path):
     failed: list[BaseException] = []
     stop = threading.Event()
     with contextlib.ExitStack() as cleanup:
-        cluster, app, fleet = postgres_rig(cleanup, tmp_path, threads=scenario.threads)
+        cluster, app, fleet = scenario.rig(cleanup, tmp_path, threads=scenario.threads)
 
         def produce(base: int) -> None:
             i = base
