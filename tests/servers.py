@@ -53,6 +53,7 @@ class PostgresCluster:
     def __init__(self, port: int = 0, *, fsync: bool = False) -> None:
         self.port = port or free_port()
         self.fsync = fsync
+        self.tls = False
         self.bindir = _bindir()
         self.dir = tempfile.mkdtemp(prefix="du-pg-")
         self.data = os.path.join(self.dir, "data")
@@ -73,6 +74,28 @@ class PostgresCluster:
         if done.returncode != 0:
             raise AssertionError(f"{what} failed ({done.returncode}): {done.stderr or done.stdout}")
 
+    def require_tls(self, certs: "Certificates") -> str:
+        """Before :meth:`start`: connections over TLS only, each showing a client certificate of ``certs``'
+        CA (``clientcert=verify-ca``); returns the query a URL needs for that (verify-full, the client's
+        certificate and key)."""
+        for name, source in (("server.crt", certs.server_cert), ("server.key", certs.server_key),
+                             ("root.crt", certs.ca)):
+            target = os.path.join(self.data, name)
+            shutil.copy(source, target)
+            os.chmod(target, 0o600)
+            if os.geteuid() == 0:
+                shutil.chown(target, "postgres", "postgres")
+        with open(os.path.join(self.data, "postgresql.conf"), "a") as conf:
+            conf.write("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n"
+                       "ssl_ca_file = 'root.crt'\n")
+        with open(os.path.join(self.data, "pg_hba.conf"), "w") as hba:
+            hba.write("local all all trust\nhostssl all all 127.0.0.1/32 trust clientcert=verify-ca\n"
+                      "hostssl replication all 127.0.0.1/32 trust clientcert=verify-ca\n")
+        os.chmod(certs.client_key, 0o600)  # libpq refuses a key others may read
+        self.tls = True
+        return urlencode({"sslmode": "verify-full", "sslrootcert": str(certs.ca), "sslcert": str(certs.client_cert),
+                          "sslkey": str(certs.client_key)})
+
     def start(self) -> "PostgresCluster":
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=200"
         options += "" if self.fsync else " -c fsync=off"
@@ -85,8 +108,9 @@ class PostgresCluster:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
-                                 connect_timeout=2).close()
+                # Over TLS only, its TCP port wants a client certificate: the socket then.
+                psycopg2.connect(host=self.dir if self.tls else "127.0.0.1", port=self.port, user="postgres",
+                                 dbname="postgres", connect_timeout=2).close()
                 return
             except psycopg2.OperationalError as e:
                 if time.monotonic() > deadline:

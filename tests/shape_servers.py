@@ -137,6 +137,7 @@ class Standby(PostgresCluster):
 
     def __init__(self, primary: PostgresCluster) -> None:  # no initdb: the data directory is the primary's copy
         self.port, self.fsync, self.bindir, self.primary = free_port(), primary.fsync, primary.bindir, primary
+        self.tls = False
         self.dir = tempfile.mkdtemp(prefix="du-pg-standby-")
         self.data = os.path.join(self.dir, "data")
         self.log = os.path.join(self.dir, "server.log")

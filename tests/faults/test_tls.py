@@ -1,8 +1,11 @@
-"""The broker, the suite and the event log on a Redis that speaks TLS only, with client certificates.
+"""The broker, the suite and the event log on a Redis that speaks TLS only, and the job table on a
+PostgreSQL that takes TLS only, both with client certificates.
 
 One redis-server of the test's own (``--port 0``, ``--tls-port``, ``--tls-auth-clients yes``) with
 a CA and certificates made by ``openssl``; every process reaches it through a ``rediss://`` URL that
-names the CA and the client's certificate and key.  Two `dramatiq` worker groups run unique
+names the CA and the client's certificate and key.  A PostgreSQL cluster of the test's own takes
+``hostssl`` connections only, with a client certificate of that CA (``clientcert=verify-ca``); the URL
+asks ``sslmode=verify-full`` and names the same files.  Two `dramatiq` worker groups run unique
 (``until_and_while_executing``: the start frees the queue lock with a posted call) and
 while_executing jobs that a producer sends one by one, and tracked jobs sent in one ``send_many``
 batch; the test SIGKILLs a worker process that is running a job, twice, so that new worker
@@ -23,7 +26,7 @@ import pytest
 import dramatiq_unique
 from tests.faults import events as ev
 from tests.faults.harness import fault_env, finish, open_runs_by_pid, prefix, report, start_rig, wait_for
-from tests.servers import Certificates, PrivateRedis
+from tests.servers import Certificates, PostgresCluster, PrivateRedis
 
 pytestmark = pytest.mark.slow
 
@@ -37,10 +40,15 @@ def test_every_process_over_tls_with_client_certificates(tmp_path):
     sent: list[str] = []
     errors: list[BaseException] = []
     with contextlib.ExitStack() as cleanup:
-        server = PrivateRedis(tls=Certificates(tmp_path), client_certs=True).start()
+        certs = Certificates(tmp_path)
+        server = PrivateRedis(tls=certs, client_certs=True).start()
         cleanup.callback(server.stop)
         assert server.url.startswith("rediss://")
-        env = fault_env(broker_url=server.url, database_url=f"sqlite:///{tmp_path / 'jobs.db'}", key_prefix=prefix())
+        cluster = PostgresCluster()
+        cleanup.callback(cluster.remove)
+        tls = cluster.require_tls(certs)
+        cluster.start()
+        env = fault_env(broker_url=server.url, database_url=f"{cluster.url}?{tls}", key_prefix=prefix())
         app, fleet, redriver = start_rig(cleanup, env, tmp_path, threads=3)
         batch = dramatiq_unique.send_many(app.tracked, [(f"b{i}", i) for i in range(BATCH)])
         sent += [m.message_id for m in batch]
@@ -67,6 +75,8 @@ def test_every_process_over_tls_with_client_certificates(tmp_path):
         producer.join(60)
         assert not producer.is_alive(), "the producer hung"
         assert not errors, f"a send failed: {errors[0]!r}"
+        ssl = app.suite.db.execute_sql("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()
+        assert ssl == (True,), "the job table over TLS"
         rows, log = finish(app, fleet, tmp_path, timeout=60)
     jobs = {r.message_id for r in rows}
     assert set(sent) <= jobs
