@@ -250,8 +250,8 @@ def greenlet_connections(db: pw.Database, greenlets: int) -> Optional[str]:
             or getattr(db, _POOLED, False) or greenlets <= _DEFAULT_THREADS:
         return None
     return (f"This worker's {greenlets} gevent greenlets each open a connection of their own to {describe(db)} "
-            "(peewee keeps one per thread, and gevent makes that one per greenlet): each worker process needs its "
-            "greenlets + 3 within PostgreSQL's max_connections. Put PgBouncer in transaction mode in front (the "
+            "(peewee keeps one per thread, and gevent makes that one per greenlet): every worker process's "
+            "greenlets count against PostgreSQL's max_connections. Put PgBouncer in transaction mode in front (the "
             "docs' Deploying, \"Workers on gevent\"); set-up found none.")
 
 
