@@ -66,7 +66,10 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     Declare actors after this call: Dramatiq checks actor options against
     the middlewares present when an actor is declared.  Returns the
     :class:`Suite`; the last call's suite is the one module-level
-    functions such as :func:`get_job` use.  ``database`` may also be a
+    functions such as :func:`get_job` use.  Called again on the same
+    broker (an app factory, a test's fixture), it replaces the earlier
+    suite there: its middlewares go, and the actors already declared are
+    the new suite's (the earlier suite is not closed).  ``database`` may also be a
     sync SQLAlchemy ``Engine`` on PostgreSQL: sends inside its sessions'
     ``session.begin()`` then commit with them (docs: SQLAlchemy how-to).
 
@@ -91,9 +94,11 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
             suite.close()
             raise
     suite.broker = broker
+    _detach(broker)
     retries = any(isinstance(m, Retries) for m in broker.middleware)
     # Before Retries: our after_process_message then runs after it has decided.
-    broker.add_middleware(JobTracking(suite=suite), **({"before": Retries} if retries else {}))
+    tracking = JobTracking(suite=suite)
+    broker.add_middleware(tracking, **({"before": Retries} if retries else {}))
     # Before JobTracking: the lock is taken before the row is marked running,
     # and handed on after the outcome is recorded.
     broker.add_middleware(ExecutionLocks(suite=suite), before=JobTracking)
@@ -106,7 +111,18 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     attach = getattr(suite.db, "attach_suite", None)
     if attach is not None:  # a framework's database (dramatiq_unique.contrib): its transactions hold sends
         attach(suite)
+    for actor in list(broker.actors.values()):  # declared under an earlier setup() of this broker: now this suite's
+        tracking.before_declare_actor(broker, actor)
     return suite
+
+
+def _detach(broker: Broker) -> None:
+    """Take an earlier suite's middlewares and send path off ``broker``: setup() called again on one broker
+    (an app factory, a test's fixture) replaces the suite, where two sets of hooks would each act on every job."""
+    broker.middleware[:] = [m for m in broker.middleware
+                            if not isinstance(m, (JobTracking, ExecutionLocks, ConcurrencySlots, Redriver))]
+    if getattr(broker.enqueue, "_dramatiq_unique", False):
+        broker.enqueue = broker.enqueue.__wrapped__  # type: ignore[attr-defined,method-assign]  # functools.wraps'
 
 
 def get_job(

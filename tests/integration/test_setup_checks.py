@@ -14,14 +14,16 @@ import threading
 import time
 from typing import Iterator
 
+import dramatiq
 import peewee as pw
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 
 import dramatiq_unique
-from dramatiq_unique import DatabaseUnavailable, DependencyUnavailable, InvalidOption, RedisUnavailable
+from dramatiq_unique import DatabaseUnavailable, DependencyUnavailable, InvalidOption, JobModel, RedisUnavailable
 from tests.conftest import REDIS_URL
-from tests.durable import free_port
+from tests.durable import free_port, running_worker
+from tests.helpers import job_of, wait_until
 from tests.servers import PrivateRedis
 
 
@@ -181,3 +183,47 @@ def test_a_redis_that_may_evict_keys_is_warned_of(broker, sqlite_url, key_prefix
         assert "maxmemory" not in caplog.text
     finally:
         server.stop()
+
+
+def test_setup_again_on_one_broker_replaces_the_suite(broker, database_url, key_prefix):
+    """setup() called a second time on one broker (an app factory, a test's fixture): the broker keeps one
+    set of the suite's middlewares, the actors declared under the first suite are the second's, and each
+    job of a tracked, a unique and a slot-limited actor runs once, recorded under the second suite's app
+    (before: two sets of hooks, and most jobs never ran)."""
+    first = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=key_prefix,
+                                  redriver=False)
+    runs: list[tuple[str, int]] = []
+    lock = threading.Lock()
+
+    def ran(label: str, n: int) -> None:
+        with lock:
+            runs.append((label, n))
+
+    @dramatiq.actor(track=True, max_retries=0)
+    def tracked(n):
+        ran("tracked", n)
+
+    @dramatiq.actor(unique_args=["n"], unique_lock="until_and_while_executing", max_retries=0)
+    def unique(n):
+        ran("unique", n)
+
+    @dramatiq.actor(concurrency_limit=1, max_retries=0)
+    def limited(n):
+        ran("limited", n)
+
+    second = dramatiq_unique.setup(broker, database=database_url, redis=REDIS_URL, key_prefix=f"{key_prefix}-2",
+                                   redriver=False)
+    try:
+        kinds = [type(m).__name__ for m in broker.middleware]
+        for kind in ("JobTracking", "ExecutionLocks", "ConcurrencySlots", "Redriver", "Metrics"):
+            assert kinds.count(kind) == 1, kinds
+        assert set(second.actors) >= {"tracked", "unique", "limited"}
+        messages = [actor.send(n) for n in range(3) for actor in (tracked, unique, limited)]
+        with running_worker(broker, threads=2):
+            wait_until(lambda: all((job_of(m) or JobModel()).status == "succeeded" for m in messages), timeout=20,
+                       what="every job to succeed")
+        assert sorted(runs) == sorted((label, n) for n in range(3) for label in ("tracked", "unique", "limited"))
+        assert {job_of(m).app for m in messages} == {second.app} != {first.app}
+    finally:
+        first.close()
+        second.close()
