@@ -42,7 +42,7 @@ from dramatiq_unique.slots.limits import ConcurrencyStatus, concurrency_status, 
 from dramatiq_unique.storage.models import JobModel, JobStatus
 from dramatiq_unique.suite import RedisSpec, Suite
 from dramatiq_unique.unique.bulk import send_many
-from dramatiq_unique.unique.send import submit, transaction
+from dramatiq_unique.unique.send import submit, transaction, uninstall_enqueue
 
 if TYPE_CHECKING:
     from dramatiq_unique.locks.external import lock
@@ -121,8 +121,7 @@ def _detach(broker: Broker) -> None:
     (an app factory, a test's fixture) replaces the suite, where two sets of hooks would each act on every job."""
     broker.middleware[:] = [m for m in broker.middleware
                             if not isinstance(m, (JobTracking, ExecutionLocks, ConcurrencySlots, Redriver))]
-    if getattr(broker.enqueue, "_dramatiq_unique", False):
-        broker.enqueue = broker.enqueue.__wrapped__  # type: ignore[attr-defined,method-assign]  # functools.wraps'
+    uninstall_enqueue(broker)
 
 
 def get_job(

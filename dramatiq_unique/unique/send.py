@@ -91,6 +91,12 @@ def install_enqueue(broker: "Broker", suite: "Suite") -> None:
     broker.enqueue = enqueue  # type: ignore[method-assign]
 
 
+def uninstall_enqueue(broker: "Broker") -> None:
+    """Give ``broker`` back the ``enqueue`` that :func:`install_enqueue` wrapped, if it wrapped one."""
+    if getattr(broker.enqueue, "_dramatiq_unique", False):
+        broker.enqueue = broker.enqueue.__wrapped__  # type: ignore[attr-defined,method-assign]  # functools.wraps'
+
+
 def _record_pending(
     suite: "Suite", broker: "Broker", message: "Message", delay: Optional[int], error: BaseException,
 ) -> Optional["Message"]:
