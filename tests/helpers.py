@@ -1,8 +1,13 @@
-"""Small helpers shared by the tests: bounded waits, job rows, queue sizes, queue locks."""
+"""Small helpers shared by the tests: bounded waits, job rows, queue sizes, queue locks, a skewed clock."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -49,3 +54,14 @@ def current_token(db: Any, key: str) -> int:
     from dramatiq_unique.storage.models import FenceModel
 
     return int(FenceModel.select(FenceModel.token).where(FenceModel.key == key).scalar(db) or 0)
+
+
+def under_faketime(offset: str, code: str, **env: str) -> subprocess.CompletedProcess:
+    """``code`` run by a Python whose clock is moved by ``offset`` (libfaketime, e.g. ``"+3s"``): a host whose
+    clock has drifted from the database's."""
+    faketime = shutil.which("faketime")
+    assert faketime, "faketime is needed (Debian's package; .ci/run installs it)"
+    argv = [faketime, "-f", offset, sys.executable, "-c", code] if offset else [sys.executable, "-c", code]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **env},
+                          cwd=Path(__file__).parents[1])
+

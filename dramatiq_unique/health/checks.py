@@ -14,6 +14,7 @@ from dramatiq_unique.health.target import Target, schema_tables, tables
 from dramatiq_unique.redaction import redact
 from dramatiq_unique.redis.servers import eviction
 from dramatiq_unique.storage import migrations, schema
+from dramatiq_unique.storage.database import clock_skew
 from dramatiq_unique.storage.models import WAITING, JobStatus, after_ms
 
 OK, WARNING, CRITICAL = 0, 1, 2
@@ -64,6 +65,7 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
         try:
             db.connect(reuse_if_open=True)
             db.execute_sql("SELECT 1").fetchone()
+            skew = clock_skew(db)
         except pw.DatabaseError as e:
             findings.append(Finding("database", CRITICAL if index == 0 else WARNING,
                                     f"{name} does not answer: {_first_line(e)}", {"store": index}))
@@ -71,7 +73,8 @@ def databases(target: Target) -> tuple[list[Finding], set[int]]:
                 db.close()
         else:
             up.add(index)
-            findings.append(Finding("database", OK, f"{name} answers", {"store": index}))
+            findings.append(Finding("database", OK, f"{name} answers", {"store": index}) if skew is None
+                            else Finding("database", WARNING, f"{name} answers; {skew}", {"store": index}))
     for index, model in schema_tables(target):
         if index not in up:
             continue

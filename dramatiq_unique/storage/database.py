@@ -432,12 +432,38 @@ def check(db: pw.Database) -> None:
                     "the connection there; the suite's writes need transactions: use transaction or session mode)")
             with db.atomic():
                 db.execute_sql("SELECT 1")
+            if (skew := clock_skew(db)) is not None:
+                logger.warning("%s: %s", describe(db), skew)
     except DB_ERRORS as e:
         text = _scrub(str(e).strip(), db)
         # psycopg2 reports the closed connection; psycopg 3 reports PgBouncer's own words.
         refused = "statement pooling" in text or any(
             isinstance(e, cls) and fragment in text.lower() for cls, fragment in RECONNECT_ERRORS)
         raise DatabaseUnavailable(f"{describe(db)}: {text}{hint if refused else ''}") from e
+
+
+#: How far this host's clock may be from the database's before it is reported: half of the second by which a
+#: running row's lease is given the benefit of the doubt (``jobs.LEASE_SKEW_MS``), so that any two hosts within it
+#: of the database are within that second of each other.
+CLOCK_SKEW_MS = 500
+
+
+def clock_skew(db: pw.Database) -> Optional[str]:
+    """A warning if this host's clock is more than :data:`CLOCK_SKEW_MS` from the database's beyond what the
+    round trip leaves uncertain; None if not, or on SQLite (whose clock is this host's)."""
+    if not is_postgres(db):
+        return None
+    before = time.time()
+    (then,) = db.execute_sql("SELECT EXTRACT(EPOCH FROM statement_timestamp())").fetchone()
+    after = time.time()
+    # statement_timestamp() was read between the two: at worst at either end of the round trip.
+    skew_ms = float(then) * 1000 - (before + after) * 500
+    if abs(skew_ms) - (after - before) * 500 <= CLOCK_SKEW_MS:
+        return None
+    return (f"this host's clock is {abs(skew_ms) / 1000:.1f} s {'behind' if skew_ms > 0 else 'ahead of'} the "
+            f"database's: job leases are written with one host's clock and judged by another's and "
+            f"the database's, with {2 * CLOCK_SKEW_MS / 1000:g} s of margin: beyond it, a duplicate delivery may "
+            f"start beside a running attempt. Keep every host on NTP (chrony or systemd-timesyncd).")
 
 
 def _scrub(text: str, db: pw.Database) -> str:

@@ -23,7 +23,7 @@ import dramatiq_unique
 from dramatiq_unique import DatabaseUnavailable, DependencyUnavailable, InvalidOption, JobModel, RedisUnavailable
 from tests.conftest import REDIS_URL
 from tests.durable import free_port, running_worker
-from tests.helpers import job_of, wait_until
+from tests.helpers import job_of, under_faketime, wait_until
 from tests.servers import PrivateRedis
 
 
@@ -227,3 +227,25 @@ def test_setup_again_on_one_broker_replaces_the_suite(broker, database_url, key_
     finally:
         first.close()
         second.close()
+
+
+SETUP_AND_CLOSE = """
+import logging
+from dramatiq.brokers.redis import RedisBroker
+import dramatiq_unique
+logging.basicConfig(level=logging.WARNING)
+dramatiq_unique.setup(RedisBroker(url={redis!r}, namespace={ns!r}),
+                      database={db!r}, redis={redis!r}, key_prefix={ns!r}, redriver=False).close()
+"""
+
+
+@pytest.mark.parametrize("offset, words", [("+3s", "3.0 s ahead of"), ("-3s", "3.0 s behind"), ("", None)])
+def test_a_host_clock_off_the_databases_is_warned_of(pg_url, key_prefix, offset, words):
+    """A job's lease is written with its host's clock and judged by others': setup() on a host whose clock is
+    seconds off the database's warns, saying how far and what to do; in step, it says nothing."""
+    done = under_faketime(offset, SETUP_AND_CLOSE.format(redis=REDIS_URL, ns=key_prefix, db=pg_url))
+    assert done.returncode == 0, done.stderr
+    if words is None:
+        assert "clock" not in done.stderr
+    else:
+        assert f"this host's clock is {words} the database's" in done.stderr and "NTP" in done.stderr, done.stderr

@@ -14,6 +14,7 @@ import dramatiq
 import pytest
 import redis
 
+import dramatiq_unique
 from dramatiq_unique import JobModel, redrive
 from dramatiq_unique.cli import main
 from dramatiq_unique.health import checks, commands
@@ -23,6 +24,7 @@ from dramatiq_unique.storage.database import open_database
 from dramatiq_unique.storage.models import utcnow
 from tests.conftest import REDIS_URL
 from tests.durable import free_port
+from tests.helpers import under_faketime
 from tests.integration.storage.v1_schema import create_v1_table
 from tests.servers import PrivateRedis
 
@@ -214,3 +216,18 @@ def test_a_retry_overdue_by_lost_after_and_two_passes_is_reported(suite, broker)
     assert finding.severity == checks.WARNING and finding.data["kind"] == "retrying"
     assert finding.data["ids"] == [late.id] and "more than 70 s ago" in finding.detail
     assert finding.data["overdue_after_ms"] == suite.settings.lost_after + 2 * suite.settings.redrive_interval
+
+
+def test_a_host_clock_off_the_databases_is_a_warning(broker, pg_url, key_prefix):
+    """Run on a host whose clock is 3 s ahead of the database's, the `check` command's database finding is a
+    warning saying so (a probe on every worker host finds the one that drifted)."""
+    dramatiq_unique.setup(broker, database=pg_url, redis=REDIS_URL, key_prefix=key_prefix, redriver=False).close()
+    env = {"DRAMATIQ_UNIQUE_DATABASE_URL": pg_url, "DRAMATIQ_UNIQUE_REDIS_URL": REDIS_URL}
+    done = under_faketime("+3s", "from dramatiq_unique.cli import main; raise SystemExit(main(['check', '--json']))",
+                          **env)
+    found = [f for f in json.loads(done.stdout)["findings"] if f["check"] == "database"]
+    assert done.returncode == 1 and found[0]["severity"] == "warning", done.stdout + done.stderr
+    assert "this host's clock is 3.0 s ahead of the database's" in found[0]["detail"]
+    done = under_faketime("", "from dramatiq_unique.cli import main; raise SystemExit(main(['check', '--json']))",
+                          **env)
+    assert [f["severity"] for f in json.loads(done.stdout)["findings"] if f["check"] == "database"] == ["ok"]
