@@ -210,7 +210,7 @@ class Suite:
         self.publisher: Optional[Any] = None
         self.models: list[type[JobModel]] = []
         self.actors: dict[str, ActorConfig] = {}
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self._host = socket.gethostname()
         self._lock = threading.Lock()
         self.register_model(JobModel)
         # Module-level functions (get_job, submit...) use the newest suite.
@@ -222,6 +222,11 @@ class Suite:
         if settings is not None and name in Settings.__dataclass_fields__:
             return getattr(settings, name)
         raise AttributeError(name)
+
+    @property
+    def worker_id(self) -> str:
+        """This process, as job rows and wake-ups name it: read each time, so that a forked child is itself."""
+        return f"{self._host}:{os.getpid()}"
 
     def _check_stores(self) -> None:
         """One store must answer; of several, at least one (the others are named in a warning)."""

@@ -11,6 +11,7 @@ import os
 import selectors
 import sys
 import time
+import weakref
 from typing import Any, Generator, Optional, Union
 from urllib.parse import urlparse
 
@@ -278,6 +279,24 @@ def reconnecting(db: pw.Database) -> pw.Database:
     return db
 
 
+#: Every database opened here, so that a forked child can forget the connections it inherited.
+_OPENED: "weakref.WeakSet[pw.Database]" = weakref.WeakSet()
+
+
+def _forget_inherited_connections() -> None:
+    """In a forked child (a web server that imports the app, then forks its workers: gunicorn's ``--preload``,
+    uWSGI without ``lazy-apps``): drop the connection of the thread that forked, without closing it, so that
+    the child opens its own.  Parent and child on one connection would read each other's results; a close
+    here would end the parent's session, while a connection merely dropped is left alone by psycopg2 and
+    psycopg 3 (each closes only in the process that opened it).  Other threads' connections are not
+    inherited: their threads are gone in the child."""
+    for db in list(_OPENED):
+        db._state.reset()  # type: ignore[attr-defined]  # peewee has no public "forget without closing"
+
+
+os.register_at_fork(after_in_child=_forget_inherited_connections)
+
+
 def open_database(
     database: Union[str, pw.Database], *, connect_timeout: Optional[float] = None, timeout: Optional[float] = None,
     prepared: bool = True,
@@ -295,6 +314,7 @@ def open_database(
         db = _from_url(database, connect_timeout, timeout)
     if not prepared:
         set_prepare_threshold(db, given=True)
+    _OPENED.add(db)
     return savepoints.track(db)
 
 
