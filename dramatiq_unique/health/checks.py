@@ -12,7 +12,7 @@ import redis as redis_lib
 
 from dramatiq_unique.health.target import Target, schema_tables, tables
 from dramatiq_unique.redaction import redact
-from dramatiq_unique.redis.servers import eviction
+from dramatiq_unique.redis.servers import eviction, replica_of
 from dramatiq_unique.storage import migrations, schema
 from dramatiq_unique.storage.database import clock_skew
 from dramatiq_unique.storage.models import WAITING, JobStatus, after_ms
@@ -95,7 +95,9 @@ def redis_masters(target: Target) -> Finding:
     for i, client in enumerate(target.masters):
         try:
             client.ping()
-            if (risk := eviction(client)) is not None:
+            if (master := replica_of(client)) is not None:
+                errors.append(f"master {i}: a replica of {master}")
+            elif (risk := eviction(client)) is not None:
                 risks.append(f"master {i}: {risk}")
         except redis_lib.RedisError as e:
             errors.append(f"master {i}: {_first_line(e)}")

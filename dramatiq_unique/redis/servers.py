@@ -139,6 +139,9 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
             checked = redis_lib.Redis(connection_pool=redis_lib.ConnectionPool(connection_class=cls, **kwargs))
     try:
         checked.ping()
+        if (master := replica_of(checked)) is not None:
+            raise RedisUnavailable(f"{role} at {address(client)} is a replica of {master}: the suite's "
+                                   "locks must be written on a master; name the master (or its Sentinels) in the URL")
         if (risk := eviction(checked)) is not None:
             logger.warning("%s at %s: %s", role, address(client), risk)
     except MasterNotFoundError as e:
@@ -155,6 +158,18 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
         for opened in (checked, *sentinels):
             if opened is not client:
                 opened.close()
+
+
+def replica_of(client: redis_lib.Redis) -> Optional[str]:
+    """The master (``host:port``) of a server that is a replica, whose writes (where it takes any) never reach
+    its master; None for a master, or a server that does not say (``INFO`` refused)."""
+    try:
+        replication = client.info("replication")
+    except redis_lib.ResponseError:  # an ACL without INFO, a managed server's renamed command
+        return None
+    if replication.get("role") != "slave":
+        return None
+    return f"{replication.get('master_host')}:{replication.get('master_port')}"
 
 
 def eviction(client: redis_lib.Redis) -> Optional[str]:

@@ -185,6 +185,23 @@ def test_a_redis_that_may_evict_keys_is_warned_of(broker, sqlite_url, key_prefix
         server.stop()
 
 
+def test_a_redis_replica_is_refused_naming_its_master(broker, sqlite_url, key_prefix):
+    """A URL that names a replica (a typo, or a manual fail-over that left the old master a replica): setup()
+    refuses it, naming the master, instead of the first unique send failing with READONLY; among three
+    Redlock masters it counts as one down."""
+    master = PrivateRedis().start()
+    replica = PrivateRedis(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    try:
+        with pytest.raises(RedisUnavailable, match=f"is a replica of 127.0.0.1:{master.port}"):
+            dramatiq_unique.setup(broker, database=sqlite_url, redis=replica.url, key_prefix=key_prefix,
+                                  redriver=False)
+        dramatiq_unique.setup(broker, database=sqlite_url, redis=[REDIS_URL, master.url, replica.url],
+                              key_prefix=key_prefix, redriver=False).close()
+    finally:
+        replica.stop()
+        master.stop()
+
+
 def test_setup_again_on_one_broker_replaces_the_suite(broker, database_url, key_prefix):
     """setup() called a second time on one broker (an app factory, a test's fixture): the broker keeps one
     set of the suite's middlewares, the actors declared under the first suite are the second's, and each

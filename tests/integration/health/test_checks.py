@@ -231,3 +231,17 @@ def test_a_host_clock_off_the_databases_is_a_warning(broker, pg_url, key_prefix)
     done = under_faketime("", "from dramatiq_unique.cli import main; raise SystemExit(main(['check', '--json']))",
                           **env)
     assert [f["severity"] for f in json.loads(done.stdout)["findings"] if f["check"] == "database"] == ["ok"]
+
+
+def test_a_redis_replica_named_as_a_master_counts_as_down(suite):
+    """A replica cannot hold the suite's locks: named by the `redis` finding as a master that is not one."""
+    master = PrivateRedis().start()
+    replica = PrivateRedis(args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    try:
+        target = of_suite(suite)
+        target.masters = [replica.client()]
+        finding = checks.redis_masters(target)
+        assert finding.severity == checks.CRITICAL and f"a replica of 127.0.0.1:{master.port}" in finding.detail
+    finally:
+        replica.stop()
+        master.stop()
