@@ -98,6 +98,8 @@ class JobContext:
     woken: bool = False
     #: The fields a retry's send wrote (or meant to write) on the row.
     retry_fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The outcome's recording has begun: a second ``after_process_message`` of the attempt records nothing.
+    recorded: bool = False
 
     def fail(self, error: LockLost | str) -> NoReturn:
         """Raise LockLost, remembered first: the attempt lost its hold and must not be recorded as succeeded."""

@@ -8,7 +8,7 @@ import time
 from typing import ClassVar
 
 from dramatiq import Middleware
-from dramatiq.middleware import SkipMessage
+from dramatiq.middleware import ShutdownNotifications, SkipMessage, TimeLimit
 from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
 
 from dramatiq_unique import context
@@ -27,6 +27,12 @@ from dramatiq_unique.unique.enqueue import on_enqueue, row_fields
 from dramatiq_unique.unique.send import install_enqueue
 
 logger = logging.getLogger(__name__)
+
+#: Middlewares that may raise an exception in a worker thread from outside (an actor past its time limit, a worker
+#: shutting down) until their own after hook, which runs after the suite's.  Raised in the suite's after hooks, it
+#: would cut an outcome short, and Dramatiq would then run every after hook again with it as the attempt's error:
+#: a job recorded ``succeeded`` would be recorded ``retrying`` and run again.
+INTERRUPTERS = (TimeLimit, ShutdownNotifications)
 
 
 def check_start(ctx: context.JobContext, began: float) -> None:
@@ -164,6 +170,13 @@ class JobTracking(Middleware):
             if message.failed:  # refused by a middleware before ours could look at it
                 self._refused(message, exception)
             return
+        if ctx.recorded:
+            return  # emitted again for this attempt: an interrupt escaped an after hook (see INTERRUPTERS)
+        ctx.recorded = True
+        for middleware in broker.middleware:
+            if isinstance(middleware, INTERRUPTERS):
+                # The actor is done: nothing is left for them to interrupt.  Their own hook runs again later.
+                middleware.after_process_message(broker, message, result=result, exception=exception)
         context.active.set(None)
         context.run_before_record(ctx)
         try:

@@ -5,9 +5,11 @@ Real Redis broker and workers, SQLite and PostgreSQL.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import dramatiq
+import peewee as pw
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 
@@ -172,3 +174,44 @@ def test_a_retry_the_broker_refused_is_sent_by_the_redrive(database_url, key_pre
         server.stop()
         broker.close()
         suite.db.close()
+
+
+@pytest.mark.parametrize("kind", ["tracked", "unique"])
+def test_a_time_limit_that_passes_while_the_outcome_is_written_does_not_rerun_a_success(suite, broker, kind):
+    """Dramatiq's TimeLimit arms a thread until its own after hook, which runs after the suite's.  An actor done
+    just before its limit, whose outcome write then waits (a row lock held elsewhere), met the limit inside the
+    suite's hook: the exception escaped it, Dramatiq ran every after hook again with it, and the job recorded
+    ``succeeded`` was recorded ``retrying`` and run a second time.  Now it runs once, and says so."""
+    options = {"track": True} if kind == "tracked" else {"unique_args": ["n"], "unique_lock": "until_executed"}
+    runs, started = [], threading.Event()
+
+    @dramatiq.actor(time_limit=1000, max_retries=3, min_backoff=50, max_backoff=100, **options)
+    def near_its_limit(n):
+        runs.append(n)
+        started.set()
+        time.sleep(0.9)
+
+    message = near_its_limit.send(1)
+    holding = threading.Thread(target=_hold_row, args=(suite, message.message_id, started, 2.5), daemon=True)
+    holding.start()
+    broker.emit_after("process_boot")  # what the dramatiq CLI does: TimeLimit's watch starts
+    with running_worker(broker, threads=1):
+        holding.join(15)
+        wait_until(lambda: job_of(message).status == "succeeded", timeout=10)
+        time.sleep(1.5)  # past a retry's backoff: a second run would have started
+    assert runs == [1]
+    job = job_of(message)
+    assert job.attempts == 1 and [h["status"] for h in job.history] == ["succeeded"], job.history
+
+
+def _hold_row(suite, message_id: str, started: threading.Event, seconds: float) -> None:
+    """Lock the job's row from another connection once its attempt started, for ``seconds``."""
+    started.wait(10)
+    db = suite.db
+    with db.connection_context(), db.atomic():
+        if isinstance(db, pw.PostgresqlDatabase):
+            db.execute_sql("SELECT id FROM dramatiq_unique_jobs WHERE message_id = %s FOR UPDATE", (message_id,))
+        else:  # SQLite: the write lock, which the atomic block's BEGIN IMMEDIATE took
+            db.execute_sql("UPDATE dramatiq_unique_jobs SET checked_at = checked_at WHERE message_id = ?",
+                           (message_id,))
+        time.sleep(seconds)
