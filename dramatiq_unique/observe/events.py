@@ -51,8 +51,22 @@ def now_ms() -> int:  # epoch ms, not monotonic: PARKED_AT and HANDED_AT are rea
     return int(time.time() * 1000)
 
 
+#: Options Dramatiq's middlewares act on once a message's job is done (Pipelines, GroupCallbacks, Callbacks):
+#: a skipped duplicate's never runs, so what they carry is dropped with it.
+CONTINUATIONS = ("pipe_target", "group_completion_callbacks", "on_success", "on_failure")
+
+
 def duplicate(decision: str, message: Any, existing_id: str, key: Optional[str], why: str = "") -> None:
-    """A unique send met a job holding its key: an INFO line naming both job ids, and the decision counted."""
+    """A unique send met a job holding its key: an INFO line naming both job ids, and the decision counted;
+    a WARNING if a skipped one carried a continuation (a pipeline's next step, a group's callbacks)."""
+    dropped = [name for name in CONTINUATIONS if message.options.get(name)] if decision == "skip" else []
+    if dropped:
+        logger.warning(
+            "Job %s of %s is a duplicate of job %s and was not sent, so what it carried for after its job "
+            "(%s) will not run: a pipeline stops there, a group never completes (unique_on_conflict='raise' "
+            "makes such a send raise instead).",
+            message.message_id, message.actor_name, existing_id, ", ".join(dropped),
+            extra=fields(message.message_id, message.actor_name, key, **{EXISTING_JOB_ID: existing_id}))
     if logger.isEnabledFor(logging.INFO):
         logger.info(_DUPLICATE[decision], message.actor_name, message.message_id, existing_id,
                     f" ({why})" if why else "",

@@ -71,13 +71,28 @@ def test_the_suite_imports_no_prometheus_client_until_metrics_are_turned_on():
 
 
 def test_a_duplicate_names_both_job_ids_with_its_fields_in_extra(caplog):
-    message = SimpleNamespace(message_id="new-1", actor_name="report", queue_name="default")
+    message = SimpleNamespace(message_id="new-1", actor_name="report", queue_name="default", options={})
     with caplog.at_level(logging.INFO, logger="dramatiq_unique.events"):
         events.duplicate("skip", message, "old-1", "abc")
     (record,) = caplog.records
     assert "new-1" in record.getMessage() and "old-1" in record.getMessage()
     assert (record.job_id, record.actor, record.unique_key) == ("new-1", "report", "abc")
     assert (record.existing_job_id, record.decision) == ("old-1", "skip")
+
+
+@pytest.mark.parametrize("option", events.CONTINUATIONS)
+def test_a_skipped_duplicate_that_carried_a_continuation_is_a_warning(caplog, option):
+    """A pipeline's next step, a group's completion callbacks, a message's own on_success or on_failure: Dramatiq
+    runs them after the message's job, which a skipped duplicate never has.  Said, with what is dropped; a
+    replaced or raised duplicate drops nothing (the replacement carries it; the sender is told)."""
+    message = SimpleNamespace(message_id="new-1", actor_name="report", queue_name="default", options={option: "x"})
+    with caplog.at_level(logging.WARNING, logger="dramatiq_unique.events"):
+        events.duplicate("replace", message, "old-1", "abc")
+        events.duplicate("raise", message, "old-1", "abc")
+        assert not caplog.records
+        events.duplicate("skip", message, "old-1", "abc")
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and f"({option}) will not run" in record.getMessage()
 
 
 def test_lock_lost_returns_its_error_to_be_raised(caplog):

@@ -12,7 +12,7 @@ import dramatiq_unique
 from dramatiq_unique import DatabaseUnavailable, DuplicateJob, InvalidOption, JobModel, RedisUnavailable
 from dramatiq_unique.storage import jobs as store
 from dramatiq_unique.storage.models import utcnow
-from tests.helpers import queue_size, wait_until
+from tests.helpers import job_of, queue_size, wait_until
 
 QUEUE_LOCKS = ["until_executing", "until_executed", "until_and_while_executing", "until_expired"]
 
@@ -139,6 +139,35 @@ def test_an_until_executing_job_may_send_its_own_key_again_from_inside(suite, br
                timeout=20)
     assert len(set(runs)) == 5
     assert all(dramatiq_unique.get_job(m).status == "succeeded" for m in runs)
+
+
+def test_a_pipeline_step_skipped_as_a_duplicate_says_the_pipeline_stops_there(suite, broker, worker, caplog):
+    """A unique step of a Dramatiq pipeline whose key a waiting job holds is skipped like any duplicate: the rest
+    of the pipeline, which its message carried, never runs.  The suite says so, naming both jobs."""
+    runs: list[tuple[str, int]] = []
+
+    @dramatiq.actor
+    def fetch(n):
+        runs.append(("fetch", n))
+        return n
+
+    @dramatiq.actor(unique_args=["n"], unique_lock="until_executed")
+    def render(n):
+        runs.append(("render", n))
+        time.sleep(0.5)  # holding its key while the pipeline's own render step is sent
+
+    @dramatiq.actor
+    def notify(n=None):
+        runs.append(("notify", 0))
+
+    worker.pause()
+    holder = render.send(5)
+    dramatiq.pipeline([fetch.message(5), render.message(), notify.message()]).run()
+    worker.resume()
+    wait_until(lambda: "will not run" in caplog.text and job_of(holder).status == "succeeded", timeout=10)
+    assert "(pipe_target) will not run: a pipeline stops there" in caplog.text and holder.message_id in caplog.text
+    time.sleep(0.3)
+    assert sorted(runs) == [("fetch", 5), ("render", 5)]
 
 
 def test_a_send_refused_before_its_row_is_written_leaves_the_key_free(suite, broker):
