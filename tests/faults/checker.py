@@ -15,10 +15,12 @@ Verdicts, each a list of violations:
   is recorded.
 - **unexplained rerun**: every run of a job but its last was ended by a cause the history shows: a
   deliberate failure, a SIGKILL or a SIGSTOP of its process while it ran, a Redis or PostgreSQL fault
-  while it ran (or up to ``GRACE`` after: a dead connection is found at its next use), or a stall of
-  its own (its heartbeats further apart than most of its lease: the machine starved it).
+  while it ran (or up to ``GRACE`` after: a dead connection is found at its next use), its body
+  interrupted by its time limit, or a stall of its own (its heartbeats further apart than most of its
+  lease: the machine starved it).
 - **checkpoint step redone**: a step's side effect never runs in a run that started after another run
   recorded that step (the newer run read the job's checkpoints when it started).
+- **ran after its success**: no attempt of a job follows one its row's history records ``succeeded``.
 - **send hung**: no send took longer than ``SEND_LIMIT``.
 
 Events are ordered by ``t`` (CLOCK_MONOTONIC, one clock for the machine).  A verdict compares two
@@ -30,6 +32,7 @@ are the runner's.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Optional
 
@@ -44,9 +47,9 @@ STALL_SHARE = 0.8
 #: Seconds a send may take at most (guarantee 6: no call waits without bound).
 SEND_LIMIT = 30.0
 #: Global faults, by the name of their kind.
-GLOBAL = ("redis-kill", "redis-pause", "pg-restart")
+GLOBAL = ("redis-kill", "redis-pause", "pg-restart", "pg-pause")
 #: Causes a rerun can have, in the order the figures name the first that applies.
-CAUSES = ("retry", "kill", "died", "stop", *GLOBAL, "stall")
+CAUSES = ("retry", "kill", "died", "stop", *GLOBAL, "time-limit", "stall")
 
 
 @dataclasses.dataclass
@@ -67,6 +70,8 @@ class Run:
     steps_ok: list[tuple[str, float, float, bool]] = dataclasses.field(default_factory=list)
     fail: Optional[float] = None
     raised: Optional[float] = None
+    #: What its body raised (the exception's class name).
+    raised_error: Optional[str] = None
     end: Optional[float] = None
     result: Any = None
     done: Optional[float] = None
@@ -195,7 +200,7 @@ def _attach(run: Run, kind: str, e: dict) -> None:
     elif kind == "fail":
         run.fail = t
     elif kind == "raised":
-        run.raised = t
+        run.raised, run.raised_error = t, e.get("error")
     elif kind == "end":
         run.end, run.result = t, e["result"]
 
@@ -312,6 +317,8 @@ def explain(run: Run, parsed: Parsed, ttl_ms: float) -> list[tuple[str, float]]:
     causes = []
     if run.fail is not None:
         causes.append(("retry", run.fail))
+    if run.raised is not None and run.raised_error == "TimeLimitExceeded":  # its body ran past its time limit
+        causes.append(("time-limit", run.raised))
     for fault in parsed.faults:
         if fault.target is not None:
             if fault.target == run.pid and fault.end >= run.began and fault.begin <= run.until:
@@ -363,6 +370,19 @@ def steps_redone(parsed: Parsed) -> list[str]:
     return problems
 
 
+def ran_after_success(rows: list[Any]) -> list[str]:
+    """No attempt of a job follows one its row recorded ``succeeded`` (its history, in the order written)."""
+    problems = []
+    for row in rows:
+        history = getattr(row, "history", None)  # rows of a run recorded before the checker read it: none
+        history = history if isinstance(history, list) else json.loads(history or "[]")
+        statuses = [entry.get("status") for entry in history]
+        if "succeeded" in statuses[:-1]:
+            problems.append(f"ran after its success: job {row.message_id} ({row.actor_name}) has the attempts "
+                            f"{statuses} in its history")
+    return problems
+
+
 def sends_hung(parsed: Parsed) -> list[str]:
     return [f"a send took {send['took']:.1f}s: {send}" for send in parsed.sends
             if send["took"] is not None and send["took"] > SEND_LIMIT]
@@ -384,6 +404,7 @@ def check(events: Iterable[dict], rows: list[Any], *, ttl_ms: float) -> tuple[li
     problems += overlap_unfenced(parsed)
     problems += reruns(parsed, ttl_ms, figures)
     problems += steps_redone(parsed)
+    problems += ran_after_success(rows)
     problems += sends_hung(parsed)
     accepted = [s for s in parsed.sends if s["returned"] is not None]
     figures.update(

@@ -11,7 +11,11 @@ seconds, one of these faults, which may overlap (a worker frozen while Redis is 
   timeout, or not), then SIGCONT;
 - ``redis-kill``: kill -9 the redis-server, and start it again, empty, 0.5 to 3 s later;
 - ``redis-pause``: ``DEBUG SLEEP`` or SIGSTOP the redis-server for 0.5 to 4 s;
-- ``pg-restart``: stop PostgreSQL with ``-m immediate`` (a crash) and start it 0.5 to 3 s later.
+- ``pg-restart``: stop PostgreSQL with ``-m immediate`` (a crash) and start it 0.5 to 3 s later;
+- ``pg-pause``: SIGSTOP every process of PostgreSQL for 0.5 to 4 s (a storage stall), then SIGCONT.
+
+Every job is sent with a ``time_limit`` of its run's length plus ``TIME_LIMIT_MARGIN``: a pause makes
+Dramatiq's TimeLimit interrupt runs, in their bodies or in the hooks that record them.
 
 Then every fault is healed, the sends stop, and the run waits (bounded) for every job to finish;
 tests/faults/checker.py judges the history with the job table.  The seed decides the faults, their
@@ -49,6 +53,9 @@ from tests.servers import PostgresCluster
 
 #: ms of the actors' run, drawn per send.
 RUN_MS = (100, 300, 600, 1_000, 2_000)
+#: ms a run may take past its own ``run_ms`` before Dramatiq's TimeLimit (checking once a second) interrupts it:
+#: a pause of Redis or PostgreSQL pushes runs past their limits, in their bodies or in the hooks after them.
+TIME_LIMIT_MARGIN = 300
 #: The leases a seed draws from (ms).
 LEASES = (2_000, 3_000, 5_000)
 #: The broker heartbeat timeouts a seed draws from (ms): shorter than most leases, or longer.
@@ -116,13 +123,13 @@ class Producers:
                 fail_until = rng.randint(1, 2) if kind in ("retry", "steps") else 0
                 for _ in range(2 if rng.random() < 0.2 else 1):  # now and then the same job sent twice
                     n += 1
-                    self.send(kind, (key, i * 1_000_000 + n, run_ms, fail_until))
+                    self.send(kind, (key, i * 1_000_000 + n, run_ms, fail_until), run_ms + TIME_LIMIT_MARGIN)
                 self.stop.wait(rng.uniform(0.2, 0.8))
         finally:
             self.app.suite.close()  # this thread's connection
 
-    def send(self, kind: str, args: tuple) -> None:
-        message = self.app.actors[kind].message_with_options(args=args)
+    def send(self, kind: str, args: tuple, time_limit: int) -> None:
+        message = self.app.actors[kind].message_with_options(args=args, time_limit=time_limit)
         history = self.app.history
         history.record("send", built=message.message_id, kind=kind)
         try:
@@ -226,7 +233,7 @@ def run(settings: Settings, directory: Path, say: Callable[[str], None] = print)
 
 #: The columns of a job row the checker reads.
 ROW_COLUMNS = ("message_id", "actor_name", "status", "result", "parked_on", "lease_until", "attempts", "worker",
-               "last_error", "fencing_token")
+               "last_error", "fencing_token", "history")
 
 
 def row_of(job: JobModel) -> SimpleNamespace:

@@ -127,7 +127,7 @@ def _run(history: History, kind: Kind, key: str, run_ms: int, fail_until: int) -
             history.record("fail", **run)
             raise Flaky(f"attempt {job.attempts} fails on purpose")
         _beat(history, run)  # the work is done: is its lease still held before the result counts?
-    except Exception as e:
+    except BaseException as e:  # TimeLimitExceeded too
         history.record("raised", **run, error=type(e).__name__)  # its lock or slot may go from now on
         raise
     result = [os.getpid(), job.fencing_token, job.attempts]

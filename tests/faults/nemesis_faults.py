@@ -19,7 +19,7 @@ from tests.servers import PostgresCluster, PrivateRedis
 from tests.workers import CliWorker
 
 #: Faults by weight: worker faults are the common ones.
-FAULTS = {"kill": 3, "stop": 3, "redis-kill": 1, "redis-pause": 1, "pg-restart": 1}
+FAULTS = {"kill": 3, "stop": 3, "redis-kill": 1, "redis-pause": 1, "pg-restart": 1, "pg-pause": 1}
 
 
 def debuggable_redis() -> PrivateRedis:
@@ -183,3 +183,44 @@ class Nemesis:
             self.busy.discard("pg")
 
         self._later(seconds, "pg", start)
+
+    def _pg_pause(self) -> None:
+        if "pg" in self.busy:
+            return
+        pids = cluster_pids(self.cluster)
+        if not pids:
+            return
+        self.busy.add("pg")
+        seconds = self.rng.uniform(0.5, 4)
+        for pid in pids:  # the whole server at once: a storage stall, a frozen VM
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        ident = self._begin("pg-pause")
+
+        def cont() -> None:
+            self._end("pg-pause", ident)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            self.busy.discard("pg")
+
+        self._later(seconds, "pg", cont)
+
+
+def cluster_pids(cluster: PostgresCluster) -> list[int]:
+    """The postmaster of ``cluster`` and its children (backends, checkpointer, WAL writer...); none if it is
+    not running."""
+    try:
+        with open(os.path.join(cluster.data, "postmaster.pid")) as f:
+            postmaster = int(f.readline())
+    except (OSError, ValueError):
+        return []
+    pids = [postmaster]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                with open(f"/proc/{entry}/stat") as f:
+                    # The parent's pid is the 2nd field after the command, which is in parentheses.
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == postmaster:
+                        pids.append(int(entry))
+    return pids

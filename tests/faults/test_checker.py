@@ -128,6 +128,31 @@ def test_reruns_must_be_explained():
     assert pg.check() == []
 
 
+def test_a_body_cut_by_its_time_limit_explains_its_rerun():
+    h = History().send("A")
+    h.run("A", 1.0, beats=(1.25,), done=2.1, error="TimeLimitExceeded").run("A", 5.0, token=2, end=5.2, done=5.3)
+    one(h.check(), "unexplained rerun")
+    h.add(2.0, "raised", job="A", kind="while", key="k", token=1, attempt=1, error="TimeLimitExceeded")
+    assert h.check() == []
+    paused = History().send("A")  # its outcome waited while PostgreSQL was paused
+    paused.run("A", 1.0, end=1.2, done=4.0).run("A", 9.0, token=2, end=9.2, done=9.3)
+    paused.add(1.1, "fault", kind="pg-pause", id=1, phase="begin", tid=9)
+    paused.add(3.9, "fault", kind="pg-pause", id=1, phase="end", tid=9)
+    assert paused.check() == []
+
+
+def test_a_job_that_ran_again_after_its_success_was_recorded_is_found():
+    """However well explained its rerun (here a pause of PostgreSQL), a job recorded ``succeeded`` never runs
+    again: its row's history has no attempt after a success."""
+    h = History().send("A")
+    h.run("A", 1.0, end=1.2, done=4.0).run("A", 9.0, token=2, end=9.2, done=9.3)
+    h.add(1.1, "fault", kind="pg-pause", id=1, phase="begin", tid=9)
+    h.add(3.9, "fault", kind="pg-pause", id=1, phase="end", tid=9)
+    assert h.check(A=dict(history=[{"status": "retrying"}, {"status": "succeeded"}])) == []
+    one(h.check(A=dict(history='[{"status": "succeeded"}, {"status": "retrying"}, {"status": "succeeded"}]')),
+        "ran after its success: job A")
+
+
 def test_a_checkpoint_step_redone_is_found():
     h = History().send("A")
     h.run("A", 1.0, kind="steps")
