@@ -10,6 +10,7 @@ import math
 import os
 import selectors
 import sys
+import threading
 import time
 import weakref
 from typing import Any, Generator, Optional, Union
@@ -290,8 +291,15 @@ def _forget_inherited_connections() -> None:
     here would end the parent's session, while a connection merely dropped is left alone by psycopg2 and
     psycopg 3 (each closes only in the process that opened it).  Other threads' connections are not
     inherited: their threads are gone in the child."""
+    from playhouse.pool import PooledDatabase
+
     for db in list(_OPENED):
         db._state.reset()  # type: ignore[attr-defined]  # peewee has no public "forget without closing"
+        if isinstance(db, PooledDatabase):
+            # Its idle and lent connections are the parent's too, and a parent thread may have held its lock.
+            db._connections, db._in_use = [], {}
+            db._pool_lock = threading.RLock()
+            db._pool_available = threading.Condition(db._pool_lock)
 
 
 os.register_at_fork(after_in_child=_forget_inherited_connections)

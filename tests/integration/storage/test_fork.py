@@ -1,7 +1,8 @@
 """A process that set the suite up and then forks, as a web server does that imports the app before its
 workers (gunicorn's ``--preload``, uWSGI without ``lazy-apps``): each child opens connections of its own.
 
-Parent and children send tracked and unique jobs at once, after the parent has used its connection.  On the
+Parent and children send tracked and unique jobs at once, after the parent has used its connection (on SQLite,
+psycopg2, psycopg 3, and peewee's pool, whose idle connections a child inherits too).  On the
 parent's inherited connection they read each other's results (a send saw another's row, or hung); now every
 send returns, each job has its row, each unique key one, and the parent's session survives its children.
 """
@@ -15,6 +16,7 @@ import time
 import dramatiq
 import pytest
 from playhouse.db_url import parse
+from playhouse.pool import PooledDatabase
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
@@ -23,13 +25,16 @@ from tests.conftest import REDIS_URL
 CHILDREN, SENDS, KEYS = 3, 60, 10
 
 
-@pytest.fixture(params=["sqlite", "psycopg2", "psycopg3"])
+@pytest.fixture(params=["sqlite", "psycopg2", "psycopg3", "pooled"])
 def database(request):
     if request.param == "sqlite":
         return request.getfixturevalue("sqlite_url")
     import peewee as pw
+    from playhouse.pool import PooledPostgresqlDatabase
 
     params = parse(request.getfixturevalue("pg_url"))
+    if request.param == "pooled":  # peewee's pool: its idle connections are inherited too
+        return PooledPostgresqlDatabase(params.pop("database"), max_connections=8, **params)
     return pw.PostgresqlDatabase(params.pop("database"), prefer_psycopg3=request.param == "psycopg3", **params)
 
 
@@ -47,6 +52,7 @@ def _exit_status(pid: int, timeout: float = 30) -> int:
     return -1
 
 
+@pytest.mark.timeout(120)  # on a shared connection the parent's own sends may wait for replies a child took
 def test_forked_children_open_their_own_connections(broker, database, key_prefix):
     suite = dramatiq_unique.setup(broker, database=database, redis=REDIS_URL, key_prefix=key_prefix,
                                   redriver=False)
@@ -65,6 +71,8 @@ def test_forked_children_open_their_own_connections(broker, database, key_prefix
             unique.send(f"{who}-{i % KEYS}")
 
     tracked.send("parent-warm")  # the parent's connection is open and used when it forks
+    if isinstance(database, PooledDatabase):
+        database.close()  # back in the pool, idle: where the parent and each child would take it from
     children = []
     for number in range(CHILDREN):
         pid = os.fork()
