@@ -52,7 +52,6 @@ def _exit_status(pid: int, timeout: float = 30) -> int:
     return -1
 
 
-@pytest.mark.timeout(120)  # on a shared connection the parent's own sends may wait for replies a child took
 def test_forked_children_open_their_own_connections(broker, database, key_prefix):
     suite = dramatiq_unique.setup(broker, database=database, redis=REDIS_URL, key_prefix=key_prefix,
                                   redriver=False)
