@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from dramatiq import Middleware
 from dramatiq.middleware import ShutdownNotifications, SkipMessage, TimeLimit
@@ -33,6 +33,14 @@ logger = logging.getLogger(__name__)
 #: would cut an outcome short, and Dramatiq would then run every after hook again with it as the attempt's error:
 #: a job recorded ``succeeded`` would be recorded ``retrying`` and run again.
 INTERRUPTERS = (TimeLimit, ShutdownNotifications)
+
+
+def disarm(broker: Any, message: Any) -> None:
+    """The actor is done (or never ran): nothing is left for :data:`INTERRUPTERS` to interrupt.  Their own after
+    hooks, called now, are idempotent; Dramatiq calls them again later."""
+    for middleware in broker.middleware:
+        if isinstance(middleware, INTERRUPTERS):
+            middleware.after_process_message(broker, message)
 
 
 def check_start(ctx: context.JobContext, began: float) -> None:
@@ -173,10 +181,7 @@ class JobTracking(Middleware):
         if ctx.recorded:
             return  # emitted again for this attempt: an interrupt escaped an after hook (see INTERRUPTERS)
         ctx.recorded = True
-        for middleware in broker.middleware:
-            if isinstance(middleware, INTERRUPTERS):
-                # The actor is done: nothing is left for them to interrupt.  Their own hook runs again later.
-                middleware.after_process_message(broker, message, result=result, exception=exception)
+        disarm(broker, message)
         context.active.set(None)
         context.run_before_record(ctx)
         try:
@@ -224,6 +229,8 @@ class JobTracking(Middleware):
             logger.exception("Could not record job %s as failed; the re-drive settles it.", message.message_id)
 
     def after_skip_message(self, broker, message) -> None:
+        if context.of(message) is not None:
+            disarm(broker, message)  # a skip's record, and the gates' hand-on after it, are not to be cut either
         context.active.set(None)
         if own_skip(message):
             return  # parked, or a finished, replaced or running job's copy dropped: not a failure
