@@ -229,7 +229,8 @@ class JobTracking(Middleware):
             logger.exception("Could not record job %s as failed; the re-drive settles it.", message.message_id)
 
     def after_skip_message(self, broker, message) -> None:
-        if context.of(message) is not None:
+        ctx = context.of(message)
+        if ctx is not None:
             disarm(broker, message)  # a skip's record, and the gates' hand-on after it, are not to be cut either
         context.active.set(None)
         if own_skip(message):
@@ -237,7 +238,6 @@ class JobTracking(Middleware):
         config = self.suite.actor_config(message.actor_name)
         if config is None:
             return
-        ctx = context.of(message)
         try:
             if ctx is not None and ctx.job is not None:  # skipped after its start (a later middleware)
                 context.run_before_record(ctx)

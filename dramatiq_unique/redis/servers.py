@@ -160,14 +160,19 @@ def ping(client: redis_lib.Redis, timeout_ms: float, role: str) -> None:
                 opened.close()
 
 
+def _info(client: redis_lib.Redis, section: str) -> Optional[dict]:
+    """``INFO section``; None where it is refused (an ACL without INFO, a managed server's renamed command)."""
+    try:
+        return client.info(section)
+    except redis_lib.ResponseError:
+        return None
+
+
 def replica_of(client: redis_lib.Redis) -> Optional[str]:
     """The master (``host:port``) of a server that is a replica, whose writes (where it takes any) never reach
     its master; None for a master, or a server that does not say (``INFO`` refused)."""
-    try:
-        replication = client.info("replication")
-    except redis_lib.ResponseError:  # an ACL without INFO, a managed server's renamed command
-        return None
-    if replication.get("role") != "slave":
+    replication = _info(client, "replication")
+    if replication is None or replication.get("role") != "slave":
         return None
     return f"{replication.get('master_host')}:{replication.get('master_port')}"
 
@@ -175,9 +180,8 @@ def replica_of(client: redis_lib.Redis) -> Optional[str]:
 def eviction(client: redis_lib.Redis) -> Optional[str]:
     """What a server that may evict keys risks (a memory limit with a policy other than ``noeviction``);
     None if it evicts nothing, or does not say (``INFO`` refused)."""
-    try:
-        memory = client.info("memory")
-    except redis_lib.ResponseError:  # an ACL without INFO, a managed server's renamed command
+    memory = _info(client, "memory")
+    if memory is None:
         return None
     policy, limit = memory.get("maxmemory_policy", "noeviction"), int(memory.get("maxmemory") or 0)
     if not limit or policy == "noeviction":
