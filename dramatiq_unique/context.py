@@ -90,8 +90,9 @@ class JobContext:
     lease_written: Optional[float] = None
     #: The unique key whose fencing token the start draws (an execution lock is held).
     fence_key: Optional[str] = None
-    #: time.monotonic() when the delivery asked for its execution lock, whose lease runs from then.
-    lock_asked: Optional[float] = None
+    #: time.monotonic() when the first lease the attempt runs under was asked for: its execution lock,
+    #: or its row's start by its waker's claim.  The lease runs from then, whenever the reply came.
+    asked: Optional[float] = None
     #: The row a woken job's claim already started (parking).
     started: "Optional[JobModel]" = None
     #: This delivery is a woken job's message: only it may start a row its waker's claim started.

@@ -193,7 +193,8 @@ class ExecutionLocks(GateMiddleware):
         group = lock_group(key)
         ttl = config.unique_ttl
         wake = self.take_up(ctx, message, group)
-        ctx.lock_asked = time.monotonic()
+        if ctx.asked is None:  # else a slot's claim started the row earlier: its lease runs from then
+            ctx.asked = time.monotonic()
         token = self.gate.pass_to(group, wake["t"], ttl) if wake else None  # handed to us when woken
         token = token or self.gate.take(group, ttl)
         if token is None:
@@ -248,9 +249,12 @@ class ConcurrencySlots(GateMiddleware):
         wake = self.take_up(ctx, message, group)
         reserved = None if wake is None else wake["t"]
         started: Optional[JobModel] = None
+        asked: Optional[float] = None  # when the lease of the row started ahead was asked for
         if wake is not None and wake.get("w") == self.suite.worker_id:
             # Woken here: its claim (or the deck) may have started it.
-            started = self.parking.started.take(message.message_id, int(opts[MARKER].get("rev", 0)))
+            taken = self.parking.started.take(message.message_id, int(opts[MARKER].get("rev", 0)))
+            if taken is not None:
+                started, asked = taken
         if reserved is not None and self._fresh_here(wake, ttl):
             # Granted by this process a moment ago, its lease barely begun: it is ours,
             # without asking Redis again (one round trip off every local hand-over).
@@ -262,15 +266,26 @@ class ConcurrencySlots(GateMiddleware):
                 # Jobs of the group wait on deck here, so it is full: queue up behind them without
                 # asking first (parking looks at the slots once more, and wakes the head if one is free).
                 self.parking.park_message(self.gate, group, config, message, ttl)
+            asking = time.monotonic()
             entered, wait = self.gate.enter(group, token, ttl, limit, reserved, own)
+            if entered and (time.monotonic() - asking) * 1000 >= ttl:
+                # The reply came after the lease it granted ran out (a stalled link): the slot may be
+                # another job's by now.  Let it go and wait parked, as for a full group.
+                logger.warning("Job %s took a slot of %s whose lease ran out before the reply came (%.1f s); "
+                               "it waits its turn again.", message.message_id, group, time.monotonic() - asking)
+                self.parking.leave(self.gate, group, token)
+                entered, wait = False, 0
             if not entered:
                 if started is not None:  # its start is undone: it waits parked, as not started
                     with guarded(f"parking job {message.message_id}"):
                         jobs.unstart(config.model, started, group)
                 self.parking.park_message(self.gate, group, config, message, ttl if wait < 0 else wait)
             if started is not None:
+                asked = time.monotonic()
                 started = self._still_ours(config, message, group, token, started)
         ctx.started = started  # its claim started the attempt: JobTracking uses that row
+        if started is not None:
+            ctx.asked = asked  # JobTracking lets it run only within the lease from then
         self.parking.ondeck.places.holding(group, 1)
         ctx.before_record.append(lambda: self.leave(message))  # handed on before the outcome is written
         return Held(self.gate, group, token, ttl, limit)
@@ -290,7 +305,8 @@ class ConcurrencySlots(GateMiddleware):
 
     def _fresh_here(self, wake: Any, ttl_ms: float) -> bool:
         """Whether a reservation was granted by this very process (same monotonic clock) within
-        the first tenth of the slot's lease."""
+        the first tenth of the slot's lease, counted from before the grant and its claim's start
+        were asked for: a reply that came late does not make a reservation fresh."""
         granted = wake.get("at")
         if wake.get("w") != self.suite.worker_id or not isinstance(granted, int):
             return False

@@ -105,12 +105,12 @@ class JobTracking(Middleware):
             # of this broker (setup() called on it again): the same delivery, not a duplicate to refuse and skip.
             return
         began = time.monotonic()
-        asked = ctx.lock_asked
-        if asked is not None:
+        if ctx.asked is not None:
             # The start draws the key's fencing token, which fences out the key's running attempts.
             # A process frozen after it took the lock, for longer than the lock's lease, would fence
-            # out the lock's next holder: it gives up here instead, before the draw.
-            began = asked
+            # out the lock's next holder: it gives up here instead, before the draw.  A row its
+            # claim started is judged from when that start was asked for.
+            began = ctx.asked
             check_start(ctx, began)
         job = self._start(message, ctx)
         if job is not None and job.__data__.get("queue_name") is None:

@@ -9,7 +9,6 @@ Their form must never change.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from dramatiq_unique.observe import events
@@ -119,10 +118,12 @@ class Gate(Protocol):
     # message_id), naming for the operator's views the job a woken token went to.
 
 
-def reservation(group: str, token: str, worker_id: str) -> dict:
+def reservation(group: str, token: str, worker_id: str, asked: float) -> dict:
     """A woken job's reservation of ``group``'s gate under ``token``, with who granted it and when
-    (monotonic ms): a job woken in the same process soon after takes it up without asking Redis."""
-    return {"g": group, "t": token, "w": worker_id, "at": int(time.monotonic() * 1000),
+    (``asked``, monotonic: before the grant and the claim's start were asked for, whose leases run
+    from then however late their replies came): a job woken in the same process soon after takes it
+    up without asking Redis."""
+    return {"g": group, "t": token, "w": worker_id, "at": int(asked * 1000),
             events.HANDED_AT: events.now_ms()}
 
 

@@ -201,7 +201,8 @@ class Parking:
                 self.wakeups.rescore(group, RETRY_DELAY)
                 return None
             for _ in range(MAX_ROUNDS):
-                row = self._claim_next(info, group)
+                asked = time.monotonic()  # the claim's start and the grant lease from here
+                row = self._claim_next(info, group, asked)
                 if row is not None:
                     grant = token if fresh else gate.pass_to(group, token, info.ttl_ms)
                     if grant is None:  # nothing was sent: a start the claim wrote is undone too
@@ -219,7 +220,7 @@ class Parking:
                             logger.debug("Could not note job %s as the holder of %s.", row.message_id, group,
                                          exc_info=True)
                     try:
-                        self.delivery.send(rebuild(row, {WAKE: reservation(group, grant, self.suite.worker_id)}),
+                        self.delivery.send(rebuild(row, {WAKE: reservation(group, grant, self.suite.worker_id, asked)}),
                                            row.broker_ref)
                         logger.debug("Woke job %s waiting on %s.", row.message_id, group)
                     except BaseException:
@@ -283,7 +284,7 @@ class Parking:
 
     # -- rows ------------------------------------------------------------------
 
-    def _claim_next(self, info: GroupInfo, group: str) -> Optional[JobModel]:
+    def _claim_next(self, info: GroupInfo, group: str, asked: float) -> Optional[JobModel]:
         # The woken message's broker id is chosen here, so the claim records it
         # and the delivery adds no write of its own.
         now, start = utcnow(), None
@@ -293,7 +294,7 @@ class Parking:
             start = (after_ms(config.unique_ttl, now), f"{self.suite.worker_id}:woken", config.released_at_start)
         row = jobs.claim_parked(info.model, group, info.order_by, now, str(uuid.uuid4()), start, app=self.suite.app)
         if row is not None and start is not None and row.status == JobStatus.RUNNING.value:
-            self.started.put(row)
+            self.started.put(row, asked)
         return row
 
     # -- the watchdog's and the re-drive's look -------------------------------------
@@ -407,7 +408,8 @@ class OnDeck:
         parking, row, info = self.parking, deck.row, deck.info
         assert info.start is not None
         started = None
-        if not deck.stale(time.monotonic()):  # else its reservation may be running out
+        asked = time.monotonic()  # the start's lease and the slot passed on run from here
+        if not deck.stale(asked):  # else its reservation may be running out
             try:  # verified and started before anything is delivered: a stale reservation starts nothing
                 started = jobs.start_reserved(
                     info.model, row, self.marker, f"{parking.suite.worker_id}:woken", info.start.unique_ttl
@@ -419,10 +421,10 @@ class OnDeck:
             fresh = new_token()
             try:
                 # Built from the row as the start returned it: the database's arguments, not the deck's copy.
-                wake = reservation(group, fresh, parking.suite.worker_id)
+                wake = reservation(group, fresh, parking.suite.worker_id, asked)
                 plan = parking.delivery.plan(rebuild(started, {WAKE: wake}), started.broker_ref)
                 if plan is not None:
-                    parking.started.put(started)
+                    parking.started.put(started, asked)
                     passed = gate.pass_and_deliver(  # type: ignore[attr-defined]
                         group, token, fresh, info.ttl_ms, plan.keys, plan.args
                     )
@@ -690,26 +692,28 @@ class Watchdog:
 
 
 class Started:
-    """Rows started by their claim in this process, until their message is picked up."""
+    """Rows started by their claim in this process, until their message is picked up, each with
+    when its start was asked for (monotonic): its lease runs from then."""
 
     def __init__(self) -> None:
         self._rows: dict[str, tuple[float, "JobModel"]] = {}
         self._lock = threading.Lock()
 
-    def put(self, row: "JobModel") -> None:
+    def put(self, row: "JobModel", asked: float) -> None:
         now = time.monotonic()
         with self._lock:
             if len(self._rows) > 1000:  # picked up elsewhere or never: do not keep them forever
                 self._rows = {k: v for k, v in self._rows.items() if now - v[0] < KEEP_FOR}
-            self._rows[row.message_id] = (now, row)
+            self._rows[row.message_id] = (asked, row)
 
-    def take(self, message_id: str, revision: int) -> "Optional[JobModel]":
-        """The row started for this message's delivery, once; None if there is none (or it is stale)."""
+    def take(self, message_id: str, revision: int) -> "Optional[tuple[JobModel, float]]":
+        """The row started for this message's delivery and when its start was asked for, once; None
+        if there is none (or it is stale)."""
         with self._lock:
             entry = self._rows.pop(message_id, None)
         if entry is None or time.monotonic() - entry[0] > KEEP_FOR or entry[1].revision != revision:
             return None
-        return entry[1]
+        return entry[1], entry[0]
 
 
 def waiting_in(info: "GroupInfo", group: str, *, app: str) -> Optional[float]:

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import dramatiq
+import pytest
 
 import dramatiq_unique
 from dramatiq_unique import JobModel
@@ -349,3 +350,89 @@ def test_a_job_taken_over_before_its_late_pick_up_is_not_run(suite, broker, make
     assert sorted(runs.labels()) == [0, 2] and len(taken) == 1
     row = JobModel.get_by_id(taken[0])
     assert (row.status, row.worker) == ("running", "elsewhere:1:1")
+
+
+@pytest.mark.parametrize("path", ["deck", "claim"])
+def test_a_start_ahead_whose_reply_came_late_does_not_run_a_job_taken_over_meanwhile(
+        suite, broker, make_worker, monkeypatch, path):
+    """Given a job started ahead of its delivery, from the deck or by its claim, When the start's reply
+    comes late (a stalled link: longer than the fresh tenth of the slot's lease) and another attempt took
+    the job over in between, Then the woken job does not run, however soon after the reply it is picked
+    up: its reservation counts from before the start was asked for.  The next job runs."""
+    name = "start_reserved" if path == "deck" else "claim_parked"
+    real = getattr(jobs, name)
+    taken: list[int] = []
+
+    def late_reply(*args, **kwargs):
+        row = real(*args, **kwargs)
+        if row is not None and row.args == [1] and row.status == "running":
+            JobModel.update(fencing_token=JobModel.fencing_token + 1, worker="elsewhere:1:1").where(
+                JobModel.id == row.id).execute()
+            taken.append(row.id)
+            time.sleep(0.3)
+        return row
+
+    monkeypatch.setattr(jobs, name, late_reply)
+    if path == "claim":
+        lot.of(suite).ondeck.enabled = False
+    runs, release = Runs(), threading.Event()
+
+    @dramatiq.actor(concurrency_limit=1, concurrency_ttl=1_000, max_retries=0)
+    def late(i: int) -> None:
+        runs.add(i)
+        while i == 0 and not release.wait(0.1):
+            dramatiq_unique.heartbeat()
+
+    make_worker(4)
+    late.send(0)
+    wait_until(lambda: runs.labels() == [0], timeout=10, what="the holder to start")
+    late.send(1)
+    late.send(2)
+    if path == "deck":
+        wait_until(lambda: len(reserved("late")) == 2, timeout=10, what="2 rows on deck")
+    else:
+        wait_until(lambda: [r.status for r in rows("late")] == ["running", "pending", "pending"], timeout=10,
+                   what="2 parked jobs")
+    release.set()
+    wait_until(lambda: 2 in runs.labels(), timeout=15, what="job 2 to run")
+    wait_until(lambda: JobModel.get_by_id(rows("late")[2].id).status == "succeeded", timeout=10, what="job 2's outcome")
+    assert sorted(runs.labels()) == [0, 2] and len(taken) == 1
+    row = JobModel.get_by_id(taken[0])
+    assert (row.status, row.worker) == ("running", "elsewhere:1:1")
+
+
+def test_a_slot_whose_grant_came_after_its_lease_is_not_used(suite, broker, make_worker, monkeypatch):
+    """Given a group of one slot leased for 0.5 s, When a job's grant of the slot comes back after the
+    lease ran out (a stalled link) and another job took the slot meanwhile, Then the late job does not
+    run beside it: it waits its turn and runs after, once; the two runs never overlap."""
+    gate = gate_of(suite)
+    real = type(gate).enter
+    spans: list[tuple[int, float, float]] = []
+    lock = threading.Lock()
+
+    @dramatiq.actor(concurrency_limit=1, concurrency_ttl=500, max_retries=0)
+    def one(i: int) -> None:
+        began = time.monotonic()
+        for _ in range(30 if i == 2 else 0):  # longer than the lease, which it keeps
+            time.sleep(0.1)
+            dramatiq_unique.heartbeat()
+        with lock:
+            spans.append((i, began, time.monotonic()))
+
+    def late_grant(self, group, token, ttl, limit, reserved=None, own=None):
+        entered = real(self, group, token, ttl, limit, reserved, own)
+        if entered[0] and not spans and threading.current_thread().name != "late" and not late_grant.done:
+            late_grant.done = True
+            one.send(2)  # takes the slot once this grant's lease has run out
+            time.sleep(2.0)
+        return entered
+
+    late_grant.done = False
+    monkeypatch.setattr(type(gate), "enter", late_grant)
+    make_worker(4)
+    one.send(1)
+    wait_until(lambda: len(spans) == 2, timeout=20, what="both jobs to run")
+    (a, a0, a1), (b, b0, b1) = sorted(spans, key=lambda s: s[1])
+    assert (a, b) == (2, 1) and a1 <= b0, f"runs overlapped: {spans}"
+    wait_until(lambda: [r.status for r in rows("one")] == ["succeeded"] * 2, timeout=10, what="outcomes")
+    assert [r.attempts for r in rows("one")] == [1, 1]

@@ -7,6 +7,7 @@ slot of one would be), on real Redis with SQLite and PostgreSQL.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -266,9 +267,9 @@ def test_parking_moves_keep_the_callers_transaction_and_the_sessions_settings(pa
     assert gate.take("t:tx", 5_000) is not None  # held: parking does not wake anyone itself
     with db.atomic():
         assert park_row(spot, gate, "t:tx", first)
-        assert spot._claim_next(GroupInfo(JobModel, "created_at", 5_000), "t:tx").id == first.id
+        assert spot._claim_next(GroupInfo(JobModel, "created_at", 5_000), "t:tx", time.monotonic()).id == first.id
     assert park_row(spot, gate, "t:tx", second)
-    assert spot._claim_next(GroupInfo(JobModel, "created_at", 5_000), "t:tx").id == second.id
+    assert spot._claim_next(GroupInfo(JobModel, "created_at", 5_000), "t:tx", time.monotonic()).id == second.id
     if db.__class__.__name__.startswith("Postgres"):
         assert db.execute_sql("SHOW synchronous_commit").fetchone()[0] == "on"
     assert JobModel.get_by_id(second.id).status == "queued"
