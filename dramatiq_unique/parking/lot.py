@@ -119,6 +119,7 @@ class Parking:
         message.options["store_results"] = False
         setattr(message, PARKED, True)
         events.parked(gate.kind, message, group)
+        asked = time.monotonic()
         try:
             token = gate.flag_and_take(group, gate_ttl(gate, group), retry_in_ms)
         except DependencyUnavailable:
@@ -126,7 +127,7 @@ class Parking:
                            message.message_id, group)
             return True
         if token is not None:  # the holder left meanwhile: wake the head of the queue ourselves
-            self.pass_on(gate, group, token, fresh=True)
+            self.pass_on(gate, group, token, fresh=True, granted=asked)
         else:  # full: a holder in this process may take the next job on deck (OnDeck)
             self.ondeck.fill(gate, group, place=(*place, job_id))
         return True
@@ -144,7 +145,7 @@ class Parking:
             logger.warning("Could not release %s; it frees itself when its lease runs out.", group, exc_info=True)
             return
         if outcome == KEPT:
-            if self.pass_on(gate, group, handed, fresh=handed != token) is not None:
+            if self.pass_on(gate, group, handed, fresh=handed != token, granted=began) is not None:
                 self.ondeck.fill(gate, group, since=began)
                 return
         elif outcome == NOT_HELD or not gate.atomic_release:
@@ -187,10 +188,11 @@ class Parking:
         """The gate ``group``'s jobs park on; None if no gate of its kind is registered here."""
         return self.gates.get(kind_of(group))
 
-    def pass_on(self, gate: Gate, group: str, token: str, fresh: bool = False) -> Optional[JobModel]:
-        """Holding ``group``'s gate under ``token`` (``fresh``: in no message yet, no re-issue needed):
-        wake the next parked job (returned), or release the gate.  On an error the gate is released
-        and the group left flagged for the watchdog."""
+    def pass_on(self, gate: Gate, group: str, token: str, fresh: bool = False,
+                granted: Optional[float] = None) -> Optional[JobModel]:
+        """Holding ``group``'s gate under ``token`` (``fresh``: in no message yet, no re-issue needed;
+        ``granted``: when its lease was asked for, monotonic): wake the next parked job (returned), or
+        release the gate.  On an error the gate is released and the group left flagged for the watchdog."""
         woken = self.ondeck.hand_over(gate, group, token)  # a job reserved here comes first
         if woken is not None:
             return woken
@@ -201,7 +203,9 @@ class Parking:
                 self.wakeups.rescore(group, RETRY_DELAY)
                 return None
             for _ in range(MAX_ROUNDS):
-                asked = time.monotonic()  # the claim's start and the grant lease from here
+                # The woken job counts its reservation from the first lease it runs under: a fresh
+                # token's grant, or else the claim's start (a pass_to after the claim comes later).
+                asked = granted if fresh and granted is not None else time.monotonic()
                 row = self._claim_next(info, group, asked)
                 if row is not None:
                     grant = token if fresh else gate.pass_to(group, token, info.ttl_ms)
@@ -248,15 +252,19 @@ class Parking:
                     # before the release and found it held. Look again now it is free.
                     again = waiting is None and waiting_in(info, group, app=self.suite.app) == 0
                 else:
+                    asking = time.monotonic()
                     outcome, handed = gate.hand_over(group, token)
                     if outcome == KEPT:  # held for the next waiter, maybe re-issued: then no pass_to
+                        if handed != token:
+                            granted = asking
                         fresh, token = fresh or handed != token, handed
                         continue
                     again = outcome == RELEASED and not gate.atomic_release and self.wakeups.is_flagged(group)
+                asking = time.monotonic()
                 retaken = gate.take(group, info.ttl_ms) if again else None
                 if retaken is None:
                     return None
-                token = retaken
+                token, granted = retaken, asking
             raise RuntimeError(f"no settled wake-up after {MAX_ROUNDS} rounds")
         except Exception:
             logger.exception("Could not wake the next job waiting on %s; the watchdog tries again.", group)

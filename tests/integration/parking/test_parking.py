@@ -96,6 +96,26 @@ def test_a_waiter_that_parks_as_the_holder_leaves_wakes_itself(park, broker):
     assert JobModel.get_by_id(job.id).status == "queued"
 
 
+def test_a_woken_jobs_reservation_counts_from_when_its_gate_was_asked_for(park, broker, monkeypatch):
+    """Given a waiter whose own second look takes the free gate, When the reply to that take comes late,
+    Then the reservation it hands the woken job is dated from before the take was asked for: the woken
+    job does not take a gate whose lease ran out as freshly granted (ConcurrencySlots._fresh_here)."""
+    spot, gate = park
+    taken = gate.flag_and_take
+
+    def late_reply(group, ttl_ms, delay_ms):
+        token = taken(group, ttl_ms, delay_ms)
+        time.sleep(0.3)
+        return token
+
+    monkeypatch.setattr(gate, "flag_and_take", late_reply)
+    job = new_row(0)
+    before = time.monotonic()
+    assert park_row(spot, gate, "t:g", job)
+    (message,) = sent(broker)
+    assert int(before * 1000) <= message.options[MARKER]["wake"]["at"] <= int(before * 1000) + 250
+
+
 def test_with_the_flags_unreachable_a_job_parking_as_the_holder_leaves_is_not_stranded(park, broker, monkeypatch):
     """Given the first master down (the wake-up flags unreachable: the holder goes by the database alone),
     When a job parks after the leaving holder found nobody waiting and before it released the gate (its
