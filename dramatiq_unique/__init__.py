@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 import peewee as pw
 from dramatiq import Broker
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Retries
 
 from dramatiq_unique import suite as _suite
@@ -34,7 +35,7 @@ from dramatiq_unique.errors import (
     UnsupportedVersion,
 )
 from dramatiq_unique.logs import RedactPasswords, ResultWarningFilter
-from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Redriver
+from dramatiq_unique.middleware import ConcurrencySlots, ExecutionLocks, JobTracking, Metrics, Reclaimer, Redriver
 from dramatiq_unique.observe import enable_metrics
 from dramatiq_unique.redis.servers import check_redis
 from dramatiq_unique.redis.servers import client_from_url as redis_client
@@ -53,7 +54,8 @@ __all__ = [
     "AmbiguousJobId", "ConcurrencySlots", "ConcurrencyStatus", "DatabaseUnavailable", "DependencyUnavailable",
     "DramatiqUniqueError", "DuplicateJob", "ExecutionLocks", "HookFailed", "IdempotencyKeyReused", "InvalidOption",
     "JobModel", "JobNotFound", "JobRejected", "JobStateError", "JobStatus", "JobTracking", "LockLost", "Metrics",
-    "NotConfigured", "NotInJob", "NotSerializable", "RedisPermissionDenied", "RedisUnavailable", "RedriveCounts",
+    "NotConfigured", "NotInJob", "NotSerializable", "Reclaimer", "RedisPermissionDenied", "RedisUnavailable",
+    "RedriveCounts",
     "Redriver", "SchemaOutOfDate", "Suite", "UnsupportedVersion", "cancel_job", "checkpoint", "concurrency_status",
     "current_job", "dead_jobs", "enable_metrics", "get_job", "heartbeat", "lock", "redis_client", "redrive",
     "retry_job", "send_many", "set_concurrency_limit", "setup", "step_key", "submit", "start_redriver", "transaction",
@@ -107,6 +109,9 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     broker.add_middleware(Redriver(suite=suite))  # starts the re-drive after worker boot if `redriver`
     if not any(isinstance(m, Metrics) for m in broker.middleware):  # metrics at worker boot, one per broker
         broker.add_middleware(Metrics())
+    if isinstance(broker, RedisBroker) and not any(isinstance(m, Reclaimer) for m in broker.middleware):
+        # First: a message counts as held by a worker thread from the first hook on.
+        broker.add_middleware(Reclaimer(), **({"before": type(broker.middleware[0])} if broker.middleware else {}))
     ResultWarningFilter.install(suite)
     attach = getattr(suite.db, "attach_suite", None)
     if attach is not None:  # a framework's database (dramatiq_unique.contrib): its transactions hold sends

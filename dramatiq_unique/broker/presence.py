@@ -1,5 +1,6 @@
 """Is a job's message still in the broker?  The re-drive's lost-message check on the Redis broker, and the
-hand-back of messages that dead or reconnected workers hold (docs/discussions/how-it-is-built.md, "Sending")."""
+hand-back of messages that dead or reconnected workers hold, or that a worker's ack set holds and the worker
+does not (docs/discussions/how-it-is-built.md, "Sending")."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
+from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import current_millis, dq_name, xq_name
 
@@ -89,6 +91,69 @@ class RedisProbe:
         for row, queue_name, worker in probes:
             pipe.sismember(self.keys.acks(worker, queue_name), row.broker_ref)
         return [probe for probe, held in zip(probes, pipe.execute(), strict=True) if held]
+
+
+def unheld(broker: Any, worker: Any, queue_name: str, processing: Callable[[], Iterable[str]]) -> set[str]:
+    """The entries of ``worker``'s ack set of ``queue_name`` (on its Redis ``broker``) whose messages the
+    worker holds nowhere: not fetched and unacked by its consumers, not waiting in its work queue or its
+    delay queues, not ``processing()`` (the ids its threads took up).  A message on its way from one to
+    the next as they are read may be missed: a caller acts on what two looks in a row find."""
+    keys = BrokerKeys(broker.namespace)
+    entries = [e.decode() if isinstance(e, bytes) else e
+               for e in broker.client.smembers(keys.acks(broker.broker_id, queue_name))]
+    if not entries:
+        return set()
+    bodies = broker.client.hmget(keys.messages(queue_name), entries)
+    held = held_by(worker, processing)  # read after the ack set: a fetch answered meanwhile counts as held
+    ids = {entry: _message_id(body) for entry, body in zip(entries, bodies, strict=True)}
+    return {entry for entry, message_id in ids.items() if message_id is not None and message_id not in held}
+
+
+def hand_back(broker: Any, queue_name: str, entries: Iterable[str]) -> None:
+    """Move ``entries`` of this worker's ack set of ``queue_name`` back to the queue, by Dramatiq's own
+    requeue (an entry acked meanwhile is left alone)."""
+    dispatch(broker, "requeue", queue_name, *entries)
+
+
+def held_by(worker: Any, processing: Callable[[], Iterable[str]]) -> set[str]:
+    """The ids of the messages a Dramatiq 2 ``worker`` holds: fetched and not acked (its consumers' own
+    count, and the answers they have not yet read), waiting in its work queue or its delay queues, or
+    ``processing()``; each place read before the one a message goes to next."""
+    with worker.work_queue.mutex:
+        items = list(worker.work_queue.queue)
+    ids = {item.message.message_id for item in items}
+    ids.update(processing())
+    for thread in list(worker.consumers.values()):
+        with thread.delay_queue.mutex:
+            delayed = list(thread.delay_queue.queue)
+        ids.update(item.message.message_id for item in delayed)
+        consumer = thread.consumer
+        if consumer is not None:
+            ids.update(_copy(getattr(consumer, "queued_message_ids", ())))
+            cached = (_message_id(data) for data in _copy(getattr(consumer, "message_cache", ())))
+            ids.update(message_id for message_id in cached if message_id is not None)
+    return ids
+
+
+def _copy(items: Iterable[Any]) -> list[Any]:
+    """A copy of a collection another thread may be changing (a set changed in iteration raises: try again)."""
+    for _ in range(10):
+        try:
+            return list(items)
+        except RuntimeError:
+            continue
+    raise RuntimeError("a consumer's messages kept changing while they were read")
+
+
+def _message_id(body: Any) -> Optional[str]:
+    """The id of the message encoded in ``body``; None if there is none (acked meanwhile) or Dramatiq could
+    not read it (then it is left where it is)."""
+    if body is None:
+        return None
+    try:
+        return str(Message.decode(body).message_id)
+    except Exception:
+        return None
 
 
 def probe_for(broker: "Broker") -> Optional[RedisProbe]:
