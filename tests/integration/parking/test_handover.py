@@ -62,6 +62,16 @@ def queue_behind_a_holder(make_worker: Any, actor: Any, runs: Runs, waiting: int
     wait_until(lambda: len(reserved(actor.actor_name)) == on_deck, timeout=10, what=f"{on_deck} rows on deck")
 
 
+def only_job_2_ran(runs: Runs, taken: list[int]) -> None:
+    """Jobs 0 and 2 of actor ``late`` ran, job 2 to its outcome; job 1, taken over (``taken``) by
+    "another attempt" while it waited, did not run here and its row is that attempt's."""
+    wait_until(lambda: 2 in runs.labels(), timeout=15, what="job 2 to run")
+    wait_until(lambda: JobModel.get_by_id(rows("late")[2].id).status == "succeeded", timeout=10, what="job 2's outcome")
+    assert sorted(runs.labels()) == [0, 2] and len(taken) == 1
+    row = JobModel.get_by_id(taken[0])
+    assert (row.status, row.worker) == ("running", "elsewhere:1:1")
+
+
 def test_a_job_replaced_on_deck_runs_its_new_arguments_once(suite, broker, make_worker):
     """Given a holder running and two jobs reserved on deck behind it (limit 1, ``replace``), When the first
     is replaced while on deck, Then it runs once, with the new arguments, and records their result; the
@@ -345,11 +355,7 @@ def test_a_job_taken_over_before_its_late_pick_up_is_not_run(suite, broker, make
 
     queue_behind_a_holder(make_worker, late, runs, 2)
     release.set()
-    wait_until(lambda: 2 in runs.labels(), timeout=15, what="job 2 to run")
-    wait_until(lambda: JobModel.get_by_id(rows("late")[2].id).status == "succeeded", timeout=10, what="job 2's outcome")
-    assert sorted(runs.labels()) == [0, 2] and len(taken) == 1
-    row = JobModel.get_by_id(taken[0])
-    assert (row.status, row.worker) == ("running", "elsewhere:1:1")
+    only_job_2_ran(runs, taken)
 
 
 @pytest.mark.parametrize("path", ["deck", "claim"])
@@ -394,11 +400,7 @@ def test_a_start_ahead_whose_reply_came_late_does_not_run_a_job_taken_over_meanw
         wait_until(lambda: [r.status for r in rows("late")] == ["running", "pending", "pending"], timeout=10,
                    what="2 parked jobs")
     release.set()
-    wait_until(lambda: 2 in runs.labels(), timeout=15, what="job 2 to run")
-    wait_until(lambda: JobModel.get_by_id(rows("late")[2].id).status == "succeeded", timeout=10, what="job 2's outcome")
-    assert sorted(runs.labels()) == [0, 2] and len(taken) == 1
-    row = JobModel.get_by_id(taken[0])
-    assert (row.status, row.worker) == ("running", "elsewhere:1:1")
+    only_job_2_ran(runs, taken)
 
 
 def test_a_slot_whose_grant_came_after_its_lease_is_not_used(suite, broker, make_worker, monkeypatch):
