@@ -11,6 +11,7 @@ import time
 
 import dramatiq
 import pytest
+from dramatiq.worker import ConsumerThread
 
 import dramatiq_unique
 from dramatiq_unique import JobModel, Reclaimer
@@ -81,3 +82,42 @@ def test_messages_the_worker_holds_are_never_handed_back(suite, broker, make_wor
     wait_until(lambda: len(runs) == 6, timeout=20, what="every job to run")
     time.sleep(0.3)
     assert sorted(runs) == list(range(6)) and reclaimer.handed_back == 0
+
+
+def test_a_delayed_message_whose_move_to_its_queue_waits_is_not_handed_back(suite, broker, make_worker):
+    """Given a delayed message that came due, When the consumer's move of it to its queue waits (a hook of
+    its enqueue held up 1 s, as by a stalled database) across many looks, Then it is not handed back to its
+    delay queue (out of the delay queue, it is still among the consumer's unacked messages): it is delivered
+    once."""
+    reclaimer = reclaimer_of(broker, interval=50)
+    deliveries: list[str] = []
+
+    class SlowPromotion(dramatiq.Middleware):
+        def before_enqueue(self, broker, message, delay):
+            if isinstance(threading.current_thread(), ConsumerThread):  # moving a delayed message
+                time.sleep(1.0)
+
+        def before_process_message(self, broker, message):
+            deliveries.append(message.message_id)
+
+    broker.add_middleware(SlowPromotion())
+
+    @dramatiq.actor(max_retries=0)
+    def later(i: int) -> None:
+        pass
+
+    later.send_with_options(args=(1,), delay=300)
+    make_worker(2)
+    wait_until(lambda: len(deliveries) == 1, timeout=10, what="the delayed job to run")
+    time.sleep(1.0)
+    assert len(deliveries) == 1 and reclaimer.handed_back == 0
+
+
+def test_an_entry_dramatiq_cannot_read_is_left_where_it_is(suite, broker, make_worker):
+    reclaimer = reclaimer_of(broker, interval=50)
+    keys = BrokerKeys(broker.namespace)
+    make_worker(1)
+    broker.client.hset(keys.messages("default"), "garbage", b"not a message")
+    broker.client.sadd(keys.acks(broker.broker_id, "default"), "garbage")
+    time.sleep(0.5)
+    assert reclaimer.handed_back == 0 and broker.client.sismember(keys.acks(broker.broker_id, "default"), "garbage")
