@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -35,12 +36,36 @@ logger = logging.getLogger(__name__)
 INTERRUPTERS = (TimeLimit, ShutdownNotifications)
 
 
+#: Set on an actor function that :func:`disarm_on_return` wrapped.
+_DISARMS = "_dramatiq_unique_disarms"
+
+
 def disarm(broker: Any, message: Any) -> None:
     """The actor is done (or never ran): nothing is left for :data:`INTERRUPTERS` to interrupt.  Their own after
     hooks, called now, are idempotent; Dramatiq calls them again later."""
     for middleware in broker.middleware:
         if isinstance(middleware, INTERRUPTERS):
             middleware.after_process_message(broker, message)
+
+
+def disarm_on_return(actor: Any) -> None:
+    """Disarm :data:`INTERRUPTERS` as soon as ``actor`` returns or raises, whether or not it is tracked.  The after
+    hooks of the middlewares that come after the suite's run before the suite's (Retries': a retry's send, which a
+    stalled Redis holds up); an interrupt raised there escapes Dramatiq's worker loop and ends the worker thread.
+    Their own hooks only read the thread (``message`` is not used)."""
+    fn = actor.fn
+    if getattr(fn, _DISARMS, False):
+        return
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            disarm(actor.broker, None)
+
+    setattr(call, _DISARMS, True)
+    actor.fn = call
 
 
 def check_start(ctx: context.JobContext, began: float) -> None:
@@ -81,6 +106,7 @@ class JobTracking(Middleware):
         opt.check_actor(broker, actor)
         if self.suite.configure_actor(actor) is not None:
             install_enqueue(broker, self.suite)
+        disarm_on_return(actor)  # after the gates made an async actor carry the context
 
     @hook
     def before_enqueue(self, broker, message, delay) -> None:

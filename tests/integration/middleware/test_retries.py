@@ -204,6 +204,40 @@ def test_a_time_limit_that_passes_while_the_outcome_is_written_does_not_rerun_a_
     assert job.attempts == 1 and [h["status"] for h in job.history] == ["succeeded"], job.history
 
 
+@pytest.mark.parametrize("track", [False, True])
+def test_a_time_limit_that_passes_while_a_retry_is_sent_does_not_end_the_worker_thread(suite, broker, track):
+    """Retries sends the retry in its after hook, which runs before the suite's (a stalled Redis holds the send
+    up).  Dramatiq's TimeLimit, still armed there, raised its exception in it, which ended the worker thread: a
+    worker whose threads all ended took no job again, heartbeating all along.  Now the limit is off as the actor
+    returns: the next job runs, tracked or not."""
+    runs: list[str] = []
+
+    class SlowRetrySend(dramatiq.Middleware):
+        def before_enqueue(self, broker, message, delay):
+            if message.options.get("retries"):
+                time.sleep(1.6)  # TimeLimit looks once a second
+
+    broker.add_middleware(SlowRetrySend())
+    options = {"track": True} if track else {}
+
+    @dramatiq.actor(time_limit=200, max_retries=1, min_backoff=10, max_backoff=10, **options)
+    def fails_once(n):
+        runs.append(f"fails_once {current_job().attempts if track else ''}".strip())
+        if len([r for r in runs if r.startswith("fails_once")]) == 1:
+            raise RuntimeError("once")
+
+    @dramatiq.actor(**options)
+    def then(n):
+        runs.append("then")
+
+    fails_once.send(1)
+    broker.emit_after("process_boot")  # what the dramatiq CLI does: TimeLimit's watch starts
+    with running_worker(broker, threads=1):
+        wait_until(lambda: len(runs) == 1, timeout=10, what="the first attempt")
+        then.send(2)
+        wait_until(lambda: "then" in runs and len(runs) == 3, timeout=15, what="the retry and the next job")
+
+
 def _hold_row(suite, message_id: str, started: threading.Event, seconds: float) -> None:
     """Lock the job's row from another connection once its attempt started, for ``seconds``."""
     started.wait(10)
