@@ -1,4 +1,4 @@
-"""A TCP proxy on loopback that a test can break: drop one reply, or go down and come back.
+"""A TCP proxy on loopback that a test can break: drop one reply, stall, or go down and come back.
 
 Used to break a server the test must not stop itself (the shared RabbitMQ), or to lose a
 reply the server did send (tests/integration/redis/test_script_repeats.py).
@@ -16,8 +16,11 @@ class Proxy:
     """Forwards connections on ``port`` to ``127.0.0.1:target_port``.
 
     ``armed``: the next reply is dropped and the client's connection closed (the server ran
-    the call, the reply never arrived).  :meth:`down` refuses new connections and drops the
-    open ones, as a server that died would; :meth:`up` listens again on the same port.
+    the call, the reply never arrived).  :meth:`stall` holds what either side sends (or the
+    replies only) until :meth:`flow`, as a link whose packets stop getting through does: a call
+    that reached the server is run, and its reply comes late.  :meth:`down` refuses new
+    connections and drops the open ones, as a server that died would; :meth:`up` listens again
+    on the same port.
     ``target_port`` may change: new connections go there (a fail-over's moved address).
     """
 
@@ -27,6 +30,9 @@ class Proxy:
         self.listener = socket.create_server(("127.0.0.1", self.port))
         self.armed = False
         self.lost = 0
+        #: Whether bytes flow, by direction (True: the server's replies).
+        self._flowing = {False: threading.Event(), True: threading.Event()}
+        self.flow()
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._serve()
@@ -60,6 +66,7 @@ class Proxy:
                 if replies and self.armed:
                     self.armed, self.lost = False, self.lost + 1
                     break  # the reply is dropped with the connection
+                self._flowing[replies].wait()
                 sink.sendall(data)
         except OSError:
             pass
@@ -74,6 +81,18 @@ class Proxy:
             sock.close()
             with self._lock:
                 self._open.discard(sock)
+
+    def stall(self, *, replies_only: bool = False) -> None:
+        """Hold every byte either side sends from now on (``replies_only``: the server's only, as a
+        link that loses its packets one way), until :meth:`flow`."""
+        self._flowing[True].clear()
+        if not replies_only:
+            self._flowing[False].clear()
+
+    def flow(self) -> None:
+        """Let the held bytes and the next ones through."""
+        for flowing in self._flowing.values():
+            flowing.set()
 
     def down(self) -> None:
         """Refuse new connections and drop the open ones."""
@@ -93,3 +112,4 @@ class Proxy:
 
     def close(self) -> None:
         self.down()
+        self.flow()  # the pipes waiting to send find their sockets closed, and end

@@ -10,23 +10,30 @@ Verdicts, each a list of violations:
   start plus the lease), unless it ended first or Redis lost its data meanwhile; a run that started
   holds it at its start.  At no point may more runs hold one key for certain than its actor allows.
 - **overlap past an expired lease, unfenced**: once a newer run of the same job (or of the same key,
-  for an exclusive key) started, the older run, if still going, is fenced: no ``heartbeat()`` of it
-  begun after that start holds (for Redis leases) and no checkpoint it began writing after that start
-  is recorded.
+  for a key whose execution lock draws the tokens) started, the older run, if still going, is fenced:
+  no ``heartbeat()`` of it begun after that start holds (for Redis leases) and no checkpoint it began
+  writing after that start is recorded.
 - **unexplained rerun**: every run of a job but its last was ended by a cause the history shows: a
-  deliberate failure, a SIGKILL or a SIGSTOP of its process while it ran, a Redis or PostgreSQL fault
-  while it ran (or up to ``GRACE`` after: a dead connection is found at its next use), its body
-  interrupted by its time limit, or a stall of its own (its heartbeats further apart than most of its
-  lease: the machine starved it).
+  deliberate failure, a SIGKILL or a SIGSTOP of its process or a stall of its links to the servers
+  while it ran, a Redis or PostgreSQL fault while it ran (or up to ``GRACE`` after: a dead connection
+  is found at its next use), its body interrupted by its time limit, or a stall of its own (its
+  heartbeats further apart than most of its lease: the machine starved it).
 - **checkpoint step redone**: a step's side effect never runs in a run that started after another run
   recorded that step (the newer run read the job's checkpoints when it started).
 - **ran after its success**: no attempt of a job follows one its row's history records ``succeeded``.
+- **started after a newer attempt**: no run of a job begins its body after a run of the job under a
+  newer fencing token began, unless its process was frozen (SIGSTOP) between its delivery and its
+  start.  A newer token is drawn only once the older attempt's lease ran out, and an attempt does not
+  begin past its lease, however late the replies to its start came (a stalled link); a frozen process
+  may resume anywhere, and only the fencing of its writes stops it there.
 - **send hung**: no send took longer than ``SEND_LIMIT``.
+- **worker idle**: every worker process alive at the probe (after the recovery, enough jobs to keep every
+  worker busy a while) ran one of its jobs: a worker that took none lost its threads or its consumer.
 
 Events are ordered by ``t`` (CLOCK_MONOTONIC, one clock for the machine).  A verdict compares two
 events only to order them, or an event with a lease written by the suite; never by how close in
 time they were.  The fault events (``kill``, ``stop``, ``cont``, ``fault`` begin and end, ``died``)
-are the runner's.
+are the runner's; a ``fault`` with a ``target`` (a link stall) is of one worker process.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ SEND_LIMIT = 30.0
 #: Global faults, by the name of their kind.
 GLOBAL = ("redis-kill", "redis-pause", "pg-restart", "pg-pause")
 #: Causes a rerun can have, in the order the figures name the first that applies.
-CAUSES = ("retry", "kill", "died", "stop", *GLOBAL, "time-limit", "stall")
+CAUSES = ("retry", "kill", "died", "stop", "pg-link-stall", "redis-link-stall", *GLOBAL, "time-limit", "stall")
 
 
 @dataclasses.dataclass
@@ -110,7 +117,7 @@ class Fault:
     kind: str
     begin: float
     end: float
-    target: Optional[int] = None  # the worker pid of a kill, a stop, a death
+    target: Optional[int] = None  # the worker pid of a kill, a stop, a death, a link stall
 
 
 @dataclasses.dataclass
@@ -119,6 +126,8 @@ class Parsed:
     faults: list[Fault]
     sends: list[dict]  # each: built, kind, returned (or None), error (or None), took
     healed: Optional[float]
+    #: The probe after the recovery: the live worker processes and the probe's jobs.
+    probe: Optional[dict] = None
 
     def of_job(self) -> dict[str, list[Run]]:
         out: dict[str, list[Run]] = defaultdict(list)
@@ -137,7 +146,7 @@ def parse(events: Iterable[dict]) -> Parsed:
     begun: dict[Any, dict] = {}
     stopped: dict[int, float] = {}
     sends: dict[str, dict] = {}
-    healed = None
+    healed, probe = None, None
     for e in sorted(events, key=lambda e: e["t"]):
         kind, t = e["e"], e["t"]
         at = (e.get("pid"), e.get("tid"), e.get("job"))
@@ -166,7 +175,7 @@ def parse(events: Iterable[dict]) -> Parsed:
                 begun[e["id"]] = e
             else:
                 first = begun.pop(e["id"], e)
-                faults.append(Fault(e["kind"], first["t"], t))
+                faults.append(Fault(e["kind"], first["t"], t, target=first.get("target")))
         elif kind == "send":
             sends[e["built"]] = {"built": e["built"], "kind": e["kind"], "returned": None, "error": None, "t": t,
                                  "took": None}
@@ -176,11 +185,13 @@ def parse(events: Iterable[dict]) -> Parsed:
             send["returned" if kind == "sent" else "error"] = e.get("returned") or e.get("error")
         elif kind == "healed":
             healed = t
+        elif kind == "probe":
+            probe = e
     for pid, t in stopped.items():  # never resumed (killed while stopped): stopped until the end
         faults.append(Fault("stop", t, float("inf"), target=pid))
     for e in begun.values():
-        faults.append(Fault(e["kind"], e["t"], float("inf")))
-    return Parsed(runs, faults, list(sends.values()), healed)
+        faults.append(Fault(e["kind"], e["t"], float("inf"), target=e.get("target")))
+    return Parsed(runs, faults, list(sends.values()), healed, probe)
 
 
 def _attach(run: Run, kind: str, e: dict) -> None:
@@ -289,7 +300,7 @@ def overlap_unfenced(parsed: Parsed) -> list[str]:
     groups: dict[tuple, list[Run]] = defaultdict(list)
     for run in parsed.runs:
         groups[("job", run.job)].append(run)
-        if KINDS[run.kind].holders == 1:
+        if KINDS[run.kind].key_tokens:
             groups[("key", run.kind, run.key)].append(run)
     for runs in groups.values():
         # Tokens give the order of the attempts (a run frozen before it wrote its start has the older one).
@@ -383,6 +394,28 @@ def ran_after_success(rows: list[Any]) -> list[str]:
     return problems
 
 
+def started_after_newer(parsed: Parsed) -> list[str]:
+    problems = []
+    for job, runs in parsed.of_job().items():
+        for old in runs:
+            newer = [r for r in runs if r.token > old.token and r.start < old.start]
+            frozen = any(f.kind == "stop" and f.target == old.pid and f.end >= old.began and f.begin <= old.start
+                         for f in parsed.faults)
+            if newer and not frozen:
+                problems.append(f"started after a newer attempt: job {job}'s run\n    {old}\n  began after\n    "
+                                f"{newer[0]}\n  and its process was not frozen in between")
+    return problems
+
+
+def idle_workers(parsed: Parsed) -> list[str]:
+    if parsed.probe is None:
+        return []
+    jobs = set(parsed.probe["jobs"])
+    took = {run.pid for run in parsed.runs if run.job in jobs}
+    return [f"worker idle: process {pid} ran none of the {len(jobs)} probe jobs sent once every job had finished "
+            f"(its threads or its consumer ended?)" for pid in parsed.probe["pids"] if pid not in took]
+
+
 def sends_hung(parsed: Parsed) -> list[str]:
     return [f"a send took {send['took']:.1f}s: {send}" for send in parsed.sends
             if send["took"] is not None and send["took"] > SEND_LIMIT]
@@ -405,7 +438,9 @@ def check(events: Iterable[dict], rows: list[Any], *, ttl_ms: float) -> tuple[li
     problems += reruns(parsed, ttl_ms, figures)
     problems += steps_redone(parsed)
     problems += ran_after_success(rows)
+    problems += started_after_newer(parsed)
     problems += sends_hung(parsed)
+    problems += idle_workers(parsed)
     accepted = [s for s in parsed.sends if s["returned"] is not None]
     figures.update(
         jobs=len(rows), sends=len(parsed.sends), accepted=len(accepted),

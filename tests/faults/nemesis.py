@@ -12,13 +12,19 @@ seconds, one of these faults, which may overlap (a worker frozen while Redis is 
 - ``redis-kill``: kill -9 the redis-server, and start it again, empty, 0.5 to 3 s later;
 - ``redis-pause``: ``DEBUG SLEEP`` or SIGSTOP the redis-server for 0.5 to 4 s;
 - ``pg-restart``: stop PostgreSQL with ``-m immediate`` (a crash) and start it 0.5 to 3 s later;
-- ``pg-pause``: SIGSTOP every process of PostgreSQL for 0.5 to 4 s (a storage stall), then SIGCONT.
+- ``pg-pause``: SIGSTOP every process of PostgreSQL for 0.5 to 4 s (a storage stall), then SIGCONT;
+- ``pg-link-stall``: hold up everything between one worker and PostgreSQL, or the replies only, for
+  0.5 to 12 s (each worker reaches the servers through proxies of its own), as a network that stops
+  getting packets through: a statement that reached the server commits, and its reply comes late;
+- ``redis-link-stall``: the same on a worker's link to Redis: a fetch of Dramatiq's consumer that timed
+  out meanwhile still moves messages into the worker's ack set.
 
 Every job is sent with a ``time_limit`` of its run's length plus ``TIME_LIMIT_MARGIN``: a pause makes
 Dramatiq's TimeLimit interrupt runs, in their bodies or in the hooks that record them.
 
-Then every fault is healed, the sends stop, and the run waits (bounded) for every job to finish;
-tests/faults/checker.py judges the history with the job table.  The seed decides the faults, their
+Then every fault is healed, the sends stop, and the run waits (bounded) for every job to finish, then
+sends a probe of jobs that keeps every worker busy a while; tests/faults/checker.py judges the history
+with the job table.  The seed decides the faults, their
 times, lengths and targets, and the sends; the machine decides the rest, so a replay repeats the
 schedule, not every interleaving.
 
@@ -47,12 +53,14 @@ from dramatiq_unique import JobModel
 from tests.faults import checker
 from tests.faults import history as hist
 from tests.faults.harness import Redriver, prefix
-from tests.faults.nemesis_app import KINDS, App, build
-from tests.faults.nemesis_faults import Nemesis, NemesisFleet, debuggable_redis
+from tests.faults.nemesis_app import KINDS, SHORT_MS, App, build
+from tests.faults.nemesis_faults import FAULTS, Nemesis, NemesisFleet, debuggable_redis
 from tests.servers import PostgresCluster
 
 #: ms of the actors' run, drawn per send.
 RUN_MS = (100, 300, 600, 1_000, 2_000)
+#: ms of a probe job's run (see :func:`probe`).
+PROBE_MS = 500
 #: ms a run may take past its own ``run_ms`` before Dramatiq's TimeLimit (checking once a second) interrupts it:
 #: a pause of Redis or PostgreSQL pushes runs past their limits, in their bodies or in the hooks after them.
 TIME_LIMIT_MARGIN = 300
@@ -79,6 +87,8 @@ class Settings:
     heartbeat_timeout: Optional[int] = None
     maintenance_chance: int = 50_000
     lost_after: int = 1_000
+    #: The kinds of fault drawn (None: all of them, nemesis_faults.FAULTS).
+    faults: Optional[tuple[str, ...]] = None
 
     def __post_init__(self) -> None:
         rng = random.Random(f"{self.seed}-settings")
@@ -91,6 +101,8 @@ class Settings:
         drawn = Settings(seconds=self.seconds, seed=self.seed)
         given = "".join(f" --{name.replace('_', '-')} {getattr(self, name)}" for name in ("ttl", "heartbeat_timeout")
                         if getattr(self, name) != getattr(drawn, name))
+        if self.faults is not None:
+            given += f" --faults {','.join(self.faults)}"
         return f"python3 -m tests.faults.nemesis --seed {self.seed} --minutes {self.seconds / 60:g}{given}"
 
 
@@ -119,7 +131,7 @@ class Producers:
             while not self.stop.is_set():
                 kind = rng.choices(names, weights=weights)[0]
                 key = f"k{rng.randrange(KINDS[kind].keys)}"
-                run_ms = rng.choice(RUN_MS)
+                run_ms = rng.choice(RUN_MS if KINDS[kind].beats else SHORT_MS)
                 fail_until = rng.randint(1, 2) if kind in ("retry", "steps") else 0
                 for _ in range(2 if rng.random() < 0.2 else 1):  # now and then the same job sent twice
                     n += 1
@@ -128,22 +140,41 @@ class Producers:
         finally:
             self.app.suite.close()  # this thread's connection
 
-    def send(self, kind: str, args: tuple, time_limit: int) -> None:
-        message = self.app.actors[kind].message_with_options(args=args, time_limit=time_limit)
-        history = self.app.history
-        history.record("send", built=message.message_id, kind=kind)
-        try:
-            sent = self.app.broker.enqueue(message)
-        except Exception as e:  # noqa: BLE001 - a fault in progress: the checker accounts for it
-            history.record("refused", built=message.message_id, error=f"{type(e).__name__}: {str(e)[:120]}")
-        else:
-            history.record("sent", built=message.message_id, returned=sent.message_id)
+    def send(self, kind: str, args: tuple, time_limit: int) -> str:
+        return send(self.app, kind, args, time_limit)
 
     def close(self) -> None:
         self.stop.set()
         for thread in self.threads:
             thread.join(60)
             assert not thread.is_alive(), "a producer hung"
+
+
+def send(app: App, kind: str, args: tuple, time_limit: int) -> str:
+    """Send one job of ``kind``, recorded in the history; the id it was built with."""
+    message = app.actors[kind].message_with_options(args=args, time_limit=time_limit)
+    history = app.history
+    history.record("send", built=message.message_id, kind=kind)
+    try:
+        sent = app.broker.enqueue(message)
+    except Exception as e:  # noqa: BLE001 - a fault in progress: the checker accounts for it
+        history.record("refused", built=message.message_id, error=f"{type(e).__name__}: {str(e)[:120]}")
+    else:
+        history.record("sent", built=message.message_id, returned=sent.message_id)
+    return str(message.message_id)
+
+
+def probe(app: App, fleet: NemesisFleet, settings: Settings, timeout: float = 60) -> None:
+    """Once every job finished: enough jobs of half a second to keep every worker busy for a while, recorded
+    as a ``probe`` with the live worker processes; the checker finds a worker that took none of them (its
+    threads or its consumer ended while it went on heartbeating)."""
+    pids = fleet.live()
+    jobs = [send(app, "retry", ("probe", 9_000_000 + n, PROBE_MS, 0), PROBE_MS + TIME_LIMIT_MARGIN)
+            for n in range(4 * settings.threads * len(pids))]
+    app.history.record("probe", pids=pids, jobs=jobs)
+    deadline = time.monotonic() + timeout
+    while (unfinished(app) or 0) > 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def env_of(settings: Settings, *, redis_url: str, database_url: str, directory: Path) -> dict[str, str]:
@@ -192,7 +223,7 @@ def run(settings: Settings, directory: Path, say: Callable[[str], None] = print)
         cleanup.callback(fleet.close)
         redriver = Redriver(app, interval=0.5)  # type: ignore[arg-type]
         cleanup.callback(redriver.close)
-        nemesis = Nemesis(settings.seed, app.history, fleet, server, cluster)
+        nemesis = Nemesis(settings.seed, app.history, fleet, server, cluster, kinds=settings.faults)
         cleanup.callback(nemesis.heal_all)
         producers = Producers(app, settings)
         cleanup.callback(producers.stop.set)
@@ -211,6 +242,7 @@ def run(settings: Settings, directory: Path, say: Callable[[str], None] = print)
             time.sleep(1)
             left = unfinished(app)
         app.history.record("settled", left=left)
+        probe(app, fleet, settings)
         time.sleep(3)  # a job that would run again after it finished has the time to show it
         fleet.close()
         redriver.close()
@@ -267,6 +299,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--ttl", type=int, default=None, help="every lease, ms (default: drawn from the seed)")
     parser.add_argument("--heartbeat-timeout", type=int, default=None,
                         help="the broker's heartbeat_timeout, ms (default: drawn from the seed)")
+    parser.add_argument("--faults", default=None, type=lambda text: tuple(text.split(",")),
+                        help=f"the kinds of fault to draw, comma-separated (default: all: {','.join(FAULTS)})")
     parser.add_argument("--recheck", metavar="DIR", default=None,
                         help="judge the run left in DIR again (after a change to the checker), run nothing")
     args = parser.parse_args(argv)
@@ -275,7 +309,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(summary(problems, figures), flush=True)
         return 1 if problems else 0
     settings = Settings(seconds=args.minutes * 60, seed=fresh_seed() if args.seed is None else args.seed,
-                        recovery=max(150.0, args.minutes * 10), ttl=args.ttl, heartbeat_timeout=args.heartbeat_timeout)
+                        recovery=max(150.0, args.minutes * 10), ttl=args.ttl, heartbeat_timeout=args.heartbeat_timeout,
+                        faults=args.faults)
+    unknown = set(settings.faults or ()) - set(FAULTS)
+    if unknown:
+        parser.error(f"no such fault: {', '.join(sorted(unknown))}")
     directory = Path(args.dir or tempfile.mkdtemp(prefix="du-nemesis-"))
     problems, figures = run(settings, directory)
     print(summary(problems, figures), flush=True)

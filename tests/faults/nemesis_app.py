@@ -61,22 +61,34 @@ class Kind:
     weight: int
     #: Its checkpoint steps.
     steps: tuple[str, ...] = ()
+    #: Its fencing tokens are drawn per key (an execution lock), so they order the runs of the key's jobs;
+    #: otherwise per job row, and they order only the attempts of one job.
+    key_tokens: bool = False
+    #: Its runs call ``heartbeat()``; without, as most actors, they run shorter than the lease
+    #: (``SHORT_MS``) and touch no server from their start to their end.
+    beats: bool = True
 
 
 KINDS = {
     kind.name: kind
     for kind in (
-        Kind("while", dict(unique_args=["key"], unique_lock="while_executing"), 1, True, 3, 3),
-        Kind("uawe", dict(unique_args=["key"], unique_lock="until_and_while_executing"), 1, True, 6, 2),
+        Kind("while", dict(unique_args=["key"], unique_lock="while_executing"), 1, True, 3, 3, key_tokens=True),
+        Kind("uawe", dict(unique_args=["key"], unique_lock="until_and_while_executing"), 1, True, 6, 2,
+             key_tokens=True),
         Kind("until_executed", dict(unique_args=["key"], unique_lock="until_executed"), None, False, 6, 2),
         Kind("until_executing", dict(unique_args=["key"], unique_lock="until_executing"), None, False, 6, 1),
         Kind("slot", dict(concurrency_limit=2, concurrency_key=["key"]), 2, True, 3, 3),
+        # One slot for the whole actor, no heartbeat: its jobs queue, and each leaving holder hands the
+        # slot on straight from the end of its body.
+        Kind("serial", dict(concurrency_limit=1), 1, False, 1, 4, beats=False),
         Kind("retry", dict(track=True), None, False, 100, 2),
         Kind("steps", dict(track=True), None, False, 100, 2, ("a", "b", "c")),
     )
 }
 #: ms between two heartbeats of a run.
 BEAT_MS = 250
+#: ms of the runs of a kind that does not beat, drawn per send: well within the shortest lease.
+SHORT_MS = (200, 400, 800)
 
 
 class Flaky(Exception):
@@ -122,11 +134,15 @@ def _run(history: History, kind: Kind, key: str, run_ms: int, fail_until: int) -
         for name in kind.steps:
             _step(history, run, name, run_ms / slices)
             _beat(history, run)
-        _work(history, run, run_ms / slices)
+        if kind.beats:
+            _work(history, run, run_ms / slices)
+        else:
+            time.sleep(run_ms / 1000)
         if job.attempts <= fail_until:
             history.record("fail", **run)
             raise Flaky(f"attempt {job.attempts} fails on purpose")
-        _beat(history, run)  # the work is done: is its lease still held before the result counts?
+        if kind.beats:
+            _beat(history, run)  # the work is done: is its lease still held before the result counts?
     except BaseException as e:  # TimeLimitExceeded too
         history.record("raised", **run, error=type(e).__name__)  # its lock or slot may go from now on
         raise

@@ -1,5 +1,6 @@
-"""The nemesis's faults: a Redis that takes ``DEBUG SLEEP``, a supervised fleet of workers, and the
-schedule of faults that a seed draws (tests/faults/nemesis.py runs them)."""
+"""The nemesis's faults: a Redis that takes ``DEBUG SLEEP``, a supervised fleet of workers each behind
+links of its own to the servers, and the schedule of faults that a seed draws (tests/faults/nemesis.py
+runs them)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,22 @@ import random
 import signal
 import threading
 import time
-from typing import Any, Callable
+import urllib.parse
+from typing import Any, Callable, Optional
 
 import redis
 
 from tests.faults import history as hist
 from tests.faults.harness import Fleet
+from tests.proxy import Proxy
 from tests.servers import PostgresCluster, PrivateRedis
 from tests.workers import CliWorker
 
 #: Faults by weight: worker faults are the common ones.
-FAULTS = {"kill": 3, "stop": 3, "redis-kill": 1, "redis-pause": 1, "pg-restart": 1, "pg-pause": 1}
+FAULTS = {"kill": 3, "stop": 3, "pg-link-stall": 1, "redis-link-stall": 1, "redis-kill": 1, "redis-pause": 1,
+          "pg-restart": 1, "pg-pause": 1}
+#: The variables that name the servers a worker reaches through its links.
+LINKED = ("DU_REDIS_URL", "DU_DATABASE_URL")
 
 
 def debuggable_redis() -> PrivateRedis:
@@ -27,18 +33,44 @@ def debuggable_redis() -> PrivateRedis:
     return PrivateRedis(args=["--enable-debug-command", "local"])
 
 
+def through(url: str, port: int) -> str:
+    """``url`` with its port replaced by ``port`` (a proxy's on the same loopback address)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rsplit(":", 1)[0]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{host}:{port}"))
+
+
 class NemesisFleet(Fleet):
     """The fault suite's fleet of `dramatiq tests.faults.nemesis_app` workers, supervised: a worker
     group that ended by itself (its process died at boot while a server was down, say) is
-    recorded (``died``) and replaced."""
+    recorded (``died``) and replaced.  Each worker group reaches Redis and PostgreSQL through links
+    of its own (tests/proxy.py), which :meth:`stall` holds up as a host's network does."""
 
     def spawn(self) -> CliWorker:
-        worker = CliWorker("tests.faults.nemesis_app", self.env, processes=1, threads=self.threads,
+        self._known = getattr(self, "_known", {})
+        self._links: dict[int, list[Proxy]] = getattr(self, "_links", {})
+        links = [Proxy(urllib.parse.urlsplit(self.env[name]).port or 0) for name in LINKED]
+        env = dict(self.env)
+        for name, link in zip(LINKED, links, strict=True):
+            env[name] = through(env[name], link.port)
+        worker = CliWorker("tests.faults.nemesis_app", env, processes=1, threads=self.threads,
                            stderr_path=self.log_dir / f"worker-{len(self.workers) + len(self.retired)}.log")
         self.workers.append(worker)
-        self._known = getattr(self, "_known", {})
         self._known[id(worker)] = []
+        self._links[id(worker)] = links
         return worker
+
+    def links_of(self, pid: int) -> Optional[list[Proxy]]:
+        """The links of the live worker group whose process ``pid`` is; None once it exited."""
+        owner = self._find(pid)
+        return None if owner is None else self._links[id(owner)]
+
+    def close(self) -> str:
+        out = super().close()
+        for links in getattr(self, "_links", {}).values():
+            for link in links:
+                link.close()
+        return out
 
     def supervise(self) -> None:
         for worker in list(self.workers):
@@ -63,8 +95,9 @@ class Nemesis:
     """The faults of one run: :meth:`tick` starts the next one when due and heals those whose time came."""
 
     def __init__(self, seed: int, history: hist.History, fleet: NemesisFleet, server: PrivateRedis,
-                 cluster: PostgresCluster) -> None:
+                 cluster: PostgresCluster, kinds: Optional[tuple[str, ...]] = None) -> None:
         self.rng = random.Random(f"{seed}-faults")
+        self.weights = {kind: weight for kind, weight in FAULTS.items() if kinds is None or kind in kinds}
         self.history = history
         self.fleet = fleet
         self.server = server
@@ -81,7 +114,7 @@ class Nemesis:
             heal[2]()
         self.fleet.supervise()
         if now >= self.next_at:
-            kind = self.rng.choices(list(FAULTS), weights=list(FAULTS.values()))[0]
+            kind = self.rng.choices(list(self.weights), weights=list(self.weights.values()))[0]
             getattr(self, "_" + kind.replace("-", "_"))()
             self.next_at = time.monotonic() + self.rng.uniform(2, 6)
 
@@ -122,6 +155,35 @@ class Nemesis:
                 self.fleet.cont(pid)
 
         self._later(seconds, "cont", cont)
+
+    def _pg_link_stall(self) -> None:
+        self._stall_link("DU_DATABASE_URL", "pg-link-stall")
+
+    def _redis_link_stall(self) -> None:
+        self._stall_link("DU_REDIS_URL", "redis-link-stall")
+
+    def _stall_link(self, server: str, kind: str) -> None:
+        """Hold up everything one worker and ``server`` send each other (or the server's replies only,
+        half the time), for 0.5 to 12 s: what reached the server is run, and its reply comes late; the
+        other workers go on, and take over the worker's jobs once their leases ran out."""
+        live = self.fleet.live()
+        if not live:
+            return
+        pid = self.rng.choice(live)
+        links = self.fleet.links_of(pid)
+        if links is None:
+            return
+        link = links[LINKED.index(server)]
+        seconds = self.rng.uniform(0.5, 12)
+        replies_only = self.rng.random() < 0.5
+        link.stall(replies_only=replies_only)
+        ident = self._begin(kind, target=pid, how="replies" if replies_only else "both ways")
+
+        def flow() -> None:
+            self._end(kind, ident)  # before the bytes go, as Fleet.cont records first
+            link.flow()
+
+        self._later(seconds, "link", flow)
 
     def _redis_kill(self) -> None:
         if "redis" in self.busy:

@@ -179,3 +179,49 @@ def test_a_stuck_row_a_fenced_outcome_a_lost_send_and_a_hung_send_are_found():
     hung.events[-1]["t"] = 45.0
     hung.run("A", 50.0, end=50.2, done=50.3)
     one(hung.check(), "a send took")
+
+
+def test_a_stalled_link_explains_its_workers_reruns_only():
+    h = History().send("A")
+    # A's renewal at 1.3 timed out on the stalled link (its lease ran out meanwhile).
+    h.run("A", 1.0, beats=(1.25,), lost=1.3, done=1.4, error="LockLost").run("A", 5.0, token=2, pid=2, end=5.2,
+                                                                              done=5.3)
+    one(h.check(), "unexplained rerun")
+    other = list(h.events)
+    h.add(1.28, "fault", kind="pg-link-stall", id=1, phase="begin", target=1, tid=9)
+    h.add(5.9, "fault", kind="pg-link-stall", id=1, phase="end", tid=9)
+    assert h.check() == []
+    h.events = other  # the same stall on another worker explains nothing here
+    h.add(1.28, "fault", kind="pg-link-stall", id=1, phase="begin", target=2, tid=9)
+    h.add(5.9, "fault", kind="pg-link-stall", id=1, phase="end", tid=9)
+    one(h.check(), "unexplained rerun")
+
+
+def test_a_run_that_began_after_a_newer_attempt_of_its_job_is_found():
+    """A run under an older token that begins its body after a newer attempt's run began is found, however well
+    explained (a stalled link: its start's reply came late); a process frozen between its delivery and its start
+    may resume there, and only fencing stops it."""
+    def history() -> History:
+        h = History().send("A")
+        h.run("A", 2.0, token=2, pid=2, end=2.2, done=2.3)
+        h.run("A", 6.5, lost=6.6, done=6.7, error="LockLost")
+        h.events = [e for e in h.events if not (e["e"] == "deliver" and e["pid"] == 1)]
+        return h.add(0.95, "deliver", job="A", pid=1)  # its start was asked for at 1.0
+
+    h = history()
+    h.add(1.0, "fault", kind="pg-link-stall", id=1, phase="begin", target=1, tid=9)
+    h.add(6.0, "fault", kind="pg-link-stall", id=1, phase="end", tid=9)
+    one(h.check(), "started after a newer attempt: job A")
+    frozen = history()
+    frozen.add(1.0, "stop", pid=1, tid=9).add(6.0, "cont", pid=1, tid=9)
+    assert frozen.check() == []
+
+
+def test_a_worker_that_took_no_probe_job_is_found():
+    h = History().send("A").send("P1").send("P2")
+    h.run("A", 1.0, end=1.2, done=1.3)
+    h.run("P1", 5.0, end=5.5, done=5.6).run("P2", 5.0, pid=2, end=5.5, done=5.6)
+    h.add(4.9, "probe", pids=[1, 2], jobs=["P1", "P2"], pid=99)
+    assert h.check() == []
+    h.add(4.9, "probe", pids=[1, 2, 3], jobs=["P1", "P2"], pid=99)
+    one(h.check(), "worker idle: process 3")
