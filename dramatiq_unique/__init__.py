@@ -9,7 +9,6 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Retries
 
 from dramatiq_unique import suite as _suite
-from dramatiq_unique.broker.consumer import install as install_consumers
 from dramatiq_unique.context import checkpoint, current_job, heartbeat, step_key
 from dramatiq_unique.durable.dead import cancel_job, dead_jobs, retry_job
 from dramatiq_unique.durable.lookup import find_job
@@ -110,12 +109,10 @@ def setup(broker: Broker, *, database: Union[str, pw.Database], redis: RedisSpec
     broker.add_middleware(Redriver(suite=suite))  # starts the re-drive after worker boot if `redriver`
     if not any(isinstance(m, Metrics) for m in broker.middleware):  # metrics at worker boot, one per broker
         broker.add_middleware(Metrics())
-    if isinstance(broker, RedisBroker):
-        install_consumers(broker)  # a timed-out ack or requeue no longer ends a worker's thread
-        if not any(isinstance(m, Reclaimer) for m in broker.middleware):
-            # First: a message counts as held by a worker thread from the first hook on.
-            first = {"before": type(broker.middleware[0])} if broker.middleware else {}
-            broker.add_middleware(Reclaimer(), **first)
+    if isinstance(broker, RedisBroker) and not any(isinstance(m, Reclaimer) for m in broker.middleware):
+        # First: a message counts as held by a worker thread from the first hook on.
+        first = {"before": type(broker.middleware[0])} if broker.middleware else {}
+        broker.add_middleware(Reclaimer(), **first)
     ResultWarningFilter.install(suite)
     attach = getattr(suite.db, "attach_suite", None)
     if attach is not None:  # a framework's database (dramatiq_unique.contrib): its transactions hold sends

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import redis as redis_lib
 from dramatiq import Middleware
 
-from dramatiq_unique.broker import presence
+from dramatiq_unique.broker import consumer, presence
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,10 @@ class Reclaimer(Middleware):
     have not acked, its work queue, its delayed messages and the messages its threads process.  A message held
     by none of them at two looks in a row is handed back, as Dramatiq's own requeue does at a worker's
     shutdown; a message the worker holds is never, so nothing runs twice.
+
+    As its worker boots, it also makes the broker's consumers take a socket timeout for a lost connection
+    (:mod:`dramatiq_unique.broker.consumer`): Dramatiq 2.2 left a timed-out ack undone, and ended a consumer
+    thread whose requeue timed out.
 
     :func:`dramatiq_unique.setup` adds it to a Redis broker, first of its middlewares (a thread's message is
     counted from the first hook on).
@@ -66,6 +70,9 @@ class Reclaimer(Middleware):
             return list(self._processing)
 
     # -- the looks -------------------------------------------------------------------------
+
+    def before_worker_boot(self, broker: Any, worker: Any) -> None:
+        consumer.install(broker)  # before the worker's consumers are made
 
     def after_worker_boot(self, broker: Any, worker: Any) -> None:
         self._stop.clear()
