@@ -36,7 +36,7 @@ class Reclaimer(Middleware):
     counted from the first hook on).
 
     Parameters:
-      interval: ms between two looks (a stranded message goes back after two to three).
+      interval: ms between two looks (a stranded message goes back within two).
     """
 
     def __init__(self, *, interval: float = 5_000) -> None:
