@@ -11,7 +11,7 @@ seconds, one of these faults, which may overlap (a worker frozen while Redis is 
   timeout, or not), then SIGCONT;
 - ``redis-kill``: kill -9 the redis-server, and start it again, empty, 0.5 to 3 s later;
 - ``redis-pause``: ``DEBUG SLEEP`` or SIGSTOP the redis-server for 0.5 to 4 s;
-- ``pg-restart``: stop PostgreSQL with ``-m immediate`` (a crash) and start it 0.5 to 3 s later;
+- ``pg-restart``: crash PostgreSQL (every process of it SIGKILLed) and start it 0.5 to 3 s later;
 - ``pg-pause``: SIGSTOP every process of PostgreSQL for 0.5 to 4 s (a storage stall), then SIGCONT;
 - ``pg-link-stall``: hold up everything between one worker and PostgreSQL, or the replies only, for
   0.5 to 12 s (each worker reaches the servers through proxies of its own), as a network that stops

@@ -237,7 +237,7 @@ class Nemesis:
         self.busy.add("pg")
         seconds = self.rng.uniform(0.5, 3)
         ident = self._begin("pg-restart")
-        self.cluster.stop("immediate")
+        crash(self.cluster)
 
         def start() -> None:
             self.cluster.start()
@@ -267,6 +267,34 @@ class Nemesis:
             self.busy.discard("pg")
 
         self._later(seconds, "pg", cont)
+
+
+def crash(cluster: PostgresCluster) -> None:
+    """Stop ``cluster`` as a crash does: every process of it SIGKILLed at once (the next start recovers).  Not
+    ``pg_ctl stop -m immediate``: once, with a worker's link stalled, that waited past its 30 s for the server to
+    go, and the nemesis's loop, waiting with it, could not heal the stall."""
+    pids = cluster_pids(cluster)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"PostgreSQL processes still alive after SIGKILL: {pids}"
+        time.sleep(0.02)
+    # A killed postmaster may stay a zombie (nobody here reaps it), which its lock files' check counts as
+    # running: they go, as the server they name is gone.
+    for lock in (os.path.join(cluster.data, "postmaster.pid"),
+                 os.path.join(cluster.dir, f".s.PGSQL.{cluster.port}.lock")):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(lock)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def cluster_pids(cluster: PostgresCluster) -> list[int]:
