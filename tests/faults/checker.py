@@ -27,8 +27,9 @@ Verdicts, each a list of violations:
   begin past its lease, however late the replies to its start came (a stalled link); a frozen process
   may resume anywhere, and only the fencing of its writes stops it there.
 - **send hung**: no send took longer than ``SEND_LIMIT``.
-- **worker idle**: every worker process alive at the probe (after the recovery, enough jobs to keep every
-  worker busy a while) ran one of its jobs: a worker that took none lost its threads or its consumer.
+- **worker idle**: every worker process alive (and booted) at the probe (after the recovery, enough jobs to
+  keep every worker busy a while) ran one of its jobs: a worker that took none lost its threads or its
+  consumer.
 
 Events are ordered by ``t`` (CLOCK_MONOTONIC, one clock for the machine).  A verdict compares two
 events only to order them, or an event with a lease written by the suite; never by how close in

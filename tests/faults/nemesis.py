@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import random
 import secrets
 import sys
@@ -61,6 +62,8 @@ from tests.servers import PostgresCluster
 RUN_MS = (100, 300, 600, 1_000, 2_000)
 #: ms of a probe job's run (see :func:`probe`).
 PROBE_MS = 500
+#: Seconds a worker process must have been up to be probed.
+PROBE_MIN_AGE = 20.0
 #: ms a run may take past its own ``run_ms`` before Dramatiq's TimeLimit (checking once a second) interrupts it:
 #: a pause of Redis or PostgreSQL pushes runs past their limits, in their bodies or in the hooks after them.
 TIME_LIMIT_MARGIN = 300
@@ -168,13 +171,25 @@ def probe(app: App, fleet: NemesisFleet, settings: Settings, timeout: float = 60
     """Once every job finished: enough jobs of half a second to keep every worker busy for a while, recorded
     as a ``probe`` with the live worker processes; the checker finds a worker that took none of them (its
     threads or its consumer ended while it went on heartbeating)."""
-    pids = fleet.live()
+    pids = [pid for pid in fleet.live() if _age(pid) > PROBE_MIN_AGE]  # a worker still booting may miss it
     jobs = [send(app, "retry", ("probe", 9_000_000 + n, PROBE_MS, 0), PROBE_MS + TIME_LIMIT_MARGIN)
             for n in range(4 * settings.threads * len(pids))]
     app.history.record("probe", pids=pids, jobs=jobs)
     deadline = time.monotonic() + timeout
     while (unfinished(app) or 0) > 0 and time.monotonic() < deadline:
         time.sleep(0.5)
+
+
+def _age(pid: int) -> float:
+    """Seconds since process ``pid`` started (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, in clock ticks
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return uptime - started / os.sysconf("SC_CLK_TCK")
 
 
 def env_of(settings: Settings, *, redis_url: str, database_url: str, directory: Path) -> dict[str, str]:
