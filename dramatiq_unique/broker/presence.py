@@ -93,20 +93,30 @@ class RedisProbe:
         return [probe for probe, held in zip(probes, pipe.execute(), strict=True) if held]
 
 
-def unheld(broker: Any, worker: Any, queue_name: str, processing: Callable[[], Iterable[str]]) -> set[str]:
-    """The entries of ``worker``'s ack set of ``queue_name`` (on its Redis ``broker``) whose messages the
-    worker holds nowhere: not fetched and unacked by its consumers, not waiting in its work queue or its
-    delay queues, not ``processing()`` (the ids its threads took up).  A message on its way from one to
-    the next as they are read may be missed: a caller acts on what two looks in a row find."""
-    keys = BrokerKeys(broker.namespace)
-    entries = [e.decode() if isinstance(e, bytes) else e
-               for e in broker.client.smembers(keys.acks(broker.broker_id, queue_name))]
-    if not entries:
-        return set()
-    bodies = broker.client.hmget(keys.messages(queue_name), entries)
-    held = held_by(worker, processing)  # read after the ack set: a fetch answered meanwhile counts as held
-    ids = {entry: _message_id(body) for entry, body in zip(entries, bodies, strict=True)}
-    return {entry for entry, message_id in ids.items() if message_id is not None and message_id not in held}
+def unheld(broker: Any, worker: Any, processing: Callable[[], Iterable[str]]) -> dict[str, set[str]]:
+    """For each queue ``worker`` consumes, the entries of its ack set (on its Redis ``broker``) whose messages
+    the worker holds nowhere: not fetched and unacked by its consumers, not waiting in its work queue or its
+    delay queues, not ``processing()`` (the ids its threads took up).  A message on its way from one to the
+    next as they are read may be missed: a caller acts on what two looks in a row find."""
+    keys, queues = BrokerKeys(broker.namespace), list(worker.consumers)
+    pipe = broker.client.pipeline(transaction=False)
+    for queue_name in queues:
+        pipe.smembers(keys.acks(broker.broker_id, queue_name))
+    entries = {queue_name: [e.decode() if isinstance(e, bytes) else e for e in members]
+               for queue_name, members in zip(queues, pipe.execute(), strict=True)}
+    found = [queue_name for queue_name in queues if entries[queue_name]]
+    pipe = broker.client.pipeline(transaction=False)
+    for queue_name in found:
+        pipe.hmget(keys.messages(queue_name), entries[queue_name])
+    bodies = dict(zip(found, pipe.execute(), strict=True)) if found else {}
+    held = held_by(worker, processing)  # read after the ack sets: a fetch answered meanwhile counts as held
+    out: dict[str, set[str]] = {queue_name: set() for queue_name in queues}
+    for queue_name in found:
+        for entry, body in zip(entries[queue_name], bodies[queue_name], strict=True):
+            message_id = _message_id(body)
+            if message_id is not None and message_id not in held:
+                out[queue_name].add(entry)
+    return out
 
 
 def hand_back(broker: Any, queue_name: str, entries: Iterable[str]) -> None:

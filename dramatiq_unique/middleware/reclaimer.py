@@ -100,8 +100,7 @@ class Reclaimer(Middleware):
     def look(self, broker: Any, worker: Any) -> int:
         """One look at every ack set of ``worker``; returns how many messages went back to their queues."""
         handed = 0
-        for queue_name in list(worker.consumers):
-            unheld = presence.unheld(broker, worker, queue_name, self.processing)
+        for queue_name, unheld in presence.unheld(broker, worker, self.processing).items():
             stranded = sorted(unheld & self._suspects.get(queue_name, set()))
             self._suspects[queue_name] = unheld - set(stranded)
             if stranded:
