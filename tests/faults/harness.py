@@ -96,7 +96,7 @@ class Fleet:
         """SIGKILL worker process ``pid``, record it, start a replacement; returns the kill's seq."""
         owner = self._owner(pid)
         owner.kill_child(pid)
-        _wait_gone(pid)
+        wait_gone(pid)
         time.sleep(0.05)  # what the process sent before it died reached Redis before the kill's record
         seq = self.log.record("kill", pid=pid)
         self.workers.remove(owner)
@@ -133,7 +133,8 @@ class Fleet:
         return "\n".join(out)
 
 
-def _wait_gone(pid: int, timeout: float = 10) -> None:
+def wait_gone(pid: int, timeout: float = 10) -> None:
+    """Wait (bounded) for process ``pid`` to be gone or a zombie."""
     deadline = time.monotonic() + timeout
     while _state(pid) not in (None, "Z"):
         assert time.monotonic() < deadline, f"process {pid} still alive after SIGKILL"

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 import redis
 
 from tests.faults import history as hist
-from tests.faults.harness import Fleet
+from tests.faults.harness import Fleet, wait_gone
 from tests.proxy import Proxy
 from tests.servers import PostgresCluster, PrivateRedis
 from tests.workers import CliWorker
@@ -277,24 +277,14 @@ def crash(cluster: PostgresCluster) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"PostgreSQL processes still alive after SIGKILL: {pids}"
-        time.sleep(0.02)
+    for pid in pids:
+        wait_gone(pid)
     # A killed postmaster may stay a zombie (nobody here reaps it), which its lock files' check counts as
     # running: they go, as the server they name is gone.
     for lock in (os.path.join(cluster.data, "postmaster.pid"),
                  os.path.join(cluster.dir, f".s.PGSQL.{cluster.port}.lock")):
         with contextlib.suppress(FileNotFoundError):
             os.remove(lock)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def cluster_pids(cluster: PostgresCluster) -> list[int]:
