@@ -7,32 +7,57 @@ Dramatiq and its message left unacked, and a consumer thread whose requeue of it
 such an error ends: that worker never takes a delayed job again, heartbeating all along.  Dramatiq's pull request
 895 maps the timeout on fetch, ack and nack; until a release has it, :func:`install` wraps the broker's consumers
 so that it does, and on a requeue too.
+
+The wrapper also tells a listener (:func:`listen`) of each fetch and of each requeue: durable/fetched.py starts a
+fetch's tracked jobs together.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+import logging
+from typing import Any, Iterator, Protocol
 
 import redis as redis_lib
 from dramatiq.errors import ConnectionClosed
 
-#: Set on a broker whose consumers :func:`install` wraps.
+logger = logging.getLogger(__name__)
+
+#: Set on a broker whose consumers :func:`install` wraps: the listeners of their fetches.
 _INSTALLED = "_dramatiq_unique_consumers"
+
+
+class Listener(Protocol):
+    def fetched(self, first: Any, rest: list[Any]) -> None:
+        """A consumer fetched messages: ``first`` (a MessageProxy, returned now) and the encoded ``rest``
+        of the fetch, which the consumer returns next."""
+
+    def requeued(self, messages: list[Any]) -> None:
+        """``messages`` (MessageProxies) go back to their queue untaken (the worker stops)."""
 
 
 def install(broker: Any) -> None:
     """Make every consumer ``broker`` (a Redis broker) hands out raise ``ConnectionClosed`` for a lost or
     timed-out connection.  Idempotent."""
-    if getattr(broker, _INSTALLED, False):
+    if getattr(broker, _INSTALLED, None) is not None:
         return
     consume = broker.consume
+    listeners: list[Listener] = []
 
     def consume_with_timeouts(queue_name: str, prefetch: int = 1, timeout: int = 5000) -> "LostOnTimeout":
-        return LostOnTimeout(consume(queue_name, prefetch, timeout))
+        return LostOnTimeout(consume(queue_name, prefetch, timeout), listeners)
 
     broker.consume = consume_with_timeouts
-    setattr(broker, _INSTALLED, True)
+    setattr(broker, _INSTALLED, listeners)
+
+
+def listen(broker: Any, listener: Listener) -> None:
+    """Tell ``listener`` of the fetches and requeues of ``broker``'s consumers (a Redis broker's, made from now on;
+    :func:`install` first).  Idempotent."""
+    install(broker)
+    listeners = getattr(broker, _INSTALLED)
+    if listener not in listeners:
+        listeners.append(listener)
 
 
 @contextlib.contextmanager
@@ -47,15 +72,26 @@ class LostOnTimeout:
     """A Dramatiq consumer whose calls raise ``ConnectionClosed`` for a lost or timed-out connection; anything
     else (its unacked messages, which the Reclaimer reads) is the consumer's own."""
 
-    def __init__(self, consumer: Any) -> None:
+    def __init__(self, consumer: Any, listeners: list[Listener]) -> None:
         self._consumer = consumer
+        self._listeners = listeners
 
     def __iter__(self) -> "LostOnTimeout":
         return self
 
     def __next__(self) -> Any:
+        # Dramatiq's Redis consumer fetches once the messages of its last fetch are all returned.
+        fetches = self._listeners and not getattr(self._consumer, "message_cache", True)
         with _lost():
-            return next(self._consumer)
+            message = next(self._consumer)
+        if fetches and message is not None:
+            rest = list(self._consumer.message_cache)
+            for listener in self._listeners:
+                try:
+                    listener.fetched(message, rest)
+                except Exception:
+                    logger.exception("Could not note the fetch of %d messages.", len(rest) + 1)
+        return message
 
     def ack(self, message: Any) -> None:
         with _lost():
@@ -66,6 +102,12 @@ class LostOnTimeout:
             self._consumer.nack(message)
 
     def requeue(self, messages: Any) -> None:
+        messages = list(messages)  # Dramatiq passes a generator
+        for listener in self._listeners:
+            try:
+                listener.requeued(messages)
+            except Exception:
+                logger.exception("Could not note the requeue of %d messages.", len(messages))
         with _lost():
             self._consumer.requeue(messages)
 

@@ -9,13 +9,16 @@ import time
 from typing import Any, ClassVar
 
 from dramatiq import Middleware
+from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import ShutdownNotifications, SkipMessage, TimeLimit
 from dramatiq.middleware.retries import DEFAULT_MIN_BACKOFF, Retries
 
 from dramatiq_unique import context
 from dramatiq_unique import options as opt
+from dramatiq_unique.broker import consumer
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox, refused
+from dramatiq_unique.durable.fetched import Fetches
 from dramatiq_unique.durable.outcome import format_error, outcome
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
@@ -99,6 +102,7 @@ class JobTracking(Middleware):
 
     def __init__(self, *, suite: Suite) -> None:
         self.suite = suite
+        self.fetches = Fetches(suite)
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
@@ -145,7 +149,9 @@ class JobTracking(Middleware):
         ctx.job = job
         context.active.set(ctx)
         if job is not None:
-            check_start(ctx, began)  # a start whose reply came after its lease ran out does not run
+            # A start whose reply came after its lease ran out does not run; one its fetch made, or a claim,
+            # counts from when that was asked for.
+            check_start(ctx, began if ctx.asked is None else ctx.asked)
 
     def _start(self, message, ctx):
         marker = message.options.get(MARKER) or {}
@@ -159,6 +165,8 @@ class JobTracking(Middleware):
         started, ctx.started = ctx.started, None
         if started is not None and started.id == marker["id"]:
             job = started  # its claim started it (parking/lot.py)
+        elif (fetched := self.fetches.take(message)) is not None:
+            job, ctx.asked = fetched  # started with its fetch (durable/fetched.py)
         else:
             job = jobs.start(
                 ctx.model,  # the store that holds the row (its message's marker says which)
@@ -199,6 +207,7 @@ class JobTracking(Middleware):
         raise SkipMessage(f"job {message.message_id} was replaced by revision {existing.revision}")
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        self.fetches.release([message])  # refused before its start: its fetch's start is undone
         ctx = context.of(message)
         if ctx is None:
             if message.failed:  # refused by a middleware before ours could look at it
@@ -255,6 +264,7 @@ class JobTracking(Middleware):
             logger.exception("Could not record job %s as failed; the re-drive settles it.", message.message_id)
 
     def after_skip_message(self, broker, message) -> None:
+        self.fetches.release([message])
         ctx = context.of(message)
         if ctx is not None:
             disarm(broker, message)  # a skip's record, and the gates' hand-on after it, are not to be cut either
@@ -275,6 +285,10 @@ class JobTracking(Middleware):
             logger.exception("Could not record skipped job %s; the re-drive settles it.", message.message_id)
 
     # -- thread hygiene: peewee connections are per thread --------------------
+
+    def before_worker_boot(self, broker, worker) -> None:
+        if isinstance(broker, RedisBroker):
+            consumer.listen(broker, self.fetches)  # before the worker's consumers are made
 
     def after_worker_boot(self, broker, worker) -> None:
         for db in self.suite.stores.databases:

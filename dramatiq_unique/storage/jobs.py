@@ -299,6 +299,56 @@ def start(
                     started_at=now, lease_until=lease_until, worker=worker)
 
 
+def start_fetched(
+    model: type[JobModel], rows: Sequence[tuple[int, int, float]], worker: str,
+) -> dict[int, JobModel]:
+    """:func:`start` for the rows of one fetch's messages, ``(id, revision, lease ms)`` each, in one statement
+    (PostgreSQL; no fencing key, no hold released): the started rows by id.  A row :func:`start` would refuse
+    is left out."""
+    now = utcnow()
+    fields = model._meta.fields
+    leases = {job_id: after_ms(lease_ms, now) for job_id, _, lease_ms in rows}
+    revisions = {job_id: revision for job_id, revision, _ in rows}
+    values = {
+        "running": JobStatus.RUNNING.value, "started_at": fields["started_at"].db_value(now), "worker": worker,
+        "ids": list(leases), "revisions": list(revisions.values()),
+        "leases": [fields["lease_until"].db_value(lease) for lease in leases.values()],
+        "succeeded": FINISHED[0], "failed": FINISHED[1],
+        "live_after": fields["lease_until"].db_value(after_ms(-LEASE_SKEW_MS, now)),
+    }
+    return {
+        row[0]: to_model(model, row[1:], START_COLUMNS, id=row[0], revision=revisions[row[0]],
+                         status=JobStatus.RUNNING.value, started_at=now, lease_until=leases[row[0]], worker=worker)
+        for row in queries.run(model, "start_fetched", values).fetchall()
+    }
+
+
+def renew_fetched(model: type[JobModel], job: JobModel, lease_ms: float) -> bool:
+    """Count the lease and start of a row :func:`start_fetched` started from now; False if that start no
+    longer owns the row."""
+    now = utcnow()
+    fields = model._meta.fields
+    lease_until = after_ms(lease_ms, now)
+    values = {
+        "started_at": fields["started_at"].db_value(now), "lease_until": fields["lease_until"].db_value(lease_until),
+        "id": job.id, "running": JobStatus.RUNNING.value, "worker": job.worker, "token": job.fencing_token,
+    }
+    if not queries.run(model, "renew_fetched", values).rowcount:
+        return False
+    job.started_at, job.lease_until = now, lease_until
+    return True
+
+
+def unstart_fetched(model: type[JobModel], started: Sequence[JobModel]) -> int:
+    """Put rows :func:`start_fetched` started back to ``queued``, their attempt not counted, where that start
+    still owns them; returns how many."""
+    values = {
+        "queued": JobStatus.QUEUED.value, "running": JobStatus.RUNNING.value, "worker": started[0].worker,
+        "ids": [job.id for job in started], "tokens": [job.fencing_token for job in started],
+    }
+    return queries.run(model, "unstart_fetched", values).rowcount
+
+
 def update_fenced(
     model: type[JobModel], job_id: int, fencing_token: int, values: dict[str, Any], *,
     attempt: Optional[dict[str, Any]] = None,

@@ -77,6 +77,33 @@ AND ("status" <> %(running)s OR "lease_until" IS NULL OR "lease_until" <= %(live
 OR "worker" LIKE %(woken_by)s)
 RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
 
+-- name: start_fetched (postgresql) --
+-- start_attempt for the messages of one fetch (durable/fetched.py), in one statement and one commit: the
+-- rows by id, each with its message's revision and its own lease.  A row listed twice starts once.
+UPDATE {jobs} SET "status" = %(running)s, "attempts" = {jobs}."attempts" + 1, "started_at" = %(started_at)s,
+"lease_until" = fetched."lease_until", "worker" = %(worker)s, "fencing_token" = {jobs}."fencing_token" + 1,
+"parked_on" = NULL
+FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(revisions)s AS integer[]), CAST(%(leases)s AS timestamp[]))
+AS fetched ("id", "revision", "lease_until")
+WHERE {jobs}."id" = fetched."id" AND {jobs}."revision" = fetched."revision"
+AND {jobs}."status" NOT IN (%(succeeded)s, %(failed)s)
+AND ({jobs}."status" <> %(running)s OR {jobs}."lease_until" IS NULL OR {jobs}."lease_until" <= %(live_after)s)
+RETURNING {jobs}."id", "message_id", "actor_name", "attempts", "unique_key", {jobs}."fencing_token", "checkpoints"
+
+-- name: renew_fetched --
+-- A row its fetch started, taken up late by its worker thread: its lease and start counted from now, if
+-- that start still owns the row (no other attempt can have started under the same token).
+UPDATE {jobs} SET "started_at" = %(started_at)s, "lease_until" = %(lease_until)s
+WHERE "id" = %(id)s AND "status" = %(running)s AND "worker" = %(worker)s AND "fencing_token" = %(token)s
+
+-- name: unstart_fetched (postgresql) --
+-- Rows their fetch started whose messages no worker thread took up (the worker stopped, or a middleware
+-- refused them first): queued again, the attempt not counted, if that start still owns each.
+UPDATE {jobs} SET "status" = %(queued)s, "attempts" = {jobs}."attempts" - 1, "worker" = NULL, "lease_until" = NULL
+FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(tokens)s AS bigint[])) AS fetched ("id", "token")
+WHERE {jobs}."id" = fetched."id" AND {jobs}."fencing_token" = fetched."token" AND {jobs}."status" = %(running)s
+AND {jobs}."worker" = %(worker)s
+
 -- name: startable --
 -- Whether start_attempt would take the row now (its conditions, read only).
 SELECT 1 FROM {jobs}
