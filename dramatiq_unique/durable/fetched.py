@@ -26,7 +26,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+import dramatiq
 from dramatiq import Message
+from dramatiq.encoder import JSONEncoder
 
 from dramatiq_unique import context
 from dramatiq_unique.context import MARKER
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
+
+#: The suite's key in an encoded message's options (JSON, Dramatiq's default encoder).
+_MARK = f'"{MARKER}"'.encode()
 
 
 @dataclasses.dataclass
@@ -70,7 +75,11 @@ class Fetches:
         return f"{self.suite.worker_id}:fetched"
 
     def fetched(self, first: Any, rest: list[Any]) -> None:
-        found = [(message.message_id, job) for message in [first, *(Message.decode(data) for data in rest if data)]
+        # Only a message the suite marked can be a tracked job's: the others are not decoded twice (with
+        # Dramatiq's JSON encoder, whose text shows the mark).
+        json = isinstance(dramatiq.get_encoder(), JSONEncoder)
+        marked = [Message.decode(data) for data in rest if data and (_MARK in data or not json)]
+        found = [(message.message_id, job) for message in [first, *marked]
                  if (job := self._startable(message)) is not None]
         with self._lock:
             fetch = self._open

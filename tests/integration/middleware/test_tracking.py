@@ -31,11 +31,13 @@ def test_a_tracked_job_is_recorded_from_send_to_result(suite, broker, worker):
         seen.update(status=job.status, attempts=job.attempts, id=job.id)
         return {"sum": x + y}
 
+    worker.pause()  # else it may start the job before the row is read
     message = add.send(1, y=2)
     job = dramatiq_unique.get_job(message.message_id)
     assert job.status == JobStatus.QUEUED == "queued"
     assert (job.actor_name, job.queue_name, job.args, job.kwargs) == ("add", "default", [1], {"y": 2})
     assert job.created_at <= utcnow() and job.attempts == 0
+    worker.resume()
 
     wait_until(lambda: finished(message), timeout=10)
     job = dramatiq_unique.get_job(message.message_id)
