@@ -11,8 +11,10 @@ no thread took up goes back to ``queued``, its attempt not counted (``unstart_fe
 stops and hands its messages back, and when a middleware refuses the message before the suite's start.  A
 worker that dies leaves them ``running`` until their lease runs out, as it leaves its running jobs.
 
-Only jobs that take no unique key and no concurrency slot, in a PostgreSQL store, are started this way: the
-gates decide each of theirs when its thread takes it up.  Every promise of a start holds: the statement is
+Only jobs that take no execution lock and no concurrency slot, in a PostgreSQL store, are started this way:
+the gates decide each of theirs when its thread takes it up.  A unique job whose start frees its key
+(``until_executing``) frees it in the shared start; its thread frees the key's Redis queue lock as it takes
+the job up, as after its own start.  Every promise of a start holds: the statement is
 :func:`~dramatiq_unique.storage.jobs.start`'s for each row (the revision, not finished, no other attempt
 under a live lease; the next token), and a second copy of a waiting job is left to its own start, which
 refuses it as a copy of a running job.
@@ -49,8 +51,9 @@ _MARK = f'"{MARKER}"'.encode()
 class _Fetch:
     """Fetched jobs that are started together."""
 
-    #: The jobs not yet taken up, by message id: (their store's model, row id, revision, lease ms).
-    jobs: dict[str, tuple[type["JobModel"], int, int, float]]
+    #: The jobs not yet taken up, by message id: (their store's model, row id, revision, lease ms, whether their
+    #: start frees their key).
+    jobs: dict[str, tuple[type["JobModel"], int, int, float, bool]]
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     #: Once started: the rows the statement started, by message id, until each is taken up.
     rows: Optional[dict[str, "JobModel"]] = None
@@ -91,18 +94,18 @@ class Fetches:
                     fetch.jobs[message_id] = job
                     self._by_message[message_id] = fetch
 
-    def _startable(self, message: Any) -> Optional[tuple[type["JobModel"], int, int, float]]:
+    def _startable(self, message: Any) -> Optional[tuple[type["JobModel"], int, int, float, bool]]:
         marker = message.options.get(MARKER)
         config = self.suite.actor_config(message.actor_name)
         if not marker or "id" not in marker or config is None or message.options.get("eta") is not None:
             return None
         config = config.for_message(message.options)
-        if config.unique or config.has_slots:
+        if config.execution_lock or config.has_slots:
             return None
         model = context.job_model(self.suite, config.model, message.options)
         if not is_postgres(model._meta.database):
             return None
-        return model, marker["id"], marker.get("rev", 0), config.unique_ttl
+        return model, marker["id"], marker.get("rev", 0), config.unique_ttl, config.released_at_start
 
     def take(self, message: Any) -> Optional[tuple["JobModel", float]]:
         """The row of ``message``'s job, started by its fetch (the first thread to take up one of its jobs starts
@@ -138,7 +141,7 @@ class Fetches:
         if len(fetch.jobs) < 2:
             return  # alone, a job starts as any other
         by_model: dict[type["JobModel"], dict[int, str]] = {}
-        for message_id, (model, job_id, _, _) in fetch.jobs.items():
+        for message_id, (model, job_id, *_) in fetch.jobs.items():
             by_model.setdefault(model, {})[job_id] = message_id
         for model, messages in by_model.items():
             rows = [fetch.jobs[message_id][1:] for message_id in messages.values()]

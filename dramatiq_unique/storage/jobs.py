@@ -300,19 +300,19 @@ def start(
 
 
 def start_fetched(
-    model: type[JobModel], rows: Sequence[tuple[int, int, float]], worker: str,
+    model: type[JobModel], rows: Sequence[tuple[int, int, float, bool]], worker: str,
 ) -> dict[int, JobModel]:
-    """:func:`start` for the rows of one fetch's messages, ``(id, revision, lease ms)`` each, in one statement
-    (PostgreSQL; no fencing key, no hold released): the started rows by id.  A row :func:`start` would refuse
-    is left out."""
+    """:func:`start` for fetched jobs' rows, ``(id, revision, lease ms, release_hold)`` each, in one statement
+    (PostgreSQL; no fencing key): the started rows by id.  A row :func:`start` would refuse is left out."""
     now = utcnow()
     fields = model._meta.fields
-    leases = {job_id: after_ms(lease_ms, now) for job_id, _, lease_ms in rows}
-    revisions = {job_id: revision for job_id, revision, _ in rows}
+    leases = {job_id: after_ms(lease_ms, now) for job_id, _, lease_ms, _ in rows}
+    revisions = {job_id: revision for job_id, revision, _, _ in rows}
     values = {
         "running": JobStatus.RUNNING.value, "started_at": fields["started_at"].db_value(now), "worker": worker,
         "ids": list(leases), "revisions": list(revisions.values()),
         "leases": [fields["lease_until"].db_value(lease) for lease in leases.values()],
+        "releases": [bool(release) for _, _, _, release in rows],
         "succeeded": FINISHED[0], "failed": FINISHED[1],
         "live_after": fields["lease_until"].db_value(after_ms(-LEASE_SKEW_MS, now)),
     }

@@ -78,13 +78,13 @@ OR "worker" LIKE %(woken_by)s)
 RETURNING "message_id", "actor_name", "attempts", "unique_key", "fencing_token", "checkpoints"
 
 -- name: start_fetched (postgresql) --
--- start_attempt for the messages of one fetch (durable/fetched.py), in one statement and one commit: the
--- rows by id, each with its message's revision and its own lease.  A row listed twice starts once.
+-- start_attempt for fetched jobs (durable/fetched.py), in one statement and one commit: the rows by id, each
+-- with its message's revision, its own lease and whether its start frees its key.  A row listed twice starts once.
 UPDATE {jobs} SET "status" = %(running)s, "attempts" = {jobs}."attempts" + 1, "started_at" = %(started_at)s,
 "lease_until" = fetched."lease_until", "worker" = %(worker)s, "fencing_token" = {jobs}."fencing_token" + 1,
-"parked_on" = NULL
-FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(revisions)s AS integer[]), CAST(%(leases)s AS timestamp[]))
-AS fetched ("id", "revision", "lease_until")
+"parked_on" = NULL, "unique_hold" = CASE WHEN fetched."release_hold" THEN NULL ELSE {jobs}."unique_hold" END
+FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(revisions)s AS integer[]), CAST(%(leases)s AS timestamp[]),
+CAST(%(releases)s AS boolean[])) AS fetched ("id", "revision", "lease_until", "release_hold")
 WHERE {jobs}."id" = fetched."id" AND {jobs}."revision" = fetched."revision"
 AND {jobs}."status" NOT IN (%(succeeded)s, %(failed)s)
 AND ({jobs}."status" <> %(running)s OR {jobs}."lease_until" IS NULL OR {jobs}."lease_until" <= %(live_after)s)

@@ -92,7 +92,7 @@ def test_the_jobs_of_a_fetch_start_in_one_statement(suite, broker, workers, star
 
 
 def test_jobs_with_a_gate_start_on_their_own(suite, broker, workers, starts):
-    @dramatiq.actor(unique_args=["i"], unique_lock="until_executing")
+    @dramatiq.actor(unique_args=["i"], unique_lock="while_executing")
     def unique(i: int) -> None:
         pass
 
@@ -104,6 +104,30 @@ def test_jobs_with_a_gate_start_on_their_own(suite, broker, workers, starts):
     workers(threads=2, prefetch=10)
     wait_until(lambda: all(r.status == "succeeded" for r in rows(messages)), what="every job succeeded")
     assert starts.together == 0 and starts.single == 8
+
+
+@pytest.mark.parametrize("lock", ["until_executing", "until_executed"])
+def test_unique_jobs_without_an_execution_lock_start_together_and_free_their_keys_as_alone(
+        suite, broker, workers, starts, lock):
+    """An until_executing job's start frees its key (the row's hold in the shared start, the Redis queue lock
+    as its thread takes it up); an until_executed job's key stays held until it ends."""
+    holds: dict[int, tuple[Any, bool]] = {}
+
+    @dramatiq.actor(actor_name=f"unique_{lock}", unique_args=["i"], unique_lock=lock)
+    def unique(i: int) -> None:
+        row = type(dramatiq_unique.current_job()).get_by_id(dramatiq_unique.current_job().id)
+        holds[i] = (row.unique_hold, bool(broker.client.exists("redlock:" + suite.keys.queue_lock(row.unique_key))))
+
+    messages = [unique.send(i) for i in range(6)]
+    workers(threads=1, prefetch=10)
+    wait_until(lambda: all(r.status == "succeeded" for r in rows(messages)), what="every job succeeded")
+    assert starts.together >= 1 and starts.single + starts.together < 6
+    if lock == "until_executed":  # both held while it runs
+        assert all(hold is not None and locked for hold, locked in holds.values()), holds
+    else:  # the row's hold freed by the start (the Redis lock's release is posted, not waited for)
+        assert all(hold is None for hold, _ in holds.values()), holds
+    assert all(r.unique_hold is None and r.attempts == 1 for r in rows(messages))
+    assert not any(broker.client.exists("redlock:" + suite.keys.queue_lock(r.unique_key)) for r in rows(messages))
 
 
 def test_a_stopped_worker_puts_the_jobs_it_fetched_and_started_back(suite, broker, workers):
