@@ -158,20 +158,23 @@ class Fetches:
 
     def release(self, messages: list[Any]) -> None:
         """Put the rows their fetch started for ``messages``, which no thread took up, back to ``queued``."""
-        untaken: dict[type["JobModel"], list["JobModel"]] = {}
+        untaken: dict[type["JobModel"], tuple[list["JobModel"], list[int]]] = {}
         with self._lock:
             fetches = [(message.message_id, self._by_message.pop(message.message_id, None)) for message in messages]
         for message_id, fetch in fetches:
             if fetch is None:
                 continue
             with fetch.lock:
-                fetch.jobs.pop(message_id, None)
+                entry = fetch.jobs.pop(message_id, None)
                 job = fetch.rows.pop(message_id, None) if fetch.rows is not None else None
-            if job is not None:
-                untaken.setdefault(type(job), []).append(job)
-        for model, started in untaken.items():
+            if job is not None and entry is not None:
+                started, held = untaken.setdefault(type(job), ([], []))
+                started.append(job)
+                if entry[4]:  # its start freed its key
+                    held.append(job.id)
+        for model, (started, held) in untaken.items():
             try:
-                jobs.unstart_fetched(model, started)
+                jobs.unstart_fetched(model, started, held)
             except DB_ERRORS:
                 logger.warning("Could not put %d jobs started with their fetch back to queued; they wait for their "
                                "lease to run out.", len(started), exc_info=True)

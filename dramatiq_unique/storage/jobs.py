@@ -339,14 +339,21 @@ def renew_fetched(model: type[JobModel], job: JobModel, lease_ms: float) -> bool
     return True
 
 
-def unstart_fetched(model: type[JobModel], started: Sequence[JobModel]) -> int:
+def unstart_fetched(model: type[JobModel], started: Sequence[JobModel], held: Sequence[int] = ()) -> int:
     """Put rows :func:`start_fetched` started back to ``queued``, their attempt not counted, where that start
-    still owns them; returns how many."""
+    still owns them; returns how many.  ``held``: the ids of those whose start freed their key, which take it
+    again unless another job took it meanwhile."""
     values = {
         "queued": JobStatus.QUEUED.value, "running": JobStatus.RUNNING.value, "worker": started[0].worker,
         "ids": [job.id for job in started], "tokens": [job.fencing_token for job in started],
     }
-    return queries.run(model, "unstart_fetched", values).rowcount
+    count = queries.run(model, "unstart_fetched", values).rowcount
+    if held:
+        try:
+            queries.run(model, "hold_again", {"ids": list(held), "queued": JobStatus.QUEUED.value})
+        except pw.IntegrityError:
+            pass  # a send took a key at this very moment, or two such rows share one: each keeps it as it is
+    return count
 
 
 def update_fenced(

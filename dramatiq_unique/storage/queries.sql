@@ -104,6 +104,14 @@ FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(tokens)s AS bigint[])) AS fetched 
 WHERE {jobs}."id" = fetched."id" AND {jobs}."fencing_token" = fetched."token" AND {jobs}."status" = %(running)s
 AND {jobs}."worker" = %(worker)s
 
+-- name: hold_again (postgresql) --
+-- Unstarted rows whose start had freed their key (unstart_fetched) take it again, where no other row of
+-- their app took it meanwhile (a job sent while they counted as started keeps it).
+UPDATE {jobs} SET "unique_hold" = "unique_key"
+WHERE "id" = ANY(CAST(%(ids)s AS bigint[])) AND "status" = %(queued)s AND "unique_hold" IS NULL
+AND "unique_key" IS NOT NULL
+AND NOT EXISTS (SELECT 1 FROM {jobs} AS other WHERE other."app" = {jobs}."app" AND other."unique_hold" = {jobs}."unique_key")
+
 -- name: startable --
 -- Whether start_attempt would take the row now (its conditions, read only).
 SELECT 1 FROM {jobs}

@@ -161,6 +161,35 @@ def test_a_stopped_worker_puts_the_jobs_it_fetched_and_started_back(suite, broke
     assert sorted(ran) == [0, 1, 2, 3, 4] and all(r.attempts == 1 for r in rows(messages))
 
 
+def test_a_stopped_worker_gives_the_unique_jobs_it_put_back_their_keys(suite, broker, workers):
+    """until_executing: the shared start freed each job's key; put back, each holds it again, so a new send of
+    the key is a duplicate of the waiting job, as before its worker fetched it."""
+    go = threading.Event()
+
+    @dramatiq.actor(unique_args=["i"], unique_lock="until_executing")
+    def unique(i: int) -> None:
+        if i == 0:
+            go.wait(10)
+
+    messages = [unique.send(i) for i in range(4)]
+    first = workers(threads=1, prefetch=10)
+    wait_until(lambda: all(r.status == "running" and r.unique_hold is None for r in rows(messages)),
+               what="four rows started, their keys freed")
+    stopping = threading.Thread(target=first.stop)
+    stopping.start()
+    time.sleep(0.2)
+    go.set()
+    stopping.join(10)
+    waiting = rows(messages)[1:]
+    assert [(r.status, r.unique_hold) for r in waiting] == [("queued", r.unique_key) for r in waiting]
+    again = unique.send(2)
+    assert again.message_id == messages[2].message_id  # the waiting job's: a duplicate, skipped
+
+    workers(threads=1, prefetch=10)
+    wait_until(lambda: all(r.status == "succeeded" for r in rows(messages)), what="every job succeeded")
+    assert all(r.attempts == 1 and r.unique_hold is None for r in rows(messages))
+
+
 class SkipOdd(Middleware):
     """Refuses the odd jobs before the suite's start, as AgeLimit refuses an old message."""
 
@@ -169,11 +198,13 @@ class SkipOdd(Middleware):
             raise SkipMessage("odd")
 
 
-def test_a_job_a_middleware_refuses_before_its_start_is_not_left_running(suite, broker, workers):
+@pytest.mark.parametrize("options", [dict(track=True), dict(unique_args=["i"], unique_lock="until_executing")],
+                         ids=["tracked", "until_executing"])
+def test_a_job_a_middleware_refuses_before_its_start_is_not_left_running(suite, broker, workers, options):
     broker.middleware.insert(0, SkipOdd())
     ran: list[int] = []
 
-    @dramatiq.actor(track=True)
+    @dramatiq.actor(**options)
     def job(i: int) -> None:
         ran.append(i)
 
@@ -182,7 +213,7 @@ def test_a_job_a_middleware_refuses_before_its_start_is_not_left_running(suite, 
     wait_until(lambda: all(r.status in ("succeeded", "failed") for r in rows(messages)), what="all finished")
     assert sorted(ran) == [0, 2, 4, 6]
     for i, row in enumerate(rows(messages)):
-        assert (row.status, row.attempts) == (("failed", 0) if i % 2 else ("succeeded", 1)), i
+        assert (row.status, row.attempts, row.unique_hold) == (("failed", 0) if i % 2 else ("succeeded", 1)) + (None,)
 
 
 def test_a_copy_fetched_beside_its_job_runs_once(suite, broker, workers, starts):
