@@ -8,8 +8,8 @@ such an error ends: that worker never takes a delayed job again, heartbeating al
 895 maps the timeout on fetch, ack and nack; until a release has it, :func:`install` wraps the broker's consumers
 so that it does, and on a requeue too.
 
-The wrapper also tells a listener (:func:`listen`) of each fetch and of each requeue: durable/fetched.py starts a
-fetch's tracked jobs together.
+The wrapper also tells a listener (:func:`listen`) of each message the consumer hands to the worker and of each
+requeue: durable/fetched.py starts the tracked jobs a worker received together.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ _INSTALLED = "_dramatiq_unique_consumers"
 
 
 class Listener(Protocol):
-    def fetched(self, first: Any, rest: list[Any]) -> None:
-        """A consumer fetched messages: ``first`` (a MessageProxy, returned now) and the encoded ``rest``
-        of the fetch, which the consumer returns next."""
+    def received(self, message: Any) -> None:
+        """The consumer hands ``message`` (a MessageProxy) to the worker."""
 
     def requeued(self, messages: list[Any]) -> None:
         """``messages`` (MessageProxies) go back to their queue untaken (the worker stops)."""
@@ -52,8 +51,8 @@ def install(broker: Any) -> None:
 
 
 def listen(broker: Any, listener: Listener) -> None:
-    """Tell ``listener`` of the fetches and requeues of ``broker``'s consumers (a Redis broker's, made from now on;
-    :func:`install` first).  Idempotent."""
+    """Tell ``listener`` of the messages and requeues of ``broker``'s consumers (made from now on; :func:`install`
+    first).  Idempotent."""
     install(broker)
     listeners = getattr(broker, _INSTALLED)
     if listener not in listeners:
@@ -80,17 +79,14 @@ class LostOnTimeout:
         return self
 
     def __next__(self) -> Any:
-        # Dramatiq's Redis consumer fetches once the messages of its last fetch are all returned.
-        fetches = self._listeners and not getattr(self._consumer, "message_cache", True)
         with _lost():
             message = next(self._consumer)
-        if fetches and message is not None:
-            rest = list(self._consumer.message_cache)
+        if message is not None:
             for listener in self._listeners:
                 try:
-                    listener.fetched(message, rest)
+                    listener.received(message)
                 except Exception:
-                    logger.exception("Could not note the fetch of %d messages.", len(rest) + 1)
+                    logger.exception("Could not note the receipt of message %s.", message.message_id)
         return message
 
     def ack(self, message: Any) -> None:

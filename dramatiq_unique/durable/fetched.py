@@ -1,8 +1,9 @@
 """The starts of the tracked jobs a worker has fetched, written together: one statement and one commit where
 each job's start would make its own.
 
-Dramatiq's Redis consumer moves up to its prefetch of messages into the worker at once.  The first worker
-thread to take up one of the jobs fetched since the last such start starts them all in one statement
+Dramatiq's Redis consumer moves up to its prefetch of messages into the worker at once, and hands them to the
+worker's queue one by one (broker/consumer.py tells of each).  The first worker thread to take up one of the
+jobs received since the last such start starts them all in one statement
 (``start_fetched`` in queries.sql); their threads find their row started and run under it.  Each row is then
 ``running`` from that start, while its message may still wait in the worker's queue behind other jobs, as
 Oban's and Solid Queue's fetches make their jobs executing or claimed: its lease counts from then.  A thread
@@ -28,10 +29,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-import dramatiq
-from dramatiq import Message
-from dramatiq.encoder import JSONEncoder
-
 from dramatiq_unique import context
 from dramatiq_unique.context import MARKER
 from dramatiq_unique.storage import jobs
@@ -42,9 +39,6 @@ if TYPE_CHECKING:
     from dramatiq_unique.suite import Suite
 
 logger = logging.getLogger(__name__)
-
-#: The suite's key in an encoded message's options (JSON, Dramatiq's default encoder).
-_MARK = f'"{MARKER}"'.encode()
 
 
 @dataclasses.dataclass
@@ -77,22 +71,17 @@ class Fetches:
         """The ``worker`` of the rows a fetch started, until their threads take them up."""
         return f"{self.suite.worker_id}:fetched"
 
-    def fetched(self, first: Any, rest: list[Any]) -> None:
-        # Only a message the suite marked can be a tracked job's: the others are not decoded twice (with
-        # Dramatiq's JSON encoder, whose text shows the mark).
-        json = isinstance(dramatiq.get_encoder(), JSONEncoder)
-        marked = [Message.decode(data) for data in rest if data and (_MARK in data or not json)]
-        found = [(message.message_id, job) for message in [first, *marked]
-                 if (job := self._startable(message)) is not None]
+    def received(self, message: Any) -> None:
+        job = self._startable(message)
+        if job is None:
+            return
         with self._lock:
-            fetch = self._open
-            for message_id, job in found:
-                # A copy of a job already waiting (one message delivered twice) is left to its own start,
-                # which refuses it while the other copy's attempt runs.
-                if job[1] not in self._open_ids and message_id not in self._by_message:
-                    self._open_ids.add(job[1])
-                    fetch.jobs[message_id] = job
-                    self._by_message[message_id] = fetch
+            # A copy of a job already waiting (one message delivered twice) is left to its own start,
+            # which refuses it while the other copy's attempt runs.
+            if job[1] not in self._open_ids and message.message_id not in self._by_message:
+                self._open_ids.add(job[1])
+                self._open.jobs[message.message_id] = job
+                self._by_message[message.message_id] = self._open
 
     def _startable(self, message: Any) -> Optional[tuple[type["JobModel"], int, int, float, bool]]:
         marker = message.options.get(MARKER)

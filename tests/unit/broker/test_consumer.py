@@ -12,27 +12,30 @@ from dramatiq_unique.broker import consumer
 
 
 class Fetching:
-    """Fetches as Dramatiq's Redis consumer does: a batch into ``message_cache`` once it is empty."""
+    """Fetches as Dramatiq's Redis consumer does: a batch into ``message_cache`` once it is empty, returned
+    one message at a time."""
 
-    def __init__(self, batches: list[list[str]], cache: bool = True) -> None:
+    def __init__(self, batches: list[list[str]]) -> None:
         self.batches = batches
-        if cache:
-            self.message_cache: list[str] = []
+        self.message_cache: list[str] = []
         self.requeued: list[list[str]] = []
 
-    def __next__(self) -> Optional[str]:
-        if not getattr(self, "message_cache", None):
+    def __next__(self) -> Optional[Message]:
+        if not self.message_cache:
             if not self.batches:
                 return None
-            if not hasattr(self, "message_cache"):
-                return self.batches.pop(0)[0]
             self.message_cache = list(self.batches.pop(0))
-        return self.message_cache.pop(0)
+        return Message(message_id=self.message_cache.pop(0))
 
     def requeue(self, messages: list[str]) -> None:
         if messages == ["lost"]:
             raise redis.TimeoutError("stalled")
         self.requeued.append(messages)
+
+
+class Message:
+    def __init__(self, message_id: str) -> None:
+        self.message_id = message_id
 
 
 class Broker:
@@ -46,11 +49,11 @@ class Broker:
 class Heard:
     def __init__(self, fails: bool = False) -> None:
         self.fails = fails
-        self.fetches: list[tuple[Any, list[Any]]] = []
+        self.heard: list[Any] = []
         self.requeues: list[list[Any]] = []
 
-    def fetched(self, first: Any, rest: list[Any]) -> None:
-        self.fetches.append((first, rest))
+    def received(self, message: Any) -> None:
+        self.heard.append(message.message_id)
         if self.fails:
             raise RuntimeError("a listener's own failure")
 
@@ -61,14 +64,14 @@ class Heard:
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_a_listener_hears_each_fetch_once_with_the_rest_of_it(fails: bool) -> None:
+def test_a_listener_hears_of_each_message_once(fails: bool) -> None:
     broker = Broker(Fetching([["a", "b", "c"], ["d"]]))
     heard = Heard(fails)
     consumer.listen(broker, heard)
     consumer.listen(broker, heard)  # once is enough
     made = broker.consume("q")
-    assert [next(made) for _ in range(5)] == ["a", "b", "c", "d", None]
-    assert heard.fetches == [("a", ["b", "c"]), ("d", [])]  # a listener's failure is logged, not raised
+    assert [getattr(next(made), "message_id", None) for _ in range(5)] == ["a", "b", "c", "d", None]
+    assert heard.heard == ["a", "b", "c", "d"]  # a listener's failure is logged, not raised
 
 
 def test_a_requeue_is_heard_before_it_is_made() -> None:
@@ -82,9 +85,3 @@ def test_a_requeue_is_heard_before_it_is_made() -> None:
         made.requeue(["lost"])
 
 
-def test_a_consumer_without_a_cache_tells_of_no_fetch() -> None:
-    broker = Broker(Fetching([["a"], ["b"]], cache=False))  # RabbitMQ's: one message at a time
-    heard = Heard()
-    consumer.listen(broker, heard)
-    made = broker.consume("q")
-    assert [next(made), next(made)] == ["a", "b"] and heard.fetches == []
