@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Iterator
+from typing import Iterator, Optional
 
 import dramatiq
 import pytest
@@ -19,8 +19,10 @@ from tests.helpers import LOST_AFTER
 def make_worker(broker, suite) -> Iterator:
     started: list[dramatiq.Worker] = []
 
-    def make(threads: int = 8) -> dramatiq.Worker:
+    def make(threads: int = 8, prefetch: Optional[int] = None) -> dramatiq.Worker:
         worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=threads)
+        if prefetch is not None:
+            worker.queue_prefetch = prefetch  # Dramatiq's default: twice the threads
         worker.start()
         started.append(worker)
         return worker

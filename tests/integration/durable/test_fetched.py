@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any
 
 import dramatiq
 import peewee as pw
@@ -56,19 +56,19 @@ def starts(monkeypatch: pytest.MonkeyPatch) -> Starts:
 
 
 @pytest.fixture
-def workers(broker: Any, suite: Any) -> Iterator[Any]:
-    made: list[dramatiq.Worker] = []
+def workers(make_worker: Any) -> Any:
+    """Workers of one thread that fetch ten messages at a time, unless told otherwise."""
+    return lambda threads=1, prefetch=10: make_worker(threads, prefetch)
 
-    def make(threads: int = 1, prefetch: int = 10) -> dramatiq.Worker:
-        worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=threads)
-        worker.queue_prefetch = prefetch  # Dramatiq's default: twice the threads
-        worker.start()
-        made.append(worker)
-        return worker
 
-    yield make
-    for worker in made:
-        worker.stop(timeout=10_000)
+def stop_once_first_ran(worker: dramatiq.Worker, go: threading.Event) -> None:
+    """Stop ``worker`` while its one thread runs its first job, which ``go`` lets finish: the others are
+    handed back untaken."""
+    stopping = threading.Thread(target=worker.stop)
+    stopping.start()
+    time.sleep(0.2)
+    go.set()
+    stopping.join(10)
 
 
 def rows(messages: list[Any]) -> list[Any]:
@@ -145,11 +145,7 @@ def test_a_stopped_worker_puts_the_jobs_it_fetched_and_started_back(suite, broke
     messages = [job.send(i) for i in range(5)]
     first = workers(threads=1, prefetch=10)
     wait_until(lambda: sum(r.status == "running" for r in rows(messages)) == 5, what="five rows started")
-    stopping = threading.Thread(target=first.stop)
-    stopping.start()
-    time.sleep(0.2)
-    go.set()
-    stopping.join(10)
+    stop_once_first_ran(first, go)
     waiting = rows(messages)[1:]
     assert [(r.status, r.attempts, r.worker, r.lease_until) for r in waiting] == [("queued", 0, None, None)] * 4
     assert ran == [0]
@@ -175,11 +171,7 @@ def test_a_stopped_worker_gives_the_unique_jobs_it_put_back_their_keys(suite, br
     first = workers(threads=1, prefetch=10)
     wait_until(lambda: all(r.status == "running" and r.unique_hold is None for r in rows(messages)),
                what="four rows started, their keys freed")
-    stopping = threading.Thread(target=first.stop)
-    stopping.start()
-    time.sleep(0.2)
-    go.set()
-    stopping.join(10)
+    stop_once_first_ran(first, go)
     waiting = rows(messages)[1:]
     assert [(r.status, r.unique_hold) for r in waiting] == [("queued", r.unique_key) for r in waiting]
     again = unique.send(2)
