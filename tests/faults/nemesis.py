@@ -247,8 +247,11 @@ def run(settings: Settings, directory: Path, say: Callable[[str], None] = print)
         while time.monotonic() < end:
             nemesis.tick()
             time.sleep(0.05)
-        producers.close()
+        # Healed before the producers are joined: a send into a server a late fault froze (SIGSTOP) waits
+        # for it to resume, as no client timeout ends a wait on a stopped server.
+        producers.stop.set()
         nemesis.heal_all()
+        producers.close()
         healed = app.history.record("healed")
         deadline = healed + settings.recovery
         left = unfinished(app)
