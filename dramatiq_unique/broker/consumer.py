@@ -23,7 +23,7 @@ from dramatiq.errors import ConnectionClosed
 
 logger = logging.getLogger(__name__)
 
-#: Set on a broker whose consumers :func:`install` wraps: the listeners of their fetches.
+#: Set on a broker whose consumers :func:`install` wraps: the listeners of their messages.
 _INSTALLED = "_dramatiq_unique_consumers"
 
 

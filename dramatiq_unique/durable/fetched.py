@@ -56,7 +56,7 @@ class _Fetch:
 
 
 class Fetches:
-    """The fetches of one worker process whose jobs are started together (a listener of broker/consumer.py)."""
+    """The jobs one worker process received, started together (a listener of broker/consumer.py)."""
 
     def __init__(self, suite: "Suite") -> None:
         self.suite = suite
