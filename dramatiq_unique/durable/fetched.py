@@ -110,11 +110,10 @@ class Fetches:
                 self._start(fetch)
             assert fetch.rows is not None
             job = fetch.rows.pop(message.message_id, None)
-            fetch.jobs.pop(message.message_id, None)
-        if job is None:
+            entry = fetch.jobs.pop(message.message_id, None)
+        if job is None or entry is None:
             return None
-        lease_ms = self.suite.actor_config(message.actor_name).for_message(  # type: ignore[union-attr]
-            message.options).unique_ttl
+        lease_ms = entry[3]  # as the start wrote it
         asked = fetch.asked
         if (time.monotonic() - asked) * 1000 > lease_ms / 2:
             asked = time.monotonic()
