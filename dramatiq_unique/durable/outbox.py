@@ -24,7 +24,7 @@ from dramatiq_unique.durable import deferral
 from dramatiq_unique.durable.messages import job_options
 from dramatiq_unique.errors import DramatiqUniqueError
 from dramatiq_unique.storage import jobs, queries, savepoints
-from dramatiq_unique.storage.database import is_postgres, is_psycopg3
+from dramatiq_unique.storage.database import is_postgres
 from dramatiq_unique.storage.models import JobStatus, dumps, utcnow
 
 if TYPE_CHECKING:
@@ -208,12 +208,7 @@ def _claim_held(model: type["JobModel"], held: list[Held], refs: list[Optional[s
     else:
         values["held"] = dumps([[row_id, message.message_id, revision, stamp, ref]
                                 for (row_id, revision, stamp, message), ref in zip(held, refs, strict=True)])
-    sql = queries.statement(model, "claim_held").sql
-    if is_psycopg3(db):  # once per batch: a plan kept for it only costs (see the query's comment)
-        cursor = db.cursor()
-        cursor.execute(sql, values, prepare=False)
-    else:
-        cursor = db.execute_sql(sql, values)
+    cursor = queries.run(model, "claim_held", values, prepare=False)  # see the query's comment
     return {ref: row_id for (row_id, ref) in cursor.fetchall()}
 
 

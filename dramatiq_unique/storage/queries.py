@@ -145,9 +145,12 @@ def fragment(model: Model, name: str, params: Mapping[str, Any]) -> pw.SQL:
     return pw.SQL(_PARAM.sub(lambda _: db.param, text), [params[p] for p in order])
 
 
-def run(model: Model, name: str, params: Mapping[str, Any], **identifiers: Any) -> Any:
-    """Statement ``name`` on ``model``'s table with ``params``; returns the cursor."""
-    return execute(model._meta.database, statement(model, name, **identifiers), params)
+def run(model: Model, name: str, params: Mapping[str, Any], *, prepare: bool = True, **identifiers: Any) -> Any:
+    """Statement ``name`` on ``model``'s table with ``params``; returns the cursor.  ``prepare=False``: see
+    :func:`unprepared`."""
+    query = statement(model, name, **identifiers)
+    db = model._meta.database
+    return execute(db, query, params) if prepare else unprepared(db, query.sql, params)
 
 
 #: Set on a peewee Database whose statements are prepared (psycopg2, and Django's cursors).
@@ -188,6 +191,17 @@ def execute(db: pw.Database, query: Query, params: Mapping[str, Any]) -> Any:
         if db.in_transaction():
             raise  # the error aborted the caller's transaction
         return db.execute_sql(query.sql if same or not _prepare(db, query) else query.execute_sql, params)
+
+
+def unprepared(db: pw.Database, sql: str, params: Mapping[str, Any]) -> Any:
+    """``sql`` planned for its own ``params`` each time it runs, by psycopg 3 too (which prepares a statement
+    it has run a few times)."""
+    if not is_psycopg3(db):
+        return db.execute_sql(sql, params)
+    with pw.__exception_wrapper__:  # type: ignore[attr-defined]  # what peewee's own execute_sql runs under
+        cursor = db.cursor()
+        cursor.execute(sql, params, prepare=False)
+    return cursor
 
 
 def _prepare(db: pw.Database, query: Query) -> bool:
