@@ -20,6 +20,7 @@ from dramatiq_unique.context import MARKER
 from dramatiq_unique.durable import outbox, refused
 from dramatiq_unique.durable.fetched import Fetches
 from dramatiq_unique.durable.outcome import format_error, outcome
+from dramatiq_unique.durable.successes import Successes
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
 from dramatiq_unique.parking.groups import WAKE
@@ -103,6 +104,7 @@ class JobTracking(Middleware):
     def __init__(self, *, suite: Suite) -> None:
         self.suite = suite
         self.fetches = Fetches(suite)
+        self.successes = Successes()
 
     @hook
     def before_declare_actor(self, broker, actor) -> None:
@@ -249,7 +251,7 @@ class JobTracking(Middleware):
             # Before the row says it finished: once a reader sees it finished, the key is free in Redis too.  The row's
             # hold stays the authority meanwhile, so a send in between is still resolved correctly.
             queue.release(self.suite, job, opts.get(MARKER) or {})
-        if not jobs.finish(ctx.model, job, release_hold=release, lease_until=None, **fields):
+        if not self.successes.finish(ctx.model, job, release_hold=release, lease_until=None, **fields):
             refused.record_revoked(ctx, job, release, fields)
 
     def _refused(self, message, exception) -> None:

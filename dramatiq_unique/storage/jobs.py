@@ -381,6 +381,26 @@ def finish(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields
     return bool(count)
 
 
+def finish_succeeded(model: type[JobModel], done: Sequence[tuple[JobModel, bool, datetime, Any]]) -> set[int]:
+    """:func:`finish` for several succeeded attempts, ``(job, release_hold, finished_at, result)`` each, in one
+    statement (PostgreSQL): the ids of the rows written.  A row a newer attempt owns is left out."""
+    fields = model._meta.fields
+    params = {
+        "succeeded": JobStatus.SUCCEEDED.value, "keep": MAX_HISTORY,
+        "ids": [job.id for job, *_ in done], "tokens": [job.fencing_token for job, *_ in done],
+        "finished": [fields["finished_at"].db_value(at) for _, _, at, _ in done],
+        "results": [fields["result"].db_value(result) for *_, result in done],
+        "entries": [dumps(attempt_of(job, {"status": JobStatus.SUCCEEDED.value, "finished_at": at}))
+                    for job, _, at, _ in done],
+        "releases": [bool(release) for _, release, _, _ in done],
+    }
+    written = {row[0] for row in queries.run(model, "finish_succeeded", params).fetchall()}
+    for job, *_ in done:
+        if job.id not in written:
+            events.fenced_out(job, "outcome")
+    return written
+
+
 def finish_revoked(model: type[JobModel], job: JobModel, *, release_hold: bool, **fields: Any) -> bool:
     """Record the outcome of an attempt whose token another job of its key took (else the row would stay
     ``running`` until the re-drive reported it lost), if no newer attempt of this job started since: the

@@ -132,6 +132,22 @@ ELSE CAST(jsonb_path_query_array(CAST("history" AS jsonb) || jsonb_build_array(C
 '$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
 WHERE "id" = %(row_id)s AND "fencing_token" = %(attempt_token)s
 
+-- name: finish_succeeded (postgresql) --
+-- update_fenced_with_history for several succeeded attempts (durable/successes.py), in one statement and one
+-- commit: each row by id and its attempt's token, with its own finish time, result, history entry and whether
+-- it frees its key.  The history is appended as update_fenced_with_history appends it.
+UPDATE {jobs} SET "status" = %(succeeded)s, "finished_at" = done."finished_at", "result" = done."result",
+"last_error" = NULL, "lease_until" = NULL,
+"unique_hold" = CASE WHEN done."release_hold" THEN NULL ELSE {jobs}."unique_hold" END,
+"history" = CASE WHEN {jobs}."history" IS NULL THEN '[' || done."entry" || ']'
+ELSE CAST(jsonb_path_query_array(CAST({jobs}."history" AS jsonb) || jsonb_build_array(CAST(done."entry" AS jsonb)),
+'$[last - $n + 1 to last]', jsonb_build_object('n', CAST(%(keep)s AS integer))) AS text) END
+FROM unnest(CAST(%(ids)s AS bigint[]), CAST(%(tokens)s AS bigint[]), CAST(%(finished)s AS timestamp[]),
+CAST(%(results)s AS text[]), CAST(%(entries)s AS text[]), CAST(%(releases)s AS boolean[]))
+AS done ("id", "token", "finished_at", "result", "entry", "release_hold")
+WHERE {jobs}."id" = done."id" AND {jobs}."fencing_token" = done."token"
+RETURNING {jobs}."id"
+
 -- name: update_fenced_with_history (sqlite) --
 -- update_fenced, the attempt's %(entry)s appended to the row's history; the oldest entry goes when %(keep)s
 -- are there.  A job's first outcome finds no history: a text of one entry, with no JSON parsed.

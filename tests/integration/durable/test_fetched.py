@@ -9,24 +9,19 @@ import uuid
 from typing import Any
 
 import dramatiq
-import peewee as pw
 import pytest
 from dramatiq import Middleware
 from dramatiq.middleware import SkipMessage
-from playhouse.db_url import parse
 
 import dramatiq_unique
 from dramatiq_unique.storage import jobs
 from tests.helpers import wait_until
 
 
-@pytest.fixture(params=["psycopg2", "psycopg3"])
-def database_url(request: pytest.FixtureRequest, pg_url: str) -> Any:
-    """PostgreSQL, the store whose jobs start together, on either driver (psycopg 3: a Database of the app's)."""
-    if request.param == "psycopg2":
-        return pg_url
-    params = parse(pg_url)
-    return pw.PostgresqlDatabase(params.pop("database"), prefer_psycopg3=True, **params)
+@pytest.fixture
+def database_url(postgres_either_driver: Any) -> Any:
+    """PostgreSQL, the only store whose jobs start together, on either driver."""
+    return postgres_either_driver
 
 
 class Starts:
