@@ -67,7 +67,7 @@ class Successes:
                 batch = []
         if batch:
             try:
-                if batch == [success]:  # alone: written as any other outcome
+                if len(batch) == 1:  # alone (its own success): written as any other outcome
                     return jobs.finish(model, job, release_hold=release_hold, **fields)
                 self._write(batch)
             finally:
