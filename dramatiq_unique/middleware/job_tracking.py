@@ -23,6 +23,7 @@ from dramatiq_unique.durable.outcome import format_error, outcome
 from dramatiq_unique.durable.successes import Successes
 from dramatiq_unique.guard import hook, own_skip
 from dramatiq_unique.locks import queue
+from dramatiq_unique.middleware import time_limit
 from dramatiq_unique.parking.groups import WAKE
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import greenlet_connections
@@ -289,6 +290,7 @@ class JobTracking(Middleware):
     # -- thread hygiene: peewee connections are per thread --------------------
 
     def before_worker_boot(self, broker, worker) -> None:
+        time_limit.install(broker)  # its interrupts must not wedge the process (see there)
         if isinstance(broker, RedisBroker):
             consumer.listen(broker, self.fetches)  # before the worker's consumers are made
 
