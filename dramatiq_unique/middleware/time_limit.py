@@ -10,8 +10,10 @@ never hands its messages to another worker.  This takes a stopped process (SIGST
 likely: when it resumes, every running job is past its limit at once.
 
 :func:`install` changes two things of a worker process's ``TimeLimit``: its timer logs after letting go of
-its lock, and it holds an interrupt back while the thread is in ``logging``'s or ``threading``'s own code
-(where locks are taken and let go), until a later look (every ``interval``) finds it out of there.
+its lock, and it holds an interrupt back while the thread runs ``logging``'s own code, until a later look
+(every ``interval``) finds it out of there.  A thread spends little of its time there, so an interrupt
+usually waits no more than a look or two.  ``threading``'s waits are left interruptible: an actor that
+polls an event in a loop spends most of its time in them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import functools
 import logging
 import sys
-import threading
 from time import monotonic
 from types import FrameType
 from typing import Any, Optional
@@ -28,13 +29,13 @@ from dramatiq.middleware import TimeLimit
 from dramatiq.middleware.threading import raise_thread_exception
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
-#: The modules an interrupt must not land in: their code takes and lets go of locks around ``try`` blocks.
-UNSAFE = frozenset(module.__file__ for module in (logging, threading))
+#: The module an interrupt must not land in: its handlers take and let go of their locks around ``try`` blocks.
+UNSAFE = frozenset({logging.__file__})
 
 
 def install(broker: Any) -> None:
     """Make the timer of ``broker``'s ``TimeLimit`` (the threads' one; gevent's has none) interrupt only
-    outside ``logging`` and ``threading``, and log outside its lock.  Idempotent."""
+    outside ``logging``, and log outside its lock.  Idempotent."""
     for middleware in broker.middleware:
         manager = getattr(middleware, "manager", None) if isinstance(middleware, TimeLimit) else None
         if manager is not None and hasattr(manager, "deadlines") and hasattr(manager, "mu"):
@@ -57,6 +58,6 @@ def handle_deadlines(manager: Any) -> None:
 
 
 def in_unsafe_code(frame: Optional[FrameType]) -> bool:
-    """Whether the thread whose innermost frame is ``frame`` runs ``logging``'s or ``threading``'s own code (a
-    lock's acquire, a handler's emit, a wait), where an exception raised now could leave a lock taken."""
+    """Whether the thread whose innermost frame is ``frame`` runs ``logging``'s own code (a handler's lock
+    taken, its record emitted), where an exception raised now could leave the lock taken."""
     return frame is not None and frame.f_code.co_filename in UNSAFE

@@ -1,5 +1,5 @@
-"""TimeLimit's interrupts held back while a thread is in logging's own code, and its timer logging outside its
-lock (dramatiq_unique.middleware.time_limit; no service needed)."""
+"""TimeLimit's interrupts held back while a thread is in logging's own code (and only there), and its timer
+logging outside its lock (dramatiq_unique.middleware.time_limit; no service needed)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,30 @@ def test_an_interrupt_waits_while_its_thread_is_in_logging_code():
     time_limit.handle_deadlines(manager)  # out of logging now: interrupted
     thread.join(5)
     assert manager.deadlines[thread.ident] is None and len(thread.interrupted) == 1
+
+
+def test_an_actor_that_waits_on_an_event_in_a_loop_is_still_interrupted():
+    manager = manager_of(TimeLimit())
+    interrupted: list[BaseException] = []
+    started = threading.Event()
+
+    def poll() -> None:
+        started.set()
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                threading.Event().wait(0.05)  # threading's own code most of the time
+        except TimeLimitExceeded as e:
+            interrupted.append(e)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    assert started.wait(5)
+    time.sleep(0.1)
+    manager.deadlines[thread.ident] = time.monotonic() - 1
+    time_limit.handle_deadlines(manager)
+    thread.join(5)
+    assert manager.deadlines[thread.ident] is None and len(interrupted) == 1
 
 
 def test_the_timer_logs_outside_its_lock():
