@@ -1,7 +1,7 @@
 """Processing by a real ``dramatiq`` worker (the CLI), as ratios to plain Dramatiq, and PostgreSQL's cost per job.
 
     python tests/benchmarks/bench_worker.py [--jobs 3000] [--runs 5] [--processes 2] [--threads 8] [--shared-pg]
-                                            [--ceiling]
+                                            [--ceiling] [--wal-records]
 
 Targets: with ``python -m dramatiq worker_app --processes 2 --threads 8``, tracked jobs
 at least 0.75 and unique jobs at least 0.65 of plain Dramatiq's processing rate, in every run, on
@@ -105,6 +105,17 @@ class PgCost:
         wal = self.db.execute_sql("SELECT pg_wal_lsn_diff(%s, %s)", (after[1], before[1])).fetchone()[0]
         return (after[0] - before[0]) * 1e6 / jobs, float(wal) / jobs, (after[2] - before[2]) / jobs
 
+    def records(self, before: tuple[float, str, int], after: tuple[float, str, int],
+                jobs: int) -> list[tuple[str, float, float, float]]:
+        """The WAL between two samples by kind of record: (kind, records, bytes, of which full-page
+        images) per job, the largest first (``pg_walinspect``)."""
+        self.db.execute_sql("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        rows = self.db.execute_sql(
+            "SELECT \"resource_manager/record_type\", count, combined_size, fpi_size "
+            "FROM pg_get_wal_stats(%s, %s, true) WHERE count > 0 ORDER BY combined_size DESC",
+            (before[1], after[1])).fetchall()
+        return [(kind, count / jobs, size / jobs, fpi / jobs) for kind, count, size, fpi in rows]
+
     def close(self) -> None:
         self.db.close()
 
@@ -126,6 +137,9 @@ class Run:
         self.cost = cost
         #: (µs of server CPU, bytes of WAL, writing transactions) per job of each kind, over its timed part.
         self.per_job: dict[str, tuple[float, float, float]] = {}
+        self.wal_records: bool = args.wal_records
+        #: With --wal-records: the WAL of each kind's timed part by kind of record, per job.
+        self.records: dict[str, list[tuple[str, float, float, float]]] = {}
         self.ns, self.broker, self.suite = rig(database)
         self.actors = declare()
         self.redis = self.broker.client
@@ -195,7 +209,10 @@ class Run:
         start, left = self.wait(kind, n, 300)
         before = self.cost.sample()
         end, _ = self.wait(kind, 0, 300)
-        self.per_job[kind] = self.cost.per_job(before, self.cost.sample(), left)
+        after = self.cost.sample()
+        self.per_job[kind] = self.cost.per_job(before, after, left)
+        if self.wal_records and after[1] != before[1]:  # plain writes none
+            self.records[kind] = self.cost.records(before, after, left)
         return left / (end - start)
 
     def check(self) -> None:
@@ -244,6 +261,8 @@ def main() -> None:
     parser.add_argument("--shared-pg", action="store_true",
                         help="the test services' PostgreSQL (5432), not a cluster of the benchmark's own: "
                              "its CPU figures count other clients' work too")
+    parser.add_argument("--wal-records", action="store_true",
+                        help="also each kind's WAL per job by kind of record (pg_walinspect)")
     args = parser.parse_args()
     cluster = None
     if args.shared_pg:
@@ -291,6 +310,10 @@ def bench(args: argparse.Namespace, pg: dict, cost: PgCost, where: str) -> None:
         for at, label, digits in ((0, "pg µs/job", 0), (1, "WAL B/job", 0), (2, "commits/job", 2)):
             print(f"{'':<5}{label:<36}" + "".join(f"{run.per_job[kind][at]:>11.{digits}f}" for kind in kinds),
                   flush=True)
+        for kind, records in run.records.items():
+            print(f"{'':<5}WAL of {kind} by record: per job, count / bytes (of which full-page images)")
+            for name, count, size, fpi in records[:10]:
+                print(f"{'':<9}{name:<32}{count:>7.2f}{size:>9.0f}{fpi:>9.0f}")
     for kind, target in TARGETS.items():
         got = ratios[kind]
         met = sum(x >= target for x in got)
