@@ -414,6 +414,8 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     health(commands.status, "the schema version of every job table, per store (exit 1 if out of date)"),
     health(commands.migrate, "bring every job table to this release's schema version (idempotent)", (
         _option("--dry-run", "print what would be done, do nothing", action="store_true"),
+        _option("--contract", "also drop the whole indexes this release replaced by partial ones: run it once no "
+                "process of an earlier release runs (their unique sends name them)", action="store_true"),
         _option("--lock-timeout", "PostgreSQL: ms a step may wait for the table's lock (5000), then the migration "
                 "fails", type=int, default=migrations.DEFAULT_LOCK_TIMEOUT, metavar="MS"))),
     Command("redrive", "run the re-drive (lost, due and retrying jobs; pruning)", redrive, (

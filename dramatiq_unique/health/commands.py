@@ -75,6 +75,8 @@ def _each_table(target: Target, emit: Emit, work: Any, field: str, head: str = "
             state = f"ERROR {r.error}" if r.error else ("current" if r.current else "OUT OF DATE")
             lines.append(f"{r.table}  {r.store}  version {version} of {r.target}  {state}")
             lines += [f"    {item}" for item in getattr(r, field)]
+            lines += [f"    after the upgrade (migrate --contract): {item}" for item in r.contract
+                      if field != "pending" or item not in r.pending]
         return "\n".join(lines)
 
     emit([r.as_dict() for r in results], text)
@@ -86,13 +88,14 @@ def status(target: Target, emit: Emit) -> int:
     return 0 if all(r.current for r in results) else 1
 
 
-def migrate(target: Target, emit: Emit, *, dry_run: bool = False,
+def migrate(target: Target, emit: Emit, *, dry_run: bool = False, contract: bool = False,
             lock_timeout: float = migrations.DEFAULT_LOCK_TIMEOUT) -> int:
     if dry_run:
-        results = _each_table(target, emit, migrations.status, "pending", "(dry run: nothing changed)")
+        results = _each_table(target, emit, lambda model, store: migrations.migrate(
+            model, store, dry_run=True, contract=contract), "pending", "(dry run: nothing changed)")
     else:
         results = _each_table(target, emit, lambda model, store: migrations.migrate(
-            model, store, lock_timeout=lock_timeout), "applied")
+            model, store, contract=contract, lock_timeout=lock_timeout), "applied")
     return 0 if all(r.error is None for r in results) else 1
 
 

@@ -21,6 +21,12 @@ OLD_INDEXES = {
     4: ((("app", "status", "lease_until"), False),),
 }
 
+#: Whole indexes that a version replaced by partial ones of another name and kept, by version: (columns,
+#: unique).  The earlier release's statements name them (``ON CONFLICT`` infers no partial index), so
+#: ``migrate`` leaves them, and ``migrate --contract``, run once no process of an earlier release runs,
+#: drops them.
+REPLACED_INDEXES = {5: ((("app", "unique_hold"), True),)}
+
 
 #: ms a migration step may wait for its table's lock on PostgreSQL: a failed migrate, run again later,
 #: rather than every worker's statement stalled behind the ALTER TABLE.
@@ -71,9 +77,15 @@ def _adding(version: int) -> Callable[[Model, set[str]], list[Step]]:
     return steps
 
 
+def _found(model: Model) -> dict[str, str]:
+    """The table's indexes: their names and definitions."""
+    meta = model._meta
+    return {index.name: index.sql or "" for index in meta.database.get_indexes(meta.table_name, schema.where(model))}
+
+
 def _to_v4(model: Model, names: set[str]) -> list[Step]:
     meta = model._meta
-    found = {index.name: index.sql or "" for index in meta.database.get_indexes(meta.table_name, schema.where(model))}
+    found = _found(model)
     # A whole index of a partial one's name is dropped first (CREATE INDEX IF NOT EXISTS would keep it); a
     # partial one made beforehand (CONCURRENTLY) is kept.
     whole = [index._name for index in meta.fields_to_index()
@@ -85,12 +97,33 @@ def _to_v4(model: Model, names: set[str]) -> list[Step]:
                          lambda: model._schema.create_indexes(safe=True))]  # type: ignore[attr-defined]
 
 
+def _to_v5(model: Model, names: set[str]) -> list[Step]:
+    return [Step("create the partial index of the unique holds (the whole one stays until migrate --contract) "
+                 "and the index of the rows of no app",
+                 lambda: model._schema.create_indexes(safe=True))]  # type: ignore[attr-defined]
+
+
+def replaced(model: Model) -> list[str]:
+    """The whole indexes that ``model``'s table still has of those its version replaced (:data:`REPLACED_INDEXES`)."""
+    found = _found(model)
+    names = [pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]
+             for version, indexes in REPLACED_INDEXES.items() if version <= schema.target_version(model)
+             for columns, unique in indexes if all(c in model._meta.fields for c in columns)]
+    return [name for name in names if name in found and " WHERE " not in found[name].upper()]
+
+
+def _contract(model: Model) -> list[Step]:
+    return [Step(f"drop index {name} (replaced by a partial one; no process of an earlier release may run)",
+                 _dropping(model, name)) for name in replaced(model)]
+
+
 #: version: (its name, its steps for a table whose columns are given).
 MIGRATIONS: dict[int, tuple[str, Callable[[Model, set[str]], list[Step]]]] = {
     1: ("app column and app-first indexes", _to_v1),
     2: ("per-attempt history", _adding(2)),
     3: ("time parked", _adding(3)),
     4: ("partial indexes", _to_v4),
+    5: ("partial index of the unique holds", _to_v5),
 }
 assert max(MIGRATIONS) == CURRENT_VERSION, "a migration to every version up to CURRENT_VERSION"
 # The suite's other tables (the limits' one) have had one version: none has a migration yet.
@@ -106,6 +139,8 @@ class TableStatus:
     target: int = CURRENT_VERSION
     #: "version N (name): step", in order.
     pending: list[str] = dataclasses.field(default_factory=list)
+    #: What ``migrate --contract`` would do after the upgrade: whole indexes the version replaced, still there.
+    contract: list[str] = dataclasses.field(default_factory=list)
     #: What this run applied (migrate only).
     applied: list[str] = dataclasses.field(default_factory=list)
     error: Optional[str] = None
@@ -137,15 +172,21 @@ def status(model: Model, store: str = "") -> TableStatus:
     version, steps = _plan(model)
     pending = ["create the table at the current version (at set-up)"] if version is None else [
         step.text for step in steps]
-    return TableStatus(schema.table_key(model), store, version, target=schema.target_version(model), pending=pending)
+    contract = [] if version is None else [step.text for step in _contract(model)]
+    return TableStatus(schema.table_key(model), store, version, target=schema.target_version(model), pending=pending,
+                       contract=contract)
 
 
-def migrate(model: Model, store: str = "", *, dry_run: bool = False,
+def migrate(model: Model, store: str = "", *, dry_run: bool = False, contract: bool = False,
             lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> TableStatus:
-    """Bring ``model``'s table to the current version (create it if missing); with ``dry_run``, only say how.
+    """Bring ``model``'s table to the current version (create it if missing); with ``contract``, then drop the
+    whole indexes it replaced (once no process of an earlier release runs); with ``dry_run``, only say how.
     On PostgreSQL a step that waits more than ``lock_timeout`` ms for the table's lock rolls it all back."""
     if dry_run:
-        return status(model, store)
+        planned = status(model, store)
+        if contract:
+            planned.pending += planned.contract
+        return planned
     db = model._meta.database
     with schema.locked(db):
         if isinstance(db, pw.PostgresqlDatabase):
@@ -162,5 +203,9 @@ def migrate(model: Model, store: str = "", *, dry_run: bool = False,
                 result.applied.append(step.text)
             if version < current or schema.recorded(model) is None:
                 schema.record(model, max(version, current))
+        for step in _contract(model) if contract else []:
+            step.run()
+            result.applied.append(step.text)
         result.version = max(version or 0, current)
+        result.contract = [step.text for step in _contract(model)]
     return result

@@ -74,12 +74,15 @@ def _status_in(*statuses: str) -> str:
     return f"\"status\" IN ('{listed}')"
 
 
-#: The job table's partial indexes (schema version 4), by their columns: a start or an outcome writes to 4
-#: of the 9 indexes, and a lease's renewal can be a HOT update (docs/discussions/how-it-is-built.md,
-#: "Storage").  On SQLite those whose predicate reads the status stay whole: its planner takes a partial
-#: index only for a query that repeats the predicate's terms (a status IN never is).
+#: The job table's partial indexes (schema versions 4 and 5), by their columns: a start or an outcome writes
+#: to 3 of the 9 indexes (4 of a unique job's), and a lease's renewal can be a HOT update
+#: (docs/discussions/how-it-is-built.md, "Storage").  On SQLite those whose predicate reads the status stay
+#: whole: its planner takes a partial index only for a query that repeats the predicate's terms (a status IN
+#: never is).
 PARTIAL_INDEXES = {
     ("unique_key",): '"unique_key" IS NOT NULL',
+    ("app", "unique_hold"): '"unique_hold" IS NOT NULL',
+    ("app", "actor_name"): '"app" = \'\'',
     ("app", "status", "process_after"): _status_in(*WAITING, JobStatus.RUNNING.value),
     ("app", "finished_at"): '"finished_at" IS NOT NULL',
     ("app", "status", "finished_at"): _status_in(JobStatus.FAILED.value, JobStatus.CANCELLED.value),
@@ -88,16 +91,27 @@ PARTIAL_INDEXES = {
 }
 
 
+#: Partial indexes named apart from the whole index of their columns that they replace, by their columns:
+#: the name's suffix.  Both stand together while processes of the earlier release run, whose statements name
+#: the whole one (``ON CONFLICT`` infers no partial index); ``migrate --contract`` drops it afterwards.
+RENAMED_INDEXES = {("app", "unique_hold"): "partial"}
+
+
 class JobMetadata(pw.Metadata):
     """Peewee's metadata, with the indexes of :data:`PARTIAL_INDEXES` partial (a subclass inherits it)."""
 
     def fields_to_index(self) -> list:
         made = []
         for index in super().fields_to_index():
-            where = PARTIAL_INDEXES.get(tuple(field.column_name for field in index._expressions))
+            columns = tuple(field.column_name for field in index._expressions)
+            where = PARTIAL_INDEXES.get(columns)
             if where is not None and '"status"' in where and not isinstance(self.database, pw.PostgresqlDatabase):
                 where = None
-            made.append(index if where is None else index.where(pw.SQL(where)))
+            if where is not None:
+                index = index.where(pw.SQL(where))
+                if columns in RENAMED_INDEXES:
+                    index._name = f"{index._name}_{RENAMED_INDEXES[columns]}"
+            made.append(index)
         return made
 
 
@@ -165,6 +179,8 @@ class JobModel(pw.Model):
             (("app", "idempotency_hold"), True),
             # With created_at: a group's queue head is read in order, and the scan stops at the first due one.
             (("app", "parked_on", "created_at"), False),
+            # The rows of no app (written before rows had one) that a pass adopts: none once they are adopted.
+            (("app", "actor_name"), False),
         )
 
     def __repr__(self) -> str:

@@ -29,9 +29,10 @@ INSERT INTO {jobs} ({fields}) VALUES ({values}) RETURNING "id"
 -- A row holding a unique key, or, when a row of its app holds the key already, that holder: the new row's
 -- id with NULLs, or the holder's columns as "holder" reads them.  A duplicate refused in one round trip
 -- instead of a failed INSERT and a SELECT.  A holder committed after the statement began is outside its
--- snapshot: no row at all.
+-- snapshot: no row at all.  The WHERE lets the conflict be inferred from the holds' partial index, and from
+-- the whole one of schema versions 4 and earlier while it stands.
 WITH inserted AS (INSERT INTO {jobs} ({fields}) VALUES ({values})
-ON CONFLICT ("app", "unique_hold") DO NOTHING RETURNING "id")
+ON CONFLICT ("app", "unique_hold") WHERE "unique_hold" IS NOT NULL DO NOTHING RETURNING "id")
 SELECT "id", NULL, NULL, NULL, NULL FROM inserted
 UNION ALL
 SELECT "id", "message_id", "revision", "status", "created_at" FROM {jobs}

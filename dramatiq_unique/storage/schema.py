@@ -18,10 +18,10 @@ from dramatiq_unique.storage.models import utcnow
 logger = logging.getLogger(__name__)
 
 #: The schema version this release writes and reads (storage/migrations.py lists how to reach it).
-CURRENT_VERSION = 4
+CURRENT_VERSION = 5
 #: The table that records each job table's version, in every store.
 VERSIONS_TABLE = "dramatiq_unique_schema"
-#: The columns each version added to the job tables (version 4 made indexes partial).
+#: The columns each version added to the job tables (versions 4 and 5 made indexes partial).
 COLUMNS = {1: ("app",), 2: ("history",), 3: ("parked_at", "parked_attempt")}
 #: What the refusal tells the operator to run.
 COMMAND = "python -m dramatiq_unique migrate APP (or: dramatiq-unique migrate APP)"

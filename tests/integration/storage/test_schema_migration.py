@@ -104,8 +104,8 @@ def test_migrate_upgrades_a_table_of_the_earlier_version(legacy_db, database_url
         suite.db.execute_sql('SELECT "app" FROM "dramatiq_unique_jobs"')  # the column is there
         names = index_names(suite.db)
         assert not names & REPLACED, names
-        assert {"jobmodel_app_status_process_after", "jobmodel_app_unique_hold", "jobmodel_app_idempotency_hold",
-                "jobmodel_app_status_finished_at", "jobmodel_app_finished_at",
+        assert {"jobmodel_app_status_process_after", "jobmodel_app_unique_hold_partial",
+                "jobmodel_app_idempotency_hold", "jobmodel_app_status_finished_at", "jobmodel_app_finished_at",
                 "jobmodel_app_parked_on_created_at"} <= names
         # A process of the earlier version, still running during the upgrade, can still insert.
         late = insert_legacy(db, "job")

@@ -53,7 +53,7 @@ def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_u
     failed = insert_v1(v1_db, app=key_prefix, actor_name="job", status="failed")
     indexes = index_names(v1_db)
 
-    with pytest.raises(SchemaOutOfDate, match="version 1.*needs version 4.*migrate"):
+    with pytest.raises(SchemaOutOfDate, match="version 1.*needs version 5.*migrate"):
         _setup(broker, database_url, key_prefix)
 
     assert main(["status"]) == 1
@@ -74,11 +74,14 @@ def test_upgrade_of_the_current_release_with_rows(v1_db, env, broker, database_u
     assert main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["current"] is True
     definitions = index_definitions(v1_db)
-    assert set(definitions) == indexes - {"jobmodel_app_status_lease_until"} | {"jobmodel_app_status_finished_at"}
+    version_5 = {"jobmodel_app_unique_hold_partial", "jobmodel_app_actor_name"}
+    assert set(definitions) == (indexes - {"jobmodel_app_status_lease_until"}
+                                | {"jobmodel_app_status_finished_at"} | version_5)
     partial = {name for name, sql in definitions.items() if " WHERE " in sql.upper()}
     on_status = {"jobmodel_app_status_process_after", "jobmodel_app_status_finished_at"}  # whole on SQLite
     assert partial == {"jobmodel_unique_key", "jobmodel_app_finished_at", "jobmodel_app_idempotency_hold",
-                       "jobmodel_app_parked_on_created_at"} | (on_status if is_postgres(v1_db) else set()), definitions
+                       "jobmodel_app_parked_on_created_at"} | version_5 | (on_status if is_postgres(v1_db) else set())
+    assert "jobmodel_app_unique_hold" in definitions  # whole, for the earlier release, until migrate --contract
 
     suite = _setup(broker, database_url, key_prefix)
     try:
@@ -119,8 +122,8 @@ def test_a_job_model_with_extra_columns_and_indexes(database_url, broker, key_pr
             dramatiq.actor(lambda customer_id: None, broker=broker, actor_name="export", job_model=ExportJob)
         result = migrations.migrate(bound(ExportJob, db, 0))
         # history, parked_*; the whole indexes of the partial ones' names (5, on SQLite 4: none on the status)
-        # and the running rows' one dropped, the partial ones made
-        assert result.version == schema.CURRENT_VERSION and len(result.applied) == (10 if is_postgres(db) else 9)
+        # and the running rows' one dropped, the partial ones made; version 5's made
+        assert result.version == schema.CURRENT_VERSION and len(result.applied) == (11 if is_postgres(db) else 10)
         assert {"customer_id", "history"} <= schema.columns(bound(ExportJob, db, 0))
         assert "exportjob_customer_id" in index_names(db, "export_jobs")
         dramatiq.actor(lambda customer_id: None, broker=broker, actor_name="export", job_model=ExportJob)
@@ -137,7 +140,7 @@ def test_two_migrations_at_once(v1_db, env, database_url):
     outputs = [run.communicate(timeout=60) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     applied = [json.loads(out)[0]["applied"] for out, _ in outputs]
-    assert sorted(len(a) for a in applied) == [0, 10 if is_postgres(v1_db) else 9], applied  # as in the test above
+    assert sorted(len(a) for a in applied) == [0, 11 if is_postgres(v1_db) else 10], applied  # as in the test above
     assert schema.version_of(bound(JobModel, v1_db, 0)) == schema.CURRENT_VERSION
 
 

@@ -49,8 +49,8 @@ def test_an_older_table_is_refused_unless_tolerated(db):
     with schema.tolerating_old():
         schema.create_or_migrate(model)
     planned = migrations.migrate(model, dry_run=True)
-    assert planned.version == 1 and len(planned.pending) == 2 and "history" in planned.pending[0]
-    assert "partial" in planned.pending[1]
+    assert planned.version == 1 and len(planned.pending) == 3 and "history" in planned.pending[0]
+    assert "partial" in planned.pending[1] and "unique holds" in planned.pending[2]
     assert schema.version_of(model) == 1
     done = migrations.migrate(model)
     assert done.version == schema.CURRENT_VERSION and done.applied == planned.pending
@@ -66,9 +66,10 @@ def test_a_table_of_version_2_gets_the_parked_columns(db):
     assert schema.version_of(model) == 2
     planned = migrations.migrate(model, dry_run=True)
     assert [step.split(": ", 1)[1].split()[:3] for step in planned.pending] == [
-        ["add", "column", "parked_at"], ["add", "column", "parked_attempt"], ["create", "the", "partial"]]
-    assert migrations.migrate(model).version == 4
-    assert {"parked_at", "parked_attempt"} <= schema.columns(model) and schema.recorded(model) == 4
+        ["add", "column", "parked_at"], ["add", "column", "parked_attempt"], ["create", "the", "partial"],
+        ["create", "the", "partial"]]
+    assert migrations.migrate(model).version == 5
+    assert {"parked_at", "parked_attempt"} <= schema.columns(model) and schema.recorded(model) == 5
 
 
 def test_a_table_of_version_3_gets_partial_indexes(db):
@@ -81,7 +82,10 @@ def test_a_table_of_version_3_gets_partial_indexes(db):
         if index._name == "jobmodel_app_finished_at":
             continue  # made partial beforehand
         db.execute_sql(f'DROP INDEX "{index._name}"')
-        db.execute_sql(f'CREATE {"UNIQUE " if index._unique else ""}INDEX "{index._name}" ON "dramatiq_unique_jobs" '
+        if index._name == "jobmodel_app_actor_name":
+            continue  # version 5's
+        name = index._name.removesuffix("_partial")  # the holds' index: whole, of its columns' name, until version 5
+        db.execute_sql(f'CREATE {"UNIQUE " if index._unique else ""}INDEX "{name}" ON "dramatiq_unique_jobs" '
                        f'({", ".join(chr(34) + f.column_name + chr(34) for f in index._expressions)})')
     db.execute_sql('CREATE INDEX "mine" ON "dramatiq_unique_jobs" ("queue_name")')
     db.execute_sql('CREATE INDEX "jobmodel_app_status_lease_until" ON "dramatiq_unique_jobs" '
@@ -89,9 +93,12 @@ def test_a_table_of_version_3_gets_partial_indexes(db):
     with schema.locked(db):
         schema.record(model, 3)
     planned = migrations.migrate(model, dry_run=True).pending
-    # 3 whole ones dropped (SQLite keeps the status ones whole) and the running rows' one, the partial ones made
-    assert len(planned) == 5 and not any("jobmodel_app_finished_at" in step for step in planned)
-    assert migrations.migrate(model).version == 4
+    # 3 whole ones dropped (SQLite keeps the status ones whole) and the running rows' one, the partial ones
+    # made (version 4), the holds' partial one made beside the whole one (version 5)
+    assert len(planned) == 6 and not any("jobmodel_app_finished_at" in step for step in planned)
+    done = migrations.migrate(model)
+    assert done.version == 5 and done.contract == [
+        "drop index jobmodel_app_unique_hold (replaced by a partial one; no process of an earlier release may run)"]
 
     def definitions() -> dict:
         rows = db.execute_sql("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
@@ -99,8 +106,12 @@ def test_a_table_of_version_3_gets_partial_indexes(db):
 
     partial = {name for name, sql in definitions().items() if " WHERE " in sql}
     assert partial == {index._name for index in model._meta.fields_to_index() if index._where is not None}
-    assert len(partial) == 4 and "mine" in definitions() and "jobmodel_app_unique_hold" not in partial
+    assert len(partial) == 6 and "mine" in definitions() and "jobmodel_app_unique_hold" not in partial
+    assert "jobmodel_app_unique_hold" in definitions()  # until the contract
     assert "jobmodel_app_status_lease_until" not in definitions()
+    contracted = migrations.migrate(model, contract=True)
+    assert contracted.applied == done.contract and contracted.contract == []
+    assert "jobmodel_app_unique_hold" not in definitions() and migrations.migrate(model, contract=True).applied == []
     insert = 'INSERT INTO "dramatiq_unique_jobs" (app, message_id, actor_name, queue_name, args, kwargs, options, ' \
         'status, attempts, revision, created_at, fencing_token, unique_hold, idempotency_hold) ' \
         "VALUES ('a', ?, 'x', 'q', '[]', '{}', '{}', 'queued', 0, 0, '2026-01-01', 0, ?, ?)"

@@ -150,8 +150,8 @@ def test_a_worker_runs_the_jobs_on_djangos_connections(dj_suite, dj_broker, char
 
 
 def test_migrate_made_the_tables_at_the_current_version(dj_suite):
-    # 0002_partial_indexes brings the tables to version 4: a new version needs a migration that runs the step again.
-    assert schema.CURRENT_VERSION == 4, "add a migration to dramatiq_unique/contrib/django/migrations"
+    # 0003_partial_hold_index brings the tables to version 5: a new version needs a migration that runs the step again.
+    assert schema.CURRENT_VERSION == 5, "add a migration to dramatiq_unique/contrib/django/migrations"
     assert schema.version_of(JobModel) == schema.CURRENT_VERSION
     call_command("migrate", "dramatiq_unique", "zero", verbosity=0)  # the tables stay (no reverse step)
     call_command("migrate", "dramatiq_unique", verbosity=0)  # idempotent
