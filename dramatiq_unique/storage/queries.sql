@@ -255,16 +255,18 @@ strftime('%Y-%m-%d %H:%M:%f', 'now')
 
 -- name: park --
 -- Park a waiting job on a group; a running row whose lease ran out counts as waiting.  Such a row's
--- attempt is over (its worker stalled or died) and the job waits again: its token moves on, so the
--- attempt's fenced writes (heartbeat, checkpoints, retry, outcome) are refused should it wake, and
--- its worker and lease go, so jobs.finish_revoked no longer takes it for the row's attempt.
+-- attempt is over (its worker stalled or died) and the job waits again: its worker and lease go, so
+-- jobs.finish_revoked no longer takes it for the row's attempt.  The token moves on whatever the status:
+-- no earlier attempt's fenced write (heartbeat, checkpoints, retry, outcome) may land on a parked row,
+-- which only a waker's claim takes out of its wait; that of an attempt the re-drive found lost and sent
+-- again (the row queued, the attempt stalled, not dead) would otherwise leave it parked and retrying.
 -- "parked_at" keeps when the job was first parked in this wait: a job woken and parked again before it
 -- started keeps it, one parked after an attempt started (a retry, a crashed attempt's re-delivery) gets
 -- now ("attempts" moved on).  SET reads the row as it was: the CASEs see the old status.
 UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %(options)s,
 "parked_at" = CASE WHEN "parked_attempt" = "attempts" THEN "parked_at" ELSE %(now)s END,
 "parked_attempt" = "attempts",
-"fencing_token" = CASE WHEN "status" = %(running)s THEN "fencing_token" + 1 ELSE "fencing_token" END,
+"fencing_token" = "fencing_token" + 1,
 "worker" = CASE WHEN "status" = %(running)s THEN NULL ELSE "worker" END,
 "lease_until" = CASE WHEN "status" = %(running)s THEN NULL ELSE "lease_until" END
 WHERE "id" = %(id)s AND "revision" = %(revision)s AND ("status" IN (%(pending)s, %(queued)s, %(retrying)s)
@@ -275,7 +277,7 @@ OR ("status" = %(running)s AND "lease_until" < %(now)s)) RETURNING "created_at",
 WITH moved AS (UPDATE {jobs} SET "status" = %(pending)s, "parked_on" = %(group)s, "options" = %(options)s,
 "parked_at" = CASE WHEN "parked_attempt" = "attempts" THEN "parked_at" ELSE %(now)s END,
 "parked_attempt" = "attempts",
-"fencing_token" = CASE WHEN "status" = %(running)s THEN "fencing_token" + 1 ELSE "fencing_token" END,
+"fencing_token" = "fencing_token" + 1,
 "worker" = CASE WHEN "status" = %(running)s THEN NULL ELSE "worker" END,
 "lease_until" = CASE WHEN "status" = %(running)s THEN NULL ELSE "lease_until" END
 WHERE "id" = %(id)s AND "revision" = %(revision)s AND ("status" IN (%(pending)s, %(queued)s, %(retrying)s)

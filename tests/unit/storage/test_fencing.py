@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import peewee as pw
 import pytest
 
 from dramatiq_unique import JobModel
 from dramatiq_unique.storage import jobs
 from dramatiq_unique.storage.database import open_database
-from dramatiq_unique.storage.models import create_fence_table
+from dramatiq_unique.storage.models import create_fence_table, utcnow
 from tests.helpers import current_token
 
 
@@ -60,3 +62,19 @@ def test_a_draw_inside_a_rolled_back_transaction_leaves_nothing(db):
             jobs.draw_token(Jobs, "a:k")
             raise pw.IntegrityError("roll it back")
     assert current_token(db, "a:k") == 0
+
+
+def test_no_earlier_attempt_writes_to_a_parked_row(db):
+    """An attempt stalled past its lease; the re-drive found its message lost and sent the job again (queued,
+    a new revision, the token as it was); the new delivery parked it.  The stalled attempt wakes: neither its
+    retry (unique/enqueue.py) nor its outcome lands on the parked row, which only a waker takes out of its
+    wait (else it would stay parked and retrying, a state nothing takes it out of)."""
+    row = job(status="running", attempts=1, fencing_token=7, worker="h:1:2",
+              lease_until=utcnow() - timedelta(seconds=5))
+    Jobs.update(status="queued", revision=Jobs.revision + 1, lease_until=None).where(Jobs.id == row.id).execute()
+    assert jobs.park(Jobs, row.id, 1, "lock:a:k", {}, utcnow()) is not None
+    stale_retry = Jobs.update(status="retrying").where((Jobs.id == row.id) & (Jobs.fencing_token == 7))
+    assert stale_retry.execute() == 0
+    assert not jobs.finish(Jobs, row, release_hold=False, status="failed", finished_at=utcnow(), last_error="x")
+    parked = Jobs.get_by_id(row.id)
+    assert (parked.status, parked.parked_on, parked.fencing_token) == ("pending", "lock:a:k", 8)
