@@ -171,9 +171,12 @@ def probe(app: App, fleet: NemesisFleet, settings: Settings, timeout: float = 60
     """Once every job finished: enough jobs of half a second to keep every worker busy for a while, recorded
     as a ``probe`` with the live worker processes; the checker finds a worker that took none of them (its
     threads or its consumer ended while it went on heartbeating)."""
-    pids = [pid for pid in fleet.live() if _age(pid) > PROBE_MIN_AGE]  # a worker still booting may miss it
+    live = fleet.live()
+    pids = [pid for pid in live if _age(pid) > PROBE_MIN_AGE]  # a worker still booting may miss it
+    # Enough for every live process, the young ones too: sized for the probed ones alone, the probe was
+    # done by the others in two rounds while an idle consumer of a probed one slept between polls.
     jobs = [send(app, "retry", ("probe", 9_000_000 + n, PROBE_MS, 0), PROBE_MS + TIME_LIMIT_MARGIN)
-            for n in range(4 * settings.threads * len(pids))]
+            for n in range(4 * settings.threads * len(live))]
     app.history.record("probe", pids=pids, jobs=jobs)
     deadline = time.monotonic() + timeout
     while (unfinished(app) or 0) > 0 and time.monotonic() < deadline:
