@@ -75,8 +75,7 @@ def _each_table(target: Target, emit: Emit, work: Any, field: str, head: str = "
             state = f"ERROR {r.error}" if r.error else ("current" if r.current else "OUT OF DATE")
             lines.append(f"{r.table}  {r.store}  version {version} of {r.target}  {state}")
             lines += [f"    {item}" for item in getattr(r, field)]
-            lines += [f"    after the upgrade (migrate --contract): {item}" for item in r.contract
-                      if field != "pending" or item not in r.pending]
+            lines += [f"    after the upgrade (migrate --contract): {item}" for item in r.contract]
         return "\n".join(lines)
 
     emit([r.as_dict() for r in results], text)

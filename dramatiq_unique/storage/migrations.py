@@ -10,6 +10,7 @@ import peewee as pw
 from playhouse import migrate as pw_migrate
 
 from dramatiq_unique.storage import queries, schema
+from dramatiq_unique.storage.models import RENAMED_INDEXES
 from dramatiq_unique.storage.queries import Model
 from dramatiq_unique.storage.schema import COLUMNS, CURRENT_VERSION
 
@@ -20,12 +21,6 @@ OLD_INDEXES = {
         (("unique_hold",), True), (("idempotency_hold",), True), (("parked_on",), False)),
     4: ((("app", "status", "lease_until"), False),),
 }
-
-#: Whole indexes that a version replaced by partial ones of another name and kept, by version: (columns,
-#: unique).  The earlier release's statements name them (``ON CONFLICT`` infers no partial index), so
-#: ``migrate`` leaves them, and ``migrate --contract``, run once no process of an earlier release runs,
-#: drops them.
-REPLACED_INDEXES = {5: ((("app", "unique_hold"), True),)}
 
 
 #: ms a migration step may wait for its table's lock on PostgreSQL: a failed migrate, run again later,
@@ -41,6 +36,10 @@ class Step:
     run: Callable[[], None]
 
 
+def _creating(model: Model) -> Callable[[], None]:
+    return lambda: model._schema.create_indexes(safe=True)  # type: ignore[attr-defined]  # only those missing
+
+
 def _dropping(model: Model, name: str) -> Callable[[], None]:
     db = model._meta.database
     return lambda: db.execute_sql(f"DROP INDEX IF EXISTS {queries.table(db, name, model._meta.schema)}")
@@ -52,8 +51,7 @@ def _to_v1(model: Model, names: set[str]) -> list[Step]:
     if "app" not in names:
         steps.append(Step("add column app VARCHAR(255) NOT NULL DEFAULT ''",
                           lambda: db.execute_sql(queries.statement(model, "add_app_column").sql)))
-    steps.append(Step("create the model's indexes that are missing (app first)",
-                      lambda: model._schema.create_indexes(safe=True)))  # type: ignore[attr-defined]
+    steps.append(Step("create the model's indexes that are missing (app first)", _creating(model)))
     return steps + [Step(f"drop index {index} if it exists (replaced by an app-first one)", _dropping(model, index))
                     for index in _old_indexes(model, 1)]
 
@@ -61,9 +59,13 @@ def _to_v1(model: Model, names: set[str]) -> list[Step]:
 def _old_indexes(model: Model, version: int) -> list[str]:
     """The names of the indexes ``version`` dropped, but those ``model`` declares itself (a subclass keeps them)."""
     wanted = {tuple(columns) for columns, _ in model._meta.indexes}
-    return [pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]  # peewee's index name
-            for columns, unique in OLD_INDEXES[version]
+    return [_whole_name(model, columns) for columns, _ in OLD_INDEXES[version]
             if columns not in wanted and all(name in model._meta.fields for name in columns)]
+
+
+def _whole_name(model: Model, columns: tuple[str, ...]) -> str:
+    """Peewee's name of ``model``'s index of ``columns`` (a partial one of RENAMED_INDEXES has another)."""
+    return pw.ModelIndex(model, [model._meta.fields[c] for c in columns])._name  # type: ignore[attr-defined]
 
 
 def _adding(version: int) -> Callable[[Model, set[str]], list[Step]]:
@@ -94,21 +96,21 @@ def _to_v4(model: Model, names: set[str]) -> list[Step]:
     steps += [Step(f"drop index {name} (the open rows' index serves the running ones)", _dropping(model, name))
               for name in _old_indexes(model, 4) if name in found]
     return [*steps, Step("create the partial indexes that are missing (a row only in those it is looked for by)",
-                         lambda: model._schema.create_indexes(safe=True))]  # type: ignore[attr-defined]
+                         _creating(model))]
 
 
 def _to_v5(model: Model, names: set[str]) -> list[Step]:
     return [Step("create the partial index of the unique holds (the whole one stays until migrate --contract) "
-                 "and the index of the rows of no app",
-                 lambda: model._schema.create_indexes(safe=True))]  # type: ignore[attr-defined]
+                 "and the index of the rows of no app", _creating(model))]
 
 
 def replaced(model: Model) -> list[str]:
-    """The whole indexes that ``model``'s table still has of those its version replaced (:data:`REPLACED_INDEXES`)."""
-    found = _found(model)
-    names = [pw.ModelIndex(model, [model._meta.fields[c] for c in columns], unique=unique)._name  # type: ignore[attr-defined]
-             for version, indexes in REPLACED_INDEXES.items() if version <= schema.target_version(model)
-             for columns, unique in indexes if all(c in model._meta.fields for c in columns)]
+    """The whole indexes that ``model``'s table still has of those that partial ones of another name replaced
+    (``RENAMED_INDEXES``): the earlier release's statements name them (``ON CONFLICT`` infers no partial
+    index), so ``migrate`` leaves them to ``migrate --contract``, run once no process of that release runs."""
+    names = [_whole_name(model, columns) for columns in RENAMED_INDEXES  # none on the limits' table
+             if all(name in model._meta.fields for name in columns)]
+    found = _found(model) if names else {}
     return [name for name in names if name in found and " WHERE " not in found[name].upper()]
 
 
@@ -184,8 +186,8 @@ def migrate(model: Model, store: str = "", *, dry_run: bool = False, contract: b
     On PostgreSQL a step that waits more than ``lock_timeout`` ms for the table's lock rolls it all back."""
     if dry_run:
         planned = status(model, store)
-        if contract:
-            planned.pending += planned.contract
+        if contract:  # pending now, not after the upgrade
+            planned.pending, planned.contract = planned.pending + planned.contract, []
         return planned
     db = model._meta.database
     with schema.locked(db):
@@ -203,9 +205,10 @@ def migrate(model: Model, store: str = "", *, dry_run: bool = False, contract: b
                 result.applied.append(step.text)
             if version < current or schema.recorded(model) is None:
                 schema.record(model, max(version, current))
-        for step in _contract(model) if contract else []:
+        after = _contract(model)  # after the version's steps, which make the table's indexes
+        for step in after if contract else []:
             step.run()
             result.applied.append(step.text)
         result.version = max(version or 0, current)
-        result.contract = [step.text for step in _contract(model)]
+        result.contract = [] if contract else [step.text for step in after]
     return result
